@@ -1,0 +1,155 @@
+"""The contract between the routed cache and an eviction method.
+
+A method is a policy for one layer and one phase. The runtime owns the tensors; a method only says
+which attention signals it needs (`needs`) and, given them, which cache slots to keep (`step`).
+Shapes (b = batch, h = KV heads, g = query heads per KV head, q = new tokens, n = slots):
+  keys / values   [b, h, n, d]   after RoPE, the new tokens appended last
+  positions       [b, h, n]      the true sequence position of every slot
+  rows            [b, h*g, w, n] softmax attention of the newest w queries (fp32, causal)
+  column_sums     [b, h*g, n]    attention summed over every query of the step (fp32)
+Methods keep per-slot state in `self.per_token` ({name: [b, h, n] tensor}); the runtime gathers it
+with the cache, so scores and slots never drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from polykv.plan import Phase
+
+
+@dataclass(frozen=True)
+class Needs:
+    """Attention signals a step needs; the runtime computes only these."""
+
+    rows: int = 0  # attention rows of the newest `rows` queries
+    column_sums: bool = False  # attention summed over all queries of the step
+
+    def __or__(self, other: "Needs") -> "Needs":
+        return Needs(max(self.rows, other.rows), self.column_sums or other.column_sums)
+
+    def __bool__(self) -> bool:
+        return self.rows > 0 or self.column_sums
+
+
+NOTHING = Needs()
+
+
+@dataclass
+class LayerView:
+    """One layer's cache at one step, as a method sees it."""
+
+    phase: Phase
+    keys: torch.Tensor
+    values: torch.Tensor
+    positions: torch.Tensor
+    num_new: int
+    num_kv_groups: int
+    rows: torch.Tensor | None = None
+    column_sums: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return self.keys.shape[-2]
+
+    def grouped(self, attention: torch.Tensor) -> torch.Tensor:
+        """Query-head attention [b, h*g, ...] -> mean over each KV head's group [b, h, ...].
+
+        Most papers predate GQA and score per query head; averaging the group is how kvpress and
+        KVCache-Factory map those scores onto the shared KV head.
+        """
+        b, qh = attention.shape[:2]
+        return attention.view(b, qh // self.num_kv_groups, self.num_kv_groups, *attention.shape[2:]).mean(2)
+
+
+@dataclass
+class Eviction:
+    """Slots to keep, per KV head, ascending; merging methods may also rewrite kept contents."""
+
+    keep: torch.Tensor  # [b, h, k] int64
+    keys: torch.Tensor | None = None  # [b, h, k, d] replaces the gathered keys when given
+    values: torch.Tensor | None = None
+
+
+class NoParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Method:
+    """Base class: subclasses set `name`, `phases`, `Params` and override `needs` / `step`."""
+
+    name: ClassVar[str]
+    phases: ClassVar[frozenset[Phase]]
+    Params: ClassVar[type[BaseModel]] = NoParams
+    merges: ClassVar[bool] = False  # rewrites retained keys/values (CaM, D2O)
+
+    def __init__(self, capacity: int | None, params: Mapping[str, Any] | BaseModel | None = None):
+        self.capacity = capacity
+        self.params = params if isinstance(params, BaseModel) else self.Params(**dict(params or {}))
+        self.per_token: dict[str, torch.Tensor] = {}
+
+    # ---- what the plan validator asks ---------------------------------------------------------
+    @classmethod
+    def check(cls, params: Mapping[str, Any], capacity: int | None) -> list[str]:
+        """Problems with these parameters, one line each, naming method, parameter and allowed range."""
+        try:
+            parsed = cls.Params(**dict(params))
+        except ValidationError as exc:
+            return [_describe_param_error(cls.name, cls.Params, e) for e in exc.errors()]
+        return [f"params: {cls.name}: {p}" for p in cls.check_capacity(parsed, capacity)]
+
+    @classmethod
+    def check_capacity(cls, params: BaseModel, capacity: int | None) -> list[str]:
+        """Constraints that tie parameters to the capacity (e.g. a window larger than the budget)."""
+        return []
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        return cls.Params().model_dump()
+
+    # ---- what the runtime calls ---------------------------------------------------------------
+    def needs(self, phase: Phase, length: int) -> Needs:
+        """Signals for a step that leaves `length` slots in the layer before eviction."""
+        return NOTHING
+
+    def needs_from_prefill(self, length: int) -> Needs:
+        """Signals a decode-phase method wants to see during prefill (to start its state)."""
+        return NOTHING
+
+    def observe_prefill(self, view: LayerView) -> None:
+        """A decode-phase method sees the prefill (before any prefill eviction)."""
+
+    def step(self, view: LayerView) -> Eviction | None:
+        """Decide what to keep; None keeps everything."""
+        return None
+
+    def over_capacity(self, view: LayerView) -> bool:
+        return self.capacity is not None and view.length > self.capacity
+
+
+# ---- small helpers shared by methods ----------------------------------------------------------
+def keep_top(scores: torch.Tensor, k: int, protected: torch.Tensor | None = None) -> torch.Tensor:
+    """Indices of the k highest scores per row (protected slots always kept), ascending."""
+    if protected is not None:
+        scores = scores.masked_fill(protected, float("inf"))
+    return scores.topk(k, dim=-1).indices.sort(dim=-1).values
+
+
+def recent_mask(view: LayerView, window: int) -> torch.Tensor:
+    """Slots among the `window` most recent positions of each head (by true position)."""
+    newest = view.positions.amax(dim=-1, keepdim=True)
+    return view.positions > newest - window
+
+
+def _describe_param_error(method: str, model: type[BaseModel], err: Mapping[str, Any]) -> str:
+    loc = ".".join(str(x) for x in err.get("loc", ())) or "params"
+    if err.get("type") == "extra_forbidden":
+        allowed = ", ".join(model.model_fields) or "none"
+        return f"params.{loc}: {method} has no parameter {loc!r} (parameters: {allowed})"
+    got = f" (got {err['input']!r})" if "input" in err else ""
+    return f"params.{loc}: {method}: {err.get('msg', 'invalid')}{got}"

@@ -1,0 +1,13 @@
+"""FullKV: keep every token (the reference every method is measured against)."""
+
+from __future__ import annotations
+
+from polykv.methods.base import Method
+from polykv.plan import Phase
+
+
+class Full(Method):
+    """Keep every key and value; the cache grows by one slot per token. Takes no capacity."""
+
+    name = "full"
+    phases = frozenset({Phase.PREFILL, Phase.DECODE})

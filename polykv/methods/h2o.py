@@ -1,0 +1,60 @@
+"""H2O: heavy hitters (accumulated attention) plus a recent window.
+
+Zhang, Sheng, Zhou, Chen, Zheng, Cai, Song, Tian, Ré, Barrett, Wang, Chen. "H2O: Heavy-Hitter Oracle
+for Efficient Generative Inference of Large Language Models." NeurIPS 2023, arXiv:2306.14048
+(code: FMInference/H2O, h2o_hf/utils_real_drop).
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from polykv.methods.base import Eviction, LayerView, Method, Needs, keep_top, recent_mask
+from polykv.plan import Phase
+
+
+class H2OParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    heavy_ratio: float = Field(default=0.5, gt=0.0, le=1.0, description="share of the capacity for heavy hitters")
+
+
+class H2O(Method):
+    """Keep the `recent` newest tokens plus the tokens with the largest accumulated attention.
+
+    Rule (the authors' real-drop cache): every token's score is the attention it has received, summed
+    (unnormalized) over every query so far: all prompt queries at prefill, then each new query. New
+    tokens start from the attention of their own step. When a layer holds more than `capacity` slots,
+    keep the `capacity - heavy` most recent positions and the `heavy = round(heavy_ratio * capacity)`
+    highest-scoring others; evicted scores are dropped. Default heavy_ratio 0.5: the paper splits its
+    budget evenly between heavy hitters and recent tokens. Selection is per KV head; with grouped-query
+    attention a KV head's score is the mean of its query heads' scores (the original had no GQA).
+    As a decode-only method after a full prefill, the scores still start from the prompt's attention.
+    """
+
+    name = "h2o"
+    phases = frozenset({Phase.PREFILL, Phase.DECODE})
+    Params = H2OParams
+
+    def needs(self, phase: Phase, length: int) -> Needs:
+        return Needs(column_sums=True)
+
+    def needs_from_prefill(self, length: int) -> Needs:
+        return Needs(column_sums=True)
+
+    def observe_prefill(self, view: LayerView) -> None:
+        self.per_token["score"] = view.grouped(view.column_sums)
+
+    def step(self, view: LayerView) -> Eviction | None:
+        added = view.grouped(view.column_sums)
+        old = self.per_token.get("score")
+        if old is None or view.phase is Phase.PREFILL:
+            score = added
+        else:
+            score = torch.cat([old, old.new_zeros(*old.shape[:2], view.num_new)], dim=-1) + added
+        self.per_token["score"] = score
+        if not self.over_capacity(view):
+            return None
+        heavy = min(self.capacity, max(0, round(self.params.heavy_ratio * self.capacity)))
+        return Eviction(keep_top(score, self.capacity, protected=recent_mask(view, self.capacity - heavy)))

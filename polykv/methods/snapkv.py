@@ -1,0 +1,72 @@
+"""SnapKV: the prompt's last queries vote for the prefix tokens worth keeping.
+
+Li, Huang, Yang, Venkitesh, Locatelli, Ye, Cai, Lewis, Chen. "SnapKV: LLM Knows What You are Looking
+for Before Generation." NeurIPS 2024, arXiv:2404.14469 (code: FasterDecoding/SnapKV).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+
+from polykv.methods.base import Eviction, LayerView, Method, Needs
+from polykv.plan import Phase
+
+
+class SnapKVParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    window: int = Field(default=32, ge=1, description="observation window: the last prompt queries that vote")
+    kernel_size: int = Field(default=7, ge=1, description="1-D pooling kernel over the votes (odd keeps alignment)")
+    pooling: Literal["max", "avg"] = "max"
+
+
+class SnapKV(Method):
+    """Compress the prompt once, at the end of prefill; decode then appends without eviction.
+
+    Rule: with a prompt of n > capacity tokens and window w, take the softmax attention (fp32) of the
+    last w queries over all keys (causal inside the window), sum it over those queries, pool it along
+    the key axis (stride 1, padding kernel//2; avg pooling counts the padding, as torch does by
+    default), and keep, per KV head, the `capacity - w` best prefix tokens plus the whole window.
+    Defaults window 32, kernel 7, max pooling: the authors' LongBench configurations
+    (ablation_c*_w32_k7_maxpool.json). GQA: a KV head scores by the mean of its query heads (kvpress);
+    the original repeats keys per query head instead, at G times the memory.
+    """
+
+    name = "snapkv"
+    phases = frozenset({Phase.PREFILL})
+    Params = SnapKVParams
+
+    @classmethod
+    def check_capacity(cls, params: SnapKVParams, capacity: int | None) -> list[str]:
+        if capacity is not None and params.window >= capacity:
+            return [f"window ({params.window}) must be smaller than the capacity ({capacity}); allowed range 1 .. {capacity - 1}"]
+        return []
+
+    def needs(self, phase: Phase, length: int) -> Needs:
+        over = self.capacity is not None and length > self.capacity
+        return Needs(rows=self.params.window) if over else Needs()
+
+    def step(self, view: LayerView) -> Eviction | None:
+        if not self.over_capacity(view):
+            return None
+        n, w = view.length, min(self.params.window, view.length)
+        votes = view.grouped(view.rows.sum(dim=2))[..., : n - w]  # [b, h, n - w]
+        votes = pool_votes(votes, self.params.kernel_size, self.params.pooling)
+        chosen = votes.topk(self.capacity - w, dim=-1).indices
+        window = torch.arange(n - w, n, device=chosen.device).expand(*chosen.shape[:2], w)
+        return Eviction(torch.cat([chosen.sort(dim=-1).values, window], dim=-1))
+
+
+def pool_votes(votes: torch.Tensor, kernel_size: int, pooling: str) -> torch.Tensor:
+    """Smooth votes along the key axis so neighbours of a voted token survive with it."""
+    if kernel_size == 1:
+        return votes
+    b, h, m = votes.shape
+    flat = votes.reshape(b * h, 1, m)
+    pool = F.max_pool1d if pooling == "max" else F.avg_pool1d
+    pooled = pool(flat, kernel_size=kernel_size, stride=1, padding=kernel_size // 2)
+    return pooled[..., :m].reshape(b, h, m)

@@ -1,0 +1,48 @@
+"""StreamingLLM: attention sinks plus a recent window.
+
+Xiao, Tian, Chen, Han, Lewis. "Efficient Streaming Language Models with Attention Sinks." ICLR 2024,
+arXiv:2309.17453 (code: mit-han-lab/streaming-llm).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from polykv.methods.base import Eviction, LayerView, Method, keep_top
+from polykv.plan import Phase
+
+
+class StreamingLLMParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sinks: int = Field(default=4, ge=0, description="first tokens always kept (attention sinks)")
+
+
+class StreamingLLM(Method):
+    """Keep the first `sinks` tokens and the most recent `capacity - sinks` tokens; evict the middle.
+
+    Rule: whenever a layer holds more than `capacity` slots (end of prefill, every decode step), keep
+    positions [0, sinks) and the `capacity - sinks` newest positions. No scores are used; every head
+    and layer keeps the same positions. Defaults: 4 sinks, as in the paper and `StartRecentKVCache`.
+    Difference from the original: keys keep their TRUE RoPE positions (PolyKV never re-rotates), where
+    the authors re-position the cache contiguously ("pos_shift"); within the model's trained context the
+    two agree on which tokens are kept, and only the positional distances differ.
+    """
+
+    name = "streamingllm"
+    phases = frozenset({Phase.PREFILL, Phase.DECODE})
+    Params = StreamingLLMParams
+
+    @classmethod
+    def check_capacity(cls, params: StreamingLLMParams, capacity: int | None) -> list[str]:
+        if capacity is not None and params.sinks >= capacity:
+            return [f"sinks ({params.sinks}) must be smaller than the capacity ({capacity}); allowed range 0 .. {capacity - 1}"]
+        return []
+
+    def step(self, view: LayerView) -> Eviction | None:
+        if not self.over_capacity(view):
+            return None
+        # Positions are unique per head, so the top `capacity` positions with sinks forced in are
+        # exactly sinks + the most recent tokens.
+        sinks = view.positions < self.params.sinks
+        return Eviction(keep_top(view.positions.float(), self.capacity, protected=sinks))

@@ -1,0 +1,35 @@
+"""TOVA: Token Omission Via Attention.
+
+Oren, Hassid, Yarden, Adi, Schwartz. "Transformers are Multi-State RNNs." EMNLP 2024,
+arXiv:2401.06104 (code: schwartz-lab-NLP/TOVA).
+"""
+
+from __future__ import annotations
+
+from polykv.methods.base import Eviction, LayerView, Method, Needs, keep_top
+from polykv.plan import Phase
+
+
+class TOVA(Method):
+    """Drop the tokens the current query attends to least, one index set per layer.
+
+    Rule: when a layer holds more than `capacity` slots, score every slot by the attention of the
+    LAST query (softmax, fp32), averaged over all query heads of the layer, and keep the `capacity`
+    highest; every KV head keeps the same positions. At the end of a long prompt this cuts the prompt
+    in one shot with the last prompt token's attention; in decode it drops one token per step (the new
+    token itself may go). No sinks or recent window are protected, as in the authors' code.
+    """
+
+    name = "tova"
+    phases = frozenset({Phase.PREFILL, Phase.DECODE})
+
+    def needs(self, phase: Phase, length: int) -> Needs:
+        return Needs(rows=1) if self.capacity is not None and length > self.capacity else Needs()
+
+    def step(self, view: LayerView) -> Eviction | None:
+        if not self.over_capacity(view):
+            return None
+        score = view.rows[:, :, -1, :].mean(dim=1)  # [b, n], averaged over every query head
+        keep = keep_top(score, self.capacity)
+        b, h = view.positions.shape[:2]
+        return Eviction(keep[:, None, :].expand(b, h, -1))

@@ -1,0 +1,308 @@
+"""Plans: which KV-eviction method runs, with how many retained tokens, in every layer and phase.
+
+A plan is a versioned JSON file (never pickle). For layer l and phase p in {prefill, decode} it names a
+method r_{l,p}, its capacity b_{l,p} (retained tokens per KV head) and optional method parameters.
+`full` keeps every token and therefore has no capacity. The plan-level `scope` says which phases are
+active; the inactive phase runs `full` in every layer.
+
+This module knows nothing about individual methods: validation takes a catalog (name -> phases, params
+check) so that the dependency stays `methods -> plan`. `polykv.methods.validate_plan` supplies it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+
+FORMAT = "polykv.plan"
+VERSION = 1
+FULL = "full"
+
+
+class Phase(str, Enum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class Scope(str, Enum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+    BOTH = "both"
+
+    @property
+    def phases(self) -> tuple[Phase, ...]:
+        return (Phase.PREFILL, Phase.DECODE) if self is Scope.BOTH else (Phase(self.value),)
+
+
+class PlanError(ValueError):
+    """A plan that cannot be read or does not fit; `str()` is one line naming the problem."""
+
+    def __init__(self, problems: list[str] | str):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        more = len(self.problems) - 1
+        super().__init__(self.problems[0] + (f" (and {more} more problem{'s' * (more > 1)})" if more else ""))
+
+
+class PhaseAssignment(BaseModel):
+    """The method that runs in one layer and phase, with its capacity and parameters."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    method: str = Field(min_length=1)
+    capacity: StrictInt | None = Field(default=None, gt=0)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    def __str__(self) -> str:
+        cap = "" if self.capacity is None else f"@{self.capacity}"
+        extra = "" if not self.params else "(" + ", ".join(f"{k}={v}" for k, v in self.params.items()) + ")"
+        return f"{self.method}{cap}{extra}"
+
+
+FULL_ASSIGNMENT = PhaseAssignment(method=FULL)
+
+
+class LayerPlan(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prefill: PhaseAssignment = FULL_ASSIGNMENT
+    decode: PhaseAssignment = FULL_ASSIGNMENT
+
+    def __getitem__(self, phase: Phase | str) -> PhaseAssignment:
+        return getattr(self, Phase(phase).value)
+
+
+class Plan(BaseModel):
+    """A per-layer, per-phase assignment of KV-eviction methods and capacities."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format: str = FORMAT
+    version: int = VERSION
+    name: str = Field(min_length=1)
+    description: str = ""
+    scope: Scope
+    provenance: dict[str, Any] = Field(default_factory=dict)
+    layers: list[LayerPlan] = Field(min_length=1)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    # ---- construction -------------------------------------------------------------------------
+    @classmethod
+    def homogeneous(
+        cls,
+        method: str,
+        capacity: int | None,
+        num_layers: int,
+        scope: Scope | str = Scope.BOTH,
+        params: Mapping[str, Any] | None = None,
+        name: str | None = None,
+    ) -> "Plan":
+        """One method with one uniform capacity in every layer of the active phase(s)."""
+        scope = Scope(scope)
+        active = PhaseAssignment(method=method, capacity=capacity, params=dict(params or {}))
+        layer = LayerPlan(**{p.value: active for p in scope.phases})
+        cap = "" if capacity is None else f"-{capacity}"
+        return cls(
+            name=name or f"{method}-{scope.value}{cap}",
+            description=f"Homogeneous {method} in every layer ({scope.value} phase"
+            f"{'s' if scope is Scope.BOTH else ''}){'' if capacity is None else f', capacity {capacity}'}.",
+            scope=scope,
+            provenance={"built_by": "homogeneous", "method": method, "capacity": capacity},
+            layers=[layer] * num_layers,
+        )
+
+    def with_layers(self, layers: list[LayerPlan], **changes: Any) -> "Plan":
+        return self.model_copy(update={"layers": list(layers), **changes})
+
+    # ---- I/O ----------------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: Any) -> "Plan":
+        if not isinstance(data, dict):
+            raise PlanError(f"a plan must be a JSON object, got {type(data).__name__}")
+        if data.get("format", FORMAT) != FORMAT:
+            raise PlanError(f"format: expected {FORMAT!r}, got {data.get('format')!r}")
+        if data.get("version", VERSION) != VERSION:
+            raise PlanError(f"version: this PolyKV reads plan version {VERSION}, got {data.get('version')!r}")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise PlanError([_describe_pydantic_error(e) for e in exc.errors()]) from None
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise PlanError(f"malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Plan":
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise PlanError(f"{path}: no such plan file") from None
+        except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+            raise PlanError(f"{path}: cannot read plan file ({exc.__class__.__name__})") from None
+        try:
+            return cls.from_json(text)
+        except PlanError as exc:
+            raise PlanError([f"{path}: {p}" for p in exc.problems]) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = self.model_dump(mode="json")
+        data["layers"] = [
+            {phase: _assignment_dict(layer[phase]) for phase in ("prefill", "decode")} for layer in self.layers
+        ]
+        return data
+
+    def to_json(self) -> str:
+        """Human-readable JSON: header fields indented, one line per layer (diffs read layer by layer)."""
+        data = self.to_dict()
+        layers = data.pop("layers")
+        head = json.dumps(data, indent=2, ensure_ascii=False)[:-2]  # drop the closing "\n}"
+        rows = ",\n".join("    " + json.dumps(layer, ensure_ascii=False) for layer in layers)
+        return f'{head},\n  "layers": [\n{rows}\n  ]\n}}\n'
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write atomically: a reader never sees a half-written plan."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(self.to_json())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+    # ---- validation ---------------------------------------------------------------------------
+    def problems(self, num_layers: int | None, catalog: Mapping[str, "MethodInfo"]) -> list[str]:
+        """Every way this plan does not fit a model with `num_layers` layers and the known methods."""
+        found: list[str] = []
+        if num_layers is not None and self.num_layers != num_layers:
+            found.append(f"layers: the plan has {self.num_layers} layers but the model has {num_layers}")
+        active = set(self.scope.phases)
+        for idx, layer in enumerate(self.layers):
+            for phase in Phase:
+                a = layer[phase]
+                where = f"layer {idx}, {phase.value}"
+                info = catalog.get(a.method)
+                if info is None:
+                    found.append(f"{where}, method: unknown method {a.method!r} (known: {', '.join(sorted(catalog))})")
+                    continue
+                if phase not in active and a.method != FULL:
+                    found.append(
+                        f"{where}, method: the plan's scope is {self.scope.value!r}, so the {phase.value} phase "
+                        f"must use 'full' (got {a.method!r})"
+                    )
+                    continue
+                if phase not in info.phases:
+                    allowed = ", ".join(p.value for p in Phase if p in info.phases)
+                    found.append(f"{where}, method: {a.method!r} does not support the {phase.value} phase (supported: {allowed})")
+                    continue
+                if a.method == FULL:
+                    if a.capacity is not None:
+                        found.append(f"{where}, capacity: 'full' keeps every token; leave capacity out (got {a.capacity})")
+                elif a.capacity is None:
+                    found.append(f"{where}, capacity: {a.method!r} needs a capacity (a positive integer)")
+                found.extend(f"{where}, {p}" for p in info.check(a.params, a.capacity))
+        return found
+
+    def validate_for(self, num_layers: int | None, catalog: Mapping[str, "MethodInfo"]) -> "Plan":
+        found = self.problems(num_layers, catalog)
+        if found:
+            raise PlanError(found)
+        return self
+
+    # ---- summary ------------------------------------------------------------------------------
+    def summary(self) -> "PlanSummary":
+        phases = {}
+        for phase in Phase:
+            entries = [layer[phase] for layer in self.layers]
+            bounded = [a.capacity for a in entries if a.capacity is not None]
+            phases[phase] = PhaseSummary(
+                total_capacity=sum(bounded),
+                average_capacity=sum(bounded) / len(bounded) if bounded else None,
+                bounded_layers=len(bounded),
+                method_counts=dict(Counter(a.method for a in entries)),
+            )
+        return PlanSummary(name=self.name, scope=self.scope, num_layers=self.num_layers, phases=phases)
+
+
+class MethodInfo(Protocol):
+    """What validation needs to know about a method (the registry in `polykv.methods` provides it)."""
+
+    phases: frozenset[Phase]
+    check: Callable[[Mapping[str, Any], int | None], list[str]]
+
+
+@dataclass(frozen=True)
+class PhaseSummary:
+    total_capacity: int  # B_phi: retained tokens per KV head summed over the layers that have a capacity
+    average_capacity: float | None  # b_phi = B_phi / (layers with a capacity); None when every layer is full
+    bounded_layers: int
+    method_counts: dict[str, int]  # N_r
+
+
+@dataclass(frozen=True)
+class PlanSummary:
+    name: str
+    scope: Scope
+    num_layers: int
+    phases: dict[Phase, PhaseSummary]
+
+    def lines(self) -> list[str]:
+        out = [f"plan {self.name!r}: {self.num_layers} layers, scope {self.scope.value}"]
+        for phase, s in self.phases.items():
+            avg = "-" if s.average_capacity is None else f"{s.average_capacity:g}"
+            counts = ", ".join(f"{m} x{n}" for m, n in sorted(s.method_counts.items(), key=lambda kv: (-kv[1], kv[0])))
+            full = self.num_layers - s.bounded_layers
+            out.append(
+                f"  {phase.value:<7} total capacity B={s.total_capacity}, average b={avg}"
+                f"{f' ({full} full layers unbounded)' if full and s.bounded_layers else ''}; methods: {counts}"
+            )
+        return out
+
+
+def _assignment_dict(a: PhaseAssignment) -> dict[str, Any]:
+    out: dict[str, Any] = {"method": a.method}
+    if a.capacity is not None:
+        out["capacity"] = a.capacity
+    if a.params:
+        out["params"] = dict(a.params)
+    return out
+
+
+def _describe_pydantic_error(err: Mapping[str, Any]) -> str:
+    loc = list(err.get("loc", ()))
+    parts: list[str] = []
+    if len(loc) >= 2 and loc[0] == "layers" and isinstance(loc[1], int):
+        parts.append(f"layer {loc[1]}")
+        loc = loc[2:]
+    if loc and loc[0] in ("prefill", "decode"):
+        parts.append(str(loc[0]))
+        loc = loc[1:]
+    field = ".".join(str(x) for x in loc) or "plan"
+    msg = err.get("msg", "invalid")
+    if err.get("type") == "missing":
+        msg = "required field is missing"
+    elif "input" in err and err.get("type") != "extra_forbidden":
+        msg = f"{msg} (got {json.dumps(err['input'], default=str)[:60]})"
+    elif err.get("type") == "extra_forbidden":
+        msg = "unknown field"
+    return ", ".join(parts + [f"{field}: {msg}"])

@@ -1,0 +1,115 @@
+"""PolyKV's attention function, registered with transformers as `attn_implementation="polykv"`.
+
+Outputs always come from SDPA on exactly the keys/values the layer holds, so a `full` plan is the
+vanilla computation. Attention probabilities are computed separately, and only for what the layer's
+methods asked for: the newest w queries' rows (SnapKV-style observation windows, the current query in
+decode) or column sums over all queries (H2O-style accumulation, in query chunks). Masks are built here
+from the true slot positions: transformers hands custom attention functions no mask, and its SDPA
+fallback would align a multi-token step top-left, which is wrong once the cache holds older tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from polykv.methods.base import LayerView
+from polykv.runtime.cache import RoutedLayer, take_updated_layer
+
+ATTN_IMPLEMENTATION = "polykv"
+
+# Bound the [b, heads, chunk, n] fp32 block used for column sums to about this many elements.
+_COLUMN_SUM_BLOCK = 1 << 26
+
+
+def polykv_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    layer = take_updated_layer(module.layer_idx)
+    if layer is None:  # no routed cache (e.g. use_cache=False): plain attention
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    if attention_mask is not None:
+        raise RuntimeError("polykv attention expects no mask from transformers; it builds its own")
+
+    scaling = module.scaling if scaling is None else scaling
+    window = kwargs.get("sliding_window")
+    q_len = query.shape[2]
+    key_pos = layer.positions  # [b, h, n]
+    query_pos = torch.arange(layer.seen - q_len, layer.seen, device=query.device)
+
+    if _needs_explicit_mask(layer, q_len, window):
+        mask = _allowed(key_pos, query_pos, window)  # [b, h, q, n]
+        mask = mask.repeat_interleave(module.num_key_value_groups, dim=1)
+        out = F.scaled_dot_product_attention(
+            query, _repeat(key, module), _repeat(value, module), attn_mask=mask, dropout_p=dropout, scale=scaling
+        )
+        attn_output = out.transpose(1, 2).contiguous()
+    else:
+        attn_output, _ = sdpa_attention_forward(
+            module, query, key, value, None, dropout=dropout, scaling=scaling, **kwargs
+        )
+
+    needs = layer.needs()
+    view = LayerView(
+        phase=layer.phase,
+        keys=key,
+        values=value,
+        positions=key_pos,
+        num_new=q_len,
+        num_kv_groups=module.num_key_value_groups,
+    )
+    if needs.rows:
+        w = min(needs.rows, q_len)
+        view.rows = attention_probs(query[:, :, -w:], key, query_pos[-w:], key_pos, scaling, window)
+    if needs.column_sums:
+        view.column_sums = _column_sums(query, key, query_pos, key_pos, scaling, window)
+    layer.finish_step(view)
+    return attn_output, None
+
+
+def _needs_explicit_mask(layer: RoutedLayer, q_len: int, window: int | None) -> bool:
+    """SDPA's own masking suffices for one query over its past, or a causal block over an empty cache."""
+    fresh = layer.retained == q_len and layer.seen == q_len
+    if window is not None and layer.seen > window:
+        return True
+    return q_len > 1 and not fresh
+
+
+def _allowed(key_pos: torch.Tensor, query_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Boolean [b, h, q, n]: may the query at each position see each slot (causal, optional window)."""
+    kp = key_pos[:, :, None, :]
+    qp = query_pos[None, None, :, None]
+    allowed = kp <= qp
+    if window is not None:
+        allowed = allowed & (kp > qp - window)
+    return allowed
+
+
+def attention_probs(query, key, query_pos, key_pos, scaling, window=None) -> torch.Tensor:
+    """Softmax attention [b, h*g, w, n] in fp32 for the given queries over the held slots."""
+    b, qh, w, d = query.shape
+    h = key.shape[1]
+    grouped_q = query.reshape(b, h, qh // h, w, d).float()
+    scores = torch.matmul(grouped_q, key.float()[:, :, None].transpose(-1, -2)) * scaling  # [b, h, g, w, n]
+    allowed = _allowed(key_pos, query_pos, window)[:, :, None]
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return scores.softmax(dim=-1).reshape(b, qh, w, -1)
+
+
+def _column_sums(query, key, query_pos, key_pos, scaling, window) -> torch.Tensor:
+    """Attention summed over every query, [b, h*g, n], in query chunks to bound memory."""
+    b, qh, q_len, _ = query.shape
+    n = key.shape[2]
+    chunk = max(1, min(q_len, _COLUMN_SUM_BLOCK // max(1, b * qh * n)))
+    total = torch.zeros(b, qh, n, dtype=torch.float32, device=query.device)
+    for start in range(0, q_len, chunk):
+        stop = min(q_len, start + chunk)
+        total += attention_probs(query[:, :, start:stop], key, query_pos[start:stop], key_pos, scaling, window).sum(2)
+    return total
+
+
+def _repeat(kv: torch.Tensor, module) -> torch.Tensor:
+    return kv.repeat_interleave(module.num_key_value_groups, dim=1)
+
+
+AttentionInterface.register(ATTN_IMPLEMENTATION, polykv_attention)

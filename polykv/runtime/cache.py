@@ -1,0 +1,180 @@
+"""The routed cache: one `RoutedLayer` per Transformer layer, each running its plan entry.
+
+A `RoutedLayer` is a Hugging Face cache layer (the `DynamicLayer` interface: update, get_seq_length,
+get_mask_sizes) that physically holds only the slots its method keeps. It also records the true
+position of every slot, and reports the TRUE number of tokens seen as its sequence length, so a model
+that derives RoPE positions from the cache keeps counting from the real length after eviction.
+
+The attention function (`attention.py`) calls `finish_step` right after computing the layer's output,
+handing over the attention signals the layer's methods asked for; the method then decides what stays.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+from polykv.methods import Method, make_method
+from polykv.methods.base import Eviction, LayerView, Needs
+from polykv.plan import Phase, Plan
+
+
+class RoutedCacheError(RuntimeError):
+    """The routed cache was used in a way it cannot honour (one line, says what to do)."""
+
+
+# The model calls `cache.update(...)` and then, in the same attention module, the attention function.
+# The layer that was just updated is parked here so that the attention function can find it.
+_handoff = threading.local()
+
+
+def take_updated_layer(layer_idx: int) -> "RoutedLayer | None":
+    layer = getattr(_handoff, "layer", None)
+    _handoff.layer = None
+    if layer is not None and layer.layer_idx != layer_idx:
+        raise RoutedCacheError(
+            f"cache layer {layer.layer_idx} was updated but attention ran for layer {layer_idx}; "
+            "this model's attention does not follow the update-then-attend order PolyKV relies on"
+        )
+    return layer
+
+
+class RoutedLayer(DynamicLayer):
+    """One layer of the routed cache: its keys/values, true positions and two phase methods."""
+
+    def __init__(self, layer_idx: int, prefill: Method, decode: Method):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.methods = {Phase.PREFILL: prefill, Phase.DECODE: decode}
+        self.seen = 0  # tokens processed so far: the true sequence length
+        self.positions: torch.Tensor | None = None  # [b, h, n] true position of each slot
+        self.phase = Phase.PREFILL
+        self.num_new = 0
+
+    # ---- Hugging Face cache-layer interface ---------------------------------------------------
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        b, h, q, _ = key_states.shape
+        self.phase = Phase.PREFILL if self.seen == 0 else Phase.DECODE
+        new_pos = torch.arange(self.seen, self.seen + q, device=key_states.device).expand(b, h, q)
+        if self.seen == 0:
+            self.keys, self.values, self.positions = key_states, value_states, new_pos
+        else:
+            self.keys = torch.cat([self.keys, key_states], dim=-2)
+            self.values = torch.cat([self.values, value_states], dim=-2)
+            self.positions = torch.cat([self.positions, new_pos], dim=-1)
+        self.seen += q
+        self.num_new = q
+        _handoff.layer = self
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.seen
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.retained + query_length, 0
+
+    def reset(self) -> None:
+        super().reset()
+        self.seen, self.positions = 0, None
+        for method in self.methods.values():
+            method.per_token.clear()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise RoutedCacheError("cropping a routed cache is not supported (evicted tokens cannot be restored)")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._map_batch(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._map_batch(lambda t: t[indices, ...])
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._map_batch(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    # ---- routing ------------------------------------------------------------------------------
+    @property
+    def retained(self) -> int:
+        """Slots physically held per KV head."""
+        return 0 if self.keys is None or self.keys.dim() < 3 else self.keys.shape[-2]
+
+    @property
+    def method(self) -> Method:
+        return self.methods[self.phase]
+
+    def needs(self) -> Needs:
+        length = self.retained
+        needs = self.method.needs(self.phase, length)
+        if self.phase is Phase.PREFILL:
+            needs = needs | self.methods[Phase.DECODE].needs_from_prefill(length)
+        return needs
+
+    def finish_step(self, view: LayerView) -> None:
+        """After attention: let the phase's method evict (and, in prefill, brief the decode method)."""
+        if self.phase is Phase.PREFILL:
+            self.methods[Phase.DECODE].observe_prefill(view)
+        eviction = self.method.step(view)
+        if self.phase is Phase.PREFILL:
+            self.methods[Phase.PREFILL].per_token.clear()  # its scores are never used again
+        if eviction is not None:
+            self._apply(eviction)
+
+    def _apply(self, eviction: Eviction) -> None:
+        keep = eviction.keep
+        capacity = self.method.capacity
+        if capacity is not None and keep.shape[-1] > capacity:
+            raise RoutedCacheError(
+                f"layer {self.layer_idx}: {self.method.name} kept {keep.shape[-1]} slots, over its capacity {capacity}"
+            )
+        self.keys = eviction.keys if eviction.keys is not None else gather_slots(self.keys, keep)
+        self.values = eviction.values if eviction.values is not None else gather_slots(self.values, keep)
+        self.positions = gather_slots(self.positions, keep)
+        for method in self.methods.values():
+            for name, tensor in method.per_token.items():
+                method.per_token[name] = gather_slots(tensor, keep)
+
+    def evict_positions(self, positions: torch.Tensor) -> None:
+        """Drop the slots holding these true positions (same set for every batch row and head).
+
+        A manual tool for experiments and exactness tests; methods evict through `step`.
+        """
+        drop = torch.isin(self.positions, positions.to(self.positions.device))
+        keep_count = int((~drop[0, 0]).sum())
+        keep = (~drop).float().topk(keep_count, dim=-1, sorted=False).indices.sort(dim=-1).values
+        self._apply(Eviction(keep=keep))
+
+    def _map_batch(self, fn) -> None:
+        if self.retained == 0:
+            return
+        self.keys, self.values, self.positions = fn(self.keys), fn(self.values), fn(self.positions)
+        for method in self.methods.values():
+            method.per_token = {k: fn(v) for k, v in method.per_token.items()}
+
+
+def gather_slots(tensor: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Select slots along dim 2 of a [b, h, n, ...] tensor with per-head indices [b, h, k]."""
+    index = keep.view(*keep.shape, *([1] * (tensor.dim() - 3))).expand(*keep.shape, *tensor.shape[3:])
+    return tensor.gather(2, index)
+
+
+class RoutedCache(Cache):
+    """A Hugging Face `Cache` whose layers follow a plan."""
+
+    def __init__(self, plan: Plan):
+        layers = [
+            RoutedLayer(idx, make_method(layer.prefill), make_method(layer.decode)) for idx, layer in enumerate(plan.layers)
+        ]
+        super().__init__(layers=layers)
+        self.plan = plan
+
+    def retained_per_layer(self) -> list[int]:
+        return [layer.retained for layer in self.layers]
+
+    def kv_bytes_per_layer(self) -> list[int]:
+        """Bytes actually held by keys and values in each layer."""
+        return [
+            0 if layer.retained == 0 else layer.keys.nbytes + layer.values.nbytes for layer in self.layers
+        ]

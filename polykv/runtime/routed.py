@@ -1,0 +1,92 @@
+"""`routed(model, plan)`: run a plan on an unmodified Hugging Face causal LM.
+
+    with routed(model, plan) as session:
+        out = model.generate(input_ids, max_new_tokens=32)
+    session.cache.retained_per_layer()
+
+Inside the block the model uses PolyKV's attention function and every forward that starts from an
+empty cache gets a fresh `RoutedCache` for the plan (generate() passes its own empty cache; it is
+swapped). On exit the model is exactly as before.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from transformers.cache_utils import Cache
+
+from polykv.methods import validate_plan
+from polykv.plan import Plan
+from polykv.runtime.attention import ATTN_IMPLEMENTATION
+from polykv.runtime.cache import RoutedCache, RoutedCacheError
+
+
+class RoutedSession:
+    """What `routed()` yields: the plan, the model, and the cache of the latest sequence."""
+
+    def __init__(self, model: torch.nn.Module, plan: Plan):
+        self.model = model
+        self.plan = plan
+        self.cache: RoutedCache | None = None
+
+    def new_cache(self) -> RoutedCache:
+        self.cache = RoutedCache(self.plan)
+        return self.cache
+
+
+def num_layers_of(model: torch.nn.Module) -> int:
+    return model.config.get_text_config(decoder=True).num_hidden_layers
+
+
+def cache_argument_name(model: torch.nn.Module) -> str:
+    """`cache` in the newest transformers 5.x, `past_key_values` before."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+@contextmanager
+def routed(model: torch.nn.Module, plan: Plan) -> Iterator[RoutedSession]:
+    validate_plan(plan, num_layers_of(model))
+    session = RoutedSession(model, plan)
+    cache_name = cache_argument_name(model)
+
+    def swap_in_routed_cache(module, args, kwargs):
+        name = next((k for k in ("cache", "past_key_values") if kwargs.get(k) is not None), cache_name)
+        cache = kwargs.get(name)
+        if isinstance(cache, RoutedCache) or kwargs.get("use_cache") is False:
+            return None
+        if cache is not None and (not isinstance(cache, Cache) or cache.get_seq_length() > 0):
+            raise RoutedCacheError(
+                "routed() got a cache it did not create that already holds tokens; pass none, an empty one, "
+                "or session.new_cache()"
+            )
+        _refuse_padding(kwargs.get("attention_mask"))
+        kwargs[name] = session.new_cache()
+        return args, kwargs
+
+    previous = model.config._attn_implementation
+    handle = model.register_forward_pre_hook(swap_in_routed_cache, with_kwargs=True)
+    _set_attention(model, ATTN_IMPLEMENTATION)
+    try:
+        yield session
+    finally:
+        handle.remove()
+        _set_attention(model, previous)
+
+
+def _refuse_padding(attention_mask: torch.Tensor | None) -> None:
+    if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
+        raise RoutedCacheError(
+            "padded batches are not supported: eviction would score padding as tokens; "
+            "run prompts of equal length together, or one at a time"
+        )
+
+
+def _set_attention(model: torch.nn.Module, name: str) -> None:
+    try:
+        model.set_attn_implementation(name)
+    except (AttributeError, ValueError):
+        model.config._attn_implementation = name
