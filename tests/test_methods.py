@@ -1,0 +1,115 @@
+"""Each method's characteristic choice on hand-made attention patterns."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from polykv.methods import REGISTRY
+from polykv.methods.base import LayerView
+from polykv.methods.h2o import H2O
+from polykv.methods.snapkv import SnapKV, pool_votes
+from polykv.methods.streamingllm import StreamingLLM
+from polykv.methods.tova import TOVA
+from polykv.plan import Phase
+
+
+def view(n: int, *, heads: int = 2, groups: int = 1, phase=Phase.DECODE, rows=None, column_sums=None, num_new=1):
+    """A layer view with n slots at positions 0..n-1 (keys/values are irrelevant to these rules)."""
+    return LayerView(
+        phase=phase,
+        keys=torch.zeros(1, heads, n, 4),
+        values=torch.zeros(1, heads, n, 4),
+        positions=torch.arange(n).expand(1, heads, n),
+        num_new=num_new,
+        num_kv_groups=groups,
+        rows=rows,
+        column_sums=column_sums,
+    )
+
+
+def kept(eviction) -> list[list[int]]:
+    return eviction.keep[0].tolist()
+
+
+def test_streamingllm_keeps_sinks_and_most_recent():
+    method = StreamingLLM(capacity=6, params={"sinks": 2})
+    assert kept(method.step(view(10))) == [[0, 1, 6, 7, 8, 9]] * 2
+    assert method.step(view(6)) is None  # at capacity: nothing to evict
+
+
+def test_h2o_keeps_heavy_hitters_and_recent_window():
+    # Column sums: positions 2 and 5 received by far the most attention.
+    sums = torch.full((1, 2, 10), 0.1)
+    sums[..., 2] = 5.0
+    sums[..., 5] = 3.0
+    method = H2O(capacity=4, params={"heavy_ratio": 0.5})
+    ev = method.step(view(10, phase=Phase.PREFILL, column_sums=sums, num_new=10))
+    assert kept(ev) == [[2, 5, 8, 9]] * 2  # 2 heavy hitters + 2 most recent
+    assert method.per_token["score"].shape == (1, 2, 10)
+
+
+def test_h2o_accumulates_scores_across_decode_steps():
+    method = H2O(capacity=3, params={"heavy_ratio": 1 / 3})
+    # After prefill (3 slots): token 0 has score 1.0, token 1 has 0.9, token 2 has 0.
+    method.observe_prefill(view(3, phase=Phase.PREFILL, column_sums=torch.tensor([1.0, 0.9, 0.0]).expand(1, 2, 3)))
+    # Step 1: token 1 gets 0.5 more, overtaking token 0 (1.4 vs 1.0); the new token 3 is recent.
+    ev = method.step(view(4, column_sums=torch.tensor([0.0, 0.5, 0.2, 0.3]).expand(1, 2, 4)))
+    # capacity 3, heavy = 1: keep the 2 most recent (2, 3) + the heaviest of the rest (1).
+    assert kept(ev) == [[1, 2, 3]] * 2
+    # Scores cover every slot before eviction; the runtime gathers them with the cache.
+    assert torch.allclose(method.per_token["score"][0, 0], torch.tensor([1.0, 1.4, 0.2, 0.3]))
+
+
+def test_h2o_gqa_scores_are_the_group_mean():
+    # 2 KV heads x 2 query heads each; KV head 0's query heads disagree, the mean decides.
+    sums = torch.zeros(1, 4, 6)
+    sums[0, 0, 1], sums[0, 1, 2] = 4.0, 3.0  # KV head 0: mean favours slot 1
+    sums[0, 2, 3], sums[0, 3, 3] = 1.0, 1.0  # KV head 1: slot 3
+    method = H2O(capacity=2, params={"heavy_ratio": 0.5})
+    ev = method.step(view(6, heads=2, groups=2, phase=Phase.PREFILL, column_sums=sums, num_new=6))
+    assert kept(ev) == [[1, 5], [3, 5]]  # per-KV-head heavy hitter + the most recent token
+
+
+def test_tova_drops_the_token_the_current_query_ignores():
+    rows = torch.full((1, 4, 1, 8), 1 / 8)
+    rows[..., 3] = 0.0  # every head's current query ignores token 3
+    rows[0, 0, 0, 6] = 0.001  # one head ignores token 6 too, but the head average keeps it
+    method = TOVA(capacity=7)
+    ev = method.step(view(8, heads=2, groups=2, rows=rows))
+    assert kept(ev) == [[0, 1, 2, 4, 5, 6, 7]] * 2  # one index set for all heads
+
+
+def test_snapkv_keeps_what_the_window_votes_for_plus_the_window():
+    n, w = 12, 3
+    rows = torch.full((1, 2, w, n), 0.01)
+    rows[..., 1] = 0.5  # the observation window's queries look at prefix tokens 1 and 7
+    rows[..., 7] = 0.4
+    method = SnapKV(capacity=5, params={"window": w, "kernel_size": 1})
+    ev = method.step(view(n, phase=Phase.PREFILL, rows=rows, num_new=n))
+    assert kept(ev) == [[1, 7, 9, 10, 11]] * 2
+
+
+def test_snapkv_pooling_keeps_neighbours_of_a_voted_token():
+    votes = torch.tensor([[[0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.2]]])
+    pooled = pool_votes(votes, kernel_size=3, pooling="max")
+    assert torch.allclose(pooled[0, 0], torch.tensor([0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.2, 0.2]))
+    avg = pool_votes(votes, kernel_size=3, pooling="avg")  # counts the zero padding, as torch does
+    assert avg[0, 0, 0].item() == 0.0 and abs(avg[0, 0, 7].item() - 0.2 / 3) < 1e-7
+
+
+def test_snapkv_is_prefill_only_and_checks_its_window():
+    assert SnapKV.phases == {Phase.PREFILL}
+    assert SnapKV.check({"window": 32}, 16) == [
+        "params: snapkv: window (32) must be smaller than the capacity (16); allowed range 1 .. 15"
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_every_method_keeps_all_when_under_capacity(name):
+    cls = REGISTRY[name]
+    method = cls(capacity=None if name == "full" else 64)
+    rows = torch.full((1, 2, 4, 10), 0.1)
+    sums = torch.full((1, 2, 10), 0.1)
+    phase = Phase.PREFILL if Phase.PREFILL in cls.phases else Phase.DECODE
+    assert method.step(view(10, phase=phase, rows=rows, column_sums=sums, num_new=10)) is None
