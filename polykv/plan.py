@@ -110,16 +110,17 @@ class Plan(BaseModel):
     ) -> "Plan":
         """One method with one uniform capacity in every layer of the active phase(s)."""
         scope = Scope(scope)
-        active = PhaseAssignment(method=method, capacity=capacity, params=dict(params or {}))
-        layer = LayerPlan(**{p.value: active for p in scope.phases})
+        active = {"method": method, "capacity": capacity, "params": dict(params or {})}
         cap = "" if capacity is None else f"-{capacity}"
-        return cls(
-            name=name or f"{method}-{scope.value}{cap}",
-            description=f"Homogeneous {method} in every layer ({scope.value} phase"
-            f"{'s' if scope is Scope.BOTH else ''}){'' if capacity is None else f', capacity {capacity}'}.",
-            scope=scope,
-            provenance={"built_by": "homogeneous", "method": method, "capacity": capacity},
-            layers=[layer] * num_layers,
+        return cls.from_dict(
+            {
+                "name": name or f"{method}-{scope.value}{cap}",
+                "description": f"Homogeneous {method} in every layer ({scope.value} phase"
+                f"{'s' if scope is Scope.BOTH else ''}){'' if capacity is None else f', capacity {capacity}'}.",
+                "scope": scope.value,
+                "provenance": {"built_by": "homogeneous", "method": method, "capacity": capacity},
+                "layers": [{p.value: active for p in scope.phases}] * num_layers,
+            }
         )
 
     def with_layers(self, layers: list[LayerPlan], **changes: Any) -> "Plan":

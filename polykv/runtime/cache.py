@@ -52,6 +52,7 @@ class RoutedLayer(DynamicLayer):
         self.positions: torch.Tensor | None = None  # [b, h, n] true position of each slot
         self.phase = Phase.PREFILL
         self.num_new = 0
+        self.retained_after_prefill: int | None = None
 
     # ---- Hugging Face cache-layer interface ---------------------------------------------------
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -114,15 +115,18 @@ class RoutedLayer(DynamicLayer):
 
     def finish_step(self, view: LayerView) -> None:
         """After attention: let the phase's method evict (and, in prefill, brief the decode method)."""
-        if self.phase is Phase.PREFILL:
-            self.methods[Phase.DECODE].observe_prefill(view)
+        if self.phase is Phase.DECODE:
+            self._apply(self.method.step(view))
+            return
+        self.methods[Phase.DECODE].observe_prefill(view)
         eviction = self.method.step(view)
-        if self.phase is Phase.PREFILL:
-            self.methods[Phase.PREFILL].per_token.clear()  # its scores are never used again
-        if eviction is not None:
-            self._apply(eviction)
+        self.method.per_token.clear()  # the prefill method's scores are never used again
+        self._apply(eviction)
+        self.retained_after_prefill = self.retained
 
-    def _apply(self, eviction: Eviction) -> None:
+    def _apply(self, eviction: Eviction | None) -> None:
+        if eviction is None:
+            return
         keep = eviction.keep
         capacity = self.method.capacity
         if capacity is not None and keep.shape[-1] > capacity:

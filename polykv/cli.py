@@ -1,0 +1,179 @@
+"""The `polykv` command line. Every command is a thin call into the library.
+
+User errors (a bad plan, a missing file, an unknown model) print one line and exit with code 2;
+set POLYKV_DEBUG=1 to see the traceback instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from polykv.plan import Phase, Plan, PlanError, Scope
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help="Per-layer KV-cache eviction plans.")
+plan_app = typer.Typer(no_args_is_help=True, help="Inspect, check and build plan files.")
+app.add_typer(plan_app, name="plan")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PLANS_DIR = REPO_ROOT / "plans"
+DEFAULT_PLAN = PLANS_DIR / "demo" / "mixed.json"
+
+ModelOption = Annotated[str, typer.Option("--model", "-m", help="'demo', a local path or a Hugging Face id.")]
+
+
+def _num_layers(model: str) -> int:
+    """Layer count from the model's config alone (no weights loaded)."""
+    from transformers import AutoConfig
+
+    from polykv.models import resolve_model_path
+
+    config = AutoConfig.from_pretrained(resolve_model_path(model))
+    return config.get_text_config(decoder=True).num_hidden_layers
+
+
+@app.command()
+def methods() -> None:
+    """List the eviction methods with their phases, parameters and defaults."""
+    from polykv.methods import REGISTRY
+
+    for name, cls in REGISTRY.items():
+        phases = ", ".join(p.value for p in Phase if p in cls.phases)
+        params = ", ".join(f"{k}={v}" for k, v in cls.defaults().items()) or "-"
+        summary = (cls.__doc__ or "").strip().splitlines()[0]
+        typer.echo(f"{name:<13} phases: {phases:<16} params: {params}")
+        typer.echo(f"{'':<13} {summary}")
+
+
+@app.command()
+def generate(
+    prompt: Annotated[str, typer.Option("--prompt", "-p", help="Text to continue.")] = "Once upon a time",
+    plan: Annotated[Path, typer.Option("--plan", help="Plan file (JSON).")] = DEFAULT_PLAN,
+    model: ModelOption = "demo",
+    max_new_tokens: Annotated[int, typer.Option(min=1)] = 64,
+    device: str = "cpu",
+    sample: Annotated[bool, typer.Option(help="Sample instead of greedy decoding.")] = False,
+    temperature: Annotated[float, typer.Option(min=0.0)] = 1.0,
+    seed: int = 0,
+) -> None:
+    """Generate text with a plan and print the retained cache per layer."""
+    import torch
+
+    from polykv.methods import validate_plan
+    from polykv.models import load_model
+    from polykv.runtime import routed
+    from polykv.runtime.routed import num_layers_of
+
+    routed_plan = Plan.load(plan)
+    hf_model, tokenizer = load_model(model, device=device)
+    validate_plan(routed_plan, num_layers_of(hf_model))
+    ids = tokenizer(prompt, return_tensors="pt").input_ids.to(device)
+    torch.manual_seed(seed)
+    sampling = {"do_sample": True, "temperature": temperature} if sample else {"do_sample": False}
+    with torch.no_grad(), routed(hf_model, routed_plan) as session:
+        out = hf_model.generate(ids, max_new_tokens=max_new_tokens, **sampling)
+    new = out[0, ids.shape[1] :]
+    typer.echo(f"model: {model} ({num_layers_of(hf_model)} layers)   plan: {routed_plan.name} (scope {routed_plan.scope.value})")
+    typer.echo(f"prompt: {ids.shape[1]} tokens   generated: {len(new)} tokens\n")
+    typer.echo(prompt + tokenizer.decode(new, skip_special_tokens=True))
+    typer.echo("\nretained KV slots per KV head (after prefill -> at the end):")
+    typer.echo(f"{'layer':<6} {'prefill':<26} {'decode':<26} {'after prefill':>13} {'end':>6}")
+    for idx, (layer_plan, layer) in enumerate(zip(routed_plan.layers, session.cache.layers)):
+        typer.echo(
+            f"{idx:<6} {str(layer_plan.prefill):<26} {str(layer_plan.decode):<26} "
+            f"{layer.retained_after_prefill:>13} {layer.retained:>6}"
+        )
+    typer.echo(f"true sequence length: {session.cache.get_seq_length()}")
+
+
+@plan_app.command("show")
+def plan_show(path: Path) -> None:
+    """Summarize a plan: totals, averages and method counts per phase, then every layer."""
+    loaded = Plan.load(path)
+    for line in loaded.summary().lines():
+        typer.echo(line)
+    if loaded.description:
+        typer.echo(f"  {loaded.description}")
+    typer.echo(f"\n{'layer':<6} {'prefill':<32} {'decode':<32}")
+    for idx, layer in enumerate(loaded.layers):
+        typer.echo(f"{idx:<6} {str(layer.prefill):<32} {str(layer.decode):<32}")
+
+
+@plan_app.command("validate")
+def plan_validate(
+    path: Path,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Check the layer count of this model.")] = None,
+    layers: Annotated[Optional[int], typer.Option(help="Check against this layer count instead of a model.")] = None,
+) -> None:
+    """Check a plan: methods known and phase-compatible, capacities, parameters, layer count."""
+    from polykv.methods import validate_plan
+
+    loaded = Plan.load(path)
+    num_layers = layers if layers is not None else (_num_layers(model) if model else None)
+    validate_plan(loaded, num_layers)
+    against = f" for a {num_layers}-layer model" if num_layers is not None else ""
+    typer.echo(f"ok: {path} is a valid plan{against} ({loaded.num_layers} layers, scope {loaded.scope.value})")
+
+
+@plan_app.command("homogeneous")
+def plan_homogeneous(
+    method: str,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the plan.")],
+    capacity: Annotated[Optional[int], typer.Option(help="Retained tokens per KV head.")] = None,
+    layers: Annotated[Optional[int], typer.Option(help="Number of layers (default: the model's).")] = None,
+    model: ModelOption = "demo",
+    scope: Scope = Scope.BOTH,
+    param: Annotated[list[str], typer.Option("--param", "-P", help="Method parameter NAME=VALUE (repeatable).")] = [],
+) -> None:
+    """Write a plan with one method and one capacity in every layer."""
+    from polykv.methods import validate_plan
+
+    num_layers = layers if layers is not None else _num_layers(model)
+    built = validate_plan(Plan.homogeneous(method, capacity, num_layers, scope, _parse_params(param)), num_layers)
+    built.save(out)
+    typer.echo(f"wrote {out}")
+
+
+def _parse_params(items: list[str]) -> dict:
+    params = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--param {item!r}: expected NAME=VALUE, e.g. --param window=16")
+        try:
+            params[name] = json.loads(value)
+        except json.JSONDecodeError:
+            params[name] = value  # a bare string such as pooling=avg
+    return params
+
+
+@app.command("import-llama2c")
+def import_llama2c_command(
+    checkpoint: Path, tokenizer: Path, out: Annotated[Path, typer.Option("--out", "-o")]
+) -> None:
+    """Convert a llama2.c checkpoint (+ tok*.bin tokenizer) into a Hugging Face model directory."""
+    from polykv.models import import_llama2c
+
+    typer.echo(f"wrote {import_llama2c(checkpoint, tokenizer, out)}")
+
+
+def main() -> None:
+    from polykv.runtime import RoutedCacheError
+
+    try:
+        app()  # typer handles --help, usage errors (exit 2) and exits itself
+    except (PlanError, RoutedCacheError, OSError, ValueError) as exc:
+        if os.environ.get("POLYKV_DEBUG"):
+            raise
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
+        typer.echo(f"error: {message}", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
