@@ -1,0 +1,148 @@
+"""Model loading for PolyKV: Hugging Face models by id or path, plus a tiny offline demo model.
+
+The demo model is stories260K from Andrej Karpathy's llama2.c (MIT): a real 260K-parameter Llama trained
+on TinyStories, shipped in llama2.c's own format. On first use it is converted (see ``llama2c``) into a
+standard Hugging Face directory under ``$POLYKV_HOME/models/stories260K-hf`` and reused afterwards, so
+everything downstream sees an ordinary ``LlamaForCausalLM`` and tokenizer, without network access.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from .llama2c import IMPORTER_VERSION, import_llama2c, read_source_record, sha256_file
+
+__all__ = [
+    "DEMO_MODEL",
+    "ModelNotFoundError",
+    "demo_checkpoint_dir",
+    "demo_model_dir",
+    "import_llama2c",
+    "load_model",
+    "polykv_home",
+    "resolve_model_path",
+]
+
+DEMO_MODEL = "demo"
+DEMO_CHECKPOINT_ENV = "POLYKV_DEMO_CHECKPOINT"
+DEMO_CHECKPOINT = "stories260K.bin"
+DEMO_TOKENIZER = "tok512.bin"
+DEMO_IMPORT_NAME = "stories260K-hf"
+# The package lives at <repo>/polykv/models; the checkpoint is shared next to the repository.
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+_DEFAULT_DEMO_CHECKPOINT_DIR = _REPO_ROOT.parent / "shared" / "models" / "stories260K"
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """A model path that does not exist (a FileNotFoundError, hence also an OSError)."""
+
+
+def polykv_home() -> Path:
+    """PolyKV's cache root: ``$POLYKV_HOME``, else ``~/.cache/polykv``."""
+    home = os.environ.get("POLYKV_HOME")
+    return Path(home).expanduser() if home else Path.home() / ".cache" / "polykv"
+
+
+def demo_checkpoint_dir() -> Path:
+    """The folder holding stories260K.bin and tok512.bin (``$POLYKV_DEMO_CHECKPOINT`` overrides it)."""
+    override = os.environ.get(DEMO_CHECKPOINT_ENV)
+    folder = Path(override).expanduser() if override else _DEFAULT_DEMO_CHECKPOINT_DIR
+    missing = [name for name in (DEMO_CHECKPOINT, DEMO_TOKENIZER) if not (folder / name).is_file()]
+    if missing:
+        source = f"${DEMO_CHECKPOINT_ENV}" if override else "the default location"
+        raise FileNotFoundError(
+            f"demo model checkpoint not found: {', '.join(missing)} missing in {folder} ({source}); "
+            f"set {DEMO_CHECKPOINT_ENV} to the folder holding {DEMO_CHECKPOINT} and {DEMO_TOKENIZER}"
+        )
+    return folder
+
+
+def demo_model_dir() -> Path:
+    """The imported demo model directory; imports it first if it is missing or stale."""
+    source = demo_checkpoint_dir()
+    checkpoint, tokenizer = source / DEMO_CHECKPOINT, source / DEMO_TOKENIZER
+    target = polykv_home() / "models" / DEMO_IMPORT_NAME
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Several workers (subprocess or Ray backends) may ask at once; let one import and the rest reuse it.
+    with _file_lock(target.parent / f".{DEMO_IMPORT_NAME}.lock"):
+        if not _import_is_current(target, checkpoint, tokenizer):
+            import_llama2c(checkpoint, tokenizer, target)
+    return target
+
+
+def _import_is_current(model_dir: Path, checkpoint: Path, tokenizer: Path) -> bool:
+    record = read_source_record(model_dir)
+    if not record or record.get("importer_version") != IMPORTER_VERSION:
+        return False
+    if not all((model_dir / name).is_file() for name in ("config.json", "model.safetensors", "tokenizer.json")):
+        return False
+    recorded = (record.get("checkpoint", {}).get("sha256"), record.get("tokenizer", {}).get("sha256"))
+    return recorded == (sha256_file(checkpoint), sha256_file(tokenizer))
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock on ``path`` where the platform has flock (no-op elsewhere)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: the import is still atomic, only duplicated work is possible
+        yield
+        return
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def resolve_model_path(name_or_path: str | os.PathLike | None) -> str:
+    """Map ``None``/"demo" to the demo directory, check local paths, and pass hub ids through."""
+    text = DEMO_MODEL if name_or_path is None else os.fspath(name_or_path)
+    if text == DEMO_MODEL:
+        return str(demo_model_dir())
+    path = Path(text).expanduser()
+    if path.exists():
+        return str(path)
+    if _looks_like_local_path(text):
+        raise ModelNotFoundError(f"model path does not exist: {path} (use '{DEMO_MODEL}' for the demo model)")
+    return text  # a Hugging Face id such as "Qwen/Qwen3-0.6B"
+
+
+def _looks_like_local_path(text: str) -> bool:
+    # Hub ids are "name" or "owner/name"; anything else with path syntax is meant to be a local path.
+    return (
+        os.path.isabs(text)
+        or text.startswith((".", "~"))
+        or text.count("/") > 1
+        or text.endswith("/")
+        or (os.sep != "/" and os.sep in text)
+    )
+
+
+def load_model(
+    name_or_path: str | os.PathLike | None = None,
+    *,
+    device: str = "cpu",
+    dtype=None,
+    attn_implementation: str = "sdpa",
+):
+    """Load ``(model, tokenizer)``: None or "demo" for the demo model, else a local path or hub id.
+
+    ``dtype`` is passed to ``from_pretrained`` (a ``torch.dtype``, a name such as "bfloat16", or "auto");
+    None keeps transformers' default. The model is moved to ``device`` and put in eval mode.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = resolve_model_path(name_or_path)
+    kwargs = {"attn_implementation": attn_implementation}
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    model.to(device)
+    model.eval()
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    return model, tokenizer
