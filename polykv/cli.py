@@ -24,6 +24,13 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 PLANS_DIR = REPO_ROOT / "plans"
 DEFAULT_PLAN = PLANS_DIR / "demo" / "mixed.json"
 
+# Long enough (~90 tokens on the demo model) that every capacity in the demo plans evicts at prefill.
+DEMO_PROMPT = (
+    "Once upon a time, there was a little girl named Lily. She had a red ball and a small dog named Max. "
+    "Every day Lily and Max went to the park to play. One day the ball rolled into the pond, and Max "
+    "jumped in to get it. Lily laughed and"
+)
+
 ModelOption = Annotated[str, typer.Option("--model", "-m", help="'demo', a local path or a Hugging Face id.")]
 
 
@@ -52,10 +59,10 @@ def methods() -> None:
 
 @app.command()
 def generate(
-    prompt: Annotated[str, typer.Option("--prompt", "-p", help="Text to continue.")] = "Once upon a time",
+    prompt: Annotated[str, typer.Option("--prompt", "-p", help="Text to continue.")] = DEMO_PROMPT,
     plan: Annotated[Path, typer.Option("--plan", help="Plan file (JSON).")] = DEFAULT_PLAN,
     model: ModelOption = "demo",
-    max_new_tokens: Annotated[int, typer.Option(min=1)] = 64,
+    max_new_tokens: Annotated[int, typer.Option(min=1)] = 96,
     device: str = "cpu",
     sample: Annotated[bool, typer.Option(help="Sample instead of greedy decoding.")] = False,
     temperature: Annotated[float, typer.Option(min=0.0)] = 1.0,
@@ -63,6 +70,7 @@ def generate(
 ) -> None:
     """Generate text with a plan and print the retained cache per layer."""
     import torch
+    from transformers.utils import logging as transformers_logging
 
     from polykv.methods import validate_plan
     from polykv.models import load_model
@@ -70,6 +78,7 @@ def generate(
     from polykv.runtime.routed import num_layers_of
 
     routed_plan = Plan.load(plan)
+    transformers_logging.disable_progress_bar()
     hf_model, tokenizer = load_model(model, device=device)
     validate_plan(routed_plan, num_layers_of(hf_model))
     ids = tokenizer(prompt, return_tensors="pt").input_ids.to(device)
@@ -80,14 +89,13 @@ def generate(
     new = out[0, ids.shape[1] :]
     typer.echo(f"model: {model} ({num_layers_of(hf_model)} layers)   plan: {routed_plan.name} (scope {routed_plan.scope.value})")
     typer.echo(f"prompt: {ids.shape[1]} tokens   generated: {len(new)} tokens\n")
-    typer.echo(prompt + tokenizer.decode(new, skip_special_tokens=True))
+    typer.echo(tokenizer.decode(out[0], skip_special_tokens=True))  # whole text: joins at the right space
     typer.echo("\nretained KV slots per KV head (after prefill -> at the end):")
-    typer.echo(f"{'layer':<6} {'prefill':<26} {'decode':<26} {'after prefill':>13} {'end':>6}")
-    for idx, (layer_plan, layer) in enumerate(zip(routed_plan.layers, session.cache.layers)):
-        typer.echo(
-            f"{idx:<6} {str(layer_plan.prefill):<26} {str(layer_plan.decode):<26} "
-            f"{layer.retained_after_prefill:>13} {layer.retained:>6}"
-        )
+    rows = [
+        (str(idx), str(lp.prefill), str(lp.decode), str(layer.retained_after_prefill), str(layer.retained))
+        for idx, (lp, layer) in enumerate(zip(routed_plan.layers, session.cache.layers))
+    ]
+    _table(("layer", "prefill", "decode", "after prefill", "end"), rows)
     typer.echo(f"true sequence length: {session.cache.get_seq_length()}")
 
 
@@ -99,9 +107,8 @@ def plan_show(path: Path) -> None:
         typer.echo(line)
     if loaded.description:
         typer.echo(f"  {loaded.description}")
-    typer.echo(f"\n{'layer':<6} {'prefill':<32} {'decode':<32}")
-    for idx, layer in enumerate(loaded.layers):
-        typer.echo(f"{idx:<6} {str(layer.prefill):<32} {str(layer.decode):<32}")
+    typer.echo("")
+    _table(("layer", "prefill", "decode"), [(str(i), str(lp.prefill), str(lp.decode)) for i, lp in enumerate(loaded.layers)])
 
 
 @plan_app.command("validate")
@@ -137,6 +144,12 @@ def plan_homogeneous(
     built = validate_plan(Plan.homogeneous(method, capacity, num_layers, scope, _parse_params(param)), num_layers)
     built.save(out)
     typer.echo(f"wrote {out}")
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        typer.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
 
 
 def _parse_params(items: list[str]) -> dict:

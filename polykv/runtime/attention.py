@@ -89,10 +89,13 @@ def attention_probs(query, key, query_pos, key_pos, scaling, window=None) -> tor
     """Softmax attention [b, h*g, w, n] in fp32 for the given queries over the held slots."""
     b, qh, w, d = query.shape
     h = key.shape[1]
-    grouped_q = query.reshape(b, h, qh // h, w, d).float()
-    scores = torch.matmul(grouped_q, key.float()[:, :, None].transpose(-1, -2)) * scaling  # [b, h, g, w, n]
-    allowed = _allowed(key_pos, query_pos, window)[:, :, None]
-    scores = scores.masked_fill(~allowed, float("-inf"))
+    # [b, h, g*w, d] @ [b, h, d, n]: one batched matmul per KV head, no broadcast copy of the keys
+    grouped_q = query.reshape(b, h, (qh // h) * w, d).float()
+    scores = torch.matmul(grouped_q, key.float().transpose(-1, -2)) * scaling
+    scores = scores.view(b, h, qh // h, w, -1)
+    if w > 1 or window is not None:  # the newest query sees every held slot: no mask needed
+        allowed = _allowed(key_pos, query_pos, window)[:, :, None]
+        scores = scores.masked_fill(~allowed, float("-inf"))
     return scores.softmax(dim=-1).reshape(b, qh, w, -1)
 
 

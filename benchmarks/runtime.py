@@ -1,0 +1,190 @@
+"""Runtime overhead of the routed cache, as medians of interleaved runs.
+
+For each configuration (vanilla Hugging Face, a `full` plan, a SnapKV prefill plan, a TOVA decode plan)
+it measures prefill time on one long prompt and the per-token time of greedy decode steps, and reports
+them as ratios to vanilla. It also compares the KV-cache memory actually held (tensor storage bytes)
+with the nominal size implied by the plan's capacities.
+
+    python benchmarks/runtime.py                     # CPU-sized random Llama, 4096-token prompt
+    python benchmarks/runtime.py --prompt-len 1024 --reps 2   # quicker
+
+Runs on 2-core machines vary by up to 2x; configurations are interleaved within every repetition and
+the medians are reported, so drifts hit all of them alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from polykv.plan import Phase, Plan
+from polykv.runtime import routed
+from polykv.runtime.routed import cache_argument_name
+
+CPU_CONFIG = dict(
+    vocab_size=32000,
+    hidden_size=512,
+    intermediate_size=1376,
+    num_hidden_layers=8,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    max_position_embeddings=16384,
+)
+
+
+@dataclass
+class Row:
+    label: str
+    plan: Plan | None  # None = vanilla Hugging Face
+    prefill_s: list[float] = field(default_factory=list)
+    decode_s: list[float] = field(default_factory=list)  # per token
+    measured_bytes: list[int] = field(default_factory=list)
+    nominal_bytes: list[int] = field(default_factory=list)
+
+
+def build_model(config: dict, device: str, dtype: torch.dtype, seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = LlamaForCausalLM._from_config(copy.deepcopy(LlamaConfig(**config)), attn_implementation="sdpa", dtype=dtype)
+    return model.eval()
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _output_cache(out):
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
+
+@torch.no_grad()
+def run_once(model, ids: torch.Tensor, new_tokens: int, device: str):
+    """Prefill then `new_tokens` greedy steps; returns (prefill s, decode s per token, cache, logits list)."""
+    name = cache_argument_name(model)
+    _sync(device)
+    t0 = time.perf_counter()
+    out = model(ids, use_cache=True, logits_to_keep=1)
+    _sync(device)
+    prefill = time.perf_counter() - t0
+    cache = _output_cache(out)
+    logits = [out.logits[:, -1].float()]
+    token = out.logits[:, -1:].argmax(-1)
+    t0 = time.perf_counter()
+    for _ in range(new_tokens):
+        out = model(token, use_cache=True, **{name: cache})
+        token = out.logits[:, -1:].argmax(-1)
+        logits.append(out.logits[:, -1].float())
+    _sync(device)
+    decode = (time.perf_counter() - t0) / new_tokens
+    return prefill, decode, cache, logits
+
+
+def run_config(model, row: Row, ids, new_tokens, device):
+    if row.plan is None:
+        return run_once(model, ids, new_tokens, device)
+    with routed(model, row.plan):
+        return run_once(model, ids, new_tokens, device)
+
+
+def kv_bytes(cache) -> tuple[int, list[int]]:
+    """Bytes of storage the cache's keys and values really hold, in total and per layer."""
+    per_layer = [layer.keys.untyped_storage().nbytes() + layer.values.untyped_storage().nbytes() for layer in cache.layers]
+    return sum(per_layer), per_layer
+
+
+def nominal_slots(plan: Plan | None, prompt_len: int, new_tokens: int) -> list[int]:
+    """Slots per layer that the plan implies after prefill and `new_tokens` decode steps."""
+    layers = plan.layers if plan is not None else None
+    if layers is None:
+        return []
+    slots = []
+    for layer in layers:
+        cap_p, cap_d = layer[Phase.PREFILL].capacity, layer[Phase.DECODE].capacity
+        after_prefill = prompt_len if cap_p is None else min(cap_p, prompt_len)
+        grown = after_prefill + new_tokens
+        slots.append(grown if cap_d is None else min(cap_d, grown))
+    return slots
+
+
+def nominal_bytes(model, slots: list[int], dtype: torch.dtype) -> int:
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    per_slot = 2 * cfg.num_key_value_heads * head_dim * torch.finfo(dtype).bits // 8
+    return sum(slots) * per_slot
+
+
+def standard_rows(num_layers: int, capacity: int) -> list[Row]:
+    return [
+        Row("vanilla HF", None),
+        Row("full plan", Plan.homogeneous("full", None, num_layers)),
+        Row(f"snapkv prefill @{capacity}", Plan.homogeneous("snapkv", capacity, num_layers, "prefill")),
+        Row(f"tova decode @{capacity}", Plan.homogeneous("tova", capacity, num_layers, "decode")),
+    ]
+
+
+def benchmark(model, rows: list[Row], prompt_len: int, new_tokens: int, reps: int, device: str, dtype, seed=0):
+    ids = torch.randint(3, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(seed)).to(device)
+    run_config(model, rows[0], ids[:, :256], 4, device)  # warm-up: kernels, allocator
+    for _ in range(reps):
+        for row in rows:
+            prefill, decode, cache, _ = run_config(model, row, ids, new_tokens, device)
+            row.prefill_s.append(prefill)
+            row.decode_s.append(decode)
+            total, _ = kv_bytes(cache)
+            row.measured_bytes.append(total)
+            slots = nominal_slots(row.plan, prompt_len, new_tokens) or [prompt_len + new_tokens] * len(cache.layers)
+            row.nominal_bytes.append(nominal_bytes(model, slots, dtype))
+            del cache
+    return rows
+
+
+def report(rows: list[Row], title: str) -> str:
+    base = rows[0]
+    base_prefill, base_decode = statistics.median(base.prefill_s), statistics.median(base.decode_s)
+    lines = [
+        title,
+        f"{'configuration':<26} {'prefill s':>10} {'x vanilla':>10} {'decode ms/tok':>14} {'x vanilla':>10} "
+        f"{'KV MiB held':>12} {'KV MiB nominal':>15} {'held/nominal':>13}",
+    ]
+    for row in rows:
+        prefill, decode = statistics.median(row.prefill_s), statistics.median(row.decode_s)
+        held, nominal = statistics.median(row.measured_bytes), statistics.median(row.nominal_bytes)
+        lines.append(
+            f"{row.label:<26} {prefill:>10.3f} {prefill / base_prefill:>10.3f} {decode * 1e3:>14.2f} "
+            f"{decode / base_decode:>10.3f} {held / 2**20:>12.2f} {nominal / 2**20:>15.2f} {held / nominal:>13.4f}"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompt-len", type=int, default=4096)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--capacity", type=int, default=256)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = build_model(CPU_CONFIG, "cpu", torch.float32)
+    rows = standard_rows(CPU_CONFIG["num_hidden_layers"], args.capacity)
+    benchmark(model, rows, args.prompt_len, args.new_tokens, args.reps, "cpu", torch.float32)
+    cfg = CPU_CONFIG
+    title = (
+        f"random Llama (hidden {cfg['hidden_size']}, {cfg['num_hidden_layers']} layers, {cfg['num_attention_heads']} heads, "
+        f"{cfg['num_key_value_heads']} KV heads), fp32 CPU, {torch.get_num_threads()} threads; prompt {args.prompt_len}, "
+        f"{args.new_tokens} new tokens; medians of {args.reps} interleaved runs"
+    )
+    print(report(rows, title))
+
+
+if __name__ == "__main__":
+    main()
