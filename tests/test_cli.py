@@ -1,0 +1,148 @@
+"""The `polykv` command line: the demo generation, plan commands, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from polykv.cli import main
+from polykv.methods import validate_plan
+from polykv.plan import Plan
+
+REPO = Path(__file__).resolve().parents[1]
+PLANS = sorted((REPO / "plans").rglob("*.json"))
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def polykv(tmp_path, monkeypatch, capsys):
+    """Run the CLI's entry point in-process (same code path as the console script) and capture it."""
+    monkeypatch.setenv("POLYKV_HOME", str(tmp_path / "home"))
+
+    def run(*args: str) -> Result:
+        monkeypatch.setattr(sys, "argv", ["polykv", *args])
+        with pytest.raises(SystemExit) as exit_info:
+            main()
+        out, err = capsys.readouterr()
+        code = exit_info.value.code
+        return Result(code if isinstance(code, int) else (0 if code is None else 1), out, err)
+
+    return run
+
+
+def assert_one_line_error(result, *expected: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for text in expected:
+        assert text in lines[0]
+
+
+def test_generate_with_the_default_mixed_plan_on_the_demo_model(tmp_path):
+    # The real console script in a fresh process: entry point, imports, exit code.
+    env = {**os.environ, "POLYKV_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"}
+    exe = Path(sys.executable).with_name("polykv")
+    result = subprocess.run(
+        [str(exe), "generate", "--max-new-tokens", "12"], capture_output=True, text=True, env=env, cwd=REPO, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "plan: mixed-demo" in out and "Once upon a time" in out
+    table = out[out.index("layer  prefill") :].splitlines()[1:6]
+    # mixed-demo's prefill capacities are 48, 32, 48, 32, 24 and decode ones 64, 48, 48, 40, 32; a
+    # 95-token prompt + 12 new tokens means every layer was cut at prefill.
+    assert [row.split()[-2:] for row in table] == [["48", "59"], ["32", "43"], ["48", "48"], ["32", "40"], ["24", "32"]]
+
+
+def test_methods_lists_every_method_with_phases_and_defaults(polykv):
+    result = polykv("methods")
+    assert result.returncode == 0
+    assert "snapkv" in result.stdout and "phases: prefill " in result.stdout and "window=32" in result.stdout
+
+
+@pytest.mark.parametrize("path", PLANS, ids=lambda p: p.name)
+def test_shipped_plans_are_valid_for_the_demo_model(path):
+    plan = validate_plan(Plan.load(path), 5)
+    assert plan.to_json() == path.read_text()  # canonical, as `plan save` writes it
+    if plan.provenance.get("built_by") == "homogeneous":
+        params = plan.layers[0][plan.scope.phases[0]].params
+        rebuilt = Plan.homogeneous(plan.provenance["method"], plan.provenance["capacity"], 5, plan.scope, params)
+        assert rebuilt == plan
+
+
+def test_plan_show_and_validate(polykv):
+    mixed = str(REPO / "plans" / "demo" / "mixed.json")
+    shown = polykv("plan", "show", mixed)
+    assert shown.returncode == 0 and "total capacity B=184" in shown.stdout
+    ok = polykv("plan", "validate", mixed, "--model", "demo")
+    assert ok.returncode == 0 and "valid plan for a 5-layer model" in ok.stdout
+
+
+def _write(tmp_path: Path, mutate) -> str:
+    data = json.loads((REPO / "plans" / "demo" / "mixed.json").read_text())
+    mutate(data)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+BAD_PLANS = {
+    "unknown method": (lambda d: d["layers"][2]["decode"].update(method="h3o"), "layer 2, decode, method: unknown method 'h3o'"),
+    "phase-incompatible": (lambda d: d["layers"][3]["decode"].update(method="snapkv"), "'snapkv' does not support the decode phase"),
+    "zero capacity": (lambda d: d["layers"][0]["prefill"].update(capacity=0), "layer 0, prefill, capacity: Input should be greater than 0"),
+    "negative capacity": (lambda d: d["layers"][4]["decode"].update(capacity=-1), "layer 4, decode, capacity"),
+    "wrong layer count": (lambda d: d["layers"].pop(), "the plan has 4 layers but the model has 5"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_PLANS))
+def test_bad_plans_give_one_line_errors(case, tmp_path, polykv):
+    mutate, expected = BAD_PLANS[case]
+    path = _write(tmp_path, mutate)
+    assert_one_line_error(polykv("plan", "validate", path, "--model", "demo"), expected)
+    assert_one_line_error(polykv("generate", "--plan", path, "--max-new-tokens", "2"), expected)
+
+
+def test_malformed_json_and_missing_files(tmp_path, polykv):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"name": "x",')
+    assert_one_line_error(polykv("plan", "show", str(bad)), "malformed JSON")
+    assert_one_line_error(polykv("generate", "--plan", str(tmp_path / "nope.json")), "no such plan file")
+    assert_one_line_error(
+        polykv("generate", "--model", str(tmp_path / "no-model")), "model path does not exist"
+    )
+
+
+def test_missing_demo_checkpoint_is_one_line(tmp_path):
+    # A real process: a user error must leave no traceback on the terminal.
+    env = {**os.environ, "POLYKV_HOME": str(tmp_path / "home"), "POLYKV_DEMO_CHECKPOINT": str(tmp_path / "none")}
+    result = subprocess.run(
+        [sys.executable, "-m", "polykv.cli", "generate", "--max-new-tokens", "2"],
+        capture_output=True, text=True, cwd=REPO, timeout=300, env=env,
+    )
+    assert_one_line_error(result, "demo model checkpoint not found", "POLYKV_DEMO_CHECKPOINT")
+
+
+def test_plan_homogeneous_writes_a_valid_plan(tmp_path, polykv):
+    out = tmp_path / "plans" / "h2o.json"
+    result = polykv("plan", "homogeneous", "h2o", "--capacity", "16", "--layers", "5", "-P", "heavy_ratio=0.25",
+                    "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    plan = Plan.load(out)
+    assert plan.layers[4].decode.params == {"heavy_ratio": 0.25}
+    bad = polykv("plan", "homogeneous", "h2o", "--capacity", "16", "--layers", "5", "-P", "heavy_ratio=2",
+                 "-o", str(out))
+    assert_one_line_error(bad, "params.heavy_ratio: h2o: Input should be less than or equal to 1")
