@@ -25,7 +25,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from polykv.plan import Phase, Plan
 from polykv.runtime import routed
-from polykv.runtime.routed import cache_argument_name
+from polykv.runtime.routed import cache_argument_name, output_cache
 
 CPU_CONFIG = dict(
     vocab_size=32000,
@@ -60,11 +60,6 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _output_cache(out):
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else out.past_key_values
-
-
 @torch.no_grad()
 def run_once(model, ids: torch.Tensor, new_tokens: int, device: str):
     """Prefill then `new_tokens` greedy steps; returns (prefill s, decode s per token, cache, logits list)."""
@@ -74,7 +69,7 @@ def run_once(model, ids: torch.Tensor, new_tokens: int, device: str):
     out = model(ids, use_cache=True, logits_to_keep=1)
     _sync(device)
     prefill = time.perf_counter() - t0
-    cache = _output_cache(out)
+    cache = output_cache(out)
     logits = [out.logits[:, -1].float()]
     token = out.logits[:, -1:].argmax(-1)
     t0 = time.perf_counter()

@@ -18,6 +18,8 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from polykv.runtime.routed import output_cache
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
 
@@ -55,12 +57,6 @@ def family_model(request):
 @pytest.fixture
 def llama():
     return tiny_model("llama")
-
-
-def output_cache(out):
-    """The cache field of a model output (`cache` in newer transformers 5.x, `past_key_values` before)."""
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else out.past_key_values
 
 
 def decode_logits(model, ids: torch.Tensor, steps: int, cache_name: str, cache=None, after_prefill=None):

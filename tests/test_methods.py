@@ -28,13 +28,16 @@ def view(n: int, *, heads: int = 2, groups: int = 1, phase=Phase.DECODE, rows=No
     )
 
 
-def kept(eviction) -> list[list[int]]:
+def kept(eviction, n: int) -> list[list[int]]:
+    """Kept slots per head of batch row 0, whether the method named them or the one it dropped."""
+    if eviction.dropped is not None:
+        return [[i for i in range(n) if i != d] for d in eviction.dropped[0, :, 0].tolist()]
     return eviction.keep[0].tolist()
 
 
 def test_streamingllm_keeps_sinks_and_most_recent():
     method = StreamingLLM(capacity=6, params={"sinks": 2})
-    assert kept(method.step(view(10))) == [[0, 1, 6, 7, 8, 9]] * 2
+    assert kept(method.step(view(10)), 10) == [[0, 1, 6, 7, 8, 9]] * 2
     assert method.step(view(6)) is None  # at capacity: nothing to evict
 
 
@@ -45,7 +48,7 @@ def test_h2o_keeps_heavy_hitters_and_recent_window():
     sums[..., 5] = 3.0
     method = H2O(capacity=4, params={"heavy_ratio": 0.5})
     ev = method.step(view(10, phase=Phase.PREFILL, column_sums=sums, num_new=10))
-    assert kept(ev) == [[2, 5, 8, 9]] * 2  # 2 heavy hitters + 2 most recent
+    assert kept(ev, 10) == [[2, 5, 8, 9]] * 2  # 2 heavy hitters + 2 most recent
     assert method.per_token["score"].shape == (1, 2, 10)
 
 
@@ -56,7 +59,7 @@ def test_h2o_accumulates_scores_across_decode_steps():
     # Step 1: token 1 gets 0.5 more, overtaking token 0 (1.4 vs 1.0); the new token 3 is recent.
     ev = method.step(view(4, column_sums=torch.tensor([0.0, 0.5, 0.2, 0.3]).expand(1, 2, 4)))
     # capacity 3, heavy = 1: keep the 2 most recent (2, 3) + the heaviest of the rest (1).
-    assert kept(ev) == [[1, 2, 3]] * 2
+    assert kept(ev, 4) == [[1, 2, 3]] * 2
     # Scores cover every slot before eviction; the runtime gathers them with the cache.
     assert torch.allclose(method.per_token["score"][0, 0], torch.tensor([1.0, 1.4, 0.2, 0.3]))
 
@@ -68,7 +71,7 @@ def test_h2o_gqa_scores_are_the_group_mean():
     sums[0, 2, 3], sums[0, 3, 3] = 1.0, 1.0  # KV head 1: slot 3
     method = H2O(capacity=2, params={"heavy_ratio": 0.5})
     ev = method.step(view(6, heads=2, groups=2, phase=Phase.PREFILL, column_sums=sums, num_new=6))
-    assert kept(ev) == [[1, 5], [3, 5]]  # per-KV-head heavy hitter + the most recent token
+    assert kept(ev, 6) == [[1, 5], [3, 5]]  # per-KV-head heavy hitter + the most recent token
 
 
 def test_tova_drops_the_token_the_current_query_ignores():
@@ -77,7 +80,8 @@ def test_tova_drops_the_token_the_current_query_ignores():
     rows[0, 0, 0, 6] = 0.001  # one head ignores token 6 too, but the head average keeps it
     method = TOVA(capacity=7)
     ev = method.step(view(8, heads=2, groups=2, rows=rows))
-    assert kept(ev) == [[0, 1, 2, 4, 5, 6, 7]] * 2  # one index set for all heads
+    assert ev.dropped is not None  # one slot goes: found by argmin, no sort
+    assert kept(ev, 8) == [[0, 1, 2, 4, 5, 6, 7]] * 2  # one index set for all heads
 
 
 def test_snapkv_keeps_what_the_window_votes_for_plus_the_window():
@@ -87,7 +91,7 @@ def test_snapkv_keeps_what_the_window_votes_for_plus_the_window():
     rows[..., 7] = 0.4
     method = SnapKV(capacity=5, params={"window": w, "kernel_size": 1})
     ev = method.step(view(n, phase=Phase.PREFILL, rows=rows, num_new=n))
-    assert kept(ev) == [[1, 7, 9, 10, 11]] * 2
+    assert kept(ev, n) == [[1, 7, 9, 10, 11]] * 2
 
 
 def test_snapkv_pooling_keeps_neighbours_of_a_voted_token():

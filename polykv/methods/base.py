@@ -3,7 +3,9 @@
 A method is a policy for one layer and one phase. The runtime owns the tensors; a method only says
 which attention signals it needs (`needs`) and, given them, which cache slots to keep (`step`).
 Shapes (b = batch, h = KV heads, g = query heads per KV head, q = new tokens, n = slots):
-  keys / values   [b, h, n, d]   after RoPE, the new tokens appended last
+  keys / values   [b, h, n, d]   after RoPE, the new tokens appended last; older slots are in no
+                                 particular order (the runtime reuses freed slots), so rules that
+                                 care about recency read `positions`
   positions       [b, h, n]      the true sequence position of every slot
   rows            [b, h*g, w, n] softmax attention of the newest w queries (fp32, causal)
   column_sums     [b, h*g, n]    attention summed over every query of the step (fp32)
@@ -69,10 +71,12 @@ class LayerView:
 
 @dataclass
 class Eviction:
-    """Slots to keep, per KV head, ascending; merging methods may also rewrite kept contents."""
+    """Slots to keep per KV head (ascending), or the one slot to drop; merging methods may also
+    rewrite the kept contents."""
 
-    keep: torch.Tensor  # [b, h, k] int64
-    keys: torch.Tensor | None = None  # [b, h, k, d] replaces the gathered keys when given
+    keep: torch.Tensor | None = None  # [b, h, k] int64
+    dropped: torch.Tensor | None = None  # [b, h, 1] int64: the single slot evicted (the usual decode step)
+    keys: torch.Tensor | None = None  # [b, h, k, d] replaces the gathered keys when given (in `keep` order)
     values: torch.Tensor | None = None
 
 
@@ -138,6 +142,15 @@ def keep_top(scores: torch.Tensor, k: int, protected: torch.Tensor | None = None
     if protected is not None:
         scores = scores.masked_fill(protected, float("inf"))
     return scores.topk(k, dim=-1).indices.sort(dim=-1).values
+
+
+def evict_lowest(scores: torch.Tensor, k: int, protected: torch.Tensor | None = None) -> Eviction:
+    """Keep the k highest-scoring slots of each [b, h, n] row; one argmin when a single slot goes."""
+    if scores.shape[-1] - k != 1:
+        return Eviction(keep=keep_top(scores, k, protected))
+    if protected is not None:
+        scores = scores.masked_fill(protected, float("inf"))
+    return Eviction(dropped=scores.argmin(dim=-1, keepdim=True))
 
 
 def recent_mask(view: LayerView, window: int) -> torch.Tensor:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from polykv.methods.base import Eviction, LayerView, Method, Needs, keep_top, recent_mask
+from polykv.methods.base import Eviction, LayerView, Method, Needs, evict_lowest, recent_mask
 from polykv.plan import Phase
 
 
@@ -57,4 +57,4 @@ class H2O(Method):
         if not self.over_capacity(view):
             return None
         heavy = min(self.capacity, max(0, round(self.params.heavy_ratio * self.capacity)))
-        return Eviction(keep_top(score, self.capacity, protected=recent_mask(view, self.capacity - heavy)))
+        return evict_lowest(score, self.capacity, protected=recent_mask(view, self.capacity - heavy))

@@ -53,6 +53,7 @@ class SnapKV(Method):
     def step(self, view: LayerView) -> Eviction | None:
         if not self.over_capacity(view):
             return None
+        # At the end of prefill slot i holds position i, so the window is the last w slots.
         n, w = view.length, min(self.params.window, view.length)
         votes = view.grouped(view.rows.sum(dim=2))[..., : n - w]  # [b, h, n - w]
         votes = pool_votes(votes, self.params.kernel_size, self.params.pooling)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from polykv.methods.base import Eviction, LayerView, Method, keep_top
+from polykv.methods.base import Eviction, LayerView, Method, evict_lowest
 from polykv.plan import Phase
 
 
@@ -45,4 +45,4 @@ class StreamingLLM(Method):
         # Positions are unique per head, so the top `capacity` positions with sinks forced in are
         # exactly sinks + the most recent tokens.
         sinks = view.positions < self.params.sinks
-        return Eviction(keep_top(view.positions.float(), self.capacity, protected=sinks))
+        return evict_lowest(view.positions.float(), self.capacity, protected=sinks)

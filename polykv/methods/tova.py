@@ -6,7 +6,7 @@ arXiv:2401.06104 (code: schwartz-lab-NLP/TOVA).
 
 from __future__ import annotations
 
-from polykv.methods.base import Eviction, LayerView, Method, Needs, keep_top
+from polykv.methods.base import Eviction, LayerView, Method, Needs, evict_lowest
 from polykv.plan import Phase
 
 
@@ -29,7 +29,9 @@ class TOVA(Method):
     def step(self, view: LayerView) -> Eviction | None:
         if not self.over_capacity(view):
             return None
-        score = view.rows[:, :, -1, :].mean(dim=1)  # [b, n], averaged over every query head
-        keep = keep_top(score, self.capacity)
-        b, h = view.positions.shape[:2]
-        return Eviction(keep[:, None, :].expand(b, h, -1))
+        score = view.rows[:, :, -1, :].mean(dim=1, keepdim=True)  # [b, 1, n], averaged over every query head
+        eviction = evict_lowest(score, self.capacity)
+        h = view.positions.shape[1]  # the same slots for every KV head
+        if eviction.dropped is not None:
+            return Eviction(dropped=eviction.dropped.expand(-1, h, -1))
+        return Eviction(keep=eviction.keep.expand(-1, h, -1))

@@ -60,7 +60,7 @@ class RoutedLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         b, h, q, _ = key_states.shape
         self.phase = Phase.PREFILL if self.seen == 0 else Phase.DECODE
-        new_pos = torch.arange(self.seen, self.seen + q, device=key_states.device).expand(b, h, q)
+        new_pos = torch.arange(self.seen, self.seen + q, device=key_states.device).repeat(b, h, 1)
         if self.seen == 0:
             self.keys, self.values, self.positions = key_states, value_states, new_pos
         else:
@@ -127,18 +127,25 @@ class RoutedLayer(DynamicLayer):
     def _apply(self, eviction: Eviction | None) -> None:
         if eviction is None:
             return
-        keep = eviction.keep
+        n = self.retained
+        if eviction.dropped is None and eviction.keep.shape[-1] == n - 1 and eviction.keys is None:
+            eviction = Eviction(dropped=n * (n - 1) // 2 - eviction.keep.sum(dim=-1, keepdim=True))
+        kept = n - 1 if eviction.dropped is not None else eviction.keep.shape[-1]
         capacity = self.method.capacity
-        if capacity is not None and keep.shape[-1] > capacity:
-            raise RoutedCacheError(
-                f"layer {self.layer_idx}: {self.method.name} kept {keep.shape[-1]} slots, over its capacity {capacity}"
-            )
-        self.keys = eviction.keys if eviction.keys is not None else gather_slots(self.keys, keep)
-        self.values = eviction.values if eviction.values is not None else gather_slots(self.values, keep)
-        self.positions = gather_slots(self.positions, keep)
+        if capacity is not None and kept > capacity:
+            raise RoutedCacheError(f"layer {self.layer_idx}: {self.method.name} kept {kept} slots, over its capacity {capacity}")
+        if eviction.dropped is not None:
+            # The usual decode step drops one slot: move the newest slot into it instead of copying
+            # the whole cache (slots are unordered; positions say where each token was).
+            select = lambda t: drop_one_slot(t, eviction.dropped)  # noqa: E731
+        else:
+            select = lambda t: gather_slots(t, eviction.keep)  # noqa: E731
+        self.keys = eviction.keys if eviction.keys is not None else select(self.keys)
+        self.values = eviction.values if eviction.values is not None else select(self.values)
+        self.positions = select(self.positions)
         for method in self.methods.values():
             for name, tensor in method.per_token.items():
-                method.per_token[name] = gather_slots(tensor, keep)
+                method.per_token[name] = select(tensor)
 
     def evict_positions(self, positions: torch.Tensor) -> None:
         """Drop the slots holding these true positions (same set for every batch row and head).
@@ -168,6 +175,13 @@ def gather_slots(tensor: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     offsets = torch.arange(0, b * h * n, n, device=keep.device).view(b, h, 1)
     rows = tensor.reshape(b * h * n, *tensor.shape[3:]).index_select(0, (keep + offsets).reshape(-1))
     return rows.view(*keep.shape, *tensor.shape[3:])
+
+
+def drop_one_slot(tensor: torch.Tensor, dropped: torch.Tensor) -> torch.Tensor:
+    """Remove slot `dropped[b, h, 0]` of each head in place: the last slot moves into it."""
+    index = dropped.view(*dropped.shape, *([1] * (tensor.dim() - 3))).expand(*dropped.shape, *tensor.shape[3:])
+    tensor.scatter_(2, index, tensor[:, :, -1:].clone())
+    return tensor[:, :, :-1]
 
 
 class RoutedCache(Cache):

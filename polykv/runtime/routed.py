@@ -47,6 +47,12 @@ def cache_argument_name(model: torch.nn.Module) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+def output_cache(output) -> Cache | None:
+    """The cache of a model output (`cache` in the newest transformers 5.x, `past_key_values` before)."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else getattr(output, "past_key_values", None)
+
+
 @contextmanager
 def routed(model: torch.nn.Module, plan: Plan) -> Iterator[RoutedSession]:
     validate_plan(plan, num_layers_of(model))
