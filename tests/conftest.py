@@ -54,6 +54,17 @@ def family_model(request):
     return tiny_model(request.param)
 
 
+@pytest.fixture(scope="session")
+def demo_model(tmp_path_factory):
+    """The embedded demo model (stories260K), imported into a private POLYKV_HOME."""
+    from polykv.models import load_model
+
+    patch = pytest.MonkeyPatch()
+    patch.setenv("POLYKV_HOME", str(tmp_path_factory.mktemp("polykv-home")))
+    yield load_model("demo")
+    patch.undo()
+
+
 @pytest.fixture
 def llama():
     return tiny_model("llama")

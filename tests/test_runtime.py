@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import FAMILIES, decode_logits, tiny_model
@@ -49,6 +51,26 @@ def test_full_plan_is_exact_on_every_family(family_model):
     assert isinstance(cache, RoutedCache)
     assert len(logits) == STEPS + 1 and logits[0].shape[1] == ids.shape[1]  # prefill logits at every position
     assert max_diff(vanilla, logits) <= TOL
+
+
+def test_full_plan_is_exact_on_the_demo_model(demo_model):
+    model, tokenizer = demo_model
+    ids = tokenizer("Once upon a time, there was a little girl named Lily.", return_tensors="pt").input_ids
+    vanilla, _ = decode_logits(model, ids, STEPS, cache_argument_name(model))
+    logits, _ = run_routed(model, Plan.homogeneous("full", None, model.config.num_hidden_layers), ids)
+    assert max_diff(vanilla, logits) <= TOL
+
+
+def test_mixed_plan_on_the_demo_model_keeps_capacities(demo_model):
+    model, tokenizer = demo_model
+    plan = Plan.load(Path(__file__).resolve().parents[1] / "plans" / "demo" / "mixed.json")
+    ids = tokenizer(" ".join(["Lily saw a big red ball in the park."] * 12), return_tensors="pt").input_ids
+    with routed(model, plan) as session:
+        out = model.generate(ids, max_new_tokens=40, min_new_tokens=40, do_sample=False)
+    cache = session.cache
+    assert [layer.retained_after_prefill for layer in cache.layers] == [a.prefill.capacity for a in plan.layers]
+    assert cache.retained_per_layer() == [a.decode.capacity for a in plan.layers]
+    assert cache.get_seq_length() == out.shape[1] - 1  # the last token is never fed back
 
 
 def test_mistral_sliding_window_matches_vanilla_past_the_window():

@@ -16,7 +16,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from polykv.methods.base import LayerView
-from polykv.runtime.cache import RoutedLayer, take_updated_layer
+from polykv.runtime.cache import RoutedCacheError, RoutedLayer, take_updated_layer
 
 ATTN_IMPLEMENTATION = "polykv"
 
@@ -29,15 +29,18 @@ def polykv_attention(module, query, key, value, attention_mask, scaling=None, dr
     if layer is None:  # no routed cache (e.g. use_cache=False): plain attention
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     if attention_mask is not None:
-        raise RuntimeError("polykv attention expects no mask from transformers; it builds its own")
+        raise RoutedCacheError("custom attention masks are not supported under routed(); pass none (padding is refused)")
 
     scaling = module.scaling if scaling is None else scaling
     window = kwargs.get("sliding_window")
     q_len = query.shape[2]
     key_pos = layer.positions  # [b, h, n]
-    query_pos = torch.arange(layer.seen - q_len, layer.seen, device=query.device)
+    needs = layer.needs()
+    explicit_mask = _needs_explicit_mask(layer, q_len, window)
+    if explicit_mask or needs:
+        query_pos = torch.arange(layer.seen - q_len, layer.seen, device=query.device)
 
-    if _needs_explicit_mask(layer, q_len, window):
+    if explicit_mask:
         mask = _allowed(key_pos, query_pos, window)  # [b, h, q, n]
         mask = mask.repeat_interleave(module.num_key_value_groups, dim=1)
         out = F.scaled_dot_product_attention(
@@ -49,7 +52,6 @@ def polykv_attention(module, query, key, value, attention_mask, scaling=None, dr
             module, query, key, value, None, dropout=dropout, scaling=scaling, **kwargs
         )
 
-    needs = layer.needs()
     view = LayerView(
         phase=layer.phase,
         keys=key,
