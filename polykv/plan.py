@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
@@ -90,6 +90,10 @@ class Plan(BaseModel):
     name: str = Field(min_length=1)
     description: str = ""
     scope: Scope
+    # "fixed": every layer keeps the capacity written here. "native": the phase's method (one method
+    # in every layer, with a layer-budget rule of its own) splits the phase's total capacity over the
+    # layers at run time, as the standalone method does (PyramidKV, D2O, CAKE).
+    allocation: Literal["fixed", "native"] = "fixed"
     provenance: dict[str, Any] = Field(default_factory=dict)
     layers: list[LayerPlan] = Field(min_length=1)
 
@@ -107,17 +111,22 @@ class Plan(BaseModel):
         scope: Scope | str = Scope.BOTH,
         params: Mapping[str, Any] | None = None,
         name: str | None = None,
+        allocation: str = "fixed",
     ) -> "Plan":
-        """One method with one uniform capacity in every layer of the active phase(s)."""
+        """One method with one uniform capacity in every layer of the active phase(s).
+
+        With allocation="native" the capacity is the average budget b and the method's own rule
+        splits the total L*b over the layers at run time (the standalone method)."""
         scope = Scope(scope)
         active = {"method": method, "capacity": capacity, "params": dict(params or {})}
         cap = "" if capacity is None else f"-{capacity}"
         return cls.from_dict(
             {
-                "name": name or f"{method}-{scope.value}{cap}",
+                "name": name or f"{method}-{scope.value}{cap}{'-native' if allocation == 'native' else ''}",
                 "description": f"Homogeneous {method} in every layer ({scope.value} phase"
                 f"{'s' if scope is Scope.BOTH else ''}){'' if capacity is None else f', capacity {capacity}'}.",
                 "scope": scope.value,
+                "allocation": allocation,
                 "provenance": {"built_by": "homogeneous", "method": method, "capacity": capacity},
                 "layers": [{p.value: active for p in scope.phases}] * num_layers,
             }
@@ -222,6 +231,20 @@ class Plan(BaseModel):
                 elif a.capacity is None:
                     found.append(f"{where}, capacity: {a.method!r} needs a capacity (a positive integer)")
                 found.extend(f"{where}, {p}" for p in info.check(a.params, a.capacity))
+        if self.allocation == "native":
+            found.extend(self._native_problems(catalog))
+        return found
+
+    def _native_problems(self, catalog: Mapping[str, "MethodInfo"]) -> list[str]:
+        found = []
+        for phase in self.scope.phases:
+            used = sorted({layer[phase].method for layer in self.layers})
+            if len(used) != 1 or not getattr(catalog.get(used[0]), "native_allocation", False):
+                rule = ", ".join(sorted(n for n, m in catalog.items() if getattr(m, "native_allocation", False)))
+                found.append(
+                    f"allocation: 'native' needs one method with its own layer-budget rule ({rule}) in every "
+                    f"layer of the {phase.value} phase (got {', '.join(used)})"
+                )
         return found
 
     def validate_for(self, num_layers: int | None, catalog: Mapping[str, "MethodInfo"]) -> "Plan":

@@ -3,18 +3,30 @@
 from __future__ import annotations
 
 from polykv.methods.base import Eviction, LayerView, Method, Needs
+from polykv.methods.cake import CAKE
 from polykv.methods.full import Full
 from polykv.methods.h2o import H2O
+from polykv.methods.pyramidkv import PyramidKV
 from polykv.methods.snapkv import SnapKV
 from polykv.methods.streamingllm import StreamingLLM
 from polykv.methods.tova import TOVA
 from polykv.plan import PhaseAssignment, Plan
 
-REGISTRY: dict[str, type[Method]] = {cls.name: cls for cls in (Full, StreamingLLM, H2O, TOVA, SnapKV)}
+# One line per method, in the order `polykv methods` lists them.
+_METHODS: list[type[Method]] = [
+    Full,
+    StreamingLLM,
+    H2O,
+    TOVA,
+    SnapKV,
+    PyramidKV,
+    CAKE,
+]
+REGISTRY: dict[str, type[Method]] = {cls.name: cls for cls in _METHODS}
 
 
-def make_method(assignment: PhaseAssignment) -> Method:
-    return REGISTRY[assignment.method](assignment.capacity, assignment.params)
+def make_method(assignment: PhaseAssignment, layer_idx: int = 0) -> Method:
+    return REGISTRY[assignment.method](assignment.capacity, assignment.params, layer_idx=layer_idx)
 
 
 def validate_plan(plan: Plan, num_layers: int | None = None) -> Plan:

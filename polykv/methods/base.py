@@ -9,8 +9,16 @@ Shapes (b = batch, h = KV heads, g = query heads per KV head, q = new tokens, n 
   positions       [b, h, n]      the true sequence position of every slot
   rows            [b, h*g, w, n] softmax attention of the newest w queries (fp32, causal)
   column_sums     [b, h*g, n]    attention summed over every query of the step (fp32)
-Methods keep per-slot state in `self.per_token` ({name: [b, h, n] tensor}); the runtime gathers it
-with the cache, so scores and slots never drift apart.
+Methods keep per-slot state in `self.per_token` ({name: [b, h, n, ...] tensor}); the runtime gathers
+it with the cache, so scores and slots never drift apart. Merging methods (CaM, D2O) write merged
+contents into kept slots of `view.keys` / `view.values` in place before returning their eviction: the
+step's attention output is already computed, and those tensors are the layer's cache.
+
+Native allocation: a method with its own layer-budget rule (PyramidKV, D2O, CAKE) sets
+`native_allocation`, reports one number per layer after prefill (`allocation_statistic`) and splits a
+phase's total capacity over the layers (`allocate`). In a plan with `"allocation": "native"` the
+runtime defers prefill eviction until every layer has seen the prompt, then calls `allocate` and
+`settle`; otherwise the plan's per-layer capacities are used as they are.
 """
 
 from __future__ import annotations
@@ -71,13 +79,18 @@ class LayerView:
 
 @dataclass
 class Eviction:
-    """Slots to keep per KV head (ascending), or the one slot to drop; merging methods may also
-    rewrite the kept contents."""
+    """Slots to keep per KV head (ascending), or the one slot to drop."""
 
     keep: torch.Tensor | None = None  # [b, h, k] int64
     dropped: torch.Tensor | None = None  # [b, h, 1] int64: the single slot evicted (the usual decode step)
-    keys: torch.Tensor | None = None  # [b, h, k, d] replaces the gathered keys when given (in `keep` order)
-    values: torch.Tensor | None = None
+
+    def kept_mask(self, length: int) -> torch.Tensor:
+        """Boolean [b, h, n]: which slots stay."""
+        index = self.keep if self.keep is not None else self.dropped
+        marks = torch.zeros(*index.shape[:2], length, dtype=torch.bool, device=index.device)
+        if self.keep is not None:
+            return marks.scatter_(-1, self.keep, True)
+        return ~marks.scatter_(-1, self.dropped, True)
 
 
 class NoParams(BaseModel):
@@ -91,10 +104,14 @@ class Method:
     phases: ClassVar[frozenset[Phase]]
     Params: ClassVar[type[BaseModel]] = NoParams
     merges: ClassVar[bool] = False  # rewrites retained keys/values (CaM, D2O)
+    native_allocation: ClassVar[bool] = False  # has its own layer-budget rule (`allocate`)
 
-    def __init__(self, capacity: int | None, params: Mapping[str, Any] | BaseModel | None = None):
+    def __init__(
+        self, capacity: int | None, params: Mapping[str, Any] | BaseModel | None = None, layer_idx: int = 0
+    ):
         self.capacity = capacity
         self.params = params if isinstance(params, BaseModel) else self.Params(**dict(params or {}))
+        self.layer_idx = layer_idx
         self.per_token: dict[str, torch.Tensor] = {}
 
     # ---- what the plan validator asks ---------------------------------------------------------
@@ -135,6 +152,29 @@ class Method:
     def over_capacity(self, view: LayerView) -> bool:
         return self.capacity is not None and view.length > self.capacity
 
+    def settle(self) -> Eviction | None:
+        """Evict to the capacity with the stored per-slot `score` (higher stays; +inf always stays).
+
+        Methods that score once and keep the top (SnapKV, PyramidKV, CAKE) store `score` in `step`
+        and return `settle()`; under native allocation the runtime calls it once budgets are known.
+        """
+        score = self.per_token.get("score")
+        if score is None or self.capacity is None or score.shape[-1] <= self.capacity:
+            return None
+        return evict_lowest(score, self.capacity)
+
+    # ---- native allocation ----------------------------------------------------------------------
+    def allocation_statistic(self) -> float | None:
+        """After prefill: this layer's input to the method's layer-budget rule."""
+        return None
+
+    @classmethod
+    def allocate(
+        cls, total: int, statistics: list[float | None], params: BaseModel, prompt_length: int | None = None
+    ) -> list[int]:
+        """Split `total` retained tokens over the layers by the method's own rule; sums exactly to `total`."""
+        raise NotImplementedError(f"{cls.name} has no layer-budget rule of its own")
+
 
 # ---- small helpers shared by methods ----------------------------------------------------------
 def keep_top(scores: torch.Tensor, k: int, protected: torch.Tensor | None = None) -> torch.Tensor:
@@ -151,6 +191,37 @@ def evict_lowest(scores: torch.Tensor, k: int, protected: torch.Tensor | None = 
     if protected is not None:
         scores = scores.masked_fill(protected, float("inf"))
     return Eviction(dropped=scores.argmin(dim=-1, keepdim=True))
+
+
+def split_total(weights: list[float], total: int, minimum: int = 1, maximum: int | None = None) -> list[int]:
+    """Integers proportional to `weights` that sum exactly to `total`, each in [minimum, maximum].
+
+    Largest-remainder rounding; layers that hit a bound are fixed there and the rest is shared again
+    among the others in proportion to their weights.
+    """
+    n = len(weights)
+    if n == 0:
+        return []
+    hi = total if maximum is None else maximum
+    if not minimum * n <= total <= hi * n:
+        raise ValueError(f"cannot split {total} over {n} layers within [{minimum}, {hi}] each")
+    weights = [max(0.0, float(w)) for w in weights]
+    fixed: dict[int, float] = {}
+    while True:
+        free = [i for i in range(n) if i not in fixed]
+        left = total - sum(fixed.values())
+        mass = sum(weights[i] for i in free)
+        share = {i: (weights[i] / mass * left if mass > 0 else left / len(free)) for i in free}
+        clipped = {i: min(max(v, minimum), hi) for i, v in share.items() if v < minimum or v > hi}
+        if not clipped:
+            break
+        fixed.update(clipped)
+    exact = [fixed.get(i, share.get(i, 0.0)) for i in range(n)]
+    out = [int(v) for v in exact]  # floor (values are non-negative)
+    order = sorted(range(n), key=lambda i: (exact[i] - out[i], -i), reverse=True)
+    for i in order[: total - sum(out)]:
+        out[i] += 1
+    return out
 
 
 def recent_mask(view: LayerView, window: int) -> torch.Tensor:

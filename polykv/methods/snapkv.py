@@ -47,24 +47,28 @@ class SnapKV(Method):
         return []
 
     def needs(self, phase: Phase, length: int) -> Needs:
-        over = self.capacity is not None and length > self.capacity
+        # capacity None: native allocation has not chosen this layer's budget yet, so score anyway
+        over = self.capacity is None or length > self.capacity
         return Needs(rows=self.params.window) if over else Needs()
 
     def step(self, view: LayerView) -> Eviction | None:
-        if not self.over_capacity(view):
+        if view.rows is None:
             return None
+        self.per_token["score"] = self.score(view)
+        return self.settle()
+
+    def score(self, view: LayerView) -> torch.Tensor:
+        """Pooled window votes for the prefix; +inf for the window, which always stays."""
         # At the end of prefill slot i holds position i, so the window is the last w slots.
         n, w = view.length, min(self.params.window, view.length)
         votes = view.grouped(view.rows.sum(dim=2))[..., : n - w]  # [b, h, n - w]
         votes = pool_votes(votes, self.params.kernel_size, self.params.pooling)
-        chosen = votes.topk(self.capacity - w, dim=-1).indices
-        window = torch.arange(n - w, n, device=chosen.device).expand(*chosen.shape[:2], w)
-        return Eviction(torch.cat([chosen.sort(dim=-1).values, window], dim=-1))
+        return torch.cat([votes, votes.new_full((*votes.shape[:2], w), float("inf"))], dim=-1)
 
 
 def pool_votes(votes: torch.Tensor, kernel_size: int, pooling: str) -> torch.Tensor:
     """Smooth votes along the key axis so neighbours of a voted token survive with it."""
-    if kernel_size == 1:
+    if kernel_size == 1 or votes.shape[-1] == 0:
         return votes
     b, h, m = votes.shape
     flat = votes.reshape(b * h, 1, m)

@@ -53,6 +53,7 @@ class RoutedLayer(DynamicLayer):
         self.phase = Phase.PREFILL
         self.num_new = 0
         self.retained_after_prefill: int | None = None
+        self.on_prefill_done = None  # set by the cache under native allocation
 
     # ---- Hugging Face cache-layer interface ---------------------------------------------------
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -120,6 +121,12 @@ class RoutedLayer(DynamicLayer):
             return
         self.methods[Phase.DECODE].observe_prefill(view)
         eviction = self.method.step(view)
+        if self.on_prefill_done is None:
+            self.settle_prefill(eviction)
+        else:  # native allocation: the cache settles every layer once all have seen the prompt
+            self.on_prefill_done(self)
+
+    def settle_prefill(self, eviction: Eviction | None) -> None:
         self.method.per_token.clear()  # the prefill method's scores are never used again
         self._apply(eviction)
         self.retained_after_prefill = self.retained
@@ -128,7 +135,7 @@ class RoutedLayer(DynamicLayer):
         if eviction is None:
             return
         n = self.retained
-        if eviction.dropped is None and eviction.keep.shape[-1] == n - 1 and eviction.keys is None:
+        if eviction.dropped is None and eviction.keep.shape[-1] == n - 1:
             eviction = Eviction(dropped=n * (n - 1) // 2 - eviction.keep.sum(dim=-1, keepdim=True))
         kept = n - 1 if eviction.dropped is not None else eviction.keep.shape[-1]
         capacity = self.method.capacity
@@ -140,9 +147,7 @@ class RoutedLayer(DynamicLayer):
             select = lambda t: drop_one_slot(t, eviction.dropped)  # noqa: E731
         else:
             select = lambda t: gather_slots(t, eviction.keep)  # noqa: E731
-        self.keys = eviction.keys if eviction.keys is not None else select(self.keys)
-        self.values = eviction.values if eviction.values is not None else select(self.values)
-        self.positions = select(self.positions)
+        self.keys, self.values, self.positions = select(self.keys), select(self.values), select(self.positions)
         for method in self.methods.values():
             for name, tensor in method.per_token.items():
                 method.per_token[name] = select(tensor)
@@ -189,16 +194,41 @@ class RoutedCache(Cache):
 
     def __init__(self, plan: Plan):
         layers = [
-            RoutedLayer(idx, make_method(layer.prefill), make_method(layer.decode)) for idx, layer in enumerate(plan.layers)
+            RoutedLayer(idx, make_method(layer.prefill, idx), make_method(layer.decode, idx))
+            for idx, layer in enumerate(plan.layers)
         ]
         super().__init__(layers=layers)
         self.plan = plan
+        self.native_totals: dict[Phase, int] = {}
+        if plan.allocation == "native":
+            for phase in plan.scope.phases:
+                self.native_totals[phase] = sum(layer[phase].capacity for layer in plan.layers)
+                for layer in layers:  # budgets are unknown until every layer has seen the prompt
+                    layer.methods[phase].capacity = None
+            for layer in layers:
+                layer.on_prefill_done = self._layer_prefilled
+
+    def _layer_prefilled(self, layer: RoutedLayer) -> None:
+        if layer.layer_idx != len(self.layers) - 1:
+            return
+        prompt_length = layer.seen
+        for phase, total in self.native_totals.items():
+            methods = [lay.methods[phase] for lay in self.layers]
+            budgets = type(methods[0]).allocate(
+                total, [m.allocation_statistic() for m in methods], methods[0].params, prompt_length
+            )
+            for method, budget in zip(methods, budgets):
+                method.capacity = budget
+        for lay in self.layers:
+            lay.settle_prefill(lay.methods[Phase.PREFILL].settle())
 
     def retained_per_layer(self) -> list[int]:
         return [layer.retained for layer in self.layers]
 
     def kv_bytes_per_layer(self) -> list[int]:
         """Bytes actually held by keys and values in each layer."""
-        return [
-            0 if layer.retained == 0 else layer.keys.nbytes + layer.values.nbytes for layer in self.layers
-        ]
+        return [0 if layer.retained == 0 else layer.keys.nbytes + layer.values.nbytes for layer in self.layers]
+
+    def capacities(self, phase: Phase | str) -> list[int | None]:
+        """Each layer's capacity in a phase (after native allocation, the budgets it chose)."""
+        return [layer.methods[Phase(phase)].capacity for layer in self.layers]
