@@ -136,12 +136,16 @@ def plan_homogeneous(
     model: ModelOption = "demo",
     scope: Scope = Scope.BOTH,
     param: Annotated[list[str], typer.Option("--param", "-P", help="Method parameter NAME=VALUE (repeatable).")] = [],
+    allocation: Annotated[
+        str, typer.Option(help="'fixed' (same capacity everywhere) or 'native' (the method's own layer budgets).")
+    ] = "fixed",
 ) -> None:
-    """Write a plan with one method and one capacity in every layer."""
+    """Write a plan with one method in every layer: uniform capacity, or the method's native budgets."""
     from polykv.methods import validate_plan
 
     num_layers = layers if layers is not None else _num_layers(model)
-    built = validate_plan(Plan.homogeneous(method, capacity, num_layers, scope, _parse_params(param)), num_layers)
+    plan = Plan.homogeneous(method, capacity, num_layers, scope, _parse_params(param), allocation=allocation)
+    built = validate_plan(plan, num_layers)
     built.save(out)
     typer.echo(f"wrote {out}")
 

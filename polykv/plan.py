@@ -265,7 +265,9 @@ class Plan(BaseModel):
                 bounded_layers=len(bounded),
                 method_counts=dict(Counter(a.method for a in entries)),
             )
-        return PlanSummary(name=self.name, scope=self.scope, num_layers=self.num_layers, phases=phases)
+        return PlanSummary(
+            name=self.name, scope=self.scope, allocation=self.allocation, num_layers=self.num_layers, phases=phases
+        )
 
 
 class MethodInfo(Protocol):
@@ -287,11 +289,13 @@ class PhaseSummary:
 class PlanSummary:
     name: str
     scope: Scope
+    allocation: str
     num_layers: int
     phases: dict[Phase, PhaseSummary]
 
     def lines(self) -> list[str]:
-        out = [f"plan {self.name!r}: {self.num_layers} layers, scope {self.scope.value}"]
+        native = ", native allocation (the method splits each phase's total over the layers at run time)"
+        out = [f"plan {self.name!r}: {self.num_layers} layers, scope {self.scope.value}{native if self.allocation == 'native' else ''}"]
         for phase, s in self.phases.items():
             avg = "-" if s.average_capacity is None else f"{s.average_capacity:g}"
             counts = ", ".join(f"{m} x{n}" for m, n in sorted(s.method_counts.items(), key=lambda kv: (-kv[1], kv[0])))

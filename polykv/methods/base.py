@@ -207,15 +207,19 @@ def split_total(weights: list[float], total: int, minimum: int = 1, maximum: int
         raise ValueError(f"cannot split {total} over {n} layers within [{minimum}, {hi}] each")
     weights = [max(0.0, float(w)) for w in weights]
     fixed: dict[int, float] = {}
-    while True:
+    share: dict[int, float] = {}
+    while len(fixed) < n:
         free = [i for i in range(n) if i not in fixed]
         left = total - sum(fixed.values())
         mass = sum(weights[i] for i in free)
         share = {i: (weights[i] / mass * left if mass > 0 else left / len(free)) for i in free}
-        clipped = {i: min(max(v, minimum), hi) for i, v in share.items() if v < minimum or v > hi}
-        if not clipped:
+        # Water-filling: pin the layers over the maximum first, then those under the minimum, and share
+        # what is left among the rest again.
+        over = {i: hi for i, v in share.items() if v > hi}
+        under = {i: minimum for i, v in share.items() if v < minimum}
+        if not over and not under:
             break
-        fixed.update(clipped)
+        fixed.update(over or under)
     exact = [fixed.get(i, share.get(i, 0.0)) for i in range(n)]
     out = [int(v) for v in exact]  # floor (values are non-negative)
     order = sorted(range(n), key=lambda i: (exact[i] - out[i], -i), reverse=True)
