@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from polykv.methods import REGISTRY
 from polykv.plan import Phase, Plan
 from polykv.runtime import routed
 from polykv.runtime.routed import cache_argument_name, output_cache
@@ -125,6 +126,17 @@ def standard_rows(num_layers: int, capacity: int) -> list[Row]:
     ]
 
 
+def method_rows(num_layers: int, capacity: int, skip: tuple[str, ...] = ("full", "tova")) -> list[Row]:
+    """One row per method at `capacity`: decode-phase methods in the decode phase, prefill-only ones in prefill."""
+    rows = []
+    for name, cls in REGISTRY.items():
+        if name in skip:
+            continue
+        phase = "decode" if Phase.DECODE in cls.phases else "prefill"
+        rows.append(Row(f"{name} {phase} @{capacity}", Plan.homogeneous(name, capacity, num_layers, phase)))
+    return rows
+
+
 def benchmark(model, rows: list[Row], prompt_len: int, new_tokens: int, reps: int, device: str, dtype, seed=0):
     ids = torch.randint(3, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(seed)).to(device)
     run_config(model, rows[0], ids[:, :256], 4, device)  # warm-up: kernels, allocator
@@ -165,12 +177,15 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--capacity", type=int, default=256)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--methods", action="store_true", help="add one row per method (decode-phase capacity)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     model = build_model(CPU_CONFIG, "cpu", torch.float32)
     rows = standard_rows(CPU_CONFIG["num_hidden_layers"], args.capacity)
+    if args.methods:
+        rows += method_rows(CPU_CONFIG["num_hidden_layers"], args.capacity)
     benchmark(model, rows, args.prompt_len, args.new_tokens, args.reps, "cpu", torch.float32)
     cfg = CPU_CONFIG
     title = (

@@ -79,7 +79,9 @@ class CAKE(Method):
             return self.settle()
         if not self.over_capacity(view):
             return None
-        score = view.grouped(pool_votes(view.rows[:, :, -1, :], self.params.kernel_size, "avg"))
+        # Averaging the group before pooling equals pooling first (both are linear), and lets the
+        # pooling follow each KV head's slot positions.
+        score = pool_votes(view.grouped(view.rows[:, :, -1, :]), self.params.kernel_size, "avg", view.positions)
         return evict_lowest(score, self.capacity, protected=recent_mask(view, self.params.window))
 
     def allocation_statistic(self) -> float | None:
