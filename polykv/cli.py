@@ -135,7 +135,9 @@ def plan_homogeneous(
     layers: Annotated[Optional[int], typer.Option(help="Number of layers (default: the model's).")] = None,
     model: ModelOption = "demo",
     scope: Scope = Scope.BOTH,
-    param: Annotated[list[str], typer.Option("--param", "-P", help="Method parameter NAME=VALUE (repeatable).")] = [],
+    param: Annotated[
+        Optional[list[str]], typer.Option("--param", "-P", help="Method parameter NAME=VALUE (repeatable).")
+    ] = None,
     allocation: Annotated[
         str, typer.Option(help="'fixed' (same capacity everywhere) or 'native' (the method's own layer budgets).")
     ] = "fixed",
@@ -144,7 +146,7 @@ def plan_homogeneous(
     from polykv.methods import validate_plan
 
     num_layers = layers if layers is not None else _num_layers(model)
-    plan = Plan.homogeneous(method, capacity, num_layers, scope, _parse_params(param), allocation=allocation)
+    plan = Plan.homogeneous(method, capacity, num_layers, scope, _parse_params(param or []), allocation=allocation)
     built = validate_plan(plan, num_layers)
     built.save(out)
     typer.echo(f"wrote {out}")

@@ -11,7 +11,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from polykv.methods import REGISTRY
-from polykv.plan import LayerPlan, Phase, PhaseAssignment, Plan, Scope
+from polykv.plan import LayerPlan, PhaseAssignment, Plan, Scope
 from polykv.runtime import RoutedCache, RoutedCacheError, routed
 from polykv.runtime.routed import cache_argument_name
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from polykv.methods.base import Eviction, LayerView, Method, Needs
 from polykv.methods.cake import CAKE
+from polykv.methods.cam import CaM
+from polykv.methods.d2o import D2O
 from polykv.methods.full import Full
 from polykv.methods.h2o import H2O
 from polykv.methods.pyramidkv import PyramidKV
+from polykv.methods.scissorhands import Scissorhands
 from polykv.methods.snapkv import SnapKV
 from polykv.methods.streamingllm import StreamingLLM
 from polykv.methods.tova import TOVA
@@ -21,6 +24,9 @@ _METHODS: list[type[Method]] = [
     SnapKV,
     PyramidKV,
     CAKE,
+    D2O,
+    Scissorhands,
+    CaM,
 ]
 REGISTRY: dict[str, type[Method]] = {cls.name: cls for cls in _METHODS}
 

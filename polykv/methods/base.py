@@ -105,6 +105,7 @@ class Method:
     Params: ClassVar[type[BaseModel]] = NoParams
     merges: ClassVar[bool] = False  # rewrites retained keys/values (CaM, D2O)
     native_allocation: ClassVar[bool] = False  # has its own layer-budget rule (`allocate`)
+    below_capacity: ClassVar[tuple[str, ...]] = ()  # parameters that must stay under the capacity (windows)
 
     def __init__(
         self, capacity: int | None, params: Mapping[str, Any] | BaseModel | None = None, layer_idx: int = 0
@@ -127,7 +128,15 @@ class Method:
     @classmethod
     def check_capacity(cls, params: BaseModel, capacity: int | None) -> list[str]:
         """Constraints that tie parameters to the capacity (e.g. a window larger than the budget)."""
-        return []
+        problems = []
+        for name in cls.below_capacity if capacity is not None else ():
+            value = getattr(params, name)
+            if value >= capacity:
+                low = next((m.ge for m in cls.Params.model_fields[name].metadata if hasattr(m, "ge")), 0)
+                problems.append(
+                    f"{name} ({value}) must be smaller than the capacity ({capacity}); allowed range {low} .. {capacity - 1}"
+                )
+        return problems
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:

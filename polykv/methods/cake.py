@@ -46,13 +46,8 @@ class CAKE(Method):
     name = "cake"
     phases = frozenset({Phase.PREFILL, Phase.DECODE})
     Params = CAKEParams
+    below_capacity = ("window",)
     native_allocation = True
-
-    @classmethod
-    def check_capacity(cls, params: CAKEParams, capacity: int | None) -> list[str]:
-        if capacity is not None and params.window >= capacity:
-            return [f"window ({params.window}) must be smaller than the capacity ({capacity}); allowed range 1 .. {capacity - 1}"]
-        return []
 
     def __init__(self, capacity, params=None, layer_idx=0):
         super().__init__(capacity, params, layer_idx)

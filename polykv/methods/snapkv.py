@@ -39,12 +39,7 @@ class SnapKV(Method):
     name = "snapkv"
     phases = frozenset({Phase.PREFILL})
     Params = SnapKVParams
-
-    @classmethod
-    def check_capacity(cls, params: SnapKVParams, capacity: int | None) -> list[str]:
-        if capacity is not None and params.window >= capacity:
-            return [f"window ({params.window}) must be smaller than the capacity ({capacity}); allowed range 1 .. {capacity - 1}"]
-        return []
+    below_capacity = ("window",)
 
     def needs(self, phase: Phase, length: int) -> Needs:
         # capacity None: native allocation has not chosen this layer's budget yet, so score anyway

@@ -32,12 +32,7 @@ class StreamingLLM(Method):
     name = "streamingllm"
     phases = frozenset({Phase.PREFILL, Phase.DECODE})
     Params = StreamingLLMParams
-
-    @classmethod
-    def check_capacity(cls, params: StreamingLLMParams, capacity: int | None) -> list[str]:
-        if capacity is not None and params.sinks >= capacity:
-            return [f"sinks ({params.sinks}) must be smaller than the capacity ({capacity}); allowed range 0 .. {capacity - 1}"]
-        return []
+    below_capacity = ("sinks",)
 
     def step(self, view: LayerView) -> Eviction | None:
         if not self.over_capacity(view):

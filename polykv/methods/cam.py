@@ -1,0 +1,105 @@
+"""CaM: merge each evicted token's value into the tokens that stay.
+
+Zhang, Du, Luo, Zhong, Zhang, Liu, Ji. "CaM: Cache Merging for Memory-efficient LLMs Inference."
+ICML 2024 (code: zyxxmu/cam, generate_task/streaming_llm/kv_cache_cam.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from polykv.methods.base import Eviction, LayerView, Method, Needs, evict_lowest
+from polykv.plan import Phase
+
+
+class CaMParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sinks: int = Field(default=4, ge=0, description="first tokens always kept (attention sinks)")
+    merge_budget: int = Field(default=16, ge=1, description="kept tokens that share an evicted token's value")
+    seed: int = Field(default=0, description="seed of the Bernoulli merge draws (mixed with the layer index)")
+
+
+class CaM(Method):
+    """StreamingLLM eviction (sinks + recent window) whose evicted values are merged, not lost.
+
+    Rule (the authors' real-eviction cache, kv_cache_cam.py): every token accumulates the attention
+    it receives, summed over every query (all prompt queries, then each new one). When a layer holds
+    more than `capacity` slots, keep positions [0, sinks) and the `capacity - sinks` most recent ones.
+    Before an evicted token e goes, its value is merged into its targets: the `merge_budget` kept tokens
+    that follow it by position (the oldest tokens of the recent window; K = fewer if fewer exist). Each
+    target gets + m * v_e / K, m ~ Bernoulli(p), p = clamp(acc[e] / mean(acc[targets]), 0, 1) (NaN -> 0).
+    Keys are never modified. When one step evicts several tokens (the first decode step after a long
+    full prefill), only the newest of them, the one just outside the recent window, is merged, as in
+    the authors' cache, which merges the single token e = L - recent - 1 per step and slices off the
+    rest (merging all of them would pile thousands of values onto K targets).
+    Defaults: 4 sinks (StreamingLLM's), merge_budget 16 (the authors' generation code); draws come from
+    a generator seeded with `seed` and the layer index, so a run is deterministic for a fixed seed.
+    Decode only: the paper evaluates merging at decode-time eviction. The accumulation starts from the
+    prompt's attention, as in H2O.
+    GQA: the merge acts on the KV head's (shared) value; p uses the accumulated attention averaged over
+    the KV head's query heads, with one Bernoulli draw per KV head (the original is MHA: per head).
+    Difference from the original: keys keep their TRUE RoPE positions, where the authors re-position
+    the cache contiguously as StreamingLLM does; the kept tokens and the merges are the same.
+    """
+
+    name = "cam"
+    phases = frozenset({Phase.DECODE})
+    Params = CaMParams
+    below_capacity = ("sinks",)
+    merges = True
+
+    def __init__(self, capacity, params=None, layer_idx=0):
+        super().__init__(capacity, params, layer_idx)
+        self.generator: torch.Generator | None = None
+
+    def needs(self, phase: Phase, length: int) -> Needs:
+        return Needs(column_sums=True)  # the accumulation needs every step, evicting or not
+
+    def needs_from_prefill(self, length: int) -> Needs:
+        return Needs(column_sums=True)
+
+    def observe_prefill(self, view: LayerView) -> None:
+        self.per_token["acc"] = view.grouped(view.column_sums)
+        self.generator = None  # a new sequence: the draws start again from the seed
+
+    def step(self, view: LayerView) -> Eviction | None:
+        added = view.grouped(view.column_sums)
+        old = self.per_token.get("acc")
+        acc = added if old is None else torch.cat([old, old.new_zeros(*old.shape[:2], view.num_new)], dim=-1) + added
+        self.per_token["acc"] = acc
+        if not self.over_capacity(view):
+            return None
+        # Positions are unique per head: the top `capacity` with sinks forced in are sinks + the most recent.
+        eviction = evict_lowest(view.positions.float(), self.capacity, protected=view.positions < self.params.sinks)
+        evicted = ~eviction.kept_mask(view.length)
+        newest = torch.where(evicted, view.positions, -1).amax(dim=-1, keepdim=True)
+        self._merge(view, acc, evicted & (view.positions == newest))
+        return eviction
+
+    def _merge(self, view: LayerView, acc: torch.Tensor, evicted: torch.Tensor) -> None:
+        """Add the merged token's value, Bernoulli-gated, to its targets (view.values, in place)."""
+        # The merged token is older than every kept non-sink token, so its targets are the
+        # `merge_budget` oldest kept tokens at or after position `sinks`.
+        eligible = (view.positions >= self.params.sinks) & ~evicted
+        eligible &= view.positions > torch.where(evicted, view.positions, -1).amax(dim=-1, keepdim=True)
+        k = min(self.params.merge_budget, view.length)
+        order = torch.where(eligible, -view.positions.double(), float("-inf"))
+        top = order.topk(k, dim=-1)
+        targets, valid = top.indices, top.values.isfinite()  # [b, h, k]
+        count = valid.sum(-1, keepdim=True)  # K per head (>= 1: sinks < capacity)
+        target_acc = (acc.gather(-1, targets) * valid).sum(-1, keepdim=True) / count
+        p = torch.nan_to_num(acc / target_acc, nan=0.0).clamp(0, 1) * evicted  # [b, h, n]
+        if self.generator is None:
+            self.generator = torch.Generator(device=acc.device).manual_seed(self.seed_for_layer())
+        draws = torch.rand(p.shape, generator=self.generator, device=p.device, dtype=p.dtype)
+        m = (draws < p).to(view.values.dtype)  # one draw per KV head and evicted token
+        merged = torch.matmul(m.unsqueeze(2), view.values).float() / count.unsqueeze(-1)  # [b, h, 1, d]: sum_e m_e v_e / K
+        add = (merged * valid.unsqueeze(-1)).to(view.values.dtype)  # [b, h, k, d]
+        index = targets.unsqueeze(-1).expand(*targets.shape, view.values.shape[-1])
+        view.values.scatter_add_(2, index, add)
+
+    def seed_for_layer(self) -> int:
+        """The generator's seed: `seed` mixed with the layer index, so layers draw independently."""
+        return (self.params.seed * 1_000_003 + self.layer_idx) % (2**63)

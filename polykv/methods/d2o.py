@@ -1,0 +1,171 @@
+"""D2O: heavy hitters plus a recent window, evicted tokens merged into their nearest kept token.
+
+Wan, Wu, Zhang, Xin, Tao, Zhu, Wang, Luo, Xiong, Zhang. "D2O: Dynamic Discriminative Operations for
+Efficient Long-Context Inference of LLMs." ICLR 2025, arXiv:2406.13035 (code: AIoT-MLSys-Lab/D2O,
+LLM_merge_new/LMEval_kv_token_merge/modeling_llama3_7b_13b_d2o.py and modeling_llama3_new.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from polykv.methods.base import Eviction, LayerView, Method, Needs, evict_lowest, recent_mask, split_total
+from polykv.plan import Phase
+
+# Bound the [b, h, chunk, n] fp32 cosine block of the first (large) cut to about this many elements.
+_SIMILARITY_BLOCK = 1 << 26
+
+
+class D2OParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    heavy_ratio: float = Field(default=0.5, gt=0.0, le=1.0, description="share of the capacity for heavy hitters")
+    sinks: int = Field(default=4, ge=0, description="first tokens always kept (forced into the heavy hitters)")
+    alpha: float = Field(default=0.5, ge=0.0, lt=1.0, description="EMA weight of the old merge threshold")
+
+
+class D2O(Method):
+    """H2O-style eviction in decode; each evicted token similar enough to a kept one is merged into it.
+
+    Token level (decode only; the prompt is never evicted inside prefill). Every slot's score is the
+    attention it has received, summed over the prompt's queries (seen through `observe_prefill`) and
+    every decode query since, per KV head (mean of its query heads). When a layer holds more than
+    `capacity` slots (the first decode step cuts the cache in one go, then one token goes per step),
+    keep positions [0, sinks), the `capacity - heavy` most recent positions and the highest-scoring
+    others up to `capacity`, heavy = round(heavy_ratio * capacity) (the sinks count among the heavy
+    hitters, as the authors force them to +inf among the candidates; if sinks > heavy, the recent window
+    shrinks so that the sinks still fit).
+    Merge, keys AND values: for every evicted token i of a KV head, s_i = max over that head's kept
+    keys j of cos(k_i, k_j), target j*_i the argmax. Threshold tau (per layer, one float): at the
+    sequence's first eviction tau = mean(s) over the evicted tokens of all heads and batch rows, after
+    that tau <- alpha * tau + (1 - alpha) * mean(s); tau is updated with this step's s BEFORE gating,
+    as the code does. Token i is merged iff s_i >= tau, then k_j <- (k_j + sum_{i->j} s_i k_i) / (1 + n_j)
+    with n_j the tokens merged into j this step (the code's scatter_reduce "mean" with include_self on
+    s_i * k_i: raw cosines as weights, not normalised), and the same for values with the same weights.
+    Grouped-query attention: cosines, targets and gates are per KV head and the cache stays at KV-head
+    size (the authors repeat K/V per query head before caching and select per query head).
+    Layer level (native allocation): from the prompt's attention, s[h, j] = sum over queries of query
+    head h's attention to key j; v_h = unbiased variance over j (batch mean); min-max normalised over
+    heads, (v - min) / (max - min + 1e-6); sigma_l = mean over heads. Budgets are proportional to
+    softmax(-sigma) over layers (lower variance = denser attention = more budget), rounded to sum
+    exactly to the total L*b.
+    Defaults: heavy_ratio 0.5 (the README's hh_ratio = recent_ratio = 0.1 splits the budget evenly),
+    sinks 4 (hard-coded in the code), alpha 0.5 (the code's alpha = belta = 0.5).
+    Differences from the code: (1) the gate is per head and token, where the authors average s over
+    heads per evicted slot index (their per-head evicted lists are aligned by slot order, not token);
+    (2) tau starts afresh for every sequence (reset at prefill), where the authors' tau carries over
+    between prompts; (3) layers 0, 1 and L-1 are compressed too, where the authors never compress them,
+    because native allocation must split the same total L*b as a uniform plan; (4) the merge sums are
+    accumulated in fp32 and written back in the cache's dtype.
+    """
+
+    name = "d2o"
+    phases = frozenset({Phase.DECODE})
+    Params = D2OParams
+    below_capacity = ("sinks",)
+    merges = True
+    native_allocation = True
+
+    def __init__(self, capacity, params=None, layer_idx=0):
+        super().__init__(capacity, params, layer_idx)
+        self.threshold: float | None = None  # EMA merge threshold tau
+        self.sigma: float | None = None  # the layer's normalised attention variance (allocation)
+
+    def needs(self, phase: Phase, length: int) -> Needs:
+        return Needs(column_sums=True)  # scores accumulate every step, evicting or not
+
+    def needs_from_prefill(self, length: int) -> Needs:
+        return Needs(column_sums=True)
+
+    def observe_prefill(self, view: LayerView) -> None:
+        self.per_token["score"] = view.grouped(view.column_sums)
+        self.threshold = None  # a new sequence
+        self.sigma = _attention_variance(view.column_sums)
+
+    def allocation_statistic(self) -> float | None:
+        return self.sigma
+
+    @classmethod
+    def allocate(cls, total, statistics, params, prompt_length=None):
+        sigma = torch.tensor([0.0 if s is None else s for s in statistics], dtype=torch.float64)
+        return split_total((-sigma).softmax(0).tolist(), total)
+
+    def step(self, view: LayerView) -> Eviction | None:
+        added = view.grouped(view.column_sums)
+        old = self.per_token.get("score")
+        score = added if old is None else torch.cat([old, old.new_zeros(*old.shape[:2], view.num_new)], -1) + added
+        self.per_token["score"] = score
+        if not self.over_capacity(view):
+            return None
+        capacity = self.capacity
+        sinks = min(self.params.sinks, capacity)
+        heavy = min(capacity, round(self.params.heavy_ratio * capacity))
+        recent = max(0, min(capacity - heavy, capacity - sinks))
+        protected = recent_mask(view, recent) | (view.positions < sinks)
+        eviction = evict_lowest(score, capacity, protected=protected)
+        self._merge(view, eviction)
+        return eviction
+
+    def _merge(self, view: LayerView, eviction: Eviction) -> None:
+        """Merge the evicted slots into their most similar kept slots of view.keys/values, in place."""
+        n = view.length
+        kept = eviction.kept_mask(n)
+        num_evicted = 1 if eviction.dropped is not None else n - eviction.keep.shape[-1]
+        order = kept.to(torch.uint8).argsort(dim=-1, stable=True)  # evicted slots first
+        evicted, survivors = order[..., :num_evicted], order[..., num_evicted:]  # [b, h, e], [b, h, c]
+        similarity, target = _nearest_kept(view.keys, evicted, survivors)
+
+        mean = similarity.mean().item()  # tau is one float per layer: all heads and batch rows
+        a = self.params.alpha
+        self.threshold = mean if self.threshold is None else a * self.threshold + (1 - a) * mean
+        gate = similarity >= self.threshold
+        weight = torch.where(gate, similarity, 0.0)
+
+        # Several evicted tokens may share a target: group them under the first one (in evicted
+        # order) so the sums are done in fp32 in an [b, h, e, d] buffer instead of a cache-sized one.
+        b, h, e = evicted.shape
+        entries = torch.arange(e, device=evicted.device).expand(b, h, e)
+        first = torch.zeros_like(kept, dtype=torch.long)
+        first.scatter_reduce_(-1, target, entries, "amin", include_self=False)
+        group = first.gather(-1, target)  # [b, h, e]
+        # Tokens below tau weigh 0 and count 0: their targets are written back unchanged.
+        merged_count = torch.zeros(b, h, e, device=evicted.device).scatter_add_(-1, group, gate.float())
+        scale = 1.0 / (1.0 + merged_count.gather(-1, group))
+        for tensor in (view.keys, view.values):
+            d = tensor.shape[-1]
+            src = weight[..., None] * tensor.gather(2, evicted[..., None].expand(b, h, e, d)).float()
+            sums = torch.zeros_like(src).scatter_add_(2, group[..., None].expand_as(src), src)
+            index = target[..., None].expand(b, h, e, d)
+            base = tensor.gather(2, index).float()
+            result = (base + sums.gather(2, group[..., None].expand_as(src))) * scale[..., None]
+            tensor.scatter_(2, index, result.to(tensor.dtype))  # duplicates carry the same value
+
+
+def _nearest_kept(keys: torch.Tensor, evicted: torch.Tensor, kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per evicted slot: max cosine to the same head's kept keys [b, h, e] and the kept slot attaining it."""
+    d = keys.shape[-1]
+    unit = lambda slots: _unit(keys.gather(2, slots[..., None].expand(*slots.shape, d)))  # noqa: E731
+    candidates = unit(kept).transpose(-1, -2)  # [b, h, d, c]
+    b, h, c = kept.shape
+    chunk = max(1, _SIMILARITY_BLOCK // max(1, b * h * c))
+    values, slots = [], []
+    for start in range(0, evicted.shape[-1], chunk):  # chunks bound memory at the first cut; decode has e = 1
+        best = (unit(evicted[..., start : start + chunk]) @ candidates).max(dim=-1)
+        values.append(best.values)
+        slots.append(kept.gather(-1, best.indices))
+    return torch.cat(values, -1), torch.cat(slots, -1)
+
+
+def _unit(vectors: torch.Tensor) -> torch.Tensor:
+    vectors = vectors.float()
+    return vectors / vectors.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+
+
+def _attention_variance(column_sums: torch.Tensor) -> float:
+    """sigma_l: per query head, the unbiased variance of the prompt's column sums (batch mean),
+    min-max normalised over heads and averaged."""
+    if column_sums.shape[-1] < 2:
+        return 0.0
+    v = column_sums.double().var(dim=-1).mean(dim=0)
+    return ((v - v.min()) / (v.max() - v.min() + 1e-6)).mean().item()

@@ -1,0 +1,109 @@
+"""Scissorhands: drop the tokens that were unimportant most often in a recent history window.
+
+Liu, Desai, Liao, Wang, Xie, Xu, Kyrillidis, Shrivastava. "Scissorhands: Exploiting the Persistence of
+Importance Hypothesis for LLM KV Cache Compression at Test Time." NeurIPS 2023, arXiv:2305.17118
+(code: lzcemma/Scissorhands).
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from polykv.methods.base import NOTHING, Eviction, LayerView, Method, Needs, evict_lowest, recent_mask
+from polykv.plan import Phase
+
+
+class ScissorhandsParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    history: int = Field(default=100, ge=1, description="queries whose importance judgements are counted")
+    recent: int = Field(default=10, ge=0, description="most recent tokens, never dropped")
+    importance_quantile: float = Field(
+        default=0.9, gt=0.0, lt=1.0, description="a token is important to a query at or above this quantile of its row"
+    )
+    drop_ratio: float = Field(default=0.1, gt=0.0, le=1.0, description="share of the capacity dropped at once (m)")
+
+
+class Scissorhands(Method):
+    """Keep the tokens that stayed important over the last `history` queries; drop in batches of m.
+
+    Rule (the paper's algorithm with budget B = capacity, history window w = `history`, recent window
+    r = `recent`, drop amount m): for every cached token and each of the last w queries, record whether
+    the token was UNIMPORTANT to that query: its attention (group mean, see below) is below that query
+    row's `importance_quantile` quantile (linear interpolation) over the tokens the query can see.
+    Tokens a query cannot see (later ones) get no event, nor do tokens for queries before they existed.
+    When a layer holds more than `capacity` slots, the `recent` most recent positions stay and the
+    m = max(1, round(drop_ratio * capacity)) tokens with the most unimportant events go (ties: the older
+    first), plus any more needed to reach the capacity; the cache then refills to the capacity.
+    Prefill: the last w prompt queries fill the flags and the prompt is cut to exactly the capacity the
+    same way; the authors' public code applies this history-window rule to prompt queries (C4
+    perplexity, hf_opt_dropkv.py), and a decode-phase Scissorhands after another prefill method reads
+    its history from the same prompt rows.
+    Defaults: history 100 and recent 10 are the authors' C4 script values (LRU_WINDOW=100,
+    POSITION_WINDOW=10); the 0.9 quantile is their threshold (rank int(0.9 * len) of each sorted row,
+    there counting the causal zeros; we take the quantile over visible tokens only). drop_ratio 0.1 is
+    OUR choice: the paper's m could not be verified.
+    GQA: flags are per KV head, from the mean attention of its query heads (the original is MHA).
+    """
+
+    name = "scissorhands"
+    phases = frozenset({Phase.PREFILL, Phase.DECODE})
+    Params = ScissorhandsParams
+    below_capacity = ("recent",)
+
+    def __init__(self, capacity, params=None, layer_idx=0):
+        super().__init__(capacity, params, layer_idx)
+        self.cursor = 0  # ring-buffer column the next query's flags go to
+
+    def needs(self, phase: Phase, length: int) -> Needs:
+        if self.capacity is None or (phase is Phase.PREFILL and length <= self.capacity):
+            return NOTHING
+        return Needs(rows=self.params.history)  # in decode: every step, to keep the history going
+
+    def needs_from_prefill(self, length: int) -> Needs:
+        return Needs(rows=self.params.history)
+
+    def observe_prefill(self, view: LayerView) -> None:
+        self._start(view)
+
+    def step(self, view: LayerView) -> Eviction | None:
+        if view.rows is None:
+            return None
+        old = self.per_token.get("unimportant")
+        if view.phase is Phase.PREFILL or old is None:
+            self._start(view)
+        else:  # new tokens start with no events
+            fresh = old.new_zeros(*old.shape[:2], view.num_new, old.shape[-1])
+            self.per_token["unimportant"] = torch.cat([old, fresh], dim=2)
+            self._record(view)
+        if not self.over_capacity(view):
+            return None
+        n = view.length
+        m = max(1, round(self.params.drop_ratio * self.capacity))
+        keep = self.capacity if view.phase is Phase.PREFILL else min(self.capacity, n - m)
+        keep = max(keep, min(self.params.recent, n))  # the recent window always fits
+        count = self.per_token["unimportant"].sum(-1).double()  # events in the window [b, h, n]
+        # Most events goes first; among equal counts the older token (lower position) goes first.
+        score = view.positions.double() - count * (view.positions.amax().double() + 1)
+        return evict_lowest(score, keep, protected=recent_mask(view, self.params.recent))
+
+    def _start(self, view: LayerView) -> None:
+        b, h, n = view.positions.shape
+        self.per_token["unimportant"] = torch.zeros(b, h, n, self.params.history, dtype=torch.bool, device=view.keys.device)
+        self.cursor = 0
+        self._record(view)
+
+    def _record(self, view: LayerView) -> None:
+        """Write the unimportance flags of the step's newest (up to `history`) queries into the ring."""
+        rows = view.grouped(view.rows[:, :, -self.params.history :])  # [b, h, w, n]
+        w = rows.shape[2]
+        # The newest slot is the newest query's own token; the w queries sit at the w newest positions.
+        query_pos = view.positions.amax(-1, keepdim=True) - w + 1 + torch.arange(w, device=rows.device)  # [b, h, w]
+        visible = view.positions[:, :, None, :] <= query_pos[..., None]  # [b, h, w, n]
+        hidden = rows.masked_fill(~visible, float("nan"))  # the quantile is over visible tokens only
+        threshold = torch.nanquantile(hidden, self.params.importance_quantile, dim=-1, keepdim=True)
+        unimportant = (rows < threshold) & visible
+        columns = (self.cursor + torch.arange(w, device=rows.device)) % self.params.history
+        self.per_token["unimportant"][..., columns] = unimportant.transpose(2, 3)
+        self.cursor = (self.cursor + w) % self.params.history

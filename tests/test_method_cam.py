@@ -1,0 +1,149 @@
+"""CaM: StreamingLLM eviction whose evicted values are merged (Bernoulli-gated) into the kept tokens."""
+
+from __future__ import annotations
+
+import torch
+from conftest import decode_logits, tiny_model
+from test_runtime import max_diff, prompt, run_routed
+
+from polykv.methods.base import LayerView
+from polykv.methods.cam import CaM
+from polykv.plan import Phase, Plan
+from polykv.runtime import routed
+from polykv.runtime.routed import cache_argument_name
+
+
+def view(n: int, sums: torch.Tensor, *, heads: int = 2, groups: int = 1, seed: int = 0) -> LayerView:
+    """A decode view over positions 0..n-1 with random keys/values and the given column sums."""
+    g = torch.Generator().manual_seed(seed)
+    return LayerView(
+        phase=Phase.DECODE,
+        keys=torch.randn(1, heads, n, 4, generator=g),
+        values=torch.randn(1, heads, n, 4, generator=g),
+        positions=torch.arange(n).expand(1, heads, n),
+        num_new=1,
+        num_kv_groups=groups,
+        column_sums=sums,
+    )
+
+
+def kept(eviction, n: int) -> list[list[int]]:
+    if eviction.dropped is not None:
+        return [[i for i in range(n) if i != d] for d in eviction.dropped[0, :, 0].tolist()]
+    return eviction.keep[0].tolist()
+
+
+def test_merge_with_p_one_and_p_zero_per_kv_head():
+    # 2 KV heads x 2 query heads. Slot 1 (the oldest non-sink) is evicted; targets are slots 2 and 3.
+    sums = torch.full((1, 4, 6), 0.5)
+    sums[0, 0, 1], sums[0, 1, 1] = 2.0, 0.0  # KV head 0: group mean 1.0 >= targets' 0.5 -> p = 1
+    sums[0, 2:, 1] = 0.0  # KV head 1: nothing accumulated -> p = 0
+    v = view(6, sums, groups=2)
+    keys, values = v.keys.clone(), v.values.clone()
+    ev = CaM(capacity=5, params={"sinks": 1, "merge_budget": 2}).step(v)
+    assert kept(ev, 6) == [[0, 2, 3, 4, 5]] * 2  # sink + most recent: the oldest non-sink goes
+    expected = values.clone()
+    expected[0, 0, 2:4] += values[0, 0, 1] / 2
+    assert torch.allclose(v.values, expected)  # head 1 unchanged, head 0's targets got v_e / K
+    assert torch.equal(v.keys, keys)  # keys are never modified
+
+
+def test_fewer_targets_than_the_budget_share_the_value():
+    sums = torch.ones(1, 2, 4)
+    v = view(4, sums)
+    values = v.values.clone()
+    ev = CaM(capacity=3, params={"sinks": 1}).step(v)  # budget 16, but only 2 kept tokens follow
+    assert kept(ev, 4) == [[0, 2, 3]] * 2
+    expected = values.clone()
+    expected[0, :, 2:4] += values[0, :, 1:2] / 2  # p = 1/1 = 1 on both heads, K = 2
+    assert torch.allclose(v.values, expected)
+
+
+def test_accumulation_starts_from_the_prompt():
+    method = CaM(capacity=4, params={"sinks": 0, "merge_budget": 1})
+    prompt_sums = torch.tensor([3.0, 1.0, 1.0, 1.0]).expand(1, 2, 4)
+    method.observe_prefill(LayerView(Phase.PREFILL, torch.zeros(1, 2, 4, 4), torch.zeros(1, 2, 4, 4),
+                                     torch.arange(4).expand(1, 2, 4), 4, 1, column_sums=prompt_sums))
+    v = view(5, torch.tensor([0.0, 1.0, 1.0, 1.0, 1.0]).expand(1, 2, 5))
+    values = v.values.clone()
+    method.step(v)
+    assert torch.allclose(method.per_token["acc"][0, 0], torch.tensor([3.0, 2.0, 2.0, 2.0, 1.0]))
+    expected = values.clone()
+    expected[0, :, 1] += values[0, :, 0]  # acc 3 vs target acc 2: p = 1 thanks to the prompt
+    assert torch.allclose(v.values, expected)
+
+
+def test_fractional_p_follows_the_seeded_generator_and_a_bulk_cut_merges_only_the_newest():
+    n, cap = 12, 5  # the first decode step after a full prefill: slots 1..7 go at once
+    sums = torch.ones(1, 2, n)
+    sums[0, :, 1:8] = torch.linspace(0.1, 0.9, 7)  # p = acc_e / 1 in (0, 1)
+    v = view(n, sums, seed=3)
+    values = v.values.clone()
+    method = CaM(capacity=cap, params={"sinks": 1, "merge_budget": 2, "seed": 7}, layer_idx=2)
+    ev = method.step(v)
+    assert kept(ev, n) == [[0, 8, 9, 10, 11]] * 2
+    # Only token 7, just outside the recent window, merges (p = 0.9); tokens 1..6 are dropped, as in
+    # the authors' cache. The draw for it comes from the layer's seeded generator.
+    draws = torch.rand(1, 2, n, generator=torch.Generator().manual_seed(method.seed_for_layer()))
+    m = (draws[0, :, 7] < 0.9).float()  # per KV head
+    expected = values.clone()
+    expected[0, :, 8:10] += (m[:, None] * values[0, :, 7] / 2)[:, None]
+    assert torch.allclose(v.values, expected, atol=1e-6)
+    assert not torch.equal(v.values, values) or m.sum() == 0
+
+
+def test_same_seed_same_merge_different_seed_can_differ():
+    def merged(seed):
+        sums = torch.full((1, 2, 40), 0.5)
+        sums[0, :, 30:] = 1.0  # evicted tokens get p = 0.5
+        v = view(40, sums)
+        CaM(capacity=12, params={"sinks": 2, "seed": seed}).step(v)
+        return v.values
+
+    assert torch.equal(merged(0), merged(0))
+    assert not torch.equal(merged(0), merged(1))
+
+
+def test_phases_params_and_capacity_check():
+    assert CaM.phases == {Phase.DECODE} and CaM.merges
+    assert CaM.defaults() == {"sinks": 4, "merge_budget": 16, "seed": 0}
+    assert CaM.check({"sinks": 8}, 8) == ["params: cam: sinks (8) must be smaller than the capacity (8); allowed range 0 .. 7"]
+    assert CaM.check({"merge_budget": 0}, 8)[0].startswith("params.merge_budget: cam:")
+
+
+def test_runtime_holds_capacity_and_stays_finite():
+    model = tiny_model("llama")
+    ids = prompt(model, length=40)
+    plan = Plan.homogeneous("cam", 12, 3, scope="decode", params={"sinks": 2, "merge_budget": 4})
+    name = cache_argument_name(model)
+    with routed(model, plan) as session, torch.no_grad():
+        out = model(ids, use_cache=True)
+        cache = session.cache
+        token = out.logits[:, -1:].argmax(-1)
+        for _ in range(32):
+            out = model(token, use_cache=True, **{name: cache})
+            token = out.logits[:, -1:].argmax(-1)
+            assert max(cache.retained_per_layer()) <= 12
+            assert torch.isfinite(out.logits).all()
+            assert all(torch.isfinite(layer.values).all() for layer in cache.layers)
+    assert cache.retained_per_layer() == [12] * 3
+
+
+def test_runtime_merges_deterministically_and_differs_from_plain_eviction():
+    model = tiny_model("llama")
+    ids = prompt(model, length=40)
+    cam = Plan.homogeneous("cam", 16, 3, scope="decode", params={"sinks": 4})
+    first, _ = run_routed(model, cam, ids, steps=8)
+    again, _ = run_routed(model, cam, ids, steps=8)
+    assert max_diff(first, again) == 0.0
+    plain, _ = run_routed(model, Plan.homogeneous("streamingllm", 16, 3, scope="decode"), ids, steps=8)
+    assert max_diff(first, plain) > 1e-4  # same kept tokens, merged values
+
+
+def test_runtime_capacity_above_length_equals_full():
+    model = tiny_model("llama")
+    ids = prompt(model, length=40)
+    vanilla, _ = decode_logits(model, ids, 30, cache_argument_name(model))
+    logits, cache = run_routed(model, Plan.homogeneous("cam", 80, 3, scope="decode"), ids, steps=30)
+    assert max_diff(vanilla, logits) <= 1e-5
+    assert cache.retained_per_layer() == [70] * 3

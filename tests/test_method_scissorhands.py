@@ -1,0 +1,159 @@
+"""Scissorhands: drop, m at a time, the tokens unimportant most often over the last `history` queries."""
+
+from __future__ import annotations
+
+import torch
+from conftest import decode_logits, tiny_model
+from test_runtime import max_diff, prompt, run_routed
+
+from polykv.methods.base import LayerView
+from polykv.methods.scissorhands import Scissorhands
+from polykv.plan import Phase, Plan
+from polykv.runtime import routed
+from polykv.runtime.cache import gather_slots
+from polykv.runtime.routed import cache_argument_name
+
+H, L = 0.5, 0.05  # attention of an important / unimportant token in hand-made rows
+
+
+def view(positions, rows, *, phase=Phase.DECODE, groups=1) -> LayerView:
+    """One KV head over `positions`; rows [query heads, w, n] (causal zeros included by the caller)."""
+    positions = torch.as_tensor(positions).view(1, 1, -1)
+    n = positions.shape[-1]
+    return LayerView(
+        phase=phase,
+        keys=torch.zeros(1, 1, n, 4),
+        values=torch.zeros(1, 1, n, 4),
+        positions=positions,
+        num_new=n if phase is Phase.PREFILL else 1,
+        num_kv_groups=groups,
+        rows=torch.as_tensor(rows, dtype=torch.float32).view(1, groups, -1, n),
+    )
+
+
+def kept(eviction, n: int) -> list[int]:
+    return eviction.kept_mask(n)[0, 0].nonzero().flatten().tolist()
+
+
+def decode(method, rows: list[list[float]]):
+    """Feed one decode step per row (slot i = position i, no eviction in between); last step's eviction."""
+    for row in rows:
+        eviction = method.step(view(range(len(row)), [row]))
+    return eviction
+
+
+def test_keeps_the_persistently_important_token_over_an_old_spike():
+    # B (slot 1) got a huge spike from the first query, which has left the 2-query window; A (slot 2)
+    # is important to every query in the window. Accumulated attention (H2O) would keep B.
+    method = Scissorhands(capacity=3, params={"history": 2, "recent": 1})
+    ev = decode(method, [
+        [L, 0.9, L, L],
+        [L, L, H, L, L],
+        [L, L, H, L, L, L],
+    ])
+    assert kept(ev, 6) == [2, 4, 5]  # A, then the newer of the tokens tied at 2 events, + the recent one
+    assert method.per_token["unimportant"][0, 0].sum(-1).tolist() == [2, 2, 0, 2, 2, 1]
+
+
+def test_events_older_than_the_history_window_are_forgotten():
+    # C (slot 1) was unimportant to the first query only; D (slot 2) to the last query only.
+    # Over all time they tie (1 event each: the older, C, would go); within the window only D has one.
+    method = Scissorhands(capacity=2, params={"history": 2, "recent": 1})
+    ev = decode(method, [
+        [L, L, H, L],
+        [L, H, H, L, L],
+        [L, H, L, L, L, L],
+    ])
+    assert kept(ev, 6) == [1, 5]
+
+
+def test_prefill_protects_recent_breaks_ties_to_the_older_and_flags_causally():
+    # 8 prompt tokens, last 3 queries (positions 5, 6, 7) look at slots 0-2; rows are causal.
+    rows = torch.full((3, 8), L)
+    rows[:, :3] = H
+    rows[0, 6:] = 0.0
+    rows[1, 7:] = 0.0
+    # Two query heads per KV head that disagree on slot 3; their mean is the pattern above.
+    rows = torch.stack([rows, rows])
+    rows[0, :, 3] += 0.4
+    rows[1, :, 3] -= 0.04
+    method = Scissorhands(capacity=4, params={"history": 3, "recent": 2})
+    ev = method.step(view(range(8), rows, phase=Phase.PREFILL, groups=2))
+    flags = method.per_token["unimportant"][0, 0]  # [slot, query]
+    assert flags[:, 0].tolist() == [False] * 3 + [True] * 3 + [False] * 2  # query 5 cannot see slots 6, 7
+    assert flags[:, 1].tolist() == [False] * 3 + [True] * 4 + [False]
+    assert flags.sum(-1).tolist() == [0, 0, 0, 3, 3, 3, 2, 1]
+    # Without protection the 0-event slots 0-2 and slot 7 would stay; the recent 6, 7 always do, and
+    # among the tied slots 0-2 the oldest goes. Prefill cuts to exactly the capacity.
+    assert kept(ev, 8) == [1, 2, 6, 7]
+
+
+def test_drops_m_at_once_then_refills_up_to_the_capacity():
+    cap, recent = 10, 2
+    method = Scissorhands(capacity=cap, params={"history": 4, "recent": recent, "drop_ratio": 0.3})  # m = 3
+    g = torch.Generator().manual_seed(0)
+    positions = torch.zeros(1, 1, 0, dtype=torch.long)
+    sizes = []
+    for pos in range(30):
+        positions = torch.cat([positions, torch.tensor([[[pos]]])], dim=-1)
+        n = positions.shape[-1]
+        ev = method.step(view(positions[0, 0], torch.rand(1, 1, n, generator=g).softmax(-1)))
+        if ev is not None:  # apply it as the runtime does: slots and per-token state together
+            keep = ev.kept_mask(n).nonzero()[:, -1].view(1, 1, -1)
+            assert n - keep.shape[-1] == 3
+            positions = gather_slots(positions, keep)
+            method.per_token = {k: gather_slots(t, keep) for k, t in method.per_token.items()}
+            assert {pos - 1, pos} <= set(positions.flatten().tolist())  # the recent window stays
+        sizes.append(positions.shape[-1])
+    assert max(sizes) == cap
+    assert sizes[:12] == list(range(1, 11)) + [8, 9]
+    assert sizes[12:15] == [10, 8, 9]
+
+
+def test_params_and_capacity_check():
+    assert Scissorhands.phases == {Phase.PREFILL, Phase.DECODE}
+    assert Scissorhands.defaults() == {"history": 100, "recent": 10, "importance_quantile": 0.9, "drop_ratio": 0.1}
+    assert Scissorhands.check({}, 10) == [
+        "params: scissorhands: recent (10) must be smaller than the capacity (10); allowed range 0 .. 9"
+    ]
+    assert Scissorhands.check({"importance_quantile": 1.0}, 64)[0].startswith("params.importance_quantile: scissorhands:")
+
+
+def run_steps(plan, steps=32):
+    model = tiny_model("llama")
+    ids = prompt(model, length=40)
+    name = cache_argument_name(model)
+    sizes = []
+    with routed(model, plan) as session, torch.no_grad():
+        out = model(ids, use_cache=True)
+        cache = session.cache
+        token = out.logits[:, -1:].argmax(-1)
+        for _ in range(steps):
+            out = model(token, use_cache=True, **{name: cache})
+            token = out.logits[:, -1:].argmax(-1)
+            assert torch.isfinite(out.logits).all()
+            sizes.append(cache.retained_per_layer())
+    return sizes
+
+
+def test_runtime_holds_capacity_in_both_phases():
+    sizes = run_steps(Plan.homogeneous("scissorhands", 16, 3, params={"history": 8, "recent": 4}))
+    assert max(max(s) for s in sizes) <= 16
+    # m = round(0.1 * 16) = 2: the layer falls to 15 after each full step, refills to 16
+    assert {s[0] for s in sizes} == {15, 16}
+
+
+def test_runtime_decode_only_after_full_prefill():
+    # The ring starts from the prompt's last rows; the first step cuts 41 slots to the capacity (m = 1
+    # is less than the excess) and then drops one token per step.
+    sizes = run_steps(Plan.homogeneous("scissorhands", 12, 3, scope="decode", params={"recent": 4}))
+    assert all(s == [12] * 3 for s in sizes)
+
+
+def test_runtime_capacity_above_length_equals_full():
+    model = tiny_model("llama")
+    ids = prompt(model, length=40)
+    vanilla, _ = decode_logits(model, ids, 30, cache_argument_name(model))
+    logits, cache = run_routed(model, Plan.homogeneous("scissorhands", 80, 3), ids, steps=30)
+    assert max_diff(vanilla, logits) <= 1e-5
+    assert cache.retained_per_layer() == [70] * 3
