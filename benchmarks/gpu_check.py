@@ -3,7 +3,8 @@
 On a CUDA machine, builds a random-weight model with the Llama-3.1-8B configuration in bf16 and
   1. checks that a `full` plan reproduces vanilla Hugging Face logits on an 8K-token prompt (the last
      prompt positions at prefill, then every greedy decode step), and
-  2. prints the `benchmarks/runtime.py` table (prefill, per-token decode, KV bytes held vs nominal).
+  2. prints the `benchmarks/runtime.py` table (prefill, per-token decode, KV bytes held vs nominal),
+     with one row per method at the decode-phase capacity.
 
     python benchmarks/gpu_check.py                 # 8192-token prompt, 64 new tokens, capacity 256
     python benchmarks/gpu_check.py --reps 5 --capacity 1024
@@ -21,7 +22,7 @@ import torch
 import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from runtime import benchmark, build_model, report, run_config, standard_rows  # noqa: E402
+from runtime import benchmark, build_model, method_rows, report, run_config, standard_rows  # noqa: E402
 
 from polykv.plan import Plan  # noqa: E402
 from polykv.runtime import routed  # noqa: E402
@@ -101,7 +102,8 @@ def main() -> None:
         f"max |dlogit| prefill {result['prefill']:.3g}, decode {result['decode_max']:.3g}; "
         f"top-1 agreement {result['top1_agreement']}"
     )
-    rows = benchmark(model, standard_rows(32, args.capacity), args.prompt_len, args.new_tokens, args.reps, device, dtype)
+    rows = standard_rows(32, args.capacity) + method_rows(32, args.capacity)
+    rows = benchmark(model, rows, args.prompt_len, args.new_tokens, args.reps, device, dtype)
     print(
         report(
             rows,

@@ -126,8 +126,9 @@ def standard_rows(num_layers: int, capacity: int) -> list[Row]:
     ]
 
 
-def method_rows(num_layers: int, capacity: int, skip: tuple[str, ...] = ("full", "tova")) -> list[Row]:
-    """One row per method at `capacity`: decode-phase methods in the decode phase, prefill-only ones in prefill."""
+def method_rows(num_layers: int, capacity: int, skip: tuple[str, ...] = ("full", "tova", "snapkv")) -> list[Row]:
+    """One row per method at `capacity` (those not in the standard rows): decode-phase methods in the
+    decode phase, prefill-only ones in prefill."""
     rows = []
     for name, cls in REGISTRY.items():
         if name in skip:

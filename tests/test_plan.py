@@ -118,3 +118,24 @@ def test_every_registered_method_declares_phases_and_defaults():
         assert cls.phases and cls.phases <= set(Phase)
         assert isinstance(cls.defaults(), dict)
         assert cls.__doc__ and len(cls.__doc__) > 80, f"{name} must state its rule"
+
+
+@pytest.mark.parametrize(
+    "method, params, capacity, expected",
+    [
+        ("cake", {"gamma": -1}, 64, "params.gamma: cake: Input should be greater than or equal to 0 (got -1)"),
+        ("cake", {"window": 64}, 64, "params: cake: window (64) must be smaller than the capacity (64); allowed range 1 .. 63"),
+        ("pyramidkv", {"window": -2}, 64, "params.window: pyramidkv: Input should be greater than or equal to 1"),
+        ("pyramidkv", {"beta": 0.5}, 64, "params.beta: pyramidkv: Input should be greater than 1"),
+        ("scissorhands", {"recent": 40}, 32, "params: scissorhands: recent (40) must be smaller than the capacity (32)"),
+        ("scissorhands", {"history": 0}, 32, "params.history: scissorhands: Input should be greater than or equal to 1"),
+        ("d2o", {"alpha": 1.0}, 32, "params.alpha: d2o: Input should be less than 1"),
+        ("cam", {"merge_budget": 0}, 32, "params.merge_budget: cam: Input should be greater than or equal to 1"),
+        ("cam", {"merge": 4}, 32, "params.merge: cam has no parameter 'merge' (parameters: sinks, merge_budget, seed)"),
+    ],
+)
+def test_method_parameter_errors_name_method_parameter_and_range(method, params, capacity, expected):
+    scope = "decode" if Phase.PREFILL not in REGISTRY[method].phases else "prefill"
+    with pytest.raises(PlanError) as err:
+        validate_plan(Plan.homogeneous(method, capacity, 2, scope, params), 2)
+    assert expected in str(err.value) and "\n" not in str(err.value)

@@ -106,6 +106,7 @@ class Method:
     merges: ClassVar[bool] = False  # rewrites retained keys/values (CaM, D2O)
     native_allocation: ClassVar[bool] = False  # has its own layer-budget rule (`allocate`)
     below_capacity: ClassVar[tuple[str, ...]] = ()  # parameters that must stay under the capacity (windows)
+    passive: ClassVar[bool] = False  # never needs signals nor evicts (`full`): the runtime skips it
 
     def __init__(
         self, capacity: int | None, params: Mapping[str, Any] | BaseModel | None = None, layer_idx: int = 0

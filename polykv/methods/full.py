@@ -11,3 +11,4 @@ class Full(Method):
 
     name = "full"
     phases = frozenset({Phase.PREFILL, Phase.DECODE})
+    passive = True

@@ -10,12 +10,16 @@ fallback would align a multi-token step top-left, which is wrong once the cache 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from polykv.methods.base import LayerView
+from polykv.plan import Phase
 from polykv.runtime.cache import RoutedCacheError, RoutedLayer, take_updated_layer
 
 ATTN_IMPLEMENTATION = "polykv"
@@ -34,10 +38,10 @@ def polykv_attention(module, query, key, value, attention_mask, scaling=None, dr
     scaling = module.scaling if scaling is None else scaling
     window = kwargs.get("sliding_window")
     q_len = query.shape[2]
-    key_pos = layer.positions  # [b, h, n]
     needs = layer.needs()
     explicit_mask = _needs_explicit_mask(layer, q_len, window)
-    if explicit_mask or needs:
+    if explicit_mask or needs or _recorders:
+        key_pos = layer.positions  # [b, h, n]
         query_pos = torch.arange(layer.seen - q_len, layer.seen, device=query.device)
 
     if explicit_mask:
@@ -51,22 +55,54 @@ def polykv_attention(module, query, key, value, attention_mask, scaling=None, dr
         attn_output, _ = sdpa_attention_forward(
             module, query, key, value, None, dropout=dropout, scaling=scaling, **kwargs
         )
+    for recorder in _recorders:
+        recorder.record(layer, attention_probs(query[:, :, -1:], key, query_pos[-1:], key_pos, scaling, window))
+    if layer.idle:
+        if layer.phase is Phase.PREFILL:
+            layer.settle_prefill(None)
+        return attn_output, None
 
     view = LayerView(
         phase=layer.phase,
         keys=key,
         values=value,
-        positions=key_pos,
+        positions=layer.positions,
         num_new=q_len,
         num_kv_groups=module.num_key_value_groups,
     )
     if needs.rows:
         w = min(needs.rows, q_len)
-        view.rows = attention_probs(query[:, :, -w:], key, query_pos[-w:], key_pos, scaling, window)
+        view.rows = attention_probs(query[:, :, -w:], key, query_pos[-w:], view.positions, scaling, window)
     if needs.column_sums:
-        view.column_sums = _column_sums(query, key, query_pos, key_pos, scaling, window)
+        view.column_sums = _column_sums(query, key, query_pos, view.positions, scaling, window)
     layer.finish_step(view)
     return attn_output, None
+
+
+class AttentionRecorder:
+    """Collects the newest query's attention [b, h*g, 1, n] and the slot positions, per layer."""
+
+    def __init__(self):
+        self.rows: dict[int, torch.Tensor] = {}
+        self.positions: dict[int, torch.Tensor] = {}
+
+    def record(self, layer: RoutedLayer, rows: torch.Tensor) -> None:
+        self.rows[layer.layer_idx] = rows
+        self.positions[layer.layer_idx] = layer.positions
+
+
+_recorders: list[AttentionRecorder] = []
+
+
+@contextmanager
+def record_attention() -> Iterator[AttentionRecorder]:
+    """Inside the block, every routed forward records each layer's newest-query attention (profiling)."""
+    recorder = AttentionRecorder()
+    _recorders.append(recorder)
+    try:
+        yield recorder
+    finally:
+        _recorders.remove(recorder)
 
 
 def _needs_explicit_mask(layer: RoutedLayer, q_len: int, window: int | None) -> bool:

@@ -49,7 +49,9 @@ class RoutedLayer(DynamicLayer):
         self.layer_idx = layer_idx
         self.methods = {Phase.PREFILL: prefill, Phase.DECODE: decode}
         self.seen = 0  # tokens processed so far: the true sequence length
-        self.positions: torch.Tensor | None = None  # [b, h, n] true position of each slot
+        # [b, h, n] true position of each slot; None until the first eviction, while slot i holds
+        # position i (saves work on every step of layers that never evict)
+        self._positions: torch.Tensor | None = None
         self.phase = Phase.PREFILL
         self.num_new = 0
         self.retained_after_prefill: int | None = None
@@ -59,15 +61,17 @@ class RoutedLayer(DynamicLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        b, h, q, _ = key_states.shape
+        q = key_states.shape[-2]
         self.phase = Phase.PREFILL if self.seen == 0 else Phase.DECODE
-        new_pos = torch.arange(self.seen, self.seen + q, device=key_states.device).repeat(b, h, 1)
         if self.seen == 0:
-            self.keys, self.values, self.positions = key_states, value_states, new_pos
+            self.keys, self.values = key_states, value_states
         else:
             self.keys = torch.cat([self.keys, key_states], dim=-2)
             self.values = torch.cat([self.values, value_states], dim=-2)
-            self.positions = torch.cat([self.positions, new_pos], dim=-1)
+            if self._positions is not None:
+                b, h = key_states.shape[:2]
+                new_pos = torch.arange(self.seen, self.seen + q, device=key_states.device).repeat(b, h, 1)
+                self._positions = torch.cat([self._positions, new_pos], dim=-1)
         self.seen += q
         self.num_new = q
         _handoff.layer = self
@@ -81,7 +85,7 @@ class RoutedLayer(DynamicLayer):
 
     def reset(self) -> None:
         super().reset()
-        self.seen, self.positions = 0, None
+        self.seen, self._positions = 0, None
         for method in self.methods.values():
             method.per_token.clear()
 
@@ -102,6 +106,21 @@ class RoutedLayer(DynamicLayer):
     def retained(self) -> int:
         """Slots physically held per KV head."""
         return 0 if self.keys is None or self.keys.dim() < 3 else self.keys.shape[-2]
+
+    @property
+    def positions(self) -> torch.Tensor | None:
+        """[b, h, n] true position of every slot."""
+        if self._positions is None and self.retained:
+            b, h, n = self.keys.shape[:3]
+            return torch.arange(n, device=self.keys.device).expand(b, h, n)
+        return self._positions
+
+    @property
+    def idle(self) -> bool:
+        """Nothing for the methods to do this step (e.g. `full`): skip scoring and bookkeeping."""
+        if self.phase is Phase.DECODE:
+            return self.method.passive
+        return self.method.passive and self.methods[Phase.DECODE].passive
 
     @property
     def method(self) -> Method:
@@ -147,7 +166,8 @@ class RoutedLayer(DynamicLayer):
             select = lambda t: drop_one_slot(t, eviction.dropped)  # noqa: E731
         else:
             select = lambda t: gather_slots(t, eviction.keep)  # noqa: E731
-        self.keys, self.values, self.positions = select(self.keys), select(self.values), select(self.positions)
+        positions = self.positions.contiguous()  # materialized at the first eviction
+        self.keys, self.values, self._positions = select(self.keys), select(self.values), select(positions)
         for method in self.methods.values():
             for name, tensor in method.per_token.items():
                 method.per_token[name] = select(tensor)
@@ -165,7 +185,8 @@ class RoutedLayer(DynamicLayer):
     def _map_batch(self, fn) -> None:
         if self.retained == 0:
             return
-        self.keys, self.values, self.positions = fn(self.keys), fn(self.values), fn(self.positions)
+        self.keys, self.values = fn(self.keys), fn(self.values)
+        self._positions = None if self._positions is None else fn(self._positions)
         for method in self.methods.values():
             method.per_token = {k: fn(v) for k, v in method.per_token.items()}
 
