@@ -171,6 +171,71 @@ def _parse_params(items: list[str]) -> dict:
     return params
 
 
+WorkspaceOption = Annotated[Path, typer.Option("--workspace", "-w", help="Where profiles (and runs) are kept.")]
+DEFAULT_WORKSPACE = Path(".polykv")
+
+
+@app.command()
+def profile(
+    model: ModelOption = "demo",
+    sequences: Annotated[int, typer.Option(min=1, help="Calibration sequences.")] = 20,
+    max_tokens: Annotated[int, typer.Option(min=16, help="Tokens per sequence (clipped to the context).")] = 2048,
+    b_cal: Annotated[Optional[int], typer.Option("--b-cal", min=1, help="Calibration capacity (default: 256, scaled down for short contexts).")] = None,
+    sources: Annotated[str, typer.Option(help="Comma-separated corpus sources: kjv, jargon, stdlib, model, file:PATH.")] = "kjv,jargon,stdlib,model",
+    scope: Scope = Scope.BOTH,
+    seed: int = 0,
+    batch_size: Annotated[int, typer.Option(min=1)] = 20,
+    device: str = "cpu",
+    workspace: WorkspaceOption = DEFAULT_WORKSPACE,
+    fresh: Annotated[bool, typer.Option(help="Recompute even if this profile exists.")] = False,
+) -> None:
+    """Profile every layer x method x scope against FullKV (cosine, dPPL) and each layer's entropy."""
+    from transformers.utils import logging as transformers_logging
+
+    from polykv.models import load_model
+    from polykv.profile.build import build_profile
+    from polykv.profile.corpus import CorpusSpec
+
+    spec = CorpusSpec(sources=tuple(s.strip() for s in sources.split(",") if s.strip()), num_sequences=sequences,
+                      max_tokens=max_tokens, seed=seed)
+    transformers_logging.disable_progress_bar()
+    hf_model, tokenizer = load_model(model, device=device)
+    result = build_profile(model, hf_model, tokenizer, workspace / "profiles", spec, b_cal, scope.phases,
+                           batch_size=batch_size, reuse=not fresh)
+    table = result.table
+    typer.echo(f"profile {result.key} ({result.metadata['seconds']:.1f} s to compute): {result.path}")
+    for phase in scope.phases:
+        rows = table[table.scope == phase.value]
+        pivot = rows.pivot_table(index="layer", columns="method", values="dppl")
+        typer.echo(f"\n{phase.value}: dPPL by layer (rows) and method (columns), b_cal {result.metadata['capacity']}")
+        typer.echo(pivot.round(4).to_string())
+    typer.echo("\nentropy by layer: " + ", ".join(f"{h:.3f}" for h in result.entropy))
+
+
+@app.command()
+def route(
+    profile_dir: Annotated[Path, typer.Argument(help="A profile directory written by `polykv profile`.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the plan.")],
+    budget: Annotated[int, typer.Option(min=1, help="Average capacity b per layer.")],
+    scope: Scope = Scope.BOTH,
+    statistic: Annotated[str, typer.Option(help="cosine (higher is better) or dppl (lower is better).")] = "cosine",
+    allocation: Annotated[str, typer.Option(help="uniform, entropy or ppl.")] = "uniform",
+    model: ModelOption = "demo",
+) -> None:
+    """Build a plan from a profile: TopRank route per phase, capacities by the chosen allocation."""
+    from polykv.methods import validate_plan
+    from polykv.profile.route import plan_from_profile
+    from polykv.profile.store import load_profile
+
+    loaded = load_profile(profile_dir)
+    loaded.check_model(model, _num_layers(model))
+    plan = validate_plan(plan_from_profile(loaded, scope, budget, statistic, allocation), loaded.num_layers)
+    plan.save(out)
+    for line in plan.summary().lines():
+        typer.echo(line)
+    typer.echo(f"wrote {out}")
+
+
 @app.command("import-llama2c")
 def import_llama2c_command(
     checkpoint: Path, tokenizer: Path, out: Annotated[Path, typer.Option("--out", "-o")]

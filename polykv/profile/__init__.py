@@ -1,0 +1,1 @@
+"""Offline profiling: calibration corpus, attention heterogeneity, per-layer method profiles, storage."""

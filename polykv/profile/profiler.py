@@ -1,0 +1,205 @@
+"""Method profiles: how well each method preserves each layer against FullKV.
+
+For every layer l, scope s (prefill or decode) and method r compatible with s, r runs at layer l only
+(every other layer and phase keeps everything) at the calibration capacity b_cal, and we record
+  cosine C_{l,r}: cosine between layer l's output hidden state, averaged over the continuation tokens,
+                  under r and under FullKV (mean over sequences);
+  dPPL_{l,r}:     perplexity of the continuation under r minus under FullKV.
+Each sequence is a prompt (compressed at the end of prefill in the prefill scope) followed by a
+teacher-forced continuation (decoded token by token, evicting every step, in the decode scope).
+We also record each layer's attention entropy H_l at the first decoding step.
+
+Prefix reuse: layers before l never see the method, so their outputs equal FullKV's. One full forward
+over each batch caches the hidden states entering every layer; each (l, r) run starts at layer l
+from them. `reuse_prefix=False` runs every layer every time (the naive loop, for the benchmark).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from polykv.methods import REGISTRY
+from polykv.plan import FULL, LayerPlan, Phase, PhaseAssignment, Plan, Scope
+from polykv.runtime import routed
+from polykv.runtime.attention import record_attention
+from polykv.runtime.routed import cache_argument_name, num_layers_of
+
+CONTINUATION = 32  # teacher-forced tokens scored after each prompt
+
+
+@dataclass
+class MethodProfile:
+    """Raw results: rows of (layer, scope, method, cosine, dppl) and the per-layer entropy."""
+
+    rows: list[dict] = field(default_factory=list)
+    entropy: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def default_calibration_capacity(prompt_length: int) -> int:
+    """256, scaled down for short contexts so that compression actually happens (a quarter of the prompt)."""
+    return max(8, min(256, prompt_length // 4))
+
+
+def compatible_methods(scope: Phase) -> list[str]:
+    """The eviction methods that can run in this phase (`full` is the reference, not a candidate)."""
+    return [name for name, cls in REGISTRY.items() if scope in cls.phases and name != FULL]
+
+
+def calibration_params(method: str, capacity: int) -> dict:
+    """Default parameters, except windows / sinks that would not fit under b_cal: a quarter of it."""
+    cls = REGISTRY[method]
+    defaults = cls.defaults()
+    return {name: max(1, capacity // 4) for name in cls.below_capacity if defaults[name] >= capacity}
+
+
+def single_layer_plan(num_layers: int, layer: int, scope: Phase, method: str, capacity: int) -> Plan:
+    """`method` at `layer` in `scope`; everything else full."""
+    if method == FULL:
+        active = PhaseAssignment(method=FULL)
+    else:
+        active = PhaseAssignment(method=method, capacity=capacity, params=calibration_params(method, capacity))
+    layers = [LayerPlan() for _ in range(num_layers)]
+    layers[layer] = LayerPlan(**{scope.value: active})
+    return Plan(name=f"profile-{method}-L{layer}-{scope.value}", scope=Scope(scope.value), layers=layers)
+
+
+class _Stack:
+    """Runs the decoder from any layer on given hidden states (the model's own modules, in order)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.decoder = model.get_decoder()
+        self.layers = self.decoder.layers
+        self.cache_name = cache_argument_name(model)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.decoder.embed_tokens(ids)
+
+    def run(self, hidden, start: int, positions: torch.Tensor, cache, keep: Callable[[int, torch.Tensor], None] | None = None):
+        """Layers start.. on `hidden` at `positions`; returns logits. `keep(l, h)` sees each layer's input."""
+        position_ids = positions.unsqueeze(0).expand(hidden.shape[0], -1)
+        rotary = self.decoder.rotary_emb(hidden, position_ids)
+        for idx in range(start, len(self.layers)):
+            if keep is not None:
+                keep(idx, hidden)
+            out = self.layers[idx](
+                hidden, attention_mask=None, position_ids=position_ids, position_embeddings=rotary,
+                use_cache=True, **{self.cache_name: cache},
+            )
+            hidden = out[0] if isinstance(out, tuple) else out
+        if keep is not None:
+            keep(len(self.layers), hidden)
+        return self.model.lm_head(self.decoder.norm(hidden))
+
+
+def _nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Summed negative log-likelihood per batch row."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1).sum(-1)
+
+
+@torch.no_grad()
+def profile_methods(
+    model,
+    sequences: list[list[int]],
+    capacity: int,
+    scopes: tuple[Phase, ...] = (Phase.PREFILL, Phase.DECODE),
+    methods: list[str] | None = None,
+    continuation: int = CONTINUATION,
+    batch_size: int = 20,
+    reuse_prefix: bool = True,
+    progress: Callable[[float, str], None] | None = None,
+) -> MethodProfile:
+    """Profile every (layer, scope, method); see the module docstring."""
+    started = time.perf_counter()
+    num_layers = num_layers_of(model)
+    length = min(len(s) for s in sequences)
+    prompt = length - 1 - continuation
+    if prompt < 2:
+        raise ValueError(f"sequences of {length} tokens are too short for a {continuation}-token continuation")
+    if capacity >= prompt:
+        raise ValueError(f"b_cal ({capacity}) must be smaller than the prompt ({prompt} tokens) or nothing is evicted")
+    device = next(model.parameters()).device
+    ids = torch.tensor([s[:length] for s in sequences], device=device)
+    batches = [ids[i : i + batch_size] for i in range(0, len(ids), batch_size)]
+    stack = _Stack(model)
+    # `full` is profiled too: its rows check the pipeline (cosine 1, dPPL 0).
+    work = [
+        (scope, method, layer)
+        for scope in scopes
+        for method in [FULL, *(m for m in (methods or compatible_methods(scope)) if m != FULL and scope in REGISTRY[m].phases)]
+        for layer in range(num_layers)
+    ]
+    totals: dict[tuple, list[float]] = {}
+    entropy = torch.zeros(num_layers, dtype=torch.float64)
+    done, steps = 0, len(work) * len(batches)
+
+    full_plan = Plan.homogeneous(FULL, None, num_layers)
+    for batch in batches:
+        inputs, targets = batch[:, :-1], batch[:, prompt + 1 :]
+        positions = torch.arange(inputs.shape[1], device=device)
+        # FullKV reference: one block forward, keeping the hidden state entering every layer.
+        entering: dict[int, torch.Tensor] = {}
+        with routed(model, full_plan) as session:
+            logits = stack.run(stack.embed(inputs), 0, positions, session.new_cache(), keep=entering.__setitem__)
+            entropy += _first_step_entropy(stack, session, inputs[:, : prompt + 1], positions[: prompt + 1]) * len(batch)
+        ref_nll = _nll(logits[:, prompt:], targets)
+        ref_mean = [entering[l + 1][:, prompt:].mean(1) for l in range(num_layers)]
+
+        for scope, method, layer in work:
+            plan = single_layer_plan(num_layers, layer, scope, method, capacity)
+            start = layer if reuse_prefix else 0
+            hidden = entering[start] if reuse_prefix else stack.embed(inputs)
+            outputs: list[torch.Tensor] = []
+            grab = lambda idx, h: outputs.append(h) if idx == layer + 1 else None  # noqa: E731
+            with routed(model, plan) as session:
+                cache = session.new_cache()
+                stack.run(hidden[:, : prompt], start, positions[:prompt], cache)
+                if scope is Phase.PREFILL:  # compression is done: the continuation can go as one block
+                    logits = stack.run(hidden[:, prompt:], start, positions[prompt:], cache, keep=grab)
+                else:  # the method evicts at every step: teacher-force token by token
+                    logits = torch.cat(
+                        [stack.run(hidden[:, t : t + 1], start, positions[t : t + 1], cache, keep=grab) for t in range(prompt, inputs.shape[1])],
+                        dim=1,
+                    )
+            mean = torch.cat(outputs, dim=1).mean(1)
+            cosine = torch.nn.functional.cosine_similarity(mean.double(), ref_mean[layer].double(), dim=-1)
+            acc = totals.setdefault((layer, scope.value, method), [0.0, 0.0, 0.0])
+            acc[0] += cosine.sum().item()
+            acc[1] += _nll(logits, targets).sum().item()
+            acc[2] += ref_nll.sum().item()
+            done += 1
+            if progress is not None:
+                progress(done / steps, f"{scope.value} {method} layer {layer}")
+
+    count, tokens = len(sequences), len(sequences) * targets.shape[1]
+    rows = [
+        {
+            "layer": layer,
+            "scope": scope,
+            "method": method,
+            "cosine": cos_sum / count,
+            "dppl": math.exp(nll / tokens) - math.exp(ref / tokens),
+        }
+        for (layer, scope, method), (cos_sum, nll, ref) in sorted(totals.items(), key=lambda kv: (kv[0][1], kv[0][0]))
+    ]
+    return MethodProfile(rows=rows, entropy=(entropy / count).tolist(), seconds=time.perf_counter() - started)
+
+
+def _first_step_entropy(stack: _Stack, session, prefix: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Per layer: entropy of the first decoding query's attention, averaged over heads and batch rows."""
+    cache = session.new_cache()
+    stack.run(stack.embed(prefix[:, :-1]), 0, positions[:-1], cache)
+    with record_attention() as recorder:
+        stack.run(stack.embed(prefix[:, -1:]), 0, positions[-1:], cache)
+    result = []
+    for layer in range(len(stack.layers)):
+        p = recorder.rows[layer].double().clamp_min(1e-30)
+        result.append((-(p * p.log()).sum(-1)).mean(dim=(1, 2)).mean().item())
+    return torch.tensor(result, dtype=torch.float64)

@@ -1,0 +1,191 @@
+"""The calibration corpus: deterministic, exact lengths, round-robin sources, clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from polykv.profile.corpus import CORPORA_ENV, CorpusSpec, build_corpus, corpora_dir
+
+TEXT_SOURCES = ("kjv", "jargon", "stdlib")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(demo_model):
+    return demo_model[1]
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    path = tmp_path / "story.txt"
+    lines = [f"Line {i}: the quick brown fox jumps over the lazy dog number {i}." for i in range(400)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def one_line(excinfo) -> str:
+    message = str(excinfo.value)
+    assert message and "\n" not in message
+    return message
+
+
+def test_the_default_corpora_are_there():
+    folder = corpora_dir()
+    assert (folder / "kjv.txt").is_file() and (folder / "jargon.txt").is_file()
+
+
+def test_same_spec_gives_identical_ids_and_another_seed_does_not(tokenizer):
+    spec = CorpusSpec(sources=TEXT_SOURCES, num_sequences=6, max_tokens=64, seed=3)
+    first, second = build_corpus(tokenizer, spec), build_corpus(tokenizer, spec)
+    assert first.sequences == second.sequences
+    assert first.records == second.records
+    assert first.fingerprint() == second.fingerprint()
+    other = build_corpus(tokenizer, CorpusSpec(sources=TEXT_SOURCES, num_sequences=6, max_tokens=64, seed=4))
+    assert other.sequences != first.sequences
+    assert all(a != b for a, b in zip(first.sequences, other.sequences))
+
+
+def test_lengths_are_exact_and_start_with_bos(tokenizer):
+    corpus = build_corpus(tokenizer, CorpusSpec(sources=TEXT_SOURCES, num_sequences=3, max_tokens=100))
+    assert corpus.sequence_length == 100
+    assert [len(s) for s in corpus.sequences] == [100, 100, 100]
+    assert all(s[0] == tokenizer.bos_token_id for s in corpus.sequences)
+    assert all(tokenizer.bos_token_id not in s[1:] for s in corpus.sequences)
+    assert all(0 <= t < tokenizer.vocab_size for s in corpus.sequences for t in s)
+
+
+def test_context_length_clips_max_tokens(demo_model):
+    model, tokenizer = demo_model
+    spec = CorpusSpec(sources=("kjv",), num_sequences=2, max_tokens=2048)
+    assert {len(s) for s in build_corpus(tokenizer, spec, context_length=40).sequences} == {40}
+    # with a model and no context_length, the model's positions (512 for the demo) clip it
+    corpus = build_corpus(tokenizer, spec, model=model)
+    assert corpus.sequence_length == model.config.max_position_embeddings == 512
+    assert {len(s) for s in corpus.sequences} == {512}
+    # a context longer than max_tokens changes nothing
+    assert build_corpus(tokenizer, CorpusSpec(sources=("kjv",), num_sequences=1, max_tokens=30), context_length=512).sequence_length == 30
+
+
+def test_sources_are_assigned_round_robin_and_recorded(tokenizer, text_file):
+    sources = ("jargon", f"file:{text_file}", "kjv")
+    corpus = build_corpus(tokenizer, CorpusSpec(sources=sources, num_sequences=7, max_tokens=48))
+    assert [r["source"] for r in corpus.records] == [sources[k % 3] for k in range(7)]
+    assert [r["index"] for r in corpus.records] == list(range(7))
+    for record in corpus.records:
+        assert Path(record["file"]).is_file()
+        assert record["offset"] >= 0 and record["length"] > 0 and record["tokens"] == 48
+    assert corpus.records[1]["file"] == str(text_file.resolve())
+    data = corpus.to_dict()
+    json.dumps(data)
+    assert data["spec"] == {"sources": list(sources), "num_sequences": 7, "max_tokens": 48, "seed": 0}
+    assert data["sequence_length"] == 48 and len(data["records"]) == 7 and "sequences" not in data
+    assert corpus.to_dict(include_ids=True)["sequences"] == corpus.sequences
+
+
+def test_records_point_at_the_text_the_tokens_come_from(tokenizer, text_file):
+    corpus = build_corpus(tokenizer, CorpusSpec(sources=(f"file:{text_file}",), num_sequences=3, max_tokens=40, seed=1))
+    text = text_file.read_text(encoding="utf-8")
+    for ids, record in zip(corpus.sequences, corpus.records):
+        start, stop = record["offset"], record["offset"] + record["length"]
+        assert start == 0 or text[start - 1] == "\n"  # offsets start a line
+        assert tokenizer(text[start:stop], add_special_tokens=False)["input_ids"] == ids[1:]
+
+
+def test_stdlib_source_reads_python_files(tokenizer):
+    corpus = build_corpus(tokenizer, CorpusSpec(sources=("stdlib",), num_sequences=2, max_tokens=64, seed=5))
+    for record in corpus.records:
+        assert record["file"].endswith(".py") and "site-packages" not in record["file"]
+
+
+def test_model_source_samples_from_the_demo_model(demo_model):
+    model, tokenizer = demo_model
+    spec = CorpusSpec(sources=("model", "kjv"), num_sequences=3, max_tokens=32, seed=2)
+    corpus = build_corpus(tokenizer, spec, model=model)
+    assert [r["source"] for r in corpus.records] == ["model", "kjv", "model"]
+    assert {len(s) for s in corpus.sequences} == {32}
+    sampled = [corpus.sequences[0], corpus.sequences[2]]
+    assert all(s[0] == tokenizer.bos_token_id for s in sampled)
+    assert sampled[0] != sampled[1]
+    assert corpus.records[0]["file"] is None and corpus.records[0]["temperature"] == 1.0
+    again = build_corpus(tokenizer, spec, model=model)
+    assert again.sequences == corpus.sequences
+    assert build_corpus(tokenizer, CorpusSpec(sources=("model",), num_sequences=1, max_tokens=32, seed=9), model=model).sequences[0] != sampled[0]
+
+
+def test_model_source_without_a_model_fails_clearly(tokenizer):
+    with pytest.raises(ValueError) as excinfo:
+        build_corpus(tokenizer, CorpusSpec(sources=("kjv", "model"), num_sequences=2, max_tokens=32))
+    message = one_line(excinfo)
+    assert "'model'" in message and "model=" in message
+    # a spec that lists "model" but never reaches it needs no model
+    assert len(build_corpus(tokenizer, CorpusSpec(sources=("kjv", "model"), num_sequences=1, max_tokens=32))) == 1
+
+
+def test_unknown_source_fails_clearly():
+    with pytest.raises(ValueError) as excinfo:
+        CorpusSpec(sources=("kjv", "wikipedia"))
+    message = one_line(excinfo)
+    assert "'wikipedia'" in message and "file:PATH" in message
+    with pytest.raises(ValueError, match="names no file"):
+        CorpusSpec(sources=("file:",))
+
+
+def test_bad_spec_values_fail_clearly():
+    for kwargs in ({"num_sequences": 0}, {"max_tokens": 1}, {"sources": ()}):
+        with pytest.raises(ValueError) as excinfo:
+            CorpusSpec(**kwargs)
+        one_line(excinfo)
+    assert CorpusSpec(sources=["kjv"]).sources == ("kjv",)  # lists become tuples (the spec stays hashable)
+
+
+def test_missing_file_fails_clearly(tokenizer, tmp_path):
+    missing = tmp_path / "nope.txt"
+    with pytest.raises(FileNotFoundError) as excinfo:
+        build_corpus(tokenizer, CorpusSpec(sources=(f"file:{missing}",), num_sequences=1, max_tokens=16))
+    message = one_line(excinfo)
+    assert f"file:{missing}" in message and "no such file" in message
+
+
+def test_corpora_env_pointing_nowhere_fails_clearly(tokenizer, tmp_path, monkeypatch):
+    monkeypatch.setenv(CORPORA_ENV, str(tmp_path / "nowhere"))
+    with pytest.raises(FileNotFoundError) as excinfo:
+        build_corpus(tokenizer, CorpusSpec(sources=("kjv",), num_sequences=1, max_tokens=16))
+    message = one_line(excinfo)
+    assert CORPORA_ENV in message and "nowhere" in message
+    # sources that need no corpus folder still work
+    assert len(build_corpus(tokenizer, CorpusSpec(sources=("stdlib",), num_sequences=1, max_tokens=16))) == 1
+
+
+def test_corpora_folder_without_the_file_fails_clearly(tokenizer, tmp_path, monkeypatch):
+    monkeypatch.setenv(CORPORA_ENV, str(tmp_path))
+    (tmp_path / "kjv.txt").write_text("In the beginning.\n" * 200, encoding="utf-8")
+    assert len(build_corpus(tokenizer, CorpusSpec(sources=("kjv",), num_sequences=1, max_tokens=16))) == 1
+    with pytest.raises(FileNotFoundError) as excinfo:
+        build_corpus(tokenizer, CorpusSpec(sources=("kjv", "jargon"), num_sequences=2, max_tokens=16))
+    message = one_line(excinfo)
+    assert "'jargon'" in message and "jargon.txt" in message and CORPORA_ENV in message
+
+
+def test_source_too_short_fails_clearly(tokenizer, tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text("Once upon a time.\n", encoding="utf-8")
+    with pytest.raises(ValueError) as excinfo:
+        build_corpus(tokenizer, CorpusSpec(sources=(f"file:{short}",), num_sequences=1, max_tokens=64))
+    message = one_line(excinfo)
+    assert "too short" in message and f"file:{short}" in message
+    empty = tmp_path / "empty.txt"
+    empty.write_text("", encoding="utf-8")
+    with pytest.raises(ValueError) as excinfo:
+        build_corpus(tokenizer, CorpusSpec(sources=(f"file:{empty}",), num_sequences=1, max_tokens=64))
+    assert "empty" in one_line(excinfo)
+
+
+def test_a_source_just_long_enough_is_used_whole(tokenizer, tmp_path):
+    path = tmp_path / "exact.txt"
+    path.write_text("Once upon a time there was a dog.\n" * 3, encoding="utf-8")
+    available = len(tokenizer(path.read_text(), add_special_tokens=False)["input_ids"])
+    corpus = build_corpus(tokenizer, CorpusSpec(sources=(f"file:{path}",), num_sequences=2, max_tokens=available + 1))
+    assert all(r["offset"] == 0 for r in corpus.records)
+    assert {len(s) for s in corpus.sequences} == {available + 1}
