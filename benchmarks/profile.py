@@ -10,17 +10,24 @@ median times and their ratio. Both must give the same profile (checked).
 
 from __future__ import annotations
 
-import argparse
 import os
-import statistics
-import time
+import sys
 
-import pandas as pd
-import torch
+# This file's name shadows the standard library's `profile` (which torch imports): drop its folder
+# from the import path before anything else is imported.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
-from polykv.models import load_model
-from polykv.profile.corpus import CorpusSpec, build_corpus
-from polykv.profile.profiler import CONTINUATION, default_calibration_capacity, profile_methods
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+
+from polykv.models import load_model  # noqa: E402
+from polykv.profile.corpus import CorpusSpec, build_corpus  # noqa: E402
+from polykv.profile.profiler import CONTINUATION, default_calibration_capacity, profile_methods  # noqa: E402
 
 
 def main() -> None:

@@ -213,6 +213,35 @@ def profile(
 
 
 @app.command()
+def heterogeneity(
+    model: ModelOption = "demo",
+    inputs: Annotated[int, typer.Option(min=1, help="Calibration inputs to measure.")] = 8,
+    max_tokens: Annotated[int, typer.Option(min=16)] = 2048,
+    coverage: Annotated[float, typer.Option(min=0.01, max=1.0, help="Attention mass the support set covers.")] = 0.9,
+    bins: Annotated[int, typer.Option(min=1)] = 32,
+    sources: str = "kjv,jargon,stdlib,model",
+    seed: int = 0,
+    device: str = "cpu",
+) -> None:
+    """Per layer: how many positions hold `coverage` of the first decoding query's attention."""
+    from transformers.utils import logging as transformers_logging
+
+    from polykv.models import load_model
+    from polykv.profile.corpus import CorpusSpec, build_corpus
+    from polykv.profile.heterogeneity import measure_heterogeneity
+
+    transformers_logging.disable_progress_bar()
+    hf_model, tokenizer = load_model(model, device=device)
+    spec = CorpusSpec(sources=tuple(s.strip() for s in sources.split(",") if s.strip()), num_sequences=inputs,
+                      max_tokens=max_tokens, seed=seed)
+    corpus = build_corpus(tokenizer, spec, model=hf_model)
+    result = measure_heterogeneity(hf_model, corpus.sequences, coverage=coverage, bins=bins, seed=seed)
+    typer.echo(f"{int(coverage * 100)}% attention support per layer, {inputs} inputs of {corpus.sequence_length} tokens "
+               f"(median and bootstrap 95% interval):")
+    typer.echo(result.to_frame("layers").round(2).to_string(index=False))
+
+
+@app.command()
 def route(
     profile_dir: Annotated[Path, typer.Argument(help="A profile directory written by `polykv profile`.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the plan.")],

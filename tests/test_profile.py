@@ -112,3 +112,12 @@ def test_load_profile_refuses_a_foreign_directory(tmp_path):
     (tmp_path / "layers.csv").write_text("layer,entropy\n")
     with pytest.raises(ProfileError, match="not a version-1 PolyKV profile"):
         load_profile(tmp_path)
+
+
+def test_cli_heterogeneity(polykv):  # noqa: F811
+    result = polykv("heterogeneity", "--inputs", "3", "--max-tokens", "96")
+    assert result.returncode == 0, result.stderr
+    assert "90% attention support per layer, 3 inputs of 96 tokens" in result.stdout
+    rows = [line.split() for line in result.stdout.splitlines()[2:]]
+    assert [int(r[0]) for r in rows] == [0, 1, 2, 3, 4]
+    assert all(1 <= float(r[1]) <= 96 for r in rows)  # median support sizes within the context

@@ -9,9 +9,12 @@ Each sequence is a prompt (compressed at the end of prefill in the prefill scope
 teacher-forced continuation (decoded token by token, evicting every step, in the decode scope).
 We also record each layer's attention entropy H_l at the first decoding step.
 
-Prefix reuse: layers before l never see the method, so their outputs equal FullKV's. One full forward
-over each batch caches the hidden states entering every layer; each (l, r) run starts at layer l
-from them. `reuse_prefix=False` runs every layer every time (the naive loop, for the benchmark).
+Prefix reuse: layers before l never see the method, so their outputs equal FullKV's; and a prompt's
+pass through the layers after l is FullKV's too (a method acts on layer l's cache only after the
+prompt has attended in full). One FullKV pass per batch keeps the hidden states entering every layer
+and the prompt's keys/values; each (l, r) run then sends the prompt through layer l alone, takes the
+later layers' prompt cache from FullKV, and runs the continuation from layer l up.
+`reuse_prefix=False` runs every layer every time (the naive loop, for the benchmark).
 """
 
 from __future__ import annotations
@@ -81,11 +84,13 @@ class _Stack:
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.decoder.embed_tokens(ids)
 
-    def run(self, hidden, start: int, positions: torch.Tensor, cache, keep: Callable[[int, torch.Tensor], None] | None = None):
-        """Layers start.. on `hidden` at `positions`; returns logits. `keep(l, h)` sees each layer's input."""
+    def run(self, hidden, start: int, positions: torch.Tensor, cache, keep: Callable[[int, torch.Tensor], None] | None = None,
+            stop: int | None = None):
+        """Layers start..stop on `hidden` at `positions`; returns logits (None when stopped early).
+        `keep(l, h)` sees each layer's input (and the last layer's output as l = number of layers)."""
         position_ids = positions.unsqueeze(0).expand(hidden.shape[0], -1)
         rotary = self.decoder.rotary_emb(hidden, position_ids)
-        for idx in range(start, len(self.layers)):
+        for idx in range(start, len(self.layers) if stop is None else stop):
             if keep is not None:
                 keep(idx, hidden)
             out = self.layers[idx](
@@ -93,6 +98,8 @@ class _Stack:
                 use_cache=True, **{self.cache_name: cache},
             )
             hidden = out[0] if isinstance(out, tuple) else out
+        if stop is not None:
+            return None
         if keep is not None:
             keep(len(self.layers), hidden)
         return self.model.lm_head(self.decoder.norm(hidden))
@@ -144,13 +151,19 @@ def profile_methods(
     for batch in batches:
         inputs, targets = batch[:, :-1], batch[:, prompt + 1 :]
         positions = torch.arange(inputs.shape[1], device=device)
-        # FullKV reference: one block forward, keeping the hidden state entering every layer.
-        entering: dict[int, torch.Tensor] = {}
+        # FullKV reference: the prompt, then the continuation, keeping the hidden states entering every
+        # layer and the prompt's keys/values.
+        prompt_part: dict[int, torch.Tensor] = {}
+        continuation_part: dict[int, torch.Tensor] = {}
         with routed(model, full_plan) as session:
-            logits = stack.run(stack.embed(inputs), 0, positions, session.new_cache(), keep=entering.__setitem__)
+            cache = session.new_cache()
+            stack.run(stack.embed(inputs[:, :prompt]), 0, positions[:prompt], cache, keep=prompt_part.__setitem__)
+            prompt_kv = [(lay.keys, lay.values) for lay in cache.layers]
+            logits = stack.run(stack.embed(inputs[:, prompt:]), 0, positions[prompt:], cache, keep=continuation_part.__setitem__)
             entropy += _first_step_entropy(stack, session, inputs[:, : prompt + 1], positions[: prompt + 1]) * len(batch)
-        ref_nll = _nll(logits[:, prompt:], targets)
-        ref_mean = [entering[l + 1][:, prompt:].mean(1) for l in range(num_layers)]
+        entering = {l: torch.cat([prompt_part[l], continuation_part[l]], dim=1) for l in prompt_part}
+        ref_nll = _nll(logits, targets)
+        ref_mean = [continuation_part[l + 1].mean(1) for l in range(num_layers)]
 
         for scope, method, layer in work:
             plan = single_layer_plan(num_layers, layer, scope, method, capacity)
@@ -160,7 +173,12 @@ def profile_methods(
             grab = lambda idx, h: outputs.append(h) if idx == layer + 1 else None  # noqa: E731
             with routed(model, plan) as session:
                 cache = session.new_cache()
-                stack.run(hidden[:, : prompt], start, positions[:prompt], cache)
+                if reuse_prefix:  # the prompt through layer l alone; FullKV's prompt cache above it
+                    for idx in range(layer + 1, num_layers):
+                        cache.layers[idx].adopt(*prompt_kv[idx])
+                    stack.run(hidden[:, :prompt], start, positions[:prompt], cache, stop=layer + 1)
+                else:
+                    stack.run(hidden[:, :prompt], start, positions[:prompt], cache)
                 if scope is Phase.PREFILL:  # compression is done: the continuation can go as one block
                     logits = stack.run(hidden[:, prompt:], start, positions[prompt:], cache, keep=grab)
                 else:  # the method evicts at every step: teacher-force token by token

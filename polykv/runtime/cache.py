@@ -172,6 +172,17 @@ class RoutedLayer(DynamicLayer):
             for name, tensor in method.per_token.items():
                 method.per_token[name] = select(tensor)
 
+    def adopt(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Take over keys/values already computed for a prefix, as if prefilled here (nothing evicted).
+
+        Profiling reuses FullKV's prefix this way; only layers that keep everything can adopt one.
+        """
+        if not all(method.passive for method in self.methods.values()):
+            raise RoutedCacheError(f"layer {self.layer_idx}: only a layer that keeps everything can adopt a prefix")
+        self.lazy_initialization(keys, values)
+        self.keys, self.values, self.seen = keys, values, keys.shape[-2]
+        self.retained_after_prefill = self.retained
+
     def evict_positions(self, positions: torch.Tensor) -> None:
         """Drop the slots holding these true positions (same set for every batch row and head).
 
