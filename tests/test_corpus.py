@@ -189,3 +189,15 @@ def test_a_source_just_long_enough_is_used_whole(tokenizer, tmp_path):
     corpus = build_corpus(tokenizer, CorpusSpec(sources=(f"file:{path}",), num_sequences=2, max_tokens=available + 1))
     assert all(r["offset"] == 0 for r in corpus.records)
     assert {len(s) for s in corpus.sequences} == {available + 1}
+
+
+def test_hub_sources_fail_clearly_when_the_hub_is_out_of_reach(tmp_path, monkeypatch):
+    """This machine has no hub: naming one of the paper's datasets gives a one-line error, not a hang."""
+    from polykv.profile.corpus import source_files
+
+    monkeypatch.setenv("POLYKV_HOME", str(tmp_path))
+    with pytest.raises(ValueError, match=r"corpus source 'hf:wikitext:wikitext-103-raw-v1' (needs the `datasets` package|could not be loaded)") as err:
+        source_files("hf:wikitext:wikitext-103-raw-v1")
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="names no dataset"):
+        CorpusSpec(sources=("hf:",))

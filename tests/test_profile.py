@@ -121,3 +121,14 @@ def test_cli_heterogeneity(polykv):  # noqa: F811
     rows = [line.split() for line in result.stdout.splitlines()[2:]]
     assert [int(r[0]) for r in rows] == [0, 1, 2, 3, 4]
     assert all(1 <= float(r[1]) <= 96 for r in rows)  # median support sizes within the context
+
+
+def test_attention_entropy_on_hand_made_rows():
+    import math
+
+    import torch
+
+    from polykv.profile.profiler import attention_entropy
+
+    rows = torch.tensor([[0.25, 0.25, 0.25, 0.25], [1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0]])
+    assert torch.allclose(attention_entropy(rows), torch.tensor([math.log(4), 0.0, math.log(2)], dtype=torch.float64))

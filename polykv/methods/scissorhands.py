@@ -100,10 +100,14 @@ class Scissorhands(Method):
         w = rows.shape[2]
         # The newest slot is the newest query's own token; the w queries sit at the w newest positions.
         query_pos = view.positions.amax(-1, keepdim=True) - w + 1 + torch.arange(w, device=rows.device)  # [b, h, w]
-        visible = view.positions[:, :, None, :] <= query_pos[..., None]  # [b, h, w, n]
-        hidden = rows.masked_fill(~visible, float("nan"))  # the quantile is over visible tokens only
-        threshold = torch.nanquantile(hidden, self.params.importance_quantile, dim=-1, keepdim=True)
-        unimportant = (rows < threshold) & visible
+        if w == 1:  # a decode step: the newest query sees every slot
+            threshold = torch.quantile(rows, self.params.importance_quantile, dim=-1, keepdim=True)
+            unimportant = rows < threshold
+        else:
+            visible = view.positions[:, :, None, :] <= query_pos[..., None]  # [b, h, w, n]
+            hidden = rows.masked_fill(~visible, float("nan"))  # the quantile is over visible tokens only
+            threshold = torch.nanquantile(hidden, self.params.importance_quantile, dim=-1, keepdim=True)
+            unimportant = (rows < threshold) & visible
         columns = (self.cursor + torch.arange(w, device=rows.device)) % self.params.history
         self.per_token["unimportant"][..., columns] = unimportant.transpose(2, 3)
         self.cursor = (self.cursor + w) % self.params.history

@@ -9,6 +9,9 @@ Sources (``CorpusSpec.sources``), used round-robin in the given order, one seque
 - ``"model"``: tokens the model itself samples from BOS at temperature 1 (needs ``model=``); in-domain
   text for a small specialised model such as the demo.
 - ``"file:PATH"``: any local UTF-8 text file.
+- ``"hf:NAME[:CONFIG]"``: a Hugging Face dataset (the paper's WikiText, C4, PG-19, CodeParrot), where
+  the hub and the ``datasets`` package are available: its first documents' text ("text" or "content")
+  is saved once under ``$POLYKV_HOME/corpora/`` and then read like a file.
 
 Each text sequence starts at a seeded random character offset (moved to the next line start), and takes
 enough text to tokenize to the required length; when a draw runs off the end of its source, an earlier
@@ -42,6 +45,8 @@ CORPORA_ENV = "POLYKV_CORPORA"
 CORPUS_FILES = {"kjv": "kjv.txt", "jargon": "jargon.txt"}
 KNOWN_SOURCES = ("kjv", "jargon", "stdlib", "model")
 FILE_PREFIX = "file:"
+HUB_PREFIX = "hf:"
+HUB_CHARACTERS = 20_000_000  # text kept from a hub dataset: plenty for 20 x 2,048-token draws
 MODEL_TEMPERATURE = 1.0
 # The package lives at <repo>/polykv/profile; the corpora are shared next to the repository.
 _REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -56,7 +61,9 @@ def _source_error(source: str) -> str | None:
         return None
     if source.startswith(FILE_PREFIX):
         return None if source[len(FILE_PREFIX) :].strip() else f"corpus source {source!r} names no file: write file:PATH"
-    return f"unknown corpus source {source!r}: use one of {', '.join(KNOWN_SOURCES)} or file:PATH"
+    if source.startswith(HUB_PREFIX):
+        return None if source[len(HUB_PREFIX) :].strip() else f"corpus source {source!r} names no dataset: write hf:NAME"
+    return f"unknown corpus source {source!r}: use one of {', '.join(KNOWN_SOURCES)}, file:PATH or hf:NAME[:CONFIG]"
 
 
 @dataclass(frozen=True)
@@ -176,10 +183,41 @@ def source_files(source: str) -> list[Path]:
                 f"folder holding it, or drop {source!r} from sources"
             )
         return [path]
+    if source.startswith(HUB_PREFIX):
+        return [_hub_text(source[len(HUB_PREFIX) :])]
     path = Path(source[len(FILE_PREFIX) :]).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"corpus source {source!r}: no such file {path}; give an existing text file")
     return [path.resolve()]
+
+
+def _hub_text(name: str) -> Path:
+    """The first HUB_CHARACTERS of a hub dataset's train split, cached as a text file (written then renamed)."""
+    home = Path(os.environ.get("POLYKV_HOME") or Path.home() / ".cache" / "polykv").expanduser()
+    target = home / "corpora" / (name.replace("/", "__").replace(":", "--") + ".txt")
+    if target.is_file():
+        return target
+    try:
+        import datasets
+    except ImportError:
+        raise ValueError(f"corpus source 'hf:{name}' needs the `datasets` package (pip install datasets) and the hub") from None
+    dataset_name, _, config = name.partition(":")
+    try:
+        rows = datasets.load_dataset(dataset_name, config or None, split="train", streaming=True)
+        parts, size = [], 0
+        for row in rows:
+            text = row.get("text") or row.get("content") or ""
+            parts.append(text)
+            size += len(text)
+            if size >= HUB_CHARACTERS:
+                break
+    except Exception as exc:  # noqa: BLE001 - offline, unknown dataset, ...: one line for the user
+        raise ValueError(f"corpus source 'hf:{name}' could not be loaded ({exc.__class__.__name__}); use a local file:PATH") from None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text("\n".join(parts), encoding="utf-8")
+    os.replace(tmp, target)
+    return target
 
 
 class _TextStream:

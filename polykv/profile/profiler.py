@@ -216,8 +216,11 @@ def _first_step_entropy(stack: _Stack, session, prefix: torch.Tensor, positions:
     stack.run(stack.embed(prefix[:, :-1]), 0, positions[:-1], cache)
     with record_attention() as recorder:
         stack.run(stack.embed(prefix[:, -1:]), 0, positions[-1:], cache)
-    result = []
-    for layer in range(len(stack.layers)):
-        p = recorder.rows[layer].double().clamp_min(1e-30)
-        result.append((-(p * p.log()).sum(-1)).mean(dim=(1, 2)).mean().item())
-    return torch.tensor(result, dtype=torch.float64)
+    return torch.tensor([attention_entropy(recorder.rows[layer]).mean().item() for layer in range(len(stack.layers))],
+                        dtype=torch.float64)
+
+
+def attention_entropy(attention: torch.Tensor) -> torch.Tensor:
+    """Shannon entropy (nats) of attention distributions over the last dimension."""
+    p = attention.double()
+    return -(p * p.clamp_min(1e-300).log()).sum(-1)

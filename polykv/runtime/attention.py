@@ -24,8 +24,9 @@ from polykv.runtime.cache import RoutedCacheError, RoutedLayer, take_updated_lay
 
 ATTN_IMPLEMENTATION = "polykv"
 
-# Bound the [b, heads, chunk, n] fp32 block used for column sums to about this many elements.
-_COLUMN_SUM_BLOCK = 1 << 26
+# Bound the [b, heads, chunk, n] fp32 block used for column sums to about this many elements
+# (small enough to stay in cache-friendly sizes, large enough to keep the matmuls efficient).
+_COLUMN_SUM_BLOCK = 1 << 24
 
 
 def polykv_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -125,16 +126,21 @@ def _allowed(key_pos: torch.Tensor, query_pos: torch.Tensor, window: int | None)
 
 def attention_probs(query, key, query_pos, key_pos, scaling, window=None) -> torch.Tensor:
     """Softmax attention [b, h*g, w, n] in fp32 for the given queries over the held slots."""
+    b, qh, w, _ = query.shape
+    return _grouped_probs(query, key, query_pos, key_pos, scaling, window).reshape(b, qh, w, -1)
+
+
+def _grouped_probs(query, key, query_pos, key_pos, scaling, window) -> torch.Tensor:
+    """Softmax attention [b, h, g, w, n] (fp32), computed in place to spare memory traffic."""
     b, qh, w, d = query.shape
     h = key.shape[1]
     # [b, h, g*w, d] @ [b, h, d, n]: one batched matmul per KV head, no broadcast copy of the keys
-    grouped_q = query.reshape(b, h, (qh // h) * w, d).float()
-    scores = torch.matmul(grouped_q, key.float().transpose(-1, -2)) * scaling
-    scores = scores.view(b, h, qh // h, w, -1)
+    grouped_q = query.reshape(b, h, (qh // h) * w, d).float() * scaling
+    scores = torch.matmul(grouped_q, key.float().transpose(-1, -2)).view(b, h, qh // h, w, -1)
     if w > 1 or window is not None:  # the newest query sees every held slot: no mask needed
-        allowed = _allowed(key_pos, query_pos, window)[:, :, None]
-        scores = scores.masked_fill(~allowed, float("-inf"))
-    return scores.softmax(dim=-1).reshape(b, qh, w, -1)
+        scores.masked_fill_(~_allowed(key_pos, query_pos, window)[:, :, None], float("-inf"))
+    scores.sub_(scores.amax(dim=-1, keepdim=True)).exp_()
+    return scores.div_(scores.sum(dim=-1, keepdim=True))
 
 
 def _column_sums(query, key, query_pos, key_pos, scaling, window) -> torch.Tensor:
@@ -145,7 +151,8 @@ def _column_sums(query, key, query_pos, key_pos, scaling, window) -> torch.Tenso
     total = torch.zeros(b, qh, n, dtype=torch.float32, device=query.device)
     for start in range(0, q_len, chunk):
         stop = min(q_len, start + chunk)
-        total += attention_probs(query[:, :, start:stop], key, query_pos[start:stop], key_pos, scaling, window).sum(2)
+        probs = _grouped_probs(query[:, :, start:stop], key, query_pos[start:stop], key_pos, scaling, window)
+        total += probs.sum(dim=3).reshape(b, qh, n)
     return total
 
 

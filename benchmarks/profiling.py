@@ -1,33 +1,29 @@
 """Cost of a full method profile of the demo model, with and without prefix reuse.
 
+(Named profiling.py because a benchmarks/profile.py would shadow the standard library's `profile`
+module, which torch imports, for every script run from this folder.)
+
 Profiles every layer x every compatible method x both scopes on the calibration corpus (20 sequences
 by default), once reusing the FullKV prefix (each (layer, method) run starts at its layer from cached
 hidden states) and once naively (every run starts at the embeddings), interleaved, and prints the
 median times and their ratio. Both must give the same profile (checked).
 
-    python benchmarks/profile.py            # demo model, 20 sequences, 2 repetitions
+    python benchmarks/profiling.py            # demo model, 20 sequences, 2 repetitions
 """
 
 from __future__ import annotations
 
+import argparse
 import os
-import sys
+import statistics
+import time
 
-# This file's name shadows the standard library's `profile` (which torch imports): drop its folder
-# from the import path before anything else is imported.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+import pandas as pd
+import torch
 
-import argparse  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
-
-import pandas as pd  # noqa: E402
-import torch  # noqa: E402
-
-from polykv.models import load_model  # noqa: E402
-from polykv.profile.corpus import CorpusSpec, build_corpus  # noqa: E402
-from polykv.profile.profiler import CONTINUATION, default_calibration_capacity, profile_methods  # noqa: E402
+from polykv.models import load_model
+from polykv.profile.corpus import CorpusSpec, build_corpus
+from polykv.profile.profiler import CONTINUATION, default_calibration_capacity, profile_methods
 
 
 def main() -> None:
