@@ -265,6 +265,46 @@ def route(
     typer.echo(f"wrote {out}")
 
 
+@app.command("eval")
+def evaluate(
+    plan: Annotated[Path, typer.Option("--plan", help="Plan file (JSON).")] = DEFAULT_PLAN,
+    suite: Annotated[str, typer.Option(help="Evaluation suite.")] = "fidelity",
+    model: ModelOption = "demo",
+    samples: Annotated[int, typer.Option(min=1, help="Samples per task.")] = 4,
+    tasks: Annotated[Optional[str], typer.Option(help="Comma-separated tasks (default: all of the suite).")] = None,
+    prompt_tokens: Annotated[int, typer.Option(min=8, help="Prompt length (clipped to the context).")] = 1024,
+    seed: int = 0,
+    device: str = "cpu",
+    workspace: WorkspaceOption = DEFAULT_WORKSPACE,
+) -> None:
+    """Evaluate a plan on a suite; results go to <workspace>/results.sqlite as they finish (resumable)."""
+    from transformers.utils import logging as transformers_logging
+
+    from polykv.eval.runner import run_suite
+    from polykv.eval.store import Store
+    from polykv.eval.suites.fidelity import FidelitySettings, TASK_SOURCES
+    from polykv.models import load_model
+
+    loaded = Plan.load(plan)
+    settings = FidelitySettings(
+        tasks=tuple(t.strip() for t in tasks.split(",")) if tasks else tuple(TASK_SOURCES),
+        samples_per_task=samples, prompt_tokens=prompt_tokens,
+    )
+    transformers_logging.disable_progress_bar()
+    hf_model, tokenizer = load_model(model, device=device)
+    store = Store(workspace / "results.sqlite")
+
+    def show(done: int, total: int, where: str) -> None:
+        typer.echo(f"\r[{done}/{total}] {where}   ", nl=False, err=True)
+
+    run_id = run_suite(store, model, hf_model, tokenizer, loaded, suite, settings, seed, progress=show)
+    typer.echo("", err=True)
+    typer.echo(f"run {run_id}: {loaded.name} on {suite} ({model}), {store.run(run_id)['status']}")
+    scores = store.task_scores(run_id)
+    metrics = sorted({m for values in scores.values() for m in values})
+    _table(("task", *metrics), [(task, *(f"{values[m]:.4f}" for m in metrics)) for task, values in sorted(scores.items())])
+
+
 @app.command("import-llama2c")
 def import_llama2c_command(
     checkpoint: Path, tokenizer: Path, out: Annotated[Path, typer.Option("--out", "-o")]

@@ -79,7 +79,7 @@ def test_sources_are_assigned_round_robin_and_recorded(tokenizer, text_file):
     assert corpus.records[1]["file"] == str(text_file.resolve())
     data = corpus.to_dict()
     json.dumps(data)
-    assert data["spec"] == {"sources": list(sources), "num_sequences": 7, "max_tokens": 48, "seed": 0}
+    assert data["spec"] == {"sources": list(sources), "num_sequences": 7, "max_tokens": 48, "seed": 0, "split": "calibration"}
     assert data["sequence_length"] == 48 and len(data["records"]) == 7 and "sequences" not in data
     assert corpus.to_dict(include_ids=True)["sequences"] == corpus.sequences
 
@@ -182,13 +182,26 @@ def test_source_too_short_fails_clearly(tokenizer, tmp_path):
     assert "empty" in one_line(excinfo)
 
 
-def test_a_source_just_long_enough_is_used_whole(tokenizer, tmp_path):
-    path = tmp_path / "exact.txt"
+def test_calibration_and_evaluation_texts_never_overlap(tokenizer, tmp_path):
+    path = tmp_path / "long.txt"
+    path.write_text("".join(f"Line {i}: the dog ran to the park and back again.\n" for i in range(3000)), encoding="utf-8")
+    size = len(path.read_text())
+    calibration = build_corpus(tokenizer, CorpusSpec(sources=(f"file:{path}",), num_sequences=6, max_tokens=40))
+    evaluation = build_corpus(
+        tokenizer, CorpusSpec(sources=(f"file:{path}",), num_sequences=6, max_tokens=40, split="evaluation")
+    )
+    last_calibration_char = max(r["offset"] + r["length"] for r in calibration.records)
+    first_evaluation_char = min(r["offset"] for r in evaluation.records)
+    assert last_calibration_char <= 0.8 * size <= first_evaluation_char
+    with pytest.raises(ValueError, match="split must be one of"):
+        CorpusSpec(split="test")
+
+
+def test_a_source_too_short_for_its_split_is_refused(tokenizer, tmp_path):
+    path = tmp_path / "short.txt"
     path.write_text("Once upon a time there was a dog.\n" * 3, encoding="utf-8")
-    available = len(tokenizer(path.read_text(), add_special_tokens=False)["input_ids"])
-    corpus = build_corpus(tokenizer, CorpusSpec(sources=(f"file:{path}",), num_sequences=2, max_tokens=available + 1))
-    assert all(r["offset"] == 0 for r in corpus.records)
-    assert {len(s) for s in corpus.sequences} == {available + 1}
+    with pytest.raises(ValueError, match="too short"):
+        build_corpus(tokenizer, CorpusSpec(sources=(f"file:{path}",), num_sequences=2, max_tokens=20))
 
 
 def test_hub_sources_fail_clearly_when_the_hub_is_out_of_reach(tmp_path, monkeypatch):

@@ -46,6 +46,8 @@ CORPUS_FILES = {"kjv": "kjv.txt", "jargon": "jargon.txt"}
 KNOWN_SOURCES = ("kjv", "jargon", "stdlib", "model")
 FILE_PREFIX = "file:"
 HUB_PREFIX = "hf:"
+# Share of each text source (by bytes) that calibration draws from; evaluation texts start after it.
+SPLITS = {"calibration": (0.0, 0.8), "evaluation": (0.8, 1.0)}
 HUB_CHARACTERS = 20_000_000  # text kept from a hub dataset: plenty for 20 x 2,048-token draws
 MODEL_TEMPERATURE = 1.0
 # The package lives at <repo>/polykv/profile; the corpora are shared next to the repository.
@@ -74,6 +76,9 @@ class CorpusSpec:
     num_sequences: int = 20
     max_tokens: int = 2048
     seed: int = 0
+    # Which part of every text source to draw from: "calibration" (profiles) and "evaluation" (the
+    # fidelity suite) never overlap, so plans are never scored on the text they were built from.
+    split: str = "calibration"
 
     def __post_init__(self):
         sources = (self.sources,) if isinstance(self.sources, str) else tuple(self.sources)
@@ -90,6 +95,8 @@ class CorpusSpec:
             raise ValueError(f"CorpusSpec.max_tokens must be an integer of at least 2 (got {self.max_tokens!r})")
         if not isinstance(self.seed, int):
             raise TypeError(f"CorpusSpec.seed must be an integer (got {self.seed!r})")
+        if self.split not in SPLITS:
+            raise ValueError(f"CorpusSpec.split must be one of {', '.join(SPLITS)} (got {self.split!r})")
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -286,11 +293,22 @@ def _encode(tokenizer, text: str) -> tuple[list[int], list[tuple[int, int]] | No
         return list(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]), None
 
 
-def _draw_text(stream: _TextStream, tokenizer, need: int, rng: random.Random) -> tuple[list[int], dict[str, Any]]:
-    """`need` token ids from a seeded offset; an earlier offset is drawn when the stream ends too soon."""
-    upper = stream.total
+def _draw_text(
+    stream: _TextStream, tokenizer, need: int, rng: random.Random, split: str = "calibration"
+) -> tuple[list[int], dict[str, Any]]:
+    """`need` token ids from a seeded offset in the split's part of the stream; an earlier offset is
+    drawn when the text runs out too soon."""
+    lo_share, hi_share = SPLITS[split]
+    lower = int(stream.total * lo_share)
+    # Calibration draws stop short of the evaluation part by a generous text length (~8 bytes a token).
+    upper = int(stream.total * hi_share) - (8 * need if hi_share < 1.0 else 0)
+    if upper <= lower:
+        raise ValueError(
+            f"corpus source {stream.source!r} is too short for {need}-token sequences in its {split} part; "
+            "use a longer text or a smaller max_tokens"
+        )
     while True:
-        start = rng.randrange(upper)
+        start = rng.randrange(lower, upper)
         i, char = stream.locate(start)
         size = max(256, 6 * need)
         while True:
@@ -303,7 +321,7 @@ def _draw_text(stream: _TextStream, tokenizer, need: int, rng: random.Random) ->
             if ended:
                 break
             size *= 2
-        if start == 0:
+        if start == lower:
             raise ValueError(
                 f"corpus source {stream.source!r} is too short: it holds {len(ids)} tokens but each sequence "
                 f"needs {need}; use a longer text or a smaller max_tokens"
@@ -386,7 +404,7 @@ def build_corpus(tokenizer, spec: CorpusSpec | None = None, model=None, context_
         if source == "model":
             continue
         rng = random.Random(_seed_int(spec.seed, k, source))
-        ids, where = _draw_text(streams[source], tokenizer, need, rng)
+        ids, where = _draw_text(streams[source], tokenizer, need, rng, spec.split)
         sequences[k] = bos_prefix + ids
         records[k] = {"index": k, "source": source, **where, "tokens": length}
 

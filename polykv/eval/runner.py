@@ -1,0 +1,92 @@
+"""Runs: (model, plan, suite, settings, seed) executed sample by sample into the store, resumable.
+
+A run's id is a hash of what determines its results, so asking for the same run again finds it:
+finished samples are skipped (a killed run resumes where it stopped) and a finished run returns at
+once. Progress is the number of sample rows in the store, readable from any process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import time
+from collections.abc import Callable
+
+import torch
+import transformers
+
+from polykv import __version__
+from polykv.eval.store import Store
+from polykv.eval.suites import fidelity
+from polykv.methods import validate_plan
+from polykv.plan import Plan
+from polykv.runtime.routed import num_layers_of
+
+SUITES = {"fidelity": fidelity}
+
+
+def plan_hash(plan: Plan) -> str:
+    return hashlib.sha256(plan.to_json().encode()).hexdigest()
+
+
+def run_id_for(model_name: str, plan: Plan, suite: str, settings: dict, seed: int) -> str:
+    blob = json.dumps([model_name, plan_hash(plan), suite, settings, seed], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def run_suite(
+    store: Store,
+    model_name: str,
+    model,
+    tokenizer,
+    plan: Plan,
+    suite: str = "fidelity",
+    settings=None,
+    seed: int = 0,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> str:
+    """Execute (or resume, or find) a run; returns its id. Scores land in the store as they finish."""
+    if suite not in SUITES:
+        raise ValueError(f"unknown suite {suite!r} (suites: {', '.join(SUITES)})")
+    module = SUITES[suite]
+    settings = settings or module.FidelitySettings()
+    validate_plan(plan, num_layers_of(model))
+    run_id = run_id_for(model_name, plan, suite, settings.to_dict(), seed)
+    existing = store.run(run_id)
+    if existing is not None and existing["status"] == "finished":
+        return run_id
+    samples = module.build_samples(tokenizer, model, settings, seed)
+    store.create_run(
+        run_id, model=model_name, plan_name=plan.name, plan_hash=plan_hash(plan), plan_json=plan.to_json(),
+        suite=suite, settings=settings.to_dict(), seed=seed, total_samples=len(samples),
+        versions={"polykv": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+                  "python": platform.python_version()},
+    )
+    store.set_status(run_id, "running")
+    done = store.done(run_id)
+    try:
+        for index, (task, sample, ids) in enumerate(samples):
+            if (task, sample) not in done:
+                started = time.perf_counter()
+                metrics = module.score_sample(model, plan, ids, settings)
+                store.add_sample(run_id, task, sample, metrics, time.perf_counter() - started)
+            if progress is not None:
+                progress(index + 1, len(samples), f"{task}/{sample}")
+    except BaseException as exc:
+        store.set_status(run_id, "failed", f"{exc.__class__.__name__}: {exc}"[:500])
+        raise
+    _finish(store, run_id)
+    return run_id
+
+
+def _finish(store: Store, run_id: str) -> None:
+    """Per task, the mean of every metric over its samples."""
+    by_task: dict[str, list[dict[str, float]]] = {}
+    for row in store.samples(run_id):
+        by_task.setdefault(row["task"], []).append(row["metrics"])
+    scores = {
+        task: {metric: sum(m[metric] for m in rows) / len(rows) for metric in rows[0]} for task, rows in by_task.items()
+    }
+    store.set_task_scores(run_id, scores, {task: len(rows) for task, rows in by_task.items()})
+    store.set_status(run_id, "finished")

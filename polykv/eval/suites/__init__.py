@@ -1,0 +1,1 @@
+"""Evaluation suites: samples, how each is scored, and the per-task metrics."""
