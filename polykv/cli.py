@@ -305,6 +305,70 @@ def evaluate(
     _table(("task", *metrics), [(task, *(f"{values[m]:.4f}" for m in metrics)) for task, values in sorted(scores.items())])
 
 
+@app.command()
+def runs(workspace: WorkspaceOption = DEFAULT_WORKSPACE) -> None:
+    """List the runs in the workspace's results database with their progress."""
+    from polykv.eval.store import Store
+
+    store = Store(workspace / "results.sqlite")
+    rows = [
+        (r["id"], r["plan_name"], r["suite"], r["model"], r["status"], f"{r['done_samples']}/{r['total_samples']}", r["created"][:19])
+        for r in store.runs()
+    ]
+    _table(("run", "plan", "suite", "model", "status", "samples", "created"), rows)
+
+
+# Direction of each fidelity metric: +1 higher is better, -1 lower is better.
+METRIC_DIRECTION = {"top1": 1, "rougeL": 1, "kl": -1, "ppl": -1}
+
+
+@app.command()
+def compare(
+    run_a: Annotated[str, typer.Argument(help="Run id (or a unique prefix).")],
+    run_b: Annotated[str, typer.Argument(help="Run id (or a unique prefix).")],
+    metric: Annotated[str, typer.Option(help="Task metric to compare (fidelity: top1, rougeL, kl, ppl).")] = "top1",
+    workspace: WorkspaceOption = DEFAULT_WORKSPACE,
+    seed: int = 0,
+) -> None:
+    """Paired comparison of two runs over their tasks: bootstrap CI, wins/ties/losses, leave-one-task-out."""
+    from polykv.eval.stats import leave_one_task_out, paired_bootstrap, wins_ties_losses
+    from polykv.eval.store import Store
+
+    store = Store(workspace / "results.sqlite")
+    ids = [r["id"] for r in store.runs()]
+
+    def resolve(prefix: str) -> str:
+        found = [i for i in ids if i.startswith(prefix)]
+        if len(found) != 1:
+            raise ValueError(f"run {prefix!r}: {'no run' if not found else 'several runs'} with that id in {workspace}")
+        return found[0]
+
+    a_id, b_id = resolve(run_a), resolve(run_b)
+    sign = METRIC_DIRECTION.get(metric, 1)
+    scores = []
+    for run_id in (a_id, b_id):
+        per_task = {task: values[metric] for task, values in store.task_scores(run_id).items() if metric in values}
+        if not per_task:
+            raise ValueError(f"run {run_id} has no finished task with metric {metric!r}")
+        scores.append(per_task)
+    a, b = scores
+    # Statistics see "higher is better": lower-is-better metrics are negated, then reported in their units.
+    better_a, better_b = ({t: sign * v for t, v in s.items()} for s in (a, b))
+    boot = paired_bootstrap(better_a, better_b, seed=seed)
+    wins, ties, losses = wins_ties_losses(better_a, better_b)
+    name = {r["id"]: r["plan_name"] for r in store.runs()}
+    typer.echo(f"A = {a_id} ({name[a_id]}), B = {b_id} ({name[b_id]}); metric {metric} "
+               f"({'higher' if sign > 0 else 'lower'} is better)")
+    _table(("task", "A", "B", "A - B"), [(t, f"{a[t]:.4f}", f"{b[t]:.4f}", f"{a[t] - b[t]:+.4f}") for t in boot.tasks])
+    low, high = sorted((sign * boot.low, sign * boot.high))
+    typer.echo(f"macro-average A - B: {sign * boot.difference:+.4f}, 95% paired bootstrap CI [{low:+.4f}, {high:+.4f}] "
+               f"({boot.replicates} replicates over {len(boot.tasks)} tasks)")
+    typer.echo(f"A wins / ties / losses: {wins} / {ties} / {losses}")
+    if len(boot.tasks) > 1:
+        loto = leave_one_task_out(better_a, better_b)
+        typer.echo("leave one task out (A - B): " + ", ".join(f"{t} {sign * d:+.4f}" for t, d in loto.items()))
+
+
 @app.command("import-llama2c")
 def import_llama2c_command(
     checkpoint: Path, tokenizer: Path, out: Annotated[Path, typer.Option("--out", "-o")]

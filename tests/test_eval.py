@@ -15,6 +15,7 @@ from polykv.eval.runner import run_suite
 from polykv.eval.store import Store
 from polykv.eval.suites.fidelity import FidelitySettings, rouge_l
 from polykv.plan import Plan
+from test_cli import assert_one_line_error, polykv  # noqa: F401  (the fixture)
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = FidelitySettings(tasks=("prose", "stories"), samples_per_task=2, prompt_tokens=96, continuation=8, generate=8)
@@ -109,3 +110,19 @@ def test_cli_eval_of_a_shipped_plan_on_the_demo_model_within_a_minute(tmp_path):
     lines = result.stdout.splitlines()
     assert "mixed-demo on fidelity (demo), finished" in lines[0]
     assert [line.split()[0] for line in lines[2:]] == ["code", "jargon", "prose", "stories"]
+
+
+def test_runs_and_compare_commands(demo_model, tmp_path, polykv):  # noqa: F811
+    model, tokenizer = demo_model
+    store = Store(tmp_path / "results.sqlite")
+    full = run_suite(store, "demo", model, tokenizer, Plan.homogeneous("full", None, 5), "fidelity", SMALL)
+    tova = run_suite(store, "demo", model, tokenizer, Plan.homogeneous("tova", 16, 5), "fidelity", SMALL)
+    listed = polykv("runs", "-w", str(tmp_path))
+    assert listed.returncode == 0 and full in listed.stdout and "4/4" in listed.stdout
+    compared = polykv("compare", tova[:6], full[:6], "--metric", "kl", "-w", str(tmp_path))
+    assert compared.returncode == 0, compared.stderr
+    assert "metric kl (lower is better)" in compared.stdout and "A wins / ties / losses: 0 / 0 / 2" in compared.stdout
+    kl = store.task_scores(tova)
+    expected = (kl["prose"]["kl"] + kl["stories"]["kl"]) / 2
+    assert f"macro-average A - B: {expected:+.4f}" in compared.stdout
+    assert_one_line_error(polykv("compare", "nope", full, "-w", str(tmp_path)), "run 'nope': no run")
