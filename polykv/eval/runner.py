@@ -1,5 +1,9 @@
 """Runs: (model, plan, suite, settings, seed) executed sample by sample into the store, resumable.
 
+A suite is a module with `Settings` (a frozen dataclass with `to_dict()`), `build_samples(tokenizer,
+model, settings, seed) -> [(task, sample id, payload)]` and `score_sample(model, plan, payload,
+settings) -> {metric: value}`; task scores are the means of the sample metrics.
+
 A run's id is a hash of what determines its results, so asking for the same run again finds it:
 finished samples are skipped (a killed run resumes where it stopped) and a finished run returns at
 once. Progress is the number of sample rows in the store, readable from any process.
@@ -50,7 +54,7 @@ def run_suite(
     if suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r} (suites: {', '.join(SUITES)})")
     module = SUITES[suite]
-    settings = settings or module.FidelitySettings()
+    settings = settings or module.Settings()
     validate_plan(plan, num_layers_of(model))
     run_id = run_id_for(model_name, plan, suite, settings.to_dict(), seed)
     existing = store.run(run_id)

@@ -46,6 +46,9 @@ class FidelitySettings:
         return {**asdict(self), "tasks": list(self.tasks)}
 
 
+Settings = FidelitySettings  # every suite module exposes Settings, build_samples and score_sample
+
+
 def build_samples(tokenizer, model, settings: FidelitySettings, seed: int) -> list[tuple[str, str, list[int]]]:
     """(task, sample id, token ids of prompt + continuation + 1) for every sample, deterministic for a seed."""
     context = getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None) or 10**9
