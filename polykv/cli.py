@@ -369,6 +369,107 @@ def compare(
         typer.echo("leave one task out (A - B): " + ", ".join(f"{t} {sign * d:+.4f}" for t, d in loto.items()))
 
 
+experiment_app = typer.Typer(no_args_is_help=True, help="Controlled experiments: factorial, placement, sweep.")
+app.add_typer(experiment_app, name="experiment")
+
+
+def _experiment_runner(model: str, suite: str, samples: int, tasks: Optional[str], prompt_tokens: int, metric: str,
+                       seed: int, device: str, workspace: Path):
+    from transformers.utils import logging as transformers_logging
+
+    from polykv.eval.experiments import Runner
+    from polykv.eval.store import Store
+    from polykv.eval.suites.fidelity import TASK_SOURCES, FidelitySettings
+    from polykv.models import load_model
+
+    if suite != "fidelity":
+        raise ValueError(f"experiments run the fidelity suite for now (got {suite!r})")
+    settings = FidelitySettings(tasks=tuple(t.strip() for t in tasks.split(",")) if tasks else tuple(TASK_SOURCES),
+                                samples_per_task=samples, prompt_tokens=prompt_tokens)
+    transformers_logging.disable_progress_bar()
+    hf_model, tokenizer = load_model(model, device=device)
+    return Runner(Store(workspace / "results.sqlite"), model, hf_model, tokenizer, suite, settings, seed, metric,
+                  progress=lambda name: typer.echo(f"run: {name}", err=True))
+
+
+def _print_report(report) -> None:
+    import pandas as pd
+
+    typer.echo(report.title)
+    typer.echo(pd.DataFrame(report.rows).to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    for line in report.lines:
+        typer.echo(line)
+
+
+SuiteOption = Annotated[str, typer.Option(help="Evaluation suite.")]
+SamplesOption = Annotated[int, typer.Option(min=1, help="Samples per task.")]
+TasksOption = Annotated[Optional[str], typer.Option(help="Comma-separated tasks (default: all of the suite).")]
+MetricOption = Annotated[str, typer.Option(help="Task metric that scores a run (fidelity: top1, rougeL, kl, ppl).")]
+
+
+@experiment_app.command("factorial")
+def experiment_factorial(
+    profile_dir: Annotated[Path, typer.Option("--profile", help="Profile directory.")],
+    budget: Annotated[int, typer.Option(min=1, help="Average capacity b.")],
+    baseline: Annotated[str, typer.Option(help="The homogeneous method.")],
+    scope: Scope = Scope.DECODE,
+    statistic: str = "cosine",
+    allocation: Annotated[str, typer.Option(help="entropy or ppl.")] = "entropy",
+    model: ModelOption = "demo", suite: SuiteOption = "fidelity", samples: SamplesOption = 4,
+    tasks: TasksOption = None, prompt_tokens: int = 1024, metric: MetricOption = "top1", seed: int = 0,
+    device: str = "cpu", workspace: WorkspaceOption = DEFAULT_WORKSPACE,
+) -> None:
+    """Routing x allocation at matched total capacity: four runs, effects, paired bootstrap."""
+    from polykv.eval.experiments import factorial
+    from polykv.profile.store import load_profile
+
+    loaded = load_profile(profile_dir)
+    runner = _experiment_runner(model, suite, samples, tasks, prompt_tokens, metric, seed, device, workspace)
+    loaded.check_model(model, _num_layers(model))
+    _print_report(factorial(runner, loaded, scope, budget, baseline, statistic, allocation))
+
+
+@experiment_app.command("placement")
+def experiment_placement(
+    profile_dir: Annotated[Path, typer.Option("--profile", help="Profile directory.")],
+    plan: Annotated[Path, typer.Option("--plan", help="The guided single-phase plan (e.g. from `polykv route`).")],
+    k: Annotated[int, typer.Option("--k", min=1, help="Random count-matched placements.")] = 99,
+    statistic: str = "cosine",
+    model: ModelOption = "demo", suite: SuiteOption = "fidelity", samples: SamplesOption = 4,
+    tasks: TasksOption = None, prompt_tokens: int = 1024, metric: MetricOption = "top1", seed: int = 0,
+    device: str = "cpu", workspace: WorkspaceOption = DEFAULT_WORKSPACE,
+) -> None:
+    """The guided route vs K random placements with the same method counts: rank, p, Spearman."""
+    from polykv.eval.experiments import placement
+    from polykv.profile.store import load_profile
+
+    loaded = load_profile(profile_dir)
+    runner = _experiment_runner(model, suite, samples, tasks, prompt_tokens, metric, seed, device, workspace)
+    loaded.check_model(model, _num_layers(model))
+    _print_report(placement(runner, loaded, Plan.load(plan), k, statistic))
+
+
+@experiment_app.command("sweep")
+def experiment_sweep(
+    plan: Annotated[Path, typer.Option("--plan", help="The fixed single-phase route plan.")],
+    budgets: Annotated[str, typer.Option(help="Comma-separated average budgets, e.g. 128,256,512,1024.")],
+    baselines: Annotated[Optional[str], typer.Option(help="Comma-separated methods (default: every one for the phase).")] = None,
+    model: ModelOption = "demo", suite: SuiteOption = "fidelity", samples: SamplesOption = 4,
+    tasks: TasksOption = None, prompt_tokens: int = 1024, metric: MetricOption = "top1", seed: int = 0,
+    device: str = "cpu", workspace: WorkspaceOption = DEFAULT_WORKSPACE,
+) -> None:
+    """A fixed route across budgets vs every homogeneous baseline, with the best-baseline envelope."""
+    from polykv.eval.experiments import sweep
+
+    try:
+        levels = [int(b) for b in budgets.split(",") if b.strip()]
+    except ValueError:
+        raise ValueError(f"--budgets {budgets!r}: expected integers separated by commas") from None
+    runner = _experiment_runner(model, suite, samples, tasks, prompt_tokens, metric, seed, device, workspace)
+    names = [b.strip() for b in baselines.split(",")] if baselines else None
+    _print_report(sweep(runner, Plan.load(plan), levels, names))
+
+
 @app.command("import-llama2c")
 def import_llama2c_command(
     checkpoint: Path, tokenizer: Path, out: Annotated[Path, typer.Option("--out", "-o")]

@@ -1,0 +1,184 @@
+"""Controlled experiments. Each creates the runs it needs (through `run_suite`, so finished runs are
+reused) and reports from their scores; none scores anything by itself.
+
+  factorial  routing (homogeneous baseline vs profile route) x allocation (uniform vs profile-derived)
+             at the same total capacity: four runs, main effects and the interaction.
+  placement  the guided route vs K random placements with the same method counts and capacities: the
+             guided route's rank and one-sided Monte Carlo p, and the Spearman correlation (permutation
+             p) between the profile score S(rho) and the suite score over all K + 1 routes.
+  sweep      a fixed route at several average budgets against every homogeneous baseline at each
+             budget (standalone methods: native allocation where the method has one), with the
+             per-budget best-baseline envelope.
+
+A run's suite score is the macro-average over tasks of one metric (`METRIC_DIRECTION` says which way
+is better; the reports are in the metric's own units).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from polykv.eval.runner import run_suite
+from polykv.eval.stats import paired_bootstrap, rank_among, spearman_permutation
+from polykv.eval.store import Store
+from polykv.methods import REGISTRY
+from polykv.plan import FULL, LayerPlan, Phase, Plan, Scope
+from polykv.profile.profiler import calibration_params
+from polykv.profile.route import plan_from_profile
+from polykv.profile.store import Profile
+from polykv.routing import plan_from_route, route_score, sample_placements, scale_budget
+
+METRIC_DIRECTION = {"top1": 1, "rougeL": 1, "kl": -1, "ppl": -1, "score": 1}
+
+
+@dataclass
+class Runner:
+    """Everything needed to execute runs: the model, the store, the suite and its settings."""
+
+    store: Store
+    model_name: str
+    model: object
+    tokenizer: object
+    suite: str = "fidelity"
+    settings: object = None
+    seed: int = 0
+    metric: str = "top1"
+    progress: Callable[[str], None] | None = None
+
+    def run(self, plan: Plan) -> str:
+        if self.progress is not None:
+            self.progress(plan.name)
+        return run_suite(self.store, self.model_name, self.model, self.tokenizer, plan, self.suite, self.settings, self.seed)
+
+    def task_scores(self, run_id: str) -> dict[str, float]:
+        return {task: values[self.metric] for task, values in self.store.task_scores(run_id).items()}
+
+    def score(self, run_id: str) -> float:
+        scores = self.task_scores(run_id)
+        return sum(scores.values()) / len(scores)
+
+    @property
+    def sign(self) -> int:
+        return METRIC_DIRECTION.get(self.metric, 1)
+
+
+@dataclass
+class Report:
+    title: str
+    rows: list[dict] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+
+
+def factorial(runner: Runner, profile: Profile, scope: Scope | str, budget: int, baseline: str,
+              statistic: str = "cosine", allocation: str = "entropy") -> Report:
+    scope = Scope(scope)
+    routed_uniform = plan_from_profile(profile, scope, budget, statistic, "uniform")
+    routed_allocated = plan_from_profile(profile, scope, budget, statistic, allocation)
+    cells = {
+        ("homogeneous", "uniform"): _with_route(routed_uniform, baseline, f"{baseline}-uniform"),
+        ("homogeneous", allocation): _with_route(routed_allocated, baseline, f"{baseline}-{allocation}"),
+        ("routed", "uniform"): routed_uniform,
+        ("routed", allocation): routed_allocated,
+    }
+    ids = {cell: runner.run(plan) for cell, plan in cells.items()}
+    score = {cell: runner.score(run_id) for cell, run_id in ids.items()}
+    report = Report(f"factorial: routing x allocation at average capacity {budget} ({runner.metric})")
+    for (routing, alloc), run_id in ids.items():
+        report.rows.append({"routing": routing, "allocation": alloc, "run": run_id, runner.metric: score[(routing, alloc)]})
+    h_u, h_a = score[("homogeneous", "uniform")], score[("homogeneous", allocation)]
+    r_u, r_a = score[("routed", "uniform")], score[("routed", allocation)]
+    report.lines += [
+        f"routing main effect (routed - homogeneous): {((r_u + r_a) - (h_u + h_a)) / 2:+.4f}",
+        f"allocation main effect ({allocation} - uniform): {((h_a + r_a) - (h_u + r_u)) / 2:+.4f}",
+        f"interaction: {(r_a - r_u) - (h_a - h_u):+.4f}",
+    ]
+    boot = paired_bootstrap(_better(runner, ids[("routed", allocation)]),
+                            _better(runner, ids[("homogeneous", allocation)]), seed=runner.seed)
+    report.lines.append(_bootstrap_line(runner, boot, f"routed vs homogeneous ({allocation})"))
+    return report
+
+
+def placement(runner: Runner, profile: Profile, guided: Plan, k: int, statistic: str = "cosine") -> Report:
+    """The guided plan's route vs k random count-matched placements of it (capacities stay per layer)."""
+    phase = _active_phase(guided)
+    route = [layer[phase].method for layer in guided.layers]
+    placements = sample_placements(route, k, seed=runner.seed, exclude=route)
+    plans = [guided] + [_placed(guided, phase, p, f"{guided.name}-placement-{i}") for i, p in enumerate(placements)]
+    ids = [runner.run(plan) for plan in plans]
+    scores = [runner.score(run_id) for run_id in ids]
+    profile_scores = [route_score([lay[phase].method for lay in plan.layers], profile.table, phase, statistic) for plan in plans]
+    rank, p = rank_among(scores[0], scores[1:], higher_is_better=runner.sign > 0)
+    rho, p_rho = spearman_permutation(profile_scores, [runner.sign * s for s in scores], seed=runner.seed)
+    report = Report(f"placement control: guided {phase.value} route vs {k} count-matched random placements ({runner.metric})")
+    for plan, run_id, score, s_rho in zip(plans, ids, scores, profile_scores):
+        report.rows.append({"plan": plan.name, "run": run_id, runner.metric: score, "S(rho)": s_rho})
+    report.lines += [
+        f"guided route rank {rank} of {k + 1}; one-sided Monte Carlo p = {p:.4f}",
+        f"Spearman(S(rho), suite score) = {rho:+.4f}, permutation p = {p_rho:.4f}",
+    ]
+    return report
+
+
+def sweep(runner: Runner, route_plan: Plan, budgets: list[int], baselines: list[str] | None = None) -> Report:
+    """The fixed route rescaled to each budget vs every homogeneous baseline (standalone, native allocation
+    where the method has a layer-budget rule)."""
+    phase = _active_phase(route_plan)
+    layers = route_plan.num_layers
+    baselines = baselines or [n for n, c in REGISTRY.items() if n != FULL and phase in c.phases]
+    report = Report(f"sweep: {route_plan.name} vs homogeneous baselines ({runner.metric})")
+    for budget in budgets:
+        route_run = runner.run(scale_budget(route_plan, budget))
+        best_name, best = None, None
+        row = {"budget": budget, "route": runner.score(route_run)}
+        for name in baselines:
+            native = "native" if REGISTRY[name].native_allocation else "fixed"
+            params = calibration_params(name, budget)  # windows scaled down when they would not fit
+            plan = Plan.homogeneous(name, budget, layers, Scope(phase.value), params, allocation=native)
+            value = runner.score(runner.run(plan))
+            row[name] = value
+            if best is None or runner.sign * value > runner.sign * best:
+                best_name, best = name, value
+        row["best baseline"], row["envelope"] = best_name, best
+        report.rows.append(row)
+        lead = runner.sign * (row["route"] - best)
+        verdict = "route ahead" if lead > 0 else "baseline ahead" if lead < 0 else "tie"
+        report.lines.append(f"budget {budget}: route {row['route']:.4f} vs best baseline {best_name} {best:.4f} ({verdict})")
+    return report
+
+
+# ---- helpers --------------------------------------------------------------------------------------
+def _active_phase(plan: Plan) -> Phase:
+    if plan.scope is Scope.BOTH:
+        raise ValueError("placement and sweep take a single-phase plan (scope prefill or decode)")
+    return plan.scope.phases[0]
+
+
+def _with_route(plan: Plan, method: str, name: str) -> Plan:
+    """`plan`'s capacities with `method` in every layer of its active phases (the homogeneous cell)."""
+    phases = plan.scope.phases
+    routes = {p: [method] * plan.num_layers for p in phases}
+    caps = {p: [layer[p].capacity for layer in plan.layers] for p in phases}
+    return plan_from_route(routes.get(Phase.PREFILL), routes.get(Phase.DECODE), caps.get(Phase.PREFILL),
+                           caps.get(Phase.DECODE), plan.scope, name=name,
+                           provenance={"built_by": "factorial", "baseline": method, "capacities_from": plan.name})
+
+
+def _placed(plan: Plan, phase: Phase, route: list[str], name: str) -> Plan:
+    """The same capacities and parameters, methods permuted over the layers."""
+    params = {lay[phase].method: lay[phase].params for lay in plan.layers}
+    layers = [
+        LayerPlan(**{phase.value: lay[phase].model_copy(update={"method": m, "params": params[m]})})
+        for lay, m in zip(plan.layers, route)
+    ]
+    return plan.with_layers(layers, name=name, provenance={"built_by": "placement", "guided": plan.name})
+
+
+def _better(runner: Runner, run_id: str) -> dict[str, float]:
+    return {t: runner.sign * v for t, v in runner.task_scores(run_id).items()}
+
+
+def _bootstrap_line(runner: Runner, boot, label: str) -> str:
+    low, high = sorted((runner.sign * boot.low, runner.sign * boot.high))
+    return (f"{label}: {runner.sign * boot.difference:+.4f} {runner.metric}, 95% paired bootstrap CI "
+            f"[{low:+.4f}, {high:+.4f}] over {len(boot.tasks)} tasks")
