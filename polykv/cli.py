@@ -273,9 +273,11 @@ def evaluate(
     samples: Annotated[int, typer.Option(min=1, help="Samples per task.")] = 4,
     tasks: Annotated[Optional[str], typer.Option(help="Comma-separated tasks (default: all of the suite).")] = None,
     prompt_tokens: Annotated[int, typer.Option(min=8, help="Prompt length (clipped to the context).")] = 1024,
+    settings_json: Annotated[Optional[str], typer.Option("--settings", help="The suite's settings as JSON (overrides the options above).")] = None,
     seed: int = 0,
     device: str = "cpu",
     workspace: WorkspaceOption = DEFAULT_WORKSPACE,
+    backend: Annotated[str, typer.Option(help="local, subprocess (detached, returns at once) or ray.")] = "local",
 ) -> None:
     """Evaluate a plan on a suite; results go to <workspace>/results.sqlite as they finish (resumable)."""
     from transformers.utils import logging as transformers_logging
@@ -285,20 +287,43 @@ def evaluate(
     from polykv.eval.suites.fidelity import FidelitySettings, TASK_SOURCES
     from polykv.models import load_model
 
+    from polykv.eval.backends import Unit
+
     loaded = Plan.load(plan)
-    settings = FidelitySettings(
-        tasks=tuple(t.strip() for t in tasks.split(",")) if tasks else tuple(TASK_SOURCES),
-        samples_per_task=samples, prompt_tokens=prompt_tokens,
-    )
-    transformers_logging.disable_progress_bar()
-    hf_model, tokenizer = load_model(model, device=device)
+    if settings_json is not None:
+        try:
+            settings = Unit(model, "", suite, settings_json).settings()
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise ValueError(f"--settings: not valid settings for the {suite} suite ({exc})") from None
+    elif suite == "fidelity":
+        settings = FidelitySettings(
+            tasks=tuple(t.strip() for t in tasks.split(",")) if tasks else tuple(TASK_SOURCES),
+            samples_per_task=samples, prompt_tokens=prompt_tokens,
+        )
+    else:
+        settings = None  # the suite's defaults
     store = Store(workspace / "results.sqlite")
+    if backend == "subprocess":  # detached: this command returns at once; `polykv runs` shows progress
+        from polykv.eval.backends import SubprocessBackend
 
-    def show(done: int, total: int, where: str) -> None:
-        typer.echo(f"\r[{done}/{total}] {where}   ", nl=False, err=True)
+        process = SubprocessBackend().start(Unit.of(model, loaded, suite, settings, seed, device), workspace)
+        typer.echo(f"started in the background (pid {process.pid}); follow it with `polykv runs -w {workspace}`")
+        return
+    if backend == "ray":
+        from polykv.eval.backends import RayBackend
 
-    run_id = run_suite(store, model, hf_model, tokenizer, loaded, suite, settings, seed, progress=show)
-    typer.echo("", err=True)
+        (run_id,) = RayBackend().run([Unit.of(model, loaded, suite, settings, seed, device)], store.path)
+    elif backend == "local":
+        transformers_logging.disable_progress_bar()
+        hf_model, tokenizer = load_model(model, device=device)
+
+        def show(done: int, total: int, where: str) -> None:
+            typer.echo(f"\r[{done}/{total}] {where}   ", nl=False, err=True)
+
+        run_id = run_suite(store, model, hf_model, tokenizer, loaded, suite, settings, seed, progress=show)
+        typer.echo("", err=True)
+    else:
+        raise ValueError(f"unknown backend {backend!r} (backends: local, subprocess, ray)")
     typer.echo(f"run {run_id}: {loaded.name} on {suite} ({model}), {store.run(run_id)['status']}")
     scores = store.task_scores(run_id)
     metrics = sorted({m for values in scores.values() for m in values})
@@ -374,7 +399,7 @@ app.add_typer(experiment_app, name="experiment")
 
 
 def _experiment_runner(model: str, suite: str, samples: int, tasks: Optional[str], prompt_tokens: int, metric: str,
-                       seed: int, device: str, workspace: Path):
+                       seed: int, device: str, workspace: Path, backend: str = "local"):
     from transformers.utils import logging as transformers_logging
 
     from polykv.eval.experiments import Runner
@@ -388,8 +413,10 @@ def _experiment_runner(model: str, suite: str, samples: int, tasks: Optional[str
                                 samples_per_task=samples, prompt_tokens=prompt_tokens)
     transformers_logging.disable_progress_bar()
     hf_model, tokenizer = load_model(model, device=device)
+    if backend not in ("local", "ray"):
+        raise ValueError(f"unknown backend {backend!r} (backends: local, ray)")
     return Runner(Store(workspace / "results.sqlite"), model, hf_model, tokenizer, suite, settings, seed, metric,
-                  progress=lambda name: typer.echo(f"run: {name}", err=True))
+                  progress=lambda name: typer.echo(f"run: {name}", err=True), backend=backend, device=device)
 
 
 def _print_report(report) -> None:
@@ -405,6 +432,7 @@ SuiteOption = Annotated[str, typer.Option(help="Evaluation suite.")]
 SamplesOption = Annotated[int, typer.Option(min=1, help="Samples per task.")]
 TasksOption = Annotated[Optional[str], typer.Option(help="Comma-separated tasks (default: all of the suite).")]
 MetricOption = Annotated[str, typer.Option(help="Task metric that scores a run (fidelity: top1, rougeL, kl, ppl).")]
+BackendOption = Annotated[str, typer.Option(help="local (in this process) or ray (a Ray task per run).")]
 
 
 @experiment_app.command("factorial")
@@ -417,14 +445,14 @@ def experiment_factorial(
     allocation: Annotated[str, typer.Option(help="entropy or ppl.")] = "entropy",
     model: ModelOption = "demo", suite: SuiteOption = "fidelity", samples: SamplesOption = 4,
     tasks: TasksOption = None, prompt_tokens: int = 1024, metric: MetricOption = "top1", seed: int = 0,
-    device: str = "cpu", workspace: WorkspaceOption = DEFAULT_WORKSPACE,
+    device: str = "cpu", workspace: WorkspaceOption = DEFAULT_WORKSPACE, backend: BackendOption = "local",
 ) -> None:
     """Routing x allocation at matched total capacity: four runs, effects, paired bootstrap."""
     from polykv.eval.experiments import factorial
     from polykv.profile.store import load_profile
 
     loaded = load_profile(profile_dir)
-    runner = _experiment_runner(model, suite, samples, tasks, prompt_tokens, metric, seed, device, workspace)
+    runner = _experiment_runner(model, suite, samples, tasks, prompt_tokens, metric, seed, device, workspace, backend)
     loaded.check_model(model, _num_layers(model))
     _print_report(factorial(runner, loaded, scope, budget, baseline, statistic, allocation))
 
@@ -437,14 +465,14 @@ def experiment_placement(
     statistic: str = "cosine",
     model: ModelOption = "demo", suite: SuiteOption = "fidelity", samples: SamplesOption = 4,
     tasks: TasksOption = None, prompt_tokens: int = 1024, metric: MetricOption = "top1", seed: int = 0,
-    device: str = "cpu", workspace: WorkspaceOption = DEFAULT_WORKSPACE,
+    device: str = "cpu", workspace: WorkspaceOption = DEFAULT_WORKSPACE, backend: BackendOption = "local",
 ) -> None:
     """The guided route vs K random placements with the same method counts: rank, p, Spearman."""
     from polykv.eval.experiments import placement
     from polykv.profile.store import load_profile
 
     loaded = load_profile(profile_dir)
-    runner = _experiment_runner(model, suite, samples, tasks, prompt_tokens, metric, seed, device, workspace)
+    runner = _experiment_runner(model, suite, samples, tasks, prompt_tokens, metric, seed, device, workspace, backend)
     loaded.check_model(model, _num_layers(model))
     _print_report(placement(runner, loaded, Plan.load(plan), k, statistic))
 
@@ -456,7 +484,7 @@ def experiment_sweep(
     baselines: Annotated[Optional[str], typer.Option(help="Comma-separated methods (default: every one for the phase).")] = None,
     model: ModelOption = "demo", suite: SuiteOption = "fidelity", samples: SamplesOption = 4,
     tasks: TasksOption = None, prompt_tokens: int = 1024, metric: MetricOption = "top1", seed: int = 0,
-    device: str = "cpu", workspace: WorkspaceOption = DEFAULT_WORKSPACE,
+    device: str = "cpu", workspace: WorkspaceOption = DEFAULT_WORKSPACE, backend: BackendOption = "local",
 ) -> None:
     """A fixed route across budgets vs every homogeneous baseline, with the best-baseline envelope."""
     from polykv.eval.experiments import sweep
@@ -465,7 +493,7 @@ def experiment_sweep(
         levels = [int(b) for b in budgets.split(",") if b.strip()]
     except ValueError:
         raise ValueError(f"--budgets {budgets!r}: expected integers separated by commas") from None
-    runner = _experiment_runner(model, suite, samples, tasks, prompt_tokens, metric, seed, device, workspace)
+    runner = _experiment_runner(model, suite, samples, tasks, prompt_tokens, metric, seed, device, workspace, backend)
     names = [b.strip() for b in baselines.split(",")] if baselines else None
     _print_report(sweep(runner, Plan.load(plan), levels, names))
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from polykv.eval.backends import Unit, backend
 from polykv.eval.runner import run_suite
 from polykv.eval.stats import paired_bootstrap, rank_among, spearman_permutation
 from polykv.eval.store import Store
@@ -45,11 +46,21 @@ class Runner:
     seed: int = 0
     metric: str = "top1"
     progress: Callable[[str], None] | None = None
+    backend: str = "local"  # "ray": the runs of an experiment execute in parallel as Ray tasks
+    device: str = "cpu"
 
     def run(self, plan: Plan) -> str:
+        return self.run_all([plan])[0]
+
+    def run_all(self, plans: list[Plan]) -> list[str]:
         if self.progress is not None:
-            self.progress(plan.name)
-        return run_suite(self.store, self.model_name, self.model, self.tokenizer, plan, self.suite, self.settings, self.seed)
+            for plan in plans:
+                self.progress(plan.name)
+        if self.backend == "local":
+            return [run_suite(self.store, self.model_name, self.model, self.tokenizer, plan, self.suite,
+                              self.settings, self.seed) for plan in plans]
+        units = [Unit.of(self.model_name, plan, self.suite, self.settings, self.seed, self.device) for plan in plans]
+        return backend(self.backend).run(units, self.store.path)
 
     def task_scores(self, run_id: str) -> dict[str, float]:
         return {task: values[self.metric] for task, values in self.store.task_scores(run_id).items()}
@@ -81,7 +92,7 @@ def factorial(runner: Runner, profile: Profile, scope: Scope | str, budget: int,
         ("routed", "uniform"): routed_uniform,
         ("routed", allocation): routed_allocated,
     }
-    ids = {cell: runner.run(plan) for cell, plan in cells.items()}
+    ids = dict(zip(cells, runner.run_all(list(cells.values()))))
     score = {cell: runner.score(run_id) for cell, run_id in ids.items()}
     report = Report(f"factorial: routing x allocation at average capacity {budget} ({runner.metric})")
     for (routing, alloc), run_id in ids.items():
@@ -105,7 +116,7 @@ def placement(runner: Runner, profile: Profile, guided: Plan, k: int, statistic:
     route = [layer[phase].method for layer in guided.layers]
     placements = sample_placements(route, k, seed=runner.seed, exclude=route)
     plans = [guided] + [_placed(guided, phase, p, f"{guided.name}-placement-{i}") for i, p in enumerate(placements)]
-    ids = [runner.run(plan) for plan in plans]
+    ids = runner.run_all(plans)
     scores = [runner.score(run_id) for run_id in ids]
     profile_scores = [route_score([lay[phase].method for lay in plan.layers], profile.table, phase, statistic) for plan in plans]
     rank, p = rank_among(scores[0], scores[1:], higher_is_better=runner.sign > 0)
@@ -127,23 +138,25 @@ def sweep(runner: Runner, route_plan: Plan, budgets: list[int], baselines: list[
     layers = route_plan.num_layers
     baselines = baselines or [n for n, c in REGISTRY.items() if n != FULL and phase in c.phases]
     report = Report(f"sweep: {route_plan.name} vs homogeneous baselines ({runner.metric})")
+    plans: dict[tuple[int, str], Plan] = {}
     for budget in budgets:
-        route_run = runner.run(scale_budget(route_plan, budget))
-        best_name, best = None, None
-        row = {"budget": budget, "route": runner.score(route_run)}
+        plans[(budget, "route")] = scale_budget(route_plan, budget)
         for name in baselines:
             native = "native" if REGISTRY[name].native_allocation else "fixed"
             params = calibration_params(name, budget)  # windows scaled down when they would not fit
-            plan = Plan.homogeneous(name, budget, layers, Scope(phase.value), params, allocation=native)
-            value = runner.score(runner.run(plan))
-            row[name] = value
-            if best is None or runner.sign * value > runner.sign * best:
-                best_name, best = name, value
-        row["best baseline"], row["envelope"] = best_name, best
+            plans[(budget, name)] = Plan.homogeneous(name, budget, layers, Scope(phase.value), params, allocation=native)
+    scores = {key: runner.score(run_id) for key, run_id in zip(plans, runner.run_all(list(plans.values())))}
+    for budget in budgets:
+        row = {"budget": budget, "route": scores[(budget, "route")]}
+        row.update({name: scores[(budget, name)] for name in baselines})
+        best_name = max(baselines, key=lambda name: runner.sign * row[name])
+        row["best baseline"], row["envelope"] = best_name, row[best_name]
         report.rows.append(row)
-        lead = runner.sign * (row["route"] - best)
+        lead = runner.sign * (row["route"] - row["envelope"])
         verdict = "route ahead" if lead > 0 else "baseline ahead" if lead < 0 else "tie"
-        report.lines.append(f"budget {budget}: route {row['route']:.4f} vs best baseline {best_name} {best:.4f} ({verdict})")
+        report.lines.append(
+            f"budget {budget}: route {row['route']:.4f} vs best baseline {best_name} {row['envelope']:.4f} ({verdict})"
+        )
     return report
 
 

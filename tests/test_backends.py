@@ -1,0 +1,59 @@
+"""Backends: a detached subprocess and a local Ray cluster give the local backend's results."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from polykv.eval.backends import LocalBackend, RayBackend, SubprocessBackend, Unit
+from polykv.eval.store import Store
+from polykv.eval.suites.fidelity import FidelitySettings
+from polykv.plan import Plan
+
+TINY = FidelitySettings(tasks=("prose", "stories"), samples_per_task=2, prompt_tokens=96, continuation=8, generate=8)
+
+
+def units() -> list[Unit]:
+    return [
+        Unit.of("demo", Plan.homogeneous("tova", 24, 5), "fidelity", TINY),
+        Unit.of("demo", Plan.homogeneous("h2o", 24, 5), "fidelity", TINY),
+    ]
+
+
+def test_subprocess_backend_runs_detached_into_the_store(tmp_path, monkeypatch):
+    monkeypatch.setenv("POLYKV_HOME", str(tmp_path / "home"))
+    unit = units()[0]
+    process = SubprocessBackend().start(unit, tmp_path / "bg")
+    assert process.wait(timeout=300) == 0
+    (run,) = Store(tmp_path / "bg" / "results.sqlite").runs()
+    assert run["status"] == "finished" and run["done_samples"] == 4
+    local = LocalBackend().run([unit], tmp_path / "local.sqlite")
+    assert local == [run["id"]]  # same unit, same run id
+    assert Store(tmp_path / "local.sqlite").task_scores(local[0]) == Store(tmp_path / "bg" / "results.sqlite").task_scores(run["id"])
+
+
+@pytest.mark.slow
+def test_ray_local_cluster_runs_units_in_parallel_with_local_results(tmp_path, monkeypatch):
+    import ray  # installed by the test set-up (`.[test]`)
+
+    home = str(tmp_path / "home")
+    monkeypatch.setenv("POLYKV_HOME", home)
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    env = {"POLYKV_HOME": home, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
+    try:
+        ray_ids = RayBackend().run(units(), tmp_path / "ray.sqlite")
+    finally:
+        ray.shutdown()
+    local_ids = LocalBackend().run(units(), tmp_path / "local.sqlite")
+    assert ray_ids == local_ids
+    ray_store, local_store = Store(tmp_path / "ray.sqlite"), Store(tmp_path / "local.sqlite")
+    for run_id in ray_ids:  # one thread per Ray worker vs two here: equal up to fp summation order
+        ray_scores, local_scores = ray_store.task_scores(run_id), local_store.task_scores(run_id)
+        assert ray_scores.keys() == local_scores.keys()
+        for task in ray_scores:
+            assert ray_scores[task] == pytest.approx(local_scores[task], rel=1e-4, abs=1e-9)
+    # The two units overlapped in time: each started its samples before the other finished.
+    spans = [sorted(r["created"] for r in ray_store.samples(run_id)) for run_id in ray_ids]
+    assert spans[0][0] < spans[1][-1] and spans[1][0] < spans[0][-1]
