@@ -22,12 +22,12 @@ import transformers
 
 from polykv import __version__
 from polykv.eval.store import Store
-from polykv.eval.suites import fidelity
+from polykv.eval.suites import fidelity, longbench, ruler
 from polykv.methods import validate_plan
 from polykv.plan import Plan
 from polykv.runtime.routed import num_layers_of
 
-SUITES = {"fidelity": fidelity}
+SUITES = {"fidelity": fidelity, "longbench": longbench, "ruler": ruler}
 
 
 def plan_hash(plan: Plan) -> str:

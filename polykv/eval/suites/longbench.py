@@ -1,0 +1,483 @@
+"""The `longbench` suite: LongBench (v1), 21 long-context tasks in English and Chinese, scored as the original.
+
+Reference: Yushi Bai et al., "LongBench: A Bilingual, Multitask Benchmark for Long Context
+Understanding", ACL 2024. Reproduced from THUDM/LongBench @ 2e00731f, folder ``LongBench/`` (v1; the
+repository's top level is LongBench v2, which this is not): ``pred.py`` (prompt building, truncation,
+chat format, generation), ``config/dataset2prompt.json`` (``TASK_PROMPTS``),
+``config/dataset2maxlen.json`` (``TASK_MAX_NEW_TOKENS``), ``config/model2maxlen.json`` and ``eval.py``
+(scoring, in ``polykv.eval.metrics``). Read, then re-implemented; no code copied.
+
+Per sample, as ``pred.py`` does it:
+  1. the task's template is formatted with the sample's fields (``{context}``, ``{input}``);
+  2. if the tokenized prompt (special tokens included) is longer than ``max_length`` tokens, it is cut
+     in the middle: the first ``max_length // 2`` and the last ``max_length // 2`` tokens are decoded
+     (special tokens skipped) and the two texts joined;
+  3. the chat format is applied, except for trec, triviaqa, samsum, lsht, lcc and repobench-p
+     (few-shot / completion tasks, ``NO_CHAT_TASKS``);
+  4. greedy decoding of at most the task's generation length; samsum also stops at a newline and
+     generates at least one token; the new tokens are decoded with special tokens skipped;
+  5. the sample scores ``100 * longbench_sample_score(...)`` (max over the ground truths; trec,
+     triviaqa, samsum and lsht predictions cut at their first line). A task's score is the mean over
+     its samples: LongBench's ``round(100 * mean, 2)`` without the rounding.
+
+Differences from the original:
+  * Chat format: the original hard-codes a format per model name (``build_chat``); here the
+    tokenizer's own chat template is used (``apply_chat_template`` with one user message and the
+    generation prompt, then tokenized without adding special tokens) when it has one and
+    ``use_chat_template`` is "auto" or True; a tokenizer without a template gets the plain prompt.
+  * ``max_length``: the original takes it per model from ``model2maxlen.json`` (e.g. 3500 for a 4k
+    Llama-2, 31500 for 32k models: the context minus a margin of 500-596 tokens). By default it is
+    here the model's context (``max_position_embeddings``) minus the task's generation length minus
+    the chat template's overhead (the tokens of a templated empty message), so prompt plus
+    generation always fit; a set ``max_length`` is used as given for every task.
+  * Re-encoding the joined head and tail texts can give a few more tokens than ``max_length`` (a
+    merge at the junction); only then the cut is redone with a smaller half until the prompt fits,
+    so it never exceeds ``max_length`` (the original lets it). Prompts that fit are never changed.
+  * Data: ``data_dir`` is a directory of the official jsonl files (``<task>.jsonl``, the contents of
+    the hub's ``data.zip``). Malformed lines and lines without the fields scoring needs are skipped
+    with a warning naming file and line (the original would crash). Without ``data_dir`` the hub
+    dataset ``THUDM/LongBench`` is loaded with the ``datasets`` package, without trusting remote code.
+  * ``samples_per_task`` (default: all) takes a seeded random subset, kept in file order; the
+    original always runs every sample. Sample ids are the 1-based line numbers in the file (row
+    numbers for the hub dataset).
+  * ``all_classes`` is taken per sample; ``eval.py`` uses the last line's for the whole task (the
+    same list in the official data).
+  * Only the 21 LongBench tasks; LongBench-E (``<task>_e``, scores by length bucket) is not covered.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from polykv.eval.metrics import longbench_sample_score
+from polykv.plan import Plan
+from polykv.runtime import routed
+
+#: ``LongBench/config/dataset2prompt.json`` — the official prompt template of each task (typos kept).
+TASK_PROMPTS: dict[str, str] = {
+    "narrativeqa": (
+        "You are given a story, which can be either a novel or a movie script, and a question. Answer the question "
+        "asconcisely as you can, using a single phrase if possible. Do not provide any explanation.\n\nStory: "
+        "{context}\n\nNow, answer the question based on the story asconcisely as you can, using a single phrase if "
+        "possible. Do not provide any explanation.\n\nQuestion: {input}\n\nAnswer:"
+    ),
+    "qasper": (
+        "You are given a scientific article and a question. Answer the question as concisely as you can, using a "
+        "single phrase or sentence if possible. If the question cannot be answered based on the information in the "
+        "article, write \"unanswerable\". If the question is a yes/no question, answer \"yes\", \"no\", or "
+        "\"unanswerable\". Do not provide any explanation.\n\nArticle: {context}\n\n Answer the question based on "
+        "the above article as concisely as you can, using a single phrase or sentence if possible. If the question "
+        "cannot be answered based on the information in the article, write \"unanswerable\". If the question is a "
+        "yes/no question, answer \"yes\", \"no\", or \"unanswerable\". Do not provide any explanation.\n\n"
+        "Question: {input}\n\nAnswer:"
+    ),
+    "multifieldqa_en": (
+        "Read the following text and answer briefly.\n\n{context}\n\nNow, answer the following question based on "
+        "the above text, only give me the answer and do not output any other words.\n\nQuestion: {input}\nAnswer:"
+    ),
+    "multifieldqa_zh": (
+        "阅读以下文字并用中文简短回答：\n\n{context}\n\n现在请基于上面的文章回答下面的问题，只告诉我答案，"
+        "不要输出任何其他字词。\n\n问题：{input}\n回答："
+    ),
+    "hotpotqa": (
+        "Answer the question based on the given passages. Only give me the answer and do not output any other "
+        "words.\n\nThe following are given passages.\n{context}\n\nAnswer the question based on the given "
+        "passages. Only give me the answer and do not output any other words.\n\nQuestion: {input}\nAnswer:"
+    ),
+    "2wikimqa": (
+        "Answer the question based on the given passages. Only give me the answer and do not output any other "
+        "words.\n\nThe following are given passages.\n{context}\n\nAnswer the question based on the given "
+        "passages. Only give me the answer and do not output any other words.\n\nQuestion: {input}\nAnswer:"
+    ),
+    "musique": (
+        "Answer the question based on the given passages. Only give me the answer and do not output any other "
+        "words.\n\nThe following are given passages.\n{context}\n\nAnswer the question based on the given "
+        "passages. Only give me the answer and do not output any other words.\n\nQuestion: {input}\nAnswer:"
+    ),
+    "dureader": "请基于给定的文章回答下述问题。\n\n文章：{context}\n\n请基于上述文章回答下面的问题。\n\n问题：{input}\n回答：",
+    "gov_report": (
+        "You are given a report by a government agency. Write a one-page summary of the report.\n\nReport:\n"
+        "{context}\n\nNow, write a one-page summary of the report.\n\nSummary:"
+    ),
+    "qmsum": (
+        "You are given a meeting transcript and a query containing a question or instruction. Answer the query in "
+        "one or more sentences.\n\nTranscript:\n{context}\n\nNow, answer the query based on the above meeting "
+        "transcript in one or more sentences.\n\nQuery: {input}\nAnswer:"
+    ),
+    "multi_news": (
+        "You are given several news passages. Write a one-page summary of all news. \n\nNews:\n{context}\n\n"
+        "Now, write a one-page summary of all the news.\n\nSummary:"
+    ),
+    "vcsum": "下面有一段会议记录，请你阅读后，写一段总结，总结会议的内容。\n会议记录：\n{context}\n\n会议总结：",
+    "trec": (
+        "Please determine the type of the question below. Here are some examples of questions.\n\n{context}\n{input}"
+    ),
+    "triviaqa": (
+        "Answer the question based on the given passage. Only give me the answer and do not output any other "
+        "words. The following are some examples.\n\n{context}\n\n{input}"
+    ),
+    "samsum": "Summarize the dialogue into a few short sentences. The following are some examples.\n\n{context}\n\n{input}",
+    "lsht": "请判断给定新闻的类别，下面是一些例子。\n\n{context}\n{input}",
+    "passage_count": (
+        "There are some paragraphs below sourced from Wikipedia. Some of them may be duplicates. Please carefully "
+        "read these paragraphs and determine how many unique paragraphs there are after removing duplicates. In "
+        "other words, how many non-repeating paragraphs are there in total?\n\n{context}\n\nPlease enter the final "
+        "count of unique paragraphs after removing duplicates. The output format should only contain the number, "
+        "such as 1, 2, 3, and so on.\n\nThe final answer is: "
+    ),
+    "passage_retrieval_en": (
+        "Here are 30 paragraphs from Wikipedia, along with an abstract. Please determine which paragraph the "
+        "abstract is from.\n\n{context}\n\nThe following is an abstract.\n\n{input}\n\nPlease enter the number of "
+        "the paragraph that the abstract is from. The answer format must be like \"Paragraph 1\", \"Paragraph 2\", "
+        "etc.\n\nThe answer is: "
+    ),
+    "passage_retrieval_zh": (
+        "以下是若干段落文字，以及其中一个段落的摘要。请确定给定的摘要出自哪一段。\n\n{context}\n\n下面是一个摘要\n\n"
+        "{input}\n\n请输入摘要所属段落的编号。答案格式必须是\"段落1\"，\"段落2\"等格式\n\n答案是："
+    ),
+    "lcc": "Please complete the code given below. \n{context}Next line of code:\n",
+    "repobench-p": "Please complete the code given below. \n{context}{input}Next line of code:\n",
+}
+
+#: ``LongBench/config/dataset2maxlen.json`` — the maximum number of generated tokens of each task.
+TASK_MAX_NEW_TOKENS: dict[str, int] = {
+    "narrativeqa": 128,
+    "qasper": 128,
+    "multifieldqa_en": 64,
+    "multifieldqa_zh": 64,
+    "hotpotqa": 32,
+    "2wikimqa": 32,
+    "musique": 32,
+    "dureader": 128,
+    "gov_report": 512,
+    "qmsum": 512,
+    "multi_news": 512,
+    "vcsum": 512,
+    "trec": 64,
+    "triviaqa": 32,
+    "samsum": 128,
+    "lsht": 64,
+    "passage_count": 32,
+    "passage_retrieval_en": 32,
+    "passage_retrieval_zh": 32,
+    "lcc": 64,
+    "repobench-p": 64,
+}
+
+#: The 21 tasks, in ``pred.py``'s order.
+TASKS: tuple[str, ...] = tuple(TASK_PROMPTS)
+
+#: Tasks ``pred.py`` never puts in the chat format ("chat models are better off without" it there).
+NO_CHAT_TASKS: frozenset[str] = frozenset({"trec", "triviaqa", "samsum", "lsht", "lcc", "repobench-p"})
+
+#: Tasks scored with ``classification_score``: every sample needs its ``all_classes`` list.
+CLASSIFICATION_TASKS: frozenset[str] = frozenset({"trec", "lsht"})
+
+HUB_DATASET = "THUDM/LongBench"
+_MIN_DEFAULT_MAX_LENGTH = 16  # a default prompt budget below this means the context cannot hold the task
+
+
+@dataclass(frozen=True)
+class LongBenchSettings:
+    tasks: tuple[str, ...] = TASKS
+    data_dir: str | None = None  # a directory of <task>.jsonl files; None: the hub dataset via `datasets`
+    max_length: int | None = None  # prompt tokens; None: the model's context - generation length - chat overhead
+    samples_per_task: int | None = None  # None: every sample; N: a seeded random subset of N
+    use_chat_template: bool | str = "auto"  # "auto": when the tokenizer has one; True: required; False: never
+
+    def __post_init__(self):
+        tasks = (self.tasks,) if isinstance(self.tasks, str) else tuple(self.tasks)
+        object.__setattr__(self, "tasks", tasks)
+        unknown = [t for t in tasks if t not in TASK_PROMPTS]
+        if unknown:
+            raise ValueError(f"unknown LongBench task(s) {', '.join(unknown)} (tasks: {', '.join(TASKS)})")
+        if not tasks:
+            raise ValueError(f"no LongBench task given (tasks: {', '.join(TASKS)})")
+        if self.data_dir is not None:
+            object.__setattr__(self, "data_dir", str(self.data_dir))
+        if self.max_length is not None and (isinstance(self.max_length, bool) or self.max_length < 2):
+            raise ValueError(f"LongBench max_length must be an integer >= 2, got {self.max_length!r}")
+        if self.samples_per_task is not None and (isinstance(self.samples_per_task, bool) or self.samples_per_task < 1):
+            raise ValueError(f"LongBench samples_per_task must be >= 1 or None (all), got {self.samples_per_task!r}")
+        if self.use_chat_template not in ("auto", True, False):
+            raise ValueError(f"LongBench use_chat_template must be 'auto', True or False, got {self.use_chat_template!r}")
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "tasks": list(self.tasks)}
+
+
+Settings = LongBenchSettings  # every suite module exposes Settings, build_samples and score_sample
+
+
+# --------------------------------------------------------------------------------------------------
+# Data
+# --------------------------------------------------------------------------------------------------
+
+
+def _check_task(task: str) -> None:
+    if task not in TASK_PROMPTS:
+        raise ValueError(f"unknown LongBench task {task!r} (tasks: {', '.join(TASKS)})")
+
+
+def _problem(task: str, record: Any) -> str | None:
+    """Why a record cannot be scored (None if it can): a JSON object with string input and context, a
+    non-empty list of string answers, and all_classes (a list of strings, or null/absent; required for
+    trec and lsht)."""
+    if not isinstance(record, dict):
+        return f"not a JSON object but {type(record).__name__}"
+    missing = [key for key in ("input", "context", "answers") if key not in record]
+    if task in CLASSIFICATION_TASKS and record.get("all_classes") is None:
+        missing.append("all_classes")
+    if missing:
+        return f"missing field(s) {', '.join(missing)}"
+    for key in ("input", "context"):
+        if not isinstance(record[key], str):
+            return f"field {key} is not a string"
+    answers = record["answers"]
+    if not isinstance(answers, list) or not answers or not all(isinstance(a, str) for a in answers):
+        return "field answers is not a non-empty list of strings"
+    classes = record.get("all_classes")
+    if classes is not None and (not isinstance(classes, list) or not all(isinstance(c, str) for c in classes)):
+        return "field all_classes is neither null nor a list of strings"
+    if task in CLASSIFICATION_TASKS and not classes:
+        return "field all_classes is empty"
+    return None
+
+
+def _keep(task: str, record: Any, where: str) -> bool:
+    problem = _problem(task, record)
+    if problem is not None:
+        warnings.warn(f"LongBench: skipped {where}: {problem}", stacklevel=3)
+    return problem is None
+
+
+def read_task_file(task: str, path: str | Path) -> list[tuple[str, dict]]:
+    """(sample id, record) for every usable line of an official ``<task>.jsonl`` file.
+
+    The sample id is the 1-based line number (zero-padded). Blank lines are ignored; a line that is not
+    UTF-8 JSON, not an object, or lacks a field scoring needs is skipped with a warning
+    ``"<path>, line <n>: ..."``. A file with no usable line is an error."""
+    _check_task(task)
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"LongBench task file {path} not found")
+    samples = []
+    with path.open("rb") as handle:
+        for lineno, raw in enumerate(handle, start=1):
+            where = f"{path}, line {lineno}"
+            try:
+                text = raw.decode("utf-8")
+                if not text.strip():
+                    continue
+                record = json.loads(text)
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                warnings.warn(f"LongBench: skipped {where}: malformed JSON ({exc})", stacklevel=2)
+                continue
+            if _keep(task, record, where):
+                samples.append((f"{lineno:05d}", record))
+    if not samples:
+        raise ValueError(f"LongBench task file {path} holds no usable sample")
+    return samples
+
+
+def _hub_task(task: str) -> list[tuple[str, dict]]:
+    hint = "give --data-dir (a directory of the official LongBench <task>.jsonl files, from the hub's data.zip)"
+    try:
+        import datasets
+    except ImportError:
+        raise ValueError(f"LongBench: the 'datasets' package is not installed to load {HUB_DATASET}; {hint}") from None
+    try:
+        rows = list(datasets.load_dataset(HUB_DATASET, task, split="test"))
+    except Exception as exc:  # noqa: BLE001 - network, hub, script or format errors: all mean "give the files"
+        reason = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise ValueError(
+            f"LongBench: could not load {HUB_DATASET} ({task}) from the Hugging Face hub "
+            f"({exc.__class__.__name__}: {reason}); {hint}"
+        ) from None
+    samples = [(f"{n:05d}", dict(row)) for n, row in enumerate(rows, start=1)]
+    samples = [(sid, row) for sid, row in samples if _keep(task, row, f"{HUB_DATASET}/{task}, row {int(sid)}")]
+    if not samples:
+        raise ValueError(f"LongBench: {HUB_DATASET} ({task}) holds no usable sample; {hint}")
+    return samples
+
+
+def load_task(task: str, data_dir: str | Path | None = None) -> list[tuple[str, dict]]:
+    """(sample id, record) of one task: ``<data_dir>/<task>.jsonl``, or the hub dataset if data_dir is None."""
+    _check_task(task)
+    if data_dir is None:
+        return _hub_task(task)
+    directory = Path(data_dir)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"LongBench data directory {directory} not found")
+    path = directory / f"{task}.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"LongBench task file {path} not found (expected <task>.jsonl in {directory})")
+    return read_task_file(task, path)
+
+
+# --------------------------------------------------------------------------------------------------
+# Prompts
+# --------------------------------------------------------------------------------------------------
+
+
+def format_prompt(task: str, record: dict) -> str:
+    """The task's official template formatted with the sample's fields (``str.format(**record)``)."""
+    _check_task(task)
+    return TASK_PROMPTS[task].format(**record)
+
+
+def truncate_middle(tokenizer, prompt: str, max_length: int) -> str:
+    """``pred.py``'s middle truncation: if the prompt has more than max_length tokens (special tokens
+    included), the text of its first and last ``max_length // 2`` tokens (special tokens skipped),
+    joined. If re-encoding the joined text still exceeds max_length, the cut is redone with fewer
+    tokens per side until it fits (see the module docstring)."""
+    if max_length < 2:
+        raise ValueError(f"max_length must be >= 2, got {max_length}")
+    ids = tokenizer(prompt).input_ids
+    if len(ids) <= max_length:
+        return prompt
+    half = max_length // 2
+    while True:
+        text = tokenizer.decode(ids[:half], skip_special_tokens=True) + tokenizer.decode(
+            ids[-half:], skip_special_tokens=True
+        )
+        excess = len(tokenizer(text).input_ids) - max_length
+        if excess <= 0 or half <= 1:
+            return text
+        half -= max(1, (excess + 1) // 2)
+        half = max(half, 1)
+
+
+def has_chat_template(tokenizer) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def _resolve_chat(tokenizer, use_chat_template: bool | str) -> bool:
+    if use_chat_template is True and not has_chat_template(tokenizer):
+        raise ValueError("LongBench use_chat_template=True but the tokenizer has no chat template")
+    return use_chat_template is True or (use_chat_template == "auto" and has_chat_template(tokenizer))
+
+
+def _chat_ids(tokenizer, prompt: str) -> list[int]:
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+    )
+    return list(tokenizer(text, add_special_tokens=False).input_ids)
+
+
+def prompt_ids(tokenizer, task: str, record: dict, max_length: int, chat: bool = False) -> list[int]:
+    """The token ids fed to the model: template, middle truncation, chat format (never for
+    ``NO_CHAT_TASKS``), tokenization (with the tokenizer's special tokens when there is no chat format)."""
+    prompt = truncate_middle(tokenizer, format_prompt(task, record), max_length)
+    if chat and task not in NO_CHAT_TASKS:
+        return _chat_ids(tokenizer, prompt)
+    return list(tokenizer(prompt).input_ids)
+
+
+def _context_of(model) -> int | None:
+    return getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None)
+
+
+def default_max_length(context: int | None, task: str, chat_overhead: int = 0) -> int:
+    """The prompt budget when Settings.max_length is None: context - generation length - chat overhead."""
+    if context is None:
+        raise ValueError("LongBench: the model's config has no max_position_embeddings; give max_length")
+    budget = context - TASK_MAX_NEW_TOKENS[task] - chat_overhead
+    if budget < _MIN_DEFAULT_MAX_LENGTH:
+        raise ValueError(
+            f"LongBench: the model's context ({context}) is too short for {task} (generation length "
+            f"{TASK_MAX_NEW_TOKENS[task]}); give max_length or leave the task out"
+        )
+    return budget
+
+
+def _newline_id(tokenizer) -> int | None:
+    ids = tokenizer.encode("\n", add_special_tokens=False)
+    return ids[-1] if ids else None
+
+
+# --------------------------------------------------------------------------------------------------
+# Suite contract
+# --------------------------------------------------------------------------------------------------
+
+
+def build_samples(tokenizer, model, settings: LongBenchSettings, seed: int) -> list[tuple[str, str, dict]]:
+    """(task, sample id, payload) for every selected sample; payload: ``ids`` (prompt token ids),
+    ``answers``, ``all_classes``, ``task``, ``max_new_tokens``, ``eos_token_id`` (samsum's stop list, else
+    None) and the ``tokenizer`` that decodes the prediction."""
+    chat = _resolve_chat(tokenizer, settings.use_chat_template)
+    overhead = len(_chat_ids(tokenizer, "")) if chat else 0
+    context = _context_of(model)
+    out = []
+    for task in settings.tasks:
+        samples = load_task(task, settings.data_dir)
+        if settings.samples_per_task is not None and settings.samples_per_task < len(samples):
+            rng = random.Random(f"longbench/{task}/{seed}")
+            samples = [samples[i] for i in sorted(rng.sample(range(len(samples)), settings.samples_per_task))]
+        task_chat = chat and task not in NO_CHAT_TASKS
+        max_new = TASK_MAX_NEW_TOKENS[task]
+        if settings.max_length is None:
+            max_length = default_max_length(context, task, overhead if task_chat else 0)
+        else:
+            max_length = settings.max_length
+            if context is not None and max_length + (overhead if task_chat else 0) + max_new > context:
+                warnings.warn(
+                    f"LongBench {task}: max_length {max_length} + generation length {max_new} exceeds the "
+                    f"model's context ({context})",
+                    stacklevel=2,
+                )
+        eos = None
+        if task == "samsum":  # pred.py: stop at a newline too (the model otherwise repeats "\nDialogue")
+            eos = [i for i in (tokenizer.eos_token_id, _newline_id(tokenizer)) if i is not None] or None
+        for sample_id, record in samples:
+            payload = {
+                "task": task,
+                "ids": prompt_ids(tokenizer, task, record, max_length, task_chat),
+                "answers": list(record["answers"]),
+                "all_classes": record.get("all_classes"),
+                "max_new_tokens": max_new,
+                "eos_token_id": eos,
+                "tokenizer": tokenizer,
+            }
+            out.append((task, sample_id, payload))
+    return out
+
+
+@torch.no_grad()
+def generate(model, plan: Plan | None, payload: dict) -> str:
+    """The greedy prediction for one sample, under the plan (None: the unmodified model)."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([payload["ids"]], device=device)
+    kwargs: dict[str, Any] = {
+        "attention_mask": torch.ones_like(ids),
+        "max_new_tokens": payload["max_new_tokens"],
+        "do_sample": False,
+        "num_beams": 1,
+    }
+    tokenizer = payload["tokenizer"]
+    if payload.get("eos_token_id"):
+        kwargs["eos_token_id"] = payload["eos_token_id"]
+        kwargs["min_new_tokens"] = 1  # pred.py's min_length=context_length+1
+    if model.generation_config.pad_token_id is None:
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        if pad is not None:
+            kwargs["pad_token_id"] = pad
+    if plan is None:
+        output = model.generate(ids, **kwargs)
+    else:
+        with routed(model, plan):
+            output = model.generate(ids, **kwargs)
+    return tokenizer.decode(output[0, ids.shape[1] :], skip_special_tokens=True)
+
+
+def score_sample(model, plan: Plan, payload: dict, settings: LongBenchSettings) -> dict[str, float]:
+    prediction = generate(model, plan, payload)
+    value = longbench_sample_score(payload["task"], prediction, payload["answers"], payload["all_classes"])
+    return {"score": 100.0 * value}

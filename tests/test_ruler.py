@@ -1,0 +1,240 @@
+"""The RULER suite: task generators, fitting to a token length, QA files, scoring, and a run end to end."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+
+import pytest
+
+from polykv.eval.runner import run_suite
+from polykv.eval.store import Store
+from polykv.eval.suites import ruler
+from polykv.eval.suites.ruler import DEPTHS, RulerLengthError, RulerSettings, build_samples, make_sample
+from polykv.plan import Plan
+
+NON_QA = [t for t in ruler.STANDARD_TASKS if not t.startswith("qa_")]
+# The demo tokenizer (512 pieces) spends many tokens per word: the shortest length each task fits in.
+BUILD_LENGTH = {t: 640 for t in NON_QA} | {"niah_multiquery": 1024, "cwe": 1600}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(demo_model):
+    return demo_model[1]
+
+
+def _fits_tightly(tokenizer, sample, length, **kwargs):
+    used = len(sample.prompt_ids) + sample.tokens_to_generate
+    assert used <= length
+    assert sample.prompt_ids == tokenizer(sample.prompt)["input_ids"] and sample.prompt_ids[0] == tokenizer.bos_token_id
+    longer = make_sample(tokenizer, sample.task, length, size=sample.size + 1, **kwargs)
+    assert len(longer.prompt_ids) + longer.tokens_to_generate > length  # one more unit would not fit
+    return length - used
+
+
+# ---- generators -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("task", ["niah_single_1", "niah_single_2", "niah_multikey_2"])  # noise, text, needles
+def test_the_needle_is_present_once_at_the_requested_depth(tokenizer, task):
+    for depth in (0.0, 0.3, 0.5, 0.85, 1.0):
+        sample = make_sample(tokenizer, task, 1500, seed=7, depths=[depth])
+        (needle,) = sample.info["needles"]
+        assert sample.context.count(needle) == 1 and sample.prompt.count(needle) == 1
+        where = sample.context.index(needle) / (len(sample.context) - len(needle))
+        assert abs(where - depth) < 0.08, (task, depth, where)
+    # Seeded depths of the text haystack are RULER's 40 depths
+    sample = make_sample(tokenizer, "niah_multikey_1", 1500, seed=3)
+    assert len(sample.info["depths"]) == 4 and all(round(d * 100) in DEPTHS for d in sample.info["depths"])
+
+
+def test_niah_prompt_wording_follows_ruler(tokenizer):
+    single = make_sample(tokenizer, "niah_single_3", 640, seed=1)
+    key = single.info["query"]
+    assert single.prompt.startswith("A special magic uuid is hidden within the following text.")
+    assert single.prompt.endswith(f"What is the special magic uuid for {key} mentioned in the provided text? "
+                                  f"The special magic uuid for {key} mentioned in the provided text is")
+    assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", single.answers[0])
+    multi = make_sample(tokenizer, "niah_multiquery", 1024, seed=1)
+    assert multi.prompt.startswith("Some special magic numbers are hidden") and multi.prompt.endswith("mentioned in the provided text are")
+    assert ", and " in multi.info["query"] and len(multi.answers) == 4 and all(re.fullmatch(r"\d{7}", a) for a in multi.answers)
+
+
+@pytest.mark.parametrize("task,length", [("niah_single_1", 400), ("niah_single_2", 400), ("niah_multikey_3", 512),
+                                         ("vt", 400), ("fwe", 400), ("cwe", 1600)])
+def test_the_prompt_fills_the_length(tokenizer, task, length):
+    sample = make_sample(tokenizer, task, length, seed=0, index=2)
+    slack = _fits_tightly(tokenizer, sample, length, seed=0, index=2)
+    assert slack < 110  # at most about one haystack unit (a uuid needle line is ~100 demo tokens)
+
+
+def _resolve_chain(context: str, value: str) -> set[str]:
+    assigned = dict(re.findall(r"VAR (\w+) = (VAR \w+|\d+)", context))
+    holding = {name for name, rhs in assigned.items() if rhs == value}
+    while True:
+        more = {name for name, rhs in assigned.items() if rhs.startswith("VAR ") and rhs[4:] in holding} - holding
+        if not more:
+            return holding
+        holding |= more
+
+
+@pytest.mark.parametrize("task", NON_QA)
+def test_every_task_builds_and_its_answers_can_be_read_off_the_context(tokenizer, task):
+    length = BUILD_LENGTH[task]
+    sample = make_sample(tokenizer, task, length, seed=11, index=1)
+    assert sample.answers and all(a in sample.context for a in sample.answers)
+    assert len(sample.prompt_ids) + sample.tokens_to_generate <= length
+    assert sample.tokens_to_generate == ruler.TOKENS_TO_GENERATE[ruler.RULER_TASKS[task]]
+    family = ruler.RULER_TASKS[task]
+    if family == "niah":
+        keys = [k.strip() for k in re.split(r", and |, ", sample.info["query"])]
+        found = [v for k in keys for v in re.findall(rf"for {re.escape(k)} is: (\S+)\.", sample.context)]
+        assert sorted(found) == sorted(sample.answers)
+    elif family == "variable_tracking":
+        value = re.search(r"assigned the value (\d+) in the text above", sample.prompt)[1]
+        assert _resolve_chain(sample.context, value) == set(sample.answers) and len(sample.answers) == 5
+    elif family == "common_words_extraction":
+        counts = Counter(re.findall(r"\d+\. (.+?)(?= \d+\. |$)", sample.context))
+        assert min(counts[a] for a in sample.answers) > max(c for w, c in counts.items() if w not in sample.answers)
+        assert len(sample.answers) == 10
+    else:
+        counts = Counter(w for w in sample.context.split() if w != "...")
+        ranked = [c for w, c in counts.most_common() if w not in sample.answers]
+        assert min(counts[a] for a in sample.answers) > (ranked[0] if ranked else 0) and len(sample.answers) == 3
+
+
+def test_same_seed_same_samples_other_seed_other_samples(demo_model):
+    model, tokenizer = demo_model
+    settings = RulerSettings(tasks=("niah_single_2", "niah_multikey_2", "vt", "fwe"), length=512, samples_per_task=2)
+
+    def view(seed):
+        return [(task, sid, p["prompt_ids"], p["answers"]) for task, sid, p in build_samples(tokenizer, model, settings, seed)]
+
+    first = view(0)
+    assert view(0) == first
+    other = view(1)
+    assert [row[:2] for row in other] == [row[:2] for row in first]
+    assert all(a[2] != b[2] and a[3] != b[3] for a, b in zip(first, other))
+    assert all(first[i][2] != first[i + 1][2] for i in range(0, len(first), 2))  # samples of a task differ
+
+
+# ---- QA ---------------------------------------------------------------------------------------------
+
+SQUAD = {"version": "v2.0", "data": [
+    {"title": "Rivers", "paragraphs": [
+        {"context": "The Nile flows north through Egypt. Its delta meets the Mediterranean Sea.",
+         "qas": [{"id": "1", "question": "Which sea does the Nile reach?", "is_impossible": False,
+                  "answers": [{"text": "Mediterranean Sea", "answer_start": 44}, {"text": "the Mediterranean Sea", "answer_start": 40}]},
+                 {"id": "2", "question": "Who painted the Nile?", "is_impossible": True, "answers": [],
+                  "plausible_answers": [{"text": "Egypt", "answer_start": 29}]}]},
+        {"context": "The Amazon carries more water than any other river on Earth.",
+         "qas": [{"id": "3", "question": "Which river carries the most water?", "is_impossible": False,
+                  "answers": [{"text": "The Amazon", "answer_start": 0}]}]}]},
+    {"title": "Birds", "paragraphs": [
+        {"context": "Owls hunt at night and can turn their heads very far.",
+         "qas": [{"id": "4", "question": "When do owls hunt?", "answers": [{"text": "at night", "answer_start": 10}]}]},
+        {"context": "Penguins cannot fly but they swim well in cold water.",
+         "qas": [{"id": "5", "question": "What can penguins not do?", "is_impossible": False,
+                  "answers": [{"text": "fly", "answer_start": 16}]}]}]},
+]}
+HOTPOT = [
+    {"_id": "a", "question": "Which city is home to the tower designed by Gustave Eiffel?", "answer": "Paris",
+     "context": [["Eiffel Tower", ["The Eiffel Tower stands in Paris. ", "It was finished in 1889."]],
+                 ["Gustave Eiffel", ["Gustave Eiffel was a French engineer."]]]},
+    {"_id": "b", "question": "What river flows through the capital of England?", "answer": "Thames",
+     "context": [["London", ["London is the capital of England."]], ["Thames", ["The Thames flows through London."]]]},
+    {"_id": "c", "question": "Which planet has the moon Titan?", "answer": "Saturn",
+     "context": [["Titan", ["Titan is the largest moon of Saturn."]], ["Saturn", ["Saturn is the sixth planet."]]]},
+]
+
+
+@pytest.fixture
+def qa_files(tmp_path):
+    squad, hotpot = tmp_path / "squad.json", tmp_path / "hotpot.json"
+    squad.write_text(json.dumps(SQUAD))
+    hotpot.write_text(json.dumps(HOTPOT))
+    return str(squad), str(hotpot)
+
+
+def test_qa_tasks_from_squad_and_hotpotqa_files(demo_model, qa_files):
+    model, tokenizer = demo_model
+    squad, hotpot = qa_files
+    settings = RulerSettings(tasks=("qa_1", "qa_2"), length=400, samples_per_task=3, squad_path=squad, hotpot_path=hotpot)
+    samples = build_samples(tokenizer, model, settings, seed=0)
+    assert [(t, s) for t, s, _ in samples] == [("qa_1", "000"), ("qa_1", "001"), ("qa_1", "002"),
+                                              ("qa_2", "000"), ("qa_2", "001"), ("qa_2", "002")]
+    questions = {"qa_1": set(), "qa_2": set()}
+    for task, _, payload in samples:
+        prompt = tokenizer.decode(payload["prompt_ids"], skip_special_tokens=True)
+        assert len(payload["prompt_ids"]) + payload["tokens_to_generate"] <= 400 and payload["tokens_to_generate"] == 32
+        assert any(a in prompt for a in payload["answers"]) and prompt.endswith(" Answer:")
+        assert "Document 1:\n" in prompt
+        questions[task].add(re.search(r"Question: (.*) Answer:$", prompt)[1])
+    assert "Who painted the Nile?" not in questions["qa_1"] and len(questions["qa_1"]) == 3  # impossible one dropped
+    assert len(questions["qa_2"]) == 3
+    sample = make_sample(tokenizer, "qa_2", 400, seed=0, index=0, hotpot_path=hotpot)
+    gold = next(item for item in HOTPOT if item["question"] == sample.info["query"])
+    assert all(f"{title}\n{''.join(sents)}" in sample.context for title, sents in gold["context"])
+    _fits_tightly(tokenizer, sample, 400, seed=0, index=0, hotpot_path=hotpot)
+    with pytest.raises(ValueError, match="holds only 4 answerable questions"):
+        make_sample(tokenizer, "qa_1", 400, seed=0, index=4, squad_path=squad)
+
+
+def test_settings_defaults_and_errors(qa_files, tmp_path):
+    squad, hotpot = qa_files
+    assert RulerSettings().tasks == tuple(NON_QA) and RulerSettings().length == 4096
+    assert RulerSettings(squad_path=squad).tasks == (*NON_QA, "qa_1")
+    assert RulerSettings(squad_path=squad, hotpot_path=hotpot).tasks == ruler.STANDARD_TASKS
+    assert json.loads(json.dumps(RulerSettings(hotpot_path=hotpot).to_dict()))["tasks"][-1] == "qa_2"
+    for settings in (RulerSettings(), RulerSettings(tasks=["vt", "qa_2"], length=512, hotpot_path=hotpot)):
+        assert RulerSettings(**json.loads(json.dumps(settings.to_dict()))) == settings  # the run id round-trips
+    with pytest.raises(ValueError, match="ruler task qa_1 needs squad_path"):
+        RulerSettings(tasks=("vt", "qa_1"))
+    with pytest.raises(ValueError, match="unknown ruler task"):
+        RulerSettings(tasks=("niah_single_9",))
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        RulerSettings(hotpot_path=str(tmp_path / "missing.json"))
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"not": "squad"}))
+    with pytest.raises(ValueError, match="is not a SQuAD json file"):
+        make_sample(None, "qa_1", 400, squad_path=str(bad))
+
+
+def test_lengths_too_small_are_refused(demo_model):
+    model, tokenizer = demo_model
+    with pytest.raises(RulerLengthError, match="ruler length 512 is too small for task cwe: its shortest prompt is"):
+        make_sample(tokenizer, "cwe", 512)
+    with pytest.raises(RulerLengthError, match="too small for task fwe"):
+        make_sample(tokenizer, "fwe", 240)
+    with pytest.raises(ValueError, match="exceeds the model's context"):
+        build_samples(tokenizer, model, RulerSettings(tasks=("vt",), length=4096), seed=0)
+
+
+# ---- scoring ----------------------------------------------------------------------------------------
+
+
+def test_scores_use_ruler_postprocessing_and_metrics(monkeypatch):
+    plan = Plan.homogeneous("full", None, 5)
+    cases = [
+        ("niah_multivalue", ["1234567", "7654321"], " 1234567 and\n7654321.", 100.0),
+        ("niah_multivalue", ["1234567", "7654321"], "1234567", 50.0),
+        ("vt", ["AB", "CD", "EF", "GH"], "ab cd", 50.0),
+        ("qa_1", ["Mediterranean Sea", "the sea"], "The Mediterranean sea", 100.0),
+        ("qa_2", ["Paris"], "London", 0.0),
+    ]
+    for task, answers, prediction, expected in cases:
+        monkeypatch.setattr(ruler, "generate_answer", lambda model, plan, payload, p=prediction: p)
+        payload = {"task": task, "answers": answers, "prompt_ids": [1], "tokens_to_generate": 4, "tokenizer": None}
+        assert ruler.score_sample(None, plan, payload, None) == {"score": expected}
+
+
+def test_the_suite_runs_end_to_end(demo_model, tmp_path):
+    model, tokenizer = demo_model
+    store = Store(tmp_path / "results.sqlite")
+    settings = RulerSettings(tasks=("niah_single_1", "vt", "fwe"), length=400, samples_per_task=1)
+    run_id = run_suite(store, "demo", model, tokenizer, Plan.homogeneous("full", None, 5), "ruler", settings)
+    scores = store.task_scores(run_id)
+    assert set(scores) == {"niah_single_1", "vt", "fwe"}
+    assert all(set(v) == {"score"} and 0.0 <= v["score"] <= 100.0 for v in scores.values())
+    assert store.run(run_id)["status"] == "finished" and len(store.samples(run_id)) == 3
