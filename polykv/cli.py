@@ -399,7 +399,7 @@ app.add_typer(experiment_app, name="experiment")
 
 
 def _experiment_runner(model: str, suite: str, samples: int, tasks: Optional[str], prompt_tokens: int, metric: str,
-                       seed: int, device: str, workspace: Path, backend: str = "local"):
+                       seed: int, device: str, workspace: Path, backend: str = "local", settings_json: Optional[str] = None):
     from transformers.utils import logging as transformers_logging
 
     from polykv.eval.experiments import Runner
@@ -407,10 +407,15 @@ def _experiment_runner(model: str, suite: str, samples: int, tasks: Optional[str
     from polykv.eval.suites.fidelity import TASK_SOURCES, FidelitySettings
     from polykv.models import load_model
 
-    if suite != "fidelity":
-        raise ValueError(f"experiments run the fidelity suite for now (got {suite!r})")
-    settings = FidelitySettings(tasks=tuple(t.strip() for t in tasks.split(",")) if tasks else tuple(TASK_SOURCES),
-                                samples_per_task=samples, prompt_tokens=prompt_tokens)
+    from polykv.eval.backends import Unit
+
+    if settings_json is not None:
+        settings = Unit(model, "", suite, settings_json).settings()
+    elif suite == "fidelity":
+        settings = FidelitySettings(tasks=tuple(t.strip() for t in tasks.split(",")) if tasks else tuple(TASK_SOURCES),
+                                    samples_per_task=samples, prompt_tokens=prompt_tokens)
+    else:
+        settings = Unit(model, "", suite).settings()  # the suite's defaults
     transformers_logging.disable_progress_bar()
     hf_model, tokenizer = load_model(model, device=device)
     if backend not in ("local", "ray"):
@@ -431,8 +436,9 @@ def _print_report(report) -> None:
 SuiteOption = Annotated[str, typer.Option(help="Evaluation suite.")]
 SamplesOption = Annotated[int, typer.Option(min=1, help="Samples per task.")]
 TasksOption = Annotated[Optional[str], typer.Option(help="Comma-separated tasks (default: all of the suite).")]
-MetricOption = Annotated[str, typer.Option(help="Task metric that scores a run (fidelity: top1, rougeL, kl, ppl).")]
+MetricOption = Annotated[str, typer.Option(help="Task metric that scores a run (fidelity: top1, rougeL, kl, ppl; ruler and longbench: score).")]
 BackendOption = Annotated[str, typer.Option(help="local (in this process) or ray (a Ray task per run).")]
+SettingsOption = Annotated[Optional[str], typer.Option("--settings", help="The suite's settings as JSON (ruler, longbench; overrides --samples/--tasks).")]
 
 
 @experiment_app.command("factorial")
@@ -446,13 +452,15 @@ def experiment_factorial(
     model: ModelOption = "demo", suite: SuiteOption = "fidelity", samples: SamplesOption = 4,
     tasks: TasksOption = None, prompt_tokens: int = 1024, metric: MetricOption = "top1", seed: int = 0,
     device: str = "cpu", workspace: WorkspaceOption = DEFAULT_WORKSPACE, backend: BackendOption = "local",
+    settings_json: SettingsOption = None,
 ) -> None:
     """Routing x allocation at matched total capacity: four runs, effects, paired bootstrap."""
     from polykv.eval.experiments import factorial
     from polykv.profile.store import load_profile
 
     loaded = load_profile(profile_dir)
-    runner = _experiment_runner(model, suite, samples, tasks, prompt_tokens, metric, seed, device, workspace, backend)
+    runner = _experiment_runner(model, suite, samples, tasks, prompt_tokens, metric, seed, device, workspace, backend,
+                                settings_json)
     loaded.check_model(model, _num_layers(model))
     _print_report(factorial(runner, loaded, scope, budget, baseline, statistic, allocation))
 
@@ -466,13 +474,15 @@ def experiment_placement(
     model: ModelOption = "demo", suite: SuiteOption = "fidelity", samples: SamplesOption = 4,
     tasks: TasksOption = None, prompt_tokens: int = 1024, metric: MetricOption = "top1", seed: int = 0,
     device: str = "cpu", workspace: WorkspaceOption = DEFAULT_WORKSPACE, backend: BackendOption = "local",
+    settings_json: SettingsOption = None,
 ) -> None:
     """The guided route vs K random placements with the same method counts: rank, p, Spearman."""
     from polykv.eval.experiments import placement
     from polykv.profile.store import load_profile
 
     loaded = load_profile(profile_dir)
-    runner = _experiment_runner(model, suite, samples, tasks, prompt_tokens, metric, seed, device, workspace, backend)
+    runner = _experiment_runner(model, suite, samples, tasks, prompt_tokens, metric, seed, device, workspace, backend,
+                                settings_json)
     loaded.check_model(model, _num_layers(model))
     _print_report(placement(runner, loaded, Plan.load(plan), k, statistic))
 
@@ -485,6 +495,7 @@ def experiment_sweep(
     model: ModelOption = "demo", suite: SuiteOption = "fidelity", samples: SamplesOption = 4,
     tasks: TasksOption = None, prompt_tokens: int = 1024, metric: MetricOption = "top1", seed: int = 0,
     device: str = "cpu", workspace: WorkspaceOption = DEFAULT_WORKSPACE, backend: BackendOption = "local",
+    settings_json: SettingsOption = None,
 ) -> None:
     """A fixed route across budgets vs every homogeneous baseline, with the best-baseline envelope."""
     from polykv.eval.experiments import sweep
@@ -493,7 +504,8 @@ def experiment_sweep(
         levels = [int(b) for b in budgets.split(",") if b.strip()]
     except ValueError:
         raise ValueError(f"--budgets {budgets!r}: expected integers separated by commas") from None
-    runner = _experiment_runner(model, suite, samples, tasks, prompt_tokens, metric, seed, device, workspace, backend)
+    runner = _experiment_runner(model, suite, samples, tasks, prompt_tokens, metric, seed, device, workspace, backend,
+                                settings_json)
     names = [b.strip() for b in baselines.split(",")] if baselines else None
     _print_report(sweep(runner, Plan.load(plan), levels, names))
 
