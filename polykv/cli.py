@@ -254,10 +254,8 @@ def route(
     """Build a plan from a profile: TopRank route per phase, capacities by the chosen allocation."""
     from polykv.methods import validate_plan
     from polykv.profile.route import plan_from_profile
-    from polykv.profile.store import load_profile
 
-    loaded = load_profile(profile_dir)
-    loaded.check_model(model, _num_layers(model))
+    loaded = _profile_for(profile_dir, model)
     plan = validate_plan(plan_from_profile(loaded, scope, budget, statistic, allocation), loaded.num_layers)
     plan.save(out)
     for line in plan.summary().lines():
@@ -424,6 +422,15 @@ def _experiment_runner(model: str, suite: str, samples: int, tasks: Optional[str
                   progress=lambda name: typer.echo(f"run: {name}", err=True), backend=backend, device=device)
 
 
+def _profile_for(profile_dir: Path, model: str):
+    """A profile, refused (one line) when it was measured on another model; checked before loading weights."""
+    from polykv.profile.store import load_profile
+
+    loaded = load_profile(profile_dir)
+    loaded.check_model(model, _num_layers(model))
+    return loaded
+
+
 def _print_report(report) -> None:
     import pandas as pd
 
@@ -456,12 +463,10 @@ def experiment_factorial(
 ) -> None:
     """Routing x allocation at matched total capacity: four runs, effects, paired bootstrap."""
     from polykv.eval.experiments import factorial
-    from polykv.profile.store import load_profile
 
-    loaded = load_profile(profile_dir)
+    loaded = _profile_for(profile_dir, model)
     runner = _experiment_runner(model, suite, samples, tasks, prompt_tokens, metric, seed, device, workspace, backend,
                                 settings_json)
-    loaded.check_model(model, _num_layers(model))
     _print_report(factorial(runner, loaded, scope, budget, baseline, statistic, allocation))
 
 
@@ -478,12 +483,10 @@ def experiment_placement(
 ) -> None:
     """The guided route vs K random placements with the same method counts: rank, p, Spearman."""
     from polykv.eval.experiments import placement
-    from polykv.profile.store import load_profile
 
-    loaded = load_profile(profile_dir)
+    loaded = _profile_for(profile_dir, model)
     runner = _experiment_runner(model, suite, samples, tasks, prompt_tokens, metric, seed, device, workspace, backend,
                                 settings_json)
-    loaded.check_model(model, _num_layers(model))
     _print_report(placement(runner, loaded, Plan.load(plan), k, statistic))
 
 
