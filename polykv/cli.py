@@ -152,6 +152,25 @@ def plan_homogeneous(
     typer.echo(f"wrote {out}")
 
 
+def _suite_settings(suite: str, samples: int, tasks: Optional[str], prompt_tokens: int, settings_json: Optional[str]):
+    """A suite's settings: from --settings JSON, from the fidelity options, or the suite's defaults."""
+    from polykv.eval.backends import Unit
+    from polykv.eval.runner import SUITES
+    from polykv.eval.suites.fidelity import TASK_SOURCES, FidelitySettings
+
+    if suite not in SUITES:
+        raise ValueError(f"unknown suite {suite!r} (suites: {', '.join(SUITES)})")
+    if settings_json is not None:
+        try:
+            return Unit("", "", suite, settings_json).settings()
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise ValueError(f"--settings: not valid settings for the {suite} suite ({exc})") from None
+    if suite == "fidelity":
+        return FidelitySettings(tasks=tuple(t.strip() for t in tasks.split(",")) if tasks else tuple(TASK_SOURCES),
+                                samples_per_task=samples, prompt_tokens=prompt_tokens)
+    return SUITES[suite].Settings()
+
+
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
@@ -280,26 +299,13 @@ def evaluate(
     """Evaluate a plan on a suite; results go to <workspace>/results.sqlite as they finish (resumable)."""
     from transformers.utils import logging as transformers_logging
 
+    from polykv.eval.backends import Unit
     from polykv.eval.runner import run_suite
     from polykv.eval.store import Store
-    from polykv.eval.suites.fidelity import FidelitySettings, TASK_SOURCES
     from polykv.models import load_model
 
-    from polykv.eval.backends import Unit
-
     loaded = Plan.load(plan)
-    if settings_json is not None:
-        try:
-            settings = Unit(model, "", suite, settings_json).settings()
-        except (json.JSONDecodeError, TypeError) as exc:
-            raise ValueError(f"--settings: not valid settings for the {suite} suite ({exc})") from None
-    elif suite == "fidelity":
-        settings = FidelitySettings(
-            tasks=tuple(t.strip() for t in tasks.split(",")) if tasks else tuple(TASK_SOURCES),
-            samples_per_task=samples, prompt_tokens=prompt_tokens,
-        )
-    else:
-        settings = None  # the suite's defaults
+    settings = _suite_settings(suite, samples, tasks, prompt_tokens, settings_json)
     store = Store(workspace / "results.sqlite")
     if backend == "subprocess":  # detached: this command returns at once; `polykv runs` shows progress
         from polykv.eval.backends import SubprocessBackend
@@ -402,22 +408,13 @@ def _experiment_runner(model: str, suite: str, samples: int, tasks: Optional[str
 
     from polykv.eval.experiments import Runner
     from polykv.eval.store import Store
-    from polykv.eval.suites.fidelity import TASK_SOURCES, FidelitySettings
     from polykv.models import load_model
 
-    from polykv.eval.backends import Unit
-
-    if settings_json is not None:
-        settings = Unit(model, "", suite, settings_json).settings()
-    elif suite == "fidelity":
-        settings = FidelitySettings(tasks=tuple(t.strip() for t in tasks.split(",")) if tasks else tuple(TASK_SOURCES),
-                                    samples_per_task=samples, prompt_tokens=prompt_tokens)
-    else:
-        settings = Unit(model, "", suite).settings()  # the suite's defaults
-    transformers_logging.disable_progress_bar()
-    hf_model, tokenizer = load_model(model, device=device)
     if backend not in ("local", "ray"):
         raise ValueError(f"unknown backend {backend!r} (backends: local, ray)")
+    settings = _suite_settings(suite, samples, tasks, prompt_tokens, settings_json)
+    transformers_logging.disable_progress_bar()
+    hf_model, tokenizer = load_model(model, device=device)
     return Runner(Store(workspace / "results.sqlite"), model, hf_model, tokenizer, suite, settings, seed, metric,
                   progress=lambda name: typer.echo(f"run: {name}", err=True), backend=backend, device=device)
 
