@@ -347,10 +347,6 @@ def runs(workspace: WorkspaceOption = DEFAULT_WORKSPACE) -> None:
     _table(("run", "plan", "suite", "model", "status", "samples", "created"), rows)
 
 
-# Direction of each fidelity metric: +1 higher is better, -1 lower is better.
-METRIC_DIRECTION = {"top1": 1, "rougeL": 1, "kl": -1, "ppl": -1}
-
-
 @app.command()
 def compare(
     run_a: Annotated[str, typer.Argument(help="Run id (or a unique prefix).")],
@@ -360,7 +356,7 @@ def compare(
     seed: int = 0,
 ) -> None:
     """Paired comparison of two runs over their tasks: bootstrap CI, wins/ties/losses, leave-one-task-out."""
-    from polykv.eval.stats import leave_one_task_out, paired_bootstrap, wins_ties_losses
+    from polykv.eval.compare import compare_runs
     from polykv.eval.store import Store
 
     store = Store(workspace / "results.sqlite")
@@ -373,29 +369,14 @@ def compare(
         return found[0]
 
     a_id, b_id = resolve(run_a), resolve(run_b)
-    sign = METRIC_DIRECTION.get(metric, 1)
-    scores = []
-    for run_id in (a_id, b_id):
-        per_task = {task: values[metric] for task, values in store.task_scores(run_id).items() if metric in values}
-        if not per_task:
-            raise ValueError(f"run {run_id} has no finished task with metric {metric!r}")
-        scores.append(per_task)
-    a, b = scores
-    # Statistics see "higher is better": lower-is-better metrics are negated, then reported in their units.
-    better_a, better_b = ({t: sign * v for t, v in s.items()} for s in (a, b))
-    boot = paired_bootstrap(better_a, better_b, seed=seed)
-    wins, ties, losses = wins_ties_losses(better_a, better_b)
+    result = compare_runs(store, a_id, b_id, metric, seed)
     name = {r["id"]: r["plan_name"] for r in store.runs()}
     typer.echo(f"A = {a_id} ({name[a_id]}), B = {b_id} ({name[b_id]}); metric {metric} "
-               f"({'higher' if sign > 0 else 'lower'} is better)")
-    _table(("task", "A", "B", "A - B"), [(t, f"{a[t]:.4f}", f"{b[t]:.4f}", f"{a[t] - b[t]:+.4f}") for t in boot.tasks])
-    low, high = sorted((sign * boot.low, sign * boot.high))
-    typer.echo(f"macro-average A - B: {sign * boot.difference:+.4f}, 95% paired bootstrap CI [{low:+.4f}, {high:+.4f}] "
-               f"({boot.replicates} replicates over {len(boot.tasks)} tasks)")
-    typer.echo(f"A wins / ties / losses: {wins} / {ties} / {losses}")
-    if len(boot.tasks) > 1:
-        loto = leave_one_task_out(better_a, better_b)
-        typer.echo("leave one task out (A - B): " + ", ".join(f"{t} {sign * d:+.4f}" for t, d in loto.items()))
+               f"({'higher' if result.sign > 0 else 'lower'} is better)")
+    _table(("task", "A", "B", "A - B"),
+           [(r.task, f"{r.A:.4f}", f"{r.B:.4f}", f"{r._4:+.4f}") for r in result.table.itertuples()])
+    for line in result.lines():
+        typer.echo(line)
 
 
 experiment_app = typer.Typer(no_args_is_help=True, help="Controlled experiments: factorial, placement, sweep.")
@@ -489,7 +470,7 @@ def experiment_placement(
 
 @experiment_app.command("sweep")
 def experiment_sweep(
-    plan: Annotated[Path, typer.Option("--plan", help="The fixed single-phase route plan.")],
+    plan: Annotated[Path, typer.Option("--plan", help="The fixed route plan (any scope; baselines must run alone in its phases).")],
     budgets: Annotated[str, typer.Option(help="Comma-separated average budgets, e.g. 128,256,512,1024.")],
     baselines: Annotated[Optional[str], typer.Option(help="Comma-separated methods (default: every one for the phase).")] = None,
     model: ModelOption = "demo", suite: SuiteOption = "fidelity", samples: SamplesOption = 4,

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 from test_cli import assert_one_line_error, polykv  # noqa: F401  (the fixture)
 
-from polykv.eval.experiments import Runner, factorial, placement, sweep
+from polykv.eval.experiments import Runner, baseline_methods, factorial, placement, sweep, sweep_plans
 from polykv.eval.store import Store
 from polykv.eval.suites.fidelity import FidelitySettings
 from polykv.profile.build import build_profile
 from polykv.profile.corpus import CorpusSpec
-from polykv.plan import Phase, Plan
+from polykv.plan import Phase, Plan, Scope
 from polykv.profile.route import plan_from_profile
 
 TINY = FidelitySettings(tasks=("prose", "stories"), samples_per_task=1, prompt_tokens=96, continuation=8, generate=8)
@@ -58,13 +58,27 @@ def test_sweep_compares_the_route_with_every_baseline(setup):
         assert row["envelope"] == best and row["best baseline"] in ("tova", "h2o", "d2o")
 
 
-def test_experiments_refuse_a_two_phase_plan(setup, polykv, tmp_path):  # noqa: F811
+def test_placement_refuses_a_two_phase_plan(setup, polykv, tmp_path):  # noqa: F811
     profile, runner = setup
     both = plan_from_profile(profile, "both", 24, "cosine", "uniform")
     with pytest.raises(ValueError, match="single-phase plan"):
         placement(runner, profile, both, k=3)
     path = tmp_path / "both.json"
     both.save(path)
-    result = polykv("experiment", "sweep", "--plan", str(path), "--budgets", "16", "--samples", "1",
-                    "--tasks", "prose", "--prompt-tokens", "96", "-w", str(tmp_path))
+    result = polykv("experiment", "placement", "--plan", str(path), "--profile", str(profile.path), "--k", "3",
+                    "--samples", "1", "--tasks", "prose", "--prompt-tokens", "96", "-w", str(tmp_path))
     assert_one_line_error(result, "single-phase plan")
+
+
+def test_sweep_plans_of_a_two_phase_route_use_baselines_that_run_in_both_phases(setup):
+    profile, _ = setup
+    both = plan_from_profile(profile, "both", 24, "cosine", "uniform")
+    plans = sweep_plans(both, [16, 32])
+    baselines = sorted({name for _, name in plans if name != "route"})
+    assert baselines == sorted(baseline_methods("both")) and "snapkv" not in baselines and "tova" in baselines
+    for (budget, name), plan in plans.items():
+        assert plan.scope is Scope.BOTH
+        for phase in Phase:
+            assert plan.summary().phases[phase].total_capacity == budget * plan.num_layers
+    with pytest.raises(ValueError, match="cannot run alone in the both scope"):
+        sweep_plans(both, [16], ["snapkv"])

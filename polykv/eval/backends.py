@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -85,24 +84,15 @@ class RayBackend:
 
 
 class SubprocessBackend:
-    """A detached `polykv eval` per unit: the caller may exit; progress is read from the store."""
+    """A detached background job per unit (`polykv.jobs`): the caller may exit; progress is in the store."""
 
     name = "subprocess"
 
     def start(self, unit: Unit, workspace: Path) -> subprocess.Popen:
-        workspace.mkdir(parents=True, exist_ok=True)
-        plans = workspace / "plans"
-        plans.mkdir(exist_ok=True)
-        plan = Plan.from_json(unit.plan_json)
-        plan_file = plans / f"{abs(hash(unit.plan_json)):x}.json"
-        plan.save(plan_file)
-        command = [sys.executable, "-m", "polykv.cli", "eval", "--plan", str(plan_file), "--model", unit.model,
-                   "--suite", unit.suite, "--settings", unit.settings_json, "--seed", str(unit.seed),
-                   "--device", unit.device, "--workspace", str(workspace)]
-        logs = workspace / "logs"
-        logs.mkdir(exist_ok=True)
-        log = open(logs / f"{plan_file.stem}.log", "ab")  # noqa: SIM115 - the child keeps it open
-        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        from polykv import jobs  # jobs build on this module
+
+        job = jobs.eval_job([({}, unit)], title=f"{Plan.from_json(unit.plan_json).name} on {unit.suite}")
+        return jobs.start(job, workspace)
 
 
 BACKENDS = {"local": LocalBackend, "ray": RayBackend}

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from polykv.eval.backends import Unit, backend
+from polykv.eval.compare import METRIC_DIRECTION, envelope
 from polykv.eval.runner import run_suite
 from polykv.eval.stats import paired_bootstrap, rank_among, spearman_permutation
 from polykv.eval.store import Store
@@ -30,7 +31,6 @@ from polykv.profile.route import plan_from_profile
 from polykv.profile.store import Profile
 from polykv.routing import plan_from_route, route_score, sample_placements, scale_budget
 
-METRIC_DIRECTION = {"top1": 1, "rougeL": 1, "kl": -1, "ppl": -1, "score": 1}
 
 
 @dataclass
@@ -110,12 +110,19 @@ def factorial(runner: Runner, profile: Profile, scope: Scope | str, budget: int,
     return report
 
 
+def placement_plans(guided: Plan, k: int, seed: int = 0) -> list[Plan]:
+    """The guided plan first, then k random count-matched placements of its active phase's route (the
+    capacities stay per layer; each method keeps its parameters)."""
+    phase = _active_phase(guided)
+    route = [layer[phase].method for layer in guided.layers]
+    placements = sample_placements(route, k, seed=seed, exclude=route)
+    return [guided] + [_placed(guided, phase, p, f"{guided.name}-placement-{i}") for i, p in enumerate(placements)]
+
+
 def placement(runner: Runner, profile: Profile, guided: Plan, k: int, statistic: str = "cosine") -> Report:
     """The guided plan's route vs k random count-matched placements of it (capacities stay per layer)."""
     phase = _active_phase(guided)
-    route = [layer[phase].method for layer in guided.layers]
-    placements = sample_placements(route, k, seed=runner.seed, exclude=route)
-    plans = [guided] + [_placed(guided, phase, p, f"{guided.name}-placement-{i}") for i, p in enumerate(placements)]
+    plans = placement_plans(guided, k, runner.seed)
     ids = runner.run_all(plans)
     scores = [runner.score(run_id) for run_id in ids]
     profile_scores = [route_score([lay[phase].method for lay in plan.layers], profile.table, phase, statistic) for plan in plans]
@@ -131,33 +138,85 @@ def placement(runner: Runner, profile: Profile, guided: Plan, k: int, statistic:
     return report
 
 
-def sweep(runner: Runner, route_plan: Plan, budgets: list[int], baselines: list[str] | None = None) -> Report:
-    """The fixed route rescaled to each budget vs every homogeneous baseline (standalone, native allocation
-    where the method has a layer-budget rule)."""
-    phase = _active_phase(route_plan)
+def baseline_methods(scope: Scope | str) -> list[str]:
+    """The methods that can run alone in every active phase of `scope` (full excluded)."""
+    phases = Scope(scope).phases
+    return [n for n, c in REGISTRY.items() if n != FULL and all(p in c.phases for p in phases)]
+
+
+def sweep_plans(route_plan: Plan, budgets: list[int], baselines: list[str] | None = None) -> dict[tuple[int, str], Plan]:
+    """(budget, "route" | baseline) -> plan: the route rescaled to each average budget, and each baseline
+    alone in the route's phases at that budget (standalone: native allocation where the method has a
+    layer-budget rule; windows scaled down where they would not fit)."""
     layers = route_plan.num_layers
-    baselines = baselines or [n for n, c in REGISTRY.items() if n != FULL and phase in c.phases]
-    report = Report(f"sweep: {route_plan.name} vs homogeneous baselines ({runner.metric})")
+    baselines = baseline_methods(route_plan.scope) if baselines is None else baselines
+    unfit = [b for b in baselines if b not in baseline_methods(route_plan.scope)]
+    if unfit:
+        raise ValueError(f"baselines {', '.join(unfit)} cannot run alone in the {route_plan.scope.value} scope "
+                         f"(possible: {', '.join(baseline_methods(route_plan.scope))})")
     plans: dict[tuple[int, str], Plan] = {}
     for budget in budgets:
         plans[(budget, "route")] = scale_budget(route_plan, budget)
         for name in baselines:
             native = "native" if REGISTRY[name].native_allocation else "fixed"
-            params = calibration_params(name, budget)  # windows scaled down when they would not fit
-            plans[(budget, name)] = Plan.homogeneous(name, budget, layers, Scope(phase.value), params, allocation=native)
+            params = calibration_params(name, budget)
+            plans[(budget, name)] = Plan.homogeneous(name, budget, layers, route_plan.scope, params, allocation=native)
+    return plans
+
+
+def sweep(runner: Runner, route_plan: Plan, budgets: list[int], baselines: list[str] | None = None) -> Report:
+    """The fixed route rescaled to each budget vs every homogeneous baseline, with the envelope."""
+    _active_phase(route_plan)
+    plans = sweep_plans(route_plan, budgets, baselines)
+    baselines = list(dict.fromkeys(name for _, name in plans if name != "route"))
+    report = Report(f"sweep: {route_plan.name} vs homogeneous baselines ({runner.metric})")
     scores = {key: runner.score(run_id) for key, run_id in zip(plans, runner.run_all(list(plans.values())))}
-    for budget in budgets:
-        row = {"budget": budget, "route": scores[(budget, "route")]}
-        row.update({name: scores[(budget, name)] for name in baselines})
-        best_name = max(baselines, key=lambda name: runner.sign * row[name])
-        row["best baseline"], row["envelope"] = best_name, row[best_name]
+    rows = [{"budget": b, "route": scores[(b, "route")], **{n: scores[(b, n)] for n in baselines}} for b in budgets]
+    for row in envelope(rows, baselines, runner.metric):
         report.rows.append(row)
         lead = runner.sign * (row["route"] - row["envelope"])
         verdict = "route ahead" if lead > 0 else "baseline ahead" if lead < 0 else "tie"
         report.lines.append(
-            f"budget {budget}: route {row['route']:.4f} vs best baseline {best_name} {row['envelope']:.4f} ({verdict})"
+            f"budget {row['budget']}: route {row['route']:.4f} vs best baseline {row['best baseline']} "
+            f"{row['envelope']:.4f} ({verdict})"
         )
     return report
+
+
+def plan_budget(plan: Plan) -> int | None:
+    """The plan's average capacity over its active phases (None when no layer has a capacity)."""
+    averages = [plan.summary().phases[p].average_capacity for p in plan.scope.phases]
+    averages = [a for a in averages if a is not None]
+    return round(sum(averages) / len(averages)) if averages else None
+
+
+def launch_plans(plan: Plan, budgets: list[int] | None = None, baselines: list[str] | None = None,
+                 placements: int = 0, seed: int = 0) -> list[tuple[dict, Plan]]:
+    """The labelled plans of one evaluation launch (what the app's Runs page starts):
+
+      {"series": "route", "budget": b}        the plan itself (no budgets), or rescaled to each budget
+      {"series": <baseline>, "budget": b}     each baseline alone at each budget (as in `sweep_plans`)
+      {"series": "placement", "index": i}     k count-matched random placements of the plan's route
+    The unscaled plan is also labelled {"role": "guided"} when placements are asked for."""
+    baselines = list(baselines or [])
+    own = plan_budget(plan)
+    if not budgets:
+        if own is None and baselines:
+            raise ValueError("the plan keeps every token (no capacity): give budgets to compare baselines at")
+        out: list[tuple[dict, Plan]] = [({"series": "route", "budget": own}, plan)]
+        if baselines:
+            out += [({"series": name, "budget": b}, p) for (b, name), p in sweep_plans(plan, [own], baselines).items()
+                    if name != "route"]
+    else:
+        if own is None:
+            raise ValueError("the plan keeps every token (no capacity), so it cannot be rescaled to budgets")
+        out = [({"series": name, "budget": b}, p) for (b, name), p in sweep_plans(plan, list(budgets), baselines).items()]
+    if placements:
+        controls = placement_plans(plan, placements, seed)
+        out = [({"series": "route", "budget": own, "role": "guided"}, plan)] + [
+            item for item in out if item[1] != plan
+        ] + [({"series": "placement", "index": i}, p) for i, p in enumerate(controls[1:])]
+    return out
 
 
 # ---- helpers --------------------------------------------------------------------------------------

@@ -99,8 +99,20 @@ class Store:
             ).fetchall()
         return [dict(r) for r in rows]
 
+    def progress(self, run_ids: list[str]) -> dict[str, tuple[int, int, str]]:
+        """(finished samples, total samples, status) of each of `run_ids` that exists."""
+        if not run_ids:
+            return {}
+        marks = ", ".join("?" for _ in run_ids)
+        with self._connect() as db:
+            rows = db.execute(
+                "SELECT r.id, r.total_samples, r.status, (SELECT COUNT(*) FROM samples s WHERE s.run_id = r.id) AS done "
+                f"FROM runs r WHERE r.id IN ({marks})", tuple(run_ids)
+            ).fetchall()
+        return {r["id"]: (r["done"], r["total_samples"], r["status"]) for r in rows}
+
     def set_status(self, run_id: str, status: str, error: str | None = None) -> None:
-        finished = _now() if status in ("finished", "failed") else None
+        finished = _now() if status in ("finished", "failed", "cancelled") else None
         with self._connect() as db:
             db.execute("UPDATE runs SET status = ?, error = ?, finished = ? WHERE id = ?", (status, error, finished, run_id))
 

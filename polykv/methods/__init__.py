@@ -40,4 +40,11 @@ def validate_plan(plan: Plan, num_layers: int | None = None) -> Plan:
     return plan.validate_for(num_layers, REGISTRY)
 
 
-__all__ = ["REGISTRY", "Eviction", "LayerView", "Method", "Needs", "make_method", "validate_plan"]
+def params_that_fit(method: str, capacity: int) -> dict:
+    """Default parameters, except windows / sinks that would not fit under `capacity`: a quarter of it."""
+    cls = REGISTRY[method]
+    defaults = cls.defaults()
+    return {name: max(1, capacity // 4) for name in cls.below_capacity if defaults[name] >= capacity}
+
+
+__all__ = ["REGISTRY", "Eviction", "LayerView", "Method", "Needs", "make_method", "params_that_fit", "validate_plan"]

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from polykv.methods import REGISTRY
+from polykv.methods import REGISTRY, params_that_fit as calibration_params  # profiles and plans use one rule
 from polykv.plan import FULL, LayerPlan, Phase, PhaseAssignment, Plan, Scope
 from polykv.runtime import routed
 from polykv.runtime.attention import record_attention
@@ -52,13 +52,6 @@ def default_calibration_capacity(prompt_length: int) -> int:
 def compatible_methods(scope: Phase) -> list[str]:
     """The eviction methods that can run in this phase (`full` is the reference, not a candidate)."""
     return [name for name, cls in REGISTRY.items() if scope in cls.phases and name != FULL]
-
-
-def calibration_params(method: str, capacity: int) -> dict:
-    """Default parameters, except windows / sinks that would not fit under b_cal: a quarter of it."""
-    cls = REGISTRY[method]
-    defaults = cls.defaults()
-    return {name: max(1, capacity // 4) for name in cls.below_capacity if defaults[name] >= capacity}
 
 
 def single_layer_plan(num_layers: int, layer: int, scope: Phase, method: str, capacity: int) -> Plan:

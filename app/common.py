@@ -1,0 +1,128 @@
+"""What every page shares: where files live, the model (loaded once per process), the plan being
+designed, and figure display. UI glue only; the work is done by `polykv`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import streamlit as st
+
+from app import charts
+from polykv.methods import validate_plan
+from polykv.plan import Plan, PlanError
+from polykv.runtime.routed import num_layers_of
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_PLAN = REPO / "plans" / "demo" / "mixed.json"
+
+
+def workspace() -> Path:
+    """Results database, profiles, jobs and logs (`$POLYKV_WORKSPACE`, default `.polykv/` in the repo)."""
+    return Path(os.environ.get("POLYKV_WORKSPACE", REPO / ".polykv"))
+
+
+def plans_dir() -> Path:
+    """Where the designer saves and loads plans (`$POLYKV_PLANS`, default the repo's `plans/`)."""
+    return Path(os.environ.get("POLYKV_PLANS", REPO / "plans"))
+
+
+@st.cache_resource(show_spinner="Loading the model (once per app process)...")
+def _load(name: str, device: str):
+    from transformers.utils import logging as transformers_logging
+
+    from polykv.models import load_model
+
+    transformers_logging.disable_progress_bar()
+    return load_model(name, device=device)
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else exc.__class__.__name__
+
+
+def load_model(name: str, device: str) -> str | None:
+    """Make (name, device) the current model; returns an error message (and keeps the old model) on failure."""
+    try:
+        _load(name, device)
+    except Exception as exc:  # any failure to load is the user's input: say it in one line
+        return f"Could not load model {name!r} on {device}: {first_line(exc)}"
+    st.session_state["model"] = (name, device)
+    return None
+
+
+def current_model():
+    """(name, device, model, tokenizer) of the chosen model; the demo model until another is loaded."""
+    name, device = st.session_state.setdefault("model", ("demo", "cpu"))
+    model, tokenizer = _load(name, device)
+    return name, device, model, tokenizer
+
+
+def num_layers() -> int:
+    return num_layers_of(current_model()[2])
+
+
+# ---- the plan being designed ------------------------------------------------------------------------
+def plan() -> Plan:
+    """The designer's current plan (always valid for the current model)."""
+    layers = num_layers()
+    text = st.session_state.get("plan_json")
+    if text is not None:
+        current = Plan.from_json(text)
+        if current.num_layers == layers:
+            return current
+    if DEMO_PLAN.is_file() and Plan.load(DEMO_PLAN).num_layers == layers:
+        start = Plan.load(DEMO_PLAN)
+    else:
+        start = Plan.homogeneous("tova", 256, layers, "decode", name="new-plan")
+    st.session_state["plan_json"] = start.to_json()
+    st.session_state["undo"] = []
+    return start
+
+
+def set_plan(new: Plan) -> None:
+    """Make `new` the current plan (validated for the model), keeping the old one for undo."""
+    validate_plan(new, num_layers())
+    old = st.session_state.get("plan_json")
+    if old is not None and old != new.to_json():
+        st.session_state.setdefault("undo", []).append(old)
+        del st.session_state["undo"][:-50]
+    st.session_state["plan_json"] = new.to_json()
+    st.session_state["plan_version"] = st.session_state.get("plan_version", 0) + 1
+
+
+def undo() -> bool:
+    stack = st.session_state.get("undo") or []
+    if not stack:
+        return False
+    st.session_state["plan_json"] = stack.pop()
+    st.session_state["plan_version"] = st.session_state.get("plan_version", 0) + 1
+    return True
+
+
+def read_plan(text: str | bytes, where: str) -> Plan:
+    """A plan from user-provided JSON, checked against the current model; PlanError (one line) if not."""
+    try:
+        loaded = Plan.from_json(text.decode() if isinstance(text, bytes) else text)
+    except UnicodeDecodeError:
+        raise PlanError(f"{where}: not a text file") from None
+    except PlanError as exc:
+        raise PlanError(f"{where}: {exc}") from None
+    try:
+        return validate_plan(loaded, num_layers())
+    except PlanError as exc:
+        raise PlanError(f"{where}: this plan does not fit {current_model()[0]!r}: {exc}") from None
+
+
+# ---- figures -------------------------------------------------------------------------------------
+def show(fig, name: str, **kwargs):
+    """A plotly figure whose camera button downloads it as PNG or SVG (the sidebar's choice)."""
+    fmt = st.session_state.get("figure_format", "png")
+    return st.plotly_chart(fig, config=charts.download_config(fmt, name), theme=None, **kwargs)
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

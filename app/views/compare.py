@@ -1,0 +1,87 @@
+"""Compare: two runs task by task (paired bootstrap, W/T/L, leave-one-task-out), budget sweeps and
+placement controls from the jobs that launched them."""
+
+import streamlit as st
+
+from app import charts, common
+from polykv import jobs
+from polykv.eval.compare import compare_runs, direction, metrics_of, placement_summary, suite_score, sweep_table
+from polykv.eval.store import Store
+
+st.title("Compare")
+workspace = common.workspace()
+store = Store(workspace / "results.sqlite")
+finished = [r for r in reversed(store.runs()) if r["status"] == "finished"]
+if not finished:
+    st.info("No finished run yet: launch one on the Runs page.")
+    st.stop()
+label = {r["id"]: f"{r['plan_name']} · {r['suite']} · {r['model']} · {r['id'][:8]}" for r in finished}
+ids = [r["id"] for r in finished]
+
+# ---- two runs --------------------------------------------------------------------------------------------
+st.subheader("Two runs, task by task")
+cols = st.columns(3)
+run_a = cols[0].selectbox("A", ids, format_func=label.get, key="compare_a")
+run_b = cols[1].selectbox("B", ids, index=min(1, len(ids) - 1), format_func=label.get, key="compare_b")
+metrics = metrics_of(store, [run_a, run_b])
+if not metrics:
+    st.warning("These runs share no metric (different suites?).")
+else:
+    metric = cols[2].selectbox("Metric", metrics, index=metrics.index("kl") if "kl" in metrics else 0, key="compare_metric")
+    better = "higher" if direction(metric) > 0 else "lower"
+    try:
+        result = compare_runs(store, run_a, run_b, metric)
+    except ValueError as exc:
+        st.warning(common.first_line(exc))
+    else:
+        summary = st.columns(4)
+        summary[0].metric(f"A - B ({metric}, {better} is better)", f"{result.difference:+.4g}")
+        summary[1].metric("95% paired bootstrap CI", f"[{result.low:+.3g}, {result.high:+.3g}]")
+        summary[2].metric("A wins / ties / losses", f"{result.wins} / {result.ties} / {result.losses}")
+        summary[3].metric("Suite scores A, B", f"{suite_score(store, run_a, metric):.4g}, {suite_score(store, run_b, metric):.4g}")
+        common.show(charts.difference_figure(result.table, result.difference, result.low, result.high, metric), "difference")
+        left, right = st.columns(2)
+        left.dataframe(result.table, hide_index=True, width="stretch")
+        if result.leave_one_out:
+            right.caption("Leave one task out: A - B over the other tasks")
+            right.dataframe({"task left out": list(result.leave_one_out), "A - B": list(result.leave_one_out.values())},
+                            hide_index=True, width="stretch")
+        if result.only_in_a or result.only_in_b:
+            st.caption(f"Left out (not in both runs): {', '.join(result.only_in_a + result.only_in_b)}")
+
+# ---- sweeps and placements from the jobs that launched them ------------------------------------------------
+eval_jobs = [j for j in jobs.list_jobs(workspace) if j.kind == "eval"]
+sweeps = [j for j in eval_jobs if any(r.label.get("series") not in ("route", "placement", None) for r in j.runs)]
+placements = [j for j in eval_jobs if any(r.label.get("series") == "placement" for r in j.runs)]
+
+st.subheader("Budget sweep: route vs baselines")
+if not sweeps:
+    st.caption("Launch the plan with baselines (and budgets) on the Runs page to draw this.")
+else:
+    job = st.selectbox("Job", sweeps, format_func=lambda j: f"{j.title} · {j.id}", key="sweep_job")
+    choices = metrics_of(store, [r.run_id for r in job.runs if store.run(r.run_id) and store.run(r.run_id)["status"] == "finished"])
+    if not choices:
+        st.caption("No finished run in this job yet.")
+    else:
+        metric = st.selectbox("Metric", choices, key="sweep_metric")
+        frame = sweep_table(store, [(r.label, r.run_id) for r in job.runs if r.label.get("series") != "placement"], metric)
+        common.show(charts.sweep_figure(frame, metric), "sweep")
+        st.dataframe(frame, hide_index=True, width="stretch")
+
+st.subheader("Placement control")
+if not placements:
+    st.caption("Launch the plan with random placements on the Runs page to draw this.")
+else:
+    job = st.selectbox("Job", placements, format_func=lambda j: f"{j.title} · {j.id}", key="placement_job")
+    done = {r.run_id for r in job.runs if (store.run(r.run_id) or {}).get("status") == "finished"}
+    guided = next((r for r in job.runs if r.label.get("role") == "guided"), None)
+    controls = [r for r in job.runs if r.label.get("series") == "placement" and r.run_id in done]
+    if guided is None or guided.run_id not in done or not controls:
+        st.caption("Waiting for the guided run and at least one placement to finish.")
+    else:
+        choices = metrics_of(store, [guided.run_id] + [r.run_id for r in controls])
+        metric = st.selectbox("Metric", choices, key="placement_metric")
+        summary = placement_summary(suite_score(store, guided.run_id, metric),
+                                    [suite_score(store, r.run_id, metric) for r in controls], metric)
+        common.show(charts.placement_figure(summary.guided, summary.controls, metric, summary.rank, summary.p_value), "placement")
+        st.caption(f"Guided route rank {summary.rank} of {len(controls) + 1}; one-sided Monte Carlo p = {summary.p_value:.4f}.")

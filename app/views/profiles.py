@@ -1,0 +1,85 @@
+"""Profiles: how well each method preserves each layer against FullKV, and each layer's entropy."""
+
+import streamlit as st
+
+from app import charts, common
+from polykv import jobs
+from polykv.plan import Scope
+from polykv.profile.corpus import KNOWN_SOURCES, CorpusSpec
+from polykv.profile.store import ProfileError, load_profile
+
+st.title("Method profiles")
+st.caption("Each method runs alone in one layer at the calibration capacity b_cal (all other layers FullKV): "
+           "the cosine of the layer's mean hidden state and the perplexity change (dPPL) against FullKV.")
+
+name, device, _, _ = common.current_model()
+workspace = common.workspace()
+root = workspace / "profiles"
+
+# ---- compute one in the background --------------------------------------------------------------
+with st.expander("Compute a profile", expanded=not root.is_dir()):
+    with st.form("profile_form"):
+        cols = st.columns(5)
+        sequences = cols[0].number_input("Sequences", min_value=1, max_value=200, value=4 if name == "demo" else 20)
+        max_tokens = cols[1].number_input("Tokens per sequence", min_value=32, max_value=32768, value=512 if name == "demo" else 2048, step=32)
+        b_cal = cols[2].number_input("b_cal (0: automatic)", min_value=0, value=0, step=1)
+        scope = cols[3].selectbox("Scopes", [s.value for s in Scope], index=2)
+        sources = cols[4].multiselect("Sources", list(KNOWN_SOURCES), default=list(KNOWN_SOURCES))
+        if st.form_submit_button("Start profiling"):
+            if not sources:
+                st.error("Choose at least one source.")
+            else:
+                spec = CorpusSpec(sources=tuple(sources), num_sequences=int(sequences), max_tokens=int(max_tokens))
+                job = jobs.profile_job(name, device, spec.to_dict(), int(b_cal) or None,
+                                       [p.value for p in Scope(scope).phases], f"profile {name}")
+                jobs.start(job, workspace)
+                st.rerun()
+
+
+profile_jobs = [j for j in jobs.list_jobs(workspace) if j.kind == "profile" and j.model == name][:3]
+running_at_load = {j.id for j in profile_jobs if jobs.state(j, workspace).status == "running"}
+
+
+@st.fragment(run_every=2 if running_at_load else None)
+def profile_progress():
+    """Polls while a profile job runs; redraws the whole page when one finishes (its profile appears)."""
+    for job in profile_jobs:
+        state = jobs.state(job, workspace)
+        if job.id in running_at_load and state.status != "running":
+            st.rerun()
+        if state.status == "failed":
+            st.error(f"{job.id} failed: {state.error}")
+            continue
+        st.progress(min(1.0, state.fraction), text=f"{job.id}: {state.status}" + (f" - {state.message}" if state.message else ""))
+        if state.status == "running" and st.button("Cancel", key=f"cancel_{job.id}"):
+            jobs.cancel(job, workspace)
+            st.rerun()
+
+
+profile_progress()
+
+# ---- open a saved one --------------------------------------------------------------------------------
+profiles, unreadable = [], []
+for meta in sorted(root.glob("*/profile.json")) if root.is_dir() else []:
+    try:
+        profiles.append(load_profile(meta.parent))
+    except ProfileError as exc:
+        unreadable.append(str(exc))
+for text in unreadable:
+    st.warning(text)
+mine = [p for p in profiles if p.metadata.get("model") == name]
+if not mine:
+    st.info(f"No profile of {name!r} in {root} yet: compute one above (it runs in the background).")
+    st.stop()
+profile = st.selectbox("Profile", mine, format_func=lambda p: f"{p.key}  (b_cal {p.metadata['capacity']})")
+st.caption(f"{profile.path} · computed {profile.metadata.get('created', '?')} in {profile.metadata.get('seconds', '?')} s")
+for scope in profile.metadata["scopes"]:
+    st.subheader(scope)
+    left, right = st.columns(2)
+    with left:
+        common.show(charts.profile_heatmap(profile.table, scope, "cosine"), f"{profile.key}-{scope}-cosine")
+    with right:
+        common.show(charts.profile_heatmap(profile.table, scope, "dppl"), f"{profile.key}-{scope}-dppl")
+common.show(charts.entropy_figure(profile.entropy), f"{profile.key}-entropy")
+with st.expander("Table"):
+    st.dataframe(profile.table, hide_index=True)

@@ -1,0 +1,117 @@
+"""Runs: evaluate the current plan (and baselines, budgets, placements) in the background; follow them."""
+
+import json
+
+import pandas as pd
+import streamlit as st
+
+from app import common
+from polykv import jobs
+from polykv.eval.backends import Unit
+from polykv.eval.experiments import baseline_methods, launch_plans, plan_budget
+from polykv.eval.runner import SUITES
+from polykv.eval.store import Store
+
+st.title("Runs")
+name, device, _, _ = common.current_model()
+plan = common.plan()
+workspace = common.workspace()
+
+# Small defaults on the demo model so a first run takes seconds on a laptop CPU.
+DEMO_SETTINGS = {"fidelity": {"samples_per_task": 2, "prompt_tokens": 256}}
+
+
+def default_settings(suite: str) -> str:
+    settings = SUITES[suite].Settings().to_dict()
+    if name == "demo":
+        settings.update(DEMO_SETTINGS.get(suite, {}))
+    return json.dumps(settings)
+
+
+# ---- launch --------------------------------------------------------------------------------------------
+st.subheader(f"Evaluate the current plan: {plan.name}")
+st.caption(" · ".join(plan.summary().lines()[1:]))
+suite = st.selectbox("Suite", list(SUITES), key="run_suite")
+with st.form("launch_form"):
+    settings_text = st.text_area("Suite settings (JSON)", value=default_settings(suite), key=f"settings_{suite}")
+    cols = st.columns(4)
+    budgets_text = cols[0].text_input("Budgets", placeholder=f"the plan's own ({plan_budget(plan)})",
+                                      help="Comma-separated average capacities: the plan is rescaled to each")
+    baselines = cols[1].multiselect("Baselines", baseline_methods(plan.scope),
+                                    help="Each method alone in the plan's phases at the same budget")
+    placements = cols[2].number_input("Random placements", min_value=0, max_value=999, value=0,
+                                      help="Placement control: count-matched random routes (single-phase plans)")
+    seed = cols[3].number_input("Seed", min_value=0, value=0, step=1)
+    launched = st.form_submit_button("Launch", type="primary")
+
+if launched:
+    try:
+        budgets = [int(b) for b in budgets_text.replace(" ", "").split(",") if b]
+        if any(b < 1 for b in budgets):
+            raise ValueError("budgets must be positive whole numbers")
+        settings = Unit("", "", suite, settings_text).settings()
+        labelled = launch_plans(plan, budgets, baselines, int(placements), int(seed))
+        units = [(label, Unit.of(name, p, suite, settings, int(seed), device)) for label, p in labelled]
+        job = jobs.eval_job(units, f"{plan.name} on {suite}" + (f" + {len(units) - 1} more" if len(units) > 1 else ""))
+    except (ValueError, TypeError) as exc:
+        st.error(f"Not launched: {common.first_line(exc)}")
+    else:
+        jobs.start(job, workspace)
+        st.session_state["runs_flash"] = f"Started {job.id} ({len(units)} run{'s' * (len(units) > 1)})."
+        st.rerun()
+if "runs_flash" in st.session_state:
+    st.success(st.session_state.pop("runs_flash"))
+
+# ---- jobs (polled while any runs) -----------------------------------------------------------------------
+st.subheader("Jobs")
+all_jobs = [j for j in jobs.list_jobs(workspace) if j.kind == "eval"]
+running_at_load = {j.id for j in all_jobs if jobs.state(j, workspace).status == "running"}
+
+
+@st.fragment(run_every=2 if running_at_load else None)
+def job_list():
+    if not all_jobs:
+        st.info("No evaluation yet: launch one above.")
+    for job in all_jobs[:10]:
+        state = jobs.state(job, workspace)
+        if job.id in running_at_load and state.status != "running":
+            st.rerun()  # finished: redraw the page (and stop polling)
+        with st.container(border=True):
+            st.markdown(f"**{job.title}** · `{job.id}` · {state.status}")
+            st.progress(min(1.0, state.fraction), text=f"{state.fraction:.0%} {state.message}")
+            for run in state.runs:
+                total = run.total or 0
+                label = ", ".join(f"{k} {v}" for k, v in run.label.items())
+                st.progress(run.done / total if total else 0.0,
+                            text=f"{run.plan_name} ({label}) · {run.done}/{total or '?'} samples · {run.status}")
+            if state.error:
+                st.error(state.error)
+            buttons = st.columns(6)
+            if state.status == "running" and buttons[0].button("Cancel", key=f"cancel_{job.id}"):
+                jobs.cancel(job, workspace)
+                st.rerun()
+            if state.status in ("stopped", "cancelled", "failed") and buttons[0].button("Resume", key=f"resume_{job.id}"):
+                jobs.start(job, workspace)
+                st.rerun()
+            with st.expander("Log"):
+                st.code(jobs.log_tail(job, workspace) or "(empty)", language=None)
+
+
+job_list()
+
+# ---- results ----------------------------------------------------------------------------------------------
+st.subheader("Runs in the results database")
+store = Store(workspace / "results.sqlite")
+rows = []
+for run in reversed(store.runs()):
+    row = {"run": run["id"], "plan": run["plan_name"], "suite": run["suite"], "model": run["model"],
+           "status": run["status"], "samples": f"{run['done_samples']}/{run['total_samples']}", "created": run["created"][:19]}
+    scores = store.task_scores(run["id"])
+    for metric in sorted({m for values in scores.values() for m in values}):
+        row[metric] = sum(v[metric] for v in scores.values()) / len(scores)
+    rows.append(row)
+if rows:
+    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+    st.caption("Scores are macro-averages over tasks; compare runs task by task on the Compare page.")
+else:
+    st.info(f"No runs in {store.path} yet.")

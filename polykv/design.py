@@ -1,0 +1,197 @@
+"""Editing plans by hand: paint a method and/or capacity onto chosen layers, edit a per-layer table,
+rescale to a target budget, compare two plans, and name plan files safely.
+
+These are the plan designer's operations (the web app calls them; nothing here draws anything). Every
+operation returns a new, validated `Plan` or raises `PlanError` with a one-line message; the plan it
+started from is never changed, so a rejected edit loses nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import pandas as pd
+
+from polykv.methods import REGISTRY, params_that_fit, validate_plan
+from polykv.plan import FULL, Phase, Plan, PlanError, Scope
+from polykv.routing import scale_budget
+
+TABLE_COLUMNS = [
+    "layer",
+    "prefill_method", "prefill_capacity", "prefill_params",
+    "decode_method", "decode_capacity", "decode_params",
+]  # fmt: skip
+DEFAULT_CAPACITY = 64  # what a layer gets when a bounded method is painted on a `full` cell without a capacity
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def _phases(phases: Phase | str | Iterable[Phase | str]) -> tuple[Phase, ...]:
+    if isinstance(phases, (Phase, str)):
+        phases = Scope(phases).phases if phases in ("both", Scope.BOTH) else (Phase(phases),)
+    return tuple(Phase(p) for p in phases)
+
+
+def _scope_of(layers: list[dict[str, dict[str, Any]]], fallback: Scope) -> Scope:
+    """The phases in which some layer evicts; a plan that evicts nowhere keeps its old scope."""
+    active = [p for p in Phase if any(layer[p.value]["method"] != FULL for layer in layers)]
+    if len(active) == 2:
+        return Scope.BOTH
+    return Scope(active[0].value) if active else fallback
+
+
+def _rebuild(plan: Plan, layers: list[dict[str, dict[str, Any]]], **changes: Any) -> Plan:
+    data = plan.to_dict()
+    data.update(layers=layers, scope=_scope_of(layers, plan.scope).value, **changes)
+    return validate_plan(Plan.from_dict(data), plan.num_layers)
+
+
+def _layer_dicts(plan: Plan) -> list[dict[str, dict[str, Any]]]:
+    return [{p.value: layer[p].model_dump() for p in Phase} for layer in plan.layers]
+
+
+def paint(
+    plan: Plan,
+    layers: Sequence[int],
+    phases: Phase | str | Iterable[Phase | str],
+    method: str | None = None,
+    capacity: int | None = None,
+) -> Plan:
+    """`method` and/or `capacity` on `layers` in `phases`; the rest of the plan stays as it was.
+
+    A new method gets its default parameters, with windows and sinks shrunk to fit the capacity (as in
+    profiles); painting `full` removes the capacity. Painted capacities are explicit, so the plan's
+    allocation becomes "fixed". The scope follows the phases in which some layer evicts."""
+    if method is None and capacity is None:
+        raise PlanError("paint: choose a method, a capacity, or both")
+    if method is not None and method not in REGISTRY:
+        raise PlanError(f"paint: unknown method {method!r} (known: {', '.join(REGISTRY)})")
+    if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
+        raise PlanError(f"paint: capacity must be a positive integer (got {capacity!r})")
+    bad = [i for i in layers if not 0 <= i < plan.num_layers]
+    if bad:
+        raise PlanError(f"paint: layer {bad[0]} does not exist (the plan has layers 0-{plan.num_layers - 1})")
+    if not layers:
+        raise PlanError("paint: select at least one layer")
+    phases = _phases(phases)
+    new = _layer_dicts(plan)
+    average = {p: plan.summary().phases[p].average_capacity for p in Phase}
+    for i in layers:
+        for phase in phases:
+            cell = new[i][phase.value]
+            name = method or cell["method"]
+            if name == FULL:
+                new[i][phase.value] = {"method": FULL, "capacity": None, "params": {}}
+                continue
+            if phase not in REGISTRY[name].phases:
+                allowed = ", ".join(p.value for p in REGISTRY[name].phases)
+                raise PlanError(f"paint: {name!r} does not run in the {phase.value} phase (it runs in: {allowed})")
+            cap = capacity or cell["capacity"] or round(average[phase] or DEFAULT_CAPACITY)
+            params = cell["params"] if name == cell["method"] else params_that_fit(name, cap)
+            new[i][phase.value] = {"method": name, "capacity": cap, "params": params}
+    return _rebuild(plan, new, allocation="fixed")
+
+
+# ---- the editable table ----------------------------------------------------------------------------
+def to_table(plan: Plan) -> pd.DataFrame:
+    """One row per layer: method, capacity and parameters (JSON) for each phase."""
+    rows = []
+    for i, layer in enumerate(plan.layers):
+        row: dict[str, Any] = {"layer": i}
+        for p in Phase:
+            a = layer[p]
+            row[f"{p.value}_method"] = a.method
+            row[f"{p.value}_capacity"] = a.capacity
+            row[f"{p.value}_params"] = json.dumps(a.params) if a.params else ""
+        rows.append(row)
+    frame = pd.DataFrame(rows, columns=TABLE_COLUMNS)
+    for p in Phase:
+        frame[f"{p.value}_capacity"] = frame[f"{p.value}_capacity"].astype("Int64")
+    return frame
+
+
+def _cell_capacity(value: Any, where: str) -> int | None:
+    if value is None or (not isinstance(value, str) and pd.isna(value)) or value == "":
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise PlanError(f"{where}, capacity: not a number ({value!r})") from None
+    if number != int(number) or number < 1:
+        raise PlanError(f"{where}, capacity: must be a positive whole number of tokens (got {value!r})")
+    return int(number)
+
+
+def _cell_params(value: Any, where: str) -> dict[str, Any]:
+    if value is None or (not isinstance(value, str) and pd.isna(value)) or not str(value).strip():
+        return {}
+    try:
+        params = json.loads(value)
+    except json.JSONDecodeError:
+        raise PlanError(f"{where}, params: not JSON (write e.g. {{\"window\": 16}})") from None
+    if not isinstance(params, dict):
+        raise PlanError(f"{where}, params: expected a JSON object such as {{\"window\": 16}}")
+    return params
+
+
+def from_table(plan: Plan, table: pd.DataFrame) -> Plan:
+    """The plan with its layers read back from an edited `to_table` frame (same layers, same order)."""
+    if len(table) != plan.num_layers:
+        raise PlanError(f"table: {len(table)} rows but the plan has {plan.num_layers} layers")
+    new = []
+    for i, row in enumerate(table.to_dict("records")):
+        layer = {}
+        for p in Phase:
+            where = f"layer {i}, {p.value}"
+            method = str(row.get(f"{p.value}_method") or "").strip()
+            if not method:
+                raise PlanError(f"{where}, method: choose a method")
+            capacity = _cell_capacity(row.get(f"{p.value}_capacity"), where)
+            if method == FULL:
+                capacity = None
+            layer[p.value] = {"method": method, "capacity": capacity, "params": _cell_params(row.get(f"{p.value}_params"), where)}
+        new.append(layer)
+    changed = new != _layer_dicts(plan)
+    return _rebuild(plan, new, **({"allocation": "fixed"} if changed else {}))
+
+
+# ---- whole-plan operations -------------------------------------------------------------------------
+def match_budget(plan: Plan, average: float) -> Plan:
+    """The same route with each active phase's capacities rescaled to average `average` (proportions kept)."""
+    if average <= 0:
+        raise PlanError(f"match total capacity: the target average must be positive (got {average})")
+    try:
+        scaled = scale_budget(plan, average, name=plan.name)
+    except ValueError as exc:
+        raise PlanError(f"match total capacity: {exc}") from None
+    return validate_plan(scaled.model_copy(update={"description": plan.description}), plan.num_layers)
+
+
+def diff(a: Plan, b: Plan) -> pd.DataFrame:
+    """Where two plans differ: plan-level fields first, then each (layer, phase) cell that changed."""
+    rows = [
+        {"where": field, "a": str(getattr(a, field).value if field == "scope" else getattr(a, field)),
+         "b": str(getattr(b, field).value if field == "scope" else getattr(b, field))}
+        for field in ("scope", "allocation")
+        if getattr(a, field) != getattr(b, field)
+    ]
+    if a.num_layers != b.num_layers:
+        rows.append({"where": "layers", "a": str(a.num_layers), "b": str(b.num_layers)})
+    for i, (la, lb) in enumerate(zip(a.layers, b.layers)):
+        for p in Phase:
+            if la[p] != lb[p]:
+                rows.append({"where": f"layer {i} {p.value}", "a": str(la[p]), "b": str(lb[p])})
+    return pd.DataFrame(rows, columns=["where", "a", "b"])
+
+
+def plan_filename(name: str) -> str:
+    """A safe file name for a plan called `name`: letters, digits, '.', '_' and '-' only, no path."""
+    stem = _UNSAFE.sub("-", name.strip()).strip(".-")[:80]
+    if not stem:
+        raise PlanError(f"plan name {name!r}: use letters, digits, '.', '_' or '-'")
+    return stem if stem.endswith(".json") else f"{stem}.json"
+
+
+__all__ = ["DEFAULT_CAPACITY", "TABLE_COLUMNS", "diff", "from_table", "match_budget", "paint", "plan_filename", "to_table"]

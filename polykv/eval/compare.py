@@ -1,0 +1,146 @@
+"""Comparisons read from the results store: two runs task by task, a budget sweep, a placement control.
+
+The statistics see "higher is better": a lower-is-better metric (KL, perplexity) is negated before the
+bootstrap, wins/ties/losses and leave-one-task-out, and the numbers are reported back in the metric's
+own units and sign (A - B). The CLI's `compare` and the web app's Compare page both call these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from polykv.eval.stats import leave_one_task_out, paired_bootstrap, rank_among, wins_ties_losses
+from polykv.eval.store import Store
+
+# +1: higher is better; -1: lower is better. Metrics not listed are taken as higher-is-better.
+METRIC_DIRECTION = {"top1": 1, "rougeL": 1, "kl": -1, "ppl": -1, "score": 1}
+
+
+def direction(metric: str) -> int:
+    return METRIC_DIRECTION.get(metric, 1)
+
+
+def task_scores(store: Store, run_id: str, metric: str) -> dict[str, float]:
+    """One run's per-task `metric`; a ValueError (one line) when it has none."""
+    scores = {task: values[metric] for task, values in store.task_scores(run_id).items() if metric in values}
+    if not scores:
+        raise ValueError(f"run {run_id} has no finished task with metric {metric!r}")
+    return scores
+
+
+def suite_score(store: Store, run_id: str, metric: str) -> float:
+    """The macro-average of `metric` over the run's tasks."""
+    scores = task_scores(store, run_id, metric)
+    return sum(scores.values()) / len(scores)
+
+
+def metrics_of(store: Store, run_ids: Sequence[str]) -> list[str]:
+    """The metrics every one of `run_ids` reports."""
+    sets = [{m for values in store.task_scores(r).values() for m in values} for r in run_ids]
+    return sorted(set.intersection(*sets)) if sets else []
+
+
+@dataclass(frozen=True)
+class Paired:
+    """A vs B over their shared tasks, in the metric's units (difference = A - B)."""
+
+    metric: str
+    sign: int  # +1 higher is better, -1 lower is better
+    table: pd.DataFrame  # task, A, B, A - B
+    difference: float
+    low: float
+    high: float
+    replicates: int
+    wins: int
+    ties: int
+    losses: int
+    leave_one_out: dict[str, float]  # task left out -> A - B over the others (empty with one task)
+    only_in_a: tuple[str, ...]
+    only_in_b: tuple[str, ...]
+
+    def lines(self) -> list[str]:
+        out = [
+            f"macro-average A - B: {self.difference:+.4f}, 95% paired bootstrap CI [{self.low:+.4f}, {self.high:+.4f}] "
+            f"({self.replicates} replicates over {len(self.table)} tasks)",
+            f"A wins / ties / losses: {self.wins} / {self.ties} / {self.losses}",
+        ]
+        if self.leave_one_out:
+            out.append("leave one task out (A - B): " + ", ".join(f"{t} {d:+.4f}" for t, d in self.leave_one_out.items()))
+        return out
+
+
+def paired(a: Mapping[str, float], b: Mapping[str, float], metric: str, seed: int = 0) -> Paired:
+    sign = direction(metric)
+    better_a, better_b = ({t: sign * v for t, v in s.items()} for s in (a, b))
+    boot = paired_bootstrap(better_a, better_b, seed=seed)
+    wins, ties, losses = wins_ties_losses(better_a, better_b)
+    low, high = sorted((sign * boot.low, sign * boot.high))
+    table = pd.DataFrame(
+        [{"task": t, "A": a[t], "B": b[t], "A - B": a[t] - b[t]} for t in boot.tasks], columns=["task", "A", "B", "A - B"]
+    )
+    loto = leave_one_task_out(better_a, better_b) if len(boot.tasks) > 1 else {}
+    return Paired(metric, sign, table, sign * boot.difference, low, high, boot.replicates, wins, ties, losses,
+                  {t: sign * d for t, d in loto.items()}, boot.only_in_a, boot.only_in_b)
+
+
+def compare_runs(store: Store, run_a: str, run_b: str, metric: str, seed: int = 0) -> Paired:
+    return paired(task_scores(store, run_a, metric), task_scores(store, run_b, metric), metric, seed)
+
+
+def envelope(rows: list[dict[str, Any]], baselines: Sequence[str], metric: str) -> list[dict[str, Any]]:
+    """Add to each row (one per budget: {"budget", "route", <baseline>: score, ...}) the best baseline
+    present at that budget and its score ("envelope")."""
+    sign = direction(metric)
+    out = []
+    for row in rows:
+        present = [b for b in baselines if row.get(b) is not None and not pd.isna(row.get(b))]
+        row = dict(row)
+        if present:
+            best = max(present, key=lambda name: sign * row[name])
+            row["best baseline"], row["envelope"] = best, row[best]
+        else:
+            row["best baseline"], row["envelope"] = None, None
+        out.append(row)
+    return out
+
+
+def sweep_table(store: Store, runs: Sequence[tuple[Mapping[str, Any], str]], metric: str) -> pd.DataFrame:
+    """Budget-sweep lines from labelled runs ({"series": "route" | baseline, "budget": b}, run id): one row
+    per budget with each series' suite score, the best baseline and the envelope. Unfinished runs are
+    left out (their cells are empty)."""
+    cells: dict[int, dict[str, Any]] = {}
+    series: list[str] = []
+    for label, run_id in runs:
+        if "budget" not in label or "series" not in label:
+            continue
+        run = store.run(run_id)
+        if run is None or run["status"] != "finished":
+            continue
+        name = str(label["series"])
+        if name not in series:
+            series.append(name)
+        cells.setdefault(int(label["budget"]), {"budget": int(label["budget"])})[name] = suite_score(store, run_id, metric)
+    baselines = [s for s in series if s != "route"]
+    rows = envelope([cells[b] for b in sorted(cells)], baselines, metric)
+    return pd.DataFrame(rows, columns=["budget", "route", *baselines, "best baseline", "envelope"])
+
+
+@dataclass(frozen=True)
+class Placement:
+    guided: float
+    controls: list[float]
+    rank: int  # 1 = best
+    p_value: float  # one-sided Monte Carlo p of the guided route against the controls
+
+
+def placement_summary(guided: float, controls: Sequence[float], metric: str) -> Placement:
+    rank, p = rank_among(guided, controls, higher_is_better=direction(metric) > 0)
+    return Placement(guided, list(controls), rank, p)
+
+
+__all__ = ["METRIC_DIRECTION", "Paired", "Placement", "compare_runs", "direction", "envelope", "metrics_of", "paired",
+           "placement_summary", "suite_score", "sweep_table", "task_scores"]
