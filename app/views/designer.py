@@ -103,7 +103,8 @@ with tools[2].popover("Build from profile"):
     if not mine:
         st.info("No profile for this model yet: compute one on the Profiles page.")
     else:
-        picked = st.selectbox("Profile", mine, format_func=lambda p: p.key)
+        by_key = {p.key: p for p in mine}
+        picked = by_key[st.selectbox("Profile", list(by_key))]
         scope = st.selectbox("Scope", [s.value for s in Scope if all(p.value in picked.metadata["scopes"] for p in s.phases)])
         budget = st.number_input("Average budget", min_value=1, value=int(picked.metadata["capacity"]), step=1)
         statistic = st.radio("TopRank statistic", ["cosine", "dppl"], horizontal=True)

@@ -71,7 +71,8 @@ mine = [p for p in profiles if p.metadata.get("model") == name]
 if not mine:
     st.info(f"No profile of {name!r} in {root} yet: compute one above (it runs in the background).")
     st.stop()
-profile = st.selectbox("Profile", mine, format_func=lambda p: f"{p.key}  (b_cal {p.metadata['capacity']})")
+by_key = {p.key: p for p in mine}
+profile = by_key[st.selectbox("Profile", list(by_key), format_func=lambda k: f"{k}  (b_cal {by_key[k].metadata['capacity']})")]
 st.caption(f"{profile.path} · computed {profile.metadata.get('created', '?')} in {profile.metadata.get('seconds', '?')} s")
 for scope in profile.metadata["scopes"]:
     st.subheader(scope)

@@ -46,9 +46,11 @@ with st.form("launch_form"):
 
 if launched:
     try:
-        budgets = [int(b) for b in budgets_text.replace(" ", "").split(",") if b]
-        if any(b < 1 for b in budgets):
-            raise ValueError("budgets must be positive whole numbers")
+        budgets = []
+        for item in filter(None, budgets_text.replace(" ", "").split(",")):
+            if not item.isdigit() or int(item) < 1:
+                raise ValueError(f"budgets are whole numbers separated by commas (got {item!r})")
+            budgets.append(int(item))
         settings = Unit("", "", suite, settings_text).settings()
         labelled = launch_plans(plan, budgets, baselines, int(placements), int(seed))
         units = [(label, Unit.of(name, p, suite, settings, int(seed), device)) for label, p in labelled]

@@ -1,0 +1,274 @@
+"""The web app through Streamlit's AppTest: every page opens on the demo model with its main content;
+painting, table edits, saving, loading, bad input and launching a run behave as the page says.
+
+AppTest cannot click charts or edit data editors: the chart's selection is set through the layer list's
+session state and table edits through the editor's edit state, as a browser would leave them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from polykv import jobs
+from polykv.eval.store import Store
+from polykv.plan import Plan
+
+APP = str(Path(__file__).resolve().parents[1] / "app" / "app.py")
+TINY_SETTINGS = {"tasks": ["prose", "stories"], "samples_per_task": 1, "prompt_tokens": 96, "continuation": 8, "generate": 8}
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch, demo_model):  # demo_model: the demo checkpoint is imported once per session
+    monkeypatch.setenv("POLYKV_WORKSPACE", str(tmp_path / "ws"))
+    monkeypatch.setenv("POLYKV_PLANS", str(tmp_path / "plans"))
+    (tmp_path / "plans").mkdir()
+    return tmp_path
+
+
+def open_app(page: str | None = None) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.run()
+    if page:
+        at.switch_page(f"views/{page}.py")
+        at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def button(at: AppTest, label: str):
+    found = [b for b in at.button if b.label == label]
+    assert found, f"no button {label!r}: {[b.label for b in at.button]}"
+    return found[0]
+
+
+def current_plan(at: AppTest) -> Plan:
+    return Plan.from_json(at.session_state["plan_json"])
+
+
+def texts(elements) -> list[str]:
+    return [e.value for e in elements]
+
+
+def table_key(at: AppTest) -> str:
+    return f"plan_table_{at.session_state['plan_version'] if 'plan_version' in at.session_state else 0}"
+
+
+def test_designer_opens_with_the_demo_plan_chart_table_and_summary(env):
+    at = open_app()
+    assert texts(at.title) == ["Plan designer"]
+    assert current_plan(at).name == "mixed-demo" and current_plan(at).num_layers == 5
+    assert any("total capacity B=" in t for t in texts(at.text))
+    assert len(at.get("plotly_chart")) == 1 and len(at.dataframe) >= 1
+    assert "Model: **demo** on cpu, 5 layers" in texts(at.sidebar.caption)
+
+
+def test_painting_a_selection_changes_only_those_cells_and_undo_restores(env):
+    at = open_app()
+    before = current_plan(at)
+    at.session_state["designer_layers"] = [1, 2, 3]  # what a box selection on the chart leaves
+    at.radio(key="designer_phase").set_value("decode")
+    at.selectbox(key="paint_method").select("h2o")
+    at.number_input(key="paint_capacity").set_value(40)
+    button(at, "Paint selection").click()
+    at.run()
+    assert not at.exception and not at.error
+    assert "Painted h2o @40 onto layers 1, 2, 3 (decode)." in texts(at.success)
+    after = current_plan(at)
+    for i in range(5):
+        assert after.layers[i].prefill == before.layers[i].prefill
+        expected = ("h2o", 40) if i in (1, 2, 3) else (before.layers[i].decode.method, before.layers[i].decode.capacity)
+        assert (after.layers[i].decode.method, after.layers[i].decode.capacity) == expected
+    button(at, "Undo").click()
+    at.run()
+    assert current_plan(at) == before
+
+
+def test_painting_a_method_onto_a_phase_it_cannot_run_says_so_and_keeps_the_plan(env):
+    at = open_app()
+    before = current_plan(at)
+    at.session_state["designer_layers"] = [0]
+    at.radio(key="designer_phase").set_value("decode")
+    at.selectbox(key="paint_method").select("snapkv")  # a prefill-only method
+    button(at, "Paint selection").click()
+    at.run()
+    assert not at.exception
+    assert any("'snapkv' does not run in the decode phase" in e for e in texts(at.error))
+    assert current_plan(at) == before
+
+
+def test_a_capacity_of_zero_typed_into_the_table_is_refused_with_a_message(env):
+    at = open_app()
+    before = current_plan(at)
+    at.session_state[table_key(at)] = {"edited_rows": {2: {"decode_capacity": 0}}, "added_rows": [], "deleted_rows": []}
+    at.run()
+    assert not at.exception
+    assert any("layer 2, decode, capacity: must be a positive whole number of tokens (got 0)" in e for e in texts(at.error))
+    assert current_plan(at) == before
+    # a valid edit in the same table applies
+    at.session_state[table_key(at)] = {"edited_rows": {2: {"decode_capacity": 20}}, "added_rows": [], "deleted_rows": []}
+    at.run()
+    assert current_plan(at).layers[2].decode.capacity == 20 and not at.error
+
+
+def test_match_total_capacity_rescales_and_keeps_the_route(env):
+    at = open_app()
+    before = current_plan(at)
+    [n for n in at.number_input if n.label == "Target average capacity"][0].set_value(24.0)
+    button(at, "Rescale (keep the route)").click()
+    at.run()
+    after = current_plan(at)
+    assert [(lay.prefill.method, lay.decode.method) for lay in after.layers] == [(lay.prefill.method, lay.decode.method) for lay in before.layers]
+    assert after.summary().phases["prefill"].total_capacity == 24 * 5
+    assert after.summary().phases["decode"].total_capacity == 24 * 5
+
+
+def test_save_sanitizes_the_name_and_load_and_diff_read_it_back(env):
+    at = open_app()
+    [t for t in at.text_input if t.label == "Plan name"][0].set_value("../My plan!")
+    button(at, "Save to plans/").click()
+    at.run()
+    saved = env / "plans" / "My-plan.json"
+    assert saved.is_file() and any("Saved" in s for s in texts(at.success))
+    assert Plan.load(saved).name == "../My plan!"  # the name inside is kept; only the file name is made safe
+    # refuse to overwrite without the tick
+    button(at, "Save to plans/").click()
+    at.run()
+    assert any("tick 'Overwrite'" in w for w in texts(at.warning))
+    # change the plan, then diff against and load the saved file
+    at.session_state["designer_layers"] = [4]
+    at.selectbox(key="paint_method").select("tova")
+    button(at, "Paint selection").click()
+    at.run()
+    at.selectbox(key="diff_with").select(Path("My-plan.json"))
+    at.run()
+    assert any("difference" in c for c in texts(at.caption))
+    [s for s in at.selectbox if s.label == "Saved plans"][0].select(Path("My-plan.json"))
+    at.run()
+    button(at, "Load").click()
+    at.run()
+    assert current_plan(at) == Plan.load(saved)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("this is not json", "not-a-plan.json: malformed JSON"),
+        (json.dumps({"hello": 1}), "not-a-plan.json: "),
+        (Plan.homogeneous("tova", 32, 3).to_json(), "does not fit 'demo': layers: the plan has 3 layers but the model has 5"),
+    ],
+)
+def test_loading_a_file_that_is_not_a_plan_for_this_model_says_why(env, content, message):
+    (env / "plans" / "not-a-plan.json").write_text(content)
+    at = open_app()
+    before = current_plan(at)
+    [s for s in at.selectbox if s.label == "Saved plans"][0].select(Path("not-a-plan.json"))
+    at.run()
+    button(at, "Load").click()
+    at.run()
+    assert not at.exception
+    assert any(message in e for e in texts(at.error)), texts(at.error)
+    assert current_plan(at) == before
+    assert texts(at.title) == ["Plan designer"]  # still usable
+
+
+def test_a_model_path_that_does_not_exist_is_reported_and_the_demo_model_stays(env):
+    at = open_app()
+    at.sidebar.text_input[0].set_value("/no/such/model")
+    at.sidebar.button[0].click()
+    at.run()
+    assert not at.exception
+    assert any("model path does not exist: /no/such/model" in e for e in texts(at.sidebar.error))
+    assert "Model: **demo** on cpu, 5 layers" in texts(at.sidebar.caption)
+    assert texts(at.title) == ["Plan designer"]
+
+
+def test_heterogeneity_page_draws_support_sizes_and_density(env):
+    at = open_app("heterogeneity")
+    assert texts(at.title) == ["Attention heterogeneity"]
+    assert len(at.get("plotly_chart")) == 2
+    assert any("8 inputs of" in c for c in texts(at.caption))
+
+
+def test_profiles_page_shows_heatmaps_of_a_saved_profile(env, demo_model):
+    from polykv.profile.build import build_profile
+    from polykv.profile.corpus import CorpusSpec
+
+    model, tokenizer = demo_model
+    profile = build_profile("demo", model, tokenizer, env / "ws" / "profiles", CorpusSpec(num_sequences=2, max_tokens=128))
+    at = open_app("profiles")
+    assert texts(at.title) == ["Method profiles"]
+    assert [s.value for s in at.subheader] == list(profile.metadata["scopes"])
+    assert len(at.get("plotly_chart")) == 2 * len(profile.metadata["scopes"]) + 1  # cosine + dPPL per scope, entropy
+
+
+def test_profiles_page_starts_a_background_profile(env):
+    at = open_app("profiles")
+    [n for n in at.number_input if n.label == "Sequences"][0].set_value(1)
+    [n for n in at.number_input if n.label == "Tokens per sequence"][0].set_value(96)
+    [s for s in at.multiselect if s.label == "Sources"][0].set_value(["kjv"])
+    button(at, "Start profiling").click()
+    at.run()
+    (job,) = jobs.list_jobs(env / "ws")
+    assert job.kind == "profile" and job.profile["corpus"]["num_sequences"] == 1
+    deadline = time.time() + 240
+    while jobs.state(job, env / "ws").status not in jobs.FINAL and time.time() < deadline:
+        time.sleep(1)
+    state = jobs.state(job, env / "ws")
+    assert state.status == "finished", (state, jobs.log_tail(job, env / "ws"))
+    at.run()
+    assert len(at.get("plotly_chart")) >= 3  # the new profile opens
+
+
+def test_runs_page_launches_a_background_run_and_compare_shows_its_scores(env):
+    at = open_app("runs")
+    assert texts(at.title) == ["Runs"]
+    at.text_area(key="settings_fidelity").set_value(json.dumps(TINY_SETTINGS))
+    [t for t in at.text_input if t.label == "Budgets"][0].set_value("16")
+    [m for m in at.multiselect if m.label == "Baselines"][0].set_value(["tova"])
+    button(at, "Launch").click()
+    at.run()
+    assert not at.exception and not at.error
+    assert any("Started" in s and "(2 runs)" in s for s in texts(at.success))
+    (job,) = jobs.list_jobs(env / "ws")
+    assert [r.label for r in job.runs] == [{"series": "route", "budget": 16}, {"series": "tova", "budget": 16}]
+    deadline = time.time() + 300
+    while jobs.state(job, env / "ws").status not in jobs.FINAL and time.time() < deadline:
+        time.sleep(1)
+    assert jobs.state(job, env / "ws").status == "finished", jobs.log_tail(job, env / "ws")
+    at.run()
+    assert any("finished" in m for m in texts(at.markdown))
+    runs = Store(env / "ws" / "results.sqlite").runs()
+    assert sorted(r["status"] for r in runs) == ["finished", "finished"]
+
+    at.switch_page("views/compare.py")
+    at.run()
+    assert not at.exception
+    labels = [m.label for m in at.metric]
+    assert "A wins / ties / losses" in labels and "95% paired bootstrap CI" in labels
+    assert len(at.get("plotly_chart")) == 2  # task differences and the budget sweep
+
+
+def test_runs_page_refuses_bad_settings_and_budgets_inline(env):
+    at = open_app("runs")
+    at.text_area(key="settings_fidelity").set_value('{"samples_per_task": 0}')
+    button(at, "Launch").click()
+    at.run()
+    assert not at.exception
+    assert any(e.startswith("Not launched: fidelity settings") for e in texts(at.error))
+    at.text_area(key="settings_fidelity").set_value("{}")
+    [t for t in at.text_input if t.label == "Budgets"][0].set_value("16, x")
+    button(at, "Launch").click()
+    at.run()
+    assert "Not launched: budgets are whole numbers separated by commas (got 'x')" in texts(at.error)
+    assert jobs.list_jobs(env / "ws") == []
+
+
+def test_compare_page_without_runs_says_what_to_do(env):
+    at = open_app("compare")
+    assert texts(at.title) == ["Compare"]
+    assert any("No finished run yet" in i for i in texts(at.info))

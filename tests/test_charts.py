@@ -1,0 +1,75 @@
+"""The app's figures are pure functions of data: check what they draw."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from app import charts
+from polykv.plan import Plan
+
+MIXED = Path(__file__).resolve().parents[1] / "plans" / "demo" / "mixed.json"
+
+
+def test_plan_figure_draws_one_selectable_marker_per_cell_and_the_uniform_averages():
+    plan = Plan.load(MIXED)
+    fig = charts.plan_figure(plan, selected=[1])
+    cells = [t for t in fig.data if t.type == "scatter" and t.mode == "markers"]
+    assert all(t.marker.symbol == "square" for t in cells)  # markers, not go.Heatmap: Streamlit reports selections
+    drawn = {(int(x), y): t.name for t in cells for x, y in zip(t.x, t.y)}
+    assert drawn == {(i, p): plan.layers[i][p].method for i in range(5) for p in ("prefill", "decode")}
+    assert all(list(d) == [x, y] for t in cells for d, x, y in zip(t.customdata, t.x, t.y))
+    bars = {t.name: list(t.y) for t in fig.data if t.type == "bar"}
+    assert bars["decode capacity"] == [lay.decode.capacity for lay in plan.layers]
+    averages = {t.name: t.y[0] for t in fig.data if t.type == "scatter" and t.mode == "lines"}
+    assert averages == {"prefill uniform average 36.8": 36.8, "decode uniform average 46.4": 46.4}
+    assert {t.line.dash for t in fig.data if t.type == "scatter" and t.mode == "lines"} == {"dash"}
+    widths = [w for t in cells for x, w in zip(t.x, t.marker.line.width) if x == 1]
+    assert widths and all(w == 3 for w in widths)  # the selected layer is outlined
+
+
+def test_selected_cells_reads_layers_and_phases_from_selection_points():
+    points = [{"x": 2, "y": "decode", "customdata": [2, "decode"]}, {"x": 3, "y": "decode", "customdata": [3, "decode"]},
+              {"x": 4.0, "y": 30}]  # a bar without customdata still names its layer
+    assert charts.selected_cells(points) == ([2, 3, 4], ["decode"])
+    assert charts.selected_cells([]) == ([], [])
+
+
+def test_a_full_phase_has_no_capacity_bars():
+    fig = charts.plan_figure(Plan.homogeneous("tova", 16, 3, "decode"))
+    assert [t.name for t in fig.data if t.type == "bar"] == ["decode capacity"]
+
+
+def test_support_figure_is_log_scale_with_asymmetric_intervals():
+    frame = pd.DataFrame({"layer": [0, 1], "median": [10.0, 40.0], "ci_low": [8.0, 20.0], "ci_high": [15.0, 41.0]})
+    fig = charts.support_figure(frame, 0.9)
+    assert fig.layout.yaxis.type == "log"
+    assert list(fig.data[0].error_y.array) == [5.0, 1.0] and list(fig.data[0].error_y.arrayminus) == [2.0, 20.0]
+
+
+def test_profile_heatmap_is_layers_by_methods_with_hover_numbers():
+    table = pd.DataFrame({"layer": [0, 0, 1, 1], "scope": ["decode"] * 4, "method": ["h2o", "tova"] * 2,
+                          "cosine": [0.9, 0.8, 0.7, 0.6], "dppl": [0.1, 0.2, 0.3, 0.4]})
+    fig = charts.profile_heatmap(table, "decode", "cosine")
+    assert list(fig.data[0].x) == ["h2o", "tova"] and list(fig.data[0].y) == [0, 1]
+    assert np.array(fig.data[0].z).tolist() == [[0.9, 0.8], [0.7, 0.6]]
+    assert "cosine" in fig.data[0].hovertemplate
+
+
+def test_comparison_figures_mark_intervals_envelopes_and_the_guided_route():
+    table = pd.DataFrame({"task": ["a", "b"], "A - B": [0.1, -0.05]})
+    fig = charts.difference_figure(table, 0.025, -0.05, 0.1, "kl")
+    assert list(fig.data[0].y) == [0.1, -0.05]
+    assert any(s.type == "rect" and s.y0 == -0.05 and s.y1 == 0.1 for s in fig.layout.shapes)
+    sweep = pd.DataFrame({"budget": [16, 32], "route": [0.3, 0.2], "tova": [0.4, 0.15], "best baseline": ["tova", "tova"],
+                          "envelope": [0.4, 0.15]})
+    names = [t.name for t in charts.sweep_figure(sweep, "kl").data]
+    assert names == ["tova", "best baseline (envelope)", "route"]
+    placement = charts.placement_figure(0.1, [0.2, 0.3], "kl", 1, 1 / 3)
+    assert any(s.type == "line" and s.x0 == 0.1 for s in placement.layout.shapes)
+
+
+def test_download_config_picks_the_format():
+    assert charts.download_config("svg", "plan")["toImageButtonOptions"]["format"] == "svg"

@@ -1,0 +1,145 @@
+"""Plan editing (the designer's operations): paint, the per-layer table, rescaling, diffs, file names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from polykv import design
+from polykv.methods import REGISTRY
+from polykv.plan import Phase, Plan, PlanError, Scope
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def mixed():
+    return Plan.load(REPO / "plans" / "demo" / "mixed.json")
+
+
+def test_paint_sets_method_and_capacity_only_on_the_chosen_cells(mixed):
+    painted = design.paint(mixed, [0, 3], "decode", "h2o", 40)
+    for i, (old, new) in enumerate(zip(mixed.layers, painted.layers)):
+        assert new.prefill == old.prefill
+        if i in (0, 3):
+            assert (new.decode.method, new.decode.capacity, new.decode.params) == ("h2o", 40, {})
+        else:
+            assert new.decode == old.decode
+
+
+def test_paint_capacity_alone_keeps_methods_and_their_parameters(mixed):
+    painted = design.paint(mixed, [1], "both", capacity=30)
+    assert painted.layers[1].prefill == mixed.layers[1].prefill.model_copy(update={"capacity": 30})
+    assert painted.layers[1].decode == mixed.layers[1].decode.model_copy(update={"capacity": 30})
+
+
+def test_paint_shrinks_default_windows_that_would_not_fit_the_capacity(mixed):
+    painted = design.paint(mixed, [2], "prefill", "snapkv", 16)
+    assert painted.layers[2].prefill.params == {"window": 4}  # default window 32 does not fit under 16
+
+
+def test_painting_full_drops_the_capacity_and_the_scope_follows_the_evicting_phases():
+    plan = Plan.homogeneous("tova", 32, 3, "decode")
+    assert design.paint(plan, [0, 1, 2], "decode", "full").layers[0].decode.capacity is None
+    both = design.paint(plan, [1], "prefill", "snapkv", 16)
+    assert both.scope is Scope.BOTH
+    back = design.paint(both, [1], "prefill", "full")
+    assert back.scope is Scope.DECODE
+
+
+def test_painting_a_bounded_method_onto_a_full_cell_uses_the_phase_average_capacity():
+    plan = Plan.homogeneous("full", None, 4)
+    painted = design.paint(plan, [2], "decode", "tova")
+    assert painted.layers[2].decode.capacity == design.DEFAULT_CAPACITY
+    plan = design.paint(Plan.homogeneous("tova", 20, 4, "decode"), [0], "decode", "full")
+    assert design.paint(plan, [0], "decode", "h2o").layers[0].decode.capacity == 20
+
+
+def test_paint_makes_a_native_plan_fixed(mixed):
+    native = Plan.homogeneous("cake", 64, 5, "both", allocation="native")
+    assert design.paint(native, [0], "decode", capacity=40).allocation == "fixed"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(layers=[0], phases="decode", method="snapkv"), "'snapkv' does not run in the decode phase"),
+        (dict(layers=[9], phases="decode", method="tova"), "layer 9 does not exist"),
+        (dict(layers=[], phases="decode", method="tova"), "select at least one layer"),
+        (dict(layers=[0], phases="decode"), "choose a method, a capacity, or both"),
+        (dict(layers=[0], phases="decode", method="nope"), "unknown method 'nope'"),
+        (dict(layers=[0], phases="decode", capacity=0), "capacity must be a positive integer"),
+        (dict(layers=[0], phases="decode", method="streamingllm", capacity=2), "sinks"),
+    ],
+)
+def test_paint_refuses_bad_requests_with_one_line(mixed, kwargs, message):
+    with pytest.raises(PlanError, match=message) as err:
+        design.paint(mixed, **kwargs)
+    assert "\n" not in str(err.value)
+
+
+def test_table_round_trip_is_the_identity_for_every_shipped_plan():
+    for path in sorted((REPO / "plans").rglob("*.json")):
+        plan = Plan.load(path)
+        assert design.from_table(plan, design.to_table(plan)) == plan, path
+
+
+def test_table_edits_apply_and_bad_cells_name_layer_phase_and_field(mixed):
+    table = design.to_table(mixed)
+    table.loc[4, "decode_method"] = "tova"
+    table.loc[4, "decode_capacity"] = 12
+    edited = design.from_table(mixed, table)
+    assert (edited.layers[4].decode.method, edited.layers[4].decode.capacity) == ("tova", 12)
+    for column, value, message in [
+        ("decode_capacity", 0, "layer 2, decode, capacity: must be a positive whole number of tokens (got 0)"),
+        ("decode_capacity", 2.5, "layer 2, decode, capacity: must be a positive whole number"),
+        ("prefill_params", "{window: 3", "layer 2, prefill, params: not JSON"),
+        ("prefill_params", "[1]", "layer 2, prefill, params: expected a JSON object"),
+        ("decode_method", "snapkv", "layer 2, decode, method: 'snapkv' does not support the decode phase"),
+    ]:
+        bad = design.to_table(mixed)
+        bad[column] = bad[column].astype(object)
+        bad.loc[2, column] = value
+        with pytest.raises(PlanError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            design.from_table(mixed, bad)
+
+
+def test_match_budget_keeps_the_route_and_proportions_and_hits_the_total(mixed):
+    scaled = design.match_budget(mixed, 24)
+    assert scaled.name == mixed.name
+    for phase in Phase:
+        assert [lay[phase].method for lay in scaled.layers] == [lay[phase].method for lay in mixed.layers]
+        assert scaled.summary().phases[phase].total_capacity == 24 * 5
+    with pytest.raises(PlanError, match="must be positive"):
+        design.match_budget(mixed, 0)
+
+
+def test_diff_lists_changed_cells_and_plan_fields(mixed):
+    other = design.paint(mixed, [3], "decode", "h2o", 40)
+    rows = design.diff(mixed, other).to_dict("records")
+    assert rows == [{"where": "layer 3 decode", "a": "tova@40", "b": "h2o@40"}]
+    assert design.diff(mixed, mixed).empty
+    prefill_only = Plan.homogeneous("snapkv", 16, 5, "prefill", {"window": 4})
+    assert {"where": "scope", "a": "both", "b": "prefill"} in design.diff(mixed, prefill_only).to_dict("records")
+
+
+@pytest.mark.parametrize(
+    ("name", "file"),
+    [("my plan", "my-plan.json"), ("../../etc/passwd", "etc-passwd.json"), ("a/b\\c", "a-b-c.json"),
+     ("ok.json", "ok.json"), ("  spaced  ", "spaced.json")],
+)
+def test_plan_filenames_are_safe(name, file):
+    assert design.plan_filename(name) == file
+
+
+def test_an_unusable_plan_name_is_refused():
+    with pytest.raises(PlanError, match="use letters"):
+        design.plan_filename("../..")
+
+
+def test_every_method_can_be_painted_where_it_runs(mixed):
+    for name, cls in REGISTRY.items():
+        for phase in cls.phases:
+            painted = design.paint(mixed, [0, 1, 2, 3, 4], phase.value, name, 64)
+            assert all(lay[phase].method == name for lay in painted.layers)

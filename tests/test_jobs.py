@@ -1,0 +1,122 @@
+"""Background jobs: they run detached, report progress per run, can be cancelled, are seen as stopped
+when their process dies, and resume without recomputing finished samples."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from polykv import jobs
+from polykv.eval.backends import Unit
+from polykv.eval.store import Store
+from polykv.eval.suites.fidelity import FidelitySettings
+from polykv.plan import Plan, PlanError
+
+TINY = FidelitySettings(tasks=("prose", "stories"), samples_per_task=2, prompt_tokens=96, continuation=8, generate=8)
+SLOW = FidelitySettings(tasks=("prose", "stories"), samples_per_task=12, prompt_tokens=200, continuation=16, generate=16)
+
+
+@pytest.fixture
+def workspace(tmp_path, demo_model):  # demo_model: the session's POLYKV_HOME holds the imported demo model
+    return tmp_path / "ws"
+
+
+def wait(job, workspace, until, timeout=300):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        state = jobs.state(jobs.load_job(workspace, job.id), workspace)
+        if until(state):
+            return state
+        time.sleep(0.5)
+    raise AssertionError(f"timed out: {jobs.state(job, workspace)}\n{jobs.log_tail(job, workspace)}")
+
+
+def test_an_eval_job_runs_its_units_in_order_and_reports_progress_per_run(workspace):
+    units = [({"series": "tova"}, Unit.of("demo", Plan.homogeneous("tova", 24, 5), "fidelity", TINY)),
+             ({"series": "h2o"}, Unit.of("demo", Plan.homogeneous("h2o", 24, 5), "fidelity", TINY))]
+    job = jobs.eval_job(units, "two runs")
+    assert [r.label for r in job.runs] == [{"series": "tova"}, {"series": "h2o"}]
+    assert jobs.state(job, workspace).status == "waiting"
+    process = jobs.start(job, workspace)
+    assert process.wait(timeout=300) == 0
+    state = jobs.state(jobs.load_job(workspace, job.id), workspace)
+    assert state.status == "finished" and state.fraction == 1.0
+    assert [(r.done, r.total, r.status) for r in state.runs] == [(4, 4, "finished"), (4, 4, "finished")]
+    assert {r["id"] for r in Store(workspace / "results.sqlite").runs()} == {r.run_id for r in job.runs}
+    log = jobs.log_tail(job, workspace, lines=50)
+    assert "run 2/2 h2o-both-24: 4/4" in log and log.splitlines()[-1].endswith("finished")
+
+
+def test_a_job_refuses_a_bad_plan_before_it_starts(workspace):
+    bad = Plan.homogeneous("snapkv", 24, 5, "prefill")  # default window 32 does not fit under 24
+    with pytest.raises(PlanError, match="window"):
+        jobs.eval_job([({}, Unit.of("demo", bad, "fidelity", TINY))], "bad")
+    with pytest.raises(ValueError, match="at least one run"):
+        jobs.eval_job([], "empty")
+
+
+def test_cancel_stops_the_process_and_marks_the_run_and_job_cancelled(workspace):
+    job = jobs.eval_job([({}, Unit.of("demo", Plan.homogeneous("tova", 24, 5), "fidelity", SLOW))], "slow")
+    process = jobs.start(job, workspace)
+    wait(job, workspace, lambda s: s.runs[0].done >= 1)
+    jobs.cancel(job, workspace)
+    assert process.poll() is not None
+    state = jobs.state(jobs.load_job(workspace, job.id), workspace)
+    assert state.status == "cancelled" and 1 <= state.runs[0].done < state.runs[0].total
+    assert Store(workspace / "results.sqlite").run(job.runs[0].run_id)["status"] == "cancelled"
+
+
+def test_a_killed_job_is_stopped_and_resumes_without_recomputing(workspace):
+    job = jobs.eval_job([({}, Unit.of("demo", Plan.homogeneous("h2o", 24, 5), "fidelity", SLOW))], "killed")
+    process = jobs.start(job, workspace)
+    wait(job, workspace, lambda s: s.runs[0].done >= 2)
+    os.killpg(process.pid, signal.SIGKILL)  # no chance to write anything: as if the machine went down
+    process.wait()
+    state = jobs.state(jobs.load_job(workspace, job.id), workspace)
+    assert state.status == "stopped"
+    done_before = {s["sample"] + s["task"]: s["created"] for s in Store(workspace / "results.sqlite").samples(job.runs[0].run_id)}
+    assert len(done_before) >= 2
+    jobs.start(jobs.load_job(workspace, job.id), workspace).wait(timeout=600)
+    state = jobs.state(jobs.load_job(workspace, job.id), workspace)
+    assert state.status == "finished" and state.runs[0].done == state.runs[0].total == 24
+    after = {s["sample"] + s["task"]: s["created"] for s in Store(workspace / "results.sqlite").samples(job.runs[0].run_id)}
+    assert all(after[k] == v for k, v in done_before.items())  # finished samples were kept, not redone
+
+
+def test_a_job_seen_by_a_new_process_is_read_from_its_files(workspace):
+    """An app restart sees the same jobs: everything is in files (and pid liveness is checked by name)."""
+    job = jobs.eval_job([({}, Unit.of("demo", Plan.homogeneous("tova", 24, 5), "fidelity", TINY))], "t")
+    job.pid = os.getpid()  # alive, but not this job's worker: must not count as running
+    jobs.save_job(job, workspace)
+    assert jobs.state(jobs.load_job(workspace, job.id), workspace).status == "stopped"
+    (jobs.jobs_dir(workspace) / "garbage.json").write_text("{not json")
+    assert [j.id for j in jobs.list_jobs(workspace)] == [job.id]
+
+
+def test_a_profile_job_writes_a_profile_and_reports_it(workspace):
+    from polykv.profile.corpus import CorpusSpec
+    from polykv.profile.store import load_profile
+
+    spec = CorpusSpec(sources=("kjv",), num_sequences=1, max_tokens=96)
+    job = jobs.profile_job("demo", "cpu", spec.to_dict(), None, ["decode"], "profile")
+    assert jobs.start(job, workspace).wait(timeout=300) == 0
+    state = jobs.state(job, workspace)
+    assert state.status == "finished" and state.fraction == 1.0
+    profile = load_profile(state.result["profile"])
+    assert profile.metadata["scopes"] == ["decode"] and profile.key == state.result["key"]
+    state_file = jobs.jobs_dir(workspace) / f"{job.id}.state.json"
+    assert json.loads(state_file.read_text())["status"] == "finished"
+
+
+def test_a_failing_job_records_its_error_in_one_line(workspace):
+    from polykv.profile.corpus import CorpusSpec
+
+    spec = CorpusSpec(sources=("file:/no/such/file.txt",), num_sequences=1, max_tokens=96)
+    job = jobs.profile_job("demo", "cpu", spec.to_dict(), None, ["decode"], "bad corpus")
+    assert jobs.start(job, workspace).wait(timeout=300) != 0
+    state = jobs.state(job, workspace)
+    assert state.status == "failed" and "\n" not in state.error and "/no/such/file.txt" in state.error
