@@ -30,10 +30,11 @@ def _layout(fig: go.Figure, title: str, height: int) -> go.Figure:
     return fig
 
 
-def plan_figure(plan: Plan, selected: Iterable[int] = ()) -> go.Figure:
+def plan_figure(plan: Plan, selected: Iterable[int] = (), phases: Iterable[str] = ("prefill", "decode")) -> go.Figure:
     """Figure 1c: a strip of method cells (one row per phase) over capacity bars, the uniform average
-    of each phase as a dashed line. Cells and bars are selectable (click, box, lasso)."""
-    selected = set(selected)
+    of each phase as a dashed line. Cells and bars are selectable (click, box, lasso); the cells of the
+    `selected` layers in `phases` are outlined."""
+    selected, phases = set(selected), set(phases)
     layers = list(range(plan.num_layers))
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.4, 0.6], vertical_spacing=0.06)
     size = max(8, min(40, int(900 / max(1, plan.num_layers))))
@@ -51,8 +52,14 @@ def plan_figure(plan: Plan, selected: Iterable[int] = ()) -> go.Figure:
             continue
         fig.add_trace(go.Scatter(
             x=xs, y=ys, mode="markers", name=method, customdata=data, hovertext=text, hoverinfo="text",
-            marker=dict(symbol="square", size=size, color=METHOD_COLORS[method],
-                        line=dict(width=[3 if x in selected else 0.5 for x in xs], color="#222")),
+            marker=dict(symbol="square", size=size, color=METHOD_COLORS[method], line=dict(width=0.5, color="#222")),
+        ), row=1, col=1)
+    outlined = [(i, p) for i in sorted(selected) for p in PHASE_ROWS[::-1] if p in phases and 0 <= i < plan.num_layers]
+    if outlined:  # a trace of its own, so the legend's swatches stay plain
+        fig.add_trace(go.Scatter(
+            x=[i for i, _ in outlined], y=[p for _, p in outlined], customdata=[[i, p] for i, p in outlined],
+            mode="markers", name="selected", showlegend=False, hoverinfo="skip",
+            marker=dict(symbol="square-open", size=size + 8, color="#111", line=dict(width=3)),
         ), row=1, col=1)
     for phase, color in ((Phase.PREFILL, "#4C72B0"), (Phase.DECODE, "#DD8452")):
         caps = [layer[phase].capacity for layer in plan.layers]
@@ -62,7 +69,8 @@ def plan_figure(plan: Plan, selected: Iterable[int] = ()) -> go.Figure:
             x=layers, y=[c or 0 for c in caps], name=f"{phase.value} capacity", marker_color=color,
             customdata=[[i, phase.value] for i in layers],
             hovertext=[f"layer {i} {phase.value}: {'full (no cap)' if c is None else c}" for i, c in enumerate(caps)],
-            hoverinfo="text", marker_line=dict(width=[2 if i in selected else 0 for i in layers], color="#222"),
+            hoverinfo="text", marker_opacity=[1.0 if not selected or (i in selected and phase.value in phases) else 0.45
+                                              for i in layers],
         ), row=2, col=1)
         average = plan.summary().phases[phase].average_capacity
         if average is not None:
@@ -98,7 +106,7 @@ def support_figure(frame: pd.DataFrame, coverage: float) -> go.Figure:
                      arrayminus=frame["median"] - frame["ci_low"]),
         hovertemplate="layer %{x}<br>median %{y}<extra></extra>",
     ))
-    fig.update_yaxes(type="log", title_text=f"positions holding {coverage:.0%} of attention")
+    fig.update_yaxes(type="log", dtick="D2", title_text=f"positions holding {coverage:.0%} of attention")
     fig.update_xaxes(title_text="layer", dtick=1 if len(frame) <= 40 else None)
     return _layout(fig, f"{coverage:.0%} attention support per layer (median, 95% interval)", 380)
 
@@ -158,7 +166,8 @@ def sweep_figure(frame: pd.DataFrame, metric: str) -> go.Figure:
     for name in baselines:
         fig.add_trace(go.Scatter(x=frame["budget"], y=frame[name], mode="lines+markers", name=name,
                                  line=dict(color=METHOD_COLORS.get(name, "#999"), width=1.5)))
-    fig.add_trace(go.Scatter(x=frame["budget"], y=frame["envelope"], mode="lines", name="best baseline (envelope)",
+    fig.add_trace(go.Scatter(x=frame["budget"], y=frame["envelope"], mode="lines+markers", name="best baseline (envelope)",
+                             marker=dict(symbol="circle-open", size=12),
                              line=dict(color="#444", dash="dash", width=2), text=frame["best baseline"],
                              hovertemplate="budget %{x}<br>%{text}: %{y:.4f}<extra></extra>"))
     fig.add_trace(go.Scatter(x=frame["budget"], y=frame["route"], mode="lines+markers", name="route",

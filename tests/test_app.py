@@ -205,6 +205,19 @@ def test_profiles_page_shows_heatmaps_of_a_saved_profile(env, demo_model):
     assert [s.value for s in at.subheader] == list(profile.metadata["scopes"])
     assert len(at.get("plotly_chart")) == 2 * len(profile.metadata["scopes"]) + 1  # cosine + dPPL per scope, entropy
 
+    # the designer builds a plan from it (TopRank + allocation), as `polykv route` does
+    from polykv.profile.route import plan_from_profile
+
+    at.switch_page("views/designer.py")
+    at.run()
+    at.selectbox(key="build_scope").select("decode")
+    at.number_input(key="build_budget").set_value(24)
+    at.radio(key="build_allocation").set_value("entropy")
+    button(at, "Build plan").click()
+    at.run()
+    assert not at.exception and not at.error
+    assert current_plan(at) == plan_from_profile(profile, "decode", 24, "cosine", "entropy")
+
 
 def test_profiles_page_starts_a_background_profile(env):
     at = open_app("profiles")

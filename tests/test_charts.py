@@ -17,8 +17,8 @@ def test_plan_figure_draws_one_selectable_marker_per_cell_and_the_uniform_averag
     plan = Plan.load(MIXED)
     fig = charts.plan_figure(plan, selected=[1])
     cells = [t for t in fig.data if t.type == "scatter" and t.mode == "markers"]
-    assert all(t.marker.symbol == "square" for t in cells)  # markers, not go.Heatmap: Streamlit reports selections
-    drawn = {(int(x), y): t.name for t in cells for x, y in zip(t.x, t.y)}
+    assert all(t.marker.symbol in ("square", "square-open") for t in cells)  # markers, not go.Heatmap: Streamlit reports selections
+    drawn = {(int(x), y): t.name for t in cells if t.name != "selected" for x, y in zip(t.x, t.y)}
     assert drawn == {(i, p): plan.layers[i][p].method for i in range(5) for p in ("prefill", "decode")}
     assert all(list(d) == [x, y] for t in cells for d, x, y in zip(t.customdata, t.x, t.y))
     bars = {t.name: list(t.y) for t in fig.data if t.type == "bar"}
@@ -26,8 +26,11 @@ def test_plan_figure_draws_one_selectable_marker_per_cell_and_the_uniform_averag
     averages = {t.name: t.y[0] for t in fig.data if t.type == "scatter" and t.mode == "lines"}
     assert averages == {"prefill uniform average 36.8": 36.8, "decode uniform average 46.4": 46.4}
     assert {t.line.dash for t in fig.data if t.type == "scatter" and t.mode == "lines"} == {"dash"}
-    widths = [w for t in cells for x, w in zip(t.x, t.marker.line.width) if x == 1]
-    assert widths and all(w == 3 for w in widths)  # the selected layer is outlined
+    (outline,) = [t for t in cells if t.name == "selected"]
+    assert [list(d) for d in outline.customdata] == [[1, "prefill"], [1, "decode"]]  # the selected layer is outlined
+    decode_only = charts.plan_figure(plan, selected=[1, 2], phases=["decode"])
+    (outline,) = [t for t in decode_only.data if t.name == "selected"]
+    assert [list(d) for d in outline.customdata] == [[1, "decode"], [2, "decode"]]
 
 
 def test_selected_cells_reads_layers_and_phases_from_selection_points():

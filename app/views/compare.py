@@ -34,11 +34,15 @@ else:
     except ValueError as exc:
         st.warning(common.first_line(exc))
     else:
-        summary = st.columns(4)
-        summary[0].metric(f"A - B ({metric}, {better} is better)", f"{result.difference:+.4g}")
-        summary[1].metric("95% paired bootstrap CI", f"[{result.low:+.3g}, {result.high:+.3g}]")
-        summary[2].metric("A wins / ties / losses", f"{result.wins} / {result.ties} / {result.losses}")
-        summary[3].metric("Suite scores A, B", f"{suite_score(store, run_a, metric):.4g}, {suite_score(store, run_b, metric):.4g}")
+        if run_a == run_b:
+            st.info("A and B are the same run: pick two different runs.")
+        summary = st.columns(5)
+        summary[0].metric(f"Suite score A ({metric})", f"{suite_score(store, run_a, metric):.4g}")
+        summary[1].metric(f"Suite score B ({metric})", f"{suite_score(store, run_b, metric):.4g}")
+        summary[2].metric(f"A - B ({better} is better)", f"{result.difference:+.4g}")
+        summary[3].metric("95% paired bootstrap CI", f"[{result.low:+.2g}, {result.high:+.2g}]")
+        summary[4].metric("A wins / ties / losses", f"{result.wins} / {result.ties} / {result.losses}")
+        st.caption(" · ".join(result.lines()))
         common.show(charts.difference_figure(result.table, result.difference, result.low, result.high, metric), "difference")
         left, right = st.columns(2)
         left.dataframe(result.table, hide_index=True, width="stretch")

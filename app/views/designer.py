@@ -53,7 +53,8 @@ if (chart_layers, chart_phases) != st.session_state.get("chart_seen"):
             st.session_state["designer_phase"] = "both"
 st.session_state["designer_layers"] = [i for i in st.session_state.get("designer_layers", []) if 0 <= i < layers]
 
-common.show(charts.plan_figure(plan, st.session_state["designer_layers"]), "plan", key="plan_chart",
+shown_phases = ("prefill", "decode") if st.session_state.get("designer_phase", "both") == "both" else (st.session_state["designer_phase"],)
+common.show(charts.plan_figure(plan, st.session_state["designer_layers"], shown_phases), "plan", key="plan_chart",
             on_select="rerun", selection_mode=("points", "box", "lasso"))
 st.text("\n".join(plan.summary().lines()))
 
@@ -105,10 +106,12 @@ with tools[2].popover("Build from profile"):
     else:
         by_key = {p.key: p for p in mine}
         picked = by_key[st.selectbox("Profile", list(by_key))]
-        scope = st.selectbox("Scope", [s.value for s in Scope if all(p.value in picked.metadata["scopes"] for p in s.phases)])
-        budget = st.number_input("Average budget", min_value=1, value=int(picked.metadata["capacity"]), step=1)
-        statistic = st.radio("TopRank statistic", ["cosine", "dppl"], horizontal=True)
-        allocation = st.radio("Allocation", list(ALLOCATIONS), horizontal=True)
+        scope = st.selectbox("Scope", [s.value for s in Scope if all(p.value in picked.metadata["scopes"] for p in s.phases)],
+                             key="build_scope")
+        budget = st.number_input("Average budget", min_value=1, value=int(picked.metadata["capacity"]), step=1,
+                                 key="build_budget")
+        statistic = st.radio("TopRank statistic", ["cosine", "dppl"], horizontal=True, key="build_statistic")
+        allocation = st.radio("Allocation", list(ALLOCATIONS), horizontal=True, key="build_allocation")
         if st.button("Build plan"):
             def build():
                 try:
@@ -157,6 +160,7 @@ with save_col:
             if target.exists() and not overwrite:
                 st.warning(f"{target.name} exists in {common.plans_dir()}: tick 'Overwrite' to replace it.")
             else:
+                target.parent.mkdir(parents=True, exist_ok=True)
                 named.save(target)
                 common.set_plan(named)
                 st.session_state["designer_flash"] = [("success", f"Saved {target}")]

@@ -23,15 +23,21 @@ with st.form("heterogeneity_form"):
     st.form_submit_button("Measure")
 
 
-@st.cache_data(show_spinner="Measuring attention support...", max_entries=16)
-def measure(model_key, inputs, max_tokens, coverage, sources, density_input):
+@st.cache_data(show_spinner="Building the inputs...", max_entries=8)
+def inputs_for(model_key, inputs, max_tokens, sources):
     _, _, model, tokenizer = common.current_model()
     spec = CorpusSpec(sources=sources, num_sequences=inputs, max_tokens=max_tokens, seed=0)
-    corpus = build_corpus(tokenizer, spec, model=model)
-    result = measure_heterogeneity(model, corpus.sequences, coverage=coverage)
-    index = min(density_input, len(corpus.sequences) - 1)
-    density = result.density if index == 0 else measure_heterogeneity(model, [corpus.sequences[index]], coverage=coverage, bootstrap=1).density
-    return result.to_frame("layers"), density, corpus.sequence_length, index
+    return build_corpus(tokenizer, spec, model=model).sequences
+
+
+@st.cache_data(show_spinner="Measuring attention support...", max_entries=16)
+def measure(model_key, inputs, max_tokens, coverage, sources, density_input):
+    model = common.current_model()[2]
+    sequences = inputs_for(model_key, inputs, max_tokens, sources)
+    result = measure_heterogeneity(model, sequences, coverage=coverage)
+    index = min(density_input, len(sequences) - 1)
+    density = result.density if index == 0 else measure_heterogeneity(model, [sequences[index]], coverage=coverage, bootstrap=1).density
+    return result.to_frame("layers"), density, len(sequences[0]), index
 
 
 if not sources:

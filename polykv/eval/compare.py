@@ -78,13 +78,13 @@ def paired(a: Mapping[str, float], b: Mapping[str, float], metric: str, seed: in
     better_a, better_b = ({t: sign * v for t, v in s.items()} for s in (a, b))
     boot = paired_bootstrap(better_a, better_b, seed=seed)
     wins, ties, losses = wins_ties_losses(better_a, better_b)
-    low, high = sorted((sign * boot.low, sign * boot.high))
+    low, high = sorted((sign * boot.low + 0.0, sign * boot.high + 0.0))  # + 0.0: no "-0" when negated
     table = pd.DataFrame(
         [{"task": t, "A": a[t], "B": b[t], "A - B": a[t] - b[t]} for t in boot.tasks], columns=["task", "A", "B", "A - B"]
     )
     loto = leave_one_task_out(better_a, better_b) if len(boot.tasks) > 1 else {}
-    return Paired(metric, sign, table, sign * boot.difference, low, high, boot.replicates, wins, ties, losses,
-                  {t: sign * d for t, d in loto.items()}, boot.only_in_a, boot.only_in_b)
+    return Paired(metric, sign, table, sign * boot.difference + 0.0, low, high, boot.replicates, wins, ties, losses,
+                  {t: sign * d + 0.0 for t, d in loto.items()}, boot.only_in_a, boot.only_in_b)
 
 
 def compare_runs(store: Store, run_a: str, run_b: str, metric: str, seed: int = 0) -> Paired:
