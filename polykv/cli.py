@@ -374,7 +374,7 @@ def compare(
     typer.echo(f"A = {a_id} ({name[a_id]}), B = {b_id} ({name[b_id]}); metric {metric} "
                f"({'higher' if result.sign > 0 else 'lower'} is better)")
     _table(("task", "A", "B", "A - B"),
-           [(r.task, f"{r.A:.4f}", f"{r.B:.4f}", f"{r._4:+.4f}") for r in result.table.itertuples()])
+           [(task, f"{a:.4f}", f"{b:.4f}", f"{d:+.4f}") for task, a, b, d in result.table.itertuples(index=False)])
     for line in result.lines():
         typer.echo(line)
 

@@ -284,8 +284,9 @@ def test_design_save_evaluate_and_compare_a_plan(app, page):
     go_to(page, "Compare")
     expect(page.get_by_role("heading", name="Placement control")).to_be_visible(timeout=WAIT)  # the page's end
     settle(page)
-    expect(page.get_by_text("A wins / ties / losses")).to_be_visible()
-    expect(page.get_by_text("95% paired bootstrap CI")).to_be_visible()
+    expect(page.get_by_text("A wins / ties / losses", exact=True)).to_be_visible()
+    expect(page.get_by_text("95% paired bootstrap CI", exact=True)).to_be_visible()
+    expect(page.get_by_text(re.compile(r"^macro-average A - B: [+-]\d"))).to_be_visible()  # the full-precision summary
     charts = page.locator(".js-plotly-plot")
     expect(charts).to_have_count(2)  # per-task differences, budget sweep
     expect(charts.first.locator(".xtick text")).to_have_text(["prose", "stories"])  # SVG text, unlike the tables

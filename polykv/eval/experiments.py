@@ -8,7 +8,10 @@ reused) and reports from their scores; none scores anything by itself.
              p) between the profile score S(rho) and the suite score over all K + 1 routes.
   sweep      a fixed route at several average budgets against every homogeneous baseline at each
              budget (standalone methods: native allocation where the method has one), with the
-             per-budget best-baseline envelope.
+             per-budget best-baseline envelope (any scope; the baselines must run alone in its phases).
+
+`launch_plans` builds the labelled plans of one launch from the web app (the route at its budgets,
+baselines, placements), which a background job (`polykv.jobs`) then runs.
 
 A run's suite score is the macro-average over tasks of one metric (`METRIC_DIRECTION` says which way
 is better; the reports are in the metric's own units).
@@ -166,7 +169,6 @@ def sweep_plans(route_plan: Plan, budgets: list[int], baselines: list[str] | Non
 
 def sweep(runner: Runner, route_plan: Plan, budgets: list[int], baselines: list[str] | None = None) -> Report:
     """The fixed route rescaled to each budget vs every homogeneous baseline, with the envelope."""
-    _active_phase(route_plan)
     plans = sweep_plans(route_plan, budgets, baselines)
     baselines = list(dict.fromkeys(name for _, name in plans if name != "route"))
     report = Report(f"sweep: {route_plan.name} vs homogeneous baselines ({runner.metric})")
