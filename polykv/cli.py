@@ -501,6 +501,44 @@ def import_llama2c_command(
     typer.echo(f"wrote {import_llama2c(checkpoint, tokenizer, out)}")
 
 
+jobs_app = typer.Typer(no_args_is_help=True, help="Background jobs (what the web app starts): list, cancel, resume.")
+app.add_typer(jobs_app, name="jobs")
+
+
+@jobs_app.command("list")
+def jobs_list(workspace: WorkspaceOption = DEFAULT_WORKSPACE) -> None:
+    """Every job in the workspace, newest first, with its status and progress."""
+    from polykv import jobs
+
+    rows = []
+    for job in jobs.list_jobs(workspace):
+        state = jobs.state(job, workspace)
+        rows.append((job.id, job.kind, job.title, state.status, f"{state.fraction:.0%}", job.created[:19]))
+    _table(("job", "kind", "title", "status", "done", "created"), rows)
+
+
+@jobs_app.command("cancel")
+def jobs_cancel(job_id: Annotated[str, typer.Argument(help="Job id.")], workspace: WorkspaceOption = DEFAULT_WORKSPACE) -> None:
+    """Stop a running job (finished samples stay in the results database)."""
+    from polykv import jobs
+
+    job = jobs.load_job(workspace, job_id)
+    jobs.cancel(job, workspace)
+    typer.echo(f"{job_id}: {jobs.state(job, workspace).status}")
+
+
+@jobs_app.command("resume")
+def jobs_resume(job_id: Annotated[str, typer.Argument(help="Job id.")], workspace: WorkspaceOption = DEFAULT_WORKSPACE) -> None:
+    """Start a stopped, cancelled or failed job again; finished samples are not recomputed."""
+    from polykv import jobs
+
+    job = jobs.load_job(workspace, job_id)
+    if jobs.state(job, workspace).status in ("running", "finished"):
+        raise ValueError(f"job {job_id} is {jobs.state(job, workspace).status}: nothing to resume")
+    process = jobs.start(job, workspace)
+    typer.echo(f"{job_id}: started again in the background (pid {process.pid})")
+
+
 def main() -> None:
     from polykv.runtime import RoutedCacheError
 

@@ -9,6 +9,7 @@ import signal
 import time
 
 import pytest
+from test_cli import assert_one_line_error, polykv  # noqa: F401  (the fixture)
 
 from polykv import jobs
 from polykv.eval.backends import Unit
@@ -120,3 +121,14 @@ def test_a_failing_job_records_its_error_in_one_line(workspace):
     assert jobs.start(job, workspace).wait(timeout=300) != 0
     state = jobs.state(job, workspace)
     assert state.status == "failed" and "\n" not in state.error and "/no/such/file.txt" in state.error
+
+
+def test_cli_lists_jobs_and_refuses_unknown_ones_in_one_line(workspace, polykv):  # noqa: F811
+    job = jobs.eval_job([({}, Unit.of("demo", Plan.homogeneous("tova", 24, 5), "fidelity", TINY))], "listed job")
+    jobs.save_job(job, workspace)
+    listed = polykv("jobs", "list", "-w", str(workspace))
+    assert listed.returncode == 0
+    (row,) = [line for line in listed.stdout.splitlines() if line.startswith(job.id)]
+    assert "eval" in row and "listed job" in row and "waiting" in row
+    assert_one_line_error(polykv("jobs", "cancel", "nope", "-w", str(workspace)), f"no job 'nope' in {workspace}")
+    assert_one_line_error(polykv("jobs", "resume", "nope", "-w", str(workspace)), "no job 'nope'")
