@@ -124,18 +124,21 @@ def density_figure(density: np.ndarray) -> go.Figure:
 
 
 def profile_heatmap(table: pd.DataFrame, scope: str, value: str) -> go.Figure:
-    """Layer x method grid of `value` (cosine or dppl) for one scope; hover shows the number."""
-    rows = table[table["scope"] == scope]
+    """Layer x method grid of `value` (cosine or dppl) for one scope; hover shows the number. FullKV,
+    the reference every number is measured against, is left out. dPPL is drawn on a diverging scale
+    centred on 0 (blue: better than FullKV, red: worse)."""
+    rows = table[(table["scope"] == scope) & (table["method"] != "full")]
     grid = rows.pivot_table(index="layer", columns="method", values=value).sort_index()
     better = "higher" if value == "cosine" else "lower"
-    scale = "Viridis" if value == "cosine" else "Viridis_r"
+    colors = dict(colorscale="Viridis") if value == "cosine" else dict(colorscale="RdBu_r", zmid=0.0)
     fig = go.Figure(go.Heatmap(
-        z=grid.to_numpy(), x=list(grid.columns), y=list(grid.index), colorscale=scale,
+        z=grid.to_numpy(), x=list(grid.columns), y=list(grid.index), **colors,
         text=np.vectorize(lambda v: f"{v:.4g}")(grid.to_numpy()), texttemplate="%{text}" if grid.size <= 200 else None,
-        hovertemplate="layer %{y}, %{x}<br>" + value + " %{z:.5g}<extra></extra>", colorbar=dict(title=value),
+        textfont=dict(size=11), hovertemplate="layer %{y}, %{x}<br>" + value + " %{z:.5g}<extra></extra>",
+        colorbar=dict(title=value),
     ))
     fig.update_yaxes(title_text="layer", autorange="reversed", dtick=1 if len(grid) <= 40 else None)
-    return _layout(fig, f"{scope}: {value} per layer and method ({better} is better)", 120 + 28 * max(5, len(grid)))
+    return _layout(fig, f"{scope}: {value} per layer and method ({better} is better)", max(320, min(900, 140 + 36 * len(grid))))
 
 
 def entropy_figure(entropy: Sequence[float]) -> go.Figure:

@@ -285,3 +285,21 @@ def test_compare_page_without_runs_says_what_to_do(env):
     at = open_app("compare")
     assert texts(at.title) == ["Compare"]
     assert any("No finished run yet" in i for i in texts(at.info))
+
+
+def test_a_local_model_path_loads_and_the_designer_follows_its_layer_count(env, demo_model):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    _, tokenizer = demo_model
+    local = env / "tiny-llama"
+    config = LlamaConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    LlamaForCausalLM(config).save_pretrained(local)
+    tokenizer.save_pretrained(local)
+    at = open_app()
+    at.sidebar.text_input[0].set_value(str(local))
+    at.sidebar.button[0].click()
+    at.run()
+    assert not at.exception and not at.sidebar.error
+    assert f"Model: **{local}** on cpu, 3 layers" in texts(at.sidebar.caption)
+    assert current_plan(at).num_layers == 3  # the demo plan does not fit: a fresh one for this model

@@ -53,12 +53,14 @@ def test_support_figure_is_log_scale_with_asymmetric_intervals():
 
 
 def test_profile_heatmap_is_layers_by_methods_with_hover_numbers():
-    table = pd.DataFrame({"layer": [0, 0, 1, 1], "scope": ["decode"] * 4, "method": ["h2o", "tova"] * 2,
-                          "cosine": [0.9, 0.8, 0.7, 0.6], "dppl": [0.1, 0.2, 0.3, 0.4]})
-    fig = charts.profile_heatmap(table, "decode", "cosine")
+    table = pd.DataFrame({"layer": [0, 0, 0, 1, 1, 1], "scope": ["decode"] * 6, "method": ["full", "h2o", "tova"] * 2,
+                          "cosine": [1.0, 0.9, 0.8, 1.0, 0.7, 0.6], "dppl": [0.0, 0.1, 0.2, 0.0, 0.3, -0.4]})
+    fig = charts.profile_heatmap(table, "decode", "cosine")  # FullKV, the reference, is not drawn
     assert list(fig.data[0].x) == ["h2o", "tova"] and list(fig.data[0].y) == [0, 1]
     assert np.array(fig.data[0].z).tolist() == [[0.9, 0.8], [0.7, 0.6]]
     assert "cosine" in fig.data[0].hovertemplate
+    dppl = charts.profile_heatmap(table, "decode", "dppl")
+    assert dppl.data[0].zmid == 0.0 and np.array(dppl.data[0].z).tolist() == [[0.1, 0.2], [0.3, -0.4]]
 
 
 def test_comparison_figures_mark_intervals_envelopes_and_the_guided_route():

@@ -76,11 +76,8 @@ profile = by_key[st.selectbox("Profile", list(by_key), format_func=lambda k: f"{
 st.caption(f"{profile.path} · computed {profile.metadata.get('created', '?')} in {profile.metadata.get('seconds', '?')} s")
 for scope in profile.metadata["scopes"]:
     st.subheader(scope)
-    left, right = st.columns(2)
-    with left:
-        common.show(charts.profile_heatmap(profile.table, scope, "cosine"), f"{profile.key}-{scope}-cosine")
-    with right:
-        common.show(charts.profile_heatmap(profile.table, scope, "dppl"), f"{profile.key}-{scope}-dppl")
+    common.show(charts.profile_heatmap(profile.table, scope, "cosine"), f"{profile.key}-{scope}-cosine")
+    common.show(charts.profile_heatmap(profile.table, scope, "dppl"), f"{profile.key}-{scope}-dppl")
 common.show(charts.entropy_figure(profile.entropy), f"{profile.key}-entropy")
 with st.expander("Table"):
     st.dataframe(profile.table, hide_index=True)
