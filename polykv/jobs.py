@@ -151,9 +151,8 @@ def start(job: Job, workspace: Path) -> subprocess.Popen:
     workspace = Path(workspace)
     job.cancelled = False
     path = save_job(job, workspace)
-    state = path.with_suffix(".state.json")
-    if state.exists() and json.loads(state.read_text()).get("status") != "finished":
-        state.unlink()
+    if _read_state(workspace, job.id).get("status") != "finished":  # a fresh start: forget how the last one ended
+        path.with_suffix(".state.json").unlink(missing_ok=True)
     log = open(path.with_suffix(".log"), "ab")  # noqa: SIM115 - the child keeps it open
     try:
         process = subprocess.Popen(

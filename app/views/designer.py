@@ -5,7 +5,7 @@ import streamlit as st
 from app import charts, common
 from polykv import design
 from polykv.methods import REGISTRY
-from polykv.plan import Phase, PlanError, Scope
+from polykv.plan import Phase, Plan, PlanError, Scope
 from polykv.profile.route import ALLOCATIONS, plan_from_profile
 
 st.title("Plan designer")
@@ -120,7 +120,7 @@ with tools[2].popover("Build from profile"):
                     raise PlanError(str(exc)) from None
             attempt(build, f"Built from profile {picked.key} ({statistic}, {allocation}).")
 if tools[3].button("Reset to full"):
-    commit(plan.with_layers(type(plan).homogeneous("full", None, layers).layers, scope=Scope.BOTH, allocation="fixed"))
+    commit(plan.with_layers(Plan.homogeneous("full", None, layers).layers, scope=Scope.BOTH, allocation="fixed"))
 
 # ---- table ---------------------------------------------------------------------------------------------
 st.subheader("Per-layer table")
