@@ -122,6 +122,24 @@ def read_plan(text: str | bytes, where: str) -> Plan:
         raise PlanError(f"{where}: this plan does not fit {current_model()[0]!r}: {exc}") from None
 
 
+# ---- profiles ------------------------------------------------------------------------------------
+def profiles(model_name: str) -> tuple[list, list[str]]:
+    """The saved profiles of `model_name` in the workspace, and a message for each unreadable one."""
+    from polykv.profile.store import ProfileError, load_profile
+
+    found, unreadable = [], []
+    root = workspace() / "profiles"
+    for meta in sorted(root.glob("*/profile.json")) if root.is_dir() else []:
+        try:
+            profile = load_profile(meta.parent)
+        except ProfileError as exc:
+            unreadable.append(str(exc))
+            continue
+        if profile.metadata.get("model") == model_name:
+            found.append(profile)
+    return found, unreadable
+
+
 # ---- figures -------------------------------------------------------------------------------------
 def show(fig, name: str, **kwargs):
     """A plotly figure whose camera button downloads it as PNG or SVG (the sidebar's choice)."""

@@ -90,17 +90,7 @@ with tools[1].popover("Match total capacity"):
     if st.button("Rescale (keep the route)"):
         attempt(lambda: design.match_budget(plan, target), f"Rescaled to an average of {target:g} per layer.")
 with tools[2].popover("Build from profile"):
-    from polykv.profile.store import ProfileError, load_profile
-
-    root = common.workspace() / "profiles"
-    mine = []
-    for meta in sorted(root.glob("*/profile.json")) if root.is_dir() else []:
-        try:
-            prof = load_profile(meta.parent)
-        except ProfileError:
-            continue
-        if prof.metadata.get("model") == common.current_model()[0] and prof.num_layers == layers:
-            mine.append(prof)
+    mine = [p for p in common.profiles(common.current_model()[0])[0] if p.num_layers == layers]
     if not mine:
         st.info("No profile for this model yet: compute one on the Profiles page.")
     else:

@@ -6,7 +6,6 @@ from app import charts, common
 from polykv import jobs
 from polykv.plan import Scope
 from polykv.profile.corpus import KNOWN_SOURCES, CorpusSpec
-from polykv.profile.store import ProfileError, load_profile
 
 st.title("Method profiles")
 st.caption("Each method runs alone in one layer at the calibration capacity b_cal (all other layers FullKV): "
@@ -59,15 +58,9 @@ def profile_progress():
 profile_progress()
 
 # ---- open a saved one --------------------------------------------------------------------------------
-profiles, unreadable = [], []
-for meta in sorted(root.glob("*/profile.json")) if root.is_dir() else []:
-    try:
-        profiles.append(load_profile(meta.parent))
-    except ProfileError as exc:
-        unreadable.append(str(exc))
+mine, unreadable = common.profiles(name)
 for text in unreadable:
     st.warning(text)
-mine = [p for p in profiles if p.metadata.get("model") == name]
 if not mine:
     st.info(f"No profile of {name!r} in {root} yet: compute one above (it runs in the background).")
     st.stop()
