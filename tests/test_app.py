@@ -303,3 +303,28 @@ def test_a_local_model_path_loads_and_the_designer_follows_its_layer_count(env, 
     assert not at.exception and not at.sidebar.error
     assert f"Model: **{local}** on cpu, 3 layers" in texts(at.sidebar.caption)
     assert current_plan(at).num_layers == 3  # the demo plan does not fit: a fresh one for this model
+
+
+def test_a_placement_control_launched_from_runs_is_drawn_on_compare(env):
+    from polykv.design import paint
+
+    guided = paint(Plan.homogeneous("tova", 24, 5, "decode", name="guided"), [2, 3, 4], "decode", "h2o")
+    at = open_app("runs")
+    at.session_state["plan_json"] = guided.to_json()
+    at.run()
+    at.text_area(key="settings_fidelity").set_value(json.dumps(TINY_SETTINGS))
+    [n for n in at.number_input if n.label == "Random placements"][0].set_value(3)
+    button(at, "Launch").click()
+    at.run()
+    assert any("(4 runs)" in s for s in texts(at.success)), (texts(at.success), texts(at.error))
+    (job,) = jobs.list_jobs(env / "ws")
+    assert [r.label.get("series") for r in job.runs] == ["route", "placement", "placement", "placement"]
+    deadline = time.time() + 300
+    while jobs.state(job, env / "ws").status not in jobs.FINAL and time.time() < deadline:
+        time.sleep(1)
+    assert jobs.state(job, env / "ws").status == "finished", jobs.log_tail(job, env / "ws")
+    at.switch_page("views/compare.py")
+    at.run()
+    assert not at.exception
+    assert any(c.startswith("Guided route rank ") and "of 4; one-sided Monte Carlo p = " in c for c in texts(at.caption))
+    assert len(at.get("plotly_chart")) == 2  # task differences and the placement histogram
