@@ -36,7 +36,7 @@ else:
     else:
         if run_a == run_b:
             st.info("A and B are the same run: pick two different runs.")
-        summary = st.columns(5)
+        summary = st.columns([1, 1, 1, 1.7, 1])  # the interval needs the room
         summary[0].metric(f"Suite score A ({metric})", f"{suite_score(store, run_a, metric):.4g}")
         summary[1].metric(f"Suite score B ({metric})", f"{suite_score(store, run_b, metric):.4g}")
         summary[2].metric(f"A - B ({better} is better)", f"{result.difference:+.4g}")
