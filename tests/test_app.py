@@ -328,3 +328,24 @@ def test_a_placement_control_launched_from_runs_is_drawn_on_compare(env):
     assert not at.exception
     assert any(c.startswith("Guided route rank ") and "of 4; one-sided Monte Carlo p = " in c for c in texts(at.caption))
     assert len(at.get("plotly_chart")) == 2  # task differences and the placement histogram
+
+
+def test_a_running_job_shows_progress_and_cancel_stops_it(env):
+    slow = {**TINY_SETTINGS, "samples_per_task": 20, "prompt_tokens": 200}
+    at = open_app("runs")
+    at.text_area(key="settings_fidelity").set_value(json.dumps(slow))
+    button(at, "Launch").click()
+    at.run()
+    (job,) = jobs.list_jobs(env / "ws")
+    deadline = time.time() + 120
+    while jobs.state(job, env / "ws").runs[0].done < 1 and time.time() < deadline:
+        time.sleep(0.5)
+    at.run()  # a reload while it runs: the job is read back from its files
+    assert any(" · running" in m for m in texts(at.markdown))
+    progress = [p for p in at.get("progress") if "samples" in p.proto.text]
+    assert progress and "/40 samples · running" in progress[0].proto.text
+    button(at, "Cancel").click()
+    at.run()
+    assert jobs.state(job, env / "ws").status == "cancelled"
+    assert any(" · cancelled" in m for m in texts(at.markdown))
+    assert "Resume" in [b.label for b in at.button]
