@@ -106,7 +106,10 @@ def support_figure(frame: pd.DataFrame, coverage: float) -> go.Figure:
                      arrayminus=frame["median"] - frame["ci_low"]),
         hovertemplate="layer %{x}<br>median %{y}<extra></extra>",
     ))
-    fig.update_yaxes(type="log", dtick="D2", title_text=f"positions holding {coverage:.0%} of attention")
+    top = max(1.0, float(frame["ci_high"].max()) if len(frame) else 1.0)
+    ticks = [m * 10**k for k in range(int(math.log10(top)) + 2) for m in (1, 2, 5) if m * 10**k <= 2 * top]
+    fig.update_yaxes(type="log", tickvals=ticks, ticktext=[f"{t:,}" for t in ticks],
+                     title_text=f"positions holding {coverage:.0%} of attention")
     fig.update_xaxes(title_text="layer", dtick=1 if len(frame) <= 40 else None)
     return _layout(fig, f"{coverage:.0%} attention support per layer (median, 95% interval)", 380)
 
