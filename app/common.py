@@ -79,9 +79,8 @@ def plan() -> Plan:
         current = Plan.from_json(text)
         if current.num_layers == layers:
             return current
-    if DEMO_PLAN.is_file() and Plan.load(DEMO_PLAN).num_layers == layers:
-        start = Plan.load(DEMO_PLAN)
-    else:
+    start = Plan.load(DEMO_PLAN) if DEMO_PLAN.is_file() else None
+    if start is None or start.num_layers != layers:
         start = Plan.homogeneous("tova", 256, layers, "decode", name="new-plan")
     st.session_state["plan_json"] = start.to_json()
     st.session_state["undo"] = []

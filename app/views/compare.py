@@ -58,12 +58,17 @@ eval_jobs = [j for j in jobs.list_jobs(workspace) if j.kind == "eval"]
 sweeps = [j for j in eval_jobs if any(r.label.get("series") not in ("route", "placement", None) for r in j.runs)]
 placements = [j for j in eval_jobs if any(r.label.get("series") == "placement" for r in j.runs)]
 
+
+def finished_of(job) -> set[str]:
+    progress = store.progress([r.run_id for r in job.runs])
+    return {run_id for run_id, (_, _, status) in progress.items() if status == "finished"}
+
 st.subheader("Budget sweep: route vs baselines")
 if not sweeps:
     st.caption("Launch the plan with baselines (and budgets) on the Runs page to draw this.")
 else:
     job = st.selectbox("Job", sweeps, format_func=lambda j: f"{j.title} · {j.id}", key="sweep_job")
-    choices = metrics_of(store, [r.run_id for r in job.runs if store.run(r.run_id) and store.run(r.run_id)["status"] == "finished"])
+    choices = metrics_of(store, sorted(finished_of(job)))
     if not choices:
         st.caption("No finished run in this job yet.")
     else:
@@ -77,7 +82,7 @@ if not placements:
     st.caption("Launch the plan with random placements on the Runs page to draw this.")
 else:
     job = st.selectbox("Job", placements, format_func=lambda j: f"{j.title} · {j.id}", key="placement_job")
-    done = {r.run_id for r in job.runs if (store.run(r.run_id) or {}).get("status") == "finished"}
+    done = finished_of(job)
     guided = next((r for r in job.runs if r.label.get("role") == "guided"), None)
     controls = [r for r in job.runs if r.label.get("series") == "placement" and r.run_id in done]
     if guided is None or guided.run_id not in done or not controls:

@@ -13,7 +13,7 @@ reused) and reports from their scores; none scores anything by itself.
 `launch_plans` builds the labelled plans of one launch from the web app (the route at its budgets,
 baselines, placements), which a background job (`polykv.jobs`) then runs.
 
-A run's suite score is the macro-average over tasks of one metric (`METRIC_DIRECTION` says which way
+A run's suite score is the macro-average over tasks of one metric (`compare.METRIC_DIRECTION` says which way
 is better; the reports are in the metric's own units).
 """
 
@@ -23,9 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from polykv.eval.backends import Unit, backend
-from polykv.eval.compare import METRIC_DIRECTION, envelope
+from polykv.eval.compare import direction, envelope, paired, placement_summary
 from polykv.eval.runner import run_suite
-from polykv.eval.stats import paired_bootstrap, rank_among, spearman_permutation
+from polykv.eval.stats import spearman_permutation
 from polykv.eval.store import Store
 from polykv.methods import REGISTRY
 from polykv.plan import FULL, LayerPlan, Phase, Plan, Scope
@@ -74,7 +74,7 @@ class Runner:
 
     @property
     def sign(self) -> int:
-        return METRIC_DIRECTION.get(self.metric, 1)
+        return direction(self.metric)
 
 
 @dataclass
@@ -107,9 +107,12 @@ def factorial(runner: Runner, profile: Profile, scope: Scope | str, budget: int,
         f"allocation main effect ({allocation} - uniform): {((h_a + r_a) - (h_u + r_u)) / 2:+.4f}",
         f"interaction: {(r_a - r_u) - (h_a - h_u):+.4f}",
     ]
-    boot = paired_bootstrap(_better(runner, ids[("routed", allocation)]),
-                            _better(runner, ids[("homogeneous", allocation)]), seed=runner.seed)
-    report.lines.append(_bootstrap_line(runner, boot, f"routed vs homogeneous ({allocation})"))
+    versus = paired(runner.task_scores(ids[("routed", allocation)]), runner.task_scores(ids[("homogeneous", allocation)]),
+                    runner.metric, runner.seed)
+    report.lines.append(
+        f"routed vs homogeneous ({allocation}): {versus.difference:+.4f} {runner.metric}, 95% paired bootstrap CI "
+        f"[{versus.low:+.4f}, {versus.high:+.4f}] over {len(versus.table)} tasks"
+    )
     return report
 
 
@@ -129,13 +132,13 @@ def placement(runner: Runner, profile: Profile, guided: Plan, k: int, statistic:
     ids = runner.run_all(plans)
     scores = [runner.score(run_id) for run_id in ids]
     profile_scores = [route_score([lay[phase].method for lay in plan.layers], profile.table, phase, statistic) for plan in plans]
-    rank, p = rank_among(scores[0], scores[1:], higher_is_better=runner.sign > 0)
+    control = placement_summary(scores[0], scores[1:], runner.metric)
     rho, p_rho = spearman_permutation(profile_scores, [runner.sign * s for s in scores], seed=runner.seed)
     report = Report(f"placement control: guided {phase.value} route vs {k} count-matched random placements ({runner.metric})")
     for plan, run_id, score, s_rho in zip(plans, ids, scores, profile_scores):
         report.rows.append({"plan": plan.name, "run": run_id, runner.metric: score, "S(rho)": s_rho})
     report.lines += [
-        f"guided route rank {rank} of {k + 1}; one-sided Monte Carlo p = {p:.4f}",
+        f"guided route rank {control.rank} of {k + 1}; one-sided Monte Carlo p = {control.p_value:.4f}",
         f"Spearman(S(rho), suite score) = {rho:+.4f}, permutation p = {p_rho:.4f}",
     ]
     return report
@@ -202,22 +205,23 @@ def launch_plans(plan: Plan, budgets: list[int] | None = None, baselines: list[s
     The unscaled plan is also labelled {"role": "guided"} when placements are asked for."""
     baselines = list(baselines or [])
     own = plan_budget(plan)
+    out: list[tuple[dict, Plan]] = []
+    if placements:
+        out.append(({"series": "route", "budget": own, "role": "guided"}, plan))
     if not budgets:
         if own is None and baselines:
             raise ValueError("the plan keeps every token (no capacity): give budgets to compare baselines at")
-        out: list[tuple[dict, Plan]] = [({"series": "route", "budget": own}, plan)]
+        if not placements:
+            out.append(({"series": "route", "budget": own}, plan))
         if baselines:
             out += [({"series": name, "budget": b}, p) for (b, name), p in sweep_plans(plan, [own], baselines).items()
                     if name != "route"]
     else:
         if own is None:
             raise ValueError("the plan keeps every token (no capacity), so it cannot be rescaled to budgets")
-        out = [({"series": name, "budget": b}, p) for (b, name), p in sweep_plans(plan, list(budgets), baselines).items()]
+        out += [({"series": name, "budget": b}, p) for (b, name), p in sweep_plans(plan, list(budgets), baselines).items()]
     if placements:
-        controls = placement_plans(plan, placements, seed)
-        out = [({"series": "route", "budget": own, "role": "guided"}, plan)] + [
-            item for item in out if item[1] != plan
-        ] + [({"series": "placement", "index": i}, p) for i, p in enumerate(controls[1:])]
+        out += [({"series": "placement", "index": i}, p) for i, p in enumerate(placement_plans(plan, placements, seed)[1:])]
     return out
 
 
@@ -247,12 +251,3 @@ def _placed(plan: Plan, phase: Phase, route: list[str], name: str) -> Plan:
     ]
     return plan.with_layers(layers, name=name, provenance={"built_by": "placement", "guided": plan.name})
 
-
-def _better(runner: Runner, run_id: str) -> dict[str, float]:
-    return {t: runner.sign * v for t, v in runner.task_scores(run_id).items()}
-
-
-def _bootstrap_line(runner: Runner, boot, label: str) -> str:
-    low, high = sorted((runner.sign * boot.low, runner.sign * boot.high))
-    return (f"{label}: {runner.sign * boot.difference:+.4f} {runner.metric}, 95% paired bootstrap CI "
-            f"[{low:+.4f}, {high:+.4f}] over {len(boot.tasks)} tasks")
