@@ -40,6 +40,9 @@ def test_ray_local_cluster_runs_units_in_parallel_with_local_results(tmp_path, m
     monkeypatch.setenv("POLYKV_HOME", home)
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     env = {"POLYKV_HOME": home, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+    from polykv.models import demo_model_dir
+
+    demo_model_dir()  # import the demo checkpoint here, once: the workers then only read it
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
 
     @ray.remote
@@ -47,14 +50,15 @@ def test_ray_local_cluster_runs_units_in_parallel_with_local_results(tmp_path, m
         import os
         import time
 
-        import polykv.eval.backends  # noqa: F401  (torch and transformers load in the worker)
+        from polykv.eval.backends import _model
 
+        _model("demo", "cpu")  # the worker's model cache, as a unit would fill it
         time.sleep(1.0)
         return os.getpid()
 
     try:
-        # Two workers up before the units go: otherwise a short unit can finish in the first worker
-        # while the second is still importing torch, and Ray hands it the other unit too.
+        # Two workers up, model loaded, before the units go: otherwise a short unit can finish in one
+        # worker while the other is still importing torch or loading the model, and the runs need not overlap.
         assert len(set(ray.get([warm_worker.remote() for _ in range(2)]))) == 2
         ray_ids = RayBackend().run(units(), tmp_path / "ray.sqlite")
     finally:
