@@ -152,11 +152,13 @@ def plan_homogeneous(
     typer.echo(f"wrote {out}")
 
 
-def _suite_settings(suite: str, samples: int, tasks: Optional[str], prompt_tokens: int, settings_json: Optional[str]):
-    """A suite's settings: from --settings JSON, from the fidelity options, or the suite's defaults."""
+def _suite_settings(suite: str, samples: int, tasks: Optional[str], prompt_tokens: int, settings_json: Optional[str],
+                    model: Optional[str] = None):
+    """A suite's settings: from --settings JSON, from the fidelity options (no --tasks: the model's default
+    tasks), or the suite's defaults."""
     from polykv.eval.backends import Unit
     from polykv.eval.runner import SUITES
-    from polykv.eval.suites.fidelity import TASK_SOURCES, FidelitySettings
+    from polykv.eval.suites.fidelity import FidelitySettings, default_tasks
 
     if suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r} (suites: {', '.join(SUITES)})")
@@ -166,9 +168,22 @@ def _suite_settings(suite: str, samples: int, tasks: Optional[str], prompt_token
         except (json.JSONDecodeError, TypeError) as exc:
             raise ValueError(f"--settings: not valid settings for the {suite} suite ({exc})") from None
     if suite == "fidelity":
-        return FidelitySettings(tasks=tuple(t.strip() for t in tasks.split(",")) if tasks else tuple(TASK_SOURCES),
+        return FidelitySettings(tasks=tuple(t.strip() for t in tasks.split(",")) if tasks else default_tasks(model),
                                 samples_per_task=samples, prompt_tokens=prompt_tokens)
     return SUITES[suite].Settings()
+
+
+def _corpus_sources(sources: Optional[str], model: str) -> tuple[str, ...]:
+    """--sources split at commas, or the model's default calibration sources when not given."""
+    from polykv.profile.corpus import default_sources
+
+    if sources is None:
+        return default_sources(model)
+    return tuple(s.strip() for s in sources.split(",") if s.strip())
+
+
+SOURCES_HELP = ("Comma-separated corpus sources: kjv, jargon, stdlib, model, model@T, model:OPENING (no commas), "
+                "file:PATH (default: the model's own; for the demo its samples, else kjv,jargon,stdlib,model).")
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
@@ -200,7 +215,7 @@ def profile(
     sequences: Annotated[int, typer.Option(min=1, help="Calibration sequences.")] = 20,
     max_tokens: Annotated[int, typer.Option(min=16, help="Tokens per sequence (clipped to the context).")] = 2048,
     b_cal: Annotated[Optional[int], typer.Option("--b-cal", min=1, help="Calibration capacity (default: 256, scaled down for short contexts).")] = None,
-    sources: Annotated[str, typer.Option(help="Comma-separated corpus sources: kjv, jargon, stdlib, model, file:PATH.")] = "kjv,jargon,stdlib,model",
+    sources: Annotated[Optional[str], typer.Option(help=SOURCES_HELP)] = None,
     scope: Scope = Scope.BOTH,
     seed: int = 0,
     batch_size: Annotated[int, typer.Option(min=1)] = 20,
@@ -215,20 +230,32 @@ def profile(
     from polykv.profile.build import build_profile
     from polykv.profile.corpus import CorpusSpec
 
-    spec = CorpusSpec(sources=tuple(s.strip() for s in sources.split(",") if s.strip()), num_sequences=sequences,
-                      max_tokens=max_tokens, seed=seed)
+    spec = CorpusSpec(sources=_corpus_sources(sources, model), num_sequences=sequences, max_tokens=max_tokens, seed=seed)
     transformers_logging.disable_progress_bar()
     hf_model, tokenizer = load_model(model, device=device)
     result = build_profile(model, hf_model, tokenizer, workspace / "profiles", spec, b_cal, scope.phases,
                            batch_size=batch_size, reuse=not fresh)
     table = result.table
     typer.echo(f"profile {result.key} ({result.metadata['seconds']:.1f} s to compute): {result.path}")
+    typer.echo(_fullkv_line(result.metadata))
+    count = result.metadata["corpus"]["num_sequences"]
     for phase in scope.phases:
         rows = table[table.scope == phase.value]
         pivot = rows.pivot_table(index="layer", columns="method", values="dppl")
         typer.echo(f"\n{phase.value}: dPPL by layer (rows) and method (columns), b_cal {result.metadata['capacity']}")
         typer.echo(pivot.round(4).to_string())
-    typer.echo("\nentropy by layer: " + ", ".join(f"{h:.3f}" for h in result.entropy))
+        evicting = rows[rows.method != "full"]
+        typer.echo(f"95% bootstrap intervals over the {count} calibration sequences are in methods.csv (dppl_low, "
+                   f"dppl_high, cosine_low, cosine_high); median width: dPPL "
+                   f"{(evicting.dppl_high - evicting.dppl_low).median():.4g}, cosine "
+                   f"{(evicting.cosine_high - evicting.cosine_low).median():.4g}")
+    typer.echo("\nentropy by layer (mean over all prompt queries, heads and sequences, nats): "
+               + ", ".join(f"{h:.3f}" for h in result.entropy))
+
+
+def _fullkv_line(metadata: dict) -> str:
+    ppl = metadata.get("fullkv_ppl") or {}
+    return "FullKV perplexity of the calibration continuations: " + ", ".join(f"{s} {v:.2f}" for s, v in ppl.items())
 
 
 @app.command()
@@ -238,7 +265,7 @@ def heterogeneity(
     max_tokens: Annotated[int, typer.Option(min=16)] = 2048,
     coverage: Annotated[float, typer.Option(min=0.01, max=1.0, help="Attention mass the support set covers.")] = 0.9,
     bins: Annotated[int, typer.Option(min=1)] = 32,
-    sources: str = "kjv,jargon,stdlib,model",
+    sources: Annotated[Optional[str], typer.Option(help=SOURCES_HELP)] = None,
     seed: int = 0,
     device: str = "cpu",
 ) -> None:
@@ -251,8 +278,7 @@ def heterogeneity(
 
     transformers_logging.disable_progress_bar()
     hf_model, tokenizer = load_model(model, device=device)
-    spec = CorpusSpec(sources=tuple(s.strip() for s in sources.split(",") if s.strip()), num_sequences=inputs,
-                      max_tokens=max_tokens, seed=seed)
+    spec = CorpusSpec(sources=_corpus_sources(sources, model), num_sequences=inputs, max_tokens=max_tokens, seed=seed)
     corpus = build_corpus(tokenizer, spec, model=hf_model)
     result = measure_heterogeneity(hf_model, corpus.sequences, coverage=coverage, bins=bins, seed=seed)
     typer.echo(f"{int(coverage * 100)}% attention support per layer, {inputs} inputs of {corpus.sequence_length} tokens "
@@ -274,11 +300,25 @@ def route(
     from polykv.methods import validate_plan
     from polykv.profile.route import plan_from_profile
 
+    from polykv.profile.confidence import NOISE_WARNING, NOISY_ROUTE, REPLICATES, route_confidence
+
     loaded = _profile_for(profile_dir, model)
     plan = validate_plan(plan_from_profile(loaded, scope, budget, statistic, allocation), loaded.num_layers)
     plan.save(out)
     for line in plan.summary().lines():
         typer.echo(line)
+    typer.echo(_fullkv_line(loaded.metadata))
+    count = loaded.metadata["corpus"]["num_sequences"]
+    for phase in plan.scope.phases:
+        confidence = route_confidence(loaded, phase, statistic)
+        typer.echo(f"\n{phase.value} route by {statistic}: how often each pick stays the best over {REPLICATES} "
+                   f"bootstrap replicates of the {count} calibration sequences")
+        _table(("layer", "winner", "runner-up", "margin", "win freq"),
+               [(str(r.layer), r.winner, r.runner_up or "-", f"{r.margin:.4g}", f"{r.win_frequency:.2f}")
+                for r in confidence.itertuples()])
+        median = confidence.win_frequency.median()
+        if median < NOISY_ROUTE:
+            typer.echo(f"warning: {phase.value} median win frequency {median:.2f} < {NOISY_ROUTE}: {NOISE_WARNING}")
     typer.echo(f"wrote {out}")
 
 
@@ -288,7 +328,7 @@ def evaluate(
     suite: Annotated[str, typer.Option(help="Evaluation suite.")] = "fidelity",
     model: ModelOption = "demo",
     samples: Annotated[int, typer.Option(min=1, help="Samples per task.")] = 4,
-    tasks: Annotated[Optional[str], typer.Option(help="Comma-separated tasks (default: all of the suite).")] = None,
+    tasks: Annotated[Optional[str], typer.Option(help="Comma-separated fidelity tasks (default: the model's default tasks).")] = None,
     prompt_tokens: Annotated[int, typer.Option(min=8, help="Prompt length (clipped to the context).")] = 1024,
     settings_json: Annotated[Optional[str], typer.Option("--settings", help="The suite's settings as JSON (overrides the options above).")] = None,
     seed: int = 0,
@@ -305,7 +345,7 @@ def evaluate(
     from polykv.models import load_model
 
     loaded = Plan.load(plan)
-    settings = _suite_settings(suite, samples, tasks, prompt_tokens, settings_json)
+    settings = _suite_settings(suite, samples, tasks, prompt_tokens, settings_json, model)
     store = Store(workspace / "results.sqlite")
     if backend == "subprocess":  # detached: this command returns at once; `polykv runs` shows progress
         from polykv.eval.backends import SubprocessBackend
@@ -393,7 +433,7 @@ def _experiment_runner(model: str, suite: str, samples: int, tasks: Optional[str
 
     if backend not in ("local", "ray"):
         raise ValueError(f"unknown backend {backend!r} (backends: local, ray)")
-    settings = _suite_settings(suite, samples, tasks, prompt_tokens, settings_json)
+    settings = _suite_settings(suite, samples, tasks, prompt_tokens, settings_json, model)
     transformers_logging.disable_progress_bar()
     hf_model, tokenizer = load_model(model, device=device)
     return Runner(Store(workspace / "results.sqlite"), model, hf_model, tokenizer, suite, settings, seed, metric,
@@ -420,7 +460,7 @@ def _print_report(report) -> None:
 
 SuiteOption = Annotated[str, typer.Option(help="Evaluation suite.")]
 SamplesOption = Annotated[int, typer.Option(min=1, help="Samples per task.")]
-TasksOption = Annotated[Optional[str], typer.Option(help="Comma-separated tasks (default: all of the suite).")]
+TasksOption = Annotated[Optional[str], typer.Option(help="Comma-separated fidelity tasks (default: the model's default tasks).")]
 MetricOption = Annotated[str, typer.Option(help="Task metric that scores a run (fidelity: top1, rougeL, kl, ppl; ruler and longbench: score).")]
 BackendOption = Annotated[str, typer.Option(help="local (in this process) or ray (a Ray task per run).")]
 SettingsOption = Annotated[Optional[str], typer.Option("--settings", help="The suite's settings as JSON (ruler, longbench; overrides --samples/--tasks).")]
@@ -470,25 +510,68 @@ def experiment_placement(
 
 @experiment_app.command("sweep")
 def experiment_sweep(
-    plan: Annotated[Path, typer.Option("--plan", help="The fixed route plan (any scope; baselines must run alone in its phases).")],
+    plan: Annotated[Path, typer.Option("--plan", help="The fixed route plan (any scope).")],
     budgets: Annotated[str, typer.Option(help="Comma-separated average budgets, e.g. 128,256,512,1024.")],
-    baselines: Annotated[Optional[str], typer.Option(help="Comma-separated methods (default: every one for the phase).")] = None,
+    baselines: Annotated[Optional[str], typer.Option(help="Comma-separated methods (default: every method, each under its own protocol).")] = None,
+    profile_dir: Annotated[Optional[Path], typer.Option("--profile", help="Profile directory: adds the route with PPL-allocated capacities (route-ppl).")] = None,
+    protocol: Annotated[Optional[list[str]], typer.Option("--protocol", help="Override a baseline's phases, METHOD=SCOPE, e.g. tova=decode (repeatable).")] = None,
     model: ModelOption = "demo", suite: SuiteOption = "fidelity", samples: SamplesOption = 4,
     tasks: TasksOption = None, prompt_tokens: int = 1024, metric: MetricOption = "top1", seed: int = 0,
     device: str = "cpu", workspace: WorkspaceOption = DEFAULT_WORKSPACE, backend: BackendOption = "local",
     settings_json: SettingsOption = None,
 ) -> None:
-    """A fixed route across budgets vs every homogeneous baseline, with the best-baseline envelope."""
-    from polykv.eval.experiments import sweep
+    """A fixed route across budgets vs every standalone baseline under its protocol, FullKV, the envelope, 2b."""
+    from polykv.eval.experiments import sweep, sweep_plans
+    from polykv.eval.protocols import parse_overrides
 
-    try:
-        levels = [int(b) for b in budgets.split(",") if b.strip()]
-    except ValueError:
-        raise ValueError(f"--budgets {budgets!r}: expected integers separated by commas") from None
+    levels = _parse_budgets(budgets)
+    overrides = parse_overrides(protocol)
+    names = [b.strip() for b in baselines.split(",")] if baselines else None
+    route = Plan.load(plan)
+    loaded = _profile_for(profile_dir, model) if profile_dir is not None else None
+    sweep_plans(route, levels, names, loaded, overrides)  # bad input fails before the model loads
     runner = _experiment_runner(model, suite, samples, tasks, prompt_tokens, metric, seed, device, workspace, backend,
                                 settings_json)
-    names = [b.strip() for b in baselines.split(",")] if baselines else None
-    _print_report(sweep(runner, Plan.load(plan), levels, names))
+    _print_report(sweep(runner, route, levels, names, loaded, overrides))
+
+
+def _parse_budgets(budgets: str) -> list[int]:
+    try:
+        return [int(b) for b in budgets.split(",") if b.strip()]
+    except ValueError:
+        raise ValueError(f"--budgets {budgets!r}: expected integers separated by commas") from None
+
+
+@experiment_app.command("study")
+def experiment_study(
+    out: Annotated[Path, typer.Option("--out", "-o", help="The Markdown report (figures go beside it).")] = Path("docs/demo-study.md"),
+    workspace: Annotated[Path, typer.Option("--workspace", "-w", help="Profiles and results database of the study.")] = Path("docs/demo-study"),
+    model: ModelOption = "demo",
+    scope: Annotated[str, typer.Option(help="The routed phase: prefill or decode.")] = "decode",
+    budget: Annotated[int, typer.Option(min=1, help="Average capacity of the route, factorial and placement.")] = 64,
+    budgets: Annotated[str, typer.Option(help="The sweep's average capacities, comma-separated.")] = "16,32,64,128,256",
+    k: Annotated[int, typer.Option("--k", min=1, help="Random count-matched placements.")] = 99,
+    statistic: str = "dppl",
+    allocation: Annotated[str, typer.Option(help="The factorial's allocated arm: entropy or ppl.")] = "ppl",
+    baseline: Annotated[Optional[str], typer.Option(help="The factorial's homogeneous method (default: best mean profile score).")] = None,
+    metric: MetricOption = "kl",
+    samples: SamplesOption = 3,
+    seed: int = 0,
+    device: str = "cpu",
+    backend: BackendOption = "local",
+) -> None:
+    """The paper's study at demo scale: profile, TopRank route, factorial, placement (K), sweep; writes a report."""
+    import shlex
+
+    from polykv.eval.study import StudySettings, run_study, write_report
+
+    settings = StudySettings(model=model, scope=scope, budget=budget, budgets=tuple(_parse_budgets(budgets)),
+                             placements=k, statistic=statistic, allocation=allocation, baseline=baseline,
+                             metric=metric, samples_per_task=samples, seed=seed, backend=backend, device=device)
+    result = run_study(settings, workspace, progress=lambda step: typer.echo(f"study: {step}", err=True))
+    given = sys.argv[3:] if sys.argv[1:3] == ["experiment", "study"] else []
+    command = "polykv experiment study " + shlex.join(given)
+    typer.echo(f"wrote {write_report(result, out, command.strip())}")
 
 
 @app.command("import-llama2c")

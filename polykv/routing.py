@@ -96,7 +96,9 @@ def toprank(
     """Per layer, the method with the best statistic among the scope's registered, phase-compatible
     methods (never `full`). Ties go to the earlier method in the registry; NaN scores are skipped.
 
-    `num_layers` defaults to the largest layer in the table plus one."""
+    `num_layers` defaults to the largest layer in the table plus one. A table cannot tell a method it
+    never measured from one it skipped: check the profile first (`Profile.check_current`, which
+    `plan_from_profile` and `route_confidence` call) so a missing or outdated method is refused."""
     sign = _sign(statistic)
     phase = _phase(scope)
     scores = _scores(table, phase, statistic)
@@ -336,6 +338,11 @@ def _all_placements(route: Sequence[str]) -> Iterator[tuple[str, ...]]:
     return extend()
 
 
+def placement_count(route: Sequence[str]) -> int:
+    """How many distinct placements with the route's method counts differ from the route itself."""
+    return _placements(Counter(route)) - 1
+
+
 def sample_placements(
     route: Sequence[str], k: int, seed: int = 0, exclude: Sequence[str] | None = None
 ) -> list[list[str]]:
@@ -374,6 +381,7 @@ __all__ = [
     "allocate_entropy",
     "allocate_ppl",
     "allocate_uniform",
+    "placement_count",
     "plan_from_route",
     "ppl_sensitivity",
     "route_score",

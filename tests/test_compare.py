@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from polykv.eval.compare import compare_runs, envelope, metrics_of, placement_summary, suite_score, sweep_table
+from polykv.eval.compare import (
+    compare_runs,
+    direction_text,
+    envelope,
+    metrics_of,
+    paired,
+    placement_summary,
+    suite_score,
+    sweep_table,
+    task_cluster,
+)
 from polykv.eval.experiments import launch_plans, plan_budget
 from polykv.eval.stats import paired_bootstrap
 from polykv.eval.store import Store
@@ -39,6 +49,22 @@ def test_paired_comparison_reports_in_the_metrics_units_and_direction(store):
     assert suite_score(store, "a", "kl") == pytest.approx(0.2)
 
 
+def test_tasks_at_several_lengths_are_resampled_as_clusters():
+    assert task_cluster("niah_single_1@4096") == "niah_single_1" and task_cluster("prose") == "prose"
+    a = {"niah@4096": 0.5, "niah@8192": 0.25, "vt@4096": 1.0, "vt@8192": 0.75, "qa@4096": 0.5}
+    b = {"niah@4096": 0.25, "niah@8192": 0.25, "vt@4096": 0.5, "vt@8192": 0.5, "qa@4096": 0.5}
+    result = paired(a, b, "score")
+    assert result.clusters == 3 and result.difference == pytest.approx((0.25 + 0 + 0.5 + 0.25 + 0) / 5)
+    assert "resampling 3 task clusters over 5 tasks" in result.lines()[0]
+    assert (result.wins, result.ties, result.losses) == (3, 2, 0)  # still per task
+    assert set(result.leave_one_out) == set(a)  # leave-one-out stays per task
+    boot = paired_bootstrap(a, b, clusters={t: t.split("@")[0] for t in a})
+    assert (result.low, result.high) == (boot.low, boot.high)
+    plain = paired({"t1": 1.0, "t2": 0.0}, {"t1": 0.0, "t2": 0.0}, "score")
+    assert plain.clusters == 0 and "over 2 tasks" in plain.lines()[0] and "clusters" not in plain.lines()[0]
+    assert direction_text("kl") == "metric kl (lower is better)"
+
+
 def test_a_run_without_the_metric_is_a_one_line_error(store):
     fake_run(store, "a", {"t1": {"kl": 0.1}})
     with pytest.raises(ValueError, match="run a has no finished task with metric 'rougeL'"):
@@ -70,13 +96,18 @@ def test_placement_summary_ranks_the_guided_route_among_controls():
 
 def test_launch_plans_label_the_route_baselines_budgets_and_placements():
     plan = Plan.homogeneous("tova", 32, 5, "decode")
-    own = launch_plans(plan, None, ["h2o"])
+    own = launch_plans(plan, None, ["h2o", "snapkv"])
+    # baselines run under their own protocols, not in the plan's phase: H2O in both phases, SnapKV in prefill
     assert [(label, p.name) for label, p in own] == [({"series": "route", "budget": 32}, plan.name),
-                                                     ({"series": "h2o", "budget": 32}, "h2o-decode-32")]
+                                                     ({"series": "h2o", "budget": 32}, "h2o-both-32"),
+                                                     ({"series": "snapkv", "budget": 32}, "snapkv-prefill-32")]
     swept = launch_plans(plan, [16, 64], ["h2o", "cake"])
     assert [label for label, _ in swept] == [{"series": s, "budget": b} for b in (16, 64) for s in ("route", "h2o", "cake")]
     assert all(plan_budget(p) == label["budget"] for label, p in swept)
-    assert swept[2][1].allocation == "native"  # CAKE alone brings its own layer budgets
+    assert swept[0][1].scope.value == "decode"  # the route keeps its own phase
+    assert swept[2][1].allocation == "native" and swept[2][1].scope.value == "both"  # CAKE alone: its own budgets
+    decode_tova = launch_plans(plan, [16], ["tova"], overrides={"tova": "decode"})
+    assert decode_tova[1][1].scope.value == "decode"
     mixed_route = Plan.homogeneous("tova", 32, 5, "decode").layers[:2] + Plan.homogeneous("h2o", 32, 5, "decode").layers[2:]
     guided = plan.with_layers(mixed_route, name="guided")
     placed = launch_plans(guided, None, [], placements=3)
@@ -85,3 +116,5 @@ def test_launch_plans_label_the_route_baselines_budgets_and_placements():
     assert len(controls) == 3 and all(sorted(lay.decode.method for lay in p.layers) == ["h2o"] * 3 + ["tova"] * 2 for p in controls)
     with pytest.raises(ValueError, match="keeps every token"):
         launch_plans(Plan.homogeneous("full", None, 5), None, ["tova"])
+    with pytest.raises(ValueError, match="unknown method 'nope'"):
+        launch_plans(plan, None, ["nope"])

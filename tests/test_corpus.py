@@ -214,3 +214,136 @@ def test_hub_sources_fail_clearly_when_the_hub_is_out_of_reach(tmp_path, monkeyp
     assert "\n" not in str(err.value)
     with pytest.raises(ValueError, match="names no dataset"):
         CorpusSpec(sources=("hf:",))
+
+
+# ---- model sources: temperature, opening, splits, the demo's defaults ------------------------------------
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def test_calibration_and_evaluation_model_samples_never_share_a_sequence(demo_model):
+    """The same seed once drew the same samples for a profile's calibration and the fidelity suite."""
+    from polykv.profile.corpus import DEMO_SOURCES
+
+    model, tokenizer = demo_model
+    length = 64
+    calibration = build_corpus(tokenizer, CorpusSpec(sources=DEMO_SOURCES, num_sequences=14, max_tokens=length), model=model)
+    # drawn as the fidelity suite draws its story tasks: all families in one evaluation corpus
+    evaluation = build_corpus(
+        tokenizer, CorpusSpec(sources=DEMO_SOURCES, num_sequences=28, max_tokens=length, split="evaluation"), model=model
+    )
+    for source in DEMO_SOURCES:
+        opening = source.partition(":")[2]
+        fixed = 1 + (len(tokenizer(opening, add_special_tokens=False)["input_ids"]) if opening else 0)  # BOS + opening
+        mine = [s for s, r in zip(calibration.sequences, calibration.records) if r["source"] == source]
+        theirs = [s for s, r in zip(evaluation.sequences, evaluation.records) if r["source"] == source]
+        assert len(mine) == 2 and len(theirs) == 4
+        for a in mine:
+            for b in theirs:
+                assert a != b
+                # independent stories often start alike ("Once upon a time, there was a little girl named
+                # Lily..."), but never for most of the sampled part
+                assert _common_prefix(a, b) - fixed < (length - fixed) // 2, source
+
+
+def test_model_sources_take_a_temperature_and_an_opening(demo_model):
+    model, tokenizer = demo_model
+    spec = CorpusSpec(sources=("model", "model@0.5", "model:Tom had a red ball", "model@1.5:The sun was shining"),
+                      num_sequences=4, max_tokens=40, seed=1)
+    corpus = build_corpus(tokenizer, spec, model=model)
+    assert {len(s) for s in corpus.sequences} == {40}
+    assert [(r["temperature"], r["opening"]) for r in corpus.records] == [
+        (1.0, None), (0.5, None), (1.0, "Tom had a red ball"), (1.5, "The sun was shining")]
+    for ids, record in zip(corpus.sequences, corpus.records):
+        assert ids[0] == tokenizer.bos_token_id and record["file"] is None
+        if record["opening"]:  # the opening, tokenized, follows BOS
+            opening = tokenizer(record["opening"], add_special_tokens=False)["input_ids"]
+            assert ids[1 : 1 + len(opening)] == opening
+    assert len({tuple(s) for s in corpus.sequences}) == 4
+    # "model" is "model@1.0": every spelling of a temperature draws the same samples
+    plain = build_corpus(tokenizer, CorpusSpec(sources=("model",), num_sequences=2, max_tokens=40), model=model)
+    for spelling in ("model@1", "model@1.0"):
+        same = build_corpus(tokenizer, CorpusSpec(sources=(spelling,), num_sequences=2, max_tokens=40), model=model)
+        assert same.sequences == plain.sequences
+
+
+def test_a_model_source_draws_the_same_samples_whatever_is_listed_with_it(demo_model):
+    model, tokenizer = demo_model
+    alone = build_corpus(tokenizer, CorpusSpec(sources=("model@0.7",), num_sequences=2, max_tokens=48), model=model)
+    mixed = build_corpus(tokenizer, CorpusSpec(sources=("kjv", "model:Tom had a red ball", "model@0.7"),
+                                               num_sequences=6, max_tokens=48), model=model)
+    assert [mixed.sequences[2], mixed.sequences[5]] == alone.sequences
+
+
+def test_bad_model_sources_fail_clearly(demo_model):
+    model, tokenizer = demo_model
+    cases = {
+        "model@warm": "not a number",
+        "model@": "not a number",
+        "model@0": "above 0",
+        "model@-1": "above 0",
+        "model@11": "at most 10",
+        "model@nan": "above 0",
+        "model:": "empty opening",
+        "model@0.7:   ": "empty opening",
+        "models": "unknown corpus source",
+    }
+    for source, expected in cases.items():
+        with pytest.raises(ValueError) as excinfo:
+            CorpusSpec(sources=(source,))
+        message = one_line(excinfo)
+        assert repr(source) in message and expected in message
+    with pytest.raises(ValueError) as excinfo:  # one family twice would draw the very same samples
+        CorpusSpec(sources=("model", "kjv", "model@1.0"))
+    assert "'model'" in one_line(excinfo) and "'model@1.0'" in str(excinfo.value)
+    with pytest.raises(ValueError) as excinfo:  # an opening that leaves nothing to sample
+        build_corpus(tokenizer, CorpusSpec(sources=("model:Once upon a time there was a dog",), num_sequences=1,
+                                           max_tokens=4), model=model)
+    assert "shorten the opening" in one_line(excinfo)
+
+
+def test_default_sources_depend_on_the_model():
+    from polykv.profile.corpus import DEFAULT_SOURCES, DEMO_SOURCES, default_sources, model_source
+
+    assert default_sources("demo") == DEMO_SOURCES
+    assert default_sources("Qwen/Qwen3-8B") == DEFAULT_SOURCES == CorpusSpec().sources == ("kjv", "jargon", "stdlib", "model")
+    assert CorpusSpec(sources=DEMO_SOURCES).sources == DEMO_SOURCES  # valid, each family once
+    assert all(model_source(s) is not None for s in DEMO_SOURCES)
+    assert all("," not in s for s in DEMO_SOURCES)  # the CLI's --sources splits at commas
+
+
+def test_the_demo_models_its_default_sources_well(demo_model):
+    """FullKV perplexity on the demo's own samples is low; on Bible prose it is far higher."""
+    import math
+
+    import torch
+
+    from polykv.profile.corpus import DEMO_SOURCES
+
+    model, tokenizer = demo_model
+
+    def perplexity(sequences):
+        ids = torch.tensor(sequences)
+        with torch.no_grad():
+            logp = torch.log_softmax(model(ids).logits[:, :-1].double(), -1)
+        return math.exp(-logp.gather(-1, ids[:, 1:, None]).mean().item())
+
+    corpus = build_corpus(tokenizer, CorpusSpec(sources=DEMO_SOURCES, num_sequences=14, max_tokens=128), model=model)
+    for source in DEMO_SOURCES:
+        assert perplexity([s for s, r in zip(corpus.sequences, corpus.records) if r["source"] == source]) < 10, source
+    prose = build_corpus(tokenizer, CorpusSpec(sources=("kjv",), num_sequences=2, max_tokens=128))
+    assert perplexity(prose.sequences) > 30
+
+
+def test_the_cli_uses_the_models_default_sources_unless_given():
+    from polykv.cli import _corpus_sources
+    from polykv.profile.corpus import DEFAULT_SOURCES, DEMO_SOURCES
+
+    assert _corpus_sources(None, "demo") == DEMO_SOURCES
+    assert _corpus_sources(None, "Qwen/Qwen3-8B") == DEFAULT_SOURCES
+    assert _corpus_sources("kjv, model@0.7,model:Tom had a red ball", "demo") == ("kjv", "model@0.7", "model:Tom had a red ball")

@@ -13,7 +13,7 @@ import pytest
 
 from polykv.eval.runner import run_suite
 from polykv.eval.store import Store
-from polykv.eval.suites.fidelity import FidelitySettings, rouge_l
+from polykv.eval.suites.fidelity import FidelitySettings, default_tasks, rouge_l
 from polykv.plan import Plan
 from test_cli import assert_one_line_error, polykv  # noqa: F401  (the fixture)
 
@@ -99,7 +99,7 @@ def test_a_killed_run_resumes_without_recomputing_finished_samples(tmp_path):
 
 
 def test_cli_eval_of_a_shipped_plan_on_the_demo_model_within_a_minute(tmp_path):
-    """The default fidelity run (4 tasks x 4 samples, 479-token prompts) of the mixed demo plan."""
+    """The default fidelity run on the demo (its 7 story tasks x 4 samples, 478-token prompts) of the mixed demo plan."""
     env = {**os.environ, "POLYKV_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"}
     command = [sys.executable, "-m", "polykv.cli", "eval", "--plan", str(REPO / "plans/demo/mixed.json"), "-w", str(tmp_path)]
     started = time.perf_counter()
@@ -109,7 +109,7 @@ def test_cli_eval_of_a_shipped_plan_on_the_demo_model_within_a_minute(tmp_path):
     assert elapsed <= 60, f"fidelity eval took {elapsed:.1f} s"
     lines = result.stdout.splitlines()
     assert "mixed-demo on fidelity (demo), finished" in lines[0]
-    assert [line.split()[0] for line in lines[2:]] == ["code", "jargon", "prose", "stories"]
+    assert [line.split()[0] for line in lines[2:]] == sorted(default_tasks("demo"))
 
 
 def test_runs_and_compare_commands(demo_model, tmp_path, polykv):  # noqa: F811
@@ -126,3 +126,125 @@ def test_runs_and_compare_commands(demo_model, tmp_path, polykv):  # noqa: F811
     expected = (kl["prose"]["kl"] + kl["stories"]["kl"]) / 2
     assert f"macro-average A - B: {expected:+.4f}" in compared.stdout
     assert_one_line_error(polykv("compare", "nope", full, "-w", str(tmp_path)), "run 'nope': no run")
+
+
+def test_run_ids_cover_method_and_suite_revisions(demo_model, tmp_path, monkeypatch):
+    import json
+
+    from polykv.eval.suites import fidelity
+    from polykv.methods import REGISTRY
+
+    model, tokenizer = demo_model
+    store = Store(tmp_path / "results.sqlite")
+    tiny = FidelitySettings(tasks=("prose",), samples_per_task=1, prompt_tokens=48, continuation=2, generate=2)
+    plan = Plan.homogeneous("streamingllm", 16, 5, params={"sinks": 4})
+    first = run_suite(store, "demo", model, tokenizer, plan, "fidelity", tiny)
+    stored = json.loads(store.run(first)["versions"])["revisions"]
+    assert stored == {"suite": fidelity.REVISION, "methods": {"streamingllm": REGISTRY["streamingllm"].revision}}
+    first_samples = store.samples(first)
+
+    # A method's rule changed: a new run id, computed afresh, the old run kept apart with its samples.
+    monkeypatch.setattr(REGISTRY["streamingllm"], "revision", REGISTRY["streamingllm"].revision + 1)
+    second = run_suite(store, "demo", model, tokenizer, plan, "fidelity", tiny)
+    assert second != first and store.run(second)["status"] == "finished"
+    now = json.loads(store.run(second)["versions"])["revisions"]
+    assert now["methods"]["streamingllm"] == stored["methods"]["streamingllm"] + 1
+    assert len(store.samples(second)) == 1 and all(row["run_id"] == second for row in store.samples(second))
+    assert store.samples(first) == first_samples  # the old run is untouched and not counted as the new one
+    assert min(r["created"] for r in store.samples(second)) > max(r["created"] for r in first_samples)  # recomputed
+
+    # The suite's samples or scoring changed: again a new run.
+    monkeypatch.setattr(fidelity, "REVISION", fidelity.REVISION + 1)
+    third = run_suite(store, "demo", model, tokenizer, plan, "fidelity", tiny)
+    assert third not in (first, second) and len(store.samples(third)) == 1
+    assert {run["id"] for run in store.runs()} == {first, second, third}
+
+
+def test_run_ids_cover_the_methods_of_both_phases(monkeypatch):
+    from polykv.eval.runner import code_revisions, run_id_for
+    from polykv.methods import REGISTRY
+
+    plan = Plan.load(REPO / "plans/demo/mixed.json")  # prefill snapkv/h2o/..., decode tova/h2o/...
+    revisions = code_revisions(plan, "fidelity")
+    assert set(revisions["methods"]) == {"streamingllm", "snapkv", "h2o", "tova"}
+    decode_only = Plan.homogeneous("cake", 16, 5, "decode")  # full at prefill, cake at decode
+    assert set(code_revisions(decode_only, "ruler")["methods"]) == {"full", "cake"}
+    before = run_id_for("demo", decode_only, "ruler", {}, 0)
+    monkeypatch.setattr(REGISTRY["full"], "revision", REGISTRY["full"].revision + 1)  # the prefill phase's method
+    assert run_id_for("demo", decode_only, "ruler", {}, 0) != before
+    with pytest.raises(ValueError, match="unknown suite 'nope'"):
+        code_revisions(plan, "nope")
+
+
+# ---- the demo's in-distribution tasks; FullKV's reference computed once per sample -----------------------
+
+
+def test_default_tasks_depend_on_the_model():
+    from polykv.eval.suites.fidelity import DEMO_TASKS, GENERAL_TASKS, TASK_SOURCES, default_tasks
+    from polykv.profile.corpus import default_sources
+
+    assert default_tasks("demo") == DEMO_TASKS and len(DEMO_TASKS) >= 6  # enough for a bootstrap over tasks
+    assert default_tasks("Qwen/Qwen3-8B") == GENERAL_TASKS == ("prose", "jargon", "code", "stories")
+    assert FidelitySettings().tasks == GENERAL_TASKS  # constructible with no arguments, model-independent
+    # the demo is scored on the families it is calibrated on (from the other split)
+    assert {TASK_SOURCES[t] for t in DEMO_TASKS} == set(default_sources("demo"))
+    with pytest.raises(ValueError, match="listed once"):
+        FidelitySettings(tasks=("stories", "stories"))
+
+
+def test_the_demos_story_tasks_are_held_out_from_its_calibration_corpus(demo_model):
+    from polykv.eval.suites.fidelity import DEMO_TASKS, build_samples
+    from polykv.profile.corpus import CorpusSpec, build_corpus, default_sources
+
+    model, tokenizer = demo_model
+    settings = FidelitySettings(tasks=DEMO_TASKS, samples_per_task=2, prompt_tokens=40, continuation=8, generate=8)
+    samples = build_samples(tokenizer, model, settings, seed=0)
+    assert [task for task, _, _ in samples] == [t for t in DEMO_TASKS for _ in range(2)]
+    length = len(samples[0][2])
+    calibration = build_corpus(tokenizer, CorpusSpec(sources=default_sources("demo"), num_sequences=14,
+                                                     max_tokens=length, seed=0), model=model)
+    held_out = {tuple(ids) for _, _, ids in samples}
+    assert len(held_out) == len(samples) and not held_out & {tuple(s) for s in calibration.sequences}
+    # a task's samples do not depend on the other tasks listed
+    alone = build_samples(tokenizer, model, FidelitySettings(tasks=("tale-sun",), samples_per_task=2, prompt_tokens=40,
+                                                             continuation=8, generate=8), seed=0)
+    assert alone == [s for s in samples if s[0] == "tale-sun"]
+
+
+def test_fullkv_reference_is_computed_once_per_sample_and_scores_are_unchanged(demo_model, monkeypatch):
+    import copy
+
+    from polykv.eval.suites import fidelity
+
+    model, tokenizer = demo_model
+    settings = FidelitySettings(tasks=("stories",), samples_per_task=1, prompt_tokens=48, continuation=8, generate=8)
+    (_, _, ids), = fidelity.build_samples(tokenizer, model, settings, seed=0)
+    plans = [Plan.homogeneous("streamingllm", 16, 5, params={"sinks": 4}), Plan.homogeneous("tova", 16, 5)]
+
+    fresh = []
+    for plan in plans:  # the reference recomputed for each plan, as before the cache
+        fidelity.clear_reference_cache()
+        fresh.append(fidelity.score_sample(model, plan, ids, settings))
+
+    calls = []
+    trace = fidelity._trace
+    monkeypatch.setattr(fidelity, "_trace", lambda m, plan, *a: calls.append(plan) or trace(m, plan, *a))
+    fidelity.clear_reference_cache()
+    cached = [fidelity.score_sample(model, plan, ids, settings) for plan in plans]
+    assert cached == fresh  # identical, not merely close
+    assert calls.count(None) == 1 and len(calls) == 3  # FullKV once, then each plan
+    # another model object (even an identical copy) and other settings have their own reference
+    other = copy.deepcopy(model)
+    fidelity.score_sample(other, plans[0], ids, settings)
+    fidelity.score_sample(model, plans[0], ids, FidelitySettings(tasks=("stories",), continuation=8, generate=4))
+    assert calls.count(None) == 3
+    fidelity.clear_reference_cache()
+
+
+def test_the_cli_fidelity_settings_use_the_models_default_tasks_unless_given():
+    from polykv.cli import _suite_settings
+    from polykv.eval.suites.fidelity import DEMO_TASKS, GENERAL_TASKS
+
+    assert _suite_settings("fidelity", 4, None, 1024, None, "demo").tasks == DEMO_TASKS
+    assert _suite_settings("fidelity", 4, None, 1024, None, "Qwen/Qwen3-8B").tasks == GENERAL_TASKS
+    assert _suite_settings("fidelity", 2, "prose, tale-sun", 64, None, "demo").tasks == ("prose", "tale-sun")

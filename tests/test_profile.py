@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pandas as pd
 import pytest
@@ -78,6 +79,14 @@ def test_route_builds_a_valid_plan_for_each_scope(profiled, polykv, tmp_path, sc
     assert result.returncode == 0, result.stderr
     plan = validate_plan(Plan.load(out), 5)
     assert plan.scope.value == scope and plan.provenance["profile"] == profile.key
+    # FullKV's perplexity per source, then a confidence table per phase: a row per layer, TopRank's pick first
+    assert "FullKV perplexity of the calibration continuations: " in result.stdout
+    lines = result.stdout.splitlines()
+    headers = [i for i, line in enumerate(lines) if line.startswith("layer  winner")]
+    assert len(headers) == len(plan.scope.phases)
+    for phase, i in zip(plan.scope.phases, headers):
+        assert lines[i - 1].startswith(f"{phase.value} route by cosine") and "win freq" in lines[i]
+        assert [line.split()[1] for line in lines[i + 1 : i + 6]] == [layer[phase].method for layer in plan.layers]
     for phase in plan.scope.phases:
         assert plan.summary().phases[phase].total_capacity == 5 * 40
 
@@ -132,3 +141,131 @@ def test_attention_entropy_on_hand_made_rows():
 
     rows = torch.tensor([[0.25, 0.25, 0.25, 0.25], [1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0]])
     assert torch.allclose(attention_entropy(rows), torch.tensor([math.log(4), 0.0, math.log(2)], dtype=torch.float64))
+
+
+# ---- per-sequence values, intervals, staleness, entropy ------------------------------------------
+def test_profile_keeps_per_sequence_values_behind_every_cell(profiled):
+    from polykv.plan import Phase
+    from polykv.profile.confidence import cell_intervals, fullkv_perplexity
+    from polykv.profile.profiler import PROFILE_REVISION, profiled_methods
+    from polykv.profile.store import INTERVAL_COLUMNS, METHOD_COLUMNS
+
+    profile, *_ = profiled
+    saved = load_profile(profile.path)
+    meta, n, tokens = saved.metadata, 4, saved.metadata["continuation"]
+    assert meta["methods"] == profiled_methods([Phase(s) for s in meta["scopes"]]) and meta["methods"]["cake"] == 2
+    assert meta["profile_revision"] == PROFILE_REVISION
+    assert meta["entropy"] == "mean attention entropy over all prompt queries, heads and sequences (nats)"
+    assert list(pd.read_csv(profile.path / "methods.csv").columns) == METHOD_COLUMNS + INTERVAL_COLUMNS
+
+    # every cell's point values are the per-sequence values' mean (cosine) and PPL difference (dPPL)
+    sequences, reference = saved.sequences, saved.reference
+    assert len(sequences) == n * len(saved.table) and list(reference.sequence) == list(range(n))
+    sources = [r["source"] for r in meta["corpus"]["records"]]
+    assert list(reference.source) == sources
+    cells = sequences.groupby(["layer", "scope", "method"]).agg(cosine=("cosine", "mean"), nll=("nll", "sum"))
+    table = saved.table.set_index(["layer", "scope", "method"]).loc[cells.index]
+    assert (table.cosine - cells.cosine).abs().max() <= 1e-12
+    ref_ppl = math.exp(reference.nll.sum() / (n * tokens))
+    assert ((cells.nll / (n * tokens)).map(math.exp) - ref_ppl - table.dppl).abs().max() <= 1e-9
+
+    # intervals: the bootstrap of the saved values; FullKV's own rows have none to speak of
+    again = cell_intervals(sequences, reference.nll.tolist(), tokens).set_index(["layer", "scope", "method"])
+    assert (again[INTERVAL_COLUMNS] - table[INTERVAL_COLUMNS]).abs().max().max() <= 1e-12
+    assert (table.cosine_low <= table.cosine_high).all() and (table.dppl_low <= table.dppl_high).all()
+    full = table.xs("full", level="method")
+    # fp32 rounding again, now on replicates whose PPL reaches the worst source's (hundreds here)
+    assert full[["dppl_low", "dppl_high"]].abs().max().max() <= 1e-3
+    assert meta["fullkv_ppl"] == pytest.approx(fullkv_perplexity(reference.nll, sources, tokens))
+    assert list(meta["fullkv_ppl"]) == list(dict.fromkeys(sources))
+
+
+def _throwaway_method():
+    from polykv.methods.streamingllm import StreamingLLM
+
+    class Throwaway(StreamingLLM):
+        name = "throwaway"
+
+    return Throwaway
+
+
+def _refresh(profile) -> str:
+    spec = profile.metadata["corpus"]["spec"]
+    return (f"polykv profile --model demo --b-cal {profile.metadata['capacity']} --seed 0 --sources "
+            f"{','.join(spec['sources'])} --sequences 4 --max-tokens 160")
+
+
+def test_a_new_method_makes_the_profile_stale(profiled, monkeypatch, polykv, tmp_path):  # noqa: F811
+    from polykv.methods import REGISTRY
+    from polykv.profile import build
+    from polykv.profile.route import plan_from_profile
+
+    profile, model, tokenizer, root = profiled
+    monkeypatch.setitem(REGISTRY, "throwaway", _throwaway_method())
+    with pytest.raises(ProfileError, match="lacks throwaway") as refused:
+        plan_from_profile(profile, "decode", 24)
+    assert _refresh(profile) in str(refused.value) and len(str(refused.value).splitlines()) == 1
+
+    # asking for the profile again measures it (a new key) instead of reusing the old one
+    class Measured(Exception):
+        pass
+
+    def measure(*args, **kwargs):
+        raise Measured
+
+    monkeypatch.setattr(build, "profile_methods", measure)
+    with pytest.raises(Measured):
+        build.build_profile("demo", model, tokenizer, root, CorpusSpec(num_sequences=4, max_tokens=160))
+
+    result = polykv("route", str(profile.path), "--budget", "24", "-o", str(tmp_path / "p.json"))
+    assert_one_line_error(result, "lacks throwaway", _refresh(profile))
+
+
+def test_a_method_revision_bump_makes_the_profile_stale(profiled, monkeypatch):
+    from polykv.methods import REGISTRY
+    from polykv.profile import build
+    from polykv.profile.route import plan_from_profile
+
+    profile, model, tokenizer, root = profiled
+    monkeypatch.setattr(REGISTRY["tova"], "revision", REGISTRY["tova"].revision + 1)
+    with pytest.raises(ProfileError, match=r"measured tova at revision 1 \(now 2\)"):
+        plan_from_profile(profile, "both", 24)
+    monkeypatch.setattr(build, "profile_methods", lambda *a, **k: (_ for _ in ()).throw(LookupError("measured")))
+    with pytest.raises(LookupError, match="measured"):
+        build.build_profile("demo", model, tokenizer, root, CorpusSpec(num_sequences=4, max_tokens=160))
+
+
+def test_a_profile_without_revisions_is_refused(profiled, polykv, tmp_path):  # noqa: F811
+    import shutil
+
+    from polykv.profile.route import plan_from_profile
+
+    profile, *_ = profiled
+    old = tmp_path / "profiles" / profile.key
+    shutil.copytree(profile.path, old)
+    meta = json.loads((old / "profile.json").read_text())
+    del meta["methods"], meta["profile_revision"]
+    (old / "profile.json").write_text(json.dumps(meta))
+    with pytest.raises(ProfileError, match="predates method revisions"):
+        plan_from_profile(load_profile(old), "decode", 24)
+    result = polykv("route", str(old), "--budget", "24", "-o", str(tmp_path / "p.json"))
+    assert_one_line_error(result, "predates method revisions", _refresh(profile) + f" -w {tmp_path}")
+
+
+@pytest.mark.parametrize("family, overrides", [("llama", {}), ("mistral", {"sliding_window": 8})])
+def test_entropy_is_the_mean_over_every_prompt_query(family, overrides):
+    import torch
+
+    from polykv.plan import Phase
+
+    model = tiny_model(family, **overrides)
+    sequences = torch.randint(0, 96, (3, 41), generator=torch.Generator().manual_seed(1)).tolist()
+    continuation, prompt = 8, 41 - 1 - 8
+    result = profile_methods(model, sequences, 8, scopes=(Phase.PREFILL,), methods=["streamingllm"],
+                             continuation=continuation, batch_size=2)  # two batches: 2 + 1 sequences
+    # directly: the eager attention weights of the prompt, every query's entropy, mean over everything
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        attentions = model(torch.tensor(sequences)[:, :prompt], output_attentions=True).attentions
+    direct = [float(-torch.special.xlogy(a.double(), a.double()).sum(-1).mean()) for a in attentions]
+    assert result.entropy == pytest.approx(direct, abs=1e-6)

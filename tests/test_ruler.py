@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import re
 from collections import Counter
 
@@ -62,7 +63,7 @@ def test_niah_prompt_wording_follows_ruler(tokenizer):
 
 
 @pytest.mark.parametrize("task,length", [("niah_single_1", 400), ("niah_single_2", 400), ("niah_multikey_3", 512),
-                                         ("vt", 400), ("fwe", 400), ("cwe", 1600)])
+                                         ("vt", 700), ("fwe", 400), ("cwe", 1600)])
 def test_the_prompt_fills_the_length(tokenizer, task, length):
     sample = make_sample(tokenizer, task, length, seed=0, index=2)
     slack = _fits_tightly(tokenizer, sample, length, seed=0, index=2)
@@ -106,7 +107,8 @@ def test_every_task_builds_and_its_answers_can_be_read_off_the_context(tokenizer
 
 def test_same_seed_same_samples_other_seed_other_samples(demo_model):
     model, tokenizer = demo_model
-    settings = RulerSettings(tasks=("niah_single_2", "niah_multikey_2", "vt", "fwe"), length=512, samples_per_task=2)
+    # vt needs ~600 demo tokens (5 noise lines for its 5 chain lines), over the demo model's 512: see below
+    settings = RulerSettings(tasks=("niah_single_2", "niah_multikey_2", "fwe"), length=512, samples_per_task=2)
 
     def view(seed):
         return [(task, sid, p["prompt_ids"], p["answers"]) for task, sid, p in build_samples(tokenizer, model, settings, seed)]
@@ -117,6 +119,8 @@ def test_same_seed_same_samples_other_seed_other_samples(demo_model):
     assert [row[:2] for row in other] == [row[:2] for row in first]
     assert all(a[2] != b[2] and a[3] != b[3] for a, b in zip(first, other))
     assert all(first[i][2] != first[i + 1][2] for i in range(0, len(first), 2))  # samples of a task differ
+    vt = [make_sample(tokenizer, "vt", 640, seed=s, index=i).prompt_ids for s, i in ((0, 0), (0, 0), (1, 0), (0, 1))]
+    assert vt[0] == vt[1] and vt[0] != vt[2] and vt[0] != vt[3]
 
 
 # ---- QA ---------------------------------------------------------------------------------------------
@@ -232,9 +236,110 @@ def test_scores_use_ruler_postprocessing_and_metrics(monkeypatch):
 def test_the_suite_runs_end_to_end(demo_model, tmp_path):
     model, tokenizer = demo_model
     store = Store(tmp_path / "results.sqlite")
-    settings = RulerSettings(tasks=("niah_single_1", "vt", "fwe"), length=400, samples_per_task=1)
+    settings = RulerSettings(tasks=("niah_single_1", "fwe"), length=400, samples_per_task=1)
     run_id = run_suite(store, "demo", model, tokenizer, Plan.homogeneous("full", None, 5), "ruler", settings)
     scores = store.task_scores(run_id)
-    assert set(scores) == {"niah_single_1", "vt", "fwe"}
+    assert set(scores) == {"niah_single_1", "fwe"}
     assert all(set(v) == {"score"} and 0.0 <= v["score"] <= 100.0 for v in scores.values())
-    assert store.run(run_id)["status"] == "finished" and len(store.samples(run_id)) == 3
+    assert store.run(run_id)["status"] == "finished" and len(store.samples(run_id)) == 2
+
+
+# ---- variable tracking: where the chain lines go ----------------------------------------------------
+
+
+def _chain_layout(context: str) -> tuple[list[int], int]:
+    """Indices of the chain lines among the context's lines, and the index of the last noise line."""
+    lines = context.split("\n")
+    assert all(line == ruler.NOISE or line.startswith("VAR ") for line in lines)
+    chain = [i for i, line in enumerate(lines) if line.startswith("VAR ")]
+    return chain, max(i for i, line in enumerate(lines) if line == ruler.NOISE)
+
+
+def _assert_placed_like_ruler(context: str, chain_lines: list[str]) -> None:
+    at, last_noise = _chain_layout(context)
+    lines = context.split("\n")
+    assert [lines[i] for i in at] == chain_lines  # the chain, in its order
+    assert all(b - a > 1 for a, b in zip(at, at[1:]))  # never two chain lines next to each other
+    assert at[-1] < last_noise  # always a noise line after the last chain line
+
+
+def test_vt_chain_lines_are_placed_as_ruler_places_them(tokenizer):
+    # Real samples: 1K tokens of the demo tokenizer (about 13 noise lines for 5 chain lines) and others.
+    for length in (640, 800, 1024):  # a 5-line chain needs 5 noise lines: ~600 demo tokens
+        for seed in range(12):
+            sample = make_sample(tokenizer, "vt", length, seed=seed)
+            _assert_placed_like_ruler(sample.context, sample.info["chain"])
+            value = re.search(r"assigned the value (\d+) in the text above", sample.prompt)[1]
+            assert sample.answers == [re.match(r"VAR (\w+) =", line)[1] for line in sample.info["chain"]]
+            assert _resolve_chain(sample.context, value) == set(sample.answers)
+    # The generator itself, down to the fewest noise lines a 5-line chain can sit among.
+    for seed in range(200):
+        chains = ruler._Chains(random.Random(seed), 1, 4, letters=5)
+        for noise in (5, 6, 7, 9, 13, 40):
+            context, _ = chains.text(noise)
+            assert context.split("\n").count(ruler.NOISE) == noise
+            _assert_placed_like_ruler(context, chains.lines[0])
+    with pytest.raises(ValueError, match="at least 5 noise lines"):
+        chains.text(4)
+
+
+def test_vt_chain_placement_is_uniform_over_the_noise_lines():
+    # 5 chain lines among 6 noise lines: each goes right before a distinct noise line, so exactly one
+    # noise line has no chain line in front of it, and RULER's uniform draw makes each of the 6 equally
+    # likely (200 of 1200 expected each; the bounds are about 6 standard deviations wide).
+    free = Counter()
+    for seed in range(1200):
+        context, _ = ruler._Chains(random.Random(seed), 1, 4, letters=5).text(6)
+        lines = context.split("\n")
+        noise = [i for i, line in enumerate(lines) if line == ruler.NOISE]
+        (alone,) = [k for k, i in enumerate(noise) if i == 0 or lines[i - 1] == ruler.NOISE]
+        free[alone] += 1
+    assert set(free) == set(range(6)) and all(120 <= c <= 280 for c in free.values()), free
+
+
+# ---- several lengths --------------------------------------------------------------------------------
+
+
+def test_several_lengths_name_tasks_by_length_and_fit_each_length(demo_model):
+    model, tokenizer = demo_model
+    settings = RulerSettings(tasks=("niah_single_1", "fwe"), length=[512, 400], samples_per_task=2)
+    assert settings.length == (400, 512) and settings.lengths == (400, 512)  # kept sorted
+    samples = build_samples(tokenizer, model, settings, seed=0)
+    assert [(t, s) for t, s, _ in samples] == [
+        (f"{task}@{length}", f"{i:03d}") for task in ("niah_single_1", "fwe") for length in (400, 512) for i in range(2)
+    ]
+    for name, _, payload in samples:
+        task, length = name.split("@")
+        assert payload["task"] == task and payload["length"] == int(length)
+        used = len(payload["prompt_ids"]) + payload["tokens_to_generate"]
+        assert int(length) - 110 < used <= int(length)  # filled to that length, not another
+    # Sample i uses one seed at every length: the same needle (or chain), a longer haystack.
+    by_name = {(t, s): p for t, s, p in samples}
+    short, long = by_name[("niah_single_1@400", "000")], by_name[("niah_single_1@512", "000")]
+    assert short["answers"] == long["answers"] and len(short["prompt_ids"]) < len(long["prompt_ids"])
+    short, long = (make_sample(tokenizer, "vt", length, seed=0, index=1) for length in (640, 800))
+    assert short.info["chain"] == long.info["chain"] and short.size < long.size
+    # One length: the task names and the settings dict are those of a plain length.
+    single = RulerSettings(tasks=("fwe",), length=[400], samples_per_task=1)
+    assert single == RulerSettings(tasks=("fwe",), length=400, samples_per_task=1)
+    assert single.to_dict() == {"tasks": ["fwe"], "length": 400, "samples_per_task": 1, "squad_path": None, "hotpot_path": None}
+    assert [t for t, _, _ in build_samples(tokenizer, model, single, seed=0)] == ["fwe"]
+    assert json.loads(json.dumps(settings.to_dict()))["length"] == [400, 512]
+    assert RulerSettings(**json.loads(json.dumps(settings.to_dict()))) == settings  # the run id round-trips
+    with pytest.raises(ValueError, match="exceeds the model's context"):
+        build_samples(tokenizer, model, RulerSettings(tasks=("fwe",), length=[400, 4096]), seed=0)
+
+
+def test_length_lists_are_checked():
+    for bad in ([], [512, 512], ["512"], 512.0, True, [1, 512]):
+        with pytest.raises(ValueError, match="ruler settings: "):
+            RulerSettings(length=bad)
+
+
+def test_several_lengths_run_end_to_end(demo_model, tmp_path):
+    model, tokenizer = demo_model
+    store = Store(tmp_path / "results.sqlite")
+    settings = RulerSettings(tasks=("niah_single_1",), length=[400, 512], samples_per_task=1)
+    run_id = run_suite(store, "demo", model, tokenizer, Plan.homogeneous("full", None, 5), "ruler", settings)
+    assert set(store.task_scores(run_id)) == {"niah_single_1@400", "niah_single_1@512"}
+    assert json.loads(store.run(run_id)["settings"])["length"] == [400, 512]

@@ -9,6 +9,7 @@ import pytest
 
 from polykv.eval.stats import (
     BootstrapResult,
+    bootstrap_means,
     leave_one_task_out,
     paired_bootstrap,
     rank_among,
@@ -83,6 +84,44 @@ def test_bootstrap_rejects_nan_scores():
         paired_bootstrap({"x": math.nan}, {"x": 1.0})
 
 
+# --- cluster bootstrap (one task at several lengths moves together) --------------------------------
+
+
+# Cluster "a" has two tasks with difference 1, cluster "b" one task with difference 10. Drawing two clusters
+# gives aa -> (1 + 1 + 1 + 1) / 4 = 1, ab -> (1 + 1 + 10) / 3 = 4, bb -> (10 + 10) / 2 = 10: nothing else.
+CLUSTER_A = {"a@1": 1.0, "a@2": 1.0, "b@1": 10.0}
+CLUSTER_B = {"a@1": 0.0, "a@2": 0.0, "b@1": 0.0}
+CLUSTERS = {"a@1": "a", "a@2": "a", "b@1": "b"}
+
+
+def test_cluster_bootstrap_replicates_contain_only_whole_clusters():
+    means = bootstrap_means(CLUSTER_A, CLUSTER_B, replicates=4000, seed=2, clusters=CLUSTERS)
+    values, counts = np.unique(np.round(means, 12), return_counts=True)
+    assert values.tolist() == [1.0, 4.0, 10.0]
+    assert counts / 4000 == pytest.approx([0.25, 0.5, 0.25], abs=0.03)  # aa, ab or ba, bb
+    # Task by task, 7 = (1 + 10 + 10) / 3 is possible too: the clusters really change the resampling.
+    singles = np.unique(np.round(bootstrap_means(CLUSTER_A, CLUSTER_B, replicates=4000, seed=2), 12))
+    assert singles.tolist() == [1.0, 4.0, 7.0, 10.0]
+
+
+def test_cluster_bootstrap_result_counts_clusters_and_keeps_the_task_mean():
+    res = paired_bootstrap(CLUSTER_A, CLUSTER_B, replicates=4000, seed=2, level=0.9, clusters=CLUSTERS)
+    assert res.clusters == 2 and res.tasks == ("a@1", "a@2", "b@1")
+    assert res.difference == pytest.approx(4.0)  # the plain mean over the 3 tasks
+    assert (res.low, res.high) == (1.0, 10.0)  # 25% of the replicates sit at each end
+    means = bootstrap_means(CLUSTER_A, CLUSTER_B, replicates=4000, seed=2, clusters=CLUSTERS)
+    assert (res.low, res.high) == tuple(np.quantile(means, [0.05, 0.95]))
+    assert paired_bootstrap(CLUSTER_A, CLUSTER_B, replicates=100).clusters == 0
+    # a task the mapping does not name is a cluster of its own
+    assert paired_bootstrap(CLUSTER_A, CLUSTER_B, replicates=100, clusters={"a@1": "a", "a@2": "a"}).clusters == 2
+
+
+def test_bootstrap_means_match_paired_bootstrap_without_clusters():
+    means = bootstrap_means(A, B, replicates=1000, seed=7)
+    res = paired_bootstrap(A, B, replicates=1000, seed=7)
+    assert (res.low, res.high) == tuple(np.quantile(means, [0.025, 0.975]))
+
+
 # --- spearman ---------------------------------------------------------------------------------------
 
 
@@ -155,6 +194,28 @@ def test_spearman_permutation_small_n_near_exact():
     # 1 (rho=1), 3 (rho=0.8), and their reverses: 8 of 24, so the exact p is 1/3.
     _, p = spearman_permutation([1, 2, 3, 4], [1, 3, 2, 4], permutations=20_000, seed=0)
     assert p == pytest.approx(1 / 3, abs=0.02)
+
+
+def test_spearman_permutation_one_sided_small_n_near_exact():
+    # The same case one-sided: rho_perm >= 0.8 for 1 + 3 of the 24 permutations, exact p = 1/6.
+    rho, p = spearman_permutation([1, 2, 3, 4], [1, 3, 2, 4], permutations=20_000, seed=0, alternative="greater")
+    assert rho == pytest.approx(0.8)
+    assert p == pytest.approx(1 / 6, abs=0.015)
+    assert (p * 20_001) == pytest.approx(round(p * 20_001))  # (1 + count) / (N + 1)
+
+
+def test_spearman_permutation_one_sided_counts_only_the_upper_tail():
+    # rho = -1: every shuffle has rho_perm >= -1, so the one-sided p is exactly (N + 1) / (N + 1) = 1 ...
+    rho, p = spearman_permutation([1, 2, 3, 4], [4, 3, 2, 1], permutations=999, alternative="greater")
+    assert rho == pytest.approx(-1.0) and p == 1.0
+    # ... while two-sided it is small: |rho_perm| = 1 for 2 of the 24 permutations.
+    _, p_two = spearman_permutation([1, 2, 3, 4], [4, 3, 2, 1], permutations=20_000)
+    assert p_two == pytest.approx(2 / 24, abs=0.01)
+    # rho = +1: one-sided 1/24, half the two-sided 2/24
+    _, p_up = spearman_permutation([1, 2, 3, 4], [1, 2, 3, 4], permutations=20_000, alternative="greater")
+    assert p_up == pytest.approx(1 / 24, abs=0.006)
+    with pytest.raises(ValueError, match="alternative"):
+        spearman_permutation([1, 2, 3], [1, 2, 3], alternative="less")
 
 
 # --- leave_one_task_out -----------------------------------------------------------------------------

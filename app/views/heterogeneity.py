@@ -3,13 +3,14 @@
 import streamlit as st
 
 from app import charts, common
-from polykv.profile.corpus import KNOWN_SOURCES, CorpusSpec, build_corpus
+from polykv.profile.corpus import KNOWN_SOURCES, CorpusSpec, build_corpus, default_sources
 from polykv.profile.heterogeneity import measure_heterogeneity
 
 st.title("Attention heterogeneity")
 st.caption("For each input, the first decoding query's attention (mean over heads) in each layer; the support "
-           "set is the fewest positions that hold the chosen share of it. Inputs are held-out public-domain "
-           "text, Python source and text the model samples.")
+           "set is the fewest positions that hold the chosen share of it. Inputs are drawn from the model's "
+           "default calibration sources: public-domain text, Python source and text the model samples (for the "
+           "demo model, only its own samples: the text it models well).")
 
 name, device, model, tokenizer = common.current_model()
 with st.form("heterogeneity_form"):
@@ -18,7 +19,8 @@ with st.form("heterogeneity_form"):
     max_tokens = cols[1].number_input("Tokens per input", min_value=16, max_value=32768, value=512, step=16,
                                       help="Clipped to the model's context")
     coverage = cols[2].slider("Attention share", 0.5, 0.99, 0.9, 0.01)
-    sources = cols[3].multiselect("Sources", list(KNOWN_SOURCES), default=list(KNOWN_SOURCES))
+    sources = cols[3].multiselect("Sources", list(dict.fromkeys((*default_sources(name), *KNOWN_SOURCES))),
+                                  default=list(default_sources(name)))
     density_input = cols[4].number_input("Density map of input", min_value=0, max_value=63, value=0, step=1)
     st.form_submit_button("Measure")
 

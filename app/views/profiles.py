@@ -5,7 +5,8 @@ import streamlit as st
 from app import charts, common
 from polykv import jobs
 from polykv.plan import Scope
-from polykv.profile.corpus import KNOWN_SOURCES, CorpusSpec
+from polykv.profile.corpus import KNOWN_SOURCES, CorpusSpec, default_sources
+from polykv.profile.store import refresh_command
 
 st.title("Method profiles")
 st.caption("Each method runs alone in one layer at the calibration capacity b_cal (all other layers FullKV): "
@@ -23,7 +24,9 @@ with st.expander("Compute a profile", expanded=not root.is_dir()):
         max_tokens = cols[1].number_input("Tokens per sequence", min_value=32, max_value=32768, value=512 if name == "demo" else 2048, step=32)
         b_cal = cols[2].number_input("b_cal (0: automatic)", min_value=0, value=0, step=1)
         scope = cols[3].selectbox("Scopes", [s.value for s in Scope], index=2)
-        sources = cols[4].multiselect("Sources", list(KNOWN_SOURCES), default=list(KNOWN_SOURCES))
+        # The model's own default sources first (for the demo: its samples, the text it models well).
+        sources = cols[4].multiselect("Sources", list(dict.fromkeys((*default_sources(name), *KNOWN_SOURCES))),
+                                      default=list(default_sources(name)))
         if st.form_submit_button("Start profiling"):
             if not sources:
                 st.error("Choose at least one source.")
@@ -67,6 +70,15 @@ if not mine:
 by_key = {p.key: p for p in mine}
 profile = by_key[st.selectbox("Profile", list(by_key), format_func=lambda k: f"{k}  (b_cal {by_key[k].metadata['capacity']})")]
 st.caption(f"{profile.path} · computed {profile.metadata.get('created', '?')} in {profile.metadata.get('seconds', '?')} s")
+if profile.metadata.get("fullkv_ppl"):
+    st.caption("FullKV perplexity of the calibration continuations: "
+               + ", ".join(f"{source} {ppl:.2f}" for source, ppl in profile.metadata["fullkv_ppl"].items())
+               + f" · the table gives each cell's 95% bootstrap interval over the "
+               f"{profile.metadata['corpus']['num_sequences']} calibration sequences")
+stale = profile.stale_reasons()
+if stale:  # routes from it are refused; say so here rather than only in the designer
+    st.warning(f"Stale profile ({'; '.join(stale)}): recompute it before building routes from it "
+               f"(`{refresh_command(profile)}`).")
 for scope in profile.metadata["scopes"]:
     st.subheader(scope)
     common.show(charts.profile_heatmap(profile.table, scope, "cosine"), f"{profile.key}-{scope}-cosine")

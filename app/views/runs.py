@@ -11,6 +11,7 @@ from polykv.eval.backends import Unit
 from polykv.eval.experiments import baseline_methods, launch_plans, plan_budget
 from polykv.eval.runner import SUITES
 from polykv.eval.store import Store
+from polykv.eval.suites.fidelity import default_tasks
 
 st.title("Runs")
 name, device, _, _ = common.current_model()
@@ -23,6 +24,8 @@ DEMO_SETTINGS = {"fidelity": {"samples_per_task": 2, "prompt_tokens": 256}}
 
 def default_settings(suite: str) -> str:
     settings = SUITES[suite].Settings().to_dict()
+    if suite == "fidelity":  # the model's own default tasks (for the demo: text it models well)
+        settings["tasks"] = list(default_tasks(name))
     if name == "demo":
         settings.update(DEMO_SETTINGS.get(suite, {}))
     return json.dumps(settings)
@@ -37,8 +40,8 @@ with st.form("launch_form"):
     cols = st.columns(4)
     budgets_text = cols[0].text_input("Budgets", placeholder=f"the plan's own ({plan_budget(plan)})",
                                       help="Comma-separated average capacities: the plan is rescaled to each")
-    baselines = cols[1].multiselect("Baselines", baseline_methods(plan.scope),
-                                    help="Each method alone in the plan's phases at the same budget")
+    baselines = cols[1].multiselect("Baselines", baseline_methods(),
+                                    help="Each method alone at the same budget, under its own protocol (phases, allocation)")
     placements = cols[2].number_input("Random placements", min_value=0, max_value=999, value=0,
                                       help="Placement control: count-matched random routes (single-phase plans)")
     seed = cols[3].number_input("Seed", min_value=0, value=0, step=1)

@@ -3,6 +3,10 @@
 The statistics see "higher is better": a lower-is-better metric (KL, perplexity) is negated before the
 bootstrap, wins/ties/losses and leave-one-task-out, and the numbers are reported back in the metric's
 own units and sign (A - B). The CLI's `compare` and the web app's Compare page both call these.
+
+Tasks named `<task>@<length>` (RULER at several lengths) are one task measured several times: the
+bootstrap resamples the clusters `task_cluster` names (all lengths of a task together); wins/ties/losses
+and leave-one-task-out stay per task name.
 """
 
 from __future__ import annotations
@@ -22,6 +26,16 @@ METRIC_DIRECTION = {"top1": 1, "rougeL": 1, "kl": -1, "ppl": -1, "score": 1}
 
 def direction(metric: str) -> int:
     return METRIC_DIRECTION.get(metric, 1)
+
+
+def direction_text(metric: str) -> str:
+    """E.g. "metric kl (lower is better)": what every report says about its numbers."""
+    return f"metric {metric} ({'higher' if direction(metric) > 0 else 'lower'} is better)"
+
+
+def task_cluster(task: str) -> str:
+    """The task a scored name belongs to: the part before "@" ("niah_single_1@4096" -> "niah_single_1")."""
+    return task.split("@", 1)[0]
 
 
 def task_scores(store: Store, run_id: str, metric: str) -> dict[str, float]:
@@ -61,11 +75,17 @@ class Paired:
     leave_one_out: dict[str, float]  # task left out -> A - B over the others (empty with one task)
     only_in_a: tuple[str, ...]
     only_in_b: tuple[str, ...]
+    clusters: int = 0  # task clusters the bootstrap resampled (0: tasks one by one)
+
+    def resampling(self) -> str:
+        """What the bootstrap resampled, e.g. "over 6 tasks" or "resampling 13 task clusters over 39 tasks"."""
+        tasks = f"over {len(self.table)} tasks"
+        return f"resampling {self.clusters} task clusters {tasks}" if self.clusters else tasks
 
     def lines(self) -> list[str]:
         out = [
             f"macro-average A - B: {self.difference:+.4f}, 95% paired bootstrap CI [{self.low:+.4f}, {self.high:+.4f}] "
-            f"({self.replicates} replicates over {len(self.table)} tasks)",
+            f"({self.replicates} replicates {self.resampling()})",
             f"A wins / ties / losses: {self.wins} / {self.ties} / {self.losses}",
         ]
         if self.leave_one_out:
@@ -74,9 +94,13 @@ class Paired:
 
 
 def paired(a: Mapping[str, float], b: Mapping[str, float], metric: str, seed: int = 0) -> Paired:
+    """A vs B task by task. When a shared task's name contains "@", the bootstrap resamples the task
+    clusters of `task_cluster` (every length of a task together) instead of single tasks."""
     sign = direction(metric)
     better_a, better_b = ({t: sign * v for t, v in s.items()} for s in (a, b))
-    boot = paired_bootstrap(better_a, better_b, seed=seed)
+    shared = set(a) & set(b)
+    clusters = {t: task_cluster(t) for t in shared} if any("@" in t for t in shared) else None
+    boot = paired_bootstrap(better_a, better_b, seed=seed, clusters=clusters)
     wins, ties, losses = wins_ties_losses(better_a, better_b)
     low, high = sorted((sign * boot.low + 0.0, sign * boot.high + 0.0))  # + 0.0: no "-0" when negated
     table = pd.DataFrame(
@@ -84,7 +108,7 @@ def paired(a: Mapping[str, float], b: Mapping[str, float], metric: str, seed: in
     )
     loto = leave_one_task_out(better_a, better_b) if len(boot.tasks) > 1 else {}
     return Paired(metric, sign, table, sign * boot.difference + 0.0, low, high, boot.replicates, wins, ties, losses,
-                  {t: sign * d + 0.0 for t, d in loto.items()}, boot.only_in_a, boot.only_in_b)
+                  {t: sign * d + 0.0 for t, d in loto.items()}, boot.only_in_a, boot.only_in_b, boot.clusters)
 
 
 def compare_runs(store: Store, run_a: str, run_b: str, metric: str, seed: int = 0) -> Paired:
@@ -142,5 +166,5 @@ def placement_summary(guided: float, controls: Sequence[float], metric: str) -> 
     return Placement(guided, list(controls), rank, p)
 
 
-__all__ = ["METRIC_DIRECTION", "Paired", "Placement", "compare_runs", "direction", "envelope", "metrics_of", "paired",
-           "placement_summary", "suite_score", "sweep_table", "task_scores"]
+__all__ = ["METRIC_DIRECTION", "Paired", "Placement", "compare_runs", "direction", "direction_text", "envelope",
+           "metrics_of", "paired", "placement_summary", "suite_score", "sweep_table", "task_cluster", "task_scores"]

@@ -6,7 +6,10 @@ settings) -> {metric: value}`; task scores are the means of the sample metrics.
 
 A run's id is a hash of what determines its results, so asking for the same run again finds it:
 finished samples are skipped (a killed run resumes where it stopped) and a finished run returns at
-once. Progress is the number of sample rows in the store, readable from any process.
+once. That includes the code: the suite module's `REVISION` and the `revision` of every method the
+plan uses (either phase), so a run measured with an older rule or older samples is never found as
+the current one (it stays in the store under its own id). Progress is the number of sample rows in
+the store, readable from any process.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import hashlib
 import json
 import platform
 import time
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -23,8 +27,8 @@ import transformers
 from polykv import __version__
 from polykv.eval.store import Store
 from polykv.eval.suites import fidelity, longbench, ruler
-from polykv.methods import validate_plan
-from polykv.plan import Plan
+from polykv.methods import REGISTRY, validate_plan
+from polykv.plan import Phase, Plan
 from polykv.runtime.routed import num_layers_of
 
 SUITES = {"fidelity": fidelity, "longbench": longbench, "ruler": ruler}
@@ -34,8 +38,21 @@ def plan_hash(plan: Plan) -> str:
     return hashlib.sha256(plan.to_json().encode()).hexdigest()
 
 
+def code_revisions(plan: Plan, suite: str) -> dict:
+    """{"suite": the suite's REVISION, "methods": {name: revision}} for every method in either phase."""
+    if suite not in SUITES:
+        raise ValueError(f"unknown suite {suite!r} (suites: {', '.join(SUITES)})")
+    names = sorted({layer[phase].method for layer in plan.layers for phase in Phase})
+    unknown = [name for name in names if name not in REGISTRY]
+    if unknown:
+        raise ValueError(f"unknown method(s) {', '.join(unknown)} (methods: {', '.join(REGISTRY)})")
+    return {"suite": int(SUITES[suite].REVISION), "methods": {name: int(REGISTRY[name].revision) for name in names}}
+
+
 def run_id_for(model_name: str, plan: Plan, suite: str, settings: dict, seed: int) -> str:
-    blob = json.dumps([model_name, plan_hash(plan), suite, settings, seed], sort_keys=True)
+    """The hash of model, plan, suite, settings, seed and the code revisions (`code_revisions`)."""
+    revisions = code_revisions(plan, suite)
+    blob = json.dumps([model_name, plan_hash(plan), suite, settings, seed, revisions], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -60,12 +77,12 @@ def run_suite(
     existing = store.run(run_id)
     if existing is not None and existing["status"] == "finished":
         return run_id
-    samples = module.build_samples(tokenizer, model, settings, seed)
+    samples = _samples(module, suite, tokenizer, model, settings, seed)
     store.create_run(
         run_id, model=model_name, plan_name=plan.name, plan_hash=plan_hash(plan), plan_json=plan.to_json(),
         suite=suite, settings=settings.to_dict(), seed=seed, total_samples=len(samples),
         versions={"polykv": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
-                  "python": platform.python_version()},
+                  "python": platform.python_version(), "revisions": code_revisions(plan, suite)},
     )
     store.set_status(run_id, "running")
     done = store.done(run_id)
@@ -82,6 +99,27 @@ def run_suite(
         raise
     _finish(store, run_id)
     return run_id
+
+
+# A suite's samples depend only on the model, its tokenizer, the settings and the seed, but building them
+# can cost more than scoring (the fidelity suite samples text from the model): an experiment's runs over
+# the same samples build them once per process. A weak reference guards against a new model reusing a
+# freed one's id; the newest few sample sets are kept.
+_SAMPLE_SETS = 8
+_samples_cache: dict[tuple, tuple[weakref.ref, list]] = {}
+
+
+def _samples(module, suite: str, tokenizer, model, settings, seed: int) -> list:
+    key = (id(model), id(tokenizer), suite, module.REVISION, json.dumps(settings.to_dict(), sort_keys=True), seed)
+    entry = _samples_cache.get(key)
+    if entry is not None and entry[0]() is model:
+        return entry[1]
+    samples = module.build_samples(tokenizer, model, settings, seed)
+    _samples_cache.pop(key, None)
+    _samples_cache[key] = (weakref.ref(model), samples)
+    while len(_samples_cache) > _SAMPLE_SETS:
+        _samples_cache.pop(next(iter(_samples_cache)))
+    return samples
 
 
 def _finish(store: Store, run_id: str) -> None:

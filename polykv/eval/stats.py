@@ -7,11 +7,13 @@ tasks both have, in sorted task order, so that results do not depend on the mapp
 Every function is pure. The random ones take a `seed` and draw only from `numpy.random.default_rng(seed)`:
 the same inputs and seed give the same result.
 
-  paired_bootstrap      percentile CI of mean(a) - mean(b), resampling tasks (pairs) with replacement
+  paired_bootstrap      percentile CI of mean(a) - mean(b), resampling tasks (pairs) with replacement,
+                        or whole clusters of tasks (e.g. one RULER task at several lengths)
+  bootstrap_means       the replicate means behind paired_bootstrap's interval
   leave_one_task_out    mean(a) - mean(b) with each task left out in turn
   wins_ties_losses      per-task wins, ties and losses of a against b
   spearman              tie-aware Spearman correlation (NaN when a side is constant)
-  spearman_permutation  Spearman with a two-sided Monte Carlo permutation p-value
+  spearman_permutation  Spearman with a Monte Carlo permutation p-value (two-sided or one-sided)
   rank_among            rank of one score among K control scores and its one-sided Monte Carlo p-value
 """
 
@@ -25,6 +27,7 @@ import numpy as np
 
 __all__ = [
     "BootstrapResult",
+    "bootstrap_means",
     "leave_one_task_out",
     "paired_bootstrap",
     "rank_among",
@@ -52,6 +55,7 @@ class BootstrapResult:
                          number for "a is better than b"; not an exact p-value)
     level                the interval's coverage
     only_in_a, only_in_b tasks that one run has and the other lacks (left out of everything above)
+    clusters             how many clusters were resampled (0: tasks were resampled one by one)
     """
 
     difference: float
@@ -63,6 +67,7 @@ class BootstrapResult:
     level: float
     only_in_a: tuple[str, ...] = ()
     only_in_b: tuple[str, ...] = ()
+    clusters: int = 0
 
 
 def _finite(values: np.ndarray, what: str) -> np.ndarray:
@@ -88,12 +93,61 @@ def _paired(
     return shared, diffs, only_a, only_b
 
 
+def _units(
+    tasks: tuple[str, ...], d: np.ndarray, clusters: Mapping[str, str] | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per resampling unit (a task, or a cluster in sorted name order): the sum of d and the task count."""
+    if clusters is None:
+        return d, np.ones(len(d))
+    names = [str(clusters.get(t, t)) for t in tasks]
+    index = {name: i for i, name in enumerate(sorted(set(names)))}
+    where = [index[n] for n in names]
+    sums, counts = np.zeros(len(index)), np.zeros(len(index))
+    np.add.at(sums, where, d)
+    np.add.at(counts, where, 1.0)
+    return sums, counts
+
+
+def _replicate_means(
+    d: np.ndarray, sums: np.ndarray, counts: np.ndarray, replicates: int, seed: int, by_cluster: bool
+) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    units = len(sums)
+    means = np.empty(replicates, dtype=float)
+    block = max(1, _BLOCK_ELEMENTS // units)
+    for start in range(0, replicates, block):
+        stop = min(replicates, start + block)
+        idx = rng.integers(0, units, size=(stop - start, units))
+        if by_cluster:
+            means[start:stop] = sums[idx].sum(axis=1) / counts[idx].sum(axis=1)
+        else:
+            means[start:stop] = d[idx].mean(axis=1)
+    return means
+
+
+def bootstrap_means(
+    a: Mapping[str, float],
+    b: Mapping[str, float],
+    replicates: int = 10_000,
+    seed: int = 0,
+    clusters: Mapping[str, str] | None = None,
+) -> np.ndarray:
+    """The `replicates` bootstrap replicate means of a - b that `paired_bootstrap` takes its interval from
+    (same procedure, same seed, same numbers)."""
+    if replicates < 1:
+        raise ValueError(f"replicates must be >= 1, got {replicates}")
+    tasks, d, _, _ = _paired(a, b)
+    sums, counts = _units(tasks, d, clusters)
+    return _replicate_means(d, sums, counts, replicates, seed, clusters is not None)
+
+
 def paired_bootstrap(
     a: Mapping[str, float],
     b: Mapping[str, float],
     replicates: int = 10_000,
     seed: int = 0,
     level: float = 0.95,
+    clusters: Mapping[str, str] | None = None,
 ) -> BootstrapResult:
     """Task-paired percentile bootstrap CI of the macro-average difference mean(a) - mean(b).
 
@@ -102,20 +156,21 @@ def paired_bootstrap(
     (`rng.integers`, rng = numpy.random.default_rng(seed)) and takes the mean of d over them. The interval
     is the (1 - level)/2 and (1 + level)/2 quantiles of the replicate means (numpy's default linear
     interpolation); `fraction_below_zero` is the share of replicate means <= 0.
+
+    With `clusters` (task -> cluster name; a task it does not name is a cluster of its own) each
+    replicate draws C cluster indices instead, C being the number of clusters among the shared tasks
+    (clusters in sorted name order); every task of a drawn cluster enters together, and the replicate
+    statistic is the mean of d over all the drawn tasks (a cluster drawn twice counts twice). Tasks that
+    are not independent (the same task at several lengths) then move together, as they would in a new
+    draw of tasks. `difference` is still the plain mean over the n tasks.
     """
     if replicates < 1:
         raise ValueError(f"replicates must be >= 1, got {replicates}")
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must be in (0, 1), got {level}")
     tasks, d, only_a, only_b = _paired(a, b)
-    n = len(d)
-    rng = np.random.default_rng(seed)
-    means = np.empty(replicates, dtype=float)
-    block = max(1, _BLOCK_ELEMENTS // n)
-    for start in range(0, replicates, block):
-        stop = min(replicates, start + block)
-        idx = rng.integers(0, n, size=(stop - start, n))
-        means[start:stop] = d[idx].mean(axis=1)
+    sums, counts = _units(tasks, d, clusters)
+    means = _replicate_means(d, sums, counts, replicates, seed, clusters is not None)
     low, high = np.quantile(means, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
     return BootstrapResult(
         difference=float(d.mean()),
@@ -127,6 +182,7 @@ def paired_bootstrap(
         level=float(level),
         only_in_a=only_a,
         only_in_b=only_b,
+        clusters=0 if clusters is None else len(sums),
     )
 
 
@@ -203,17 +259,24 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float:
 
 
 def spearman_permutation(
-    x: Sequence[float], y: Sequence[float], permutations: int = 10_000, seed: int = 0
+    x: Sequence[float],
+    y: Sequence[float],
+    permutations: int = 10_000,
+    seed: int = 0,
+    alternative: str = "two-sided",
 ) -> tuple[float, float]:
-    """Spearman rho and its two-sided Monte Carlo permutation p-value.
+    """Spearman rho and its Monte Carlo permutation p-value.
 
     Procedure: rho_obs = spearman(x, y). Each of `permutations` draws shuffles y's ranks
-    (`rng.permuted`, rng = numpy.random.default_rng(seed)) against x's fixed ranks and computes rho_perm;
-    p = (#{|rho_perm| >= |rho_obs|} + 1) / (permutations + 1), where ">=" allows 1e-12 of rounding.
-    Returns (nan, nan) when x or y is constant.
+    (`rng.permuted`, rng = numpy.random.default_rng(seed)) against x's fixed ranks and computes rho_perm.
+    alternative="two-sided": p = (#{|rho_perm| >= |rho_obs|} + 1) / (permutations + 1);
+    alternative="greater" (one-sided, "x and y rise together"): p = (#{rho_perm >= rho_obs} + 1) /
+    (permutations + 1). ">=" allows 1e-12 of rounding. Returns (nan, nan) when x or y is constant.
     """
     if permutations < 1:
         raise ValueError(f"permutations must be >= 1, got {permutations}")
+    if alternative not in ("two-sided", "greater"):
+        raise ValueError(f"alternative must be 'two-sided' or 'greater', got {alternative!r}")
     centred = _centred_ranks(x, y)
     if centred is None:
         return math.nan, math.nan
@@ -221,7 +284,8 @@ def spearman_permutation(
     rho = _pearson_centred(cx, cy)
     # Shuffling y leaves its centred ranks' mean and norm unchanged: rho_perm = cx . perm(cy) / norm.
     norm = math.sqrt(float(cx @ cx) * float(cy @ cy))
-    threshold = abs(rho) - _RHO_TOL
+    two_sided = alternative == "two-sided"
+    threshold = (abs(rho) if two_sided else rho) - _RHO_TOL
     rng = np.random.default_rng(seed)
     n = len(cx)
     block = max(1, _BLOCK_ELEMENTS // n)
@@ -229,7 +293,8 @@ def spearman_permutation(
     for start in range(0, permutations, block):
         rows = min(block, permutations - start)
         shuffled = rng.permuted(np.broadcast_to(cy, (rows, n)), axis=1)
-        extreme += int(np.sum(np.abs(shuffled @ cx) / norm >= threshold))
+        perm = (shuffled @ cx) / norm
+        extreme += int(np.sum((np.abs(perm) if two_sided else perm) >= threshold))
     return rho, (extreme + 1) / (permutations + 1)
 
 

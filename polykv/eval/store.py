@@ -76,6 +76,12 @@ class Store:
         finally:
             db.close()
 
+    def checkpoint(self) -> None:
+        """Fold the write-ahead log into the database file, so the file alone holds every result (e.g.
+        before it is copied or committed)."""
+        with self._connect() as db:
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
     # ---- runs -------------------------------------------------------------------------------------
     def create_run(self, run_id: str, **fields: Any) -> None:
         """Insert the run unless it exists (same id = same model, plan, suite, settings and seed)."""

@@ -107,6 +107,9 @@ class Method:
     native_allocation: ClassVar[bool] = False  # has its own layer-budget rule (`allocate`)
     below_capacity: ClassVar[tuple[str, ...]] = ()  # parameters that must stay under the capacity (windows)
     passive: ClassVar[bool] = False  # never needs signals nor evicts (`full`): the runtime skips it
+    # Bump whenever the rule, a default or the scoring changes: profiles and run ids include it, so
+    # results measured with an older rule are never reused as if they were current.
+    revision: ClassVar[int] = 1
 
     def __init__(
         self, capacity: int | None, params: Mapping[str, Any] | BaseModel | None = None, layer_idx: int = 0

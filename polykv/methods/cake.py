@@ -33,6 +33,15 @@ class CAKE(Method):
     query heads of each KV head; the window always stays. Decode: when a layer exceeds its capacity,
     the current query's attention (pooled, group-averaged) scores the non-window tokens and the lowest
     goes; the w most recent tokens stay (the authors' decode rule: no variance term, no accumulation).
+    Decode-only (the prompt kept whole at prefill, e.g. a `full` prefill): the prompt is cut with the
+    prefill rule, not with one query's attention. At prefill `observe_prefill` computes the indicator
+    above for the prompt's slots (the prompt's last w tokens at +inf) and stores it; at the first
+    decode step, if the layer then holds the whole prompt plus the new token(s) and exceeds its capacity
+    C, it keeps the new token(s), the prompt's last w tokens and the C - w - 1 prompt tokens of highest
+    indicator (one new token), i.e. exactly the prompt tokens a prefill CAKE at capacity C - 1 keeps on
+    the same prompt, plus the new token. A capacity too small for window and new token together
+    (C <= w, possible under native allocation) keeps the C most recent tokens. The stored indicator is
+    dropped after that first decode step; later steps use the decode rule.
     Layer rule (native allocation): spatial dispersion H_l = -sum W log W (entropy, summed over heads,
     queries and keys), temporal dispersion V_l = sum of var_q W, preference P_l = H_l^(1/tau1) *
     V_l^(1/tau2); prefix budgets are proportional to P_l, capped at n - w with the excess shared among
@@ -48,31 +57,44 @@ class CAKE(Method):
     Params = CAKEParams
     below_capacity = ("window",)
     native_allocation = True
+    revision = 2  # 2: a decode-only plan cuts the prompt with CAKE's prompt rule
 
     def __init__(self, capacity, params=None, layer_idx=0):
         super().__init__(capacity, params, layer_idx)
         self.preference: float | None = None
+        self.prompt_length: int | None = None  # slots the layer held when observe_prefill saw the prompt
 
     def needs(self, phase: Phase, length: int) -> Needs:
         over = self.capacity is None or length > self.capacity
-        if not over:
-            return Needs()
+        if not over or (phase is Phase.DECODE and self._whole_prompt_score() is not None):
+            return Needs()  # the first decode cut of a whole prompt uses the stored prompt indicator
         return Needs(rows=self.params.window if phase is Phase.PREFILL else 1)
 
     def needs_from_prefill(self, length: int) -> Needs:
-        return Needs(rows=self.params.window)  # the layer preference comes from the prompt's window
+        return Needs(rows=self.params.window)  # preference and prompt indicator come from the prompt's window
 
     def observe_prefill(self, view: LayerView) -> None:
         self.preference = self._preference(view)
+        self.prompt_length = view.length
+        # Per slot, so the runtime gathers it with the cache (a prefill method may still evict).
+        self.per_token[PROMPT_SCORE] = self._prefill_indicator(view)
 
     def step(self, view: LayerView) -> Eviction | None:
-        if view.rows is None:
-            return None
         if view.phase is Phase.PREFILL:
+            if view.rows is None:
+                return None
             self.preference = self._preference(view)
             self.per_token["score"] = self._prefill_indicator(view)
             return self.settle()
+        # Only the first decode step may use the prompt indicator: drop it whatever happens, since the
+        # slots it scores stop matching the cache once new tokens are appended.
+        prompt_score = self._whole_prompt_score()
+        self.per_token.pop(PROMPT_SCORE, None)
         if not self.over_capacity(view):
+            return None
+        if prompt_score is not None:
+            return self._cut_prompt(view, prompt_score)
+        if view.rows is None:
             return None
         # Averaging the group before pooling equals pooling first (both are linear), and lets the
         # pooling follow each KV head's slot positions.
@@ -81,6 +103,22 @@ class CAKE(Method):
 
     def allocation_statistic(self) -> float | None:
         return self.preference
+
+    def _whole_prompt_score(self) -> torch.Tensor | None:
+        """The stored prompt indicator if the layer still holds every prompt slot (a prefill method
+        that evicted gathered it down with the cache), else None."""
+        score = self.per_token.get(PROMPT_SCORE)
+        return score if score is not None and score.shape[-1] == self.prompt_length else None
+
+    def _cut_prompt(self, view: LayerView, prompt_score: torch.Tensor) -> Eviction:
+        """The first decode cut of a whole prompt: new tokens and the prompt's window stay (+inf), the
+        rest of the capacity goes to the prompt tokens of highest indicator."""
+        new = prompt_score.new_full((*prompt_score.shape[:2], view.num_new), float("inf"))
+        score = torch.cat([prompt_score, new], dim=-1)  # slots are in position order until the first cut
+        protected = min(self.params.window, self.prompt_length) + view.num_new
+        if self.capacity < protected:  # no room for window and new tokens: the most recent ones stay
+            return evict_lowest(view.positions.to(score.dtype), self.capacity)
+        return evict_lowest(score, self.capacity)
 
     def _prefill_indicator(self, view: LayerView) -> torch.Tensor:
         n, w = view.length, min(self.params.window, view.length)
@@ -107,6 +145,9 @@ class CAKE(Method):
             [0.0 if p is None else p for p in statistics], total - layers * window, minimum=0, maximum=prefix_cap
         )
         return [b + window for b in budgets]
+
+
+PROMPT_SCORE = "prompt_score"  # per_token key: the prompt indicator kept from prefill for the first decode cut
 
 
 def _variance(rows: torch.Tensor) -> torch.Tensor:

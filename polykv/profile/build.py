@@ -14,12 +14,15 @@ import transformers
 from polykv import __version__
 from polykv.plan import Phase
 from polykv.profile.corpus import CorpusSpec, build_corpus
+from polykv.profile.confidence import LEVEL, REPLICATES, cell_intervals, fullkv_perplexity
 from polykv.profile.profiler import (
     CONTINUATION,
+    PROFILE_REVISION,
     calibration_params,
     compatible_methods,
     default_calibration_capacity,
     profile_methods,
+    profiled_methods,
 )
 from polykv.profile.store import Profile, ProfileError, find_profile, profile_key, save_profile
 from polykv.runtime.routed import num_layers_of
@@ -50,7 +53,8 @@ def build_profile(
             f"{length} minus a {continuation}-token continuation); lower b_cal or raise --max-tokens"
         )
     settings = {"corpus": texts.spec.to_dict(), "scopes": [s.value for s in scopes], "continuation": continuation}
-    key = profile_key(model_name, settings, capacity, corpus.seed)
+    methods = profiled_methods(scopes)
+    key = profile_key(model_name, settings, capacity, corpus.seed, methods, PROFILE_REVISION)
     existing = find_profile(root, key)
     if reuse and existing is not None:
         return existing
@@ -58,6 +62,7 @@ def build_profile(
     result = profile_methods(
         model, texts.sequences, capacity, scopes, continuation=continuation, batch_size=batch_size, progress=progress
     )
+    sources = [record["source"] for record in texts.records]  # sequence k's calibration source
     metadata = {
         "key": key,
         "model": model_name,
@@ -70,15 +75,23 @@ def build_profile(
         "method_params": {
             m: calibration_params(m, capacity) for phase in scopes for m in compatible_methods(phase)
         },
+        "methods": methods,
+        "profile_revision": PROFILE_REVISION,
         "corpus": texts.to_dict(),
-        "entropy": "attention entropy of the first decoding query, mean over heads and sequences",
+        "entropy": "mean attention entropy over all prompt queries, heads and sequences (nats)",
+        "fullkv_ppl": fullkv_perplexity(result.reference_nll, sources, continuation),
+        "intervals": {"level": LEVEL, "replicates": REPLICATES, "seed": 0,
+                      "rule": "percentile bootstrap over the calibration sequences, one draw shared by all cells"},
         "seconds": round(result.seconds, 3),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "versions": {"polykv": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
                      "python": platform.python_version()},
     }
-    table = pd.DataFrame(result.rows)
+    sequences = pd.DataFrame(result.sequences)
+    intervals = cell_intervals(sequences, result.reference_nll, continuation, REPLICATES, seed=0)
+    table = pd.DataFrame(result.rows).merge(intervals, on=["layer", "scope", "method"], how="left")
     layers = pd.DataFrame({"layer": range(len(result.entropy)), "entropy": result.entropy})
-    profile = Profile(metadata=metadata, table=table, layers=layers)
+    reference = pd.DataFrame({"sequence": range(len(sources)), "source": sources, "nll": result.reference_nll})
+    profile = Profile(metadata=metadata, table=table, layers=layers, sequences=sequences, reference=reference)
     save_profile(profile, root)
     return profile

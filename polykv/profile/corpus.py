@@ -6,8 +6,15 @@ Sources (``CorpusSpec.sources``), used round-robin in the given order, one seque
   ``<repo>/../shared/corpora``): public-domain English prose.
 - ``"stdlib"``: the Python standard library's own source (``sysconfig.get_paths()["stdlib"]``), every
   ``.py`` file outside site-packages, sorted by relative path and read as one stream.
-- ``"model"``: tokens the model itself samples from BOS at temperature 1 (needs ``model=``); in-domain
-  text for a small specialised model such as the demo.
+- ``"model"``, ``"model@T"``, ``"model:OPENING"``, ``"model@T:OPENING"``: tokens the model itself samples
+  (needs ``model=``): in-domain text for a small specialised model such as the demo. Sampling starts
+  from BOS, followed by OPENING tokenized when one is given (e.g. ``model:Once upon a time``; the
+  opening is kept in the sequence), at temperature T (0 < T <= 10; ``model`` is ``model@1.0``, and
+  spellings of the same temperature such as ``model@1`` draw the same samples, so a spec lists each
+  temperature and opening once). A sample's seed comes from the spec's seed and split, the source's
+  temperature and opening, and the sample's rank among that source's sequences: calibration and
+  evaluation draws never share a sample, and a source draws the same samples whatever sources are listed
+  with it. All model sources of a corpus are sampled together in one batch.
 - ``"file:PATH"``: any local UTF-8 text file.
 - ``"hf:NAME[:CONFIG]"``: a Hugging Face dataset (the paper's WikiText, C4, PG-19, CodeParrot), where
   the hub and the ``datasets`` package are available: its first documents' text ("text" or "content")
@@ -15,7 +22,11 @@ Sources (``CorpusSpec.sources``), used round-robin in the given order, one seque
 
 Each text sequence starts at a seeded random character offset (moved to the next line start), and takes
 enough text to tokenize to the required length; when a draw runs off the end of its source, an earlier
-offset is drawn. The same spec, tokenizer (and model, for "model") always give the same token ids.
+offset is drawn. The same spec, tokenizer (and model, for model sources) always give the same token ids.
+
+``default_sources(model_name)`` gives a model's default calibration sources: for the demo model (a
+TinyStories model that cannot model Bible, jargon or Python text), text it samples itself in several
+families (``DEMO_SOURCES``); for every other model ``DEFAULT_SOURCES``.
 """
 
 from __future__ import annotations
@@ -24,36 +35,105 @@ import bisect
 import hashlib
 import json
 import os
+import math
 import random
 import sysconfig
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "CORPORA_ENV",
     "CORPUS_FILES",
+    "DEFAULT_SOURCES",
+    "DEMO_SOURCES",
     "KNOWN_SOURCES",
     "Corpus",
     "CorpusSpec",
+    "ModelSource",
     "build_corpus",
     "corpora_dir",
+    "default_sources",
+    "model_source",
     "source_files",
 ]
 
 CORPORA_ENV = "POLYKV_CORPORA"
 CORPUS_FILES = {"kjv": "kjv.txt", "jargon": "jargon.txt"}
 KNOWN_SOURCES = ("kjv", "jargon", "stdlib", "model")
+DEFAULT_SOURCES = ("kjv", "jargon", "stdlib", "model")
+# The demo model (stories260K) knows only TinyStories: its own samples are the text it models well
+# (FullKV perplexity about 2-6 on each family, against about 90 on kjv and jargon, 600 on stdlib). The fidelity
+# suite's demo tasks draw the same families from the evaluation split.
+DEMO_SOURCES = (
+    "model",
+    "model@0.7",
+    "model@1.2",
+    "model:Lily and Ben went to the park",
+    "model:A little dog named Max",
+    "model:Tom had a red ball",
+    "model:The sun was shining",
+)
+MODEL_PREFIX = "model"
 FILE_PREFIX = "file:"
 HUB_PREFIX = "hf:"
 # Share of each text source (by bytes) that calibration draws from; evaluation texts start after it.
 SPLITS = {"calibration": (0.0, 0.8), "evaluation": (0.8, 1.0)}
 HUB_CHARACTERS = 20_000_000  # text kept from a hub dataset: plenty for 20 x 2,048-token draws
-MODEL_TEMPERATURE = 1.0
+MODEL_TEMPERATURE = 1.0  # "model" without @T
+MAX_MODEL_TEMPERATURE = 10.0  # above this the samples are noise; a typo such as model@70 (for 0.7) is refused
 # The package lives at <repo>/polykv/profile; the corpora are shared next to the repository.
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 _DEFAULT_CORPORA_DIR = _REPO_ROOT.parent / "shared" / "corpora"
 _STDLIB_SKIP_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
+
+
+class ModelSource(NamedTuple):
+    """A model source parsed: sampling temperature and the opening text after BOS (None: from BOS)."""
+
+    temperature: float
+    opening: str | None
+
+
+def _parse_model_source(source: str) -> tuple[ModelSource | None, str | None]:
+    """(parsed, None) for a model source, (None, one-line problem) for a bad one, (None, None) otherwise."""
+    if source == MODEL_PREFIX:
+        return ModelSource(MODEL_TEMPERATURE, None), None
+    rest = source[len(MODEL_PREFIX) :]
+    if not source.startswith(MODEL_PREFIX) or rest[:1] not in ("@", ":"):
+        return None, None
+    temperature, opening = MODEL_TEMPERATURE, None
+    if rest.startswith("@"):
+        text, colon, after = rest[1:].partition(":")
+        try:
+            temperature = float(text)
+        except ValueError:
+            return None, f"corpus source {source!r}: temperature {text!r} is not a number; write model@T, e.g. model@0.7"
+        if not (math.isfinite(temperature) and 0 < temperature <= MAX_MODEL_TEMPERATURE):
+            return None, f"corpus source {source!r}: temperature must be above 0 and at most {MAX_MODEL_TEMPERATURE:g} (got {text})"
+        rest = colon + after
+    if rest.startswith(":"):
+        opening = rest[1:]
+        if not opening.strip():
+            return None, f"corpus source {source!r} has an empty opening; write model:TEXT, e.g. model:Once upon a time"
+    return ModelSource(temperature, opening), None
+
+
+def model_source(source: str) -> ModelSource | None:
+    """The temperature and opening of a model source (``model``, ``model@T``, ``model:OPENING``,
+    ``model@T:OPENING``); None for any other source. Raises a one-line ValueError for a bad one."""
+    parsed, problem = _parse_model_source(source)
+    if problem:
+        raise ValueError(problem)
+    return parsed
+
+
+def default_sources(model_name: str | None) -> tuple[str, ...]:
+    """A model's default calibration sources: ``DEMO_SOURCES`` (its own samples) for the demo model,
+    ``DEFAULT_SOURCES`` (public-domain prose, jargon, Python source and its own samples) for any other."""
+    from polykv.models import DEMO_MODEL
+
+    return DEMO_SOURCES if model_name in (None, DEMO_MODEL) else DEFAULT_SOURCES
 
 
 def _source_error(source: str) -> str | None:
@@ -61,18 +141,25 @@ def _source_error(source: str) -> str | None:
         return f"corpus source {source!r} is not a string"
     if source in KNOWN_SOURCES:
         return None
+    parsed, problem = _parse_model_source(source)
+    if parsed is not None or problem is not None:
+        return problem
     if source.startswith(FILE_PREFIX):
         return None if source[len(FILE_PREFIX) :].strip() else f"corpus source {source!r} names no file: write file:PATH"
     if source.startswith(HUB_PREFIX):
         return None if source[len(HUB_PREFIX) :].strip() else f"corpus source {source!r} names no dataset: write hf:NAME"
-    return f"unknown corpus source {source!r}: use one of {', '.join(KNOWN_SOURCES)}, file:PATH or hf:NAME[:CONFIG]"
+    return (
+        f"unknown corpus source {source!r}: use one of {', '.join(KNOWN_SOURCES)}, model@T, model:OPENING, "
+        "file:PATH or hf:NAME[:CONFIG]"
+    )
 
 
 @dataclass(frozen=True)
 class CorpusSpec:
     """What to draw: sources (round-robin), how many sequences, their length in tokens, and the seed."""
 
-    sources: tuple[str, ...] = ("kjv", "jargon", "stdlib", "model")
+    # Model-independent; callers that know the model pass default_sources(model_name).
+    sources: tuple[str, ...] = DEFAULT_SOURCES
     num_sequences: int = 20
     max_tokens: int = 2048
     seed: int = 0
@@ -84,11 +171,18 @@ class CorpusSpec:
         sources = (self.sources,) if isinstance(self.sources, str) else tuple(self.sources)
         object.__setattr__(self, "sources", sources)
         if not sources:
-            raise ValueError("CorpusSpec.sources is empty: name at least one source (kjv, jargon, stdlib, model, file:PATH)")
+            raise ValueError("CorpusSpec.sources is empty: name at least one source (kjv, jargon, stdlib, model, model@T, model:OPENING, file:PATH)")
         for source in sources:
             problem = _source_error(source)
             if problem:
                 raise ValueError(problem)
+        families: dict[ModelSource, str] = {}
+        for source in sources:
+            parsed = model_source(source)
+            if parsed in families:  # their samples would be identical (seeds follow the family, not the spelling)
+                raise ValueError(f"corpus sources {families[parsed]!r} and {source!r} sample the same text; list it once")
+            if parsed is not None:
+                families[parsed] = source
         if not isinstance(self.num_sequences, int) or self.num_sequences < 1:
             raise ValueError(f"CorpusSpec.num_sequences must be a positive integer (got {self.num_sequences!r})")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 2:
@@ -177,8 +271,8 @@ def source_files(source: str) -> list[Path]:
     problem = _source_error(source)
     if problem:
         raise ValueError(problem)
-    if source == "model":
-        raise ValueError("corpus source 'model' is sampled from the model and reads no files")
+    if model_source(source) is not None:
+        raise ValueError(f"corpus source {source!r} is sampled from the model and reads no files")
     if source == "stdlib":
         return _stdlib_files()
     if source in CORPUS_FILES:
@@ -334,27 +428,35 @@ def _seed_int(*parts: Any) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
-def _sample_from_model(model, bos: int, length: int, seeds: list[int]) -> list[list[int]]:
-    """Sample `length - 1` tokens after BOS for each seed (one batch, one generator per row, on the CPU)."""
+def _sample_from_model(
+    model, prefixes: list[list[int]], length: int, seeds: list[int], temperatures: list[float]
+) -> list[list[int]]:
+    """Continue each prefix (BOS, then its opening) to `length` tokens, sampling at its temperature with
+    its own generator (drawn on the CPU).
+
+    All rows advance together, one position a step, in one batch (a tiny model's step costs about the
+    same for 1 or 20 rows): a row still inside its prefix takes its next prefix token instead of a sample.
+    """
     import torch
 
     from polykv.runtime.routed import cache_argument_name, output_cache
 
     device = next(model.parameters()).device
     generators = [torch.Generator().manual_seed(s) for s in seeds]
-    rows = [[bos] for _ in seeds]
-    token = torch.full((len(seeds), 1), bos, dtype=torch.long, device=device)
+    scale = torch.tensor(temperatures, dtype=torch.float32)[:, None]
+    rows = [[prefix[0]] for prefix in prefixes]
+    tokens = torch.tensor(rows, dtype=torch.long, device=device)
     cache_name, cache = cache_argument_name(model), None
     with torch.no_grad():
-        for _ in range(length - 1):
+        for step in range(1, length):
             kwargs = {} if cache is None else {cache_name: cache}
-            out = model(input_ids=token, use_cache=True, **kwargs)
+            out = model(input_ids=tokens, use_cache=True, **kwargs)
             cache = output_cache(out)
-            probs = torch.softmax(out.logits[:, -1].float().cpu() / MODEL_TEMPERATURE, dim=-1)
-            picked = [int(torch.multinomial(probs[r], 1, generator=g)) for r, g in enumerate(generators)]
-            for row, t in zip(rows, picked):
-                row.append(t)
-            token = torch.tensor(picked, dtype=torch.long, device=device)[:, None]
+            probs = torch.softmax(out.logits[:, -1].float().cpu() / scale, dim=-1)
+            for r, (row, prefix) in enumerate(zip(rows, prefixes)):
+                forced = step < len(prefix)
+                row.append(prefix[step] if forced else int(torch.multinomial(probs[r], 1, generator=generators[r])))
+            tokens = torch.tensor([row[-1] for row in rows], dtype=torch.long, device=device)[:, None]
     return rows
 
 
@@ -373,7 +475,8 @@ def build_corpus(tokenizer, spec: CorpusSpec | None = None, model=None, context_
 
     ``context_length`` defaults to the model's ``max_position_embeddings`` when a model is given. Sequence k
     comes from ``spec.sources[k % len(sources)]``. Raises ValueError / FileNotFoundError (one line) for an
-    unknown source, a missing file or folder, "model" without a model, or a source too short.
+    unknown or malformed source, a missing file or folder, a model source without a model, an opening
+    that leaves no token to sample, or a source too short.
     """
     spec = spec or CorpusSpec()
     if context_length is None and model is not None:
@@ -385,53 +488,77 @@ def build_corpus(tokenizer, spec: CorpusSpec | None = None, model=None, context_
     need = length - 1 if bos is not None else length
 
     assigned = [spec.sources[k % len(spec.sources)] for k in range(spec.num_sequences)]
-    if "model" in assigned:
+    sampled = {s: model_source(s) for s in dict.fromkeys(assigned)}
+    sampled = {s: parsed for s, parsed in sampled.items() if parsed is not None}
+    if sampled:
+        first = next(iter(sampled))
         if model is None:
             raise ValueError(
-                "corpus source 'model' samples text from the model: pass model= to build_corpus, or drop 'model' from sources"
+                f"corpus source {first!r} samples text from the model: pass model= to build_corpus, or drop it from sources"
             )
         if bos is None:
             bos = getattr(getattr(model, "config", None), "bos_token_id", None)
             if bos is None:
-                raise ValueError("corpus source 'model' samples from BOS, but neither the tokenizer nor the model config has a BOS token")
-    # Resolve every text source before any work, so a missing file fails fast.
-    streams = {s: _TextStream(s, source_files(s)) for s in dict.fromkeys(assigned) if s != "model"}
+                raise ValueError(f"corpus source {first!r} samples from BOS, but neither the tokenizer nor the model config has a BOS token")
+    # Resolve every source before any work, so a missing file or an opening too long fails fast.
+    streams = {s: _TextStream(s, source_files(s)) for s in dict.fromkeys(assigned) if s not in sampled}
+    prefixes = {}
+    for source, parsed in sampled.items():
+        opening = [] if parsed.opening is None else _encode(tokenizer, parsed.opening)[0]
+        prefixes[source] = [int(bos), *opening]
+        if len(prefixes[source]) >= length:
+            raise ValueError(
+                f"corpus source {source!r}: BOS and the opening take {len(prefixes[source])} tokens, leaving none to "
+                f"sample in {length}-token sequences; shorten the opening or raise max_tokens"
+            )
 
     sequences: list[list[int] | None] = [None] * spec.num_sequences
     records: list[dict[str, Any] | None] = [None] * spec.num_sequences
     bos_prefix = [] if getattr(tokenizer, "bos_token_id", None) is None else [tokenizer.bos_token_id]
     for k, source in enumerate(assigned):
-        if source == "model":
+        if source in sampled:
             continue
         rng = random.Random(_seed_int(spec.seed, k, source))
         ids, where = _draw_text(streams[source], tokenizer, need, rng, spec.split)
         sequences[k] = bos_prefix + ids
         records[k] = {"index": k, "source": source, **where, "tokens": length}
 
-    model_rows = [k for k, s in enumerate(assigned) if s == "model"]
-    if model_rows:
-        seeds = [_seed_int(spec.seed, k, "model") for k in model_rows]
-        for k, seed, ids in zip(model_rows, seeds, _sample_from_model(model, int(bos), length, seeds)):
+    # A sample's seed names the split, the sampling settings (not their spelling) and its rank among its
+    # source's sequences (not its place among other sources): a profile's calibration samples and the
+    # fidelity suite's evaluation samples differ even for the same spec seed, and a source draws the same
+    # samples whatever other sources are listed with it.
+    rows = [k for k, s in enumerate(assigned) if s in sampled]
+    if rows:
+        settings = [sampled[assigned[k]] for k in rows]
+        seeds = [
+            _seed_int(spec.seed, spec.split, k // len(spec.sources), MODEL_PREFIX, repr(p.temperature), p.opening)
+            for k, p in zip(rows, settings)
+        ]
+        drawn = _sample_from_model(
+            model, [prefixes[assigned[k]] for k in rows], length, seeds, [p.temperature for p in settings]
+        )
+        for k, parsed, seed, ids in zip(rows, settings, seeds, drawn):
             sequences[k] = ids
             records[k] = {
                 "index": k,
-                "source": "model",
+                "source": assigned[k],
                 "file": None,
                 "offset": None,
                 "length": None,
                 "tokens": length,
-                "temperature": MODEL_TEMPERATURE,
+                "temperature": parsed.temperature,
+                "opening": parsed.opening,
                 "sample_seed": seed,
             }
 
     meta = {"context_length": context_length, "tokenizer": getattr(tokenizer, "name_or_path", None)}
-    if model_rows:
+    if sampled:
         meta["model"] = getattr(getattr(model, "config", None), "_name_or_path", None)
     return Corpus(
         sequences=[list(map(int, s)) for s in sequences],
         records=list(records),
         spec=spec,
         sequence_length=length,
-        bos_token_id=bos_prefix[0] if bos_prefix else (int(bos) if model_rows else None),
+        bos_token_id=bos_prefix[0] if bos_prefix else (int(bos) if sampled else None),
         meta=meta,
     )

@@ -4,10 +4,14 @@ For every layer l, scope s (prefill or decode) and method r compatible with s, r
 (every other layer and phase keeps everything) at the calibration capacity b_cal, and we record
   cosine C_{l,r}: cosine between layer l's output hidden state, averaged over the continuation tokens,
                   under r and under FullKV (mean over sequences);
-  dPPL_{l,r}:     perplexity of the continuation under r minus under FullKV.
+  dPPL_{l,r}:     perplexity of the continuation under r minus under FullKV (the mean per-token NLL
+                  over all sequences, exponentiated).
 Each sequence is a prompt (compressed at the end of prefill in the prefill scope) followed by a
 teacher-forced continuation (decoded token by token, evicting every step, in the decode scope).
-We also record each layer's attention entropy H_l at the first decoding step.
+Per-sequence values are kept too (each sequence's cosine and summed continuation NLL, and FullKV's NLL),
+so that intervals can be bootstrapped over the calibration sequences (polykv.profile.confidence).
+We also record each layer's attention entropy H_l: the mean entropy of the causal attention of every
+prompt query, over heads and sequences, measured during the FullKV prompt pass.
 
 Prefix reuse: layers before l never see the method, so their outputs equal FullKV's; and a prompt's
 pass through the layers after l is FullKV's too (a method acts on layer l's cache only after the
@@ -29,19 +33,27 @@ import torch
 from polykv.methods import REGISTRY, params_that_fit as calibration_params  # profiles and plans use one rule
 from polykv.plan import FULL, LayerPlan, Phase, PhaseAssignment, Plan, Scope
 from polykv.runtime import routed
-from polykv.runtime.attention import record_attention
+from polykv.runtime.attention import record_entropy
 from polykv.runtime.routed import cache_argument_name, num_layers_of
 
 CONTINUATION = 32  # teacher-forced tokens scored after each prompt
+# Bump whenever what a profile measures changes: profile keys include it. 2: per-sequence values with
+# bootstrap intervals; entropy as an expectation over all prompt queries.
+PROFILE_REVISION = 2
 
 
 @dataclass
 class MethodProfile:
-    """Raw results: rows of (layer, scope, method, cosine, dppl) and the per-layer entropy."""
+    """Raw results: rows of (layer, scope, method, cosine, dppl), the per-layer entropy, and the values
+    behind each row per sequence: `sequences` rows of (layer, scope, method, sequence, cosine, nll) and
+    `reference_nll[k]`, FullKV's continuation NLL of sequence k (NLLs summed over the continuation)."""
 
     rows: list[dict] = field(default_factory=list)
     entropy: list[float] = field(default_factory=list)
     seconds: float = 0.0
+    sequences: list[dict] = field(default_factory=list)
+    reference_nll: list[float] = field(default_factory=list)
+    continuation: int = CONTINUATION  # tokens scored per sequence: NLL sum / continuation = mean NLL per token
 
 
 def default_calibration_capacity(prompt_length: int) -> int:
@@ -52,6 +64,12 @@ def default_calibration_capacity(prompt_length: int) -> int:
 def compatible_methods(scope: Phase) -> list[str]:
     """The eviction methods that can run in this phase (`full` is the reference, not a candidate)."""
     return [name for name, cls in REGISTRY.items() if scope in cls.phases and name != FULL]
+
+
+def profiled_methods(scopes) -> dict[str, int]:
+    """{name: revision} of every method a profile of these scopes measures now (`full` included)."""
+    names = [FULL, *(m for scope in scopes for m in compatible_methods(Phase(scope)))]
+    return {name: int(REGISTRY[name].revision) for name in dict.fromkeys(names)}
 
 
 def single_layer_plan(num_layers: int, layer: int, scope: Phase, method: str, capacity: int) -> Plan:
@@ -136,26 +154,32 @@ def profile_methods(
         for method in [FULL, *(m for m in (methods or compatible_methods(scope)) if m != FULL and scope in REGISTRY[m].phases)]
         for layer in range(num_layers)
     ]
-    totals: dict[tuple, list[float]] = {}
-    entropy = torch.zeros(num_layers, dtype=torch.float64)
+    # Per (layer, scope, method): each sequence's cosine and continuation NLL, in corpus order.
+    per_cell: dict[tuple, tuple[list[float], list[float]]] = {}
+    reference_nll: list[float] = []
+    entropy_sum = torch.zeros(num_layers, dtype=torch.float64)
+    query_heads = 0
     done, steps = 0, len(work) * len(batches)
 
     full_plan = Plan.homogeneous(FULL, None, num_layers)
     for batch in batches:
         inputs, targets = batch[:, :-1], batch[:, prompt + 1 :]
         positions = torch.arange(inputs.shape[1], device=device)
-        # FullKV reference: the prompt, then the continuation, keeping the hidden states entering every
-        # layer and the prompt's keys/values.
+        # FullKV reference: the prompt (recording every prompt query's attention entropy), then the
+        # continuation, keeping the hidden states entering every layer and the prompt's keys/values.
         prompt_part: dict[int, torch.Tensor] = {}
         continuation_part: dict[int, torch.Tensor] = {}
         with routed(model, full_plan) as session:
             cache = session.new_cache()
-            stack.run(stack.embed(inputs[:, :prompt]), 0, positions[:prompt], cache, keep=prompt_part.__setitem__)
+            with record_entropy() as recorder:
+                stack.run(stack.embed(inputs[:, :prompt]), 0, positions[:prompt], cache, keep=prompt_part.__setitem__)
             prompt_kv = [(lay.keys, lay.values) for lay in cache.layers]
             logits = stack.run(stack.embed(inputs[:, prompt:]), 0, positions[prompt:], cache, keep=continuation_part.__setitem__)
-            entropy += _first_step_entropy(stack, session, inputs[:, : prompt + 1], positions[: prompt + 1]) * len(batch)
+        for layer in range(num_layers):
+            entropy_sum[layer] += recorder.sums[layer].sum().cpu()
+        query_heads = recorder.sums[0].shape[1]
         entering = {l: torch.cat([prompt_part[l], continuation_part[l]], dim=1) for l in prompt_part}
-        ref_nll = _nll(logits, targets)
+        reference_nll += _nll(logits, targets).double().tolist()
         ref_mean = [continuation_part[l + 1].mean(1) for l in range(num_layers)]
 
         for scope, method, layer in work:
@@ -181,36 +205,31 @@ def profile_methods(
                     )
             mean = torch.cat(outputs, dim=1).mean(1)
             cosine = torch.nn.functional.cosine_similarity(mean.double(), ref_mean[layer].double(), dim=-1)
-            acc = totals.setdefault((layer, scope.value, method), [0.0, 0.0, 0.0])
-            acc[0] += cosine.sum().item()
-            acc[1] += _nll(logits, targets).sum().item()
-            acc[2] += ref_nll.sum().item()
+            cosines, nlls = per_cell.setdefault((layer, scope.value, method), ([], []))
+            cosines += cosine.tolist()
+            nlls += _nll(logits, targets).double().tolist()
             done += 1
             if progress is not None:
                 progress(done / steps, f"{scope.value} {method} layer {layer}")
 
-    count, tokens = len(sequences), len(sequences) * targets.shape[1]
-    rows = [
-        {
+    count, tokens = len(sequences), targets.shape[1]
+    reference_ppl = math.exp(math.fsum(reference_nll) / (count * tokens))
+    rows, per_sequence = [], []
+    for (layer, scope, method), (cosines, nlls) in sorted(per_cell.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        rows.append({
             "layer": layer,
             "scope": scope,
             "method": method,
-            "cosine": cos_sum / count,
-            "dppl": math.exp(nll / tokens) - math.exp(ref / tokens),
-        }
-        for (layer, scope, method), (cos_sum, nll, ref) in sorted(totals.items(), key=lambda kv: (kv[0][1], kv[0][0]))
-    ]
-    return MethodProfile(rows=rows, entropy=(entropy / count).tolist(), seconds=time.perf_counter() - started)
-
-
-def _first_step_entropy(stack: _Stack, session, prefix: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Per layer: entropy of the first decoding query's attention, averaged over heads and batch rows."""
-    cache = session.new_cache()
-    stack.run(stack.embed(prefix[:, :-1]), 0, positions[:-1], cache)
-    with record_attention() as recorder:
-        stack.run(stack.embed(prefix[:, -1:]), 0, positions[-1:], cache)
-    return torch.tensor([attention_entropy(recorder.rows[layer]).mean().item() for layer in range(len(stack.layers))],
-                        dtype=torch.float64)
+            "cosine": math.fsum(cosines) / count,
+            "dppl": math.exp(math.fsum(nlls) / (count * tokens)) - reference_ppl,
+        })
+        per_sequence += [
+            {"layer": layer, "scope": scope, "method": method, "sequence": k, "cosine": c, "nll": n}
+            for k, (c, n) in enumerate(zip(cosines, nlls))
+        ]
+    entropy = entropy_sum / (count * query_heads * prompt)  # mean over sequences, query heads, prompt queries
+    return MethodProfile(rows=rows, entropy=entropy.tolist(), seconds=time.perf_counter() - started,
+                         sequences=per_sequence, reference_nll=reference_nll, continuation=tokens)
 
 
 def attention_entropy(attention: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,8 @@
 """Plans from profiles: the TopRank route of each phase, with capacities from an allocation rule.
 
-Methods keep the parameters the profile measured them with (windows scaled to fit a small b_cal)."""
+Methods keep the parameters the profile measured them with (windows scaled to fit a small b_cal). A stale
+profile (another profiler revision, a registered method it lacks or measured at another revision) is
+refused: TopRank would otherwise silently skip the method it never measured."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ def plan_from_profile(
     missing = [p.value for p in scope.phases if p.value not in profile.metadata["scopes"]]
     if missing:
         raise ValueError(f"profile {profile.key} has no {' or '.join(missing)} measurements; profile that scope first")
+    profile.check_current(scope.phases)
     layers = profile.num_layers
     params = profile.metadata.get("method_params", {})  # the parameters the profile measured
     routes, capacities, scores = {}, {}, {}

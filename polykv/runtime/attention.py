@@ -41,7 +41,7 @@ def polykv_attention(module, query, key, value, attention_mask, scaling=None, dr
     q_len = query.shape[2]
     needs = layer.needs()
     explicit_mask = _needs_explicit_mask(layer, q_len, window)
-    if explicit_mask or needs or _recorders:
+    if explicit_mask or needs or _recorders or _entropy_recorders:
         key_pos = layer.positions  # [b, h, n]
         query_pos = torch.arange(layer.seen - q_len, layer.seen, device=query.device)
 
@@ -58,6 +58,8 @@ def polykv_attention(module, query, key, value, attention_mask, scaling=None, dr
         )
     for recorder in _recorders:
         recorder.record(layer, attention_probs(query[:, :, -1:], key, query_pos[-1:], key_pos, scaling, window))
+    for entropy_recorder in _entropy_recorders:
+        entropy_recorder.record(layer.layer_idx, _entropy_sums(query, key, query_pos, key_pos, scaling, window), q_len)
     if layer.idle:
         if layer.phase is Phase.PREFILL:
             layer.settle_prefill(None)
@@ -104,6 +106,49 @@ def record_attention() -> Iterator[AttentionRecorder]:
         yield recorder
     finally:
         _recorders.remove(recorder)
+
+
+class EntropyRecorder:
+    """Per layer: the attention entropy (nats) of every query, summed over the queries of each forward
+    inside the block ([b, h*g], float64), and how many queries were summed."""
+
+    def __init__(self):
+        self.sums: dict[int, torch.Tensor] = {}
+        self.queries: dict[int, int] = {}
+
+    def record(self, layer_idx: int, sums: torch.Tensor, num_queries: int) -> None:
+        self.sums[layer_idx] = self.sums[layer_idx] + sums if layer_idx in self.sums else sums
+        self.queries[layer_idx] = self.queries.get(layer_idx, 0) + num_queries
+
+
+_entropy_recorders: list[EntropyRecorder] = []
+
+
+@contextmanager
+def record_entropy() -> Iterator[EntropyRecorder]:
+    """Inside the block, every routed forward adds each layer's per-query attention entropies (profiling)."""
+    recorder = EntropyRecorder()
+    _entropy_recorders.append(recorder)
+    try:
+        yield recorder
+    finally:
+        _entropy_recorders.remove(recorder)
+
+
+def _entropy_sums(query, key, query_pos, key_pos, scaling, window) -> torch.Tensor:
+    """Entropy of each query's (causal, windowed) attention summed over the queries, [b, h*g] float64;
+    in query chunks, like `_column_sums`, so memory stays bounded."""
+    b, qh, q_len, _ = query.shape
+    n = key.shape[2]
+    chunk = max(1, min(q_len, _COLUMN_SUM_BLOCK // max(1, b * qh * n)))
+    total = torch.zeros(b, qh, dtype=torch.float64, device=query.device)
+    for start in range(0, q_len, chunk):
+        stop = min(q_len, start + chunk)
+        probs = _grouped_probs(query[:, :, start:stop], key, query_pos[start:stop], key_pos, scaling, window)
+        # xlogy: masked slots (p = 0) add 0, not 0 * -inf
+        entropy = -torch.special.xlogy(probs, probs).sum(dim=-1)  # [b, h, g, w]
+        total += entropy.sum(dim=-1).reshape(b, qh).double()
+    return total
 
 
 def _needs_explicit_mask(layer: RoutedLayer, q_len: int, window: int | None) -> bool:

@@ -1,35 +1,78 @@
 """The `fidelity` suite: how closely a plan tracks FullKV on long offline text (any model, CPU-friendly).
 
 Tasks draw long prompts from the evaluation part of offline sources (never the text profiles are built
-from): `prose` (King James Bible), `jargon` (the Jargon File), `code` (the Python standard library) and
-`stories` (text the model itself samples: in-domain for a small specialised model). For each sample:
+from; see polykv.profile.corpus for the sources):
+  prose         the King James Bible (kjv)
+  jargon        the Jargon File (jargon)
+  code          the Python standard library (stdlib)
+  stories       text the model itself samples from BOS at temperature 1 (model)
+  stories-t0.7  its samples at temperature 0.7: plainer, more repetitive stories (model@0.7)
+  stories-t1.2  its samples at temperature 1.2: looser, more surprising text (model@1.2)
+  tale-park     its samples after the opening "Lily and Ben went to the park" (model:...)
+  tale-dog      ... after "A little dog named Max"
+  tale-ball     ... after "Tom had a red ball"
+  tale-sun      ... after "The sun was shining"
+`default_tasks(model_name)` gives a model's default tasks: the seven story tasks for the demo model
+(stories260K knows only TinyStories: FullKV perplexity about 2-6 on each of them, against hundreds on
+prose, jargon and code, where a plan's differences would be noise), `GENERAL_TASKS` for any other model.
+`FidelitySettings()` keeps the model-independent `GENERAL_TASKS`; callers that know the model pass
+`tasks=default_tasks(model_name)`.
+
+For each sample:
   ppl     perplexity of the next `continuation` tokens of the text, teacher-forced, under the plan
   kl      mean KL(FullKV || plan) of the next-token distributions over those steps
   top1    share of those steps where the plan's most likely token is FullKV's
   rougeL  ROUGE-L F1 (LCS over token ids) of the plan's greedy `generate`-token continuation
           against FullKV's
-FullKV is the unmodified model, so the `full` plan scores KL 0, top-1 1 and ROUGE-L 1.
+FullKV is the unmodified model, so the `full` plan scores KL 0, top-1 1 and ROUGE-L 1. FullKV's
+reference (teacher-forced logits and greedy continuation) depends only on the model and the sample: it
+is computed once per sample and process and reused by every plan scored on it (`clear_reference_cache`).
 """
 
 from __future__ import annotations
 
 import math
+import threading
+import weakref
+from collections import OrderedDict
 from dataclasses import asdict, dataclass
 
 import torch
 
 from polykv.plan import Plan
-from polykv.profile.corpus import CorpusSpec, build_corpus
+from polykv.profile.corpus import CorpusSpec, build_corpus, model_source
 from polykv.runtime import routed
 from polykv.runtime.routed import cache_argument_name, output_cache
 
-TASK_SOURCES = {"prose": "kjv", "jargon": "jargon", "code": "stdlib", "stories": "model"}
+TASK_SOURCES = {
+    "prose": "kjv",
+    "jargon": "jargon",
+    "code": "stdlib",
+    "stories": "model",
+    "stories-t0.7": "model@0.7",
+    "stories-t1.2": "model@1.2",
+    "tale-park": "model:Lily and Ben went to the park",
+    "tale-dog": "model:A little dog named Max",
+    "tale-ball": "model:Tom had a red ball",
+    "tale-sun": "model:The sun was shining",
+}
+GENERAL_TASKS = ("prose", "jargon", "code", "stories")
+# The demo's tasks are the demo's calibration families (corpus.DEMO_SOURCES), drawn from the evaluation split.
+DEMO_TASKS = ("stories", "stories-t0.7", "stories-t1.2", "tale-park", "tale-dog", "tale-ball", "tale-sun")
 METRICS = ("ppl", "kl", "top1", "rougeL")
+
+
+def default_tasks(model_name: str | None) -> tuple[str, ...]:
+    """A model's default fidelity tasks: `DEMO_TASKS` (text it models well) for the demo model,
+    `GENERAL_TASKS` for any other."""
+    from polykv.models import DEMO_MODEL
+
+    return DEMO_TASKS if model_name in (None, DEMO_MODEL) else GENERAL_TASKS
 
 
 @dataclass(frozen=True)
 class FidelitySettings:
-    tasks: tuple[str, ...] = tuple(TASK_SOURCES)
+    tasks: tuple[str, ...] = GENERAL_TASKS  # model-independent; see default_tasks(model_name)
     samples_per_task: int = 4
     prompt_tokens: int = 1024  # clipped so that prompt + continuation fits the model's context
     continuation: int = 32
@@ -39,6 +82,8 @@ class FidelitySettings:
         unknown = [t for t in self.tasks if t not in TASK_SOURCES]
         if unknown:
             raise ValueError(f"unknown fidelity task(s) {', '.join(unknown)} (tasks: {', '.join(TASK_SOURCES)})")
+        if not self.tasks or len(set(self.tasks)) < len(self.tasks):
+            raise ValueError(f"fidelity tasks must be listed once each, at least one (got {', '.join(self.tasks) or 'none'})")
         if self.samples_per_task < 1 or self.continuation < 1 or self.generate < 1 or self.prompt_tokens < 8:
             raise ValueError("fidelity settings: samples_per_task, continuation and generate must be >= 1, prompt_tokens >= 8")
 
@@ -47,23 +92,39 @@ class FidelitySettings:
 
 
 Settings = FidelitySettings  # every suite module exposes Settings, build_samples and score_sample
+# Bump whenever samples or scoring change: run ids include it, so older results are never reused.
+REVISION = 2  # 2: in-distribution story tasks for the demo model; model samples seeded per split
 
 
 def build_samples(tokenizer, model, settings: FidelitySettings, seed: int) -> list[tuple[str, str, list[int]]]:
-    """(task, sample id, token ids of prompt + continuation + 1) for every sample, deterministic for a seed."""
+    """(task, sample id, token ids of prompt + continuation + 1) for every sample, deterministic for a seed.
+
+    A task's samples do not depend on the other tasks listed. The tasks the model samples are drawn in one
+    corpus (one sampling batch: round-robin, so sample i of the j-th such task is sequence i * n + j).
+    """
     context = getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None) or 10**9
     tail = max(settings.continuation + 1, settings.generate)
     prompt = min(settings.prompt_tokens, context - tail - 1)
     if prompt < 8:
         raise ValueError(f"the model's context ({context}) is too short for these fidelity settings")
-    out = []
-    for task in settings.tasks:
+
+    def corpus(sources: tuple[str, ...]) -> list[list[int]]:
         spec = CorpusSpec(
-            sources=(TASK_SOURCES[task],), num_sequences=settings.samples_per_task,
+            sources=sources, num_sequences=settings.samples_per_task * len(sources),
             max_tokens=prompt + settings.continuation + 1, seed=seed, split="evaluation",
         )
-        corpus = build_corpus(tokenizer, spec, model=model, context_length=context)
-        out += [(task, f"{i:03d}", ids) for i, ids in enumerate(corpus.sequences)]
+        return build_corpus(tokenizer, spec, model=model, context_length=context).sequences
+
+    sampled = tuple(t for t in settings.tasks if model_source(TASK_SOURCES[t]) is not None)
+    drawn = corpus(tuple(TASK_SOURCES[t] for t in sampled)) if sampled else []
+    out = []
+    for task in settings.tasks:
+        if task in sampled:
+            j = sampled.index(task)
+            sequences = drawn[j :: len(sampled)]
+        else:
+            sequences = corpus((TASK_SOURCES[task],))
+        out += [(task, f"{i:03d}", ids) for i, ids in enumerate(sequences)]
     return out
 
 
@@ -72,8 +133,9 @@ def score_sample(model, plan: Plan, ids: list[int], settings: FidelitySettings) 
     device = next(model.parameters()).device
     tokens = torch.tensor([ids], device=device)
     prompt = tokens.shape[1] - settings.continuation - 1
-    ref_logits, ref_greedy = _trace(model, None, tokens, prompt, settings.generate)
+    ref_logits, ref_greedy = _reference(model, ids, tokens, prompt, settings)
     logits, greedy = _trace(model, plan, tokens, prompt, settings.generate)
+    logits = logits.double()
     targets = tokens[0, prompt + 1 :]
     logp, ref_logp = torch.log_softmax(logits, -1), torch.log_softmax(ref_logits, -1)
     nll = -logp.gather(-1, targets[:, None]).mean().item()
@@ -86,8 +148,48 @@ def score_sample(model, plan: Plan, ids: list[int], settings: FidelitySettings) 
     }
 
 
+# ---- FullKV's reference, once per (model, sample) in this process -----------------------------------
+# Entries hold the teacher-forced logits in the model's own dtype on the CPU (fp64 only when used, an
+# exact widening) and are dropped least recently used first beyond REFERENCE_CACHE_BYTES.
+REFERENCE_CACHE_BYTES = 512 * 2**20
+_reference_cache: OrderedDict[tuple, tuple[weakref.ref, torch.Tensor, list[int]]] = OrderedDict()
+_reference_lock = threading.Lock()
+
+
+def clear_reference_cache() -> None:
+    """Forget every cached FullKV reference (e.g. after changing a model's weights in place)."""
+    with _reference_lock:
+        _reference_cache.clear()
+
+
+def _reference(model, ids: list[int], tokens: torch.Tensor, prompt: int, settings: FidelitySettings):
+    """FullKV's teacher-forced logits [M, vocab] (fp64) and greedy continuation for one sample, cached.
+
+    The key names the model object (with its device and dtype, which change its logits) and everything
+    the reference depends on; a weak reference guards against a new model reusing a freed one's id.
+    """
+    parameter = next(model.parameters())
+    key = (id(model), str(parameter.device), str(parameter.dtype), tuple(ids), settings.continuation, settings.generate)
+    with _reference_lock:
+        entry = _reference_cache.get(key)
+        if entry is not None and entry[0]() is model:
+            _reference_cache.move_to_end(key)
+            return entry[1].to(tokens.device).double(), list(entry[2])
+    logits, greedy = _trace(model, None, tokens, prompt, settings.generate)
+    stored = logits.cpu()
+    if stored.element_size() * stored.nelement() <= REFERENCE_CACHE_BYTES:
+        with _reference_lock:
+            _reference_cache[key] = (weakref.ref(model), stored, list(greedy))
+            total = sum(e[1].element_size() * e[1].nelement() for e in _reference_cache.values())
+            while total > REFERENCE_CACHE_BYTES:
+                _, (_, dropped, _) = _reference_cache.popitem(last=False)
+                total -= dropped.element_size() * dropped.nelement()
+    return logits.double(), list(greedy)
+
+
 def _trace(model, plan: Plan | None, tokens: torch.Tensor, prompt: int, generate: int):
-    """Teacher-forced next-token logits over the continuation [M, vocab] (fp64), then a greedy continuation."""
+    """Teacher-forced next-token logits over the continuation [M, vocab] (the model's dtype), then a greedy
+    continuation."""
     if plan is None:
         return _teacher_forced(model, tokens, prompt), _greedy(model, tokens[:, :prompt], generate)
     with routed(model, plan):
@@ -100,7 +202,7 @@ def _teacher_forced(model, tokens: torch.Tensor, prompt: int) -> torch.Tensor:
     cache, steps = output_cache(out), []
     for t in range(prompt, tokens.shape[1] - 1):  # token by token: decode-phase methods act every step
         out = model(tokens[:, t : t + 1], use_cache=True, **{name: cache})
-        steps.append(out.logits[0, -1].double())
+        steps.append(out.logits[0, -1])
     return torch.stack(steps)
 
 

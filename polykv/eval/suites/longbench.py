@@ -214,6 +214,8 @@ class LongBenchSettings:
 
 
 Settings = LongBenchSettings  # every suite module exposes Settings, build_samples and score_sample
+# Bump whenever samples or scoring change: run ids include it, so older results are never reused.
+REVISION = 1
 
 
 # --------------------------------------------------------------------------------------------------

@@ -15,7 +15,9 @@ Tasks (``length`` counts tokens of the evaluated model's tokenizer; prompt + gen
       in a haystack: text (the King James Bible), noise ("The grass is green. ..." repeated) or other
       needles; keys are adjective-noun words (wonderwords) or uuids, values 7-digit numbers or uuids.
   vt    variable tracking: a chain "VAR A = 12345", "VAR B = VAR A", ... (4 hops) hidden in noise, with
-        one worked example in front; the answer is every variable holding the value.
+        one worked example in front; the answer is every variable holding the value. Chain lines are
+        placed as RULER places them (``_Chains``): each right before a distinct line drawn uniformly,
+        in chain order, so no two are adjacent and none follows the last noise line.
   cwe   common words: a numbered list where 10 words repeat more often than the rest (one worked
         example in front); the answer is those 10 words.
   fwe   frequent words: synthetic 6-letter "coded" words drawn from a Zipf (zeta, alpha 2) law; the
@@ -36,7 +38,7 @@ Differences from the original, chosen on purpose:
   * Sentences are split after words ending in ".", "?" or "!" (RULER: nltk's punkt). A needle at depth
     d goes to the sentence boundary nearest to d x the haystack's words (RULER: sentence number
     int(d x sentences)); depths are still drawn from RULER's 40 depths 0..100%. In noise and needle
-    haystacks (and for vt's chain lines) positions come from uniform fractions of the line count.
+    haystacks positions come from uniform fractions of the line count.
   * Keys are unique within a sample (RULER may, rarely, reuse a key among the distractor needles), and a
     word key is a random adjective + "-" + random noun (RULER draws from the sorted set of all pairs:
     the same distribution up to a handful of duplicate strings).
@@ -177,11 +179,17 @@ class RulerSettings:
     """``tasks=None``: the 13 standard tasks, less qa_1 / qa_2 when their file is not given.
 
     ``length``: tokens of the evaluated model's tokenizer that prompt + generation may use (each prompt
-    is made as long as that allows). ``squad_path`` / ``hotpot_path``: the user's SQuAD / HotpotQA json.
+    is made as long as that allows); a list of lengths (e.g. ``[4096, 8192]``) runs every task at each
+    of them. With several lengths a task's samples at length L are named ``<task>@<L>`` (e.g.
+    ``niah_single_1@4096``), so statistics can resample a task's cluster across lengths. Sample i of a
+    task has the same seed at every length (niah needles and vt chains come out the same, in a longer
+    haystack; fwe's vocabulary and cwe's repeats depend on the length, as in RULER). A one-element list
+    is the same settings as its single length, and the list is kept sorted.
+    ``squad_path`` / ``hotpot_path``: the user's SQuAD / HotpotQA json.
     """
 
     tasks: tuple[str, ...] | None = None
-    length: int = 4096
+    length: int | tuple[int, ...] = 4096
     samples_per_task: int = 4
     squad_path: str | None = None
     hotpot_path: str | None = None
@@ -210,14 +218,41 @@ class RulerSettings:
                 name, kind = QA_FILES[task]
                 raise ValueError(f"ruler task {task} needs {name}: the path of a {kind} json file (it is not bundled)")
         object.__setattr__(self, "tasks", tasks)
-        if self.samples_per_task < 1 or self.length < 2:
+        object.__setattr__(self, "length", _normalized_length(self.length))
+        if self.samples_per_task < 1 or min(self.lengths) < 2:
             raise ValueError("ruler settings: samples_per_task must be >= 1 and length >= 2")
 
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        """Every length the tasks run at, ascending."""
+        return self.length if isinstance(self.length, tuple) else (self.length,)
+
+    def task_name(self, task: str, length: int) -> str:
+        """The name a task's samples at `length` are stored under: `task`, or `task@length` with several lengths."""
+        return task if len(self.lengths) == 1 else f"{task}@{length}"
+
     def to_dict(self) -> dict:
-        return {**asdict(self), "tasks": list(self.tasks)}
+        length = list(self.length) if isinstance(self.length, tuple) else self.length
+        return {**asdict(self), "tasks": list(self.tasks), "length": length}
+
+
+def _normalized_length(value) -> int | tuple[int, ...]:
+    """A length as an int, several as an ascending tuple (one listed length becomes that int)."""
+    def whole(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if whole(value):
+        return value
+    if isinstance(value, (list, tuple)) and value and all(whole(v) for v in value):
+        if len(set(value)) != len(value):
+            raise ValueError(f"ruler settings: length lists a length twice ({list(value)})")
+        return value[0] if len(value) == 1 else tuple(sorted(value))
+    raise ValueError(f"ruler settings: length must be a whole number of tokens or a non-empty list of them (got {value!r})")
 
 
 Settings = RulerSettings  # every suite module exposes Settings, build_samples and score_sample
+# Bump whenever samples or scoring change: run ids include it, so older results are never reused.
+REVISION = 2  # 2: variable-tracking chain lines placed as the official generator does
 
 
 # ---- samples ----------------------------------------------------------------------------------------
@@ -303,30 +338,35 @@ def make_sample(
 def build_samples(tokenizer, model, settings: RulerSettings, seed: int) -> list[tuple[str, str, dict]]:
     """(task, sample id, payload) for every sample, deterministic for a seed.
 
-    payload: ``prompt_ids``, ``answers``, ``task``, ``tokens_to_generate`` and the ``tokenizer`` (to
-    decode what the model generates)."""
+    The task of a row is ``settings.task_name(task, length)``: the RULER task, with ``@<length>`` when
+    the settings list several lengths (tasks in order, each at every length, ascending).
+    payload: ``prompt_ids``, ``answers``, ``task`` (the RULER task), ``length``, ``tokens_to_generate``
+    and the ``tokenizer`` (to decode what the model generates)."""
     context = _model_context(model)
-    if context is not None and settings.length > context:
+    longest = max(settings.lengths)
+    if context is not None and longest > context:
         raise ValueError(
-            f"ruler length {settings.length} exceeds the model's context ({context} tokens); pass a length of at most {context}"
+            f"ruler length {longest} exceeds the model's context ({context} tokens); pass a length of at most {context}"
         )
     out = []
     for task in settings.tasks:
-        guess = None
-        for i in range(settings.samples_per_task):
-            sample = make_sample(
-                tokenizer, task, settings.length, seed, i,
-                squad_path=settings.squad_path, hotpot_path=settings.hotpot_path, guess=guess,
-            )
-            guess = sample.size
-            payload = {
-                "task": task,
-                "prompt_ids": sample.prompt_ids,
-                "answers": sample.answers,
-                "tokens_to_generate": sample.tokens_to_generate,
-                "tokenizer": tokenizer,
-            }
-            out.append((task, f"{i:03d}", payload))
+        for length in settings.lengths:
+            guess = None
+            for i in range(settings.samples_per_task):
+                sample = make_sample(
+                    tokenizer, task, length, seed, i,
+                    squad_path=settings.squad_path, hotpot_path=settings.hotpot_path, guess=guess,
+                )
+                guess = sample.size
+                payload = {
+                    "task": task,
+                    "length": length,
+                    "prompt_ids": sample.prompt_ids,
+                    "answers": sample.answers,
+                    "tokens_to_generate": sample.tokens_to_generate,
+                    "tokenizer": tokenizer,
+                }
+                out.append((settings.task_name(task, length), f"{i:03d}", payload))
     return out
 
 
@@ -604,7 +644,17 @@ def _names(rng: random.Random, count: int, letters: int, used: set[str]) -> list
 
 
 class _Chains:
-    """num_chains chains of num_hops + 1 variables; the first chain's value is the query."""
+    """num_chains chains of num_hops + 1 variables; the first chain's value is the query.
+
+    Placement (RULER's noise haystack, variable_tracking.py): chain after chain, a chain of k lines
+    picks k distinct lines, uniformly without replacement, among the lines already there (the noise
+    lines and the lines of the chains placed before it), and its j-th line goes right before the j-th
+    picked line in text order. So every chain line is followed by a line that was there before it:
+    none comes after the last noise line, a chain keeps its order, and two lines of one chain are never
+    adjacent (with the standard single chain, no two chain lines are; lines of different chains may
+    touch, as in RULER). A chain needs at least k lines to choose from: ``min_noise`` noise lines. The
+    draw comes from one seed per sample, so a haystack size always gives the same text.
+    """
 
     def __init__(self, rng: random.Random, num_chains: int, num_hops: int, letters: int):
         used_names: set[str] = set()
@@ -620,22 +670,35 @@ class _Chains:
             self.lines.append([f"VAR {names[0]} = {value}"] + [f"VAR {names[j + 1]} = VAR {names[j]} " for j in range(num_hops)])
             if len(self.names) == 1:
                 self.value = str(value)
-        self.fractions = [sorted(rng.random() for _ in chain) for chain in self.lines]
+        self.placement_seed = rng.getrandbits(64)
         self.num_hops = num_hops
+        self.min_noise = num_hops + 1
 
     def text(self, noise_lines: int) -> tuple[str, str]:
-        """(context, prompt) with the chains among noise_lines noise lines, their order kept."""
+        """(context, prompt) with the chains among noise_lines noise lines, placed as the class says."""
+        if noise_lines < self.min_noise:
+            raise ValueError(f"variable tracking needs at least {self.min_noise} noise lines, got {noise_lines}")
         lines = [NOISE] * noise_lines
-        for chain, fractions in zip(self.lines, self.fractions):
-            n = len(lines)
-            slots = [min(n, int(f * (n + 1))) for f in fractions]
-            for j, (slot, line) in enumerate(zip(slots, chain)):
-                lines.insert(slot + j, line)
+        rng = random.Random(self.placement_seed)
+        for chain in self.lines:
+            lines = _place_before(lines, chain, rng)
         context = "\n".join(lines)
         prompt = VT_TEMPLATE.format(context=context, query=self.value) + VT_PREFIX.format(
             num_v=self.num_hops + 1, query=self.value
         )
         return context, prompt
+
+
+def _place_before(lines: list[str], items: Sequence[str], rng: random.Random) -> list[str]:
+    """Each item right before one of len(items) distinct lines drawn uniformly, items in their order."""
+    picked = sorted(rng.sample(range(len(lines)), len(items)))
+    before = dict(zip(picked, items))
+    out = []
+    for i, line in enumerate(lines):
+        if i in before:
+            out.append(before[i])
+        out.append(line)
+    return out
 
 
 class _VariableTracking(_Builder):
@@ -656,11 +719,13 @@ class _VariableTracking(_Builder):
                 counts[n] = len(_encode(tokenizer, shot(n)))
             return counts[n]
 
-        if shot_tokens(0) <= budget:
-            best = _largest_fitting(lambda n: shot_tokens(n) <= budget, 0, None, shot_tokens, budget)
+        least = example.min_noise
+        if shot_tokens(least) <= budget:
+            best = _largest_fitting(lambda n: shot_tokens(n) <= budget, least, None, shot_tokens, budget)
             self.example = shot(best)
         else:
             self.example = ""
+        self.min_size = self.chains.min_noise
 
     def render(self, size: int):
         context, prompt = self.chains.text(size)
