@@ -130,6 +130,7 @@ def run_study(settings: StudySettings, workspace: Path, progress: Callable[[str]
         started = time.perf_counter()
         reports[name] = step()
         seconds[name] = time.perf_counter() - started
+    runner.store.checkpoint()  # the database file alone then holds every run the report cites
     return StudyResult(settings, profile, route, baseline, reports["factorial"], reports["placement"], reports["sweep"],
                        seconds, runner.store.path, suite_settings.to_dict())
 
