@@ -7,7 +7,8 @@ import torch
 
 from polykv.eval.backends import LocalBackend, RayBackend, SubprocessBackend, Unit
 from polykv.eval.store import Store
-from polykv.eval.suites.fidelity import FidelitySettings
+from polykv.eval.runner import clear_sample_cache
+from polykv.eval.suites.fidelity import FidelitySettings, clear_reference_cache
 from polykv.plan import Plan
 
 TINY = FidelitySettings(tasks=("prose", "stories"), samples_per_task=2, prompt_tokens=96, continuation=8, generate=8)
@@ -65,6 +66,10 @@ def test_ray_local_cluster_runs_units_in_parallel_with_local_results(tmp_path, m
         ray.shutdown()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the Ray workers' arithmetic (OMP_NUM_THREADS=1), so results match exactly
+    # Samples and FullKV references cached by earlier tests in this process were computed with other
+    # thread counts (last-bit differences): recompute them under the same arithmetic as the workers.
+    clear_reference_cache()
+    clear_sample_cache()
     try:
         local_ids = LocalBackend().run(units(), tmp_path / "local.sqlite")
     finally:

@@ -109,6 +109,11 @@ _SAMPLE_SETS = 8
 _samples_cache: dict[tuple, tuple[weakref.ref, list]] = {}
 
 
+def clear_sample_cache() -> None:
+    """Forget every suite's cached samples (e.g. before rerunning under other arithmetic settings)."""
+    _samples_cache.clear()
+
+
 def _samples(module, suite: str, tokenizer, model, settings, seed: int) -> list:
     key = (id(model), id(tokenizer), suite, module.REVISION, json.dumps(settings.to_dict(), sort_keys=True), seed)
     entry = _samples_cache.get(key)
