@@ -14,7 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from polykv.plan import Phase, Plan, PlanError, Scope
+from polykv.plan import Phase, Plan, Scope
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help="Per-layer KV-cache eviction plans.")
 plan_app = typer.Typer(no_args_is_help=True, help="Inspect, check and build plan files.")
@@ -623,16 +623,28 @@ def jobs_resume(job_id: Annotated[str, typer.Argument(help="Job id.")], workspac
 
 
 def main() -> None:
-    from polykv.runtime import RoutedCacheError
+    """Run the CLI: a user error prints `error: <one line>` and exits 2; a bug prints one line too and
+    exits 1, with the traceback only under POLYKV_DEBUG=1."""
+    import sqlite3
+
+    from polykv.errors import PolyKVError, debug, first_line
 
     try:
         app()  # typer handles --help, usage errors (exit 2) and exits itself
-    except (PlanError, RoutedCacheError, OSError, ValueError) as exc:
-        if os.environ.get("POLYKV_DEBUG"):
+    except (PolyKVError, OSError, sqlite3.Error, ValueError) as exc:
+        if debug():
             raise
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
-        typer.echo(f"error: {message}", err=True)
+        typer.echo(f"error: {first_line(exc)}", err=True)
         sys.exit(2)
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        sys.exit(130)
+    except Exception as exc:
+        if debug():
+            raise
+        typer.echo(f"internal error (a bug in PolyKV): {exc.__class__.__name__}: {first_line(exc)}; "
+                   "run again with POLYKV_DEBUG=1 for the traceback", err=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -23,9 +22,13 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
+from polykv.errors import PolyKVError
+from polykv.files import atomic_write_text, parse_json, read_text
+
 FORMAT = "polykv.plan"
 VERSION = 1
 FULL = "full"
+MAX_PLAN_BYTES = 4 * 1024 * 1024  # a 1,000-layer plan with parameters is about 200 KB
 
 
 class Phase(str, Enum):
@@ -43,7 +46,7 @@ class Scope(str, Enum):
         return (Phase.PREFILL, Phase.DECODE) if self is Scope.BOTH else (Phase(self.value),)
 
 
-class PlanError(ValueError):
+class PlanError(PolyKVError):
     """A plan that cannot be read or does not fit; `str()` is one line naming the problem."""
 
     def __init__(self, problems: list[str] | str):
@@ -150,22 +153,16 @@ class Plan(BaseModel):
             raise PlanError([_describe_pydantic_error(e) for e in exc.errors()]) from None
 
     @classmethod
-    def from_json(cls, text: str) -> "Plan":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise PlanError(f"malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
-        return cls.from_dict(data)
+    def from_json(cls, text: str | bytes) -> "Plan":
+        if len(text) > MAX_PLAN_BYTES:
+            raise PlanError(f"a plan is at most {MAX_PLAN_BYTES:,} bytes of JSON (got {len(text):,})")
+        return cls.from_dict(parse_json(text, error=PlanError))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Plan":
+        """Read a plan file: a regular file (never a device or FIFO) of at most MAX_PLAN_BYTES."""
         path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise PlanError(f"{path}: no such plan file") from None
-        except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-            raise PlanError(f"{path}: cannot read plan file ({exc.__class__.__name__})") from None
+        text = read_text(path, "plan file", MAX_PLAN_BYTES, error=PlanError)
         try:
             return cls.from_json(text)
         except PlanError as exc:
@@ -187,18 +184,9 @@ class Plan(BaseModel):
         return f'{head},\n  "layers": [\n{rows}\n  ]\n}}\n'
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write atomically: a reader never sees a half-written plan."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(self.to_json())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        """Write atomically (a reader never sees a half-written plan), only to a regular file or a new
+        path, through a symlink to its target, with the umask's mode (see `polykv.files`)."""
+        return atomic_write_text(path, self.to_json())
 
     # ---- validation ---------------------------------------------------------------------------
     def problems(self, num_layers: int | None, catalog: Mapping[str, "MethodInfo"]) -> list[str]:

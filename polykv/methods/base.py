@@ -27,10 +27,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from polykv.lazy import lazy_import
 from polykv.plan import Phase
+
+torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,14 @@ Preferences." ICLR 2025 (code: antgroup/cakekv).
 
 from __future__ import annotations
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from polykv.lazy import lazy_import
 from polykv.methods.base import Eviction, LayerView, Method, Needs, evict_lowest, recent_mask, split_total
 from polykv.methods.snapkv import pool_votes
 from polykv.plan import Phase
+
+torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
 
 
 class CAKEParams(BaseModel):

@@ -6,11 +6,13 @@ ICML 2024 (code: zyxxmu/cam, generate_task/streaming_llm/kv_cache_cam.py).
 
 from __future__ import annotations
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from polykv.lazy import lazy_import
 from polykv.methods.base import Eviction, LayerView, Method, Needs, evict_lowest
 from polykv.plan import Phase
+
+torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
 
 
 class CaMParams(BaseModel):

@@ -7,11 +7,13 @@ LLM_merge_new/LMEval_kv_token_merge/modeling_llama3_7b_13b_d2o.py and modeling_l
 
 from __future__ import annotations
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from polykv.lazy import lazy_import
 from polykv.methods.base import Eviction, LayerView, Method, Needs, evict_lowest, recent_mask, split_total
 from polykv.plan import Phase
+
+torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
 
 # Bound the [b, h, chunk, n] fp32 cosine block of the first (large) cut to about this many elements.
 _SIMILARITY_BLOCK = 1 << 26

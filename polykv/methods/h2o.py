@@ -7,11 +7,13 @@ for Efficient Generative Inference of Large Language Models." NeurIPS 2023, arXi
 
 from __future__ import annotations
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from polykv.lazy import lazy_import
 from polykv.methods.base import Eviction, LayerView, Method, Needs, evict_lowest, recent_mask
 from polykv.plan import Phase
+
+torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
 
 
 class H2OParams(BaseModel):

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
-import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
+from polykv.lazy import lazy_import
 from polykv.methods.base import Eviction, LayerView, Method, Needs
 from polykv.plan import Phase
+
+torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
 
 
 class SnapKVParams(BaseModel):
@@ -77,6 +78,6 @@ def pool_votes(
         return torch.empty_like(pooled).scatter_(-1, order, pooled)
     b, h, m = votes.shape
     flat = votes.reshape(b * h, 1, m)
-    pool = F.max_pool1d if pooling == "max" else F.avg_pool1d
+    pool = torch.nn.functional.max_pool1d if pooling == "max" else torch.nn.functional.avg_pool1d
     pooled = pool(flat, kernel_size=kernel_size, stride=1, padding=kernel_size // 2)
     return pooled[..., :m].reshape(b, h, m)

@@ -35,6 +35,8 @@ from typing import Any
 
 import pandas as pd
 
+from polykv.errors import PolyKVError
+
 FORMAT = "polykv.profile"
 VERSION = 1
 METHOD_COLUMNS = ["layer", "scope", "method", "cosine", "dppl"]
@@ -43,7 +45,7 @@ SEQUENCE_COLUMNS = ["layer", "scope", "method", "sequence", "cosine", "nll"]
 REFERENCE_COLUMNS = ["sequence", "source", "nll"]
 
 
-class ProfileError(ValueError):
+class ProfileError(PolyKVError):
     """A profile that cannot be read or does not fit; one line."""
 
 

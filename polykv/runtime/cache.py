@@ -16,13 +16,10 @@ import threading
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
+from polykv.errors import RoutedCacheError
 from polykv.methods import Method, make_method
 from polykv.methods.base import Eviction, LayerView, Needs
 from polykv.plan import Phase, Plan
-
-
-class RoutedCacheError(RuntimeError):
-    """The routed cache was used in a way it cannot honour (one line, says what to do)."""
 
 
 # The model calls `cache.update(...)` and then, in the same attention module, the attention function.

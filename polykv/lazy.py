@@ -1,0 +1,43 @@
+"""Import a heavy module (torch) on first use, so commands that never touch a tensor start fast.
+
+`polykv.methods` is imported by `polykv plan validate`, `polykv methods` and the jobs listing, which
+need each method's name, phases and parameters but no tensor; importing torch costs 1.5 s or more.
+The method modules therefore say `torch = lazy_import("torch")`: the standard library's `LazyLoader`
+registers the module and runs its code on the first attribute access. Once loaded it is the ordinary
+module object, so the per-step path pays nothing. When torch is already imported, this returns it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import threading
+from types import ModuleType
+
+_lock = threading.Lock()
+
+
+def lazy_import(name: str) -> ModuleType:
+    with _lock:
+        if name in sys.modules:
+            return sys.modules[name]
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            raise ModuleNotFoundError(f"no module named {name!r}", name=name)
+        loader = importlib.util.LazyLoader(spec.loader)
+        spec.loader = loader
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        loader.exec_module(module)
+        return module
+
+
+def load_now(name: str) -> ModuleType:
+    """Finish loading a lazily imported module from one thread (before others may touch it)."""
+    module = lazy_import(name)
+    with _lock:
+        getattr(module, "__name__")  # any attribute access runs the module's code
+    return module
+
+
+__all__ = ["lazy_import", "load_now"]
