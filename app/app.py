@@ -49,4 +49,7 @@ pages = [
     st.Page("views/runs.py", title="Runs", icon=":material/play_circle:", url_path="runs"),
     st.Page("views/compare.py", title="Compare", icon=":material/compare_arrows:", url_path="compare"),
 ]
-st.navigation(pages).run()
+try:
+    st.navigation(pages).run()
+except Exception as exc:  # Streamlit's own rerun/stop signals are not Exceptions: they pass through
+    common.show_failure(exc)

@@ -4,13 +4,17 @@ designed, and figure display. UI glue only; the work is done by `polykv`."""
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 
 import streamlit as st
 
 from app import charts
+from polykv.errors import PolyKVError, debug, first_line
+from polykv.files import read_text
 from polykv.methods import validate_plan
-from polykv.plan import Plan, PlanError
+from polykv.plan import MAX_PLAN_BYTES, Plan, PlanError
+from polykv.workspace import default_workspace
 from polykv.runtime.routed import num_layers_of
 
 REPO = Path(__file__).resolve().parents[1]
@@ -18,8 +22,8 @@ DEMO_PLAN = REPO / "plans" / "demo" / "mixed.json"
 
 
 def workspace() -> Path:
-    """Results database, profiles, jobs and logs (`$POLYKV_WORKSPACE`, default `.polykv/` in the repo)."""
-    return Path(os.environ.get("POLYKV_WORKSPACE", REPO / ".polykv"))
+    """Results database, profiles, jobs and logs: the library's one rule (`polykv.workspace`)."""
+    return default_workspace()
 
 
 def plans_dir() -> Path:
@@ -44,9 +48,16 @@ def _load(name: str, device: str):
     return model, tokenizer
 
 
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else exc.__class__.__name__
+def show_failure(exc: BaseException) -> None:
+    """One inline line for what escaped a page: the message of a user error (a bad file, a damaged
+    database, a read-only workspace); for anything else, that it is a bug (traceback: POLYKV_DEBUG=1)."""
+    if isinstance(exc, (PolyKVError, OSError, sqlite3.Error)):
+        st.error(first_line(exc))
+    elif debug():
+        raise exc
+    else:
+        st.error(f"Internal error (a bug in PolyKV): {exc.__class__.__name__}: {first_line(exc)}. "
+                 "Start the app with POLYKV_DEBUG=1 to see the traceback.")
 
 
 def load_model(name: str, device: str) -> str | None:
@@ -107,12 +118,21 @@ def undo() -> bool:
     return True
 
 
+def saved_plans() -> list[Path]:
+    """Plan files under the plans directory (regular files only), relative to it."""
+    root = plans_dir()
+    return sorted(p.relative_to(root) for p in root.rglob("*.json") if p.is_file()) if root.is_dir() else []
+
+
+def read_plan_file(relative: Path) -> Plan:
+    """A saved plan, read safely (a regular file of bounded size) and checked against the current model."""
+    return read_plan(read_text(plans_dir() / relative, "plan file", MAX_PLAN_BYTES, error=PlanError), str(relative))
+
+
 def read_plan(text: str | bytes, where: str) -> Plan:
     """A plan from user-provided JSON, checked against the current model; PlanError (one line) if not."""
     try:
-        loaded = Plan.from_json(text.decode() if isinstance(text, bytes) else text)
-    except UnicodeDecodeError:
-        raise PlanError(f"{where}: not a text file") from None
+        loaded = Plan.from_json(text)
     except PlanError as exc:
         raise PlanError(f"{where}: {exc}") from None
     try:
@@ -123,20 +143,11 @@ def read_plan(text: str | bytes, where: str) -> Plan:
 
 # ---- profiles ------------------------------------------------------------------------------------
 def profiles(model_name: str) -> tuple[list, list[str]]:
-    """The saved profiles of `model_name` in the workspace, and a message for each unreadable one."""
-    from polykv.profile.store import ProfileError, load_profile
+    """The saved profiles of `model_name` in the workspace, and a message for each damaged one."""
+    from polykv.profile.store import scan_profiles
 
-    found, unreadable = [], []
-    root = workspace() / "profiles"
-    for meta in sorted(root.glob("*/profile.json")) if root.is_dir() else []:
-        try:
-            profile = load_profile(meta.parent)
-        except ProfileError as exc:
-            unreadable.append(str(exc))
-            continue
-        if profile.metadata.get("model") == model_name:
-            found.append(profile)
-    return found, unreadable
+    found, damaged = scan_profiles(workspace() / "profiles")
+    return [p for p in found if p.metadata.get("model") == model_name], damaged
 
 
 # ---- figures -------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ started from is never changed, so a rejected edit loses nothing.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Iterable, Sequence
@@ -187,10 +188,13 @@ def diff(a: Plan, b: Plan) -> pd.DataFrame:
 
 
 def plan_filename(name: str) -> str:
-    """A safe file name for a plan called `name`: letters, digits, '.', '_' and '-' only, no path."""
+    """A safe file name for a plan called `name`: letters, digits, '.', '_' and '-' only, no path. A name
+    with no ASCII letter or digit (e.g. 'план', '...') gets a stable generated one, `plan-<hash>.json`."""
+    if not name.strip():
+        raise PlanError("plan name: give the plan a name")
     stem = _UNSAFE.sub("-", name.strip()).strip(".-")[:80]
-    if not stem:
-        raise PlanError(f"plan name {name!r}: use letters, digits, '.', '_' or '-'")
+    if not re.search(r"[A-Za-z0-9]", stem):
+        stem = f"plan-{hashlib.sha256(name.strip().encode()).hexdigest()[:10]}"
     return stem if stem.endswith(".json") else f"{stem}.json"
 
 

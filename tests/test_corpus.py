@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -142,10 +143,17 @@ def test_bad_spec_values_fail_clearly():
 
 def test_missing_file_fails_clearly(tokenizer, tmp_path):
     missing = tmp_path / "nope.txt"
-    with pytest.raises(FileNotFoundError) as excinfo:
-        build_corpus(tokenizer, CorpusSpec(sources=(f"file:{missing}",), num_sequences=1, max_tokens=16))
+    with pytest.raises(ValueError) as excinfo:  # refused when the spec is made, before any model loads
+        CorpusSpec(sources=(f"file:{missing}",), num_sequences=1, max_tokens=16)
     message = one_line(excinfo)
     assert f"file:{missing}" in message and "no such file" in message
+
+
+def test_a_fifo_as_a_file_source_is_refused(tmp_path):
+    fifo = tmp_path / "pipe.txt"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="is not a regular file"):
+        CorpusSpec(sources=(f"file:{fifo}",), num_sequences=1, max_tokens=16)
 
 
 def test_corpora_env_pointing_nowhere_fails_clearly(tokenizer, tmp_path, monkeypatch):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -133,9 +134,16 @@ def test_plan_filenames_are_safe(name, file):
     assert design.plan_filename(name) == file
 
 
-def test_an_unusable_plan_name_is_refused():
-    with pytest.raises(PlanError, match="use letters"):
-        design.plan_filename("../..")
+@pytest.mark.parametrize("name", ["../..", "план", "...", "日本語の計画"])
+def test_a_name_without_ascii_letters_gets_a_stable_generated_file_name(name):
+    file = design.plan_filename(name)
+    assert re.fullmatch(r"plan-[0-9a-f]{10}\.json", file)
+    assert design.plan_filename(name) == file != design.plan_filename(name + "x")
+
+
+def test_an_empty_plan_name_is_refused():
+    with pytest.raises(PlanError, match="give the plan a name"):
+        design.plan_filename("   ")
 
 
 def test_every_method_can_be_painted_where_it_runs(mixed):

@@ -1,5 +1,7 @@
 """Plan designer: select layers, paint methods and capacities, fine-tune in a table, save and load."""
 
+import os
+
 import streamlit as st
 
 from app import charts, common
@@ -138,7 +140,7 @@ else:
 
 # ---- files ---------------------------------------------------------------------------------------------
 st.subheader("Save, load, compare")
-saved = sorted(p.relative_to(common.plans_dir()) for p in common.plans_dir().rglob("*.json")) if common.plans_dir().is_dir() else []
+saved = common.saved_plans()
 save_col, load_col, diff_col = st.columns(3)
 with save_col:
     name = st.text_input("Plan name", value=plan.name, key=f"plan_name_{st.session_state.get('plan_version', 0)}")
@@ -147,21 +149,20 @@ with save_col:
         try:
             target = common.plans_dir() / design.plan_filename(name)
             named = plan.model_copy(update={"name": name.strip()})
-            if target.exists() and not overwrite:
+            if os.path.lexists(target) and not overwrite:
                 st.warning(f"{target.name} exists in {common.plans_dir()}: tick 'Overwrite' to replace it.")
             else:
-                target.parent.mkdir(parents=True, exist_ok=True)
                 named.save(target)
                 common.set_plan(named)
                 st.session_state["designer_flash"] = [("success", f"Saved {target}")]
                 st.rerun()
-        except PlanError as exc:
-            st.error(str(exc))
+        except (PlanError, OSError) as exc:
+            st.error(common.first_line(exc))
     st.download_button("Download JSON", plan.to_json(), file_name=design.plan_filename(plan.name), mime="application/json")
 with load_col:
     choice = st.selectbox("Saved plans", saved, index=None, placeholder="choose a plan file", format_func=str)
     if st.button("Load", disabled=choice is None):
-        attempt(lambda: common.read_plan((common.plans_dir() / choice).read_text(), str(choice)), f"Loaded {choice}.")
+        attempt(lambda: common.read_plan_file(choice), f"Loaded {choice}.")
     upload = st.file_uploader("Upload a plan (JSON)", type=["json"], key="plan_upload")
     if upload is not None and st.session_state.get("upload_seen") != upload.file_id:
         st.session_state["upload_seen"] = upload.file_id
@@ -170,7 +171,7 @@ with diff_col:
     other = st.selectbox("Diff against", saved, index=None, placeholder="choose a plan file", format_func=str, key="diff_with")
     if other is not None:
         try:
-            against = common.read_plan((common.plans_dir() / other).read_text(), str(other))
+            against = common.read_plan_file(other)
         except PlanError as exc:
             st.error(str(exc))
         else:

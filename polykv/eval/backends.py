@@ -35,10 +35,9 @@ class Unit:
         return cls(model, plan.to_json(), suite, json.dumps(settings.to_dict() if settings else {}), seed, device)
 
     def settings(self):
-        from polykv.eval.runner import SUITES
+        from polykv.eval.settings import suite_settings
 
-        data = {k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(self.settings_json).items()}
-        return SUITES[self.suite].Settings(**data)
+        return suite_settings(self.suite, self.settings_json)
 
 
 @lru_cache(maxsize=2)

@@ -11,12 +11,18 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+
+from polykv.errors import PolyKVError
 
 from .llama2c import IMPORTER_VERSION, import_llama2c, read_source_record, sha256_file
 
 __all__ = [
     "DEMO_MODEL",
+    "ConfigDimensions",
+    "ModelConfigError",
+    "config_dimensions",
     "ModelNotFoundError",
     "demo_checkpoint_dir",
     "demo_model_dir",
@@ -38,6 +44,10 @@ _DEFAULT_DEMO_CHECKPOINT_DIR = _REPO_ROOT.parent / "shared" / "models" / "storie
 
 class ModelNotFoundError(FileNotFoundError):
     """A model path that does not exist (a FileNotFoundError, hence also an OSError)."""
+
+
+class ModelConfigError(PolyKVError):
+    """A model directory whose config.json does not describe a causal LM PolyKV can read."""
 
 
 def polykv_home() -> Path:
@@ -121,6 +131,33 @@ def _looks_like_local_path(text: str) -> bool:
         or text.endswith("/")
         or (os.sep != "/" and os.sep in text)
     )
+
+
+@dataclass(frozen=True)
+class ConfigDimensions:
+    num_layers: int
+    context_length: int | None  # max_position_embeddings; None when the config does not say
+
+
+def config_dimensions(name_or_path: str | os.PathLike | None) -> ConfigDimensions:
+    """Layer count and context length from the model's config alone: no weights, and for a local
+    directory (the demo model included) not even transformers, so plan checks stay fast."""
+    source = resolve_model_path(name_or_path)
+    config_file = Path(source) / "config.json"
+    if config_file.is_file():
+        from polykv.files import read_json
+
+        data = read_json(config_file, "model config")
+        text = data.get("text_config") if isinstance(data, dict) and isinstance(data.get("text_config"), dict) else data
+        layers = text.get("num_hidden_layers") if isinstance(text, dict) else None
+        if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
+            raise ModelConfigError(f"{config_file}: no num_hidden_layers (a positive integer) in the model's config")
+        context = text.get("max_position_embeddings")
+        return ConfigDimensions(layers, context if isinstance(context, int) and not isinstance(context, bool) else None)
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(source).get_text_config(decoder=True)
+    return ConfigDimensions(config.num_hidden_layers, getattr(config, "max_position_embeddings", None))
 
 
 def load_model(

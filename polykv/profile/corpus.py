@@ -145,7 +145,13 @@ def _source_error(source: str) -> str | None:
     if parsed is not None or problem is not None:
         return problem
     if source.startswith(FILE_PREFIX):
-        return None if source[len(FILE_PREFIX) :].strip() else f"corpus source {source!r} names no file: write file:PATH"
+        if not source[len(FILE_PREFIX) :].strip():
+            return f"corpus source {source!r} names no file: write file:PATH"
+        path = Path(source[len(FILE_PREFIX) :]).expanduser()
+        if not path.exists():
+            return f"corpus source {source!r}: no such file {path}; give an existing text file"
+        # checked before any model loads; a device or FIFO would hang or never end
+        return None if path.is_file() else f"corpus source {source!r}: {path} is not a regular file"
     if source.startswith(HUB_PREFIX):
         return None if source[len(HUB_PREFIX) :].strip() else f"corpus source {source!r} names no dataset: write hf:NAME"
     return (

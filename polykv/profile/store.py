@@ -27,15 +27,18 @@ import os
 import re
 import shlex
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from polykv.errors import PolyKVError
+from polykv.errors import PolyKVError, first_line
+from polykv.files import read_json
 
 FORMAT = "polykv.profile"
 VERSION = 1
@@ -169,30 +172,113 @@ def save_profile(profile: Profile, root: Path) -> Path:
     return final
 
 
+class CorpusMetadata(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    num_sequences: StrictInt = Field(ge=1)
+
+
+class ProfileMetadata(BaseModel):
+    """What `profile.json` must hold for PolyKV to use a profile (other fields are kept as they are)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    key: str = Field(min_length=1, max_length=200)
+    model: str = Field(min_length=1)
+    num_layers: StrictInt = Field(ge=1, le=4096)
+    capacity: StrictInt = Field(ge=1)  # b_cal
+    scopes: list[Literal["prefill", "decode"]] = Field(min_length=1)
+    continuation: StrictInt = Field(default=1, ge=1)
+    corpus: CorpusMetadata
+    methods: dict[str, StrictInt] | None = None
+    method_params: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    fullkv_ppl: dict[str, float | None] = Field(default_factory=dict)
+
+
+MAX_CSV_BYTES = 256 * 1024 * 1024  # sequences.csv of a large profile is tens of MB
+
+
+def _read_csv(path: Path, required: bool = True) -> pd.DataFrame | None:
+    """A CSV of the profile: a regular file of bounded size (never a FIFO or device), else ProfileError."""
+    if not required and not os.path.lexists(path):
+        return None
+    _check_regular(path, MAX_CSV_BYTES)
+    try:
+        return pd.read_csv(path)
+    except (OSError, ValueError, pd.errors.ParserError) as exc:
+        raise ProfileError(f"{path}: unreadable ({exc.__class__.__name__}: {first_line(exc)})") from None
+
+
+def _check_regular(path: Path, max_bytes: int) -> None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        raise ProfileError(f"{path}: missing") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise ProfileError(f"{path}: not a regular file")
+    if info.st_size > max_bytes:
+        raise ProfileError(f"{path}: {info.st_size:,} bytes, more than the {max_bytes:,} PolyKV reads")
+
+
+def _check_frame(path: Path, name: str, frame: pd.DataFrame, columns: list[str], numeric: list[str],
+                 num_layers: int) -> None:
+    lacking = set(columns) - set(frame.columns)
+    if lacking:
+        raise ProfileError(f"{path}: {name} lacks columns {', '.join(sorted(lacking))}")
+    for column in numeric:
+        if column in frame.columns and not pd.api.types.is_numeric_dtype(frame[column]):
+            raise ProfileError(f"{path}: {name} column {column!r} holds non-numbers")
+    if "layer" in frame.columns and len(frame):
+        layers = frame["layer"]
+        if not pd.api.types.is_integer_dtype(layers) or layers.min() < 0 or layers.max() >= num_layers:
+            raise ProfileError(f"{path}: {name} has layers outside 0 .. {num_layers - 1}")
+    if "scope" in frame.columns and not frame["scope"].isin(["prefill", "decode"]).all():
+        raise ProfileError(f"{path}: {name} has scopes other than prefill and decode")
+
+
 def load_profile(path: str | os.PathLike) -> Profile:
+    """Read and check a profile directory; any damage is one ProfileError line naming the file."""
     path = Path(path)
     meta_file = path / "profile.json"
     if not meta_file.is_file():
         raise ProfileError(f"{path}: not a profile directory (no profile.json)")
-    try:
-        metadata = json.loads(meta_file.read_text())
-        table = pd.read_csv(path / "methods.csv")
-        layers = pd.read_csv(path / "layers.csv")
-        # absent in profiles saved before per-sequence values were kept
-        sequences = pd.read_csv(path / "sequences.csv") if (path / "sequences.csv").is_file() else None
-        reference = pd.read_csv(path / "reference.csv") if (path / "reference.csv").is_file() else None
-    except (OSError, ValueError) as exc:
-        raise ProfileError(f"{path}: unreadable profile ({exc.__class__.__name__}: {str(exc).splitlines()[0]})") from None
-    if metadata.pop("format", None) != FORMAT or metadata.pop("version", None) != VERSION:
+    data = read_json(meta_file, "profile metadata", allow_nan=True, error=ProfileError)
+    if not isinstance(data, dict):
+        raise ProfileError(f"{meta_file}: expected a JSON object, got {type(data).__name__}")
+    if data.get("format") != FORMAT or data.get("version") != VERSION:
         raise ProfileError(f"{path}: not a version-{VERSION} PolyKV profile")
-    missing = set(METHOD_COLUMNS) - set(table.columns)
-    if missing:
-        raise ProfileError(f"{path}: methods.csv lacks columns {', '.join(sorted(missing))}")
-    for name, frame, columns in (("sequences.csv", sequences, SEQUENCE_COLUMNS), ("reference.csv", reference, REFERENCE_COLUMNS)):
-        lacking = set(columns) - set(frame.columns) if frame is not None else set()
-        if lacking:
-            raise ProfileError(f"{path}: {name} lacks columns {', '.join(sorted(lacking))}")
+    try:
+        checked = ProfileMetadata.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(x) for x in err.get("loc", ())) or "metadata"
+        raise ProfileError(f"{meta_file}: {field}: {err.get('msg', 'invalid')}") from None
+    metadata = {k: v for k, v in data.items() if k not in ("format", "version")}
+    layers_count = checked.num_layers
+    table = _read_csv(path / "methods.csv")
+    layers = _read_csv(path / "layers.csv")
+    # absent in profiles saved before per-sequence values were kept
+    sequences = _read_csv(path / "sequences.csv", required=False)
+    reference = _read_csv(path / "reference.csv", required=False)
+    _check_frame(path, "methods.csv", table, METHOD_COLUMNS, ["cosine", "dppl", *INTERVAL_COLUMNS], layers_count)
+    _check_frame(path, "layers.csv", layers, ["layer", "entropy"], ["entropy"], layers_count)
+    if sequences is not None:
+        _check_frame(path, "sequences.csv", sequences, SEQUENCE_COLUMNS, ["cosine", "nll", "sequence"], layers_count)
+    if reference is not None:
+        _check_frame(path, "reference.csv", reference, REFERENCE_COLUMNS, ["nll", "sequence"], layers_count)
     return Profile(metadata=metadata, table=table, layers=layers, path=path, sequences=sequences, reference=reference)
+
+
+def scan_profiles(root: str | os.PathLike) -> tuple[list[Profile], list[str]]:
+    """Every profile under `root` (sorted by directory name) and one line for each damaged one."""
+    root = Path(root)
+    found, damaged = [], []
+    for meta in sorted(root.glob("*/profile.json")) if root.is_dir() else []:
+        try:
+            found.append(load_profile(meta.parent))
+        except ProfileError as exc:
+            damaged.append(str(exc))
+    return found, damaged
 
 
 def find_profile(root: Path, key: str) -> Profile | None:

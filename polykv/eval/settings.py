@@ -1,0 +1,72 @@
+"""Options of an evaluation as a user writes them: a suite's settings (JSON) and a list of budgets.
+
+One function each, used by the CLI, the app and the jobs alike, so every caller refuses the same input
+with the same one-line `SettingsError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from polykv.errors import PolyKVError, SettingsError, first_line
+from polykv.files import parse_json
+
+SUITE_NAMES = ("fidelity", "longbench", "ruler")
+
+
+def suite_module(suite: str):
+    """The module of a suite (`Settings`, `build_samples`, `score_sample`); imported on demand (torch)."""
+    if suite not in SUITE_NAMES:
+        raise SettingsError(f"unknown suite {suite!r} (suites: {', '.join(SUITE_NAMES)})")
+    from importlib import import_module
+
+    return import_module(f"polykv.eval.suites.{suite}")
+
+
+def suite_settings(suite: str, settings: str | bytes | Mapping[str, Any] | None = None):
+    """The suite's `Settings` from JSON text or a mapping (None or empty text: the defaults).
+
+    Types are strict (no "2" for 2, no true for 1; lists stand for tuples), unknown keys are refused, and
+    the suite's own checks run; every problem is one line naming the field."""
+    from pydantic import TypeAdapter, ValidationError
+
+    cls = suite_module(suite).Settings
+    if settings is None or (isinstance(settings, (str, bytes)) and not settings.strip()):
+        return cls()
+    data = parse_json(settings, f"{suite} settings", error=SettingsError) if isinstance(settings, (str, bytes)) else settings
+    if not isinstance(data, Mapping):
+        raise SettingsError(f"{suite} settings: expected a JSON object such as {{\"samples_per_task\": 2}}, "
+                            f"got {type(data).__name__}")
+    known = [f.name for f in dataclasses.fields(cls)]
+    unknown = [str(k) for k in data if k not in known]
+    if unknown:
+        raise SettingsError(f"{suite} settings: unknown field {', '.join(map(repr, unknown))} (fields: {', '.join(known)})")
+    try:
+        return TypeAdapter(cls).validate_json(json.dumps(dict(data)), strict=True)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(x) for x in err.get("loc", ()))
+        msg = err.get("msg", "invalid").removeprefix("Value error, ")
+        got = f" (got {json.dumps(err['input'])[:60]})" if where and "input" in err else ""
+        raise SettingsError(f"{suite} settings: {where + ': ' if where else ''}{msg}{got}") from None
+    except (PolyKVError, OSError, ValueError, TypeError) as exc:  # a suite's own check outside pydantic
+        raise SettingsError(f"{suite} settings: {first_line(exc)}") from None
+
+
+def parse_budgets(text: str | None, what: str = "budgets") -> list[int]:
+    """'128, 256,512' -> [128, 256, 512]: positive whole numbers separated by commas (empty: [])."""
+    budgets = []
+    for item in (text or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if not item.isdigit() or int(item) < 1 or len(item) > 9:
+            raise SettingsError(f"{what}: positive whole numbers separated by commas, e.g. 64,128 (got {item!r})")
+        budgets.append(int(item))
+    return budgets
+
+
+__all__ = ["SUITE_NAMES", "parse_budgets", "suite_module", "suite_settings"]
