@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sized
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -29,6 +29,13 @@ FORMAT = "polykv.plan"
 VERSION = 1
 FULL = "full"
 MAX_PLAN_BYTES = 4 * 1024 * 1024  # a 1,000-layer plan with parameters is about 200 KB
+# The longest context PolyKV supports, in tokens: the upper bound of every capacity and of every
+# token-count method parameter (windows, sinks, histories, kernels), so that no value that passes
+# validation asks for absurd memory at run time.
+MAX_TOKENS = 1 << 20
+# The most layers a plan may have (today's deepest models have well under 1,000); checked before the layers
+# are parsed, so an absurd plan is refused at once.
+MAX_LAYERS = 4096
 
 
 class Phase(str, Enum):
@@ -61,7 +68,7 @@ class PhaseAssignment(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     method: str = Field(min_length=1)
-    capacity: StrictInt | None = Field(default=None, gt=0)
+    capacity: StrictInt | None = Field(default=None, gt=0, le=MAX_TOKENS)
     params: dict[str, Any] = Field(default_factory=dict)
 
     def __str__(self) -> str:
@@ -147,6 +154,9 @@ class Plan(BaseModel):
             raise PlanError(f"format: expected {FORMAT!r}, got {data.get('format')!r}")
         if data.get("version", VERSION) != VERSION:
             raise PlanError(f"version: this PolyKV reads plan version {VERSION}, got {data.get('version')!r}")
+        layers = data.get("layers")
+        if isinstance(layers, Sized) and not isinstance(layers, (str, bytes, Mapping)) and len(layers) > MAX_LAYERS:
+            raise PlanError(_too_many_layers(len(layers)))  # before parsing any layer
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
@@ -189,12 +199,24 @@ class Plan(BaseModel):
         return atomic_write_text(path, self.to_json())
 
     # ---- validation ---------------------------------------------------------------------------
-    def problems(self, num_layers: int | None, catalog: Mapping[str, "MethodInfo"]) -> list[str]:
-        """Every way this plan does not fit a model with `num_layers` layers and the known methods."""
-        found: list[str] = []
+    def problems(
+        self,
+        num_layers: int | None,
+        catalog: Mapping[str, "MethodInfo"],
+        context_length: int | None = None,
+    ) -> list[str]:
+        """Every way this plan does not fit a model with `num_layers` layers and a context of
+        `context_length` tokens (None: not checked), and the known methods.
+
+        A plan with the wrong number of layers (or more than MAX_LAYERS) gets that one problem only:
+        its layers are not worth checking one by one."""
+        if self.num_layers > MAX_LAYERS:
+            return [_too_many_layers(self.num_layers)]
         if num_layers is not None and self.num_layers != num_layers:
-            found.append(f"layers: the plan has {self.num_layers} layers but the model has {num_layers}")
+            return [f"layers: the plan has {self.num_layers} layers but the model has {num_layers}"]
+        found: list[str] = []
         active = set(self.scope.phases)
+        checked: dict[tuple[str, str, int | None], list[str]] = {}  # identical cells are checked once
         for idx, layer in enumerate(self.layers):
             for phase in Phase:
                 a = layer[phase]
@@ -218,12 +240,18 @@ class Plan(BaseModel):
                         found.append(f"{where}, capacity: 'full' keeps every token; leave capacity out (got {a.capacity})")
                 elif a.capacity is None:
                     found.append(f"{where}, capacity: {a.method!r} needs a capacity (a positive integer)")
-                found.extend(f"{where}, {p}" for p in info.check(a.params, a.capacity))
+                key = (a.method, _params_key(a.params), a.capacity)
+                if key not in checked:
+                    checked[key] = _check(info, a.params, a.capacity, context_length)
+                found.extend(f"{where}, {p}" for p in checked[key])
         if self.allocation == "native":
             found.extend(self._native_problems(catalog))
         return found
 
     def _native_problems(self, catalog: Mapping[str, "MethodInfo"]) -> list[str]:
+        """Native allocation splits one total (L x the capacity) with one method's rule and one set of
+        parameters: every layer of an active phase must run the same method, with the same capacity
+        and the same parameters."""
         found = []
         for phase in self.scope.phases:
             used = sorted({layer[phase].method for layer in self.layers})
@@ -233,10 +261,33 @@ class Plan(BaseModel):
                     f"allocation: 'native' needs one method with its own layer-budget rule ({rule}) in every "
                     f"layer of the {phase.value} phase (got {', '.join(used)})"
                 )
+                continue
+            # Parameters are compared with the method's defaults filled in ({} is {"window": 8} for PyramidKV).
+            defaults = dict(getattr(catalog[used[0]], "defaults", dict)())
+            first = self.layers[0][phase]
+            for idx, layer in enumerate(self.layers[1:], start=1):
+                a = layer[phase]
+                if a.capacity != first.capacity:
+                    what, mine, theirs = "capacity", a.capacity, first.capacity
+                elif a.params != first.params and {**defaults, **a.params} != {**defaults, **first.params}:
+                    what, mine, theirs = "params", _params_text(a.params), _params_text(first.params)
+                else:
+                    continue
+                found.append(
+                    f"allocation: 'native' splits one total with one rule: layer {idx}, {phase.value} has {what} "
+                    f"{mine} but layer 0 has {what} {theirs} (give every layer the same capacity and params, "
+                    f"or use allocation 'fixed')"
+                )
+                break
         return found
 
-    def validate_for(self, num_layers: int | None, catalog: Mapping[str, "MethodInfo"]) -> "Plan":
-        found = self.problems(num_layers, catalog)
+    def validate_for(
+        self,
+        num_layers: int | None,
+        catalog: Mapping[str, "MethodInfo"],
+        context_length: int | None = None,
+    ) -> "Plan":
+        found = self.problems(num_layers, catalog, context_length)
         if found:
             raise PlanError(found)
         return self
@@ -259,10 +310,17 @@ class Plan(BaseModel):
 
 
 class MethodInfo(Protocol):
-    """What validation needs to know about a method (the registry in `polykv.methods` provides it)."""
+    """What validation needs to know about a method (the registry in `polykv.methods` provides it).
+
+    `check(params, capacity)` lists the problems of a cell's parameters, one line each; it is called
+    with a third argument, the model's context in tokens, only when that is known (so a catalog whose
+    `check` takes two arguments still works without a context)."""
 
     phases: frozenset[Phase]
-    check: Callable[[Mapping[str, Any], int | None], list[str]]
+
+    def check(
+        self, params: Mapping[str, Any], capacity: int | None, context_length: int | None = None
+    ) -> list[str]: ...
 
 
 @dataclass(frozen=True)
@@ -293,6 +351,25 @@ class PlanSummary:
                 f"{f' ({full} full layers unbounded)' if full and s.bounded_layers else ''}; methods: {counts}"
             )
         return out
+
+
+def _too_many_layers(count: int) -> str:
+    return f"layers: a plan has at most {MAX_LAYERS:,} layers (got {count:,})"
+
+
+def _check(info: "MethodInfo", params: Mapping[str, Any], capacity: int | None, context_length: int | None) -> list[str]:
+    if context_length is None:
+        return list(info.check(params, capacity))
+    return list(info.check(params, capacity, context_length))
+
+
+def _params_key(params: Mapping[str, Any]) -> str:
+    """A hashable key for a cell's parameters (type-exact: True and 1 differ)."""
+    return repr(sorted(((k, type(v).__name__, repr(v)) for k, v in params.items()), key=lambda kv: str(kv[0])))
+
+
+def _params_text(params: Mapping[str, Any]) -> str:
+    return json.dumps(dict(params), sort_keys=True, default=repr)[:120]
 
 
 def _assignment_dict(a: PhaseAssignment) -> dict[str, Any]:

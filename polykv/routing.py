@@ -231,7 +231,8 @@ def scale_budget(plan: Plan, average: float, minimum: int | None = None, name: s
     In each active phase the bounded layers' new capacities are proportional to the old ones and sum to
     (bounded layers) x average, which is num_layers x average when no layer of the phase is `full`;
     `full` layers stay full. `minimum` defaults per layer to 1 + the largest `below_capacity` parameter
-    of the layer's method, so windows and sinks still fit."""
+    of the layer's method, so windows and sinks still fit. A native-allocation plan keeps one capacity in
+    every layer (the average, rounded), since its method splits the phase's total at run time."""
     if minimum is not None:
         _check_minimum(minimum)
     layers = [{phase: layer[phase] for phase in Phase} for layer in plan.layers]
@@ -241,7 +242,10 @@ def scale_budget(plan: Plan, average: float, minimum: int | None = None, name: s
             continue
         old = [plan.layers[i][phase] for i in bounded]
         floors = [minimum if minimum is not None else window_floor(a) for a in old]
-        new = _split_with_floors([float(a.capacity) for a in old], _total(len(bounded), average), floors)
+        if plan.allocation == "native":  # one capacity everywhere: the method's own rule splits the total
+            new = [max(max(floors), round(average))] * len(bounded)
+        else:
+            new = _split_with_floors([float(a.capacity) for a in old], _total(len(bounded), average), floors)
         for i, a, capacity in zip(bounded, old, new):
             layers[i][phase] = a.model_copy(update={"capacity": capacity})
     return plan.with_layers(

@@ -317,3 +317,11 @@ def test_sample_placements_rejection_sampling_path():
     assert len({tuple(d) for d in draws}) == 500 and route not in draws
     assert all(Counter(d) == Counter(route) for d in draws)
     assert sample_placements(route, 500, seed=7) == draws
+
+
+def test_scale_budget_of_a_native_plan_keeps_one_capacity_so_it_stays_valid():
+    plan = Plan.homogeneous("pyramidkv", 64, 4, "prefill", allocation="native")
+    scaled = scale_budget(plan, 50.5)
+    assert {layer.prefill.capacity for layer in scaled.layers} == {round(50.5)}
+    assert scaled.allocation == "native"
+    validate_plan(scaled, 4)  # unequal capacities would be refused for a native plan

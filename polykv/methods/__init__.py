@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+
 from polykv.methods.base import Eviction, LayerView, Method, Needs
 from polykv.methods.cake import CAKE
 from polykv.methods.cam import CaM
@@ -35,14 +37,20 @@ def make_method(assignment: PhaseAssignment, layer_idx: int = 0) -> Method:
     return REGISTRY[assignment.method](assignment.capacity, assignment.params, layer_idx=layer_idx)
 
 
-def validate_plan(plan: Plan, num_layers: int | None = None) -> Plan:
-    """Raise `PlanError` (one line per problem) unless the plan fits the model and the methods."""
-    return plan.validate_for(num_layers, REGISTRY)
+def validate_plan(plan: Plan, num_layers: int | None = None, context_length: int | None = None) -> Plan:
+    """Raise `PlanError` (one line per problem) unless the plan fits the model and the methods.
+
+    `num_layers`: the model's layer count; `context_length`: its context in tokens, which bounds every
+    capacity and every token-count parameter (windows, sinks, histories, kernels). None: not checked."""
+    return plan.validate_for(num_layers, REGISTRY, context_length)
 
 
 def params_that_fit(method: str, capacity: int) -> dict:
-    """Default parameters, except windows / sinks that would not fit under `capacity`: a quarter of it."""
+    """Default parameters, except windows / sinks that would not fit under `capacity`: a quarter of it.
+
+    The values are plain Python ints (parameters are strict), whatever integer type `capacity` has."""
     cls = REGISTRY[method]
+    capacity = operator.index(capacity)
     defaults = cls.defaults()
     return {name: max(1, capacity // 4) for name in cls.below_capacity if defaults[name] >= capacity}
 

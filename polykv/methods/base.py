@@ -25,12 +25,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic_core import PydanticCustomError
 
 from polykv.lazy import lazy_import
-from polykv.plan import Phase
+from polykv.plan import MAX_TOKENS, Phase
 
 torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
 
@@ -95,8 +96,70 @@ class Eviction:
         return ~marks.scatter_(-1, self.dropped, True)
 
 
-class NoParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+# ---- parameters ----------------------------------------------------------------------------------
+# Every method's parameters are strict: integers are JSON integers (not true, "8" or 8.0), numbers are
+# finite JSON numbers (an integer such as 1 is accepted for 1.0; "1.0", true, NaN and infinities are
+# not), choices are exact strings. Every parameter has explicit bounds, and the token counts (windows,
+# sinks, histories, kernels) are at most MAX_TOKENS and, when the model is known, its context. So a
+# value that passes validation can neither fail nor ask for absurd memory at run time.
+_TOKENS = "tokens"  # json_schema_extra marker of a token-count parameter
+
+
+class MethodParams(BaseModel):
+    """Base of every method's parameters: strict types, no unknown names, immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+NoParams = MethodParams
+
+
+def _json_number(value: Any) -> Any:
+    # Strict float validation alone would take a numpy integer, which a plan file cannot hold.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise PydanticCustomError("float_type", "Input should be a valid number")
+    return value
+
+
+Real = Annotated[float, BeforeValidator(_json_number)]  # a finite JSON number (bounds on the Field)
+
+
+def tokens(default: int, *, ge: int, description: str) -> Any:
+    """A token-count parameter: an integer in [ge, MAX_TOKENS], and at most the model's context."""
+    return Field(
+        default=default,
+        ge=ge,
+        le=MAX_TOKENS,
+        strict=True,
+        description=f"{description}; an integer, {ge} .. {MAX_TOKENS} tokens and at most the model's context",
+        json_schema_extra={_TOKENS: True},
+    )
+
+
+def real(default: float, *, description: str, **bounds: float) -> Any:
+    """A real parameter: a finite number within `bounds` (ge / gt and le / lt)."""
+    return Field(default=default, allow_inf_nan=False, description=f"{description}; {_interval(bounds)}", **bounds)
+
+
+def _interval(bounds: Mapping[str, Any]) -> str:
+    lo = "(" + f"{bounds['gt']:g}" if "gt" in bounds else "[" + f"{bounds.get('ge', float('-inf')):g}"
+    hi = f"{bounds['lt']:g}" + ")" if "lt" in bounds else f"{bounds.get('le', float('inf')):g}" + "]"
+    return f"a finite number in {lo}, {hi}"
+
+
+def allowed_values(model: type[BaseModel], name: str) -> str:
+    """What parameter `name` of `model` accepts, for error messages ('' if it is unknown)."""
+    field = model.model_fields.get(name)
+    if field is None:
+        return ""
+    if get_origin(field.annotation) is Literal:
+        return "allowed: " + " or ".join(repr(v) for v in get_args(field.annotation))
+    bounds = {k: getattr(m, k) for m in field.metadata for k in ("ge", "gt", "le", "lt") if getattr(m, k, None) is not None}
+    if field.annotation is int:
+        low = bounds["ge"] if "ge" in bounds else bounds["gt"] + 1 if "gt" in bounds else None
+        high = bounds["le"] if "le" in bounds else bounds["lt"] - 1 if "lt" in bounds else None
+        return f"allowed range {low} .. {high} (an integer)"
+    return f"allowed: {_interval(bounds)}"
 
 
 class Method:
@@ -123,13 +186,40 @@ class Method:
 
     # ---- what the plan validator asks ---------------------------------------------------------
     @classmethod
-    def check(cls, params: Mapping[str, Any], capacity: int | None) -> list[str]:
-        """Problems with these parameters, one line each, naming method, parameter and allowed range."""
+    def check(cls, params: Mapping[str, Any], capacity: int | None, context_length: int | None = None) -> list[str]:
+        """Problems with these parameters, one line each, naming method, parameter and allowed range.
+
+        `context_length` (the model's context in tokens, None: unknown) bounds the token counts."""
         try:
             parsed = cls.Params(**dict(params))
         except ValidationError as exc:
             return [_describe_param_error(cls.name, cls.Params, e) for e in exc.errors()]
-        return [f"params: {cls.name}: {p}" for p in cls.check_capacity(parsed, capacity)]
+        problems = cls.check_capacity(parsed, capacity)
+        if context_length is not None:
+            problems += cls.check_context(parsed, context_length)
+        return [f"params: {cls.name}: {p}" for p in problems]
+
+    @classmethod
+    def token_params(cls) -> tuple[str, ...]:
+        """The parameters that count tokens (windows, sinks, histories, kernels)."""
+        return tuple(
+            name for name, field in cls.Params.model_fields.items()
+            if isinstance(field.json_schema_extra, dict) and field.json_schema_extra.get(_TOKENS)
+        )
+
+    @classmethod
+    def check_context(cls, params: BaseModel, context_length: int) -> list[str]:
+        """Token counts longer than the model's context."""
+        problems = []
+        for name in cls.token_params():
+            value = getattr(params, name)
+            if value > context_length:
+                low = _lower_bound(cls.Params, name)
+                problems.append(
+                    f"{name} ({value}) must be at most the model's context ({context_length} tokens); "
+                    f"allowed range {low} .. {context_length}"
+                )
+        return problems
 
     @classmethod
     def check_capacity(cls, params: BaseModel, capacity: int | None) -> list[str]:
@@ -138,7 +228,7 @@ class Method:
         for name in cls.below_capacity if capacity is not None else ():
             value = getattr(params, name)
             if value >= capacity:
-                low = next((m.ge for m in cls.Params.model_fields[name].metadata if hasattr(m, "ge")), 0)
+                low = _lower_bound(cls.Params, name)
                 problems.append(
                     f"{name} ({value}) must be smaller than the capacity ({capacity}); allowed range {low} .. {capacity - 1}"
                 )
@@ -249,10 +339,21 @@ def recent_mask(view: LayerView, window: int) -> torch.Tensor:
     return view.positions > newest - window
 
 
+def _lower_bound(model: type[BaseModel], name: str) -> int:
+    return next((m.ge for m in model.model_fields[name].metadata if getattr(m, "ge", None) is not None), 0)
+
+
 def _describe_param_error(method: str, model: type[BaseModel], err: Mapping[str, Any]) -> str:
+    """One line: parameter, method, what is wrong, the value got and what is allowed."""
     loc = ".".join(str(x) for x in err.get("loc", ())) or "params"
     if err.get("type") == "extra_forbidden":
         allowed = ", ".join(model.model_fields) or "none"
         return f"params.{loc}: {method} has no parameter {loc!r} (parameters: {allowed})"
-    got = f" (got {err['input']!r})" if "input" in err else ""
-    return f"params.{loc}: {method}: {err.get('msg', 'invalid')}{got}"
+    got = f" (got {_short(err['input'])})" if "input" in err else ""
+    allowed = allowed_values(model, str(err.get("loc", ("",))[0]))
+    return f"params.{loc}: {method}: {err.get('msg', 'invalid')}{got}" + (f"; {allowed}" if allowed else "")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

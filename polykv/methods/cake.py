@@ -6,24 +6,43 @@ Preferences." ICLR 2025 (code: antgroup/cakekv).
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+import math
 
 from polykv.lazy import lazy_import
-from polykv.methods.base import Eviction, LayerView, Method, Needs, evict_lowest, recent_mask, split_total
+from polykv.methods.base import (
+    Eviction,
+    LayerView,
+    Method,
+    MethodParams,
+    Needs,
+    Real,
+    evict_lowest,
+    real,
+    recent_mask,
+    split_total,
+    tokens,
+)
 from polykv.methods.snapkv import pool_votes
 from polykv.plan import Phase
 
 torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
 
 
-class CAKEParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+# The layer preference is H^(1/tau1) * V^(1/tau2): a temperature under 0.1 (an exponent over 10) lets it
+# overflow a float for realistic entropies, and over 100 every layer's preference is about 1 (uniform).
+TAU_RANGE = {"ge": 0.1, "le": 100.0}
 
-    window: int = Field(default=32, ge=1, description="observation window, always kept")
-    gamma: float = Field(default=200.0, ge=0.0, description="weight of the attention variance in the indicator")
-    tau1: float = Field(default=1.0, gt=0.0, description="temperature of the spatial dispersion (entropy)")
-    tau2: float = Field(default=1.0, gt=0.0, description="temperature of the temporal dispersion (variance)")
-    kernel_size: int = Field(default=5, ge=1, description="avg pooling of the indicator along the keys")
+
+class CAKEParams(MethodParams):
+    window: int = tokens(32, ge=1, description="observation window, always kept; below the capacity")
+    gamma: Real = real(
+        200.0, ge=0.0, le=1000.0,
+        description="weight of the attention variance in the indicator (the authors' 200; variances are at "
+        "most 0.25, so beyond 1000 the mean no longer counts)",
+    )
+    tau1: Real = real(1.0, **TAU_RANGE, description="temperature of the spatial dispersion (entropy)")
+    tau2: Real = real(1.0, **TAU_RANGE, description="temperature of the temporal dispersion (variance)")
+    kernel_size: int = tokens(5, ge=1, description="avg pooling of the indicator along the keys")
 
 
 class CAKE(Method):
@@ -134,7 +153,7 @@ class CAKE(Method):
         window_rows = view.rows[..., : view.length - w].double()
         entropy = -(window_rows * torch.log(window_rows + 1e-10)).sum().item()
         variance = _variance(window_rows).sum().item()
-        return max(entropy, 0.0) ** (1 / self.params.tau1) * max(variance, 0.0) ** (1 / self.params.tau2)
+        return preference(entropy, variance, self.params.tau1, self.params.tau2)
 
     @classmethod
     def allocate(cls, total, statistics, params, prompt_length=None):
@@ -143,13 +162,27 @@ class CAKE(Method):
         if prompt_length is not None and prompt_length <= total / layers + window:
             return split_total([1.0] * layers, total)
         prefix_cap = None if prompt_length is None else prompt_length - window
-        budgets = split_total(
-            [0.0 if p is None else p for p in statistics], total - layers * window, minimum=0, maximum=prefix_cap
-        )
+        weights = [0.0 if p is None else p for p in statistics]
+        top = max(weights, default=0.0)
+        if top > 0 and math.isfinite(top):  # proportions only: scaled so that their sum cannot overflow
+            weights = [w / top for w in weights]
+        budgets = split_total(weights, total - layers * window, minimum=0, maximum=prefix_cap)
         return [b + window for b in budgets]
 
 
 PROMPT_SCORE = "prompt_score"  # per_token key: the prompt indicator kept from prefill for the first decode cut
+_LOG_LARGEST = 700.0  # exp(700) ~ 1e304: the largest preference returned (a float reaches about 1.8e308)
+
+
+def preference(entropy: float, variance: float, tau1: float, tau2: float) -> float:
+    """P = H^(1/tau1) * V^(1/tau2) (negative H or V count as 0), computed in logs so that it never
+    raises OverflowError; a value beyond about 1e304 is returned as exp(700)."""
+    entropy, variance = max(entropy, 0.0), max(variance, 0.0)
+    if entropy == 0.0 or variance == 0.0 or math.isnan(entropy) or math.isnan(variance):
+        return entropy ** (1 / tau1) * variance ** (1 / tau2)  # 0, or NaN as before
+    if math.isinf(entropy) or math.isinf(variance):
+        return math.exp(_LOG_LARGEST)
+    return math.exp(min(math.log(entropy) / tau1 + math.log(variance) / tau2, _LOG_LARGEST))
 
 
 def _variance(rows: torch.Tensor) -> torch.Tensor:

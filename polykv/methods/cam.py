@@ -6,21 +6,30 @@ ICML 2024 (code: zyxxmu/cam, generate_task/streaming_llm/kv_cache_cam.py).
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from polykv.lazy import lazy_import
-from polykv.methods.base import Eviction, LayerView, Method, Needs, evict_lowest
+from polykv.methods.base import (
+    Eviction,
+    LayerView,
+    Method,
+    MethodParams,
+    Needs,
+    evict_lowest,
+    tokens,
+)
 from polykv.plan import Phase
 
 torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
 
 
-class CaMParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    sinks: int = Field(default=4, ge=0, description="first tokens always kept (attention sinks)")
-    merge_budget: int = Field(default=16, ge=1, description="kept tokens that share an evicted token's value")
-    seed: int = Field(default=0, description="seed of the Bernoulli merge draws (mixed with the layer index)")
+class CaMParams(MethodParams):
+    sinks: int = tokens(4, ge=0, description="first tokens always kept (attention sinks); below the capacity")
+    merge_budget: int = tokens(16, ge=1, description="kept tokens that share an evicted token's value")
+    seed: int = Field(
+        default=0, ge=0, le=2**63 - 1,
+        description="seed of the Bernoulli merge draws (mixed with the layer index); an integer, 0 .. 2^63 - 1",
+    )
 
 
 class CaM(Method):

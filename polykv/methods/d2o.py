@@ -7,10 +7,20 @@ LLM_merge_new/LMEval_kv_token_merge/modeling_llama3_7b_13b_d2o.py and modeling_l
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from polykv.lazy import lazy_import
-from polykv.methods.base import Eviction, LayerView, Method, Needs, evict_lowest, recent_mask, split_total
+from polykv.methods.base import (
+    Eviction,
+    LayerView,
+    Method,
+    MethodParams,
+    Needs,
+    Real,
+    evict_lowest,
+    real,
+    recent_mask,
+    split_total,
+    tokens,
+)
 from polykv.plan import Phase
 
 torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
@@ -19,12 +29,10 @@ torch = lazy_import("torch")  # loaded on first use: reading the registry needs 
 _SIMILARITY_BLOCK = 1 << 26
 
 
-class D2OParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    heavy_ratio: float = Field(default=0.5, gt=0.0, le=1.0, description="share of the capacity for heavy hitters")
-    sinks: int = Field(default=4, ge=0, description="first tokens always kept (forced into the heavy hitters)")
-    alpha: float = Field(default=0.5, ge=0.0, lt=1.0, description="EMA weight of the old merge threshold")
+class D2OParams(MethodParams):
+    heavy_ratio: Real = real(0.5, gt=0.0, le=1.0, description="share of the capacity for heavy hitters")
+    sinks: int = tokens(4, ge=0, description="first tokens always kept (forced into the heavy hitters); below the capacity")
+    alpha: Real = real(0.5, ge=0.0, lt=1.0, description="EMA weight of the old merge threshold")
 
 
 class D2O(Method):

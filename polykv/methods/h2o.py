@@ -7,19 +7,25 @@ for Efficient Generative Inference of Large Language Models." NeurIPS 2023, arXi
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from polykv.lazy import lazy_import
-from polykv.methods.base import Eviction, LayerView, Method, Needs, evict_lowest, recent_mask
+from polykv.methods.base import (
+    Eviction,
+    LayerView,
+    Method,
+    MethodParams,
+    Needs,
+    Real,
+    evict_lowest,
+    real,
+    recent_mask,
+)
 from polykv.plan import Phase
 
 torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
 
 
-class H2OParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    heavy_ratio: float = Field(default=0.5, gt=0.0, le=1.0, description="share of the capacity for heavy hitters")
+class H2OParams(MethodParams):
+    heavy_ratio: Real = real(0.5, gt=0.0, le=1.0, description="share of the capacity for heavy hitters")
 
 
 class H2O(Method):

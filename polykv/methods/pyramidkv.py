@@ -6,15 +6,17 @@ based on Pyramidal Information Funneling." arXiv:2406.02069 (code: Zefan-Cai/KVC
 
 from __future__ import annotations
 
-from pydantic import Field
-
-from polykv.methods.base import split_total
+from polykv.methods.base import Real, real, split_total, tokens
 from polykv.methods.snapkv import SnapKV, SnapKVParams
 
 
 class PyramidKVParams(SnapKVParams):
-    window: int = Field(default=8, ge=1, description="observation window (also kept in every layer)")
-    beta: float = Field(default=20.0, gt=1.0, description="top-to-bottom budget ratio of the pyramid")
+    window: int = tokens(8, ge=1, description="observation window (also kept in every layer); below the capacity")
+    beta: Real = real(
+        20.0, gt=1.0, le=1000.0,
+        description="top-to-bottom budget ratio of the pyramid (the authors' 20; at 1000 the top layers keep "
+        "about nothing beyond the window already)",
+    )
 
 
 class PyramidKV(SnapKV):

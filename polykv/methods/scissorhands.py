@@ -7,24 +7,42 @@ Importance Hypothesis for LLM KV Cache Compression at Test Time." NeurIPS 2023, 
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
 from polykv.lazy import lazy_import
-from polykv.methods.base import NOTHING, Eviction, LayerView, Method, Needs, evict_lowest, recent_mask
+from polykv.methods.base import (
+    NOTHING,
+    Eviction,
+    LayerView,
+    Method,
+    MethodParams,
+    Needs,
+    Real,
+    evict_lowest,
+    real,
+    recent_mask,
+    tokens,
+)
 from polykv.plan import Phase
 
 torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
 
 
-class ScissorhandsParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+# A history of up to this many queries is allowed at any capacity (the authors' 100 included).
+HISTORY_ALWAYS_ALLOWED = 128
 
-    history: int = Field(default=100, ge=1, description="queries whose importance judgements are counted")
-    recent: int = Field(default=10, ge=0, description="most recent tokens, never dropped")
-    importance_quantile: float = Field(
-        default=0.9, gt=0.0, lt=1.0, description="a token is important to a query at or above this quantile of its row"
+
+class ScissorhandsParams(MethodParams):
+    history: int = tokens(
+        100, ge=1,
+        description="queries whose importance judgements are counted; at most max(capacity + 1, "
+        f"{HISTORY_ALWAYS_ALLOWED})",
     )
-    drop_ratio: float = Field(default=0.1, gt=0.0, le=1.0, description="share of the capacity dropped at once (m)")
+    recent: int = tokens(10, ge=0, description="most recent tokens, never dropped; below the capacity")
+    importance_quantile: Real = real(
+        0.9, gt=0.0, lt=1.0, description="a token is important to a query at or above this quantile of its row"
+    )
+    drop_ratio: Real = real(0.1, gt=0.0, le=1.0, description="share of the capacity dropped at once (m)")
 
 
 class Scissorhands(Method):
@@ -57,6 +75,22 @@ class Scissorhands(Method):
     def __init__(self, capacity, params=None, layer_idx=0):
         super().__init__(capacity, params, layer_idx)
         self.cursor = 0  # ring-buffer column the next query's flags go to
+
+    @classmethod
+    def check_capacity(cls, params: BaseModel, capacity: int | None) -> list[str]:
+        """The window rule, and a history tied to the capacity: the flags take history bytes per slot
+        and KV head (the layer holds capacity + 1 slots at a decode step, the whole prompt at the end of
+        prefill) and the history's attention rows are computed over every slot, as a SnapKV window's are.
+        A history of up to HISTORY_ALWAYS_ALLOWED queries is allowed at any capacity."""
+        problems = super().check_capacity(params, capacity)
+        if capacity is not None:
+            limit = max(capacity + 1, HISTORY_ALWAYS_ALLOWED)
+            if params.history > limit:
+                problems.append(
+                    f"history ({params.history}) must be at most max(capacity + 1, {HISTORY_ALWAYS_ALLOWED}) = {limit} "
+                    f"(its flags take history bytes per cached token and KV head); allowed range 1 .. {limit}"
+                )
+        return problems
 
     def needs(self, phase: Phase, length: int) -> Needs:
         if self.capacity is None or (phase is Phase.PREFILL and length <= self.capacity):

@@ -8,21 +8,19 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from polykv.lazy import lazy_import
-from polykv.methods.base import Eviction, LayerView, Method, Needs
+from polykv.methods.base import Eviction, LayerView, Method, MethodParams, Needs, tokens
 from polykv.plan import Phase
 
 torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
 
 
-class SnapKVParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    window: int = Field(default=32, ge=1, description="observation window: the last prompt queries that vote")
-    kernel_size: int = Field(default=7, ge=1, description="1-D pooling kernel over the votes (odd keeps alignment)")
-    pooling: Literal["max", "avg"] = "max"
+class SnapKVParams(MethodParams):
+    window: int = tokens(32, ge=1, description="observation window: the last prompt queries that vote; below the capacity")
+    kernel_size: int = tokens(7, ge=1, description="1-D pooling kernel over the votes (odd keeps alignment)")
+    pooling: Literal["max", "avg"] = Field(default="max", description="pooling of the votes: 'max' or 'avg'")
 
 
 class SnapKV(Method):

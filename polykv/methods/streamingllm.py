@@ -6,16 +6,19 @@ arXiv:2309.17453 (code: mit-han-lab/streaming-llm).
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from polykv.methods.base import Eviction, LayerView, Method, evict_lowest
+from polykv.methods.base import (
+    Eviction,
+    LayerView,
+    Method,
+    MethodParams,
+    evict_lowest,
+    tokens,
+)
 from polykv.plan import Phase
 
 
-class StreamingLLMParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    sinks: int = Field(default=4, ge=0, description="first tokens always kept (attention sinks)")
+class StreamingLLMParams(MethodParams):
+    sinks: int = tokens(4, ge=0, description="first tokens always kept (attention sinks); below the capacity")
 
 
 class StreamingLLM(Method):

@@ -55,7 +55,8 @@ def output_cache(output) -> Cache | None:
 
 @contextmanager
 def routed(model: torch.nn.Module, plan: Plan) -> Iterator[RoutedSession]:
-    validate_plan(plan, num_layers_of(model))
+    config = model.config.get_text_config(decoder=True)
+    validate_plan(plan, config.num_hidden_layers, getattr(config, "max_position_embeddings", None))
     session = RoutedSession(model, plan)
     cache_name = cache_argument_name(model)
 
