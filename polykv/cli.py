@@ -7,7 +7,6 @@ set POLYKV_DEBUG=1 to see the traceback instead.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -36,12 +35,31 @@ ModelOption = Annotated[str, typer.Option("--model", "-m", help="'demo', a local
 
 def _num_layers(model: str) -> int:
     """Layer count from the model's config alone (no weights loaded)."""
-    from transformers import AutoConfig
+    from polykv.models import config_dimensions
 
-    from polykv.models import resolve_model_path
+    return config_dimensions(model).num_layers
 
-    config = AutoConfig.from_pretrained(resolve_model_path(model))
-    return config.get_text_config(decoder=True).num_hidden_layers
+
+def _checked_plan(path: Path, model: str) -> Plan:
+    """A plan file checked against the model's config (layers, context) before any weights load."""
+    from polykv.methods import validate_plan
+    from polykv.models import config_dimensions
+
+    dims = config_dimensions(model)
+    return validate_plan(Plan.load(path), dims.num_layers, dims.context_length)
+
+
+def _load_model(model: str, device: str):
+    """(model, tokenizer), saying on a terminal what is being loaded (it can take a while); quiet when
+    stderr is not a terminal, so scripts see only results and one-line errors."""
+    if sys.stderr.isatty():
+        typer.echo(f"loading model {model} on {device} ...", err=True)
+    from transformers.utils import logging as transformers_logging
+
+    from polykv.models import load_model
+
+    transformers_logging.disable_progress_bar()
+    return load_model(model, device=device)
 
 
 @app.command()
@@ -70,17 +88,12 @@ def generate(
 ) -> None:
     """Generate text with a plan and print the retained cache per layer."""
     import torch
-    from transformers.utils import logging as transformers_logging
 
-    from polykv.methods import validate_plan
-    from polykv.models import load_model
     from polykv.runtime import routed
     from polykv.runtime.routed import num_layers_of
 
-    routed_plan = Plan.load(plan)
-    transformers_logging.disable_progress_bar()
-    hf_model, tokenizer = load_model(model, device=device)
-    validate_plan(routed_plan, num_layers_of(hf_model))
+    routed_plan = _checked_plan(plan, model)  # bad input fails before the weights load
+    hf_model, tokenizer = _load_model(model, device)
     ids = tokenizer(prompt, return_tensors="pt").input_ids.to(device)
     torch.manual_seed(seed)
     sampling = {"do_sample": True, "temperature": temperature} if sample else {"do_sample": False}
@@ -120,9 +133,12 @@ def plan_validate(
     """Check a plan: methods known and phase-compatible, capacities, parameters, layer count."""
     from polykv.methods import validate_plan
 
+    from polykv.models import config_dimensions
+
     loaded = Plan.load(path)
-    num_layers = layers if layers is not None else (_num_layers(model) if model else None)
-    validate_plan(loaded, num_layers)
+    dims = config_dimensions(model) if model and layers is None else None
+    num_layers = layers if layers is not None else (dims.num_layers if dims else None)
+    validate_plan(loaded, num_layers, dims.context_length if dims else None)
     against = f" for a {num_layers}-layer model" if num_layers is not None else ""
     typer.echo(f"ok: {path} is a valid plan{against} ({loaded.num_layers} layers, scope {loaded.scope.value})")
 
@@ -156,21 +172,13 @@ def _suite_settings(suite: str, samples: int, tasks: Optional[str], prompt_token
                     model: Optional[str] = None):
     """A suite's settings: from --settings JSON, from the fidelity options (no --tasks: the model's default
     tasks), or the suite's defaults."""
-    from polykv.eval.backends import Unit
-    from polykv.eval.runner import SUITES
-    from polykv.eval.suites.fidelity import FidelitySettings, default_tasks
+    from polykv.eval.settings import suite_settings
+    from polykv.eval.suites.fidelity import default_tasks
 
-    if suite not in SUITES:
-        raise ValueError(f"unknown suite {suite!r} (suites: {', '.join(SUITES)})")
-    if settings_json is not None:
-        try:
-            return Unit("", "", suite, settings_json).settings()
-        except (json.JSONDecodeError, TypeError) as exc:
-            raise ValueError(f"--settings: not valid settings for the {suite} suite ({exc})") from None
-    if suite == "fidelity":
-        return FidelitySettings(tasks=tuple(t.strip() for t in tasks.split(",")) if tasks else default_tasks(model),
-                                samples_per_task=samples, prompt_tokens=prompt_tokens)
-    return SUITES[suite].Settings()
+    if settings_json is not None or suite != "fidelity":
+        return suite_settings(suite, settings_json)
+    chosen = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else list(default_tasks(model))
+    return suite_settings(suite, {"tasks": chosen, "samples_per_task": samples, "prompt_tokens": prompt_tokens})
 
 
 def _corpus_sources(sources: Optional[str], model: str) -> tuple[str, ...]:
@@ -205,8 +213,16 @@ def _parse_params(items: list[str]) -> dict:
     return params
 
 
-WorkspaceOption = Annotated[Path, typer.Option("--workspace", "-w", help="Where profiles (and runs) are kept.")]
-DEFAULT_WORKSPACE = Path(".polykv")
+def _workspace(value: Optional[Path]) -> Path:
+    from polykv.workspace import default_workspace
+
+    return value if value is not None else default_workspace()
+
+
+WorkspaceOption = Annotated[Optional[Path], typer.Option(
+    "--workspace", "-w", callback=_workspace, show_default=False,
+    help="Where profiles, runs and jobs are kept (default: $POLYKV_WORKSPACE, else .polykv/ in the repository).")]
+DEFAULT_WORKSPACE = None  # resolved by `_workspace` when the command runs
 
 
 @app.command()
@@ -224,15 +240,11 @@ def profile(
     fresh: Annotated[bool, typer.Option(help="Recompute even if this profile exists.")] = False,
 ) -> None:
     """Profile every layer x method x scope against FullKV (cosine, dPPL) and each layer's entropy."""
-    from transformers.utils import logging as transformers_logging
-
-    from polykv.models import load_model
     from polykv.profile.build import build_profile
     from polykv.profile.corpus import CorpusSpec
 
     spec = CorpusSpec(sources=_corpus_sources(sources, model), num_sequences=sequences, max_tokens=max_tokens, seed=seed)
-    transformers_logging.disable_progress_bar()
-    hf_model, tokenizer = load_model(model, device=device)
+    hf_model, tokenizer = _load_model(model, device)
     result = build_profile(model, hf_model, tokenizer, workspace / "profiles", spec, b_cal, scope.phases,
                            batch_size=batch_size, reuse=not fresh)
     table = result.table
@@ -270,14 +282,10 @@ def heterogeneity(
     device: str = "cpu",
 ) -> None:
     """Per layer: how many positions hold `coverage` of the first decoding query's attention."""
-    from transformers.utils import logging as transformers_logging
-
-    from polykv.models import load_model
     from polykv.profile.corpus import CorpusSpec, build_corpus
     from polykv.profile.heterogeneity import measure_heterogeneity
 
-    transformers_logging.disable_progress_bar()
-    hf_model, tokenizer = load_model(model, device=device)
+    hf_model, tokenizer = _load_model(model, device)
     spec = CorpusSpec(sources=_corpus_sources(sources, model), num_sequences=inputs, max_tokens=max_tokens, seed=seed)
     corpus = build_corpus(tokenizer, spec, model=hf_model)
     result = measure_heterogeneity(hf_model, corpus.sequences, coverage=coverage, bins=bins, seed=seed)
@@ -337,14 +345,14 @@ def evaluate(
     backend: Annotated[str, typer.Option(help="local, subprocess (detached, returns at once) or ray.")] = "local",
 ) -> None:
     """Evaluate a plan on a suite; results go to <workspace>/results.sqlite as they finish (resumable)."""
-    from transformers.utils import logging as transformers_logging
-
+    from polykv.errors import SettingsError
     from polykv.eval.backends import Unit
     from polykv.eval.runner import run_suite
     from polykv.eval.store import Store
-    from polykv.models import load_model
 
-    loaded = Plan.load(plan)
+    if backend not in ("local", "subprocess", "ray"):
+        raise SettingsError(f"unknown backend {backend!r} (backends: local, subprocess, ray)")
+    loaded = _checked_plan(plan, model)  # bad input fails before anything is written
     settings = _suite_settings(suite, samples, tasks, prompt_tokens, settings_json, model)
     store = Store(workspace / "results.sqlite")
     if backend == "subprocess":  # detached: this command returns at once; `polykv runs` shows progress
@@ -358,16 +366,13 @@ def evaluate(
 
         (run_id,) = RayBackend().run([Unit.of(model, loaded, suite, settings, seed, device)], store.path)
     elif backend == "local":
-        transformers_logging.disable_progress_bar()
-        hf_model, tokenizer = load_model(model, device=device)
+        hf_model, tokenizer = _load_model(model, device)
 
         def show(done: int, total: int, where: str) -> None:
             typer.echo(f"\r[{done}/{total}] {where}   ", nl=False, err=True)
 
         run_id = run_suite(store, model, hf_model, tokenizer, loaded, suite, settings, seed, progress=show)
         typer.echo("", err=True)
-    else:
-        raise ValueError(f"unknown backend {backend!r} (backends: local, subprocess, ray)")
     typer.echo(f"run {run_id}: {loaded.name} on {suite} ({model}), {store.run(run_id)['status']}")
     scores = store.task_scores(run_id)
     metrics = sorted({m for values in scores.values() for m in values})
@@ -379,7 +384,7 @@ def runs(workspace: WorkspaceOption = DEFAULT_WORKSPACE) -> None:
     """List the runs in the workspace's results database with their progress."""
     from polykv.eval.store import Store
 
-    store = Store(workspace / "results.sqlite")
+    store = Store(workspace / "results.sqlite", readonly=True)
     rows = [
         (r["id"], r["plan_name"], r["suite"], r["model"], r["status"], f"{r['done_samples']}/{r['total_samples']}", r["created"][:19])
         for r in store.runs()
@@ -399,7 +404,7 @@ def compare(
     from polykv.eval.compare import compare_runs
     from polykv.eval.store import Store
 
-    store = Store(workspace / "results.sqlite")
+    store = Store(workspace / "results.sqlite", readonly=True)
     ids = [r["id"] for r in store.runs()]
 
     def resolve(prefix: str) -> str:
@@ -425,17 +430,13 @@ app.add_typer(experiment_app, name="experiment")
 
 def _experiment_runner(model: str, suite: str, samples: int, tasks: Optional[str], prompt_tokens: int, metric: str,
                        seed: int, device: str, workspace: Path, backend: str = "local", settings_json: Optional[str] = None):
-    from transformers.utils import logging as transformers_logging
-
     from polykv.eval.experiments import Runner
     from polykv.eval.store import Store
-    from polykv.models import load_model
 
     if backend not in ("local", "ray"):
         raise ValueError(f"unknown backend {backend!r} (backends: local, ray)")
     settings = _suite_settings(suite, samples, tasks, prompt_tokens, settings_json, model)
-    transformers_logging.disable_progress_bar()
-    hf_model, tokenizer = load_model(model, device=device)
+    hf_model, tokenizer = _load_model(model, device)
     return Runner(Store(workspace / "results.sqlite"), model, hf_model, tokenizer, suite, settings, seed, metric,
                   progress=lambda name: typer.echo(f"run: {name}", err=True), backend=backend, device=device)
 
@@ -536,10 +537,12 @@ def experiment_sweep(
 
 
 def _parse_budgets(budgets: str) -> list[int]:
-    try:
-        return [int(b) for b in budgets.split(",") if b.strip()]
-    except ValueError:
-        raise ValueError(f"--budgets {budgets!r}: expected integers separated by commas") from None
+    from polykv.eval.settings import parse_budgets
+
+    levels = parse_budgets(budgets, "--budgets")
+    if not levels:
+        raise typer.BadParameter("give at least one budget, e.g. 64,128", param_hint="--budgets")
+    return levels
 
 
 @experiment_app.command("study")
@@ -593,11 +596,14 @@ def jobs_list(workspace: WorkspaceOption = DEFAULT_WORKSPACE) -> None:
     """Every job in the workspace, newest first, with its status and progress."""
     from polykv import jobs
 
+    found, damaged = jobs.scan_jobs(workspace)
     rows = []
-    for job in jobs.list_jobs(workspace):
+    for job in found:
         state = jobs.state(job, workspace)
         rows.append((job.id, job.kind, job.title, state.status, f"{state.fraction:.0%}", job.created[:19]))
     _table(("job", "kind", "title", "status", "done", "created"), rows)
+    for bad in damaged:  # one line each; the valid jobs above are listed all the same
+        typer.echo(f"damaged: {bad.path}: {bad.reason}")
 
 
 @jobs_app.command("cancel")
@@ -606,19 +612,21 @@ def jobs_cancel(job_id: Annotated[str, typer.Argument(help="Job id.")], workspac
     from polykv import jobs
 
     job = jobs.load_job(workspace, job_id)
-    jobs.cancel(job, workspace)
-    typer.echo(f"{job_id}: {jobs.state(job, workspace).status}")
+    signalled = jobs.cancel(job, workspace)  # signals only the job's own worker, and waits until it has exited
+    note = "" if signalled else " (no running worker of this job: nothing was signalled)"
+    typer.echo(f"{job_id}: {jobs.state(jobs.load_job(workspace, job_id), workspace).status}{note}")
 
 
 @jobs_app.command("resume")
 def jobs_resume(job_id: Annotated[str, typer.Argument(help="Job id.")], workspace: WorkspaceOption = DEFAULT_WORKSPACE) -> None:
     """Start a stopped, cancelled or failed job again; finished samples are not recomputed."""
     from polykv import jobs
+    from polykv.errors import JobError
 
     job = jobs.load_job(workspace, job_id)
-    if jobs.state(job, workspace).status in ("running", "finished"):
-        raise ValueError(f"job {job_id} is {jobs.state(job, workspace).status}: nothing to resume")
-    process = jobs.start(job, workspace)
+    if jobs.state(job, workspace).status == "finished":
+        raise JobError(f"job {job_id} is finished: nothing to resume")
+    process = jobs.start(job, workspace)  # JobError "still running ... cancel it first" while its worker runs
     typer.echo(f"{job_id}: started again in the background (pid {process.pid})")
 
 

@@ -2,57 +2,85 @@
 them (the web app, a CLI call). A job survives page reloads and app restarts because everything about
 it lives in files under `<workspace>/jobs/`:
 
-  <id>.json        what to do (written once by the starter, then only to record the pid or a cancel)
+  <id>.json        what to do (written once by the starter, then only to record the worker or a cancel)
   <id>.state.json  how far it got: status, fraction done, last message, error, result (the worker writes it)
   <id>.log         the worker's output
 
 An evaluation job runs its units one after another in one process (the model loads once) through
 `run_suite`, so progress per run is the store's sample count, and a stopped job resumes where it
-stopped when started again. A profile job runs `build_profile`. Cancelling sends SIGTERM to the job's
-process group; the worker records "cancelled" before it exits.
+stopped when started again. A profile job runs `build_profile`.
 
-Run a job file by hand with `python -m polykv.jobs run <workspace>/jobs/<id>.json`.
+A job file records its worker: pid, the process's start time and the host. A process counts as the
+job's worker only when all three match and its exact command line is the worker command for this
+job's file, so a job file that names some other process (edited by hand, or left over after the pid
+was reused) never gets that process signalled. Cancelling sends SIGTERM to that one process (the
+worker records "cancelled" before it exits), waits until it has exited, and kills it if it has not
+after the timeout. Every worker this process starts is waited for by a daemon thread, so none is left
+a zombie under a long-lived starter (the app server).
+
+Job files and state files are read with `polykv.files.read_json` and validated; a damaged one is
+reported (`scan_jobs`), never fatal. Job ids are checked wherever a user can give one.
+
+Run a job file by hand with `python -m polykv.jobs run <workspace>/jobs/<id>.json --workspace <workspace>`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import datetime
 import json
 import os
+import re
 import signal
+import socket
+import sqlite3
 import subprocess
 import sys
-import tempfile
+import threading
+import time
+import typing
 import uuid
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
+
+from polykv.errors import JobError, PolyKVError
 from polykv.eval.backends import Unit
-from polykv.eval.runner import run_id_for
 from polykv.eval.store import Store
-from polykv.methods import validate_plan
-from polykv.plan import Plan
+from polykv.files import atomic_write_json, read_json
+from polykv.plan import Phase, Plan
 
 FINAL = ("finished", "failed", "cancelled")
-_children: dict[int, subprocess.Popen] = {}  # processes this process started: polled so they are reaped
+MAX_JOB_BYTES = 16 * 1024 * 1024  # a job with thousands of runs is still far smaller; this bounds memory only
+MAX_STATE_BYTES = 1024 * 1024
+_children: dict[int, subprocess.Popen] = {}  # workers this process started (each also has a reaper thread)
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write then rename: a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def check_id(job_id: object) -> str:
+    """`job_id` when it is a valid job id (it names files, so no path segments); JobError otherwise."""
+    if isinstance(job_id, str) and _ID.fullmatch(job_id) and ".." not in job_id and not job_id.endswith(".state"):
+        return job_id
+    shown = repr(job_id)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    raise JobError(f"not a job id: {shown} (1 to 128 letters, digits, '.', '_' or '-', starting with a letter or "
+                   "digit; no '..', not ending in '.state')")
 
 
 @dataclass
@@ -75,14 +103,29 @@ class Job:
     created: str
     runs: list[RunUnit] = field(default_factory=list)
     profile: dict[str, Any] | None = None  # profile jobs: corpus (CorpusSpec dict), capacity, scopes
-    pid: int | None = None
+    pid: int | None = None  # the worker: its pid, start time (Linux clock ticks since boot) and host
+    pid_start: int | None = None
+    host: str | None = None
     cancelled: bool = False
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Job:
-        data = dict(data)
-        data["runs"] = [RunUnit(**r) for r in data.get("runs", [])]
-        return cls(**data)
+    def from_dict(cls, data: Any) -> Job:
+        """A job from its file's data, validated; JobError (one line) when it is not a job."""
+        try:
+            checked = _JobFile.model_validate(data)
+        except ValidationError as exc:
+            raise JobError(_describe(exc)) from None
+        values = checked.model_dump()
+        runs = [RunUnit(**r) for r in values.pop("runs")]
+        return cls(**values, runs=runs)
+
+
+@dataclass(frozen=True)
+class DamagedJob:
+    """A file in the jobs folder that is not a readable job, and why (one line)."""
+
+    path: Path
+    reason: str
 
 
 @dataclass
@@ -105,6 +148,101 @@ class JobState:
     runs: list[RunProgress]
 
 
+# ---- what a job file and a state file may hold ------------------------------------------------------
+def _unit_model() -> type[BaseModel]:
+    """The fields of `Unit` (taken from the dataclass, so the two cannot drift apart), strictly typed."""
+    hints = typing.get_type_hints(Unit)
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(Unit):
+        fields[f.name] = (hints[f.name], ... if f.default is dataclasses.MISSING else f.default)
+    return create_model("UnitFields", __config__=ConfigDict(extra="forbid", strict=True), **fields)
+
+
+_UnitFields = _unit_model()
+
+
+class _RunUnitFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    run_id: str = Field(min_length=1)
+    plan_name: str
+    label: dict[str, Any]
+    unit: _UnitFields  # type: ignore[valid-type]
+
+
+class _ProfileFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    corpus: dict[str, Any]
+    capacity: int | None = None
+    scopes: list[Literal[tuple(p.value for p in Phase)]] = Field(min_length=1)  # type: ignore[misc]
+
+
+class _JobFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    id: str
+    kind: Literal["eval", "profile"]
+    title: str
+    model: str
+    device: str
+    created: str
+    runs: list[_RunUnitFile] = Field(default_factory=list)
+    profile: _ProfileFile | None = None
+    pid: int | None = Field(default=None, gt=1)
+    pid_start: int | None = Field(default=None, ge=0)
+    host: str | None = None
+    cancelled: bool = False
+
+    @field_validator("id")
+    @classmethod
+    def _valid_id(cls, value: str) -> str:
+        try:
+            return check_id(value)
+        except JobError as exc:
+            raise ValueError(str(exc)) from None
+
+    @model_validator(mode="after")
+    def _kind_fits(self) -> _JobFile:
+        if self.kind == "eval" and not self.runs:
+            raise ValueError("an evaluation job needs at least one run")
+        if self.kind == "eval" and self.profile is not None:
+            raise ValueError("an evaluation job has no profile settings")
+        if self.kind == "profile" and (self.profile is None or self.runs):
+            raise ValueError("a profile job has profile settings and no runs")
+        return self
+
+
+class _StateFile(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # the worker may write more (started, updated)
+
+    status: Literal["running", "finished", "failed", "cancelled"]
+    fraction: float = Field(default=0.0, ge=0.0, le=1.0, allow_inf_nan=False)
+    message: str = ""
+    error: str | None = None
+    result: dict[str, Any] = Field(default_factory=dict)
+
+
+def _describe(exc: ValidationError) -> str:
+    """The first problem pydantic found, in one line (and how many more there are)."""
+    errors = exc.errors()
+    err = errors[0]
+    where = ".".join(str(x) for x in err.get("loc", ())) or "job"
+    kind = err.get("type")
+    if kind == "missing":
+        msg = "required field is missing"
+    elif kind == "extra_forbidden":
+        msg = "unknown field"
+    elif kind in ("model_type", "model_attributes_type", "dict_type", "dataclass_type"):
+        msg = f"should be a JSON object (got {json.dumps(err.get('input'), default=str)[:60]})"
+    else:
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        if "input" in err and kind != "value_error":
+            msg = f"{msg} (got {json.dumps(err['input'], default=str)[:60]})"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{where}: {msg}".splitlines()[0][:300] + more
+
+
 # ---- building and starting jobs ----------------------------------------------------------------------
 def _new_id(kind: str) -> str:
     return f"{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}-{kind}-{uuid.uuid4().hex[:6]}"
@@ -112,6 +250,9 @@ def _new_id(kind: str) -> str:
 
 def eval_job(units: list[tuple[dict[str, Any], Unit]], title: str) -> Job:
     """A job that runs `units` (each with its label) in order; they must share model and device."""
+    from polykv.eval.runner import run_id_for
+    from polykv.methods import validate_plan
+
     if not units:
         raise ValueError("an evaluation job needs at least one run")
     models = {(u.model, u.device) for _, u in units}
@@ -136,82 +277,274 @@ def jobs_dir(workspace: Path) -> Path:
 
 
 def _spec_path(workspace: Path, job_id: str) -> Path:
-    return jobs_dir(workspace) / f"{job_id}.json"
+    return jobs_dir(workspace) / f"{check_id(job_id)}.json"
+
+
+def _worker_argv(workspace: Path, job_id: str) -> list[str]:
+    """The worker command for this job's file: what `start` runs and what `_alive` recognises."""
+    workspace = Path(workspace)
+    return [sys.executable, "-m", "polykv.jobs", "run", str(_spec_path(workspace, job_id).resolve()),
+            "--workspace", str(workspace.resolve())]
 
 
 def save_job(job: Job, workspace: Path) -> Path:
     path = _spec_path(workspace, job.id)
-    _write_json(path, asdict(job))
+    atomic_write_json(path, asdict(job))
     return path
+
+
+@contextlib.contextmanager
+def _start_lock(workspace: Path, job_id: str) -> Iterator[None]:
+    """Serialise starts of one job (two Resume clicks, the app and the CLI) on this machine."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        yield
+        return
+    folder = jobs_dir(workspace)
+    folder.mkdir(parents=True, exist_ok=True)
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(folder / f".{check_id(job_id)}.lock", flags, 0o644)
+    except OSError as exc:
+        raise JobError(f"job {job_id}: cannot lock it to start ({exc.strerror or exc.__class__.__name__})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _reap_in_background(process: subprocess.Popen) -> None:
+    """Wait for `process` in a daemon thread, so it is reaped the moment it exits (no zombie)."""
+
+    def reap() -> None:
+        with contextlib.suppress(Exception):
+            process.wait()
+        if _children.get(process.pid) is process:  # its pid may now go to another process
+            del _children[process.pid]
+
+    threading.Thread(target=reap, name=f"polykv-job-reaper-{process.pid}", daemon=True).start()
 
 
 def start(job: Job, workspace: Path) -> subprocess.Popen:
     """Save `job` and start its worker, detached (own session), output to its log. Starting a stopped
-    job again resumes it: finished samples are not recomputed."""
+    job again resumes it: finished samples are not recomputed. JobError while its worker still runs."""
     workspace = Path(workspace)
-    job.cancelled = False
-    path = save_job(job, workspace)
-    if _read_state(workspace, job.id).get("status") != "finished":  # a fresh start: forget how the last one ended
-        path.with_suffix(".state.json").unlink(missing_ok=True)
-    log = open(path.with_suffix(".log"), "ab")  # noqa: SIM115 - the child keeps it open
-    try:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "polykv.jobs", "run", str(path.resolve()), "--workspace", str(workspace.resolve())],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-        )
-    finally:
-        log.close()
-    _children[process.pid] = process
-    job.pid = process.pid
-    save_job(job, workspace)
+    path = _spec_path(workspace, job.id)
+    with _start_lock(workspace, job.id):
+        try:
+            saved: Job | None = _job_from_file(path) if path.exists() else None
+        except JobError:
+            saved = None  # a damaged file names no worker we could verify; it is replaced below
+        for known in (saved, job):
+            if known is not None and _alive(known, workspace):
+                raise JobError(f"job {job.id} is still running (pid {known.pid}): cancel it first")
+        log_path = path.with_suffix(".log")
+        if log_path.exists() and not log_path.is_file():
+            raise JobError(f"job {job.id}: its log {log_path} is not a regular file")
+        job.cancelled, job.pid, job.pid_start, job.host = False, None, None, None
+        save_job(job, workspace)
+        if _read_state(workspace, job.id).get("status") != "finished":  # a fresh start: forget how the last one ended
+            try:
+                path.with_suffix(".state.json").unlink(missing_ok=True)
+            except OSError as exc:
+                raise JobError(f"job {job.id}: cannot remove its old state file ({exc.strerror or exc})") from None
+        log = open(log_path, "ab")  # noqa: SIM115 - the child keeps it open
+        try:
+            process = subprocess.Popen(_worker_argv(workspace, job.id), stdout=log, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            log.close()
+        _children[process.pid] = process
+        job.pid, job.host = process.pid, socket.gethostname()
+        stat = _proc_stat(process.pid)
+        job.pid_start = stat[1] if stat else None
+        _reap_in_background(process)  # after reading its start time: a reaped pid has no /proc entry
+        save_job(job, workspace)
     return process
 
 
 # ---- reading jobs ------------------------------------------------------------------------------------
+def _job_from_file(path: Path) -> Job:
+    """The job in `path`; JobError whose one line says what is wrong (without the path)."""
+    prefix = f"{path}: "
+    try:
+        data = read_json(path, "job file", max_bytes=MAX_JOB_BYTES, error=JobError)
+    except JobError as exc:
+        raise JobError(str(exc).removeprefix(prefix)) from None
+    job = Job.from_dict(data)
+    if path.name != f"{job.id}.json":
+        raise JobError(f"its id {job.id!r} is not its file name")
+    return job
+
+
 def load_job(workspace: Path, job_id: str) -> Job:
+    """The job `job_id` of `workspace`; JobError (one line) for a bad id, a missing or a damaged job."""
     path = _spec_path(workspace, job_id)
-    if not path.is_file():
-        raise ValueError(f"no job {job_id!r} in {workspace}")
-    return Job.from_dict(json.loads(path.read_text()))
+    if not os.path.lexists(path):
+        raise JobError(f"no job {job_id!r} in {workspace}")
+    try:
+        return _job_from_file(path)
+    except JobError as exc:
+        raise JobError(f"job {job_id}: damaged job file {path}: {exc}") from None
+
+
+def scan_jobs(workspace: Path) -> tuple[list[Job], list[DamagedJob]]:
+    """The jobs of the workspace, newest first, and the files in its jobs folder that are not jobs."""
+    folder = jobs_dir(workspace)
+    try:
+        names = sorted(os.listdir(folder))
+    except FileNotFoundError:
+        return [], []
+    except OSError as exc:
+        return [], [DamagedJob(folder, f"cannot read the jobs folder ({exc.strerror or exc.__class__.__name__})")]
+    found, damaged = [], []
+    for name in names:
+        if not name.endswith(".json") or name.endswith(".state.json") or name.startswith("."):
+            continue
+        path = folder / name
+        try:
+            check_id(name[: -len(".json")])
+            found.append(_job_from_file(path))
+        except JobError as exc:
+            damaged.append(DamagedJob(path, str(exc)))
+    return sorted(found, key=lambda j: j.created + j.id, reverse=True), damaged
 
 
 def list_jobs(workspace: Path) -> list[Job]:
-    """Every job in the workspace, newest first (unreadable files are skipped, never fatal)."""
-    out = []
-    for path in jobs_dir(workspace).glob("*.json"):
-        if path.name.endswith(".state.json") or path.name.startswith("."):
-            continue
-        try:
-            out.append(Job.from_dict(json.loads(path.read_text())))
-        except (OSError, ValueError, TypeError):
-            continue
-    return sorted(out, key=lambda j: j.created + j.id, reverse=True)
+    """Every valid job in the workspace, newest first (damaged files: `scan_jobs`)."""
+    return scan_jobs(workspace)[0]
 
 
-def _alive(job: Job) -> bool:
-    if job.pid is None:
-        return False
-    child = _children.get(job.pid)
-    if child is not None and child.poll() is not None:
-        return False
-    try:  # a live process whose command line names this job (pids get reused)
-        return job.id in Path(f"/proc/{job.pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        if not Path("/proc").is_dir():
-            try:
-                os.kill(job.pid, 0)
-                return True
-            except OSError:
-                return False
-        return False
+# ---- is the worker alive, and is it ours -------------------------------------------------------------
+def _have_proc() -> bool:
+    return os.path.isdir("/proc/self")
 
 
-def _read_state(workspace: Path, job_id: str) -> dict[str, Any]:
-    path = _spec_path(workspace, job_id).with_suffix(".state.json")
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, start time) of `pid` from /proc/<pid>/stat; None when there is no such process (or no /proc)."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    _, paren, rest = raw.rpartition(b")")  # field 2, the command name, may hold spaces and ')'
+    fields = rest.split()
+    if not paren or len(fields) < 20:
+        return None
+    try:
+        return fields[0].decode(), int(fields[19])  # fields 3 (state) and 22 (starttime)
+    except ValueError:
+        return None
+
+
+def _cmdline(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    parts = raw.split(b"\0")
+    if parts and parts[-1] == b"":  # each argument ends in NUL
+        parts.pop()
+    return [os.fsdecode(p) for p in parts]
+
+
+def _alive(job: Job, workspace: Path) -> bool:
+    """True only when the job's recorded worker runs, here, and is this job's worker: same pid, same
+    start time, on this host, with the exact worker command for this job's file (the python may differ)."""
+    pid = job.pid
+    if type(pid) is not int or pid <= 1 or pid == os.getpid() or job.host != socket.gethostname():
+        return False
+    child = _children.get(pid)
+    if child is not None and child.poll() is not None:
+        return False  # ours, and it has exited
+    if not _have_proc():
+        try:
+            os.kill(pid, 0)
+        except OSError:  # gone, or someone else's (PermissionError): not our worker
+            return False
+        return True
+    before = _proc_stat(pid)
+    if before is None or before[0] in ("Z", "X") or job.pid_start is None or before[1] != job.pid_start:
+        return False
+    argv = _cmdline(pid)
+    if argv is None or argv[1:] != _worker_argv(workspace, job.id)[1:]:
+        return False
+    after = _proc_stat(pid)  # the same process still (not a new one that got the pid between the reads)
+    return after is not None and after[1] == job.pid_start and after[0] not in ("Z", "X")
+
+
+def _exited(job: Job) -> bool:
+    """The recorded worker is no longer running (gone, a zombie, or its pid now belongs to another process)."""
+    if not _have_proc():
+        try:
+            os.kill(job.pid, 0)
+        except OSError:
+            return True
+        return False
+    stat = _proc_stat(job.pid)
+    return stat is None or stat[0] in ("Z", "X") or stat[1] != job.pid_start
+
+
+def _wait_exited(job: Job, timeout: float) -> bool:
+    deadline = time.monotonic() + max(0.0, timeout)
+    child = _children.get(job.pid)
+    if child is not None and child.returncode is None:  # ours: wait until it is reaped (by its reaper or here)
+        try:
+            child.wait(timeout=max(0.0, deadline - time.monotonic()))
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    while not _exited(job):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _signal(job: Job, workspace: Path, signum: int) -> bool:
+    """Send `signum` to the job's worker if, and only if, it is verifiably ours; True when sent."""
+    pidfd = None
+    if hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal") and type(job.pid) is int and job.pid > 1:
+        try:  # a handle on this very process: the check below and the signal cannot hit a reused pid
+            pidfd = os.pidfd_open(job.pid)
+        except OSError:
+            pidfd = None
+    try:
+        if not _alive(job, workspace):
+            return False
+        if pidfd is not None:
+            signal.pidfd_send_signal(pidfd, signum)
+        else:
+            os.kill(job.pid, signum)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+# ---- where a job stands --------------------------------------------------------------------------------
+def _read_state(workspace: Path, job_id: str) -> dict[str, Any]:
+    """The worker's state file, validated; {} when there is none or it is damaged (never raises)."""
+    path = _spec_path(workspace, job_id).with_suffix(".state.json")
+    if not os.path.lexists(path):
         return {}
+    try:
+        return _StateFile.model_validate(read_json(path, "job state file", max_bytes=MAX_STATE_BYTES, error=JobError)).model_dump()
+    except (PolyKVError, ValidationError, OSError):
+        return {}
+
+
+def _progress(workspace: Path, run_ids: list[str]) -> dict[str, tuple[int, int, str]]:
+    path = Path(workspace) / "results.sqlite"
+    if not path.is_file():
+        return {}
+    try:
+        return Store(path, readonly=True).progress(run_ids)
+    except (PolyKVError, sqlite3.Error, OSError):
+        return {}  # a damaged store: no progress to show (the runs themselves report the damage)
 
 
 def state(job: Job, workspace: Path) -> JobState:
@@ -220,47 +553,55 @@ def state(job: Job, workspace: Path) -> JobState:
     written = _read_state(workspace, job.id)
     runs: list[RunProgress] = []
     if job.kind == "eval":
-        progress = Store(workspace / "results.sqlite").progress([r.run_id for r in job.runs])
+        progress = _progress(workspace, [r.run_id for r in job.runs])
         for r in job.runs:
             done, total, status = progress.get(r.run_id, (0, None, "waiting"))
             runs.append(RunProgress(r.run_id, r.plan_name, r.label, done, total, status))
-        fraction = sum(1.0 if r.status == "finished" else r.done / r.total if r.total else 0.0 for r in runs) / len(runs)
+        parts = [1.0 if r.status == "finished" else min(1.0, r.done / r.total) if r.total else 0.0 for r in runs]
+        fraction = sum(parts) / len(parts) if parts else 0.0
     else:
         fraction = float(written.get("fraction", 0.0))
     status = written.get("status", "waiting")
     if status not in FINAL:
         if job.cancelled:
             status = "cancelled"
-        elif _alive(job):
+        elif _alive(job, workspace):
             status = "running"
         elif job.pid is not None:
             status = "stopped"
     return JobState(status, fraction, written.get("message", ""), written.get("error"), written.get("result", {}), runs)
 
 
-def cancel(job: Job, workspace: Path) -> None:
-    """Stop the job's process group (the worker records "cancelled"); a finished job is left alone."""
-    if _alive(job):
-        try:
-            os.killpg(job.pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
-        child = _children.get(job.pid)
-        if child is not None:
-            try:
-                child.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(job.pid, signal.SIGKILL)
-    job.cancelled = True
-    save_job(job, workspace)
+def cancel(job: Job, workspace: Path, timeout: float = 10.0) -> bool:
+    """Stop the job's worker and record the cancel in its file; True when a worker was signalled.
+
+    Only a process verified to be this job's worker is signalled: SIGTERM (the worker records
+    "cancelled"), then up to `timeout` seconds for it to exit, then SIGKILL. Returns once it has exited."""
+    workspace = Path(workspace)
+    try:
+        current = load_job(workspace, job.id)  # the file names the latest worker (a resume may have started one)
+    except JobError:
+        current = job
+    signalled = False
+    for known in [current] if current is job else [current, job]:
+        if _signal(known, workspace, signal.SIGTERM):
+            signalled = True
+            if not _wait_exited(known, timeout) and _signal(known, workspace, signal.SIGKILL):
+                _wait_exited(known, 5.0)
+            break
+    current.cancelled = job.cancelled = True
+    save_job(current, workspace)
+    return signalled
 
 
 def log_tail(job: Job, workspace: Path, lines: int = 20) -> str:
     path = _spec_path(workspace, job.id).with_suffix(".log")
     try:
+        if not path.is_file():  # a FIFO or a device there would block or never end
+            return ""
         with open(path, "rb") as f:
-            f.seek(max(0, path.stat().st_size - 16_384))
-            text = f.read().decode(errors="replace")
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 16_384))
+            text = f.read(16_384).decode(errors="replace")
     except OSError:
         return ""
     return "\n".join(text.replace("\r", "\n").splitlines()[-lines:])
@@ -282,7 +623,7 @@ def _run(job: Job, workspace: Path) -> None:
 
     def report(**changes: Any) -> None:
         current.update(changes, updated=_now())
-        _write_json(state_path, current)
+        atomic_write_json(state_path, current)
         if "message" in changes:
             print(f"[{current['fraction']:6.1%}] {current['message']}", flush=True)
 
@@ -341,7 +682,11 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--workspace", type=Path, required=True)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _on_sigterm)
-    job = Job.from_dict(json.loads(args.spec.read_text()))
+    try:
+        job = _job_from_file(args.spec)
+    except JobError as exc:
+        print(f"error: {args.spec}: {exc}", file=sys.stderr)
+        return 2
     _run(job, args.workspace)
     return 0
 
@@ -350,5 +695,5 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["Job", "JobState", "RunProgress", "RunUnit", "cancel", "eval_job", "list_jobs", "load_job", "log_tail",
-           "profile_job", "save_job", "start", "state"]
+__all__ = ["DamagedJob", "Job", "JobState", "RunProgress", "RunUnit", "cancel", "check_id", "eval_job", "list_jobs",
+           "load_job", "log_tail", "profile_job", "save_job", "scan_jobs", "start", "state"]

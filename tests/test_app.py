@@ -277,7 +277,7 @@ def test_runs_page_refuses_bad_settings_and_budgets_inline(env):
     [t for t in at.text_input if t.label == "Budgets"][0].set_value("16, x")
     button(at, "Launch").click()
     at.run()
-    assert "Not launched: budgets are whole numbers separated by commas (got 'x')" in texts(at.error)
+    assert "Not launched: budgets are positive whole numbers separated by commas, e.g. 64,128 (got 'x')" in texts(at.error)
     assert jobs.list_jobs(env / "ws") == []
 
 

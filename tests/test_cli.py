@@ -146,3 +146,20 @@ def test_plan_homogeneous_writes_a_valid_plan(tmp_path, polykv):
     bad = polykv("plan", "homogeneous", "h2o", "--capacity", "16", "--layers", "5", "-P", "heavy_ratio=2",
                  "-o", str(out))
     assert_one_line_error(bad, "params.heavy_ratio: h2o: Input should be less than or equal to 1")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["plan", "validate", str(REPO / "plans" / "demo" / "mixed.json")], ["plan", "show", str(REPO / "plans" / "demo" / "mixed.json")],
+     ["methods"], ["runs"], ["jobs", "list"]],
+    ids=["help", "plan-validate", "plan-show", "methods", "runs", "jobs-list"],
+)
+def test_commands_that_touch_no_tensor_import_neither_torch_nor_transformers(argv, tmp_path):
+    # -X importtime lists every module whose code ran; a lazily registered torch never runs.
+    env = {**os.environ, "POLYKV_WORKSPACE": str(tmp_path / "ws")}
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "polykv.cli", *argv], capture_output=True,
+                            text=True, env=env, cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
+    assert "torch" not in imported and "transformers" not in imported and "pandas" not in imported
+    assert not (tmp_path / "ws").exists()  # reading commands create no workspace

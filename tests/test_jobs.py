@@ -113,14 +113,17 @@ def test_a_profile_job_writes_a_profile_and_reports_it(workspace):
     assert json.loads(state_file.read_text())["status"] == "finished"
 
 
-def test_a_failing_job_records_its_error_in_one_line(workspace):
+def test_a_failing_job_records_its_error_in_one_line(workspace, tmp_path):
     from polykv.profile.corpus import CorpusSpec
 
-    spec = CorpusSpec(sources=("file:/no/such/file.txt",), num_sequences=1, max_tokens=96)
+    text = tmp_path / "vanishing.txt"
+    text.write_text("Once upon a time. " * 50)
+    spec = CorpusSpec(sources=(f"file:{text}",), num_sequences=1, max_tokens=96)  # checked: the file exists
     job = jobs.profile_job("demo", "cpu", spec.to_dict(), None, ["decode"], "bad corpus")
+    text.unlink()  # gone before the worker reads it
     assert jobs.start(job, workspace).wait(timeout=300) != 0
     state = jobs.state(job, workspace)
-    assert state.status == "failed" and "\n" not in state.error and "/no/such/file.txt" in state.error
+    assert state.status == "failed" and "\n" not in state.error and f"no such file {text}" in state.error
 
 
 def test_cli_lists_jobs_and_refuses_unknown_ones_in_one_line(workspace, polykv):  # noqa: F811

@@ -5,13 +5,18 @@ import streamlit as st
 
 from app import charts, common
 from polykv import jobs
+from polykv.errors import StoreError
 from polykv.eval.compare import compare_runs, direction, metrics_of, placement_summary, suite_score, sweep_table
 from polykv.eval.store import Store
 
 st.title("Compare")
 workspace = common.workspace()
-store = Store(workspace / "results.sqlite")
-finished = [r for r in reversed(store.runs()) if r["status"] == "finished"]
+try:  # read-only: opening the page never creates or changes the results database
+    store = Store(workspace / "results.sqlite", readonly=True)
+    finished = [r for r in reversed(store.runs()) if r["status"] == "finished"]
+except StoreError as exc:
+    st.error(common.first_line(exc))
+    st.stop()
 if not finished:
     st.info("No finished run yet: launch one on the Runs page.")
     st.stop()

@@ -4,6 +4,7 @@ import streamlit as st
 
 from app import charts, common
 from polykv import jobs
+from polykv.errors import PolyKVError
 from polykv.plan import Scope
 from polykv.profile.corpus import KNOWN_SOURCES, CorpusSpec, default_sources
 from polykv.profile.store import refresh_command
@@ -31,11 +32,15 @@ with st.expander("Compute a profile", expanded=not root.is_dir()):
             if not sources:
                 st.error("Choose at least one source.")
             else:
-                spec = CorpusSpec(sources=tuple(sources), num_sequences=int(sequences), max_tokens=int(max_tokens))
-                job = jobs.profile_job(name, device, spec.to_dict(), int(b_cal) or None,
-                                       [p.value for p in Scope(scope).phases], f"profile {name}")
-                jobs.start(job, workspace)
-                st.rerun()
+                try:
+                    spec = CorpusSpec(sources=tuple(sources), num_sequences=int(sequences), max_tokens=int(max_tokens))
+                    job = jobs.profile_job(name, device, spec.to_dict(), int(b_cal) or None,
+                                           [p.value for p in Scope(scope).phases], f"profile {name}")
+                    jobs.start(job, workspace)
+                except (PolyKVError, ValueError) as exc:
+                    st.error(f"Not started: {common.first_line(exc)}")
+                else:
+                    st.rerun()
 
 
 profile_jobs = [j for j in jobs.list_jobs(workspace) if j.kind == "profile" and j.model == name][:3]
@@ -54,8 +59,12 @@ def profile_progress():
             continue
         st.progress(min(1.0, state.fraction), text=f"{job.id}: {state.status}" + (f" - {state.message}" if state.message else ""))
         if state.status == "running" and st.button("Cancel", key=f"cancel_{job.id}"):
-            jobs.cancel(job, workspace)
-            st.rerun()
+            try:
+                jobs.cancel(job, workspace)
+            except PolyKVError as exc:
+                st.error(common.first_line(exc))
+            else:
+                st.rerun()
 
 
 profile_progress()

@@ -7,10 +7,12 @@ import streamlit as st
 
 from app import common
 from polykv import jobs
+from polykv.errors import PolyKVError
 from polykv.eval.backends import Unit
 from polykv.eval.experiments import baseline_methods, launch_plans, plan_budget
 from polykv.eval.runner import SUITES
-from polykv.eval.store import Store
+from polykv.eval.settings import parse_budgets, suite_settings
+from polykv.eval.store import Store, StoreError
 from polykv.eval.suites.fidelity import default_tasks
 
 st.title("Runs")
@@ -49,16 +51,12 @@ with st.form("launch_form"):
 
 if launched:
     try:
-        budgets = []
-        for item in filter(None, budgets_text.replace(" ", "").split(",")):
-            if not item.isdigit() or int(item) < 1:
-                raise ValueError(f"budgets are whole numbers separated by commas (got {item!r})")
-            budgets.append(int(item))
-        settings = Unit("", "", suite, settings_text).settings()
+        budgets = parse_budgets(budgets_text)
+        settings = suite_settings(suite, settings_text)
         labelled = launch_plans(plan, budgets, baselines, int(placements), int(seed))
         units = [(label, Unit.of(name, p, suite, settings, int(seed), device)) for label, p in labelled]
         job = jobs.eval_job(units, f"{plan.name} on {suite}" + (f" + {len(units) - 1} more" if len(units) > 1 else ""))
-    except (ValueError, TypeError) as exc:
+    except (PolyKVError, ValueError) as exc:
         st.error(f"Not launched: {common.first_line(exc)}")
     else:
         jobs.start(job, workspace)
@@ -68,8 +66,14 @@ if "runs_flash" in st.session_state:
     st.success(st.session_state.pop("runs_flash"))
 
 # ---- jobs (polled while any runs) -----------------------------------------------------------------------
+# Cancel and Resume refuse with a JobError (or a FileError when the job file cannot be written)
+from polykv.errors import PolyKVError as _JobsError
+
 st.subheader("Jobs")
-all_jobs = [j for j in jobs.list_jobs(workspace) if j.kind == "eval"]
+all_jobs, damaged_jobs = jobs.scan_jobs(workspace)
+all_jobs = [j for j in all_jobs if j.kind == "eval"]
+for damaged in damaged_jobs:  # listed, never fatal: the valid jobs below still show
+    st.warning(f"Damaged job file {damaged.path.name}: {damaged.reason}")
 running_at_load = {j.id for j in all_jobs if jobs.state(j, workspace).status == "running"}
 
 
@@ -93,11 +97,19 @@ def job_list():
                 st.error(state.error)
             buttons = st.columns(6)
             if state.status == "running" and buttons[0].button("Cancel", key=f"cancel_{job.id}"):
-                jobs.cancel(job, workspace)
-                st.rerun()
+                try:  # waits until the worker has exited
+                    jobs.cancel(job, workspace)
+                except _JobsError as exc:
+                    st.error(f"Not cancelled: {common.first_line(exc)}")
+                else:
+                    st.rerun()
             if state.status in ("stopped", "cancelled", "failed") and buttons[0].button("Resume", key=f"resume_{job.id}"):
-                jobs.start(job, workspace)
-                st.rerun()
+                try:
+                    jobs.start(job, workspace)
+                except _JobsError as exc:  # e.g. its worker still runs
+                    st.error(f"Not resumed: {common.first_line(exc)}")
+                else:
+                    st.rerun()
             with st.expander("Log"):
                 st.code(jobs.log_tail(job, workspace) or "(empty)", language=None)
 
@@ -106,15 +118,19 @@ job_list()
 
 # ---- results ----------------------------------------------------------------------------------------------
 st.subheader("Runs in the results database")
-store = Store(workspace / "results.sqlite")
 rows = []
-for run in reversed(store.runs()):
-    row = {"run": run["id"], "plan": run["plan_name"], "suite": run["suite"], "model": run["model"],
-           "status": run["status"], "samples": f"{run['done_samples']}/{run['total_samples']}", "created": run["created"][:19]}
-    scores = store.task_scores(run["id"])
-    for metric in sorted({m for values in scores.values() for m in values}):
-        row[metric] = sum(v[metric] for v in scores.values()) / len(scores)
-    rows.append(row)
+try:  # read-only: showing the runs never creates or changes the results database
+    store = Store(workspace / "results.sqlite", readonly=True)
+    for run in reversed(store.runs()):
+        row = {"run": run["id"], "plan": run["plan_name"], "suite": run["suite"], "model": run["model"],
+               "status": run["status"], "samples": f"{run['done_samples']}/{run['total_samples']}", "created": run["created"][:19]}
+        scores = store.task_scores(run["id"])
+        for metric in sorted({m for values in scores.values() for m in values}):
+            row[metric] = sum(v[metric] for v in scores.values()) / len(scores)
+        rows.append(row)
+except StoreError as exc:
+    st.error(common.first_line(exc))
+    st.stop()
 if rows:
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
     st.caption("Scores are macro-averages over tasks; compare runs task by task on the Compare page.")

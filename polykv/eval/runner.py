@@ -84,7 +84,7 @@ def run_suite(
         versions={"polykv": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
                   "python": platform.python_version(), "revisions": code_revisions(plan, suite)},
     )
-    store.set_status(run_id, "running")
+    store.set_running(run_id)  # this process is its worker now (a killed worker's run reads as "stopped")
     done = store.done(run_id)
     try:
         for index, (task, sample, ids) in enumerate(samples):

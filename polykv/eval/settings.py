@@ -64,7 +64,7 @@ def parse_budgets(text: str | None, what: str = "budgets") -> list[int]:
         if not item:
             continue
         if not item.isdigit() or int(item) < 1 or len(item) > 9:
-            raise SettingsError(f"{what}: positive whole numbers separated by commas, e.g. 64,128 (got {item!r})")
+            raise SettingsError(f"{what} are positive whole numbers separated by commas, e.g. 64,128 (got {item!r})")
         budgets.append(int(item))
     return budgets
 

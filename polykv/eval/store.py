@@ -3,17 +3,40 @@
 Each finished sample is committed as soon as it is scored, so a killed run resumes where it stopped
 and a finished run is never recomputed. Other processes (the app) can read progress at any time: WAL
 lets readers see committed rows while a run writes.
+
+`Store(path)` opens the file for writing: it creates the file (and its folder) when missing, sets WAL
+mode and brings an older schema up to date. `Store(path, readonly=True)` is for whoever only reads
+(`polykv runs`, `polykv compare`, the app's pages): it never creates or changes anything, reads a
+missing file as an empty database and works in a read-only workspace (where SQLite cannot create the
+WAL's `-shm` file it opens the file as immutable).
+
+The schema version is SQLite's `user_version`: 0 with the three tables is a database written before
+versions were recorded (version 1, read as it is and migrated when opened for writing). A newer
+version, a damaged file, a foreign SQLite database and every SQLite failure become a one-line
+`StoreError` naming the file.
+
+A run records the process that executes it (pid, host, the process's start time). A run stored as
+"running" whose worker is gone (on this host: no such process, or the pid now belongs to another
+process) is reported as "stopped": it was killed and can be resumed.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import os
+import socket
 import sqlite3
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from polykv.errors import StoreError
+
+SCHEMA_VERSION = 2
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -30,7 +53,10 @@ CREATE TABLE IF NOT EXISTS runs (
     versions TEXT NOT NULL,
     created TEXT NOT NULL,
     finished TEXT,
-    error TEXT
+    error TEXT,
+    worker_pid INTEGER,
+    worker_host TEXT,
+    worker_started TEXT
 );
 CREATE TABLE IF NOT EXISTS samples (
     run_id TEXT NOT NULL REFERENCES runs(id),
@@ -51,40 +77,300 @@ CREATE TABLE IF NOT EXISTS task_scores (
 );
 """
 
+TABLES = ("runs", "samples", "task_scores")
+# Columns added by each schema version (over the one before): (version, table, column, declaration).
+MIGRATIONS = (
+    (2, "runs", "worker_pid", "INTEGER"),
+    (2, "runs", "worker_host", "TEXT"),
+    (2, "runs", "worker_started", "TEXT"),
+)
+WORKER_FIELDS = ("worker_pid", "worker_host", "worker_started")
+# Columns a runs table must have to be read as PolyKV's (a foreign table of the same name is refused).
+_RUN_COLUMNS = ("id", "plan_name", "suite", "model", "status", "total_samples", "created")
+
+_SQLITE_CORRUPT, _SQLITE_NOTADB, _SQLITE_READONLY, _SQLITE_CANTOPEN = 11, 26, 8, 14
+
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
 
 
+# ---- workers ----------------------------------------------------------------------------------------
+def _proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat from field 3 (state) on, or None when there is no such process.
+
+    Field 2 is the command name in parentheses and may itself contain spaces and parentheses: the
+    fields after it start after the last ')'."""
+    try:
+        text = Path(f"/proc/{int(pid)}/stat").read_text(errors="replace")
+    except (OSError, ValueError):
+        return None
+    end = text.rfind(")")
+    return text[end + 1:].split() if end >= 0 else None
+
+
+def _has_proc() -> bool:
+    return Path("/proc/self/stat").is_file()
+
+
+def process_start_time(pid: int) -> str | None:
+    """When process `pid` started (field 22 of /proc/<pid>/stat, clock ticks since boot), or None where
+    there is no /proc (not Linux) or no such process. With the pid it names one process: pids get reused."""
+    fields = _proc_stat(pid)
+    if fields is None or len(fields) < 20:
+        return None
+    return fields[22 - 3]
+
+
+@dataclass(frozen=True)
+class Worker:
+    """The process that executes a run."""
+
+    pid: int
+    host: str
+    started: str | None  # process_start_time(pid); None where it cannot be read
+
+    @classmethod
+    def current(cls) -> Worker:
+        return cls(os.getpid(), socket.gethostname(), process_start_time(os.getpid()))
+
+    def alive(self) -> bool | None:
+        """True or False for a worker on this host; None (cannot tell) for one on another host."""
+        if self.host != socket.gethostname():
+            return None
+        if _has_proc():
+            fields = _proc_stat(self.pid)
+            if fields is None or not fields or fields[0] in ("Z", "X"):  # gone, or dead and not yet reaped
+                return False
+            return self.started is None or (len(fields) >= 20 and fields[22 - 3] == self.started)
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except (PermissionError, OSError):
+            return True
+        return True
+
+
+def _reported(row: dict[str, Any]) -> dict[str, Any]:
+    """The row as readers see it: worker fields present (None for a version-1 database) and a "running"
+    run whose worker on this host is gone reported as "stopped" (legacy rows without a worker stay as stored)."""
+    for field in WORKER_FIELDS:
+        row.setdefault(field, None)
+    if row.get("status") == "running" and row["worker_pid"] is not None and row["worker_host"] is not None:
+        worker = Worker(int(row["worker_pid"]), str(row["worker_host"]), row["worker_started"])
+        if worker.alive() is False:
+            row["status"] = "stopped"
+    return row
+
+
+# ---- the store --------------------------------------------------------------------------------------
 class Store:
-    """A thin layer over the SQLite file; every write is its own transaction."""
+    """A thin layer over the SQLite file; every write is its own transaction.
 
-    def __init__(self, path: str | Path):
+    `readonly=True`: never creates or changes anything (a missing file reads as empty); writes raise
+    `StoreError`."""
+
+    def __init__(self, path: str | Path, readonly: bool = False):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._connect() as db:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.executescript(SCHEMA)
+        self.readonly = bool(readonly)
+        self._immutable = False  # read-only and SQLite could not create the -shm file: opened immutable
+        self._ready = False  # the file exists and was checked (and, writable, initialised or migrated)
+        if self.readonly:
+            self._check_readable()
+        else:
+            self._open_writable()
+
+    @classmethod
+    def reader(cls, path: str | Path) -> Store:
+        """`Store(path, readonly=True)`."""
+        return cls(path, readonly=True)
+
+    # ---- opening ----------------------------------------------------------------------------------
+    def _error(self, exc: sqlite3.Error) -> StoreError:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
+        code = getattr(exc, "sqlite_errorcode", None)
+        primary = code & 0xFF if isinstance(code, int) else None
+        damaged = primary in (_SQLITE_CORRUPT, _SQLITE_NOTADB) or reason in (
+            "file is not a database", "database disk image is malformed")
+        if damaged:
+            return StoreError(f"damaged results database at {self.path}: {reason}")
+        return StoreError(f"results database at {self.path}: {reason}")
+
+    def _uri(self, immutable: bool) -> str:
+        # as_uri() percent-quotes the path ('?', '#', '%' and spaces included), so any file name works.
+        return self.path.absolute().as_uri() + ("?mode=ro&immutable=1" if immutable else "?mode=ro")
+
+    def _raw(self) -> sqlite3.Connection:
+        if not self.readonly:
+            return sqlite3.connect(self.path, timeout=30)
+        if self._immutable:
+            return sqlite3.connect(self._uri(True), uri=True, timeout=30)
+        db = sqlite3.connect(self._uri(False), uri=True, timeout=30)
+        try:
+            db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()  # opens the WAL index (-shm) now
+        except sqlite3.Error as exc:
+            db.close()
+            code = getattr(exc, "sqlite_errorcode", None)
+            primary = code & 0xFF if isinstance(code, int) else None
+            readonly_dir = isinstance(exc, sqlite3.OperationalError) and (
+                primary in (_SQLITE_READONLY, _SQLITE_CANTOPEN) or "readonly" in str(exc))
+            if not readonly_dir:
+                raise
+            # A WAL database in a folder where the -shm file cannot be created: read the file as it is.
+            db = sqlite3.connect(self._uri(True), uri=True, timeout=30)
+            try:
+                db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+            except sqlite3.Error:
+                db.close()
+                raise exc from None
+            self._immutable = True
+        return db
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
-        db = sqlite3.connect(self.path, timeout=30)
+        """A connection in a transaction (committed on success); SQLite failures become `StoreError`."""
+        try:
+            db = self._raw()
+        except sqlite3.Error as exc:
+            raise self._error(exc) from exc
         db.row_factory = sqlite3.Row
         try:
             with db:
                 yield db
+        except sqlite3.Error as exc:
+            raise self._error(exc) from exc
         finally:
             db.close()
+
+    def _inspect(self, db: sqlite3.Connection) -> tuple[int, set[str], int]:
+        """(user_version, table names, number of schema objects)."""
+        version = int(db.execute("PRAGMA user_version").fetchone()[0])
+        rows = db.execute("SELECT type, name FROM sqlite_master").fetchall()
+        tables = {row[1] for row in rows if row[0] == "table"}
+        return version, tables, len(rows)
+
+    def _check_schema(self, db: sqlite3.Connection, version: int, tables: set[str]) -> None:
+        """Refuse a newer or foreign database."""
+        if version > SCHEMA_VERSION:
+            raise StoreError(f"results database at {self.path} was written by a newer PolyKV "
+                             f"(schema {version}; this one reads up to {SCHEMA_VERSION})")
+        for table in TABLES:
+            if table not in tables:
+                raise StoreError(f"{self.path} is not a PolyKV results database (no {table} table)")
+        columns = {row[1] for row in db.execute("PRAGMA table_info(runs)").fetchall()}
+        missing = [c for c in _RUN_COLUMNS if c not in columns]
+        if missing:
+            raise StoreError(f"{self.path} is not a PolyKV results database (its runs table has no {missing[0]} column)")
+
+    def _check_readable(self) -> bool:
+        """Read-only: whether the file exists (checked once it does); never creates anything."""
+        if self._ready:
+            return True
+        if not self.path.exists():
+            return False
+        with self._connect() as db:
+            version, tables, _ = self._inspect(db)
+            self._check_schema(db, version, tables)
+        self._ready = True
+        return True
+
+    def _open_writable(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create the folder of the results database at {self.path}: "
+                             f"{exc.strerror or exc}") from exc
+        if not self.path.exists():
+            self._create_atomically()
+        try:
+            db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise self._error(exc) from exc
+        try:
+            version, tables, objects = self._inspect(db)
+            if objects or version > SCHEMA_VERSION:
+                self._check_schema(db, version, tables)  # a newer or foreign database is refused before any write
+            if objects == 0 or version < SCHEMA_VERSION:
+                # Initialise an empty database or migrate an older one under the write lock, looking again
+                # inside it (another process may have done it meanwhile). A foreign database is refused
+                # (by _check_schema) before anything is written.
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    version, tables, objects = self._inspect(db)
+                    if objects == 0:
+                        for statement in filter(str.strip, SCHEMA.split(";")):
+                            db.execute(statement)
+                        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                    elif version < SCHEMA_VERSION:
+                        self._check_schema(db, version, tables)
+                        self._migrate(db, version)
+                    db.execute("COMMIT")
+                except BaseException:
+                    if db.in_transaction:
+                        db.execute("ROLLBACK")
+                    raise
+                version, tables, objects = self._inspect(db)
+            self._check_schema(db, version, tables)
+            db.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.Error as exc:
+            raise self._error(exc) from exc
+        finally:
+            db.close()
+        self._ready = True
+
+    def _create_atomically(self) -> None:
+        """Build a new database beside `path` and link it into place, so a reader never finds a file
+        without tables (it would be refused as foreign). Where hard links are not supported the database
+        is initialised in place instead."""
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.new")
+        try:
+            db = sqlite3.connect(tmp, isolation_level=None)
+            try:
+                db.execute("BEGIN")
+                for statement in filter(str.strip, SCHEMA.split(";")):
+                    db.execute(statement)
+                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                db.execute("COMMIT")
+                db.execute("PRAGMA journal_mode=WAL")
+            finally:
+                db.close()
+            try:
+                os.link(tmp, self.path)
+            except FileExistsError:
+                pass  # another process created it first: that one is used
+            except OSError:
+                pass  # no hard links here: initialised in place by the caller
+        except sqlite3.Error as exc:
+            raise self._error(exc) from exc
+        finally:
+            for leftover in (tmp, tmp.with_name(tmp.name + "-wal"), tmp.with_name(tmp.name + "-shm"),
+                             tmp.with_name(tmp.name + "-journal")):
+                leftover.unlink(missing_ok=True)
+
+    def _migrate(self, db: sqlite3.Connection, version: int) -> None:
+        """Bring a version-`version` database (0 counts as 1) up to SCHEMA_VERSION, inside the caller's transaction."""
+        columns = {table: {row[1] for row in db.execute(f"PRAGMA table_info({table})").fetchall()} for table in TABLES}
+        for since, table, column, declaration in MIGRATIONS:
+            if max(version, 1) < since and column not in columns[table]:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _writing(self, action: str) -> None:
+        if self.readonly:
+            raise StoreError(f"cannot {action}: the results database at {self.path} is opened read-only")
 
     def checkpoint(self) -> None:
         """Fold the write-ahead log into the database file, so the file alone holds every result (e.g.
         before it is copied or committed)."""
+        self._writing("checkpoint")
         with self._connect() as db:
             db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     # ---- runs -------------------------------------------------------------------------------------
     def create_run(self, run_id: str, **fields: Any) -> None:
         """Insert the run unless it exists (same id = same model, plan, suite, settings and seed)."""
+        self._writing("create a run")
         row = {k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in fields.items()}
         row.update(id=run_id, status="running", created=_now())
         columns = ", ".join(row)
@@ -92,43 +378,68 @@ class Store:
         with self._connect() as db:
             db.execute(f"INSERT OR IGNORE INTO runs ({columns}) VALUES ({marks})", tuple(row.values()))
 
+    def set_running(self, run_id: str, worker: Worker | None = None) -> bool:
+        """Record `worker` (default: this process) as executing the run and mark it running, with no error;
+        a finished run is left alone. Returns whether the run was marked."""
+        self._writing("mark a run running")
+        worker = worker or Worker.current()
+        with self._connect() as db:
+            cursor = db.execute(
+                "UPDATE runs SET status = 'running', error = NULL, finished = NULL, worker_pid = ?, worker_host = ?, "
+                "worker_started = ? WHERE id = ? AND status != 'finished'",
+                (worker.pid, worker.host, worker.started, run_id),
+            )
+        return cursor.rowcount > 0
+
     def run(self, run_id: str) -> dict[str, Any] | None:
+        if not self._check_readable():
+            return None
         with self._connect() as db:
             row = db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
-        return None if row is None else dict(row)
+        return None if row is None else _reported(dict(row))
 
     def runs(self) -> list[dict[str, Any]]:
+        if not self._check_readable():
+            return []
         with self._connect() as db:
             rows = db.execute(
                 "SELECT r.*, (SELECT COUNT(*) FROM samples s WHERE s.run_id = r.id) AS done_samples "
                 "FROM runs r ORDER BY created"
             ).fetchall()
-        return [dict(r) for r in rows]
+        return [_reported(dict(r)) for r in rows]
 
     def progress(self, run_ids: list[str]) -> dict[str, tuple[int, int, str]]:
         """(finished samples, total samples, status) of each of `run_ids` that exists."""
-        if not run_ids:
+        if not run_ids or not self._check_readable():
             return {}
         marks = ", ".join("?" for _ in run_ids)
         with self._connect() as db:
             rows = db.execute(
-                "SELECT r.id, r.total_samples, r.status, (SELECT COUNT(*) FROM samples s WHERE s.run_id = r.id) AS done "
+                "SELECT r.*, (SELECT COUNT(*) FROM samples s WHERE s.run_id = r.id) AS done "
                 f"FROM runs r WHERE r.id IN ({marks})", tuple(run_ids)
             ).fetchall()
-        return {r["id"]: (r["done"], r["total_samples"], r["status"]) for r in rows}
+        out = {}
+        for row in rows:
+            run = _reported(dict(row))
+            out[run["id"]] = (run["done"], run["total_samples"], run["status"])
+        return out
 
     def set_status(self, run_id: str, status: str, error: str | None = None) -> None:
+        self._writing("set a run's status")
         finished = _now() if status in ("finished", "failed", "cancelled") else None
         with self._connect() as db:
             db.execute("UPDATE runs SET status = ?, error = ?, finished = ? WHERE id = ?", (status, error, finished, run_id))
 
     # ---- samples and scores -----------------------------------------------------------------------
     def done(self, run_id: str) -> set[tuple[str, str]]:
+        if not self._check_readable():
+            return set()
         with self._connect() as db:
             rows = db.execute("SELECT task, sample FROM samples WHERE run_id = ?", (run_id,)).fetchall()
         return {(r["task"], r["sample"]) for r in rows}
 
     def add_sample(self, run_id: str, task: str, sample: str, metrics: dict[str, float], seconds: float) -> None:
+        self._writing("add a sample")
         with self._connect() as db:
             db.execute(
                 "INSERT OR IGNORE INTO samples VALUES (?, ?, ?, ?, ?, ?)",
@@ -136,11 +447,14 @@ class Store:
             )
 
     def samples(self, run_id: str) -> list[dict[str, Any]]:
+        if not self._check_readable():
+            return []
         with self._connect() as db:
             rows = db.execute("SELECT * FROM samples WHERE run_id = ? ORDER BY task, sample", (run_id,)).fetchall()
         return [{**dict(r), "metrics": json.loads(r["metrics"])} for r in rows]
 
     def set_task_scores(self, run_id: str, scores: dict[str, dict[str, float]], counts: dict[str, int]) -> None:
+        self._writing("write task scores")
         with self._connect() as db:
             db.execute("DELETE FROM task_scores WHERE run_id = ?", (run_id,))
             db.executemany(
@@ -149,6 +463,8 @@ class Store:
             )
 
     def task_scores(self, run_id: str) -> dict[str, dict[str, float]]:
+        if not self._check_readable():
+            return {}
         with self._connect() as db:
             rows = db.execute("SELECT task, metric, value FROM task_scores WHERE run_id = ?", (run_id,)).fetchall()
         out: dict[str, dict[str, float]] = {}

@@ -144,10 +144,14 @@ def config_dimensions(name_or_path: str | os.PathLike | None) -> ConfigDimension
     directory (the demo model included) not even transformers, so plan checks stay fast."""
     source = resolve_model_path(name_or_path)
     config_file = Path(source) / "config.json"
+    if Path(source).is_dir() and not config_file.is_file():
+        raise ModelConfigError(f"{source}: no config.json; not a Hugging Face model directory")
+    if Path(source).exists() and not Path(source).is_dir():
+        raise ModelConfigError(f"{source}: a file, not a model directory")
     if config_file.is_file():
         from polykv.files import read_json
 
-        data = read_json(config_file, "model config")
+        data = read_json(config_file, "model config", error=ModelConfigError)
         text = data.get("text_config") if isinstance(data, dict) and isinstance(data.get("text_config"), dict) else data
         layers = text.get("num_hidden_layers") if isinstance(text, dict) else None
         if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:

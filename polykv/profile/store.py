@@ -132,7 +132,9 @@ def refresh_command(profile: Profile) -> str:
         args += ["--scope", scopes[0]]
     if profile.path is not None and profile.path.parent.name == "profiles":
         workspace = profile.path.parent.parent
-        if workspace.resolve() != Path(".polykv").resolve():  # the command's default workspace
+        from polykv.workspace import default_workspace
+
+        if workspace.resolve() != default_workspace().resolve():  # the command's default workspace
             args += ["-w", str(workspace)]
     return shlex.join(args)
 
