@@ -56,6 +56,7 @@ from pydantic import (
     model_validator,
 )
 
+from polykv import processes
 from polykv.errors import JobError, PolyKVError
 from polykv.eval.backends import Unit
 from polykv.eval.store import Store
@@ -358,8 +359,7 @@ def start(job: Job, workspace: Path) -> subprocess.Popen:
             log.close()
         _children[process.pid] = process
         job.pid, job.host = process.pid, socket.gethostname()
-        stat = _proc_stat(process.pid)
-        job.pid_start = stat[1] if stat else None
+        job.pid_start = processes.start_time(process.pid)
         _reap_in_background(process)  # after reading its start time: a reaped pid has no /proc entry
         save_job(job, workspace)
     return process
@@ -418,37 +418,6 @@ def list_jobs(workspace: Path) -> list[Job]:
 
 
 # ---- is the worker alive, and is it ours -------------------------------------------------------------
-def _have_proc() -> bool:
-    return os.path.isdir("/proc/self")
-
-
-def _proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state, start time) of `pid` from /proc/<pid>/stat; None when there is no such process (or no /proc)."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return None
-    _, paren, rest = raw.rpartition(b")")  # field 2, the command name, may hold spaces and ')'
-    fields = rest.split()
-    if not paren or len(fields) < 20:
-        return None
-    try:
-        return fields[0].decode(), int(fields[19])  # fields 3 (state) and 22 (starttime)
-    except ValueError:
-        return None
-
-
-def _cmdline(pid: int) -> list[str] | None:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return None
-    parts = raw.split(b"\0")
-    if parts and parts[-1] == b"":  # each argument ends in NUL
-        parts.pop()
-    return [os.fsdecode(p) for p in parts]
-
-
 def _alive(job: Job, workspace: Path) -> bool:
     """True only when the job's recorded worker runs, here, and is this job's worker: same pid, same
     start time, on this host, with the exact worker command for this job's file (the python may differ)."""
@@ -458,32 +427,24 @@ def _alive(job: Job, workspace: Path) -> bool:
     child = _children.get(pid)
     if child is not None and child.poll() is not None:
         return False  # ours, and it has exited
-    if not _have_proc():
-        try:
-            os.kill(pid, 0)
-        except OSError:  # gone, or someone else's (PermissionError): not our worker
-            return False
-        return True
-    before = _proc_stat(pid)
-    if before is None or before[0] in ("Z", "X") or job.pid_start is None or before[1] != job.pid_start:
+    if not processes.have_proc():
+        return processes.pid_exists(pid)
+    before = processes.proc_state(pid)
+    if not processes.running(before) or job.pid_start is None or before[1] != job.pid_start:
         return False
-    argv = _cmdline(pid)
+    argv = processes.cmdline(pid)
     if argv is None or argv[1:] != _worker_argv(workspace, job.id)[1:]:
         return False
-    after = _proc_stat(pid)  # the same process still (not a new one that got the pid between the reads)
-    return after is not None and after[1] == job.pid_start and after[0] not in ("Z", "X")
+    after = processes.proc_state(pid)  # the same process still (not a new one that got the pid between the reads)
+    return processes.running(after) and after[1] == job.pid_start
 
 
 def _exited(job: Job) -> bool:
     """The recorded worker is no longer running (gone, a zombie, or its pid now belongs to another process)."""
-    if not _have_proc():
-        try:
-            os.kill(job.pid, 0)
-        except OSError:
-            return True
-        return False
-    stat = _proc_stat(job.pid)
-    return stat is None or stat[0] in ("Z", "X") or stat[1] != job.pid_start
+    if not processes.have_proc():
+        return not processes.pid_exists(job.pid)
+    state = processes.proc_state(job.pid)
+    return not processes.running(state) or state[1] != job.pid_start
 
 
 def _wait_exited(job: Job, timeout: float) -> bool:

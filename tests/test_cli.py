@@ -163,3 +163,29 @@ def test_commands_that_touch_no_tensor_import_neither_torch_nor_transformers(arg
     imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
     assert "torch" not in imported and "transformers" not in imported and "pandas" not in imported
     assert not (tmp_path / "ws").exists()  # reading commands create no workspace
+
+
+def test_a_command_that_loads_a_model_says_so_on_a_terminal_and_not_in_a_pipe(tmp_path, demo_model):
+    import pty
+
+    env = {**os.environ, "POLYKV_WORKSPACE": str(tmp_path / "ws"), "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "polykv.cli", "generate", "--max-new-tokens", "2"]
+    leader, follower = pty.openpty()
+    try:
+        done = subprocess.run(command, stdout=subprocess.PIPE, stderr=follower, env=env, cwd=tmp_path, timeout=300)
+        os.close(follower)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # the terminal's other side is closed: all was read
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(leader)
+    assert done.returncode == 0
+    assert "loading model demo on cpu" in b"".join(chunks).decode(errors="replace")
+    piped = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert piped.returncode == 0 and "loading model" not in piped.stderr

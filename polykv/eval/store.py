@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from polykv import processes
 from polykv.errors import StoreError
 
 SCHEMA_VERSION = 2
@@ -96,30 +97,11 @@ def _now() -> str:
 
 
 # ---- workers ----------------------------------------------------------------------------------------
-def _proc_stat(pid: int) -> list[str] | None:
-    """The fields of /proc/<pid>/stat from field 3 (state) on, or None when there is no such process.
-
-    Field 2 is the command name in parentheses and may itself contain spaces and parentheses: the
-    fields after it start after the last ')'."""
-    try:
-        text = Path(f"/proc/{int(pid)}/stat").read_text(errors="replace")
-    except (OSError, ValueError):
-        return None
-    end = text.rfind(")")
-    return text[end + 1:].split() if end >= 0 else None
-
-
-def _has_proc() -> bool:
-    return Path("/proc/self/stat").is_file()
-
-
 def process_start_time(pid: int) -> str | None:
-    """When process `pid` started (field 22 of /proc/<pid>/stat, clock ticks since boot), or None where
-    there is no /proc (not Linux) or no such process. With the pid it names one process: pids get reused."""
-    fields = _proc_stat(pid)
-    if fields is None or len(fields) < 20:
-        return None
-    return fields[22 - 3]
+    """When process `pid` started (clock ticks since boot, as text for the database), or None where
+    there is no /proc (not Linux) or no such process. With the pid it names one process."""
+    ticks = processes.start_time(pid)
+    return None if ticks is None else str(ticks)
 
 
 @dataclass(frozen=True)
@@ -138,18 +120,10 @@ class Worker:
         """True or False for a worker on this host; None (cannot tell) for one on another host."""
         if self.host != socket.gethostname():
             return None
-        if _has_proc():
-            fields = _proc_stat(self.pid)
-            if fields is None or not fields or fields[0] in ("Z", "X"):  # gone, or dead and not yet reaped
-                return False
-            return self.started is None or (len(fields) >= 20 and fields[22 - 3] == self.started)
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except (PermissionError, OSError):
-            return True
-        return True
+        if processes.have_proc():
+            state = processes.proc_state(self.pid)
+            return processes.running(state) and (self.started is None or str(state[1]) == self.started)
+        return processes.pid_exists(self.pid)
 
 
 def _reported(row: dict[str, Any]) -> dict[str, Any]:

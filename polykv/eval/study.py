@@ -23,6 +23,7 @@ from typing import Any
 
 import pandas as pd
 
+from polykv.files import atomic_write_text
 from polykv.plan import Phase, Plan, Scope
 
 
@@ -377,8 +378,4 @@ def write_report(result: StudyResult, path: Path, command: str = "") -> Path:
         f"![sweep]({folder}/{figures['sweep']})", "",
         "<details><summary>Run ids of the sweep</summary>", "", _md_table(runs), "", "</details>", "",
     ]
-    text = "\n".join(lines) + "\n"
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return atomic_write_text(path, "\n".join(lines) + "\n")

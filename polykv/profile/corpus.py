@@ -34,13 +34,15 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
-import os
 import math
+import os
 import random
 import sysconfig
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from polykv.files import atomic_write_text
 
 __all__ = [
     "CORPORA_ENV",
@@ -320,11 +322,7 @@ def _hub_text(name: str) -> Path:
                 break
     except Exception as exc:  # noqa: BLE001 - offline, unknown dataset, ...: one line for the user
         raise ValueError(f"corpus source 'hf:{name}' could not be loaded ({exc.__class__.__name__}); use a local file:PATH") from None
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(".tmp")
-    tmp.write_text("\n".join(parts), encoding="utf-8")
-    os.replace(tmp, target)
-    return target
+    return atomic_write_text(target, "\n".join(parts))
 
 
 class _TextStream:
