@@ -23,6 +23,9 @@ __all__ = [
     "ConfigDimensions",
     "ModelConfigError",
     "config_dimensions",
+    "context_length",
+    "num_layers",
+    "text_config",
     "ModelNotFoundError",
     "demo_checkpoint_dir",
     "demo_model_dir",
@@ -137,6 +140,24 @@ def _looks_like_local_path(text: str) -> bool:
 class ConfigDimensions:
     num_layers: int
     context_length: int | None  # max_position_embeddings; None when the config does not say
+
+
+def text_config(model):
+    """The decoder's config of a loaded model (multimodal configs nest it), or its config as it is."""
+    config = getattr(model, "config", model)
+    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+
+
+def num_layers(model) -> int:
+    """Transformer layers of a loaded model (or of a config)."""
+    return int(text_config(model).num_hidden_layers)
+
+
+def context_length(model) -> int | None:
+    """The longest sequence the model was trained for (`max_position_embeddings`), or None when its
+    config does not say; takes a loaded model or a config."""
+    value = getattr(text_config(model), "max_position_embeddings", None)
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def config_dimensions(name_or_path: str | os.PathLike | None) -> ConfigDimensions:
