@@ -178,7 +178,7 @@ def sweep_figure(frame: pd.DataFrame, metric: str) -> go.Figure:
                              hovertemplate="budget %{x}<br>%{text}: %{y:.4f}<extra></extra>"))
     fig.add_trace(go.Scatter(x=frame["budget"], y=frame["route"], mode="lines+markers", name="route",
                              line=dict(color="#D62728", width=3)))
-    fig.update_xaxes(title_text="average budget (tokens per layer)", type="log" if len(frame) > 2 else "linear")
+    fig.update_xaxes(title_text="budget (average capacity per layer, tokens)", type="log" if len(frame) > 2 else "linear")
     fig.update_yaxes(title_text=metric)
     return _layout(fig, f"budget sweep: route vs baselines ({metric})", 400)
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import streamlit as st
 
 from app import charts
+from polykv import models
 from polykv.errors import PolyKVError, debug, first_line
 from polykv.files import read_text
 from polykv.methods import validate_plan
 from polykv.plan import MAX_PLAN_BYTES, Plan, PlanError
 from polykv.workspace import default_workspace
-from polykv.runtime.routed import num_layers_of
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_PLAN = REPO / "plans" / "demo" / "mixed.json"
@@ -33,12 +33,7 @@ def plans_dir() -> Path:
 
 @st.cache_resource(show_spinner="Loading the model (once per app process)...")
 def _load(name: str, device: str):
-    from transformers.utils import logging as transformers_logging
-
-    from polykv.models import load_model
-
-    transformers_logging.disable_progress_bar()
-    model, tokenizer = load_model(name, device=device)
+    model, tokenizer = models.load_model(name, device=device)  # quiet: no download progress bars
     if device == "cpu" and sum(p.numel() for p in model.parameters()) < 20_000_000:
         import torch
 
@@ -78,7 +73,7 @@ def current_model():
 
 
 def num_layers() -> int:
-    return num_layers_of(current_model()[2])
+    return models.num_layers(current_model()[2])
 
 
 # ---- the plan being designed ------------------------------------------------------------------------
@@ -147,7 +142,7 @@ def profiles(model_name: str) -> tuple[list, list[str]]:
     from polykv.profile.store import scan_profiles
 
     found, damaged = scan_profiles(workspace() / "profiles")
-    return [p for p in found if p.metadata.get("model") == model_name], damaged
+    return [p for p in found if p.meta.model == model_name], damaged
 
 
 # ---- figures -------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from runtime import benchmark, build_model, method_rows, report, run_config, sta
 
 from polykv.plan import Plan  # noqa: E402
 from polykv.runtime import routed  # noqa: E402
-from polykv.runtime.routed import cache_argument_name, output_cache  # noqa: E402
+from polykv.models import cache_argument_name, output_cache  # noqa: E402
 
 LLAMA_31_8B = dict(
     vocab_size=128256,

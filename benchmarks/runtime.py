@@ -26,7 +26,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from polykv.methods import REGISTRY
 from polykv.plan import Phase, Plan
 from polykv.runtime import routed
-from polykv.runtime.routed import cache_argument_name, output_cache
+from polykv.models import cache_argument_name, output_cache
 
 CPU_CONFIG = dict(
     vocab_size=32000,

@@ -54,12 +54,9 @@ def _load_model(model: str, device: str):
     stderr is not a terminal, so scripts see only results and one-line errors."""
     if sys.stderr.isatty():
         typer.echo(f"loading model {model} on {device} ...", err=True)
-    from transformers.utils import logging as transformers_logging
-
     from polykv.models import load_model
 
-    transformers_logging.disable_progress_bar()
-    return load_model(model, device=device)
+    return load_model(model, device=device)  # quiet: no progress bars
 
 
 @app.command()
@@ -89,8 +86,8 @@ def generate(
     """Generate text with a plan and print the retained cache per layer."""
     import torch
 
+    from polykv.models import num_layers
     from polykv.runtime import routed
-    from polykv.runtime.routed import num_layers_of
 
     routed_plan = _checked_plan(plan, model)  # bad input fails before the weights load
     hf_model, tokenizer = _load_model(model, device)
@@ -100,7 +97,7 @@ def generate(
     with torch.no_grad(), routed(hf_model, routed_plan) as session:
         out = hf_model.generate(ids, max_new_tokens=max_new_tokens, **sampling)
     new = out[0, ids.shape[1] :]
-    typer.echo(f"model: {model} ({num_layers_of(hf_model)} layers)   plan: {routed_plan.name} (scope {routed_plan.scope.value})")
+    typer.echo(f"model: {model} ({num_layers(hf_model)} layers)   plan: {routed_plan.name} (scope {routed_plan.scope.value})")
     typer.echo(f"prompt: {ids.shape[1]} tokens   generated: {len(new)} tokens\n")
     typer.echo(tokenizer.decode(out[0], skip_special_tokens=True))  # whole text: joins at the right space
     typer.echo("\nretained KV slots per KV head (after prefill -> at the end):")
@@ -147,7 +144,7 @@ def plan_validate(
 def plan_homogeneous(
     method: str,
     out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the plan.")],
-    capacity: Annotated[Optional[int], typer.Option(help="Retained tokens per KV head.")] = None,
+    capacity: Annotated[Optional[int], typer.Option(help="Capacity of every layer: retained tokens per KV head.")] = None,
     layers: Annotated[Optional[int], typer.Option(help="Number of layers (default: the model's).")] = None,
     model: ModelOption = "demo",
     scope: Scope = Scope.BOTH,
@@ -155,10 +152,10 @@ def plan_homogeneous(
         Optional[list[str]], typer.Option("--param", "-P", help="Method parameter NAME=VALUE (repeatable).")
     ] = None,
     allocation: Annotated[
-        str, typer.Option(help="'fixed' (same capacity everywhere) or 'native' (the method's own layer budgets).")
+        str, typer.Option(help="'fixed' (same capacity everywhere) or 'native' (the method's own per-layer capacities).")
     ] = "fixed",
 ) -> None:
-    """Write a plan with one method in every layer: uniform capacity, or the method's native budgets."""
+    """Write a plan with one method in every layer: uniform capacity, or the method's native per-layer capacities."""
     from polykv.methods import validate_plan
 
     num_layers = layers if layers is not None else _num_layers(model)
@@ -190,6 +187,7 @@ def _corpus_sources(sources: Optional[str], model: str) -> tuple[str, ...]:
     return tuple(s.strip() for s in sources.split(",") if s.strip())
 
 
+BUDGET_HELP = "Budget b: the plan's average capacity per layer (tokens per KV head)."
 SOURCES_HELP = ("Comma-separated corpus sources: kjv, jargon, stdlib, model, model@T, model:OPENING (no commas), "
                 "file:PATH (default: the model's own; for the demo its samples, else kjv,jargon,stdlib,model).")
 
@@ -249,12 +247,12 @@ def profile(
                            batch_size=batch_size, reuse=not fresh)
     table = result.table
     typer.echo(f"profile {result.key} ({result.metadata['seconds']:.1f} s to compute): {result.path}")
-    typer.echo(_fullkv_line(result.metadata))
-    count = result.metadata["corpus"]["num_sequences"]
+    typer.echo(_fullkv_line(result.meta.fullkv_ppl))
+    count = result.meta.corpus.num_sequences
     for phase in scope.phases:
         rows = table[table.scope == phase.value]
         pivot = rows.pivot_table(index="layer", columns="method", values="dppl")
-        typer.echo(f"\n{phase.value}: dPPL by layer (rows) and method (columns), b_cal {result.metadata['capacity']}")
+        typer.echo(f"\n{phase.value}: dPPL by layer (rows) and method (columns), b_cal {result.meta.b_cal}")
         typer.echo(pivot.round(4).to_string())
         evicting = rows[rows.method != "full"]
         typer.echo(f"95% bootstrap intervals over the {count} calibration sequences are in methods.csv (dppl_low, "
@@ -265,8 +263,8 @@ def profile(
                + ", ".join(f"{h:.3f}" for h in result.entropy))
 
 
-def _fullkv_line(metadata: dict) -> str:
-    ppl = metadata.get("fullkv_ppl") or {}
+def _fullkv_line(ppl: dict) -> str:
+    """{source: FullKV perplexity} of a profile (`Profile.meta.fullkv_ppl`) as one line."""
     return "FullKV perplexity of the calibration continuations: " + ", ".join(f"{s} {v:.2f}" for s, v in ppl.items())
 
 
@@ -298,7 +296,7 @@ def heterogeneity(
 def route(
     profile_dir: Annotated[Path, typer.Argument(help="A profile directory written by `polykv profile`.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the plan.")],
-    budget: Annotated[int, typer.Option(min=1, help="Average capacity b per layer.")],
+    budget: Annotated[int, typer.Option(min=1, help=BUDGET_HELP)],
     scope: Scope = Scope.BOTH,
     statistic: Annotated[str, typer.Option(help="cosine (higher is better) or dppl (lower is better).")] = "cosine",
     allocation: Annotated[str, typer.Option(help="uniform, entropy or ppl.")] = "uniform",
@@ -306,17 +304,16 @@ def route(
 ) -> None:
     """Build a plan from a profile: TopRank route per phase, capacities by the chosen allocation."""
     from polykv.methods import validate_plan
-    from polykv.profile.route import plan_from_profile
-
-    from polykv.profile.confidence import NOISE_WARNING, NOISY_ROUTE, REPLICATES, route_confidence
+    from polykv.routing import plan_from_profile
+    from polykv.routing.confidence import NOISE_WARNING, NOISY_ROUTE, REPLICATES, route_confidence
 
     loaded = _profile_for(profile_dir, model)
     plan = validate_plan(plan_from_profile(loaded, scope, budget, statistic, allocation), loaded.num_layers)
     plan.save(out)
     for line in plan.summary().lines():
         typer.echo(line)
-    typer.echo(_fullkv_line(loaded.metadata))
-    count = loaded.metadata["corpus"]["num_sequences"]
+    typer.echo(_fullkv_line(loaded.meta.fullkv_ppl))
+    count = loaded.meta.corpus.num_sequences
     for phase in plan.scope.phases:
         confidence = route_confidence(loaded, phase, statistic)
         typer.echo(f"\n{phase.value} route by {statistic}: how often each pick stays the best over {REPLICATES} "
@@ -345,33 +342,27 @@ def evaluate(
     backend: Annotated[str, typer.Option(help="local, subprocess (detached, returns at once) or ray.")] = "local",
 ) -> None:
     """Evaluate a plan on a suite; results go to <workspace>/results.sqlite as they finish (resumable)."""
-    from polykv.errors import SettingsError
-    from polykv.eval.backends import Unit
-    from polykv.eval.runner import run_suite
+    from polykv.eval.backends import backend as backend_named
     from polykv.eval.store import Store
+    from polykv.eval.unit import Unit
 
-    if backend not in ("local", "subprocess", "ray"):
-        raise SettingsError(f"unknown backend {backend!r} (backends: local, subprocess, ray)")
+    shown = []  # whether a progress line is on stderr (in this process: the local backend)
+
+    def show(done: int, total: int, where: str) -> None:
+        shown.append(True)
+        typer.echo(f"\r[{done}/{total}] {where}   ", nl=False, err=True)
+
+    runs_on = backend_named(backend, load=_load_model, progress=show)  # an unknown name fails first
     loaded = _checked_plan(plan, model)  # bad input fails before anything is written
     settings = _suite_settings(suite, samples, tasks, prompt_tokens, settings_json, model)
     store = Store(workspace / "results.sqlite")
-    if backend == "subprocess":  # detached: this command returns at once; `polykv runs` shows progress
-        from polykv.eval.backends import SubprocessBackend
-
-        process = SubprocessBackend().start(Unit.of(model, loaded, suite, settings, seed, device), workspace)
+    unit = Unit.of(model, loaded, suite, settings, seed, device)
+    if runs_on.detached:  # this command returns at once; `polykv runs` shows progress
+        process = runs_on.start(unit, workspace)
         typer.echo(f"started in the background (pid {process.pid}); follow it with `polykv runs -w {workspace}`")
         return
-    if backend == "ray":
-        from polykv.eval.backends import RayBackend
-
-        (run_id,) = RayBackend().run([Unit.of(model, loaded, suite, settings, seed, device)], store.path)
-    elif backend == "local":
-        hf_model, tokenizer = _load_model(model, device)
-
-        def show(done: int, total: int, where: str) -> None:
-            typer.echo(f"\r[{done}/{total}] {where}   ", nl=False, err=True)
-
-        run_id = run_suite(store, model, hf_model, tokenizer, loaded, suite, settings, seed, progress=show)
+    (run_id,) = runs_on.run([unit], store.path)
+    if shown:
         typer.echo("", err=True)
     typer.echo(f"run {run_id}: {loaded.name} on {suite} ({model}), {store.run(run_id)['status']}")
     scores = store.task_scores(run_id)
@@ -430,14 +421,14 @@ app.add_typer(experiment_app, name="experiment")
 
 def _experiment_runner(model: str, suite: str, samples: int, tasks: Optional[str], prompt_tokens: int, metric: str,
                        seed: int, device: str, workspace: Path, backend: str = "local", settings_json: Optional[str] = None):
-    from polykv.eval.experiments import Runner
+    from polykv.eval.backends import backend as backend_named
+    from polykv.eval.experiments import ExperimentRunner
     from polykv.eval.store import Store
 
-    if backend not in ("local", "ray"):
-        raise ValueError(f"unknown backend {backend!r} (backends: local, ray)")
+    backend_named(backend, waiting=True)  # an experiment reads its runs' scores: local or ray; checked before loading
     settings = _suite_settings(suite, samples, tasks, prompt_tokens, settings_json, model)
     hf_model, tokenizer = _load_model(model, device)
-    return Runner(Store(workspace / "results.sqlite"), model, hf_model, tokenizer, suite, settings, seed, metric,
+    return ExperimentRunner(Store(workspace / "results.sqlite"), model, hf_model, tokenizer, suite, settings, seed, metric,
                   progress=lambda name: typer.echo(f"run: {name}", err=True), backend=backend, device=device)
 
 
@@ -470,7 +461,7 @@ SettingsOption = Annotated[Optional[str], typer.Option("--settings", help="The s
 @experiment_app.command("factorial")
 def experiment_factorial(
     profile_dir: Annotated[Path, typer.Option("--profile", help="Profile directory.")],
-    budget: Annotated[int, typer.Option(min=1, help="Average capacity b.")],
+    budget: Annotated[int, typer.Option(min=1, help=BUDGET_HELP)],
     baseline: Annotated[str, typer.Option(help="The homogeneous method.")],
     scope: Scope = Scope.DECODE,
     statistic: str = "cosine",
@@ -480,7 +471,7 @@ def experiment_factorial(
     device: str = "cpu", workspace: WorkspaceOption = DEFAULT_WORKSPACE, backend: BackendOption = "local",
     settings_json: SettingsOption = None,
 ) -> None:
-    """Routing x allocation at matched total capacity: four runs, effects, paired bootstrap."""
+    """Routing x allocation at the same budget: four runs, effects, paired bootstrap."""
     from polykv.eval.experiments import factorial
 
     loaded = _profile_for(profile_dir, model)
@@ -512,7 +503,7 @@ def experiment_placement(
 @experiment_app.command("sweep")
 def experiment_sweep(
     plan: Annotated[Path, typer.Option("--plan", help="The fixed route plan (any scope).")],
-    budgets: Annotated[str, typer.Option(help="Comma-separated average budgets, e.g. 128,256,512,1024.")],
+    budgets: Annotated[str, typer.Option(help="Comma-separated budgets (average capacities per layer), e.g. 128,256,512,1024.")],
     baselines: Annotated[Optional[str], typer.Option(help="Comma-separated methods (default: every method, each under its own protocol).")] = None,
     profile_dir: Annotated[Optional[Path], typer.Option("--profile", help="Profile directory: adds the route with PPL-allocated capacities (route-ppl).")] = None,
     protocol: Annotated[Optional[list[str]], typer.Option("--protocol", help="Override a baseline's phases, METHOD=SCOPE, e.g. tova=decode (repeatable).")] = None,
@@ -551,8 +542,8 @@ def experiment_study(
     workspace: Annotated[Path, typer.Option("--workspace", "-w", help="Profiles and results database of the study.")] = Path("docs/demo-study"),
     model: ModelOption = "demo",
     scope: Annotated[str, typer.Option(help="The routed phase: prefill or decode.")] = "decode",
-    budget: Annotated[int, typer.Option(min=1, help="Average capacity of the route, factorial and placement.")] = 64,
-    budgets: Annotated[str, typer.Option(help="The sweep's average capacities, comma-separated.")] = "16,32,64,128,256",
+    budget: Annotated[int, typer.Option(min=1, help="Budget (average capacity per layer) of the route, factorial and placement.")] = 64,
+    budgets: Annotated[str, typer.Option(help="The sweep's budgets (average capacities per layer), comma-separated.")] = "16,32,64,128,256",
     k: Annotated[int, typer.Option("--k", min=1, help="Random count-matched placements.")] = 99,
     statistic: str = "dppl",
     allocation: Annotated[str, typer.Option(help="The factorial's allocated arm: entropy or ppl.")] = "ppl",

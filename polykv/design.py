@@ -1,9 +1,10 @@
 """Editing plans by hand: paint a method and/or capacity onto chosen layers, edit a per-layer table,
-rescale to a target budget, compare two plans, and name plan files safely.
+compare two plans, and name plan files safely.
 
 These are the plan designer's operations (the web app calls them; nothing here draws anything). Every
 operation returns a new, validated `Plan` or raises `PlanError` with a one-line message; the plan it
-started from is never changed, so a rejected edit loses nothing.
+started from is never changed, so a rejected edit loses nothing. Rescaling a plan to another budget is
+`polykv.routing.scale_budget` (the designer passes the plan's own name and description).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import pandas as pd
 
 from polykv.methods import REGISTRY, params_that_fit, validate_plan
 from polykv.plan import FULL, Phase, Plan, PlanError, Scope
-from polykv.routing import scale_budget
 
 TABLE_COLUMNS = [
     "layer",
@@ -159,17 +159,6 @@ def from_table(plan: Plan, table: pd.DataFrame) -> Plan:
 
 
 # ---- whole-plan operations -------------------------------------------------------------------------
-def match_budget(plan: Plan, average: float) -> Plan:
-    """The same route with each active phase's capacities rescaled to average `average` (proportions kept)."""
-    if average <= 0:
-        raise PlanError(f"match total capacity: the target average must be positive (got {average})")
-    try:
-        scaled = scale_budget(plan, average, name=plan.name)
-    except ValueError as exc:
-        raise PlanError(f"match total capacity: {exc}") from None
-    return validate_plan(scaled.model_copy(update={"description": plan.description}), plan.num_layers)
-
-
 def diff(a: Plan, b: Plan) -> pd.DataFrame:
     """Where two plans differ: plan-level fields first, then each (layer, phase) cell that changed."""
     rows = [
@@ -198,4 +187,4 @@ def plan_filename(name: str) -> str:
     return stem if stem.endswith(".json") else f"{stem}.json"
 
 
-__all__ = ["DEFAULT_CAPACITY", "TABLE_COLUMNS", "diff", "from_table", "match_budget", "paint", "plan_filename", "to_table"]
+__all__ = ["DEFAULT_CAPACITY", "TABLE_COLUMNS", "diff", "from_table", "paint", "plan_filename", "to_table"]

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from polykv.errors import FileError, PolyKVError
+from polykv.errors import FileError, PolyKVError, first_line
 
 MAX_JSON_BYTES = 16 * 1024 * 1024  # plans, profiles and jobs are far smaller; this bounds memory only
 MAX_DEPTH = 32  # a plan nests 5 levels (plan, layers, layer, phase, params); params may nest a little
@@ -91,7 +91,7 @@ def parse_json(text: str | bytes, what: str | None = None, max_depth: int = MAX_
     except RecursionError:
         raise error(f"{at}nested more than {max_depth} levels deep") from None
     except ValueError as exc:  # NaN / Infinity, or an integer with too many digits
-        raise error(f"{at}{str(exc).splitlines()[0]}") from None
+        raise error(f"{at}{first_line(exc)}") from None
     if depth(data) > max_depth:
         raise error(f"{at}nested more than {max_depth} levels deep")
     return data

@@ -57,8 +57,8 @@ from pydantic import (
 )
 
 from polykv import processes
-from polykv.errors import JobError, PolyKVError
-from polykv.eval.backends import Unit
+from polykv.errors import JobError, PolyKVError, first_line
+from polykv.eval.unit import Unit
 from polykv.eval.store import Store
 from polykv.files import atomic_write_json, read_json
 from polykv.plan import Phase, Plan
@@ -592,12 +592,9 @@ def _run(job: Job, workspace: Path) -> None:
     store = Store(workspace / "results.sqlite")
     active: str | None = None
     try:
-        from transformers.utils import logging as transformers_logging
-
         from polykv.models import load_model
 
-        transformers_logging.disable_progress_bar()
-        model, tokenizer = load_model(job.model, device=job.device)
+        model, tokenizer = load_model(job.model, device=job.device)  # quiet: no progress bars in the log
         if job.kind == "eval":
             from polykv.eval.runner import run_suite
 
@@ -629,7 +626,7 @@ def _run(job: Job, workspace: Path) -> None:
         report(status="cancelled", message="cancelled")
         raise
     except BaseException as exc:
-        report(status="failed", error=f"{exc.__class__.__name__}: {exc}".splitlines()[0][:500], message="failed")
+        report(status="failed", error=f"{exc.__class__.__name__}: {first_line(exc)}"[:500], message="failed")
         raise
 
 

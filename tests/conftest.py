@@ -1,52 +1,29 @@
-"""Shared fixtures: tiny random-weight models of every supported family (mechanics tests)."""
+"""Shared fixtures: tiny random-weight models of every supported family (mechanics tests), the demo
+model, the CLI run in-process, the app's environment, a job workspace, and the stopping of every
+process a test leaves running. Plain helpers are in tests/helpers.py."""
 
 from __future__ import annotations
 
-import copy
 import os
+import sys
+import warnings
+from pathlib import Path
 
 import pytest
 import torch
-from transformers import (
-    LlamaConfig,
-    LlamaForCausalLM,
-    MistralConfig,
-    MistralForCausalLM,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-    Qwen3Config,
-    Qwen3ForCausalLM,
-)
 
-from polykv.runtime.routed import output_cache
+from tests.helpers import (
+    FAMILIES,
+    CliResult,
+    LeftoverProcessWarning,
+    descendants,
+    started_since,
+    stop_processes,
+    tiny_model,
+)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
-
-_COMMON = dict(
-    vocab_size=96,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=2,  # grouped-query attention: 2 query heads per KV head
-    max_position_embeddings=1024,
-)
-
-FAMILIES = {
-    "llama": (LlamaConfig, LlamaForCausalLM, {}),
-    "mistral": (MistralConfig, MistralForCausalLM, {"sliding_window": 4096}),
-    "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),
-    "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"head_dim": 16}),  # q_norm / k_norm before RoPE
-}
-
-
-def tiny_model(family: str = "llama", seed: int = 0, **overrides):
-    config_cls, model_cls, extra = FAMILIES[family]
-    config = config_cls(**{**_COMMON, **extra, **overrides})
-    torch.manual_seed(seed)
-    # _from_config mutates the config it is given: always hand it a copy.
-    return model_cls._from_config(copy.deepcopy(config), attn_implementation="sdpa").eval()
 
 
 @pytest.fixture(params=sorted(FAMILIES))
@@ -70,21 +47,71 @@ def llama():
     return tiny_model("llama")
 
 
-def decode_logits(model, ids: torch.Tensor, steps: int, cache_name: str, cache=None, after_prefill=None):
-    """Prefill, then `steps` greedy single-token steps with the model deriving positions from the cache.
+@pytest.fixture
+def polykv(tmp_path, monkeypatch, capsys):
+    """Run the CLI's entry point in-process (same code path as the console script) and capture it:
+    `polykv("plan", "show", path)` -> CliResult. POLYKV_HOME is private to the test."""
+    from polykv.cli import main
 
-    Returns the prefill logits and the logits of each decode step, plus the final cache.
+    monkeypatch.setenv("POLYKV_HOME", str(tmp_path / "home"))
+
+    def run(*args: str) -> CliResult:
+        monkeypatch.setattr(sys, "argv", ["polykv", *args])
+        with pytest.raises(SystemExit) as exit_info:
+            main()
+        out, err = capsys.readouterr()
+        code = exit_info.value.code
+        return CliResult(code if isinstance(code, int) else (0 if code is None else 1), out, err)
+
+    return run
+
+
+@pytest.fixture
+def app_env(tmp_path, monkeypatch, demo_model):  # demo_model: the demo checkpoint is imported once per session
+    """A private workspace (tmp_path/ws, not created) and plans folder (tmp_path/plans) for the app."""
+    monkeypatch.setenv("POLYKV_WORKSPACE", str(tmp_path / "ws"))
+    monkeypatch.setenv("POLYKV_PLANS", str(tmp_path / "plans"))
+    monkeypatch.delenv("POLYKV_DEBUG", raising=False)
+    (tmp_path / "plans").mkdir()
+    return tmp_path
+
+
+@pytest.fixture
+def workspace(tmp_path, demo_model):  # demo_model: the session's POLYKV_HOME holds the imported demo model
+    """A job workspace (not created yet)."""
+    return tmp_path / "ws"
+
+
+# ---- no test leaves a process running ---------------------------------------------------------------
+_PROC = Path("/proc/self/stat").is_file()
+
+
+@pytest.fixture(autouse=True)
+def _stop_leftover_processes(request):
+    """Stop whatever the test started and left running, and say so.
+
+    On Linux: every live process the test started, directly or through processes it started (parent
+    chains in /proc; detached workers, in their own session, are still children of the process that
+    started them). Processes of module- and session-scoped fixtures (a server, a browser) are set up
+    before this fixture, so neither they nor what they start count. Elsewhere: the job workers
+    `polykv.jobs` started. Each leftover gets a moment to end by itself, then SIGTERM, then SIGKILL
+    (see `helpers.stop_processes`), and the test gets a LeftoverProcessWarning naming them.
     """
-    kwargs = {} if cache is None else {cache_name: cache}
-    with torch.no_grad():
-        out = model(ids, use_cache=True, **kwargs)
-        cache = output_cache(out)
-        if after_prefill is not None:
-            after_prefill(cache)
-        logits = [out.logits]
-        token = out.logits[:, -1:].argmax(-1)
-        for _ in range(steps):
-            out = model(token, use_cache=True, **{cache_name: cache})
-            logits.append(out.logits)
-            token = out.logits[:, -1:].argmax(-1)
-    return logits, cache
+    before = descendants() if _PROC else {}
+    yield
+    if _PROC:
+        stopped = stop_processes(started_since(before))
+    else:
+        jobs = sys.modules.get("polykv.jobs")
+        children = [p for p in (jobs._children.values() if jobs else []) if p.poll() is None]
+        stopped = {p.pid: " ".join(map(str, p.args)) for p in children}
+        for process in children:
+            process.terminate()
+            try:
+                process.wait(timeout=5)
+            except Exception:  # noqa: BLE001 - whatever it is, it must go
+                process.kill()
+    if stopped:
+        listed = "; ".join(f"pid {pid}: {cmd}" for pid, cmd in stopped.items())
+        warnings.warn(LeftoverProcessWarning(f"{request.node.nodeid} left {len(stopped)} process(es) running, "
+                                             f"stopped: {listed}"), stacklevel=1)

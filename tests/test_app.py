@@ -8,7 +8,6 @@ session state and table edits through the editor's edit state, as a browser woul
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -17,48 +16,20 @@ from streamlit.testing.v1 import AppTest
 from polykv import jobs
 from polykv.eval.store import Store
 from polykv.plan import Plan
+from tests.helpers import button, open_app, texts, wait_for_job
 
-APP = str(Path(__file__).resolve().parents[1] / "app" / "app.py")
 TINY_SETTINGS = {"tasks": ["prose", "stories"], "samples_per_task": 1, "prompt_tokens": 96, "continuation": 8, "generate": 8}
-
-
-@pytest.fixture
-def env(tmp_path, monkeypatch, demo_model):  # demo_model: the demo checkpoint is imported once per session
-    monkeypatch.setenv("POLYKV_WORKSPACE", str(tmp_path / "ws"))
-    monkeypatch.setenv("POLYKV_PLANS", str(tmp_path / "plans"))
-    (tmp_path / "plans").mkdir()
-    return tmp_path
-
-
-def open_app(page: str | None = None) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=180)
-    at.run()
-    if page:
-        at.switch_page(f"views/{page}.py")
-        at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
-
-
-def button(at: AppTest, label: str):
-    found = [b for b in at.button if b.label == label]
-    assert found, f"no button {label!r}: {[b.label for b in at.button]}"
-    return found[0]
 
 
 def current_plan(at: AppTest) -> Plan:
     return Plan.from_json(at.session_state["plan_json"])
 
 
-def texts(elements) -> list[str]:
-    return [e.value for e in elements]
-
-
 def table_key(at: AppTest) -> str:
     return f"plan_table_{at.session_state['plan_version'] if 'plan_version' in at.session_state else 0}"
 
 
-def test_designer_opens_with_the_demo_plan_chart_table_and_summary(env):
+def test_designer_opens_with_the_demo_plan_chart_table_and_summary(app_env):
     at = open_app()
     assert texts(at.title) == ["Plan designer"]
     assert current_plan(at).name == "mixed-demo" and current_plan(at).num_layers == 5
@@ -67,7 +38,7 @@ def test_designer_opens_with_the_demo_plan_chart_table_and_summary(env):
     assert "Model: **demo** on cpu, 5 layers" in texts(at.sidebar.caption)
 
 
-def test_painting_a_selection_changes_only_those_cells_and_undo_restores(env):
+def test_painting_a_selection_changes_only_those_cells_and_undo_restores(app_env):
     at = open_app()
     before = current_plan(at)
     at.session_state["designer_layers"] = [1, 2, 3]  # what a box selection on the chart leaves
@@ -88,7 +59,7 @@ def test_painting_a_selection_changes_only_those_cells_and_undo_restores(env):
     assert current_plan(at) == before
 
 
-def test_painting_a_method_onto_a_phase_it_cannot_run_says_so_and_keeps_the_plan(env):
+def test_painting_a_method_onto_a_phase_it_cannot_run_says_so_and_keeps_the_plan(app_env):
     at = open_app()
     before = current_plan(at)
     at.session_state["designer_layers"] = [0]
@@ -101,7 +72,7 @@ def test_painting_a_method_onto_a_phase_it_cannot_run_says_so_and_keeps_the_plan
     assert current_plan(at) == before
 
 
-def test_a_capacity_of_zero_typed_into_the_table_is_refused_with_a_message(env):
+def test_a_capacity_of_zero_typed_into_the_table_is_refused_with_a_message(app_env):
     at = open_app()
     before = current_plan(at)
     at.session_state[table_key(at)] = {"edited_rows": {2: {"decode_capacity": 0}}, "added_rows": [], "deleted_rows": []}
@@ -115,10 +86,10 @@ def test_a_capacity_of_zero_typed_into_the_table_is_refused_with_a_message(env):
     assert current_plan(at).layers[2].decode.capacity == 20 and not at.error
 
 
-def test_match_total_capacity_rescales_and_keeps_the_route(env):
+def test_match_total_capacity_rescales_and_keeps_the_route(app_env):
     at = open_app()
     before = current_plan(at)
-    [n for n in at.number_input if n.label == "Target average capacity"][0].set_value(24.0)
+    [n for n in at.number_input if n.label == "Budget (average capacity per layer)"][0].set_value(24.0)
     button(at, "Rescale (keep the route)").click()
     at.run()
     after = current_plan(at)
@@ -127,12 +98,12 @@ def test_match_total_capacity_rescales_and_keeps_the_route(env):
     assert after.summary().phases["decode"].total_capacity == 24 * 5
 
 
-def test_save_sanitizes_the_name_and_load_and_diff_read_it_back(env):
+def test_save_sanitizes_the_name_and_load_and_diff_read_it_back(app_env):
     at = open_app()
     [t for t in at.text_input if t.label == "Plan name"][0].set_value("../My plan!")
     button(at, "Save to plans/").click()
     at.run()
-    saved = env / "plans" / "My-plan.json"
+    saved = app_env / "plans" / "My-plan.json"
     assert saved.is_file() and any("Saved" in s for s in texts(at.success))
     assert Plan.load(saved).name == "../My plan!"  # the name inside is kept; only the file name is made safe
     # refuse to overwrite without the tick
@@ -162,8 +133,8 @@ def test_save_sanitizes_the_name_and_load_and_diff_read_it_back(env):
         (Plan.homogeneous("tova", 32, 3).to_json(), "does not fit 'demo': layers: the plan has 3 layers but the model has 5"),
     ],
 )
-def test_loading_a_file_that_is_not_a_plan_for_this_model_says_why(env, content, message):
-    (env / "plans" / "not-a-plan.json").write_text(content)
+def test_loading_a_file_that_is_not_a_plan_for_this_model_says_why(app_env, content, message):
+    (app_env / "plans" / "not-a-plan.json").write_text(content)
     at = open_app()
     before = current_plan(at)
     [s for s in at.selectbox if s.label == "Saved plans"][0].select(Path("not-a-plan.json"))
@@ -176,37 +147,44 @@ def test_loading_a_file_that_is_not_a_plan_for_this_model_says_why(env, content,
     assert texts(at.title) == ["Plan designer"]  # still usable
 
 
-def test_a_model_path_that_does_not_exist_is_reported_and_the_demo_model_stays(env):
+def test_a_model_path_that_does_not_exist_is_reported_and_the_demo_model_stays(app_env):
     at = open_app()
+    before = current_plan(at)
     at.sidebar.text_input[0].set_value("/no/such/model")
     at.sidebar.button[0].click()
     at.run()
     assert not at.exception
-    assert any("model path does not exist: /no/such/model" in e for e in texts(at.sidebar.error))
+    (error,) = texts(at.sidebar.error)  # reported once, in the sidebar, naming the model and the reason
+    assert error.startswith("Could not load model '/no/such/model' on cpu: ")
+    assert "model path does not exist: /no/such/model" in error
+    # the demo model stays the current one, and the plan designed for it stays as it was
+    assert at.session_state["model"] == ("demo", "cpu")
     assert "Model: **demo** on cpu, 5 layers" in texts(at.sidebar.caption)
+    assert current_plan(at) == before
     assert texts(at.title) == ["Plan designer"]
 
 
-def test_heterogeneity_page_draws_support_sizes_and_density(env):
+def test_heterogeneity_page_draws_support_sizes_and_density(app_env):
     at = open_app("heterogeneity")
     assert texts(at.title) == ["Attention heterogeneity"]
     assert len(at.get("plotly_chart")) == 2
     assert any("8 inputs of" in c for c in texts(at.caption))
 
 
-def test_profiles_page_shows_heatmaps_of_a_saved_profile(env, demo_model):
+@pytest.mark.slow  # builds a profile of the demo model, then two pages
+def test_profiles_page_shows_heatmaps_of_a_saved_profile(app_env, demo_model):
     from polykv.profile.build import build_profile
     from polykv.profile.corpus import CorpusSpec
 
     model, tokenizer = demo_model
-    profile = build_profile("demo", model, tokenizer, env / "ws" / "profiles", CorpusSpec(num_sequences=2, max_tokens=128))
+    profile = build_profile("demo", model, tokenizer, app_env / "ws" / "profiles", CorpusSpec(num_sequences=2, max_tokens=128))
     at = open_app("profiles")
     assert texts(at.title) == ["Method profiles"]
     assert [s.value for s in at.subheader] == list(profile.metadata["scopes"])
     assert len(at.get("plotly_chart")) == 2 * len(profile.metadata["scopes"]) + 1  # cosine + dPPL per scope, entropy
 
     # the designer builds a plan from it (TopRank + allocation), as `polykv route` does
-    from polykv.profile.route import plan_from_profile
+    from polykv.routing import plan_from_profile
 
     at.switch_page("views/designer.py")
     at.run()
@@ -219,25 +197,24 @@ def test_profiles_page_shows_heatmaps_of_a_saved_profile(env, demo_model):
     assert current_plan(at) == plan_from_profile(profile, "decode", 24, "cosine", "entropy")
 
 
-def test_profiles_page_starts_a_background_profile(env):
+@pytest.mark.slow  # launches a profile job and waits for its worker
+def test_profiles_page_starts_a_background_profile(app_env):
     at = open_app("profiles")
     [n for n in at.number_input if n.label == "Sequences"][0].set_value(1)
     [n for n in at.number_input if n.label == "Tokens per sequence"][0].set_value(96)
     [s for s in at.multiselect if s.label == "Sources"][0].set_value(["kjv"])
     button(at, "Start profiling").click()
     at.run()
-    (job,) = jobs.list_jobs(env / "ws")
+    (job,) = jobs.list_jobs(app_env / "ws")
     assert job.kind == "profile" and job.profile["corpus"]["num_sequences"] == 1
-    deadline = time.time() + 240
-    while jobs.state(job, env / "ws").status not in jobs.FINAL and time.time() < deadline:
-        time.sleep(1)
-    state = jobs.state(job, env / "ws")
-    assert state.status == "finished", (state, jobs.log_tail(job, env / "ws"))
+    state = wait_for_job(job, app_env / "ws")
+    assert state.status == "finished", (state, jobs.log_tail(job, app_env / "ws"))
     at.run()
     assert len(at.get("plotly_chart")) >= 3  # the new profile opens
 
 
-def test_runs_page_launches_a_background_run_and_compare_shows_its_scores(env):
+@pytest.mark.slow  # launches an eval job and waits for its worker
+def test_runs_page_launches_a_background_run_and_compare_shows_its_scores(app_env):
     at = open_app("runs")
     assert texts(at.title) == ["Runs"]
     at.text_area(key="settings_fidelity").set_value(json.dumps(TINY_SETTINGS))
@@ -247,15 +224,12 @@ def test_runs_page_launches_a_background_run_and_compare_shows_its_scores(env):
     at.run()
     assert not at.exception and not at.error
     assert any("Started" in s and "(2 runs)" in s for s in texts(at.success))
-    (job,) = jobs.list_jobs(env / "ws")
+    (job,) = jobs.list_jobs(app_env / "ws")
     assert [r.label for r in job.runs] == [{"series": "route", "budget": 16}, {"series": "tova", "budget": 16}]
-    deadline = time.time() + 300
-    while jobs.state(job, env / "ws").status not in jobs.FINAL and time.time() < deadline:
-        time.sleep(1)
-    assert jobs.state(job, env / "ws").status == "finished", jobs.log_tail(job, env / "ws")
+    assert wait_for_job(job, app_env / "ws").status == "finished", jobs.log_tail(job, app_env / "ws")
     at.run()
     assert any("finished" in m for m in texts(at.markdown))
-    runs = Store(env / "ws" / "results.sqlite").runs()
+    runs = Store(app_env / "ws" / "results.sqlite").runs()
     assert sorted(r["status"] for r in runs) == ["finished", "finished"]
 
     at.switch_page("views/compare.py")
@@ -266,7 +240,7 @@ def test_runs_page_launches_a_background_run_and_compare_shows_its_scores(env):
     assert len(at.get("plotly_chart")) == 2  # task differences and the budget sweep
 
 
-def test_runs_page_refuses_bad_settings_and_budgets_inline(env):
+def test_runs_page_refuses_bad_settings_and_budgets_inline(app_env):
     at = open_app("runs")
     at.text_area(key="settings_fidelity").set_value('{"samples_per_task": 0}')
     button(at, "Launch").click()
@@ -278,20 +252,20 @@ def test_runs_page_refuses_bad_settings_and_budgets_inline(env):
     button(at, "Launch").click()
     at.run()
     assert "Not launched: budgets are positive whole numbers separated by commas, e.g. 64,128 (got 'x')" in texts(at.error)
-    assert jobs.list_jobs(env / "ws") == []
+    assert jobs.list_jobs(app_env / "ws") == []
 
 
-def test_compare_page_without_runs_says_what_to_do(env):
+def test_compare_page_without_runs_says_what_to_do(app_env):
     at = open_app("compare")
     assert texts(at.title) == ["Compare"]
     assert any("No finished run yet" in i for i in texts(at.info))
 
 
-def test_a_local_model_path_loads_and_the_designer_follows_its_layer_count(env, demo_model):
+def test_a_local_model_path_loads_and_the_designer_follows_its_layer_count(app_env, demo_model):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     _, tokenizer = demo_model
-    local = env / "tiny-llama"
+    local = app_env / "tiny-llama"
     config = LlamaConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
     LlamaForCausalLM(config).save_pretrained(local)
@@ -305,7 +279,8 @@ def test_a_local_model_path_loads_and_the_designer_follows_its_layer_count(env, 
     assert current_plan(at).num_layers == 3  # the demo plan does not fit: a fresh one for this model
 
 
-def test_a_placement_control_launched_from_runs_is_drawn_on_compare(env):
+@pytest.mark.slow  # launches a four-run eval job and waits for its worker
+def test_a_placement_control_launched_from_runs_is_drawn_on_compare(app_env):
     from polykv.design import paint
 
     guided = paint(Plan.homogeneous("tova", 24, 5, "decode", name="guided"), [2, 3, 4], "decode", "h2o")
@@ -317,12 +292,9 @@ def test_a_placement_control_launched_from_runs_is_drawn_on_compare(env):
     button(at, "Launch").click()
     at.run()
     assert any("(4 runs)" in s for s in texts(at.success)), (texts(at.success), texts(at.error))
-    (job,) = jobs.list_jobs(env / "ws")
+    (job,) = jobs.list_jobs(app_env / "ws")
     assert [r.label.get("series") for r in job.runs] == ["route", "placement", "placement", "placement"]
-    deadline = time.time() + 300
-    while jobs.state(job, env / "ws").status not in jobs.FINAL and time.time() < deadline:
-        time.sleep(1)
-    assert jobs.state(job, env / "ws").status == "finished", jobs.log_tail(job, env / "ws")
+    assert wait_for_job(job, app_env / "ws").status == "finished", jobs.log_tail(job, app_env / "ws")
     at.switch_page("views/compare.py")
     at.run()
     assert not at.exception
@@ -330,22 +302,21 @@ def test_a_placement_control_launched_from_runs_is_drawn_on_compare(env):
     assert len(at.get("plotly_chart")) == 2  # task differences and the placement histogram
 
 
-def test_a_running_job_shows_progress_and_cancel_stops_it(env):
+@pytest.mark.slow  # launches an eval job (worker) and cancels it
+def test_a_running_job_shows_progress_and_cancel_stops_it(app_env):
     slow = {**TINY_SETTINGS, "samples_per_task": 20, "prompt_tokens": 200}
     at = open_app("runs")
     at.text_area(key="settings_fidelity").set_value(json.dumps(slow))
     button(at, "Launch").click()
     at.run()
-    (job,) = jobs.list_jobs(env / "ws")
-    deadline = time.time() + 120
-    while jobs.state(job, env / "ws").runs[0].done < 1 and time.time() < deadline:
-        time.sleep(0.5)
+    (job,) = jobs.list_jobs(app_env / "ws")
+    wait_for_job(job, app_env / "ws", lambda s: s.runs[0].done >= 1)
     at.run()  # a reload while it runs: the job is read back from its files
     assert any(" · running" in m for m in texts(at.markdown))
     progress = [p for p in at.get("progress") if "samples" in p.proto.text]
     assert progress and "/40 samples · running" in progress[0].proto.text
     button(at, "Cancel").click()
     at.run()
-    assert jobs.state(job, env / "ws").status == "cancelled"
+    assert jobs.state(job, app_env / "ws").status == "cancelled"
     assert any(" · cancelled" in m for m in texts(at.markdown))
     assert "Resume" in [b.label for b in at.button]

@@ -5,22 +5,23 @@ from __future__ import annotations
 import pytest
 import torch
 
-from polykv.eval.backends import LocalBackend, RayBackend, SubprocessBackend, Unit
+from polykv.eval.backends import LocalBackend, RayBackend, SubprocessBackend
+from polykv.eval.unit import Unit
 from polykv.eval.store import Store
 from polykv.eval.runner import clear_sample_cache
-from polykv.eval.suites.fidelity import FidelitySettings, clear_reference_cache
+from polykv.eval.suites.fidelity import clear_reference_cache
 from polykv.plan import Plan
-
-TINY = FidelitySettings(tasks=("prose", "stories"), samples_per_task=2, prompt_tokens=96, continuation=8, generate=8)
+from tests.helpers import TINY_FIDELITY
 
 
 def units() -> list[Unit]:
     return [
-        Unit.of("demo", Plan.homogeneous("tova", 24, 5), "fidelity", TINY),
-        Unit.of("demo", Plan.homogeneous("h2o", 24, 5), "fidelity", TINY),
+        Unit.of("demo", Plan.homogeneous("tova", 24, 5), "fidelity", TINY_FIDELITY),
+        Unit.of("demo", Plan.homogeneous("h2o", 24, 5), "fidelity", TINY_FIDELITY),
     ]
 
 
+@pytest.mark.slow  # spawns a detached worker process
 def test_subprocess_backend_runs_detached_into_the_store(tmp_path, monkeypatch):
     monkeypatch.setenv("POLYKV_HOME", str(tmp_path / "home"))
     unit = units()[0]

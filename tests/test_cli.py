@@ -6,49 +6,15 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from polykv.cli import main
 from polykv.methods import validate_plan
 from polykv.plan import Plan
+from tests.helpers import MIXED, REPO, assert_one_line_error, run_cli
 
-REPO = Path(__file__).resolve().parents[1]
 PLANS = sorted((REPO / "plans").rglob("*.json"))
-
-
-@dataclass
-class Result:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-@pytest.fixture
-def polykv(tmp_path, monkeypatch, capsys):
-    """Run the CLI's entry point in-process (same code path as the console script) and capture it."""
-    monkeypatch.setenv("POLYKV_HOME", str(tmp_path / "home"))
-
-    def run(*args: str) -> Result:
-        monkeypatch.setattr(sys, "argv", ["polykv", *args])
-        with pytest.raises(SystemExit) as exit_info:
-            main()
-        out, err = capsys.readouterr()
-        code = exit_info.value.code
-        return Result(code if isinstance(code, int) else (0 if code is None else 1), out, err)
-
-    return run
-
-
-def assert_one_line_error(result, *expected: str) -> None:
-    assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    for text in expected:
-        assert text in lines[0]
 
 
 def test_generate_with_the_default_mixed_plan_on_the_demo_model(tmp_path):
@@ -84,7 +50,7 @@ def test_shipped_plans_are_valid_for_the_demo_model(path):
 
 
 def test_plan_show_and_validate(polykv):
-    mixed = str(REPO / "plans" / "demo" / "mixed.json")
+    mixed = str(MIXED)
     shown = polykv("plan", "show", mixed)
     assert shown.returncode == 0 and "total capacity B=184" in shown.stdout
     ok = polykv("plan", "validate", mixed, "--model", "demo")
@@ -92,7 +58,7 @@ def test_plan_show_and_validate(polykv):
 
 
 def _write(tmp_path: Path, mutate) -> str:
-    data = json.loads((REPO / "plans" / "demo" / "mixed.json").read_text())
+    data = json.loads(MIXED.read_text())
     mutate(data)
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(data))
@@ -129,10 +95,7 @@ def test_malformed_json_and_missing_files(tmp_path, polykv):
 def test_missing_demo_checkpoint_is_one_line(tmp_path):
     # A real process: a user error must leave no traceback on the terminal.
     env = {**os.environ, "POLYKV_HOME": str(tmp_path / "home"), "POLYKV_DEMO_CHECKPOINT": str(tmp_path / "none")}
-    result = subprocess.run(
-        [sys.executable, "-m", "polykv.cli", "generate", "--max-new-tokens", "2"],
-        capture_output=True, text=True, cwd=REPO, timeout=300, env=env,
-    )
+    result = run_cli("generate", "--max-new-tokens", "2", cwd=REPO, env=env)
     assert_one_line_error(result, "demo model checkpoint not found", "POLYKV_DEMO_CHECKPOINT")
 
 
@@ -150,21 +113,21 @@ def test_plan_homogeneous_writes_a_valid_plan(tmp_path, polykv):
 
 @pytest.mark.parametrize(
     "argv",
-    [["--help"], ["plan", "validate", str(REPO / "plans" / "demo" / "mixed.json")], ["plan", "show", str(REPO / "plans" / "demo" / "mixed.json")],
+    [["--help"], ["plan", "validate", str(MIXED)], ["plan", "show", str(MIXED)],
      ["methods"], ["runs"], ["jobs", "list"]],
     ids=["help", "plan-validate", "plan-show", "methods", "runs", "jobs-list"],
 )
 def test_commands_that_touch_no_tensor_import_neither_torch_nor_transformers(argv, tmp_path):
     # -X importtime lists every module whose code ran; a lazily registered torch never runs.
     env = {**os.environ, "POLYKV_WORKSPACE": str(tmp_path / "ws")}
-    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "polykv.cli", *argv], capture_output=True,
-                            text=True, env=env, cwd=tmp_path, timeout=120)
+    result = run_cli(*argv, python=("-X", "importtime"), env=env, cwd=tmp_path, timeout=120)
     assert result.returncode == 0, result.stderr
     imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
     assert "torch" not in imported and "transformers" not in imported and "pandas" not in imported
     assert not (tmp_path / "ws").exists()  # reading commands create no workspace
 
 
+@pytest.mark.slow  # two real `polykv generate` processes
 def test_a_command_that_loads_a_model_says_so_on_a_terminal_and_not_in_a_pipe(tmp_path, demo_model):
     import pty
 

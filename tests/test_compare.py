@@ -19,13 +19,7 @@ from polykv.eval.experiments import launch_plans, plan_budget
 from polykv.eval.stats import paired_bootstrap
 from polykv.eval.store import Store
 from polykv.plan import Plan
-
-
-def fake_run(store: Store, run_id: str, scores: dict[str, dict[str, float]], status: str = "finished") -> None:
-    store.create_run(run_id, model="m", plan_name=run_id, plan_hash="h", plan_json="{}", suite="fidelity",
-                     settings={}, seed=0, total_samples=len(scores), versions={})
-    store.set_task_scores(run_id, scores, {t: 1 for t in scores})
-    store.set_status(run_id, status)
+from tests.helpers import fake_run
 
 
 @pytest.fixture

@@ -9,18 +9,11 @@ import pandas as pd
 import pytest
 
 from polykv.plan import FULL, Phase
-from polykv.profile.confidence import (
-    NOISY_ROUTE,
-    bootstrap_weights,
-    cell_intervals,
-    fullkv_perplexity,
-    is_noisy,
-    replicate_values,
-    route_confidence,
-)
-from polykv.profile.profiler import PROFILE_REVISION, compatible_methods, profiled_methods
+from polykv.methods import for_phase
+from polykv.profile.confidence import bootstrap_weights, cell_intervals, fullkv_perplexity, replicate_values
+from polykv.profile.profiler import PROFILE_REVISION, profiled_methods
 from polykv.profile.store import Profile, ProfileError
-from polykv.routing import toprank
+from polykv.routing import NOISY_ROUTE, is_noisy, route_confidence, toprank
 
 T = 4  # continuation tokens per sequence
 
@@ -84,7 +77,7 @@ def profile_from(cosines: dict[tuple[int, str], list[float]], layers: int, phase
     (layer, method) of the phase; every NLL equals FullKV's."""
     n = len(next(iter(cosines.values())))
     reference = [10.0] * n
-    methods = [FULL, *compatible_methods(Phase(phase))]
+    methods = [FULL, *for_phase(Phase(phase))]
     cells = {(l, phase, m): [(c, 10.0) for c in cosines.get((l, m), [1.0 if m == FULL else 0.0] * n)]
              for l in range(layers) for m in methods}
     sequences = frame(cells)
@@ -114,7 +107,7 @@ def test_route_confidence_counts_the_replicates_the_winner_survives():
 
 
 def test_route_confidence_breaks_ties_in_registry_order_like_toprank():
-    first, second = compatible_methods(Phase.DECODE)[:2]
+    first, second = for_phase(Phase.DECODE)[:2]
     profile = profile_from({(0, first): [0.9, 0.1], (0, second): [0.9, 0.1]}, layers=1)
     got = route_confidence(profile, "decode", "cosine", replicates=100)
     assert got.winner[0] == first and got.runner_up[0] == second

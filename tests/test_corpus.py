@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from polykv.profile.corpus import CORPORA_ENV, CorpusSpec, build_corpus, corpora_dir
+from polykv.profile.corpus import (
+    CORPORA_ENV,
+    CORPUS_FILES,
+    DEFAULT_SOURCES,
+    CorpusSpec,
+    build_corpus,
+    corpora_dir,
+    model_source,
+    source_files,
+)
 
 TEXT_SOURCES = ("kjv", "jargon", "stdlib")
 
@@ -33,8 +42,17 @@ def one_line(excinfo) -> str:
 
 
 def test_the_default_corpora_are_there():
+    # Every text source among the default sources (all but the model's own samples) reads files that
+    # are there and hold text; the file-backed ones read their file in the corpora folder.
+    text_sources = [source for source in DEFAULT_SOURCES if model_source(source) is None]
+    assert set(CORPUS_FILES) <= set(text_sources)
+    for source in text_sources:
+        files = source_files(source)
+        assert all(path.is_file() for path in files) and sum(path.stat().st_size for path in files) > 0, source
     folder = corpora_dir()
-    assert (folder / "kjv.txt").is_file() and (folder / "jargon.txt").is_file()
+    for source, name in CORPUS_FILES.items():
+        assert source_files(source) == [folder / name]
+        assert (folder / name).read_text(encoding="utf-8").strip(), name  # UTF-8 text, not empty
 
 
 def test_same_spec_gives_identical_ids_and_another_seed_does_not(tokenizer):

@@ -17,7 +17,6 @@ import shutil  # noqa: E402
 import struct  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import llama2c_reference as ref  # noqa: E402  (pytest puts tests/ on sys.path)
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -31,6 +30,7 @@ from polykv.models import (  # noqa: E402
     load_model,
 )
 from polykv.models.llama2c import interleaved_to_half_rotary, read_source_record  # noqa: E402
+from tests import llama2c_reference as ref  # noqa: E402
 
 STORY = (
     "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. "

@@ -10,6 +10,7 @@ import pytest
 from polykv import design
 from polykv.methods import REGISTRY
 from polykv.plan import Phase, Plan, PlanError, Scope
+from polykv.routing import scale_budget
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -107,13 +108,13 @@ def test_table_edits_apply_and_bad_cells_name_layer_phase_and_field(mixed):
 
 
 def test_match_budget_keeps_the_route_and_proportions_and_hits_the_total(mixed):
-    scaled = design.match_budget(mixed, 24)
+    scaled = scale_budget(mixed, 24, name=mixed.name, description=mixed.description)
     assert scaled.name == mixed.name
     for phase in Phase:
         assert [lay[phase].method for lay in scaled.layers] == [lay[phase].method for lay in mixed.layers]
         assert scaled.summary().phases[phase].total_capacity == 24 * 5
     with pytest.raises(PlanError, match="must be positive"):
-        design.match_budget(mixed, 0)
+        scale_budget(mixed, 0)
 
 
 def test_diff_lists_changed_cells_and_plan_fields(mixed):

@@ -4,14 +4,14 @@ model at small sizes (fidelity suite, tiny settings)."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pandas as pd
 import pytest
-from test_cli import assert_one_line_error, polykv  # noqa: F401  (the fixture)
 
-from polykv.eval.experiments import Runner, factorial, placement, sweep, sweep_plans
+from polykv.eval.experiments import ExperimentRunner, factorial, placement, sweep, sweep_plans
 from polykv.eval.protocols import baseline_methods
 from polykv.eval.stats import spearman
 from polykv.eval.store import Store
@@ -21,15 +21,16 @@ from polykv.plan import FULL, LayerPlan, Phase, Plan, Scope
 from polykv.profile import profiler
 from polykv.profile.build import build_profile
 from polykv.profile.corpus import CorpusSpec
-from polykv.profile.route import plan_from_profile
+from polykv.routing import plan_from_profile
 from polykv.profile.store import Profile
+from tests.helpers import assert_one_line_error
 
 TINY = FidelitySettings(tasks=("prose", "stories"), samples_per_task=1, prompt_tokens=96, continuation=8, generate=8)
 
 
 # ---- injected scores --------------------------------------------------------------------------------
 @dataclass
-class FakeRunner(Runner):
+class FakeRunner(ExperimentRunner):
     """Runs nothing: each plan becomes a finished run in the real store whose task scores are
     `score_of(plan)` (the same numbers under the names top1 and kl), so the statistics can be checked by hand."""
 
@@ -63,7 +64,7 @@ def fake_profile(cosine: dict[str, list[float]], entropy: list[float]) -> Profil
     rows = [{"layer": layer, "scope": "decode", "method": method, "cosine": value, "dppl": 1.0 - value}
             for method, values in cosine.items() for layer, value in enumerate(values)]
     metadata = {"key": "fake-profile", "model": "fake", "num_layers": len(entropy), "capacity": 16,
-                "scopes": ["decode"], "method_params": {},
+                "scopes": ["decode"], "method_params": {}, "corpus": {"num_sequences": 1},
                 # measured with today's methods and profiler, so that the profile is current
                 "methods": {name: getattr(cls, "revision", 1) for name, cls in REGISTRY.items()},
                 "profile_revision": getattr(profiler, "PROFILE_REVISION", 1)}
@@ -318,7 +319,7 @@ def setup(tmp_path_factory, demo_model):
     model, tokenizer = demo_model
     root = tmp_path_factory.mktemp("experiments")
     profile = build_profile("demo", model, tokenizer, root / "profiles", CorpusSpec(num_sequences=2, max_tokens=128))
-    runner = Runner(Store(root / "results.sqlite"), "demo", model, tokenizer, "fidelity", TINY, metric="kl")
+    runner = ExperimentRunner(Store(root / "results.sqlite"), "demo", model, tokenizer, "fidelity", TINY, metric="kl")
     return profile, runner
 
 
@@ -340,8 +341,18 @@ def test_placement_ranks_the_guided_route_among_nine_placements(setup):
     guided = plan_from_profile(profile, "decode", 24, "cosine", "uniform")
     report = placement(runner, profile, guided, k=9)
     assert len(report.rows) == 10 and len({r["run"] for r in report.rows}) == 10
-    routes = [tuple(sorted(runner.store.run(r["run"])["plan_json"].count(m) for m in ("tova", "h2o"))) for r in report.rows]
-    assert len(set(routes)) == 1  # the same method counts everywhere
+    assert [r["role"] for r in report.rows] == ["guided"] + ["random"] * 9
+    plans = [Plan.from_json(runner.store.run(r["run"])["plan_json"]) for r in report.rows]
+    assert plans[0].layers == guided.layers  # the guided route itself is ranked among them
+    # every placement runs the guided route's decode methods, as many layers each, over the same per-layer
+    # capacities and prefill; and the ten routes differ (no placement repeats another or the guided one)
+    methods = Counter(lay.decode.method for lay in guided.layers)
+    for plan in plans[1:]:
+        assert plan.num_layers == guided.num_layers and plan.scope == guided.scope
+        assert Counter(lay.decode.method for lay in plan.layers) == methods
+        assert [lay.decode.capacity for lay in plan.layers] == [lay.decode.capacity for lay in guided.layers]
+        assert [lay.prefill for lay in plan.layers] == [lay.prefill for lay in guided.layers]
+    assert len({tuple(lay.decode.method for lay in plan.layers) for plan in plans}) == 10
     assert any(line.startswith("primary: Spearman") for line in report.lines)
     assert any(line.startswith("secondary (descriptive): guided route rank ") and "of 10" in line for line in report.lines)
 
@@ -361,7 +372,7 @@ def test_sweep_compares_the_route_with_every_baseline(setup):
     assert tova.scope is Scope.BOTH  # the decode route meets TOVA in both phases
 
 
-def test_placement_refuses_a_two_phase_plan(setup, polykv, tmp_path):  # noqa: F811
+def test_placement_refuses_a_two_phase_plan(setup, polykv, tmp_path):
     profile, runner = setup
     both = plan_from_profile(profile, "both", 24, "cosine", "uniform")
     with pytest.raises(ValueError, match="single-phase plan"):
@@ -374,7 +385,7 @@ def test_placement_refuses_a_two_phase_plan(setup, polykv, tmp_path):  # noqa: F
 
 
 @pytest.mark.slow  # finds the sweep test's runs again; run alone, it makes them (nine demo-model runs)
-def test_experiment_sweep_command_prints_protocols_fullkv_and_the_2b_lines(setup, polykv, tmp_path):  # noqa: F811
+def test_experiment_sweep_command_prints_protocols_fullkv_and_the_2b_lines(setup, polykv, tmp_path):
     profile, runner = setup
     path = tmp_path / "route.json"
     plan_from_profile(profile, "decode", 24, "cosine", "uniform").save(path)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import decode_logits, tiny_model
 
 from polykv.methods import REGISTRY
 from polykv.plan import LayerPlan, Phase, PhaseAssignment, Plan, Scope
 from polykv.runtime import routed
-from polykv.runtime.routed import cache_argument_name
+from polykv.models import cache_argument_name
+from tests.helpers import decode_logits, tiny_model
 
 METHODS = sorted(REGISTRY)
 # Small windows so that every method's parameters fit the small capacities used here.

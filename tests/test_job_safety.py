@@ -11,17 +11,23 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from test_cli import assert_one_line_error, polykv  # noqa: F401  (the fixture)
-from test_jobs import SLOW, TINY, wait, workspace  # noqa: F401  (the fixture)
 
 from polykv import jobs
 from polykv.errors import JobError
-from polykv.eval.backends import Unit
+from polykv.eval.unit import Unit
 from polykv.plan import Plan
+from tests.helpers import (
+    SLOW_FIDELITY,
+    TINY_FIDELITY,
+    assert_one_line_error,
+    command_line,
+    stop,
+    wait_for_job,
+    wait_until,
+)
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
 POLYKV = Path(sys.executable).with_name("polykv")
@@ -61,13 +67,6 @@ def crafted(ws: Path, job_id: str, **worker) -> jobs.Job:
     return job
 
 
-def stop(*processes: subprocess.Popen) -> None:
-    for process in processes:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=30)
-
-
 def test_cancel_never_signals_a_process_a_job_file_merely_names(tmp_path):
     ws = tmp_path / "ws"
     job_id = "crafted-job"
@@ -78,7 +77,7 @@ def test_cancel_never_signals_a_process_a_job_file_merely_names(tmp_path):
     named = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", job_id, "-m", "polykv.jobs", "run",
                               spec, "--workspace", str(ws.resolve())], start_new_session=True)
     try:
-        time.sleep(0.3)  # both have exec'd
+        wait_until(lambda: command_line(sleeper.pid).startswith("sleep") and job_id in command_line(named.pid), 60)
         host = socket.gethostname()
         cases = [{"pid": sleeper.pid}, {"pid": named.pid},
                  {"pid": sleeper.pid, "pid_start": start_time(sleeper.pid), "host": host},
@@ -96,11 +95,12 @@ def test_cancel_never_signals_a_process_a_job_file_merely_names(tmp_path):
         stop(sleeper, named)
 
 
-def test_cancel_waits_for_the_worker_and_a_running_job_is_not_started_twice(workspace):  # noqa: F811
-    job = jobs.eval_job([({}, Unit.of("demo", Plan.homogeneous("tova", 24, 5), "fidelity", SLOW))], "slow")
+@pytest.mark.slow  # spawns a job worker and two CLI processes
+def test_cancel_waits_for_the_worker_and_a_running_job_is_not_started_twice(workspace):
+    job = jobs.eval_job([({}, Unit.of("demo", Plan.homogeneous("tova", 24, 5), "fidelity", SLOW_FIDELITY))], "slow")
     process = jobs.start(job, workspace)
     try:
-        wait(job, workspace, lambda s: s.runs[0].done >= 1)
+        wait_for_job(job, workspace, lambda s: s.runs[0].done >= 1)
         saved = jobs.load_job(workspace, job.id)
         assert (saved.pid, saved.pid_start, saved.host) == (process.pid, start_time(process.pid), socket.gethostname())
         assert jobs._alive(saved, workspace)
@@ -130,8 +130,8 @@ def test_cancel_waits_for_the_worker_and_a_running_job_is_not_started_twice(work
         stop(process)
 
 
-def test_cancel_kills_a_worker_that_has_not_exited_by_the_timeout(workspace):  # noqa: F811
-    job = jobs.eval_job([({}, Unit.of("demo", Plan.homogeneous("tova", 24, 5), "fidelity", SLOW))], "killed")
+def test_cancel_kills_a_worker_that_has_not_exited_by_the_timeout(workspace):
+    job = jobs.eval_job([({}, Unit.of("demo", Plan.homogeneous("tova", 24, 5), "fidelity", SLOW_FIDELITY))], "killed")
     process = jobs.start(job, workspace)
     try:
         assert jobs.cancel(job, workspace, timeout=0.0) is True  # SIGTERM, no grace, then SIGKILL if still there
@@ -145,7 +145,7 @@ BAD_IDS = ["a/b", "../x", "..", "a..b", "", "x" * 129, "/etc/passwd", ".hidden",
 
 
 @pytest.mark.parametrize("command", ["cancel", "resume"])
-def test_job_ids_that_are_not_plain_names_are_refused_in_one_line(tmp_path, polykv, command):  # noqa: F811
+def test_job_ids_that_are_not_plain_names_are_refused_in_one_line(tmp_path, polykv, command):
     ws = tmp_path / "ws"
     crafted(ws, "real-job")
     before = sorted(p.name for p in tmp_path.rglob("*"))
@@ -160,7 +160,7 @@ def test_job_ids_that_are_not_plain_names_are_refused_in_one_line(tmp_path, poly
     assert not (tmp_path / "escape.json").exists()
 
 
-def test_damaged_job_files_are_listed_as_damaged_and_valid_jobs_still_listed(tmp_path, polykv):  # noqa: F811
+def test_damaged_job_files_are_listed_as_damaged_and_valid_jobs_still_listed(tmp_path, polykv):
     ws = tmp_path / "ws"
     good = crafted(ws, "good-job")
     folder = jobs.jobs_dir(ws)
@@ -208,23 +208,14 @@ def test_damaged_job_files_are_listed_as_damaged_and_valid_jobs_still_listed(tmp
     assert not (ws / "results.sqlite").exists()  # reading progress never creates the results database
 
 
-def test_a_finished_worker_is_reaped_without_anyone_waiting_for_it(workspace):  # noqa: F811
-    job = jobs.eval_job([({}, Unit.of("demo", Plan.homogeneous("tova", 24, 5), "fidelity", TINY))], "short")
+@pytest.mark.slow  # spawns a job worker and watches it to the end
+def test_a_finished_worker_is_reaped_without_anyone_waiting_for_it(workspace):
+    job = jobs.eval_job([({}, Unit.of("demo", Plan.homogeneous("tova", 24, 5), "fidelity", TINY_FIDELITY))], "short")
     process = jobs.start(job, workspace)
     pid = process.pid
     try:
         # watch /proc only: no jobs.state (it polls), no wait: the reaper thread alone must reap it
-        deadline, zombie_since = time.time() + 300, None
-        while time.time() < deadline:
-            fields = stat_fields(pid)
-            if fields is None:
-                break
-            if fields[0] == "Z":
-                zombie_since = zombie_since or time.time()
-                if time.time() - zombie_since > 10:
-                    break
-            time.sleep(0.1)
-        assert stat_fields(pid) is None, f"worker {pid} is still there: {stat_fields(pid)}"
+        wait_until(lambda: stat_fields(pid) is None, 600, lambda: f"worker {pid} is still there: {stat_fields(pid)}")
         assert zombie_children() == []
         written = json.loads((jobs.jobs_dir(workspace) / f"{job.id}.state.json").read_text())
         assert written["status"] == "finished", jobs.log_tail(job, workspace)

@@ -6,39 +6,19 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 
 import pytest
-from test_cli import assert_one_line_error, polykv  # noqa: F401  (the fixture)
 
 from polykv import jobs
-from polykv.eval.backends import Unit
+from polykv.eval.unit import Unit
 from polykv.eval.store import Store
-from polykv.eval.suites.fidelity import FidelitySettings
 from polykv.plan import Plan, PlanError
-
-TINY = FidelitySettings(tasks=("prose", "stories"), samples_per_task=2, prompt_tokens=96, continuation=8, generate=8)
-SLOW = FidelitySettings(tasks=("prose", "stories"), samples_per_task=12, prompt_tokens=200, continuation=16, generate=16)
-
-
-@pytest.fixture
-def workspace(tmp_path, demo_model):  # demo_model: the session's POLYKV_HOME holds the imported demo model
-    return tmp_path / "ws"
-
-
-def wait(job, workspace, until, timeout=300):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        state = jobs.state(jobs.load_job(workspace, job.id), workspace)
-        if until(state):
-            return state
-        time.sleep(0.5)
-    raise AssertionError(f"timed out: {jobs.state(job, workspace)}\n{jobs.log_tail(job, workspace)}")
+from tests.helpers import SLOW_FIDELITY, TINY_FIDELITY, assert_one_line_error, wait_for_job
 
 
 def test_an_eval_job_runs_its_units_in_order_and_reports_progress_per_run(workspace):
-    units = [({"series": "tova"}, Unit.of("demo", Plan.homogeneous("tova", 24, 5), "fidelity", TINY)),
-             ({"series": "h2o"}, Unit.of("demo", Plan.homogeneous("h2o", 24, 5), "fidelity", TINY))]
+    units = [({"series": "tova"}, Unit.of("demo", Plan.homogeneous("tova", 24, 5), "fidelity", TINY_FIDELITY)),
+             ({"series": "h2o"}, Unit.of("demo", Plan.homogeneous("h2o", 24, 5), "fidelity", TINY_FIDELITY))]
     job = jobs.eval_job(units, "two runs")
     assert [r.label for r in job.runs] == [{"series": "tova"}, {"series": "h2o"}]
     assert jobs.state(job, workspace).status == "waiting"
@@ -55,15 +35,16 @@ def test_an_eval_job_runs_its_units_in_order_and_reports_progress_per_run(worksp
 def test_a_job_refuses_a_bad_plan_before_it_starts(workspace):
     bad = Plan.homogeneous("snapkv", 24, 5, "prefill")  # default window 32 does not fit under 24
     with pytest.raises(PlanError, match="window"):
-        jobs.eval_job([({}, Unit.of("demo", bad, "fidelity", TINY))], "bad")
+        jobs.eval_job([({}, Unit.of("demo", bad, "fidelity", TINY_FIDELITY))], "bad")
     with pytest.raises(ValueError, match="at least one run"):
         jobs.eval_job([], "empty")
 
 
+@pytest.mark.slow  # spawns a job worker
 def test_cancel_stops_the_process_and_marks_the_run_and_job_cancelled(workspace):
-    job = jobs.eval_job([({}, Unit.of("demo", Plan.homogeneous("tova", 24, 5), "fidelity", SLOW))], "slow")
+    job = jobs.eval_job([({}, Unit.of("demo", Plan.homogeneous("tova", 24, 5), "fidelity", SLOW_FIDELITY))], "slow")
     process = jobs.start(job, workspace)
-    wait(job, workspace, lambda s: s.runs[0].done >= 1)
+    wait_for_job(job, workspace, lambda s: s.runs[0].done >= 1)
     jobs.cancel(job, workspace)
     assert process.poll() is not None
     state = jobs.state(jobs.load_job(workspace, job.id), workspace)
@@ -71,10 +52,11 @@ def test_cancel_stops_the_process_and_marks_the_run_and_job_cancelled(workspace)
     assert Store(workspace / "results.sqlite").run(job.runs[0].run_id)["status"] == "cancelled"
 
 
+@pytest.mark.slow  # spawns a job worker twice (24 samples)
 def test_a_killed_job_is_stopped_and_resumes_without_recomputing(workspace):
-    job = jobs.eval_job([({}, Unit.of("demo", Plan.homogeneous("h2o", 24, 5), "fidelity", SLOW))], "killed")
+    job = jobs.eval_job([({}, Unit.of("demo", Plan.homogeneous("h2o", 24, 5), "fidelity", SLOW_FIDELITY))], "killed")
     process = jobs.start(job, workspace)
-    wait(job, workspace, lambda s: s.runs[0].done >= 2)
+    wait_for_job(job, workspace, lambda s: s.runs[0].done >= 2)
     os.killpg(process.pid, signal.SIGKILL)  # no chance to write anything: as if the machine went down
     process.wait()
     state = jobs.state(jobs.load_job(workspace, job.id), workspace)
@@ -90,7 +72,7 @@ def test_a_killed_job_is_stopped_and_resumes_without_recomputing(workspace):
 
 def test_a_job_seen_by_a_new_process_is_read_from_its_files(workspace):
     """An app restart sees the same jobs: everything is in files (and pid liveness is checked by name)."""
-    job = jobs.eval_job([({}, Unit.of("demo", Plan.homogeneous("tova", 24, 5), "fidelity", TINY))], "t")
+    job = jobs.eval_job([({}, Unit.of("demo", Plan.homogeneous("tova", 24, 5), "fidelity", TINY_FIDELITY))], "t")
     job.pid = os.getpid()  # alive, but not this job's worker: must not count as running
     jobs.save_job(job, workspace)
     assert jobs.state(jobs.load_job(workspace, job.id), workspace).status == "stopped"
@@ -98,6 +80,7 @@ def test_a_job_seen_by_a_new_process_is_read_from_its_files(workspace):
     assert [j.id for j in jobs.list_jobs(workspace)] == [job.id]
 
 
+@pytest.mark.slow  # spawns a job worker
 def test_a_profile_job_writes_a_profile_and_reports_it(workspace):
     from polykv.profile.corpus import CorpusSpec
     from polykv.profile.store import load_profile
@@ -113,6 +96,7 @@ def test_a_profile_job_writes_a_profile_and_reports_it(workspace):
     assert json.loads(state_file.read_text())["status"] == "finished"
 
 
+@pytest.mark.slow  # spawns a job worker
 def test_a_failing_job_records_its_error_in_one_line(workspace, tmp_path):
     from polykv.profile.corpus import CorpusSpec
 
@@ -126,8 +110,8 @@ def test_a_failing_job_records_its_error_in_one_line(workspace, tmp_path):
     assert state.status == "failed" and "\n" not in state.error and f"no such file {text}" in state.error
 
 
-def test_cli_lists_jobs_and_refuses_unknown_ones_in_one_line(workspace, polykv):  # noqa: F811
-    job = jobs.eval_job([({}, Unit.of("demo", Plan.homogeneous("tova", 24, 5), "fidelity", TINY))], "listed job")
+def test_cli_lists_jobs_and_refuses_unknown_ones_in_one_line(workspace, polykv):
+    job = jobs.eval_job([({}, Unit.of("demo", Plan.homogeneous("tova", 24, 5), "fidelity", TINY_FIDELITY))], "listed job")
     jobs.save_job(job, workspace)
     listed = polykv("jobs", "list", "-w", str(workspace))
     assert listed.returncode == 0

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import decode_logits, tiny_model
-from test_methods import kept, view
 
 from polykv.methods.cake import CAKE
 from polykv.plan import Phase, Plan
 from polykv.runtime import routed
-from polykv.runtime.routed import cache_argument_name
+from polykv.models import cache_argument_name
+from tests.helpers import decode_logits, kept, layer_view, tiny_model
 
 LAYERS, PROMPT, WINDOW = 3, 48, 4
 
@@ -80,10 +79,10 @@ def test_hand_made_prompt_indicator_beats_the_current_query():
     rows[:, :, 0, 3], rows[:, :, 1, 3] = 0.0, 0.6
     rows[:, :, :, 5] = 0.32
     method = CAKE(capacity=w + 3, params={"window": w, "gamma": 200.0, "kernel_size": 1})
-    method.observe_prefill(view(n, phase=Phase.PREFILL, rows=rows, num_new=n))
+    method.observe_prefill(layer_view(n, phase=Phase.PREFILL, rows=rows))
     decode_rows = torch.zeros(1, 2, 1, n + 1)
     decode_rows[..., 1] = 1.0
-    ev = method.step(view(n + 1, rows=decode_rows))
+    ev = method.step(layer_view(n + 1, rows=decode_rows))
     assert kept(ev, n + 1) == [[3, 5, 8, 9, 10]] * 2  # two best prompt tokens, the window, the new token
 
 
@@ -92,8 +91,8 @@ def test_a_capacity_without_room_for_window_and_new_token_keeps_the_most_recent(
     n, w = 10, 3
     rows = torch.rand(1, 2, w, n, generator=torch.Generator().manual_seed(0)).softmax(-1)
     method = CAKE(capacity=w, params={"window": w, "kernel_size": 1})
-    method.observe_prefill(view(n, phase=Phase.PREFILL, rows=rows, num_new=n))
-    assert kept(method.step(view(n + 1)), n + 1) == [[8, 9, 10]] * 2
+    method.observe_prefill(layer_view(n, phase=Phase.PREFILL, rows=rows))
+    assert kept(method.step(layer_view(n + 1)), n + 1) == [[8, 9, 10]] * 2
 
 
 def test_a_prompt_cut_at_prefill_keeps_the_decode_rule(model):

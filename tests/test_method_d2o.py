@@ -6,32 +6,12 @@ import math
 
 import pytest
 import torch
-from conftest import decode_logits
-from test_runtime import max_diff, prompt, run_routed
 
-from polykv.methods.base import LayerView
 from polykv.methods.d2o import D2O
 from polykv.plan import Phase, Plan
 from polykv.runtime import routed
-from polykv.runtime.routed import cache_argument_name
-
-
-def decode_view(keys, values, positions, scores) -> LayerView:
-    """A decode step over one batch row: keys/values [h, n, d], positions [n], column sums [h, n]."""
-    h, n, _ = keys.shape
-    return LayerView(
-        phase=Phase.DECODE,
-        keys=keys[None].clone(),
-        values=values[None].clone(),
-        positions=torch.as_tensor(positions).expand(1, h, n).clone(),
-        num_new=1,
-        num_kv_groups=1,
-        column_sums=torch.as_tensor(scores, dtype=torch.float32).expand(1, h, n).clone(),
-    )
-
-
-def kept_slots(eviction, n):
-    return [mask.nonzero().flatten().tolist() for mask in eviction.kept_mask(n)[0]]
+from polykv.models import cache_argument_name
+from tests.helpers import decode_logits, kept, layer_view, max_diff, prompt, run_routed
 
 
 def cos(a, b):
@@ -47,13 +27,13 @@ SCORES = [5.0, 0.1, 4.0, 0.2, 0.0, 0.0]
 
 def first_cut():
     method = D2O(capacity=4, params={"sinks": 0, "heavy_ratio": 0.5, "alpha": 0.5})
-    view = decode_view(KEYS[None], VALUES[None], list(range(6)), SCORES)
+    view = layer_view(keys=KEYS[None], values=VALUES[None], positions=list(range(6)), column_sums=SCORES)
     return method, view, method.step(view)
 
 
 def test_d2o_merges_an_evicted_token_only_above_the_threshold():
     method, view, ev = first_cut()
-    assert kept_slots(ev, 6) == [[0, 2, 4, 5]]
+    assert kept(ev, 6) == [[0, 2, 4, 5]]
     s1, s3 = cos(KEYS[1], KEYS[0]), cos(KEYS[3], KEYS[2])  # each one's most similar kept key
     assert method.threshold == pytest.approx((s1 + s3) / 2)  # first eviction: tau = mean(s)
     assert s1 > method.threshold > s3
@@ -74,7 +54,8 @@ def test_d2o_threshold_is_an_ema_over_evictions():
     values = torch.cat([view.values[0, 0][keep], torch.zeros(1, 2)])
     method.per_token["score"] = method.per_token["score"][..., keep]
     # scores: position 4 is the weakest candidate (recent = 5, 6); its nearest kept key is k6
-    step = decode_view(keys[None], values[None], [0, 2, 4, 5, 6], [1.0, 1.0, -10.0, 0.0, 0.0])
+    step = layer_view(keys=keys[None], values=values[None], positions=[0, 2, 4, 5, 6],
+                      column_sums=[1.0, 1.0, -10.0, 0.0, 0.0])
     ev2 = method.step(step)
     assert ev2.dropped is not None and ev2.dropped.item() == 2
     s = cos(KEYS[4], new_key)
@@ -89,7 +70,7 @@ def test_d2o_gate_is_per_head():
     keys[1, 1] = torch.tensor([0.3, -1.0])  # head 1: slot 1 now nearest k4, cos ~0.96
     keys[1, 3] = torch.tensor([-1.0, 0.05])  # head 1: slot 3 nearest k5, cos ~0.999 (merges)
     method = D2O(capacity=4, params={"sinks": 0})
-    view = decode_view(keys, VALUES.expand(2, 6, 2), list(range(6)), SCORES)
+    view = layer_view(keys=keys, values=VALUES.expand(2, 6, 2), positions=list(range(6)), column_sums=SCORES)
     method.step(view)
     s = [cos(KEYS[1], KEYS[0]), cos(KEYS[3], KEYS[2]), cos(keys[1, 1], KEYS[4]), cos(keys[1, 3], KEYS[5])]
     assert method.threshold == pytest.approx(sum(s) / 4)  # mean over heads and tokens
@@ -102,10 +83,12 @@ def test_d2o_protects_sinks_and_recent_window():
     scores = [0.0, 0.0, 1.0, 5.0, 2.0, 4.0, 3.0, 0.0, 0.0, 0.0]  # sinks and recent score lowest
     keys, values = torch.randn(2, 10, 4), torch.randn(2, 10, 4)
     method = D2O(capacity=6, params={"sinks": 2, "heavy_ratio": 0.5})  # 3 heavy (2 sinks + 1), 3 recent
-    assert kept_slots(method.step(decode_view(keys, values, list(range(10)), scores)), 10) == [[0, 1, 3, 7, 8, 9]] * 2
+    view = layer_view(keys=keys, values=values, positions=list(range(10)), column_sums=scores)
+    assert kept(method.step(view), 10) == [[0, 1, 3, 7, 8, 9]] * 2
     # more sinks than heavy slots: the recent window shrinks so that the sinks still fit
     method = D2O(capacity=5, params={"sinks": 4, "heavy_ratio": 0.2})
-    assert kept_slots(method.step(decode_view(keys, values, list(range(10)), scores)), 10) == [[0, 1, 2, 3, 9]] * 2
+    view = layer_view(keys=keys, values=values, positions=list(range(10)), column_sums=scores)
+    assert kept(method.step(view), 10) == [[0, 1, 2, 3, 9]] * 2
     assert D2O.check({"sinks": 8}, 8) == [
         "params: d2o: sinks (8) must be smaller than the capacity (8); allowed range 0 .. 7"
     ]
@@ -115,8 +98,7 @@ def test_d2o_layer_statistic_and_allocation():
     method = D2O(capacity=8)
     sums = torch.tensor([[[1.0, 1.0, 1.0], [0.0, 3.0, 0.0]]])  # head variances 0 and 3
     method.observe_prefill(
-        LayerView(Phase.PREFILL, torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4), torch.arange(3).expand(1, 2, 3),
-                  num_new=3, num_kv_groups=1, column_sums=sums)
+        layer_view(3, phase=Phase.PREFILL, column_sums=sums)
     )
     assert method.allocation_statistic() == pytest.approx(0.5 * 3 / (3 + 1e-6))
     params = D2O.Params()
@@ -177,7 +159,7 @@ def test_d2o_tokens_sharing_a_target_merge_together():
     keys, values = torch.randn(2, 12, 3), torch.randn(2, 12, 3)
     scores = torch.rand(2, 12)
     method = D2O(capacity=4, params={"sinks": 1})
-    view = decode_view(keys, values, list(range(12)), scores)
+    view = layer_view(keys=keys, values=values, positions=list(range(12)), column_sums=scores)
     view.column_sums = scores[None].clone()
     kept = method.step(view).kept_mask(12)[0]
     expected_k, expected_v, found = keys.clone(), values.clone(), []

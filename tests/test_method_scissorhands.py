@@ -3,42 +3,21 @@
 from __future__ import annotations
 
 import torch
-from conftest import decode_logits, tiny_model
-from test_runtime import max_diff, prompt, run_routed
 
-from polykv.methods.base import LayerView
 from polykv.methods.scissorhands import Scissorhands
 from polykv.plan import Phase, Plan
 from polykv.runtime import routed
 from polykv.runtime.cache import gather_slots
-from polykv.runtime.routed import cache_argument_name
+from polykv.models import cache_argument_name
+from tests.helpers import decode_logits, kept, layer_view, max_diff, prompt, run_routed, tiny_model
 
 H, L = 0.5, 0.05  # attention of an important / unimportant token in hand-made rows
-
-
-def view(positions, rows, *, phase=Phase.DECODE, groups=1) -> LayerView:
-    """One KV head over `positions`; rows [query heads, w, n] (causal zeros included by the caller)."""
-    positions = torch.as_tensor(positions).view(1, 1, -1)
-    n = positions.shape[-1]
-    return LayerView(
-        phase=phase,
-        keys=torch.zeros(1, 1, n, 4),
-        values=torch.zeros(1, 1, n, 4),
-        positions=positions,
-        num_new=n if phase is Phase.PREFILL else 1,
-        num_kv_groups=groups,
-        rows=torch.as_tensor(rows, dtype=torch.float32).view(1, groups, -1, n),
-    )
-
-
-def kept(eviction, n: int) -> list[int]:
-    return eviction.kept_mask(n)[0, 0].nonzero().flatten().tolist()
 
 
 def decode(method, rows: list[list[float]]):
     """Feed one decode step per row (slot i = position i, no eviction in between); last step's eviction."""
     for row in rows:
-        eviction = method.step(view(range(len(row)), [row]))
+        eviction = method.step(layer_view(positions=range(len(row)), heads=1, rows=[row]))
     return eviction
 
 
@@ -51,7 +30,7 @@ def test_keeps_the_persistently_important_token_over_an_old_spike():
         [L, L, H, L, L],
         [L, L, H, L, L, L],
     ])
-    assert kept(ev, 6) == [2, 4, 5]  # A, then the newer of the tokens tied at 2 events, + the recent one
+    assert kept(ev, 6) == [[2, 4, 5]]  # A, then the newer of the tokens tied at 2 events, + the recent one
     assert method.per_token["unimportant"][0, 0].sum(-1).tolist() == [2, 2, 0, 2, 2, 1]
 
 
@@ -64,7 +43,7 @@ def test_events_older_than_the_history_window_are_forgotten():
         [L, H, H, L, L],
         [L, H, L, L, L, L],
     ])
-    assert kept(ev, 6) == [1, 5]
+    assert kept(ev, 6) == [[1, 5]]
 
 
 def test_prefill_protects_recent_breaks_ties_to_the_older_and_flags_causally():
@@ -78,14 +57,14 @@ def test_prefill_protects_recent_breaks_ties_to_the_older_and_flags_causally():
     rows[0, :, 3] += 0.4
     rows[1, :, 3] -= 0.04
     method = Scissorhands(capacity=4, params={"history": 3, "recent": 2})
-    ev = method.step(view(range(8), rows, phase=Phase.PREFILL, groups=2))
+    ev = method.step(layer_view(positions=range(8), heads=1, rows=rows, phase=Phase.PREFILL, groups=2))
     flags = method.per_token["unimportant"][0, 0]  # [slot, query]
     assert flags[:, 0].tolist() == [False] * 3 + [True] * 3 + [False] * 2  # query 5 cannot see slots 6, 7
     assert flags[:, 1].tolist() == [False] * 3 + [True] * 4 + [False]
     assert flags.sum(-1).tolist() == [0, 0, 0, 3, 3, 3, 2, 1]
     # Without protection the 0-event slots 0-2 and slot 7 would stay; the recent 6, 7 always do, and
     # among the tied slots 0-2 the oldest goes. Prefill cuts to exactly the capacity.
-    assert kept(ev, 8) == [1, 2, 6, 7]
+    assert kept(ev, 8) == [[1, 2, 6, 7]]
 
 
 def test_drops_m_at_once_then_refills_up_to_the_capacity():
@@ -97,7 +76,8 @@ def test_drops_m_at_once_then_refills_up_to_the_capacity():
     for pos in range(30):
         positions = torch.cat([positions, torch.tensor([[[pos]]])], dim=-1)
         n = positions.shape[-1]
-        ev = method.step(view(positions[0, 0], torch.rand(1, 1, n, generator=g).softmax(-1)))
+        rows = torch.rand(1, 1, n, generator=g).softmax(-1)
+        ev = method.step(layer_view(positions=positions[0, 0], heads=1, rows=rows))
         if ev is not None:  # apply it as the runtime does: slots and per-token state together
             keep = ev.kept_mask(n).nonzero()[:, -1].view(1, 1, -1)
             assert n - keep.shape[-1] == 3

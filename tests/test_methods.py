@@ -6,39 +6,18 @@ import pytest
 import torch
 
 from polykv.methods import REGISTRY
-from polykv.methods.base import LayerView
 from polykv.methods.h2o import H2O
 from polykv.methods.snapkv import SnapKV, pool_votes
 from polykv.methods.streamingllm import StreamingLLM
 from polykv.methods.tova import TOVA
 from polykv.plan import Phase
-
-
-def view(n: int, *, heads: int = 2, groups: int = 1, phase=Phase.DECODE, rows=None, column_sums=None, num_new=1):
-    """A layer view with n slots at positions 0..n-1 (keys/values are irrelevant to these rules)."""
-    return LayerView(
-        phase=phase,
-        keys=torch.zeros(1, heads, n, 4),
-        values=torch.zeros(1, heads, n, 4),
-        positions=torch.arange(n).expand(1, heads, n),
-        num_new=num_new,
-        num_kv_groups=groups,
-        rows=rows,
-        column_sums=column_sums,
-    )
-
-
-def kept(eviction, n: int) -> list[list[int]]:
-    """Kept slots per head of batch row 0, whether the method named them or the one it dropped."""
-    if eviction.dropped is not None:
-        return [[i for i in range(n) if i != d] for d in eviction.dropped[0, :, 0].tolist()]
-    return eviction.keep[0].tolist()
+from tests.helpers import kept, layer_view
 
 
 def test_streamingllm_keeps_sinks_and_most_recent():
     method = StreamingLLM(capacity=6, params={"sinks": 2})
-    assert kept(method.step(view(10)), 10) == [[0, 1, 6, 7, 8, 9]] * 2
-    assert method.step(view(6)) is None  # at capacity: nothing to evict
+    assert kept(method.step(layer_view(10)), 10) == [[0, 1, 6, 7, 8, 9]] * 2
+    assert method.step(layer_view(6)) is None  # at capacity: nothing to evict
 
 
 def test_h2o_keeps_heavy_hitters_and_recent_window():
@@ -47,7 +26,7 @@ def test_h2o_keeps_heavy_hitters_and_recent_window():
     sums[..., 2] = 5.0
     sums[..., 5] = 3.0
     method = H2O(capacity=4, params={"heavy_ratio": 0.5})
-    ev = method.step(view(10, phase=Phase.PREFILL, column_sums=sums, num_new=10))
+    ev = method.step(layer_view(10, phase=Phase.PREFILL, column_sums=sums))
     assert kept(ev, 10) == [[2, 5, 8, 9]] * 2  # 2 heavy hitters + 2 most recent
     assert method.per_token["score"].shape == (1, 2, 10)
 
@@ -55,9 +34,9 @@ def test_h2o_keeps_heavy_hitters_and_recent_window():
 def test_h2o_accumulates_scores_across_decode_steps():
     method = H2O(capacity=3, params={"heavy_ratio": 1 / 3})
     # After prefill (3 slots): token 0 has score 1.0, token 1 has 0.9, token 2 has 0.
-    method.observe_prefill(view(3, phase=Phase.PREFILL, column_sums=torch.tensor([1.0, 0.9, 0.0]).expand(1, 2, 3)))
+    method.observe_prefill(layer_view(3, phase=Phase.PREFILL, column_sums=torch.tensor([1.0, 0.9, 0.0]).expand(1, 2, 3)))
     # Step 1: token 1 gets 0.5 more, overtaking token 0 (1.4 vs 1.0); the new token 3 is recent.
-    ev = method.step(view(4, column_sums=torch.tensor([0.0, 0.5, 0.2, 0.3]).expand(1, 2, 4)))
+    ev = method.step(layer_view(4, column_sums=torch.tensor([0.0, 0.5, 0.2, 0.3]).expand(1, 2, 4)))
     # capacity 3, heavy = 1: keep the 2 most recent (2, 3) + the heaviest of the rest (1).
     assert kept(ev, 4) == [[1, 2, 3]] * 2
     # Scores cover every slot before eviction; the runtime gathers them with the cache.
@@ -70,7 +49,7 @@ def test_h2o_gqa_scores_are_the_group_mean():
     sums[0, 0, 1], sums[0, 1, 2] = 4.0, 3.0  # KV head 0: mean favours slot 1
     sums[0, 2, 3], sums[0, 3, 3] = 1.0, 1.0  # KV head 1: slot 3
     method = H2O(capacity=2, params={"heavy_ratio": 0.5})
-    ev = method.step(view(6, heads=2, groups=2, phase=Phase.PREFILL, column_sums=sums, num_new=6))
+    ev = method.step(layer_view(6, heads=2, groups=2, phase=Phase.PREFILL, column_sums=sums))
     assert kept(ev, 6) == [[1, 5], [3, 5]]  # per-KV-head heavy hitter + the most recent token
 
 
@@ -79,7 +58,7 @@ def test_tova_drops_the_token_the_current_query_ignores():
     rows[..., 3] = 0.0  # every head's current query ignores token 3
     rows[0, 0, 0, 6] = 0.001  # one head ignores token 6 too, but the head average keeps it
     method = TOVA(capacity=7)
-    ev = method.step(view(8, heads=2, groups=2, rows=rows))
+    ev = method.step(layer_view(8, heads=2, groups=2, rows=rows))
     assert ev.dropped is not None  # one slot goes: found by argmin, no sort
     assert kept(ev, 8) == [[0, 1, 2, 4, 5, 6, 7]] * 2  # one index set for all heads
 
@@ -90,7 +69,7 @@ def test_snapkv_keeps_what_the_window_votes_for_plus_the_window():
     rows[..., 1] = 0.5  # the observation window's queries look at prefix tokens 1 and 7
     rows[..., 7] = 0.4
     method = SnapKV(capacity=5, params={"window": w, "kernel_size": 1})
-    ev = method.step(view(n, phase=Phase.PREFILL, rows=rows, num_new=n))
+    ev = method.step(layer_view(n, phase=Phase.PREFILL, rows=rows))
     assert kept(ev, n) == [[1, 7, 9, 10, 11]] * 2
 
 
@@ -124,4 +103,4 @@ def test_every_method_keeps_all_when_under_capacity(name):
     rows = torch.full((1, 2, 4, 10), 0.1)
     sums = torch.full((1, 2, 10), 0.1)
     phase = Phase.PREFILL if Phase.PREFILL in cls.phases else Phase.DECODE
-    assert method.step(view(10, phase=phase, rows=rows, column_sums=sums, num_new=10)) is None
+    assert method.step(layer_view(10, phase=phase, rows=rows, column_sums=sums, num_new=10)) is None

@@ -6,8 +6,6 @@ import math
 
 import pytest
 import torch
-from conftest import decode_logits, tiny_model
-from test_methods import kept, view
 
 from polykv.methods import REGISTRY, validate_plan
 from polykv.methods.base import split_total
@@ -15,7 +13,8 @@ from polykv.methods.cake import CAKE, CAKEParams
 from polykv.methods.pyramidkv import PyramidKV, PyramidKVParams
 from polykv.plan import Phase, Plan, PlanError
 from polykv.runtime import routed
-from polykv.runtime.routed import cache_argument_name
+from polykv.models import cache_argument_name
+from tests.helpers import decode_logits, kept, layer_view, tiny_model
 
 
 def test_split_total_is_exact_bounded_and_proportional():
@@ -49,7 +48,7 @@ def test_pyramidkv_selects_like_snapkv():
     n, w = 12, 3
     rows = torch.full((1, 2, w, n), 0.01)
     rows[..., 4] = 0.5
-    ev = PyramidKV(capacity=4, params={"window": w, "kernel_size": 1}).step(view(n, phase=Phase.PREFILL, rows=rows, num_new=n))
+    ev = PyramidKV(capacity=4, params={"window": w, "kernel_size": 1}).step(layer_view(n, phase=Phase.PREFILL, rows=rows))
     assert kept(ev, n) == [[4, 9, 10, 11]] * 2
 
 
@@ -65,7 +64,7 @@ def test_cake_preference_follows_the_formula():
     n, w = 20, 4
     rows = torch.rand(1, 4, w, n).softmax(-1)
     method = CAKE(capacity=None, params={"window": w, "tau1": 1.6, "tau2": 0.4})
-    method.step(view(n, heads=2, groups=2, phase=Phase.PREFILL, rows=rows, num_new=n))
+    method.step(layer_view(n, heads=2, groups=2, phase=Phase.PREFILL, rows=rows))
     assert math.isclose(method.allocation_statistic(), hand_preference(rows, w, 1.6, 0.4), rel_tol=1e-9)
 
 
@@ -87,9 +86,9 @@ def test_cake_indicator_keeps_high_variance_tokens():
     rows[:, :, 0, 3], rows[:, :, 1, 3] = 0.0, 0.6  # token 3: mean 0.3 with a large variance
     rows[:, :, :, 5] = 0.32  # token 5: the larger mean, no variance
     plain = CAKE(capacity=w + 1, params={"window": w, "gamma": 0.0, "kernel_size": 1})
-    assert kept(plain.step(view(n, phase=Phase.PREFILL, rows=rows, num_new=n)), n) == [[5, 8, 9]] * 2
+    assert kept(plain.step(layer_view(n, phase=Phase.PREFILL, rows=rows)), n) == [[5, 8, 9]] * 2
     varied = CAKE(capacity=w + 1, params={"window": w, "gamma": 200.0, "kernel_size": 1})
-    assert kept(varied.step(view(n, phase=Phase.PREFILL, rows=rows, num_new=n)), n) == [[3, 8, 9]] * 2
+    assert kept(varied.step(layer_view(n, phase=Phase.PREFILL, rows=rows)), n) == [[3, 8, 9]] * 2
 
 
 def test_cake_decode_protects_the_window():
@@ -97,7 +96,7 @@ def test_cake_decode_protects_the_window():
     rows = torch.full((1, 2, 1, n), 0.2)
     rows[..., 7] = 0.0  # the newest token gets no attention, but it is in the window
     rows[..., 2] = 0.01
-    ev = CAKE(capacity=n - 1, params={"window": w, "kernel_size": 1}).step(view(n, rows=rows))
+    ev = CAKE(capacity=n - 1, params={"window": w, "kernel_size": 1}).step(layer_view(n, rows=rows))
     assert kept(ev, n) == [[0, 1, 3, 4, 5, 6, 7]] * 2
 
 

@@ -6,19 +6,18 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from typing import Literal, get_args, get_origin
 
 import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from polykv.cli import main
 from polykv.methods import REGISTRY, params_that_fit, validate_plan
 from polykv.methods.cake import CAKE, preference
 from polykv.methods.scissorhands import HISTORY_ALWAYS_ALLOWED, Scissorhands
 from polykv.methods.snapkv import SnapKV
 from polykv.plan import MAX_LAYERS, MAX_TOKENS, Phase, Plan, PlanError
+from tests.helpers import assert_one_line_error
 
 CAPACITY = 4096  # every default fits under it
 CONTEXT = 8192
@@ -354,29 +353,11 @@ def test_params_that_fit_gives_plain_ints_for_any_integer_capacity():
         assert cls.check(params, 8) == []
 
 
-@pytest.fixture
-def polykv(tmp_path, monkeypatch, capsys):
-    """The CLI's entry point in-process (as in tests/test_cli.py): (exit code, stdout, stderr)."""
-    monkeypatch.setenv("POLYKV_HOME", str(tmp_path / "home"))
-
-    def run(*args: str):
-        monkeypatch.setattr(sys, "argv", ["polykv", *args])
-        with pytest.raises(SystemExit) as exit_info:
-            main()
-        out, err = capsys.readouterr()
-        return exit_info.value.code, out, err
-
-    return run
-
-
 def test_cli_plan_validate_refuses_a_boolean_window_in_one_line(tmp_path, polykv):
     data = Plan.homogeneous("snapkv", 64, 5, "prefill").to_dict()
     data["layers"][1]["prefill"]["params"] = {"window": True}
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(data))
-    code, _, err = polykv("plan", "validate", str(path))
-    assert code == 2 and "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    assert "layer 1, prefill, params.window: snapkv: Input should be a valid integer (got True)" in lines[0]
-    assert "allowed range 1 .. 1048576" in lines[0]
+    assert_one_line_error(polykv("plan", "validate", str(path)),
+                          "layer 1, prefill, params.window: snapkv: Input should be a valid integer (got True)",
+                          "allowed range 1 .. 1048576")

@@ -7,14 +7,13 @@ import math
 
 import pandas as pd
 import pytest
-from conftest import tiny_model
-from test_cli import assert_one_line_error, polykv  # noqa: F401  (the fixture)
 
 from polykv.methods import validate_plan
 from polykv.plan import Plan
 from polykv.profile.corpus import CorpusSpec, build_corpus
 from polykv.profile.profiler import profile_methods
 from polykv.profile.store import ProfileError, load_profile
+from tests.helpers import assert_one_line_error, tiny_model
 
 SMALL = ["--sequences", "4", "--max-tokens", "160"]
 
@@ -72,7 +71,7 @@ def test_prefix_reuse_gives_the_naive_profile(profiled):
 
 
 @pytest.mark.parametrize("scope", ["prefill", "decode", "both"])
-def test_route_builds_a_valid_plan_for_each_scope(profiled, polykv, tmp_path, scope):  # noqa: F811
+def test_route_builds_a_valid_plan_for_each_scope(profiled, polykv, tmp_path, scope):
     profile, *_ = profiled
     out = tmp_path / f"{scope}.json"
     result = polykv("route", str(profile.path), "--scope", scope, "--budget", "40", "--allocation", "entropy", "-o", str(out))
@@ -91,7 +90,7 @@ def test_route_builds_a_valid_plan_for_each_scope(profiled, polykv, tmp_path, sc
         assert plan.summary().phases[phase].total_capacity == 5 * 40
 
 
-def test_cli_profile_then_route(polykv, tmp_path):  # noqa: F811
+def test_cli_profile_then_route(polykv, tmp_path):
     ws = tmp_path / "ws"
     result = polykv("profile", *SMALL, "--scope", "decode", "-w", str(ws))
     assert result.returncode == 0, result.stderr
@@ -103,7 +102,7 @@ def test_cli_profile_then_route(polykv, tmp_path):  # noqa: F811
     assert_one_line_error(prefill, "has no prefill measurements")
 
 
-def test_bad_profile_inputs_are_one_line(polykv, profiled, tmp_path):  # noqa: F811
+def test_bad_profile_inputs_are_one_line(polykv, profiled, tmp_path):
     profile, *_ = profiled
     assert_one_line_error(polykv("profile", *SMALL, "--sources", "kjv,file:/no/such.txt", "-w", str(tmp_path)), "no/such.txt")
     assert_one_line_error(polykv("profile", *SMALL, "--sources", "wikitext", "-w", str(tmp_path)), "wikitext")
@@ -123,7 +122,7 @@ def test_load_profile_refuses_a_foreign_directory(tmp_path):
         load_profile(tmp_path)
 
 
-def test_cli_heterogeneity(polykv):  # noqa: F811
+def test_cli_heterogeneity(polykv):
     result = polykv("heterogeneity", "--inputs", "3", "--max-tokens", "96")
     assert result.returncode == 0, result.stderr
     assert "90% attention support per layer, 3 inputs of 96 tokens" in result.stdout
@@ -195,10 +194,10 @@ def _refresh(profile) -> str:
             f"{','.join(spec['sources'])} --sequences 4 --max-tokens 160")
 
 
-def test_a_new_method_makes_the_profile_stale(profiled, monkeypatch, polykv, tmp_path):  # noqa: F811
+def test_a_new_method_makes_the_profile_stale(profiled, monkeypatch, polykv, tmp_path):
     from polykv.methods import REGISTRY
     from polykv.profile import build
-    from polykv.profile.route import plan_from_profile
+    from polykv.routing import plan_from_profile
 
     profile, model, tokenizer, root = profiled
     monkeypatch.setitem(REGISTRY, "throwaway", _throwaway_method())
@@ -224,7 +223,7 @@ def test_a_new_method_makes_the_profile_stale(profiled, monkeypatch, polykv, tmp
 def test_a_method_revision_bump_makes_the_profile_stale(profiled, monkeypatch):
     from polykv.methods import REGISTRY
     from polykv.profile import build
-    from polykv.profile.route import plan_from_profile
+    from polykv.routing import plan_from_profile
 
     profile, model, tokenizer, root = profiled
     monkeypatch.setattr(REGISTRY["tova"], "revision", REGISTRY["tova"].revision + 1)
@@ -235,10 +234,10 @@ def test_a_method_revision_bump_makes_the_profile_stale(profiled, monkeypatch):
         build.build_profile("demo", model, tokenizer, root, CorpusSpec(num_sequences=4, max_tokens=160))
 
 
-def test_a_profile_without_revisions_is_refused(profiled, polykv, tmp_path):  # noqa: F811
+def test_a_profile_without_revisions_is_refused(profiled, polykv, tmp_path):
     import shutil
 
-    from polykv.profile.route import plan_from_profile
+    from polykv.routing import plan_from_profile
 
     profile, *_ = profiled
     old = tmp_path / "profiles" / profile.key

@@ -70,8 +70,20 @@ def hand_profile() -> pd.DataFrame:
 
 # ---- TopRank -------------------------------------------------------------------------------------
 def test_registry_order_used_by_the_tie_tests():
+    # The hand profile's ties (layer 0: h2o = tova at prefill, tova = d2o at decode) go to the method
+    # listed first in the registry: neither to the first row of the table nor by name (d2o < tova).
     order = list(REGISTRY)
     assert order.index("h2o") < order.index("tova") < order.index("d2o")
+    table = hand_profile()
+    ties = [("prefill", "cosine", "h2o", "tova"), ("decode", "cosine", "tova", "d2o"), ("decode", "dppl", "tova", "d2o")]
+    for scope, statistic, first, second in ties:
+        layer0 = table[(table.layer == 0) & (table.scope == scope)].set_index("method")[statistic]
+        assert layer0[first] == layer0[second], (scope, statistic)  # a real tie
+        others = layer0.drop([first, second, FULL, "magic"], errors="ignore")  # no other compatible method is better
+        better = others[others > layer0[first]] if statistic == "cosine" else others[others < layer0[first]]
+        assert all(Phase(scope) not in REGISTRY[m].phases for m in better.index), (scope, statistic)
+        for rows in (table, table.iloc[::-1]):  # in either row order
+            assert toprank(rows, scope, statistic)[0] == first, (scope, statistic)
 
 
 def test_toprank_cosine():

@@ -6,36 +6,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FAMILIES, decode_logits, tiny_model
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from polykv.methods import REGISTRY
 from polykv.plan import LayerPlan, PhaseAssignment, Plan, Scope
 from polykv.runtime import RoutedCache, RoutedCacheError, routed
-from polykv.runtime.routed import cache_argument_name
+from polykv.models import cache_argument_name
+from tests.helpers import FAMILIES, STEPS, decode_logits, max_diff, prompt, run_routed, tiny_model
 
 TOL = 1e-5
-STEPS = 16
-
-
-def max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
-    assert len(a) == len(b)
-    return max((x - y).abs().max().item() for x, y in zip(a, b))
-
-
-def prompt(model, length=40, batch=1, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(3, model.config.vocab_size, (batch, length), generator=g)
-
-
-def run_routed(model, plan, ids, steps=STEPS, after_prefill=None):
-    with routed(model, plan) as session:
-        logits, cache = decode_logits(model, ids, steps, cache_argument_name(model), after_prefill=after_prefill)
-    assert cache is session.cache
-    return logits, cache
-
-
 def capacity_plan(model, method: str, capacity: int, **params) -> Plan:
     """Homogeneous plan over every phase the method supports."""
     phases = REGISTRY[method].phases

@@ -30,18 +30,16 @@ from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
-from test_cli import assert_one_line_error, polykv  # noqa: F401  (the fixture)
 
 from polykv import jobs
 from polykv.errors import StoreError
-from polykv.eval.backends import Unit
+from polykv.eval.unit import Unit
 from polykv.eval.runner import run_suite
 from polykv.eval.store import SCHEMA_VERSION, Store, Worker, process_start_time
 from polykv.eval.suites.fidelity import FidelitySettings
 from polykv.plan import Plan
+from tests.helpers import APP, assert_one_line_error, fake_run, open_app
 
-REPO = Path(__file__).resolve().parents[1]
-APP = str(REPO / "app" / "app.py")
 TINY = FidelitySettings(tasks=("prose",), samples_per_task=3, prompt_tokens=48, continuation=2, generate=2)
 SIDECARS = ("results.sqlite-wal", "results.sqlite-shm")
 
@@ -62,16 +60,6 @@ CREATE TABLE IF NOT EXISTS task_scores (
     samples INTEGER NOT NULL, PRIMARY KEY (run_id, task, metric)
 );
 """
-
-
-def fake_run(store: Store, run_id: str, scores: dict[str, dict[str, float]], status: str = "finished",
-             plan_name: str | None = None) -> None:
-    store.create_run(run_id, model="demo", plan_name=plan_name or run_id, plan_hash="h", plan_json="{}",
-                     suite="fidelity", settings={}, seed=0, total_samples=len(scores), versions={})
-    for task, metrics in scores.items():
-        store.add_sample(run_id, task, "0", metrics, 0.1)
-    store.set_task_scores(run_id, scores, {t: 1 for t in scores})
-    store.set_status(run_id, status)
 
 
 # ---- snapshots of a folder ------------------------------------------------------------------------------
@@ -228,7 +216,7 @@ def cli(ws: Workspace, *args: str) -> subprocess.CompletedProcess:
 
 
 # ---- (a) a missing database ---------------------------------------------------------------------------------
-def test_reading_a_missing_database_creates_nothing(tmp_path, polykv):  # noqa: F811
+def test_reading_a_missing_database_creates_nothing(tmp_path, polykv):
     db = tmp_path / "nowhere" / "deeper" / "results.sqlite"
     store = Store(db, readonly=True)
     assert store.runs() == [] and store.progress(["a", "b"]) == {} and store.run("a") is None
@@ -388,7 +376,7 @@ BAD = {
 
 
 @pytest.mark.parametrize("case", list(BAD))
-def test_a_bad_database_is_one_line_of_error_in_the_cli_and_the_store(case, tmp_path, polykv):  # noqa: F811
+def test_a_bad_database_is_one_line_of_error_in_the_cli_and_the_store(case, tmp_path, polykv):
     make, message = BAD[case]
     ws = tmp_path / "ws"
     ws.mkdir()
@@ -423,14 +411,6 @@ def test_a_foreign_or_empty_database_is_never_turned_into_a_results_database(tmp
     assert [r["id"] for r in Store(empty, readonly=True).runs()] == ["r"]
 
 
-@pytest.fixture
-def app_env(tmp_path, monkeypatch, demo_model):  # demo_model: the demo checkpoint is imported once per session
-    monkeypatch.setenv("POLYKV_WORKSPACE", str(tmp_path / "ws"))
-    monkeypatch.setenv("POLYKV_PLANS", str(tmp_path / "plans"))
-    (tmp_path / "plans").mkdir()
-    return tmp_path
-
-
 def _pages(at: AppTest) -> dict[str, dict[str, list[str]]]:
     out = {}
     for page in ("runs", "compare"):
@@ -447,17 +427,13 @@ def test_a_bad_database_is_an_inline_error_on_the_runs_and_compare_pages(case, a
     (app_env / "ws").mkdir()
     db = app_env / "ws" / "results.sqlite"
     make(db)
-    at = AppTest.from_file(APP, default_timeout=180)
-    at.run()
-    for page, shown in _pages(at).items():
+    for page, shown in _pages(open_app()).items():
         assert shown["exceptions"] == [], (page, shown)
         assert message.format(db=db) in shown["errors"], (page, shown)
 
 
 def test_the_pages_on_a_missing_workspace_create_nothing(app_env):
-    at = AppTest.from_file(APP, default_timeout=180)
-    at.run()
-    pages = _pages(at)
+    pages = _pages(open_app())
     assert pages["runs"]["exceptions"] == [] and pages["runs"]["errors"] == []
     assert any("No runs in" in i for i in pages["runs"]["info"])
     assert pages["compare"]["exceptions"] == [] and any("No finished run yet" in i for i in pages["compare"]["info"])
@@ -565,7 +541,7 @@ def _version_1(db: Path) -> None:
     conn.close()
 
 
-def test_a_version_1_database_is_read_as_it_is_and_migrated_when_opened_for_writing(tmp_path, polykv):  # noqa: F811
+def test_a_version_1_database_is_read_as_it_is_and_migrated_when_opened_for_writing(tmp_path, polykv):
     db = tmp_path / "ws" / "results.sqlite"
     _version_1(db)
     data = db.read_bytes()

@@ -6,9 +6,9 @@ import streamlit as st
 
 from app import charts, common
 from polykv import design
-from polykv.methods import REGISTRY
-from polykv.plan import Phase, Plan, PlanError, Scope
-from polykv.profile.route import ALLOCATIONS, plan_from_profile
+from polykv.methods import REGISTRY, for_phase
+from polykv.plan import FULL, Phase, Plan, PlanError, Scope
+from polykv.routing import ALLOCATIONS, plan_from_profile, scale_budget
 
 st.title("Plan designer")
 st.caption("Select layers on the chart (click a cell, or drag a box over cells or bars) or in the list below, "
@@ -85,12 +85,17 @@ tools = st.columns(4)
 if tools[0].button("Undo", disabled=not st.session_state.get("undo")):
     common.undo()
     st.rerun()
-with tools[1].popover("Match total capacity"):
+with tools[1].popover("Rescale to a budget"):
     summary = plan.summary().phases
     current = next((summary[p].average_capacity for p in plan.scope.phases if summary[p].average_capacity), 64.0)
-    target = st.number_input("Target average capacity", min_value=1.0, value=float(round(current)), step=1.0)
+    target = st.number_input("Budget (average capacity per layer)", min_value=1.0, value=float(round(current)), step=1.0)
     if st.button("Rescale (keep the route)"):
-        attempt(lambda: design.match_budget(plan, target), f"Rescaled to an average of {target:g} per layer.")
+        def rescale():
+            try:  # the same plan, name and description, with each active phase's capacities rescaled
+                return scale_budget(plan, target, name=plan.name, description=plan.description)
+            except ValueError as exc:  # a PlanError, or a budget too small for the layers' windows
+                raise PlanError(f"rescale to budget {target:g}: {common.first_line(exc)}") from None
+        attempt(rescale, f"Rescaled to a budget of {target:g} (average capacity per layer).")
 with tools[2].popover("Build from profile"):
     mine = [p for p in common.profiles(common.current_model()[0])[0] if p.num_layers == layers]
     if not mine:
@@ -98,9 +103,9 @@ with tools[2].popover("Build from profile"):
     else:
         by_key = {p.key: p for p in mine}
         picked = by_key[st.selectbox("Profile", list(by_key))]
-        scope = st.selectbox("Scope", [s.value for s in Scope if all(p.value in picked.metadata["scopes"] for p in s.phases)],
+        scope = st.selectbox("Scope", [s.value for s in Scope if all(p.value in picked.meta.scopes for p in s.phases)],
                              key="build_scope")
-        budget = st.number_input("Average budget", min_value=1, value=int(picked.metadata["capacity"]), step=1,
+        budget = st.number_input("Budget (average capacity per layer)", min_value=1, value=picked.meta.b_cal, step=1,
                                  key="build_budget")
         statistic = st.radio("TopRank statistic", ["cosine", "dppl"], horizontal=True, key="build_statistic")
         allocation = st.radio("Allocation", list(ALLOCATIONS), horizontal=True, key="build_allocation")
@@ -118,7 +123,7 @@ if tools[3].button("Reset to full"):
 st.subheader("Per-layer table")
 st.caption("Fine-tune methods, capacities and parameters (JSON) per layer; edits apply when they are valid.")
 table = design.to_table(plan)
-methods_for = {p: [m for m, cls in REGISTRY.items() if p in cls.phases] for p in Phase}
+methods_for = {p: [FULL, *for_phase(p)] for p in Phase}  # `full` first, as in the registry
 edited = st.data_editor(
     table, key=f"plan_table_{st.session_state.get('plan_version', 0)}", hide_index=True, disabled=["layer"],
     column_config={

@@ -77,18 +77,18 @@ if not mine:
     st.info(f"No profile of {name!r} in {root} yet: compute one above (it runs in the background).")
     st.stop()
 by_key = {p.key: p for p in mine}
-profile = by_key[st.selectbox("Profile", list(by_key), format_func=lambda k: f"{k}  (b_cal {by_key[k].metadata['capacity']})")]
+profile = by_key[st.selectbox("Profile", list(by_key), format_func=lambda k: f"{k}  (b_cal {by_key[k].meta.b_cal})")]
 st.caption(f"{profile.path} · computed {profile.metadata.get('created', '?')} in {profile.metadata.get('seconds', '?')} s")
-if profile.metadata.get("fullkv_ppl"):
+if profile.meta.fullkv_ppl:
     st.caption("FullKV perplexity of the calibration continuations: "
-               + ", ".join(f"{source} {ppl:.2f}" for source, ppl in profile.metadata["fullkv_ppl"].items())
+               + ", ".join(f"{source} {ppl:.2f}" for source, ppl in profile.meta.fullkv_ppl.items())
                + f" · the table gives each cell's 95% bootstrap interval over the "
-               f"{profile.metadata['corpus']['num_sequences']} calibration sequences")
+               f"{profile.meta.corpus.num_sequences} calibration sequences")
 stale = profile.stale_reasons()
 if stale:  # routes from it are refused; say so here rather than only in the designer
     st.warning(f"Stale profile ({'; '.join(stale)}): recompute it before building routes from it "
                f"(`{refresh_command(profile)}`).")
-for scope in profile.metadata["scopes"]:
+for scope in profile.meta.scopes:
     st.subheader(scope)
     common.show(charts.profile_heatmap(profile.table, scope, "cosine"), f"{profile.key}-{scope}-cosine")
     common.show(charts.profile_heatmap(profile.table, scope, "dppl"), f"{profile.key}-{scope}-dppl")

@@ -8,7 +8,8 @@ import streamlit as st
 from app import common
 from polykv import jobs
 from polykv.errors import PolyKVError
-from polykv.eval.backends import Unit
+from polykv.eval.compare import macro_average
+from polykv.eval.unit import Unit
 from polykv.eval.experiments import baseline_methods, launch_plans, plan_budget
 from polykv.eval.runner import SUITES
 from polykv.eval.settings import parse_budgets, suite_settings
@@ -41,7 +42,7 @@ with st.form("launch_form"):
     settings_text = st.text_area("Suite settings (JSON)", value=default_settings(suite), key=f"settings_{suite}")
     cols = st.columns(4)
     budgets_text = cols[0].text_input("Budgets", placeholder=f"the plan's own ({plan_budget(plan)})",
-                                      help="Comma-separated average capacities: the plan is rescaled to each")
+                                      help="Comma-separated budgets (average capacities per layer): the plan is rescaled to each")
     baselines = cols[1].multiselect("Baselines", baseline_methods(),
                                     help="Each method alone at the same budget, under its own protocol (phases, allocation)")
     placements = cols[2].number_input("Random placements", min_value=0, max_value=999, value=0,
@@ -126,7 +127,7 @@ try:  # read-only: showing the runs never creates or changes the results databas
                "status": run["status"], "samples": f"{run['done_samples']}/{run['total_samples']}", "created": run["created"][:19]}
         scores = store.task_scores(run["id"])
         for metric in sorted({m for values in scores.values() for m in values}):
-            row[metric] = sum(v[metric] for v in scores.values()) / len(scores)
+            row[metric] = macro_average({task: values[metric] for task, values in scores.items()})
         rows.append(row)
 except StoreError as exc:
     st.error(common.first_line(exc))

@@ -1,43 +1,32 @@
-"""Where runs execute. A unit of work is one run (model, plan, suite, settings, seed); every backend
-writes to the same results store, so results and progress look the same whichever ran them.
+"""Where runs execute. A unit of work (`polykv.eval.unit.Unit`) is one run (model, plan, suite, settings,
+seed); every backend writes to the same results store, so results and progress look the same whichever
+ran them. `backend(name)` is the one place that knows them by name:
 
   local       in this process, one unit after another
-  subprocess  a detached background process per unit (`polykv eval`): survives the caller (the app)
+  subprocess  a detached background job (`polykv.jobs`) for the units: survives the caller (the app, a
+              CLI call that returns at once); `run` returns before the runs finish
   ray         a Ray task per unit (one GPU each when the model runs on CUDA); with a local cluster
               (`ray.init(address="local")`) units run in parallel on this machine. On a multi-node
               cluster the store's SQLite file must be on storage every node shares.
+
+Each has `run(units, store_path) -> [run id]`; `detached` says whether it returns before the runs end.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
 
+from polykv.errors import SettingsError
 from polykv.eval.store import Store
+from polykv.eval.unit import Unit
 from polykv.plan import Plan
 
-
-@dataclass(frozen=True)
-class Unit:
-    model: str
-    plan_json: str
-    suite: str = "fidelity"
-    settings_json: str = "{}"  # the suite's Settings as JSON (empty: the suite's defaults)
-    seed: int = 0
-    device: str = "cpu"
-
-    @classmethod
-    def of(cls, model: str, plan: Plan, suite: str = "fidelity", settings=None, seed: int = 0, device: str = "cpu"):
-        return cls(model, plan.to_json(), suite, json.dumps(settings.to_dict() if settings else {}), seed, device)
-
-    def settings(self):
-        from polykv.eval.settings import suite_settings
-
-        return suite_settings(self.suite, self.settings_json)
+Load = Callable[[str, str], tuple]  # (model name, device) -> (model, tokenizer)
+Progress = Callable[[int, int, str], None]  # (samples done, samples in all, where)
 
 
 @lru_cache(maxsize=2)
@@ -47,26 +36,35 @@ def _model(name: str, device: str):
     return load_model(name, device=device)  # once per worker process
 
 
-def execute(unit: Unit, store_path: str) -> str:
-    """Run one unit into the store at `store_path`; returns the run id."""
+def execute(unit: Unit, store_path: str, load: Load | None = None, progress: Progress | None = None) -> str:
+    """Run one unit into the store at `store_path`; returns the run id. `load` gets the unit's model
+    (default: loaded once per process); `progress` sees every sample."""
     from polykv.eval.runner import run_suite
 
-    model, tokenizer = _model(unit.model, unit.device)
+    model, tokenizer = (load or _model)(unit.model, unit.device)
     plan = Plan.from_json(unit.plan_json)
-    return run_suite(Store(store_path), unit.model, model, tokenizer, plan, unit.suite, unit.settings(), unit.seed)
+    return run_suite(Store(store_path), unit.model, model, tokenizer, plan, unit.suite, unit.settings(), unit.seed,
+                     progress=progress)
 
 
 class LocalBackend:
+    """In this process, one unit after another; `load` and `progress` as in `execute`."""
+
     name = "local"
+    detached = False
+
+    def __init__(self, load: Load | None = None, progress: Progress | None = None):
+        self.load, self.progress = load, progress
 
     def run(self, units: list[Unit], store_path: Path) -> list[str]:
-        return [execute(unit, str(store_path)) for unit in units]
+        return [execute(unit, str(store_path), self.load, self.progress) for unit in units]
 
 
 class RayBackend:
     """Each unit a Ray task; call `ray.init(...)` first to pick the cluster (else a local one starts)."""
 
     name = "ray"
+    detached = False
 
     def run(self, units: list[Unit], store_path: Path) -> list[str]:
         import ray
@@ -83,24 +81,53 @@ class RayBackend:
 
 
 class SubprocessBackend:
-    """A detached background job per unit (`polykv.jobs`): the caller may exit; progress is in the store."""
+    """The units as one detached background job (`polykv.jobs`): the caller may exit; progress is in the
+    store (`polykv runs`) and in the job's files."""
 
     name = "subprocess"
+    detached = True
 
-    def start(self, unit: Unit, workspace: Path) -> subprocess.Popen:
-        from polykv import jobs  # jobs build on this module
+    def __init__(self) -> None:
+        self.process: subprocess.Popen | None = None  # the worker of the latest `run`
 
-        job = jobs.eval_job([({}, unit)], title=f"{Plan.from_json(unit.plan_json).name} on {unit.suite}")
-        return jobs.start(job, workspace)
+    def start(self, units: Unit | Sequence[Unit], workspace: Path) -> subprocess.Popen:
+        """Start the job in `workspace` (results go to its results.sqlite); returns its worker process."""
+        return self._start(units, workspace)[1]
+
+    def run(self, units: list[Unit], store_path: Path) -> list[str]:
+        """Start the units and return their run ids at once (the runs finish in the background);
+        `store_path` is a workspace's results.sqlite, which the job writes to."""
+        store_path = Path(store_path)
+        if store_path.name != "results.sqlite":
+            raise SettingsError(f"the subprocess backend writes to a workspace's results.sqlite, not {store_path}")
+        job, self.process = self._start(units, store_path.parent)
+        return [r.run_id for r in job.runs]
+
+    def _start(self, units: Unit | Sequence[Unit], workspace: Path):
+        from polykv import jobs
+
+        units = [units] if isinstance(units, Unit) else list(units)
+        title = f"{Plan.from_json(units[0].plan_json).name} on {units[0].suite}" if units else ""
+        if len(units) > 1:
+            title += f" + {len(units) - 1} more"
+        job = jobs.eval_job([({}, unit) for unit in units], title=title)
+        return job, jobs.start(job, workspace)
 
 
-BACKENDS = {"local": LocalBackend, "ray": RayBackend}
+BACKENDS = {"local": LocalBackend, "subprocess": SubprocessBackend, "ray": RayBackend}
 
 
-def backend(name: str):
-    if name not in BACKENDS:
-        raise ValueError(f"unknown backend {name!r} (backends: {', '.join(BACKENDS)}; the app uses subprocess)")
+def backend(name: str, *, waiting: bool = False, load: Load | None = None, progress: Progress | None = None):
+    """The backend called `name`. `waiting=True` admits only those whose `run` returns once the runs
+    have finished (an experiment reads their scores): local and ray. `load` and `progress` apply where
+    units run in this process (local); the others load their own model and report progress in the store.
+    An unknown name is a SettingsError that lists the names."""
+    known = [n for n, cls in BACKENDS.items() if not (waiting and cls.detached)]
+    if name not in known:
+        raise SettingsError(f"unknown backend {name!r} (backends: {', '.join(known)})")
+    if name == "local":
+        return LocalBackend(load, progress)
     return BACKENDS[name]()
 
 
-__all__ = ["BACKENDS", "LocalBackend", "RayBackend", "SubprocessBackend", "Unit", "backend", "execute"]
+__all__ = ["BACKENDS", "LocalBackend", "RayBackend", "SubprocessBackend", "backend", "execute"]

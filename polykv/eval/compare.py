@@ -46,10 +46,14 @@ def task_scores(store: Store, run_id: str, metric: str) -> dict[str, float]:
     return scores
 
 
+def macro_average(scores: Mapping[str, float]) -> float:
+    """A run's suite score from its per-task scores {task: score}: their mean, every task weighing the same."""
+    return sum(scores.values()) / len(scores)
+
+
 def suite_score(store: Store, run_id: str, metric: str) -> float:
     """The macro-average of `metric` over the run's tasks."""
-    scores = task_scores(store, run_id, metric)
-    return sum(scores.values()) / len(scores)
+    return macro_average(task_scores(store, run_id, metric))
 
 
 def metrics_of(store: Store, run_ids: Sequence[str]) -> list[str]:
@@ -167,4 +171,4 @@ def placement_summary(guided: float, controls: Sequence[float], metric: str) -> 
 
 
 __all__ = ["METRIC_DIRECTION", "Paired", "Placement", "compare_runs", "direction", "direction_text", "envelope",
-           "metrics_of", "paired", "placement_summary", "suite_score", "sweep_table", "task_cluster", "task_scores"]
+           "macro_average", "metrics_of", "paired", "placement_summary", "suite_score", "sweep_table", "task_cluster", "task_scores"]

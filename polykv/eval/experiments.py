@@ -10,7 +10,7 @@ finished runs are reused) and reports from their scores; none scores anything by
              Primary: tie-aware Spearman between the profile score S(rho) and the suite score over the K
              random placements only, one-sided permutation p; secondary (descriptive): the guided
              route's rank among K + 1 and its Monte Carlo p, and its gap to the random mean.
-  sweep      a fixed route at several average budgets (Table 5): route-uniform, route-ppl (with a
+  sweep      a fixed route at several budgets (Table 5): route-uniform, route-ppl (with a
              profile), every standalone baseline under its own protocol (`polykv.eval.protocols`),
              FullKV once, the per-budget best-baseline envelope, route - envelope with a paired CI, and
              whether the route at b matches the best baseline at 2b.
@@ -30,19 +30,20 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from polykv.eval.backends import Unit, backend
-from polykv.eval.compare import Paired, direction, direction_text, envelope, paired, placement_summary
+from polykv.eval.backends import backend
+from polykv.eval.compare import Paired, direction, direction_text, envelope, macro_average, paired, placement_summary
 from polykv.eval.protocols import baseline_methods, baseline_plan, protocol, protocol_lines
 from polykv.eval.runner import run_suite
 from polykv.eval.stats import spearman_permutation
 from polykv.eval.store import Store
+from polykv.eval.unit import Unit
 from polykv.methods import REGISTRY, params_that_fit, validate_plan
 from polykv.plan import FULL, LayerPlan, Phase, Plan, Scope
-from polykv.profile.route import plan_from_profile
 from polykv.profile.store import Profile
 from polykv.routing import (
     allocate_ppl,
     allocate_uniform,
+    plan_from_profile,
     plan_from_route,
     route_score,
     sample_placements,
@@ -55,8 +56,9 @@ PERMUTATIONS = 10_000  # shuffles of the placement control's permutation test
 
 
 @dataclass
-class Runner:
-    """Everything needed to execute runs: the model, the store, the suite and its settings."""
+class ExperimentRunner:
+    """Everything an experiment needs to execute its runs: the model, the store, the suite and its settings.
+    (Executing one run is `polykv.eval.runner.run_suite`; where runs execute, `polykv.eval.backends`.)"""
 
     store: Store
     model_name: str
@@ -67,28 +69,28 @@ class Runner:
     seed: int = 0
     metric: str = "top1"
     progress: Callable[[str], None] | None = None
-    backend: str = "local"  # "ray": the runs of an experiment execute in parallel as Ray tasks
+    backend: str = "local"  # "ray": the runs of an experiment execute in parallel as Ray tasks (`backends.backend`)
     device: str = "cpu"
 
     def run(self, plan: Plan) -> str:
         return self.run_all([plan])[0]
 
     def run_all(self, plans: list[Plan]) -> list[str]:
+        chosen = backend(self.backend, waiting=True)  # the scores are read next: a backend that waits for them
         if self.progress is not None:
             for plan in plans:
                 self.progress(plan.name)
-        if self.backend == "local":
+        if chosen.name == "local":  # this process: the model already loaded, the settings as they are
             return [run_suite(self.store, self.model_name, self.model, self.tokenizer, plan, self.suite,
                               self.settings, self.seed) for plan in plans]
         units = [Unit.of(self.model_name, plan, self.suite, self.settings, self.seed, self.device) for plan in plans]
-        return backend(self.backend).run(units, self.store.path)
+        return chosen.run(units, self.store.path)
 
     def task_scores(self, run_id: str) -> dict[str, float]:
         return {task: values[self.metric] for task, values in self.store.task_scores(run_id).items()}
 
     def score(self, run_id: str) -> float:
-        scores = self.task_scores(run_id)
-        return sum(scores.values()) / len(scores)
+        return macro_average(self.task_scores(run_id))
 
     @property
     def sign(self) -> int:
@@ -132,7 +134,7 @@ def _better_interval(result: Paired) -> tuple[float, float]:
 FACTORIAL_CELLS = ("homogeneous-uniform", "homogeneous-allocated", "routed-uniform", "routed-allocated")
 
 
-def factorial(runner: Runner, profile: Profile, scope: Scope | str, budget: int, baseline: str,
+def factorial(runner: ExperimentRunner, profile: Profile, scope: Scope | str, budget: int, baseline: str,
               statistic: str = "cosine", allocation: str = "entropy") -> Report:
     """Routing (`baseline` in every layer vs the TopRank route by `statistic`) x allocation (uniform vs
     `allocation`) in the `scope` phase(s), every cell at the same total capacity L x budget.
@@ -150,7 +152,7 @@ def factorial(runner: Runner, profile: Profile, scope: Scope | str, budget: int,
         raise ValueError("the factorial's allocated arm must differ from uniform (entropy or ppl)")
     routed_uniform = plan_from_profile(profile, scope, budget, statistic, "uniform")
     routed_allocated = plan_from_profile(profile, scope, budget, statistic, allocation)
-    params = profile.metadata.get("method_params", {}).get(baseline)
+    params = profile.meta.method_params.get(baseline)
     cells = {
         "homogeneous-uniform": _with_route(routed_uniform, baseline, f"{baseline}-{scope.value}-uniform-b{budget}", params),
         "homogeneous-allocated": _with_route(routed_allocated, baseline, f"{baseline}-{scope.value}-{allocation}-b{budget}",
@@ -160,7 +162,7 @@ def factorial(runner: Runner, profile: Profile, scope: Scope | str, budget: int,
     }
     ids = dict(zip(cells, runner.run_all(list(cells.values()))))
     tasks = {cell: runner.task_scores(run_id) for cell, run_id in ids.items()}
-    score = {cell: sum(t.values()) / len(t) for cell, t in tasks.items()}
+    score = {cell: macro_average(t) for cell, t in tasks.items()}
     metric, seed = runner.metric, runner.seed
     h_u, h_a, r_u, r_a = (tasks[c] for c in FACTORIAL_CELLS)
 
@@ -214,7 +216,7 @@ def placement_plans(guided: Plan, k: int, seed: int = 0) -> list[Plan]:
     return [guided] + [_placed(guided, phase, p, f"{guided.name}-placement-{i}") for i, p in enumerate(placements)]
 
 
-def placement(runner: Runner, profile: Profile, guided: Plan, k: int, statistic: str = "cosine",
+def placement(runner: ExperimentRunner, profile: Profile, guided: Plan, k: int, statistic: str = "cosine",
               permutations: int = PERMUTATIONS) -> Report:
     """The guided plan's route vs k unique random count-matched placements of it.
 
@@ -292,7 +294,7 @@ def route_ppl(route_plan: Plan, budget: int, profile: Profile) -> Plan:
     profile.check_current(route_plan.scope.phases)  # measured with today's methods, as plan_from_profile asks
     caps = {}
     for phase in route_plan.scope.phases:
-        if phase.value not in profile.metadata.get("scopes", [phase.value]):
+        if phase.value not in profile.meta.scopes:
             raise ValueError(f"profile {profile.key} has no {phase.value} measurements for the route-ppl allocation")
         if any(lay[phase].capacity is None for lay in route_plan.layers):
             raise ValueError(f"route-ppl needs a route with an eviction method in every {phase.value} layer")
@@ -326,7 +328,7 @@ def sweep_plans(route_plan: Plan, budgets: Sequence[int], baselines: Sequence[st
     return plans
 
 
-def sweep(runner: Runner, route_plan: Plan, budgets: Sequence[int], baselines: Sequence[str] | None = None,
+def sweep(runner: ExperimentRunner, route_plan: Plan, budgets: Sequence[int], baselines: Sequence[str] | None = None,
           profile: Profile | None = None, overrides: Mapping[str, Scope | str] | None = None) -> Report:
     """The route at each budget vs every standalone baseline under its protocol, with FullKV once.
 
@@ -343,7 +345,7 @@ def sweep(runner: Runner, route_plan: Plan, budgets: Sequence[int], baselines: S
     metric, seed = runner.metric, runner.seed
     ids = dict(zip(plans, runner.run_all(list(plans.values()))))
     tasks = {key: runner.task_scores(run_id) for key, run_id in ids.items()}
-    score = {key: sum(t.values()) / len(t) for key, t in tasks.items()}
+    score = {key: macro_average(t) for key, t in tasks.items()}
 
     rows = envelope([{"budget": b, **{label: score[(b, label)] for label in routes + names}} for b in budgets],
                     names, metric)

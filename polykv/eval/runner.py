@@ -29,7 +29,7 @@ from polykv.eval.store import Store
 from polykv.eval.suites import fidelity, longbench, ruler
 from polykv.methods import REGISTRY, validate_plan
 from polykv.plan import Phase, Plan
-from polykv.runtime.routed import num_layers_of
+from polykv.models import num_layers
 
 SUITES = {"fidelity": fidelity, "longbench": longbench, "ruler": ruler}
 
@@ -72,7 +72,7 @@ def run_suite(
         raise ValueError(f"unknown suite {suite!r} (suites: {', '.join(SUITES)})")
     module = SUITES[suite]
     settings = settings or module.Settings()
-    validate_plan(plan, num_layers_of(model))
+    validate_plan(plan, num_layers(model))
     run_id = run_id_for(model_name, plan, suite, settings.to_dict(), seed)
     existing = store.run(run_id)
     if existing is not None and existing["status"] == "finished":

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from polykv import processes
-from polykv.errors import StoreError
+from polykv.errors import StoreError, first_line
 
 SCHEMA_VERSION = 2
 
@@ -162,7 +162,7 @@ class Store:
 
     # ---- opening ----------------------------------------------------------------------------------
     def _error(self, exc: sqlite3.Error) -> StoreError:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
+        reason = first_line(exc)
         code = getattr(exc, "sqlite_errorcode", None)
         primary = code & 0xFF if isinstance(code, int) else None
         damaged = primary in (_SQLITE_CORRUPT, _SQLITE_NOTADB) or reason in (

@@ -15,7 +15,7 @@ from polykv.methods.scissorhands import Scissorhands
 from polykv.methods.snapkv import SnapKV
 from polykv.methods.streamingllm import StreamingLLM
 from polykv.methods.tova import TOVA
-from polykv.plan import PhaseAssignment, Plan
+from polykv.plan import FULL, Phase, PhaseAssignment, Plan
 
 # One line per method, in the order `polykv methods` lists them.
 _METHODS: list[type[Method]] = [
@@ -31,6 +31,13 @@ _METHODS: list[type[Method]] = [
     CaM,
 ]
 REGISTRY: dict[str, type[Method]] = {cls.name: cls for cls in _METHODS}
+
+
+def for_phase(phase: Phase | str) -> list[str]:
+    """The eviction methods that run in `phase`, in registry order (`full`, the reference that keeps
+    everything, is not one of them)."""
+    phase = Phase(phase)
+    return [name for name, cls in REGISTRY.items() if name != FULL and phase in cls.phases]
 
 
 def make_method(assignment: PhaseAssignment, layer_idx: int = 0) -> Method:
@@ -55,4 +62,4 @@ def params_that_fit(method: str, capacity: int) -> dict:
     return {name: max(1, capacity // 4) for name in cls.below_capacity if defaults[name] >= capacity}
 
 
-__all__ = ["REGISTRY", "Eviction", "LayerView", "Method", "Needs", "make_method", "params_that_fit", "validate_plan"]
+__all__ = ["REGISTRY", "Eviction", "LayerView", "Method", "Needs", "for_phase", "make_method", "params_that_fit", "validate_plan"]

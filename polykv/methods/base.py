@@ -281,6 +281,34 @@ class Method:
         raise NotImplementedError(f"{cls.name} has no layer-budget rule of its own")
 
 
+class AccumulatedAttention(Method):
+    """A method whose per-slot `score` is the attention the slot has received, summed (unnormalized)
+    over every query so far, per KV head (the mean of its query heads): H2O's heavy-hitter score, which
+    D2O uses too. The prompt's queries count even when the method only runs in decode (they are seen
+    through `observe_prefill`); a new slot starts from the attention of its own step."""
+
+    def needs(self, phase: Phase, length: int) -> Needs:
+        return Needs(column_sums=True)  # scores accumulate every step, evicting or not
+
+    def needs_from_prefill(self, length: int) -> Needs:
+        return Needs(column_sums=True)
+
+    def observe_prefill(self, view: LayerView) -> None:
+        self.per_token["score"] = view.grouped(view.column_sums)
+
+    def accumulate(self, view: LayerView, restart: bool = False) -> torch.Tensor:
+        """The scores after this step's attention (stored in `per_token["score"]`); `restart` drops the
+        old scores (a new prompt)."""
+        added = view.grouped(view.column_sums)
+        old = self.per_token.get("score")
+        if old is None or restart:
+            score = added
+        else:
+            score = torch.cat([old, old.new_zeros(*old.shape[:2], view.num_new)], dim=-1) + added
+        self.per_token["score"] = score
+        return score
+
+
 # ---- small helpers shared by methods ----------------------------------------------------------
 def keep_top(scores: torch.Tensor, k: int, protected: torch.Tensor | None = None) -> torch.Tensor:
     """Indices of the k highest scores per row (protected slots always kept), ascending."""

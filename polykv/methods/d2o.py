@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from polykv.lazy import lazy_import
 from polykv.methods.base import (
+    AccumulatedAttention,
     Eviction,
     LayerView,
-    Method,
     MethodParams,
-    Needs,
     Real,
     evict_lowest,
     real,
@@ -35,7 +34,7 @@ class D2OParams(MethodParams):
     alpha: Real = real(0.5, ge=0.0, lt=1.0, description="EMA weight of the old merge threshold")
 
 
-class D2O(Method):
+class D2O(AccumulatedAttention):
     """H2O-style eviction in decode; each evicted token similar enough to a kept one is merged into it.
 
     Token level (decode only; the prompt is never evicted inside prefill). Every slot's score is the
@@ -57,8 +56,8 @@ class D2O(Method):
     size (the authors repeat K/V per query head before caching and select per query head).
     Layer level (native allocation): from the prompt's attention, s[h, j] = sum over queries of query
     head h's attention to key j; v_h = unbiased variance over j (batch mean); min-max normalised over
-    heads, (v - min) / (max - min + 1e-6); sigma_l = mean over heads. Budgets are proportional to
-    softmax(-sigma) over layers (lower variance = denser attention = more budget), rounded to sum
+    heads, (v - min) / (max - min + 1e-6); sigma_l = mean over heads. Capacities are proportional to
+    softmax(-sigma) over layers (lower variance = denser attention = more capacity), rounded to sum
     exactly to the total L*b.
     Defaults: heavy_ratio 0.5 (the README's hh_ratio = recent_ratio = 0.1 splits the budget evenly),
     sinks 4 (hard-coded in the code), alpha 0.5 (the code's alpha = belta = 0.5).
@@ -82,14 +81,8 @@ class D2O(Method):
         self.threshold: float | None = None  # EMA merge threshold tau
         self.sigma: float | None = None  # the layer's normalised attention variance (allocation)
 
-    def needs(self, phase: Phase, length: int) -> Needs:
-        return Needs(column_sums=True)  # scores accumulate every step, evicting or not
-
-    def needs_from_prefill(self, length: int) -> Needs:
-        return Needs(column_sums=True)
-
     def observe_prefill(self, view: LayerView) -> None:
-        self.per_token["score"] = view.grouped(view.column_sums)
+        super().observe_prefill(view)  # the prompt's attention starts the scores
         self.threshold = None  # a new sequence
         self.sigma = _attention_variance(view.column_sums)
 
@@ -102,10 +95,7 @@ class D2O(Method):
         return split_total((-sigma).softmax(0).tolist(), total)
 
     def step(self, view: LayerView) -> Eviction | None:
-        added = view.grouped(view.column_sums)
-        old = self.per_token.get("score")
-        score = added if old is None else torch.cat([old, old.new_zeros(*old.shape[:2], view.num_new)], -1) + added
-        self.per_token["score"] = score
+        score = self.accumulate(view)
         if not self.over_capacity(view):
             return None
         capacity = self.capacity

@@ -7,13 +7,11 @@ for Efficient Generative Inference of Large Language Models." NeurIPS 2023, arXi
 
 from __future__ import annotations
 
-from polykv.lazy import lazy_import
 from polykv.methods.base import (
+    AccumulatedAttention,
     Eviction,
     LayerView,
-    Method,
     MethodParams,
-    Needs,
     Real,
     evict_lowest,
     real,
@@ -21,14 +19,12 @@ from polykv.methods.base import (
 )
 from polykv.plan import Phase
 
-torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
-
 
 class H2OParams(MethodParams):
     heavy_ratio: Real = real(0.5, gt=0.0, le=1.0, description="share of the capacity for heavy hitters")
 
 
-class H2O(Method):
+class H2O(AccumulatedAttention):
     """Keep the `recent` newest tokens plus the tokens with the largest accumulated attention.
 
     Rule (the authors' real-drop cache): every token's score is the attention it has received, summed
@@ -45,23 +41,8 @@ class H2O(Method):
     phases = frozenset({Phase.PREFILL, Phase.DECODE})
     Params = H2OParams
 
-    def needs(self, phase: Phase, length: int) -> Needs:
-        return Needs(column_sums=True)
-
-    def needs_from_prefill(self, length: int) -> Needs:
-        return Needs(column_sums=True)
-
-    def observe_prefill(self, view: LayerView) -> None:
-        self.per_token["score"] = view.grouped(view.column_sums)
-
     def step(self, view: LayerView) -> Eviction | None:
-        added = view.grouped(view.column_sums)
-        old = self.per_token.get("score")
-        if old is None or view.phase is Phase.PREFILL:
-            score = added
-        else:
-            score = torch.cat([old, old.new_zeros(*old.shape[:2], view.num_new)], dim=-1) + added
-        self.per_token["score"] = score
+        score = self.accumulate(view, restart=view.phase is Phase.PREFILL)  # a prefill step is a new prompt
         if not self.over_capacity(view):
             return None
         heavy = min(self.capacity, max(0, round(self.params.heavy_ratio * self.capacity)))

@@ -41,7 +41,7 @@ class SnapKV(Method):
     below_capacity = ("window",)
 
     def needs(self, phase: Phase, length: int) -> Needs:
-        # capacity None: native allocation has not chosen this layer's budget yet, so score anyway
+        # capacity None: native allocation has not chosen this layer's capacity yet, so score anyway
         over = self.capacity is None or length > self.capacity
         return Needs(rows=self.params.window) if over else Needs()
 

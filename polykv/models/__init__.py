@@ -9,22 +9,29 @@ everything downstream sees an ordinary ``LlamaForCausalLM`` and tokenizer, witho
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from polykv.errors import PolyKVError
 
 from .llama2c import IMPORTER_VERSION, import_llama2c, read_source_record, sha256_file
 
+if TYPE_CHECKING:
+    from transformers.cache_utils import Cache
+
 __all__ = [
     "DEMO_MODEL",
     "ConfigDimensions",
     "ModelConfigError",
+    "cache_argument_name",
     "config_dimensions",
     "context_length",
     "num_layers",
+    "output_cache",
     "text_config",
     "ModelNotFoundError",
     "demo_checkpoint_dir",
@@ -160,6 +167,19 @@ def context_length(model) -> int | None:
     return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
+def cache_argument_name(model) -> str:
+    """What the model's forward calls its cache: `cache` in the newest transformers 5.x, else
+    `past_key_values`."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def output_cache(output) -> Cache | None:
+    """The cache of a model output (`cache` in the newest transformers 5.x, `past_key_values` before)."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else getattr(output, "past_key_values", None)
+
+
 def config_dimensions(name_or_path: str | os.PathLike | None) -> ConfigDimensions:
     """Layer count and context length from the model's config alone: no weights, and for a local
     directory (the demo model included) not even transformers, so plan checks stay fast."""
@@ -191,14 +211,20 @@ def load_model(
     device: str = "cpu",
     dtype=None,
     attn_implementation: str = "sdpa",
+    quiet: bool = True,
 ):
     """Load ``(model, tokenizer)``: None or "demo" for the demo model, else a local path or hub id.
 
     ``dtype`` is passed to ``from_pretrained`` (a ``torch.dtype``, a name such as "bfloat16", or "auto");
-    None keeps transformers' default. The model is moved to ``device`` and put in eval mode.
+    None keeps transformers' default. The model is moved to ``device`` and put in eval mode. ``quiet``
+    turns off transformers' progress bars (downloads, loading shards) for the rest of the process.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if quiet:
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
     source = resolve_model_path(name_or_path)
     kwargs = {"attn_implementation": attn_implementation}
     if dtype is not None:

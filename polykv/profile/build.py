@@ -12,6 +12,8 @@ import torch
 import transformers
 
 from polykv import __version__
+from polykv.methods import for_phase
+from polykv.models import num_layers
 from polykv.plan import Phase
 from polykv.profile.corpus import CorpusSpec, build_corpus
 from polykv.profile.confidence import LEVEL, REPLICATES, cell_intervals, fullkv_perplexity
@@ -19,13 +21,11 @@ from polykv.profile.profiler import (
     CONTINUATION,
     PROFILE_REVISION,
     calibration_params,
-    compatible_methods,
     default_calibration_capacity,
     profile_methods,
     profiled_methods,
 )
 from polykv.profile.store import Profile, ProfileError, find_profile, profile_key, save_profile
-from polykv.runtime.routed import num_layers_of
 
 
 def build_profile(
@@ -42,8 +42,7 @@ def build_profile(
     progress: Callable[[float, str], None] | None = None,
 ) -> Profile:
     """Profile `model` on the calibration corpus at b_cal = `capacity` (default: scaled to the context)."""
-    context = getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None)
-    texts = build_corpus(tokenizer, corpus, model=model, context_length=context)
+    texts = build_corpus(tokenizer, corpus, model=model)  # sequences no longer than the model's context
     length = len(texts.sequences[0])
     prompt = length - 1 - continuation
     capacity = capacity if capacity is not None else default_calibration_capacity(prompt)
@@ -66,14 +65,14 @@ def build_profile(
     metadata = {
         "key": key,
         "model": model_name,
-        "num_layers": num_layers_of(model),
+        "num_layers": num_layers(model),
         "capacity": capacity,
         "seed": corpus.seed,
         "scopes": settings["scopes"],
         "continuation": continuation,
         "sequence_length": length,
         "method_params": {
-            m: calibration_params(m, capacity) for phase in scopes for m in compatible_methods(phase)
+            m: calibration_params(m, capacity) for phase in scopes for m in for_phase(phase)
         },
         "methods": methods,
         "profile_revision": PROFILE_REVISION,

@@ -443,7 +443,7 @@ def _sample_from_model(
     """
     import torch
 
-    from polykv.runtime.routed import cache_argument_name, output_cache
+    from polykv.models import cache_argument_name, output_cache
 
     device = next(model.parameters()).device
     generators = [torch.Generator().manual_seed(s) for s in seeds]
@@ -464,16 +464,6 @@ def _sample_from_model(
     return rows
 
 
-def _model_context(model) -> int | None:
-    config = getattr(model, "config", None)
-    if config is None:
-        return None
-    if hasattr(config, "get_text_config"):
-        config = config.get_text_config(decoder=True)
-    value = getattr(config, "max_position_embeddings", None)
-    return int(value) if isinstance(value, int) and value > 0 else None
-
-
 def build_corpus(tokenizer, spec: CorpusSpec | None = None, model=None, context_length: int | None = None) -> Corpus:
     """Draw ``spec.num_sequences`` token sequences of min(max_tokens, context_length) tokens each.
 
@@ -484,7 +474,9 @@ def build_corpus(tokenizer, spec: CorpusSpec | None = None, model=None, context_
     """
     spec = spec or CorpusSpec()
     if context_length is None and model is not None:
-        context_length = _model_context(model)
+        from polykv.models import context_length as context_of
+
+        context_length = context_of(model)
     if context_length is not None and context_length < 2:
         raise ValueError(f"context_length must be at least 2 (got {context_length})")
     length = spec.max_tokens if context_length is None else min(spec.max_tokens, int(context_length))

@@ -17,14 +17,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from polykv import models
+from polykv.models import cache_argument_name, output_cache
 from polykv.plan import Plan
 from polykv.runtime.attention import record_attention
-from polykv.runtime.routed import (
-    cache_argument_name,
-    num_layers_of,
-    output_cache,
-    routed,
-)
+from polykv.runtime.routed import routed
 
 __all__ = [
     "HeterogeneityResult",
@@ -218,12 +215,6 @@ def _as_sequences(sequences) -> list[list[int]]:
     return out
 
 
-def _context_limit(model) -> int | None:
-    config = model.config.get_text_config(decoder=True)
-    value = getattr(config, "max_position_embeddings", None)
-    return int(value) if isinstance(value, int) and value > 1 else None
-
-
 @torch.no_grad()
 def measure_heterogeneity(
     model,
@@ -243,12 +234,12 @@ def measure_heterogeneity(
     if bins < 1:
         raise ValueError(f"bins must be at least 1 (got {bins})")
     sequences = _as_sequences(sequences)
-    num_layers = num_layers_of(model)
+    num_layers = models.num_layers(model)
     plan = Plan.homogeneous("full", None, num_layers)
     cache_name = cache_argument_name(model)
     device = next(model.parameters()).device
-    limit = _context_limit(model)
-    max_prompt = None if limit is None else limit - 1
+    limit = models.context_length(model)
+    max_prompt = None if limit is None or limit < 2 else limit - 1
 
     sizes = np.zeros((len(sequences), num_layers), dtype=np.int64)
     lengths: list[int] = []

@@ -30,11 +30,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from polykv.methods import REGISTRY, params_that_fit as calibration_params  # profiles and plans use one rule
+from polykv.methods import REGISTRY, for_phase, params_that_fit as calibration_params  # profiles and plans use one rule
+from polykv import models
+from polykv.models import cache_argument_name
 from polykv.plan import FULL, LayerPlan, Phase, PhaseAssignment, Plan, Scope
 from polykv.runtime import routed
 from polykv.runtime.attention import record_entropy
-from polykv.runtime.routed import cache_argument_name, num_layers_of
 
 CONTINUATION = 32  # teacher-forced tokens scored after each prompt
 # Bump whenever what a profile measures changes: profile keys include it. 2: per-sequence values with
@@ -61,14 +62,9 @@ def default_calibration_capacity(prompt_length: int) -> int:
     return max(8, min(256, prompt_length // 4))
 
 
-def compatible_methods(scope: Phase) -> list[str]:
-    """The eviction methods that can run in this phase (`full` is the reference, not a candidate)."""
-    return [name for name, cls in REGISTRY.items() if scope in cls.phases and name != FULL]
-
-
 def profiled_methods(scopes) -> dict[str, int]:
     """{name: revision} of every method a profile of these scopes measures now (`full` included)."""
-    names = [FULL, *(m for scope in scopes for m in compatible_methods(Phase(scope)))]
+    names = [FULL, *(m for scope in scopes for m in for_phase(scope))]
     return {name: int(REGISTRY[name].revision) for name in dict.fromkeys(names)}
 
 
@@ -136,7 +132,7 @@ def profile_methods(
 ) -> MethodProfile:
     """Profile every (layer, scope, method); see the module docstring."""
     started = time.perf_counter()
-    num_layers = num_layers_of(model)
+    num_layers = models.num_layers(model)
     length = min(len(s) for s in sequences)
     prompt = length - 1 - continuation
     if prompt < 2:
@@ -151,7 +147,7 @@ def profile_methods(
     work = [
         (scope, method, layer)
         for scope in scopes
-        for method in [FULL, *(m for m in (methods or compatible_methods(scope)) if m != FULL and scope in REGISTRY[m].phases)]
+        for method in [FULL, *(m for m in (methods or for_phase(scope)) if m != FULL and scope in REGISTRY[m].phases)]
         for layer in range(num_layers)
     ]
     # Per (layer, scope, method): each sequence's cosine and continuation NLL, in corpus order.

@@ -31,6 +31,7 @@ import stat
 import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -46,6 +47,8 @@ METHOD_COLUMNS = ["layer", "scope", "method", "cosine", "dppl"]
 INTERVAL_COLUMNS = ["cosine_low", "cosine_high", "dppl_low", "dppl_high"]
 SEQUENCE_COLUMNS = ["layer", "scope", "method", "sequence", "cosine", "nll"]
 REFERENCE_COLUMNS = ["sequence", "source", "nll"]
+# The statistics a profile measures per cell and which way is better (+1: higher, -1: lower).
+STATISTICS: dict[str, int] = {"cosine": 1, "dppl": -1}
 
 
 class ProfileError(PolyKVError):
@@ -61,22 +64,27 @@ class Profile:
     sequences: pd.DataFrame | None = None  # SEQUENCE_COLUMNS; None for profiles saved without them
     reference: pd.DataFrame | None = None  # REFERENCE_COLUMNS
 
+    @cached_property
+    def meta(self) -> ProfileMetadata:
+        """The metadata, typed (parsed once; `metadata` stays the dict that is written to profile.json)."""
+        return parse_metadata(self.metadata, f"profile {self.metadata.get('key', '?')}")
+
     @property
     def key(self) -> str:
-        return self.metadata["key"]
+        return self.meta.key
 
     @property
     def num_layers(self) -> int:
-        return int(self.metadata["num_layers"])
+        return self.meta.num_layers
 
     @property
     def entropy(self) -> list[float]:
         return self.layers.sort_values("layer")["entropy"].tolist()
 
     def check_model(self, model_name: str, num_layers: int) -> None:
-        if self.metadata["model"] != model_name or self.num_layers != num_layers:
+        if self.meta.model != model_name or self.num_layers != num_layers:
             raise ProfileError(
-                f"profile {self.key} was measured on {self.metadata['model']!r} ({self.num_layers} layers), "
+                f"profile {self.key} was measured on {self.meta.model!r} ({self.num_layers} layers), "
                 f"not on {model_name!r} ({num_layers} layers)"
             )
 
@@ -86,19 +94,19 @@ class Profile:
         Checked: the profiler revision, and for every registered method compatible with one of `phases`
         (default: the profile's scopes) that the profile measured it, at the method's current revision."""
         # imported here: they pull in torch, which reading a profile does not need
-        from polykv.methods import REGISTRY
+        from polykv.methods import REGISTRY, for_phase
         from polykv.plan import Phase
-        from polykv.profile.profiler import PROFILE_REVISION, compatible_methods
+        from polykv.profile.profiler import PROFILE_REVISION
 
-        measured = self.metadata.get("methods")
+        measured = self.meta.methods
         revision = self.metadata.get("profile_revision")
         if not isinstance(measured, Mapping) or revision is None:
             return ["it predates method revisions in profiles"]
         reasons = []
         if revision != PROFILE_REVISION:
             reasons.append(f"profiler revision {revision} (now {PROFILE_REVISION})")
-        phases = [Phase(p) for p in (self.metadata.get("scopes", []) if phases is None else phases)]
-        wanted = dict.fromkeys(m for phase in phases for m in compatible_methods(phase))
+        phases = [Phase(p) for p in (self.meta.scopes if phases is None else phases)]
+        wanted = dict.fromkeys(m for phase in phases for m in for_phase(phase))
         missing = [m for m in wanted if m not in measured]
         if missing:
             reasons.append(f"lacks {', '.join(missing)}")
@@ -117,11 +125,11 @@ class Profile:
 
 def refresh_command(profile: Profile) -> str:
     """The `polykv profile` command that measures this profile's settings again with the current code."""
-    meta = profile.metadata
-    spec = meta.get("corpus", {}).get("spec", {})
-    scopes = meta.get("scopes", [])
-    args = ["polykv", "profile", "--model", str(meta["model"]), "--b-cal", str(meta["capacity"]),
-            "--seed", str(meta.get("seed", spec.get("seed", 0)))]
+    meta = profile.meta
+    spec = profile.metadata.get("corpus", {}).get("spec", {})
+    scopes = meta.scopes
+    args = ["polykv", "profile", "--model", str(meta.model), "--b-cal", str(meta.b_cal),
+            "--seed", str(profile.metadata.get("seed", spec.get("seed", 0)))]
     if spec.get("sources"):
         args += ["--sources", ",".join(spec["sources"])]
     if spec.get("num_sequences"):
@@ -181,20 +189,37 @@ class CorpusMetadata(BaseModel):
 
 
 class ProfileMetadata(BaseModel):
-    """What `profile.json` must hold for PolyKV to use a profile (other fields are kept as they are)."""
+    """What `profile.json` must hold for PolyKV to use a profile (other fields are kept as they are).
+
+    The JSON key `capacity` is b_cal, the calibration capacity every cell was measured at (`b_cal`)."""
 
     model_config = ConfigDict(extra="allow")
 
     key: str = Field(min_length=1, max_length=200)
     model: str = Field(min_length=1)
     num_layers: StrictInt = Field(ge=1, le=4096)
-    capacity: StrictInt = Field(ge=1)  # b_cal
+    capacity: StrictInt = Field(ge=1)  # b_cal (the on-disk name)
     scopes: list[Literal["prefill", "decode"]] = Field(min_length=1)
     continuation: StrictInt = Field(default=1, ge=1)
     corpus: CorpusMetadata
     methods: dict[str, StrictInt] | None = None
     method_params: dict[str, dict[str, Any]] = Field(default_factory=dict)
     fullkv_ppl: dict[str, float | None] = Field(default_factory=dict)
+
+    @property
+    def b_cal(self) -> int:
+        """The calibration capacity: tokens per KV head kept by the method under test in its layer."""
+        return self.capacity
+
+
+def parse_metadata(data: Mapping[str, Any], where: str) -> ProfileMetadata:
+    """`data` checked as profile metadata; a ProfileError "<where>: <field>: <problem>" otherwise."""
+    try:
+        return ProfileMetadata.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(x) for x in err.get("loc", ())) or "metadata"
+        raise ProfileError(f"{where}: {field}: {err.get('msg', 'invalid')}") from None
 
 
 MAX_CSV_BYTES = 256 * 1024 * 1024  # sequences.csv of a large profile is tens of MB
@@ -249,12 +274,7 @@ def load_profile(path: str | os.PathLike) -> Profile:
         raise ProfileError(f"{meta_file}: expected a JSON object, got {type(data).__name__}")
     if data.get("format") != FORMAT or data.get("version") != VERSION:
         raise ProfileError(f"{path}: not a version-{VERSION} PolyKV profile")
-    try:
-        checked = ProfileMetadata.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(x) for x in err.get("loc", ())) or "metadata"
-        raise ProfileError(f"{meta_file}: {field}: {err.get('msg', 'invalid')}") from None
+    checked = parse_metadata(data, str(meta_file))
     metadata = {k: v for k, v in data.items() if k not in ("format", "version")}
     layers_count = checked.num_layers
     table = _read_csv(path / "methods.csv")
@@ -268,7 +288,9 @@ def load_profile(path: str | os.PathLike) -> Profile:
         _check_frame(path, "sequences.csv", sequences, SEQUENCE_COLUMNS, ["cosine", "nll", "sequence"], layers_count)
     if reference is not None:
         _check_frame(path, "reference.csv", reference, REFERENCE_COLUMNS, ["nll", "sequence"], layers_count)
-    return Profile(metadata=metadata, table=table, layers=layers, path=path, sequences=sequences, reference=reference)
+    profile = Profile(metadata=metadata, table=table, layers=layers, path=path, sequences=sequences, reference=reference)
+    profile.meta = checked  # parsed once: the checked metadata is the typed view (a cached property)
+    return profile
 
 
 def scan_profiles(root: str | os.PathLike) -> tuple[list[Profile], list[str]]:

@@ -232,7 +232,7 @@ class RoutedCache(Cache):
         if plan.allocation == "native":
             for phase in plan.scope.phases:
                 self.native_totals[phase] = sum(layer[phase].capacity for layer in plan.layers)
-                for layer in layers:  # budgets are unknown until every layer has seen the prompt
+                for layer in layers:  # capacities are unknown until every layer has seen the prompt
                     layer.methods[phase].capacity = None
             for layer in layers:
                 layer.on_prefill_done = self._layer_prefilled
@@ -243,11 +243,11 @@ class RoutedCache(Cache):
         prompt_length = layer.seen
         for phase, total in self.native_totals.items():
             methods = [lay.methods[phase] for lay in self.layers]
-            budgets = type(methods[0]).allocate(
+            capacities = type(methods[0]).allocate(
                 total, [m.allocation_statistic() for m in methods], methods[0].params, prompt_length
             )
-            for method, budget in zip(methods, budgets):
-                method.capacity = budget
+            for method, capacity in zip(methods, capacities):
+                method.capacity = capacity
         for lay in self.layers:
             lay.settle_prefill(lay.methods[Phase.PREFILL].settle())
 
@@ -259,5 +259,5 @@ class RoutedCache(Cache):
         return [0 if layer.retained == 0 else layer.keys.nbytes + layer.values.nbytes for layer in self.layers]
 
     def capacities(self, phase: Phase | str) -> list[int | None]:
-        """Each layer's capacity in a phase (after native allocation, the budgets it chose)."""
+        """Each layer's capacity in a phase (after native allocation, the capacities it chose)."""
         return [layer.methods[Phase(phase)].capacity for layer in self.layers]

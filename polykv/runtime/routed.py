@@ -11,7 +11,6 @@ swapped). On exit the model is exactly as before.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -19,6 +18,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from polykv.methods import validate_plan
+from polykv.models import cache_argument_name, context_length, num_layers
 from polykv.plan import Plan
 from polykv.runtime.attention import ATTN_IMPLEMENTATION
 from polykv.runtime.cache import RoutedCache, RoutedCacheError
@@ -37,26 +37,9 @@ class RoutedSession:
         return self.cache
 
 
-def num_layers_of(model: torch.nn.Module) -> int:
-    return model.config.get_text_config(decoder=True).num_hidden_layers
-
-
-def cache_argument_name(model: torch.nn.Module) -> str:
-    """`cache` in the newest transformers 5.x, `past_key_values` before."""
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
-def output_cache(output) -> Cache | None:
-    """The cache of a model output (`cache` in the newest transformers 5.x, `past_key_values` before)."""
-    cache = getattr(output, "cache", None)
-    return cache if cache is not None else getattr(output, "past_key_values", None)
-
-
 @contextmanager
 def routed(model: torch.nn.Module, plan: Plan) -> Iterator[RoutedSession]:
-    config = model.config.get_text_config(decoder=True)
-    validate_plan(plan, config.num_hidden_layers, getattr(config, "max_position_embeddings", None))
+    validate_plan(plan, num_layers(model), context_length(model))
     session = RoutedSession(model, plan)
     cache_name = cache_argument_name(model)
 

@@ -41,8 +41,8 @@ import torch
 
 from polykv.plan import Plan
 from polykv.profile.corpus import CorpusSpec, build_corpus, model_source
+from polykv.models import cache_argument_name, context_length, output_cache
 from polykv.runtime import routed
-from polykv.runtime.routed import cache_argument_name, output_cache
 
 TASK_SOURCES = {
     "prose": "kjv",
@@ -102,7 +102,7 @@ def build_samples(tokenizer, model, settings: FidelitySettings, seed: int) -> li
     A task's samples do not depend on the other tasks listed. The tasks the model samples are drawn in one
     corpus (one sampling batch: round-robin, so sample i of the j-th such task is sequence i * n + j).
     """
-    context = getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None) or 10**9
+    context = context_length(model) or 10**9
     tail = max(settings.continuation + 1, settings.generate)
     prompt = min(settings.prompt_tokens, context - tail - 1)
     if prompt < 8:

@@ -57,6 +57,7 @@ from typing import Any
 import torch
 
 from polykv.eval.metrics import longbench_sample_score
+from polykv.models import context_length
 from polykv.plan import Plan
 from polykv.runtime import routed
 
@@ -383,10 +384,6 @@ def prompt_ids(tokenizer, task: str, record: dict, max_length: int, chat: bool =
     return list(tokenizer(prompt).input_ids)
 
 
-def _context_of(model) -> int | None:
-    return getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None)
-
-
 def default_max_length(context: int | None, task: str, chat_overhead: int = 0) -> int:
     """The prompt budget when Settings.max_length is None: context - generation length - chat overhead."""
     if context is None:
@@ -416,7 +413,7 @@ def build_samples(tokenizer, model, settings: LongBenchSettings, seed: int) -> l
     None) and the ``tokenizer`` that decodes the prediction."""
     chat = _resolve_chat(tokenizer, settings.use_chat_template)
     overhead = len(_chat_ids(tokenizer, "")) if chat else 0
-    context = _context_of(model)
+    context = context_length(model)
     out = []
     for task in settings.tasks:
         samples = load_task(task, settings.data_dir)

@@ -1,119 +1,28 @@
-"""The official LongBench (v1) and RULER scoring rules, reproduced with the same behaviour.
+"""LongBench (v1)'s per-prediction metrics and its task scorer: token F1 (English and Chinese), ROUGE-L,
+few-shot classification, passage retrieval and counting, code similarity, and ``dataset2metric``.
 
-Sources (read, then re-implemented here; no code copied):
-  LongBench  THUDM/LongBench @ 2e00731f, ``LongBench/metrics.py`` (the per-prediction metrics) and
-             ``LongBench/eval.py`` (``dataset2metric`` and ``scorer``). The repository's top-level
-             ``eval.py`` is LongBench v2 (multiple choice) and is NOT what is reproduced here.
-  RULER      NVIDIA/RULER @ c3f5e3b4, ``scripts/eval/synthetic/constants.py`` (``string_match_all``,
-             ``string_match_part``, ``TASKS``), ``scripts/synthetic.yaml`` (task name -> family) and
-             ``scripts/eval/evaluate.py`` (``postprocess_pred``).
-
-Per-prediction LongBench metrics keep LongBench's names and the signature
-``metric(prediction, ground_truth, **kwargs) -> float`` (a value in [0, 1]); ``kwargs`` carries
-``all_classes`` for ``classification_score`` and is ignored by the others.
-
-Quirks of the originals that are reproduced on purpose (they change scores):
-  * ``classification_score`` drops matched classes while iterating over the same list, so the class
-    right after a dropped one is never checked for dropping (see its docstring).
-  * ``code_sim_score`` skips every line that CONTAINS (not: starts with) a backtick, ``#`` or ``//``,
-    and does not skip blank lines in the middle of the prediction.
-  * ``code_sim_score`` uses fuzzywuzzy's ``fuzz.ratio``: an int, ``int(round(100 * ratio))`` with
-    Python's round-half-to-even, so 62.5 -> 62 and 87.5 -> 88.
-  * ``rouge_score`` is the ``rouge`` package's summary-level ROUGE-L (text split into sentences on
-    ".", words counted as SETS, F = 2PR / (P + R + 1e-8)); any exception gives 0.0.
-  * ``longbench_score`` cuts trec / triviaqa / samsum / lsht predictions at their first line.
-
-Deliberate deviations, for inputs the originals mishandle silently or never see:
-  * mismatched or empty prediction/answer lists raise ``ValueError`` (the originals truncate with
-    ``zip`` or divide by zero); a bare string where a list of answers is expected raises
-    ``TypeError`` (the originals would iterate over its characters);
-  * ``rouge_score`` catches ``Exception`` rather than everything (a bare ``except:`` would also
-    swallow ``KeyboardInterrupt``);
-  * ``f1_score`` returns ``0.0`` rather than the int ``0`` when nothing overlaps (same value).
+Reproduced from THUDM/LongBench @ 2e00731f, ``LongBench/metrics.py`` and ``LongBench/eval.py`` (read,
+then re-implemented; no code copied); the quirks kept on purpose are listed in the package docstring.
 """
 
 from __future__ import annotations
 
 import difflib
 import re
-import string
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-import jieba
 from rapidfuzz import fuzz
 from rouge import Rouge
 
-__all__ = [
-    "LONGBENCH_FIRST_LINE_TASKS",
-    "LONGBENCH_METRICS",
-    "RULER_METRICS",
-    "RULER_TASKS",
-    "classification_score",
-    "code_sim_score",
-    "count_score",
-    "f1_score",
-    "longbench_sample_score",
-    "longbench_score",
-    "normalize_answer",
-    "normalize_zh_answer",
-    "qa_f1_score",
-    "qa_f1_zh_score",
-    "retrieval_score",
-    "retrieval_zh_score",
-    "rouge_score",
-    "rouge_zh_score",
-    "ruler_metric",
-    "ruler_postprocess_pred",
-    "ruler_score",
-    "ruler_string_match_all",
-    "ruler_string_match_part",
-]
-
-Metric = Callable[..., float]
-
-# --------------------------------------------------------------------------------------------------
-# Normalisation
-# --------------------------------------------------------------------------------------------------
-
-_ASCII_PUNCTUATION = frozenset(string.punctuation)
-# The Chinese / full-width punctuation that LongBench's normalize_zh_answer removes on top of ASCII
-# punctuation (the same 64 characters as its `cn_punctuation`, the ASCII "." included).
-_CN_PUNCTUATION = (
-    "！？｡。＂＃＄％＆＇（）＊＋，－／：；＜＝＞＠［＼］＾＿｀｛｜｝～｟｠｢｣､、〃》「」『』【】"
-    "〔〕〖〗〘〙〚〛〜〝〞〟〰〾〿–—‘’‛“”„‟…‧﹏."
+from .common import (
+    Metric,
+    _jieba_tokens,
+    _refuse_string,
+    normalize_answer,
+    normalize_zh_answer,
 )
-_ZH_PUNCTUATION = _ASCII_PUNCTUATION | frozenset(_CN_PUNCTUATION)
-_ARTICLE = re.compile(r"\b(a|an|the)\b")
-
-
-def normalize_answer(s: str) -> str:
-    """LongBench's English normalisation (``LongBench/metrics.py: normalize_answer``).
-
-    In this order: lowercase; delete every ASCII punctuation character (``string.punctuation``);
-    replace the whole words ``a``, ``an``, ``the`` by a space (regex ``\\b(a|an|the)\\b``, so
-    "anna" and "then" stay); collapse all whitespace runs to single spaces and strip.
-    """
-    text = "".join(ch for ch in s.lower() if ch not in _ASCII_PUNCTUATION)
-    text = _ARTICLE.sub(" ", text)
-    return " ".join(text.split())
-
-
-def normalize_zh_answer(s: str) -> str:
-    """LongBench's Chinese normalisation (``LongBench/metrics.py: normalize_zh_answer``).
-
-    Lowercase; delete ASCII punctuation and the Chinese/full-width punctuation list; delete ALL
-    whitespace (the pieces are joined with ``""``, not ``" "``). No article removal.
-    """
-    text = "".join(ch for ch in s.lower() if ch not in _ZH_PUNCTUATION)
-    return "".join(text.split())
-
-
-def _jieba_tokens(text: str) -> list[str]:
-    """``jieba.cut(text, cut_all=False)`` (accurate mode, HMM on) as a list, as LongBench calls it."""
-    return list(jieba.cut(text, cut_all=False))
-
 
 # --------------------------------------------------------------------------------------------------
 # Token F1 (QA)
@@ -364,8 +273,7 @@ def _longbench_metric(task: str) -> Metric:
 
 
 def _as_list(items: Sequence[str] | Iterable[str], what: str) -> list[str]:
-    if isinstance(items, str):
-        raise TypeError(f"{what} must be a list of strings, not a string")
+    _refuse_string(items, what)
     return list(items)
 
 
@@ -412,118 +320,3 @@ def longbench_score(
         total += longbench_sample_score(task, prediction, ground_truths, all_classes)
     return round(100 * total / len(predictions), 2)
 
-
-# --------------------------------------------------------------------------------------------------
-# RULER
-# --------------------------------------------------------------------------------------------------
-
-
-def _check_ruler_inputs(preds: Sequence[str], refs: Sequence[Sequence[str]]) -> None:
-    if isinstance(preds, str):
-        raise TypeError("preds must be a list of strings, not a string")
-    if len(preds) != len(refs):
-        raise ValueError(f"{len(preds)} predictions but {len(refs)} reference lists")
-    if not preds:
-        raise ValueError("no predictions to score")
-    for ref in refs:
-        if isinstance(ref, str):
-            raise TypeError("each refs entry must be a list of strings, not a string")
-
-
-def ruler_string_match_all(preds: Sequence[str], refs: Sequence[Sequence[str]]) -> float:
-    """RULER ``string_match_all`` (``scripts/eval/synthetic/constants.py``), in [0, 100].
-
-    Per sample: the fraction of its references r with ``r.lower() in pred.lower()`` (case-insensitive
-    substring test, both sides lowercased). Score: ``round(sum(fractions) / len(preds) * 100, 2)``,
-    with the builtin ``sum`` in the same order as the original.
-    """
-    _check_ruler_inputs(preds, refs)
-    fractions = []
-    for pred, ref in zip(preds, refs):
-        text = pred.lower()
-        fractions.append(sum(1.0 if r.lower() in text else 0.0 for r in ref) / len(ref))
-    return round(sum(fractions) / len(preds) * 100, 2)
-
-
-def ruler_string_match_part(preds: Sequence[str], refs: Sequence[Sequence[str]]) -> float:
-    """RULER ``string_match_part`` (``scripts/eval/synthetic/constants.py``), in [0, 100].
-
-    Per sample: 1.0 if ANY of its references occurs in the prediction (case-insensitive substring),
-    else 0.0. Score: ``round(sum(per_sample) / len(preds) * 100, 2)``.
-    """
-    _check_ruler_inputs(preds, refs)
-    hits = []
-    for pred, ref in zip(preds, refs):
-        text = pred.lower()
-        hits.append(max(1.0 if r.lower() in text else 0.0 for r in ref))
-    return round(sum(hits) / len(preds) * 100, 2)
-
-
-_CONTROL_CHARS = re.compile(r"[\x00-\x1f]")
-
-
-def ruler_postprocess_pred(pred: str) -> str:
-    """RULER's ``postprocess_pred`` (``scripts/eval/evaluate.py``), applied to every prediction before
-    its metric: strip, replace each control character \\x00-\\x1f (newlines and tabs included) by
-    "\\n", strip again."""
-    return _CONTROL_CHARS.sub("\n", pred.strip()).strip()
-
-
-#: ``scripts/eval/synthetic/constants.py: TASKS`` — RULER task family -> metric.
-RULER_METRICS: dict[str, Callable[[Sequence[str], Sequence[Sequence[str]]], float]] = {
-    "niah": ruler_string_match_all,
-    "variable_tracking": ruler_string_match_all,
-    "common_words_extraction": ruler_string_match_all,
-    "freq_words_extraction": ruler_string_match_all,
-    "qa": ruler_string_match_part,
-}
-
-#: ``scripts/synthetic.yaml`` — the 13 standard RULER tasks and their family.
-RULER_TASKS: dict[str, str] = {
-    "niah_single_1": "niah",
-    "niah_single_2": "niah",
-    "niah_single_3": "niah",
-    "niah_multikey_1": "niah",
-    "niah_multikey_2": "niah",
-    "niah_multikey_3": "niah",
-    "niah_multivalue": "niah",
-    "niah_multiquery": "niah",
-    "vt": "variable_tracking",
-    "cwe": "common_words_extraction",
-    "fwe": "freq_words_extraction",
-    "qa_1": "qa",
-    "qa_2": "qa",
-}
-
-
-def ruler_metric(task: str) -> Callable[[Sequence[str], Sequence[Sequence[str]]], float]:
-    """The RULER metric of a task: a standard task name (``RULER_TASKS``), a family name
-    (``RULER_METRICS``), or any other ``niah_*`` (string_match_all) / ``qa_*`` (string_match_part)."""
-    family = RULER_TASKS.get(task, task)
-    if family not in RULER_METRICS:
-        if task.startswith("niah_"):
-            family = "niah"
-        elif task.startswith("qa_"):
-            family = "qa"
-        else:
-            raise ValueError(
-                f"unknown RULER task {task!r}; known: {sorted(RULER_TASKS)} "
-                f"or families {sorted(RULER_METRICS)}"
-            )
-    return RULER_METRICS[family]
-
-
-def ruler_score(
-    task: str,
-    preds: Sequence[str],
-    refs: Sequence[Sequence[str]],
-    postprocess: bool = True,
-) -> float:
-    """A RULER task score in [0, 100] as ``scripts/eval/evaluate.py`` computes it: each prediction
-    through ``ruler_postprocess_pred`` (unless ``postprocess=False``), then the task's metric."""
-    if isinstance(preds, str):
-        raise TypeError("preds must be a list of strings, not a string")
-    metric = ruler_metric(task)
-    if postprocess:
-        preds = [ruler_postprocess_pred(p) for p in preds]
-    return metric(preds, refs)

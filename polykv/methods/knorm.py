@@ -1,0 +1,31 @@
+"""Knorm: keep the keys with the smallest L2 norm.
+
+Devoto, Zhao, Scardapane, Minervini. "A Simple and Effective L2 Norm-Based Strategy for KV Cache
+Compression." EMNLP 2024, arXiv:2406.11430 (in NVIDIA kvpress as `KnormPress`).
+"""
+
+from __future__ import annotations
+
+from polykv.methods.base import Eviction, LayerView, Method, evict_lowest
+from polykv.plan import Phase
+
+
+class Knorm(Method):
+    """Drop the tokens whose keys have the largest L2 norm, per KV head.
+
+    Rule: whenever a layer holds more than `capacity` slots (end of prefill, every decode step), score
+    every slot of each KV head by minus the L2 norm of its key (as stored in the cache, after RoPE) and
+    keep the `capacity` highest, i.e. the lowest-norm keys. The paper observes that low-norm keys draw
+    high attention, so the norm stands in for attention without computing any. Needs no attention
+    signal and has no parameters; each KV head keeps its own positions, as in kvpress's `KnormPress`,
+    which applies the rule once to the prompt. Here it also runs in decode, one token per step.
+    """
+
+    name = "knorm"
+    phases = frozenset({Phase.PREFILL, Phase.DECODE})
+    colour = "#8C564B"
+
+    def step(self, view: LayerView) -> Eviction | None:
+        if not self.over_capacity(view):
+            return None
+        return evict_lowest(-view.keys.float().norm(dim=-1), self.capacity)  # [b, h, n]

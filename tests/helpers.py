@@ -1,0 +1,366 @@
+"""Shared test helpers (plain functions, classes and constants; the fixtures are in conftest.py).
+
+Test modules import from here (`from tests.helpers import ...`), never from one another.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from polykv.eval.suites.fidelity import FidelitySettings
+from polykv.methods.base import Eviction, LayerView
+from polykv.plan import Phase
+from polykv.runtime import routed
+from polykv.models import cache_argument_name, output_cache
+
+REPO = Path(__file__).resolve().parents[1]
+APP = str(REPO / "app" / "app.py")
+MIXED = REPO / "plans" / "demo" / "mixed.json"
+
+# Fidelity settings small enough for a test: a run of a few seconds on the demo model (4 samples), and
+# one long enough (24 samples of longer prompts) to be caught running, cancelled or killed.
+TINY_FIDELITY = FidelitySettings(tasks=("prose", "stories"), samples_per_task=2, prompt_tokens=96, continuation=8,
+                                 generate=8)
+SLOW_FIDELITY = FidelitySettings(tasks=("prose", "stories"), samples_per_task=12, prompt_tokens=200, continuation=16,
+                                 generate=16)
+
+
+# ---- tiny random-weight models of every supported family -----------------------------------------
+_COMMON = dict(
+    vocab_size=96,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,  # grouped-query attention: 2 query heads per KV head
+    max_position_embeddings=1024,
+)
+
+FAMILIES = {
+    "llama": (LlamaConfig, LlamaForCausalLM, {}),
+    "mistral": (MistralConfig, MistralForCausalLM, {"sliding_window": 4096}),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"head_dim": 16}),  # q_norm / k_norm before RoPE
+}
+
+
+def tiny_model(family: str = "llama", seed: int = 0, **overrides):
+    config_cls, model_cls, extra = FAMILIES[family]
+    config = config_cls(**{**_COMMON, **extra, **overrides})
+    torch.manual_seed(seed)
+    # _from_config mutates the config it is given: always hand it a copy.
+    return model_cls._from_config(copy.deepcopy(config), attn_implementation="sdpa").eval()
+
+
+# ---- decoding --------------------------------------------------------------------------------------
+STEPS = 16  # decode steps of `run_routed` unless told
+
+
+def decode_logits(model, ids: torch.Tensor, steps: int, cache_name: str, cache=None, after_prefill=None):
+    """Prefill, then `steps` greedy single-token steps with the model deriving positions from the cache.
+
+    Returns the prefill logits and the logits of each decode step, plus the final cache.
+    """
+    kwargs = {} if cache is None else {cache_name: cache}
+    with torch.no_grad():
+        out = model(ids, use_cache=True, **kwargs)
+        cache = output_cache(out)
+        if after_prefill is not None:
+            after_prefill(cache)
+        logits = [out.logits]
+        token = out.logits[:, -1:].argmax(-1)
+        for _ in range(steps):
+            out = model(token, use_cache=True, **{cache_name: cache})
+            logits.append(out.logits)
+            token = out.logits[:, -1:].argmax(-1)
+    return logits, cache
+
+
+def max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    assert len(a) == len(b)
+    return max((x - y).abs().max().item() for x, y in zip(a, b))
+
+
+def prompt(model, length=40, batch=1, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, model.config.vocab_size, (batch, length), generator=g)
+
+
+def run_routed(model, plan, ids, steps=STEPS, after_prefill=None):
+    with routed(model, plan) as session:
+        logits, cache = decode_logits(model, ids, steps, cache_argument_name(model), after_prefill=after_prefill)
+    assert cache is session.cache
+    return logits, cache
+
+
+# ---- a method's view of one layer ------------------------------------------------------------------
+def layer_view(n: int | None = None, *, positions=None, heads: int | None = None, groups: int = 1,
+               phase: Phase = Phase.DECODE, keys=None, values=None, seed: int | None = None,
+               num_new: int | None = None, rows=None, column_sums=None) -> LayerView:
+    """One layer's cache as a method's rule sees it, for batch row 0 only.
+
+    Slots: `n` at positions 0..n-1, or `positions` ([n], or the whole [1, heads, n]). Keys and values:
+    the given ones ([heads, n, d] or [1, heads, n, d]), random from `seed`, else zeros (most rules never
+    read them). `heads` KV heads (from the keys when given, else 2), `groups` query heads per KV head.
+    `rows` ([query heads, w, n] or fewer dimensions, for one KV head) and `column_sums` ([n], [heads, n]
+    or [1, query heads, n]) are the attention the rule reads. `num_new`: 1 at decode, every slot at prefill.
+    """
+    if keys is not None:
+        keys = torch.as_tensor(keys)
+        heads = keys.shape[-3]
+    heads = 2 if heads is None else heads
+    if positions is not None:
+        positions = torch.as_tensor(positions)
+        n = positions.shape[-1]
+        if positions.dim() == 1:
+            positions = positions.expand(1, heads, n).clone()
+    elif n is None:
+        n = keys.shape[-2]
+    if positions is None:
+        positions = torch.arange(n).expand(1, heads, n)
+    if keys is None:
+        generator = None if seed is None else torch.Generator().manual_seed(seed)
+        draw = torch.zeros if generator is None else lambda *shape: torch.randn(*shape, generator=generator)
+        keys, values = draw(1, heads, n, 4), draw(1, heads, n, 4)
+    keys, values = (t[None].clone() if t.dim() == 3 else t for t in (keys, torch.as_tensor(values)))
+    if rows is not None:
+        rows = torch.as_tensor(rows, dtype=torch.float32)
+        if rows.dim() < 4:
+            rows = rows.reshape(1, heads * groups, -1, n)
+    if column_sums is not None:
+        column_sums = torch.as_tensor(column_sums, dtype=torch.float32)
+        if column_sums.dim() < 3:
+            column_sums = column_sums.expand(1, heads * groups, n).clone()
+    if num_new is None:
+        num_new = n if phase is Phase.PREFILL else 1
+    return LayerView(phase=phase, keys=keys, values=values, positions=positions, num_new=num_new,
+                     num_kv_groups=groups, rows=rows, column_sums=column_sums)
+
+
+def kept(eviction: Eviction, n: int) -> list[list[int]]:
+    """Kept slots per KV head of batch row 0, whether the method named them or the one it dropped."""
+    if eviction.dropped is not None:
+        return [[i for i in range(n) if i != d] for d in eviction.dropped[0, :, 0].tolist()]
+    return eviction.keep[0].tolist()
+
+
+# ---- the CLI ---------------------------------------------------------------------------------------
+@dataclass
+class CliResult:
+    """What one in-process call of the CLI's entry point left: its exit code and output."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def assert_one_line_error(result, *expected: str) -> None:
+    """`result` (a CliResult or a CompletedProcess) is a user error: exit code 2, no traceback, and one
+    line `error: ...` on stderr that contains every text in `expected`."""
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr and "Traceback" not in (result.stdout or "")
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for text in expected:
+        assert text in lines[0], lines[0]
+
+
+def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300,
+            python: Sequence[str] = (), **kwargs) -> subprocess.CompletedProcess:
+    """`python -m polykv.cli ARGS` as a real process (text output captured); `python`: interpreter options."""
+    return subprocess.run([sys.executable, *python, "-m", "polykv.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout, check=False, **kwargs)
+
+
+# ---- the web app through Streamlit's AppTest --------------------------------------------------------
+def open_app(page: str | None = None):
+    """The app's first page (the designer), or `page` of app/views/, run once; no exception raised."""
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.run()
+    if page:
+        at.switch_page(f"views/{page}.py")
+        at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def button(at, label: str):
+    found = [b for b in at.button if b.label == label]
+    assert found, f"no button {label!r}: {[b.label for b in at.button]}"
+    return found[0]
+
+
+def texts(elements) -> list[str]:
+    return [e.value for e in elements]
+
+
+# ---- results and jobs --------------------------------------------------------------------------------
+def fake_run(store, run_id: str, scores: dict[str, dict[str, float]], status: str = "finished", *,
+             model: str = "demo", plan_name: str | None = None, samples: bool = True) -> None:
+    """A run in `store` with the given task scores and status, computing nothing; `samples`: one stored
+    sample per task (so that it reads as done), else none."""
+    store.create_run(run_id, model=model, plan_name=plan_name or run_id, plan_hash="h", plan_json="{}",
+                     suite="fidelity", settings={}, seed=0, total_samples=len(scores), versions={})
+    if samples:
+        for task, metrics in scores.items():
+            store.add_sample(run_id, task, "0", metrics, 0.1)
+    store.set_task_scores(run_id, scores, {t: 1 for t in scores})
+    store.set_status(run_id, status)
+
+
+def wait_until(condition: Callable[[], Any], timeout: float, describe: Callable[[], str] = lambda: "") -> Any:
+    """Poll `condition` until it returns something true, and return that. A hang guard, not a timing
+    check: `timeout` (seconds) only turns a hang into a failure, so make it generous."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still waiting after {timeout:.0f} s (a hang?) {describe()}")
+        time.sleep(0.2)
+
+
+def wait_for_job(job, workspace: Path, until: Callable[[Any], bool] | None = None, timeout: float = 600):
+    """The job's state once `until(state)` holds (default: the job has ended); AssertionError with its
+    log as soon as the job ends without it, or if it never holds (see `wait_until`)."""
+    from polykv import jobs
+
+    until = until or (lambda s: s.status in jobs.FINAL)
+
+    def reached():
+        state = jobs.state(jobs.load_job(workspace, job.id), workspace)
+        if until(state):
+            return state
+        assert state.status not in jobs.FINAL, f"the job ended first: {state}\n{jobs.log_tail(job, workspace)}"
+        return None
+
+    return wait_until(reached, timeout, lambda: f"{jobs.state(job, workspace)}\n{jobs.log_tail(job, workspace)}")
+
+
+def stop(*processes: subprocess.Popen) -> None:
+    """Kill and reap each process that is still running."""
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=30)
+
+
+# ---- processes a test leaves behind -------------------------------------------------------------------
+class LeftoverProcessWarning(UserWarning):
+    """A test left a process running (a job worker, a backend's subprocess, a `sleep`); it was stopped.
+    `-W error::tests.helpers.LeftoverProcessWarning` makes that an error of the test."""
+
+
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    ppid: int
+    state: str
+    start: int  # clock ticks since boot: with the pid, it names one process even after the pid is reused
+
+
+def _read_stat(pid: int) -> Proc | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()  # the command name may hold spaces and parentheses
+    return Proc(pid, int(fields[1]), fields[0], int(fields[19]))
+
+
+def descendants(root: int | None = None) -> dict[int, Proc]:
+    """Every live process (zombies left out) whose parent chain leads to `root` (this process)."""
+    root = os.getpid() if root is None else root
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (proc := _read_stat(int(entry.name))) is not None:
+            table[proc.pid] = proc
+    children: dict[int, list[int]] = {}
+    for proc in table.values():
+        children.setdefault(proc.ppid, []).append(proc.pid)
+    found, todo = {}, list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        found[pid] = table[pid]
+        todo.extend(children.get(pid, []))
+    return {pid: proc for pid, proc in found.items() if proc.state not in ("Z", "X")}
+
+
+def started_since(before: dict[int, Proc], root: int | None = None) -> dict[int, Proc]:
+    """The live descendants of `root` (this process) started since `before` (a `descendants()`) through
+    new processes only: what `root` itself started and what those started, not what a process that
+    was already there (a server, a browser) started meanwhile."""
+    root = os.getpid() if root is None else root
+    now = descendants(root)
+    new = {pid: proc for pid, proc in now.items() if pid not in before or before[pid].start != proc.start}
+    started = {}
+    for pid, proc in new.items():
+        while proc is not None and proc.ppid != root:
+            proc = new.get(proc.ppid)
+        if proc is not None:
+            started[pid] = new[pid]
+    return started
+
+
+def command_line(pid: int) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "?"
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:200]
+
+
+def _still_there(procs: dict[int, Proc]) -> dict[int, Proc]:
+    left = {}
+    for pid, proc in procs.items():
+        now = _read_stat(pid)
+        if now is not None and now.start == proc.start and now.state not in ("Z", "X"):
+            left[pid] = proc
+    return left
+
+
+def stop_processes(procs: dict[int, Proc], grace: float = 2.0, term_wait: float = 5.0) -> dict[int, str]:
+    """Stop `procs`: give them `grace` seconds to end by themselves (a worker that has just written its
+    final state), then SIGTERM, then SIGKILL what is left after `term_wait` seconds. Returns the
+    command line of each one that had to be signalled. A pid is signalled only while it still names the
+    same process (same start time)."""
+    deadline = time.monotonic() + grace
+    while (procs := _still_there(procs)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    signalled = {pid: command_line(pid) for pid in procs}
+    for sig, wait in ((signal.SIGTERM, term_wait), (signal.SIGKILL, term_wait)):
+        for pid in _still_there(procs):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while (procs := _still_there(procs)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not procs:
+            break
+    return signalled

@@ -1,0 +1,144 @@
+"""The import graph of the project's own modules (polykv/ and app/): no cycles, and the layering holds.
+
+Every module is parsed with `ast` (nothing is imported). An edge A -> B means A imports B somewhere,
+at the top or inside a function (a lazy import still ties the two together). For `from X import Y` the
+edge goes to X, and to X.Y as well when X.Y is a module of the project; relative imports are resolved
+against the importing module's package. Only modules under polykv/ and app/ are nodes."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("polykv", "app")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            found[_module_name(path)] = path
+    return found
+
+
+def _resolve(module: str, is_package: bool, level: int, target: str | None) -> str:
+    """The absolute name of `from <level dots><target> import ...` written in `module`."""
+    if level == 0:
+        return target or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    if level > 1:
+        base = base[: len(base) - (level - 1)]
+    return ".".join([*base, target] if target else base)
+
+
+def _known(name: str, modules: dict[str, Path]) -> str | None:
+    """`name` if it is a project module, else its longest prefix that is one (an attribute of a module)."""
+    parts = name.split(".")
+    while parts:
+        candidate = ".".join(parts)
+        if candidate in modules:
+            return candidate
+        parts.pop()
+    return None
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        is_package = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                source = _resolve(name, is_package, node.level, node.module)
+                targets = [source, *(f"{source}.{alias.name}" for alias in node.names if alias.name != "*")]
+            for target in targets:
+                if target.split(".")[0] not in PACKAGES:
+                    continue
+                found = _known(target, modules)
+                if found is not None and found != name:
+                    graph[name].add(found)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle as [a, b, ..., a], or None (iterative depth-first search, nodes in sorted order)."""
+    WHITE, GREY, BLACK = 0, 1, 2
+    colour = dict.fromkeys(graph, WHITE)
+    for start in sorted(graph):
+        if colour[start] != WHITE:
+            continue
+        path = [start]
+        stack = [iter(sorted(graph[start]))]
+        colour[start] = GREY
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                colour[path.pop()] = BLACK
+                stack.pop()
+            elif colour[nxt] == GREY:
+                return path[path.index(nxt):] + [nxt]
+            elif colour[nxt] == WHITE:
+                colour[nxt] = GREY
+                path.append(nxt)
+                stack.append(iter(sorted(graph[nxt])))
+    return None
+
+
+def _imports_of(graph: dict[str, set[str]], prefix: str) -> dict[str, set[str]]:
+    """{module under `prefix`: the modules it imports}."""
+    return {m: deps for m, deps in graph.items() if m == prefix or m.startswith(prefix + ".")}
+
+
+def _under(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+GRAPH = import_graph()
+
+
+def test_the_graph_sees_the_project():
+    assert {"polykv.plan", "polykv.methods", "polykv.routing", "polykv.cli", "app.common"} <= set(GRAPH)
+    assert "polykv.plan" in GRAPH["polykv.methods"]  # a top-level import
+    assert "polykv.eval.runner" in GRAPH["polykv.jobs"]  # one made inside a function
+    assert "polykv.models.llama2c" in GRAPH["polykv.models"]  # a relative one
+
+
+def test_find_cycle_reports_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_cycles():
+    cycle = find_cycle(GRAPH)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+@pytest.mark.parametrize(
+    ("layer", "forbidden"),
+    [
+        ("polykv.methods", ("polykv.runtime", "polykv.eval", "polykv.profile", "polykv.routing", "polykv.jobs",
+                            "polykv.cli")),
+        ("polykv.profile", ("polykv.routing",)),
+        ("polykv", ("app",)),
+    ],
+)
+def test_layers_do_not_import_upward(layer, forbidden):
+    bad = sorted(f"{m} -> {d}" for m, deps in _imports_of(GRAPH, layer).items() for d in deps if _under(d, forbidden))
+    assert not bad, f"{layer} must not import {', '.join(forbidden)}: " + "; ".join(bad)
+
+
+def test_plan_imports_only_errors_and_files():
+    assert GRAPH["polykv.plan"] <= {"polykv.errors", "polykv.files"}, sorted(GRAPH["polykv.plan"])
