@@ -17,9 +17,9 @@ from plotly.subplots import make_subplots
 from polykv.methods import REGISTRY
 from polykv.plan import Phase, Plan
 
-# One fixed color per method (colorblind-friendly Okabe-Ito first), so a method looks the same everywhere.
-_PALETTE = ["#bbbbbb", "#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000", "#8C564B"]
-METHOD_COLORS = {name: _PALETTE[i % len(_PALETTE)] for i, name in enumerate(REGISTRY)}
+# One fixed colour per method, declared by the method itself, so a method looks the same everywhere
+# and adding one changes no other method's colour.
+METHOD_COLORS = {name: cls.colour for name, cls in REGISTRY.items()}
 PHASE_ROWS = [Phase.DECODE.value, Phase.PREFILL.value]  # top to bottom in the strip: prefill, then decode
 
 

@@ -1,7 +1,8 @@
 """How each method runs as a standalone baseline: one table, read by every experiment.
 
 A baseline in a comparison is a method alone in every layer, run the way its authors (or the paper's
-sweep) run it, not squeezed into the phase of the route it is compared with. Each row says
+sweep) run it, not squeezed into the phase of the route it is compared with. Each method class declares
+its row (`standalone`, `standalone_source`, `native_allocation`); each row says
 
   scope       the phases the method is active in (the other phase keeps every token)
   allocation  "native" when the method brings its own rule for splitting the budget over layers
@@ -12,17 +13,7 @@ sweep) run it, not squeezed into the phase of the route it is compared with. Eac
               (`polykv.methods.params_that_fit`)
   source      a short note of where the rule comes from
 
-| method       | phases          | allocation |
-|--------------|-----------------|------------|
-| streamingllm | prefill, decode | fixed      |
-| h2o          | prefill, decode | fixed      |
-| tova         | prefill, decode | fixed      |
-| snapkv       | prefill         | fixed      |
-| pyramidkv    | prefill         | native     |
-| cake         | prefill, decode | native     |
-| d2o          | decode          | native     |
-| scissorhands | prefill, decode | fixed      |
-| cam          | decode          | fixed      |
+The rows are listed in the README's method table and by `polykv experiment sweep`'s report.
 
 Per-method overrides (the CLI's `--protocol tova=decode`) change a row's scope, only to a scope the
 method can run in; `parse_overrides` reads them.
@@ -49,23 +40,18 @@ class Protocol:
     source: str = ""
 
 
-# The table: method -> (phases, where the rule comes from). Allocation follows the method class.
-_TABLE: dict[str, tuple[Scope, str]] = {
-    "streamingllm": (Scope.BOTH, "StreamingLLM (Xiao et al., ICLR 2024): sinks + recent window over the whole stream"),
-    "h2o": (Scope.BOTH, "H2O (Zhang et al., NeurIPS 2023): heavy hitters from the prompt on and through generation"),
-    "tova": (Scope.BOTH, "the paper's sweep protocol: TOVA is active in both prefill and decode"),
-    "snapkv": (Scope.PREFILL, "SnapKV (Li et al., NeurIPS 2024): compresses the prompt once, keeps generated tokens"),
-    "pyramidkv": (Scope.PREFILL, "PyramidKV (Cai et al., 2024): SnapKV's prompt compression, budgets falling with depth"),
-    "cake": (Scope.BOTH, "CAKE (Qin et al., ICLR 2025): cascading prompt budgets, eviction continues in decode"),
-    "d2o": (Scope.DECODE, "D2O (Wan et al., ICLR 2025): dynamic eviction and merging during generation"),
-    "scissorhands": (Scope.BOTH, "Scissorhands (Liu et al., NeurIPS 2023): persistence of importance, prompt and generation"),
-    "cam": (Scope.DECODE, "CaM (Zhang et al., ICML 2024): merges evicted values during generation"),
-}
+def _standalone_scope(cls) -> Scope:
+    phases = cls.standalone or cls.phases
+    return Scope.BOTH if len(phases) == 2 else Scope(next(iter(phases)).value)
 
+
+# One row per registered method but `full`, from what each method class declares (`standalone`,
+# `standalone_source`, `native_allocation`): adding a method adds its row.
 PROTOCOLS: dict[str, Protocol] = {
-    name: Protocol(name, scope, "native" if REGISTRY[name].native_allocation else "fixed", {}, source)
-    for name, (scope, source) in _TABLE.items()
-    if name in REGISTRY
+    name: Protocol(name, _standalone_scope(cls), "native" if cls.native_allocation else "fixed", {},
+                   cls.standalone_source)
+    for name, cls in REGISTRY.items()
+    if name != FULL
 }
 
 

@@ -10,6 +10,7 @@ from polykv.methods.cam import CaM
 from polykv.methods.d2o import D2O
 from polykv.methods.full import Full
 from polykv.methods.h2o import H2O
+from polykv.methods.knorm import Knorm
 from polykv.methods.pyramidkv import PyramidKV
 from polykv.methods.scissorhands import Scissorhands
 from polykv.methods.snapkv import SnapKV
@@ -29,6 +30,7 @@ _METHODS: list[type[Method]] = [
     D2O,
     Scissorhands,
     CaM,
+    Knorm,
 ]
 REGISTRY: dict[str, type[Method]] = {cls.name: cls for cls in _METHODS}
 

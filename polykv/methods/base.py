@@ -175,6 +175,13 @@ class Method:
     # Bump whenever the rule, a default or the scoring changes: profiles and run ids include it, so
     # results measured with an older rule are never reused as if they were current.
     revision: ClassVar[int] = 1
+    # Its colour in every chart (a hex string, unique among the methods), so pictures stay stable as
+    # methods are added.
+    colour: ClassVar[str] = "#999999"
+    # How it runs as a standalone baseline (its authors' protocol): the phases it is active in (None:
+    # every phase it can run in), and where that rule comes from. `polykv.eval.protocols` reads these.
+    standalone: ClassVar[frozenset[Phase] | None] = None
+    standalone_source: ClassVar[str] = ""
 
     def __init__(
         self, capacity: int | None, params: Mapping[str, Any] | BaseModel | None = None, layer_idx: int = 0

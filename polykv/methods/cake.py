@@ -74,6 +74,8 @@ class CAKE(Method):
     """
 
     name = "cake"
+    colour = "#D55E00"
+    standalone_source = "CAKE (Qin et al., ICLR 2025): cascading prompt budgets, eviction continues in decode"
     phases = frozenset({Phase.PREFILL, Phase.DECODE})
     Params = CAKEParams
     below_capacity = ("window",)

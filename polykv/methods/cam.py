@@ -56,6 +56,8 @@ class CaM(Method):
     """
 
     name = "cam"
+    colour = "#8C564B"
+    standalone_source = "CaM (Zhang et al., ICML 2024): merges evicted values during generation"
     phases = frozenset({Phase.DECODE})
     Params = CaMParams
     below_capacity = ("sinks",)

@@ -70,6 +70,8 @@ class D2O(AccumulatedAttention):
     """
 
     name = "d2o"
+    colour = "#F0E442"
+    standalone_source = "D2O (Wan et al., ICLR 2025): dynamic eviction and merging during generation"
     phases = frozenset({Phase.DECODE})
     Params = D2OParams
     below_capacity = ("sinks",)

@@ -10,5 +10,6 @@ class Full(Method):
     """Keep every key and value; the cache grows by one slot per token. Takes no capacity."""
 
     name = "full"
+    colour = "#BBBBBB"
     phases = frozenset({Phase.PREFILL, Phase.DECODE})
     passive = True

@@ -38,6 +38,8 @@ class H2O(AccumulatedAttention):
     """
 
     name = "h2o"
+    colour = "#E69F00"
+    standalone_source = "H2O (Zhang et al., NeurIPS 2023): heavy hitters from the prompt on and through generation"
     phases = frozenset({Phase.PREFILL, Phase.DECODE})
     Params = H2OParams
 

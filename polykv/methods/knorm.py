@@ -23,7 +23,10 @@ class Knorm(Method):
 
     name = "knorm"
     phases = frozenset({Phase.PREFILL, Phase.DECODE})
-    colour = "#8C564B"
+    colour = "#17BECF"
+    standalone_source = (
+        "Knorm (Devoto et al., EMNLP 2024): lowest-norm keys, on the prompt and as generation grows (kvpress: prompt)"
+    )
 
     def step(self, view: LayerView) -> Eviction | None:
         if not self.over_capacity(view):

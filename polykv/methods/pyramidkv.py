@@ -34,6 +34,8 @@ class PyramidKV(SnapKV):
     """
 
     name = "pyramidkv"
+    colour = "#56B4E9"
+    standalone_source = "PyramidKV (Cai et al., 2024): SnapKV's prompt compression, budgets falling with depth"
     Params = PyramidKVParams
     native_allocation = True
 

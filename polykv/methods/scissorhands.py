@@ -68,6 +68,8 @@ class Scissorhands(Method):
     """
 
     name = "scissorhands"
+    colour = "#000000"
+    standalone_source = "Scissorhands (Liu et al., NeurIPS 2023): persistence of importance, prompt and generation"
     phases = frozenset({Phase.PREFILL, Phase.DECODE})
     Params = ScissorhandsParams
     below_capacity = ("recent",)

@@ -36,6 +36,8 @@ class SnapKV(Method):
     """
 
     name = "snapkv"
+    colour = "#CC79A7"
+    standalone_source = "SnapKV (Li et al., NeurIPS 2024): compresses the prompt once, keeps generated tokens"
     phases = frozenset({Phase.PREFILL})
     Params = SnapKVParams
     below_capacity = ("window",)

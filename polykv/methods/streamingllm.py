@@ -33,6 +33,8 @@ class StreamingLLM(Method):
     """
 
     name = "streamingllm"
+    colour = "#0072B2"
+    standalone_source = "StreamingLLM (Xiao et al., ICLR 2024): sinks + recent window over the whole stream"
     phases = frozenset({Phase.PREFILL, Phase.DECODE})
     Params = StreamingLLMParams
     below_capacity = ("sinks",)

@@ -21,6 +21,8 @@ class TOVA(Method):
     """
 
     name = "tova"
+    colour = "#009E73"
+    standalone_source = "the paper's sweep protocol: TOVA is active in both prefill and decode"
     phases = frozenset({Phase.PREFILL, Phase.DECODE})
 
     def needs(self, phase: Phase, length: int) -> Needs:
