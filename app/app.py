@@ -15,32 +15,28 @@ if _ROOT not in sys.path[:1]:
 
 import streamlit as st  # noqa: E402
 
-from app import common  # noqa: E402
+from app import common, state  # noqa: E402
 
 st.set_page_config(page_title="PolyKV", page_icon=":material/view_column:", layout="wide")
 
 with st.sidebar:
     st.markdown("### PolyKV")
-    name, device = st.session_state.get("model", ("demo", "cpu"))
-    with st.form("model_form"):
+    name, device = common.chosen_model()
+    with st.form(state.MODEL_FORM):
         typed = st.text_input("Model", value=name, help="'demo' (the embedded stories260K), a Hugging Face id or a local path")
-        devices = ["cpu"] + (["cuda"] if common.cuda_available() else [])
-        chosen = st.selectbox("Device", devices, index=devices.index(device) if device in devices else 0)
+        devices = common.devices()
+        chosen = st.selectbox("Device", devices, index=common.index_of(devices, device))
         if st.form_submit_button("Load model"):
-            problem = common.load_model(typed.strip(), chosen)
-            if problem:
-                st.session_state["model_error"] = problem
-            else:
-                st.session_state.pop("model_error", None)
-    if st.session_state.get("model_error"):
-        st.error(st.session_state["model_error"])
+            common.set_model_error(common.load_model(typed.strip(), chosen))
+    if common.model_error():
+        st.error(common.model_error())
     try:
         loaded_name, loaded_device, model, _ = common.current_model()
         st.caption(f"Model: **{loaded_name}** on {loaded_device}, {common.num_layers()} layers")
     except Exception as exc:  # the last good model could not be reloaded: fall back to the demo
-        st.session_state["model"] = ("demo", "cpu")
+        common.fall_back_to_demo()
         st.error(f"Model unavailable ({common.first_line(exc)}); using the demo model.")
-    st.radio("Figure downloads (camera button)", ["png", "svg"], horizontal=True, key="figure_format")
+    st.radio("Figure downloads (camera button)", ["png", "svg"], horizontal=True, key=state.FIGURE_FORMAT)
 
 pages = [
     st.Page("views/heterogeneity.py", title="Heterogeneity", icon=":material/scatter_plot:", url_path="heterogeneity"),

@@ -15,12 +15,19 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from polykv.methods import REGISTRY
+from polykv.methods.base import Method
 from polykv.plan import Phase, Plan
 
 # One fixed colour per method, declared by the method itself, so a method looks the same everywhere
-# and adding one changes no other method's colour.
+# and adding one changes no other method's colour. No chart spells a method's colour.
 METHOD_COLORS = {name: cls.colour for name, cls in REGISTRY.items()}
+OTHER_METHOD_COLOR = Method.colour  # a name no registered method has (e.g. an old run's removed method)
 PHASE_ROWS = [Phase.DECODE.value, Phase.PREFILL.value]  # top to bottom in the strip: prefill, then decode
+
+
+def method_color(name: str) -> str:
+    """The colour of method `name` in every chart (`OTHER_METHOD_COLOR` for a name not registered)."""
+    return METHOD_COLORS.get(name, OTHER_METHOD_COLOR)
 
 
 def _layout(fig: go.Figure, title: str, height: int) -> go.Figure:
@@ -38,7 +45,8 @@ def plan_figure(plan: Plan, selected: Iterable[int] = (), phases: Iterable[str] 
     layers = list(range(plan.num_layers))
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.4, 0.6], vertical_spacing=0.06)
     size = max(8, min(40, int(900 / max(1, plan.num_layers))))
-    for method in REGISTRY:
+    used = {layer[phase].method for layer in plan.layers for phase in Phase}
+    for method in [*(m for m in REGISTRY if m in used), *sorted(used - set(REGISTRY))]:  # registry order
         xs, ys, data, text = [], [], [], []
         for i, layer in enumerate(plan.layers):
             for phase in Phase:
@@ -48,11 +56,9 @@ def plan_figure(plan: Plan, selected: Iterable[int] = (), phases: Iterable[str] 
                     ys.append(phase.value)
                     data.append([i, phase.value])
                     text.append(f"layer {i} {phase.value}: {a}")
-        if not xs:
-            continue
         fig.add_trace(go.Scatter(
             x=xs, y=ys, mode="markers", name=method, customdata=data, hovertext=text, hoverinfo="text",
-            marker=dict(symbol="square", size=size, color=METHOD_COLORS[method], line=dict(width=0.5, color="#222")),
+            marker=dict(symbol="square", size=size, color=method_color(method), line=dict(width=0.5, color="#222")),
         ), row=1, col=1)
     outlined = [(i, p) for i in sorted(selected) for p in PHASE_ROWS[::-1] if p in phases and 0 <= i < plan.num_layers]
     if outlined:  # a trace of its own, so the legend's swatches stay plain
@@ -171,7 +177,7 @@ def sweep_figure(frame: pd.DataFrame, metric: str) -> go.Figure:
     baselines = [c for c in frame.columns if c not in ("budget", "route", "best baseline", "envelope")]
     for name in baselines:
         fig.add_trace(go.Scatter(x=frame["budget"], y=frame[name], mode="lines+markers", name=name,
-                                 line=dict(color=METHOD_COLORS.get(name, "#999"), width=1.5)))
+                                 line=dict(color=method_color(name), width=1.5)))
     fig.add_trace(go.Scatter(x=frame["budget"], y=frame["envelope"], mode="lines+markers", name="best baseline (envelope)",
                              marker=dict(symbol="circle-open", size=12),
                              line=dict(color="#444", dash="dash", width=2), text=frame["best baseline"],

@@ -4,21 +4,29 @@ compare two plans, and name plan files safely.
 These are the plan designer's operations (the web app calls them; nothing here draws anything). Every
 operation returns a new, validated `Plan` or raises `PlanError` with a one-line message; the plan it
 started from is never changed, so a rejected edit loses nothing. Rescaling a plan to another budget is
-`polykv.routing.scale_budget` (the designer passes the plan's own name and description).
+`polykv.routing.scale_budget`; `rescale` is the designer's use of it (the plan keeps its name and
+description). The rest are the designer's small decisions (which phases a choice names, what a paint
+did, whether a save may overwrite), here so that the app's pages only draw.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pandas as pd
 
-from polykv.methods import REGISTRY, params_that_fit, validate_plan
+from polykv.errors import first_line
+from polykv.methods import REGISTRY, for_phase, params_that_fit, validate_plan
 from polykv.plan import FULL, Phase, Plan, PlanError, Scope
+
+if TYPE_CHECKING:
+    from polykv.profile.store import Profile
 
 TABLE_COLUMNS = [
     "layer",
@@ -26,6 +34,7 @@ TABLE_COLUMNS = [
     "decode_method", "decode_capacity", "decode_params",
 ]  # fmt: skip
 DEFAULT_CAPACITY = 64  # what a layer gets when a bounded method is painted on a `full` cell without a capacity
+PHASE_CHOICES = (Scope.BOTH.value, Phase.PREFILL.value, Phase.DECODE.value)  # what a paint applies to
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -187,4 +196,102 @@ def plan_filename(name: str) -> str:
     return stem if stem.endswith(".json") else f"{stem}.json"
 
 
-__all__ = ["DEFAULT_CAPACITY", "TABLE_COLUMNS", "diff", "from_table", "paint", "plan_filename", "to_table"]
+# ---- the designer's choices -------------------------------------------------------------------------
+def phase_values(choice: str) -> tuple[str, ...]:
+    """The phases a choice of `PHASE_CHOICES` names: both phases for "both", else that one."""
+    return tuple(p.value for p in _phases(choice))
+
+
+def phase_choice(phases: Iterable[str]) -> str | None:
+    """The `PHASE_CHOICES` entry for a set of selected phases: the phase when there is one, "both" when
+    there are several, None (nothing to choose) when there are none."""
+    phases = sorted(set(phases))
+    if not phases:
+        return None
+    return phases[0] if len(phases) == 1 else Scope.BOTH.value
+
+
+def layers_in(layers: Iterable[int], num_layers: int) -> list[int]:
+    """The selected `layers` that exist in a plan of `num_layers` layers, in their order."""
+    return [i for i in layers if 0 <= i < num_layers]
+
+
+def paint_message(layers: Sequence[int], phases: str, method: str | None, capacity: int | None) -> str:
+    """What a successful `paint(plan, layers, phases, method, capacity)` did, in one sentence."""
+    what = " ".join(part for part in (method, None if capacity is None else f"@{capacity}") if part)
+    return f"Painted {what} onto layers {', '.join(map(str, layers))} ({phases})."
+
+
+def table_methods(phase: Phase | str) -> list[str]:
+    """The methods a table cell of `phase` may hold: `full` first, then those that run in it."""
+    return [FULL, *for_phase(phase)]
+
+
+def current_budget(plan: Plan) -> float:
+    """The plan's budget to start a rescale from: the average capacity of its first active phase that
+    has one, else `DEFAULT_CAPACITY`."""
+    summary = plan.summary().phases
+    return next((summary[p].average_capacity for p in plan.scope.phases if summary[p].average_capacity),
+                float(DEFAULT_CAPACITY))
+
+
+def rescale(plan: Plan, budget: float) -> Plan:
+    """The same plan (route, name and description) at another budget (average capacity per layer);
+    PlanError with one line when it cannot be (a budget too small for the layers' windows, ...)."""
+    from polykv.routing import scale_budget
+
+    try:
+        return scale_budget(plan, budget, name=plan.name, description=plan.description)
+    except ValueError as exc:  # a PlanError, or a budget too small for the layers' windows
+        raise PlanError(f"rescale to budget {budget:g}: {first_line(exc)}") from None
+
+
+def reset_to_full(plan: Plan) -> Plan:
+    """The plan with every layer `full` in both phases (no eviction), allocation "fixed"."""
+    return plan.with_layers(Plan.homogeneous(FULL, None, plan.num_layers).layers, scope=Scope.BOTH, allocation="fixed")
+
+
+def profile_scopes(profile: Profile) -> list[str]:
+    """The scopes a plan can be built for from `profile`: those whose every phase it measured."""
+    return [s.value for s in Scope if all(p.value in profile.meta.scopes for p in s.phases)]
+
+
+def build_from_profile(profile: Profile, scope: Scope | str, budget: int, statistic: str, allocation: str) -> Plan:
+    """`polykv.routing.plan_from_profile`, with any refusal (a stale profile, a scope it did not measure,
+    a budget too small) as a one-line PlanError."""
+    from polykv.routing import plan_from_profile
+
+    try:
+        return plan_from_profile(profile, scope, int(budget), statistic, allocation)
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
+
+
+class SavedPlan(NamedTuple):
+    """What `save_plan` did: the file written (None when it refused), a one-line message, and the plan
+    under its new name (whether or not it was written)."""
+
+    path: Path | None
+    message: str
+    plan: Plan
+
+
+def save_plan(plan: Plan, folder: str | os.PathLike, name: str, overwrite: bool = False) -> SavedPlan:
+    """Save `plan`, renamed `name` (stripped), to `folder` under the safe file name `plan_filename(name)`.
+    An existing file (or link) of that name is replaced only when `overwrite` is true; otherwise nothing
+    is written and the message says the file exists. PlanError for an empty name, OSError when the
+    file cannot be written."""
+    folder = Path(folder)
+    target = folder / plan_filename(name)
+    named = plan.model_copy(update={"name": name.strip()})
+    if os.path.lexists(target) and not overwrite:
+        return SavedPlan(None, f"{target.name} exists in {folder}", named)
+    named.save(target)
+    return SavedPlan(target, f"Saved {target}", named)
+
+
+__all__ = [
+    "DEFAULT_CAPACITY", "PHASE_CHOICES", "TABLE_COLUMNS", "SavedPlan", "build_from_profile", "current_budget", "diff",
+    "from_table", "layers_in", "paint", "paint_message", "phase_choice", "phase_values", "plan_filename",
+    "profile_scopes", "rescale", "reset_to_full", "save_plan", "table_methods", "to_table",
+]  # fmt: skip

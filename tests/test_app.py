@@ -8,15 +8,21 @@ session state and table edits through the editor's edit state, as a browser woul
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from app import charts, common
 from polykv import jobs
+from polykv.eval.compare import macro_average
 from polykv.eval.store import Store
+from polykv.methods import REGISTRY
 from polykv.plan import Plan
-from tests.helpers import button, open_app, texts, wait_for_job
+from tests.helpers import MIXED, REPO, button, fake_run, open_app, texts, wait_for_job
 
 TINY_SETTINGS = {"tasks": ["prose", "stories"], "samples_per_task": 1, "prompt_tokens": 96, "continuation": 8, "generate": 8}
 
@@ -27,6 +33,17 @@ def current_plan(at: AppTest) -> Plan:
 
 def table_key(at: AppTest) -> str:
     return f"plan_table_{at.session_state['plan_version'] if 'plan_version' in at.session_state else 0}"
+
+
+def paint_selection(at: AppTest, layers: list[int], phase: str, method: str, capacity: int | None = None) -> None:
+    """Select `layers` (as a box selection on the chart leaves them), choose phase, method and capacity, paint."""
+    at.session_state["designer_layers"] = layers
+    at.radio(key="designer_phase").set_value(phase)
+    at.selectbox(key="paint_method").select(method)
+    if capacity is not None:
+        at.number_input(key="paint_capacity").set_value(capacity)
+    button(at, "Paint selection").click()
+    at.run()
 
 
 def test_designer_opens_with_the_demo_plan_chart_table_and_summary(app_env):
@@ -41,12 +58,7 @@ def test_designer_opens_with_the_demo_plan_chart_table_and_summary(app_env):
 def test_painting_a_selection_changes_only_those_cells_and_undo_restores(app_env):
     at = open_app()
     before = current_plan(at)
-    at.session_state["designer_layers"] = [1, 2, 3]  # what a box selection on the chart leaves
-    at.radio(key="designer_phase").set_value("decode")
-    at.selectbox(key="paint_method").select("h2o")
-    at.number_input(key="paint_capacity").set_value(40)
-    button(at, "Paint selection").click()
-    at.run()
+    paint_selection(at, [1, 2, 3], "decode", "h2o", 40)
     assert not at.exception and not at.error
     assert "Painted h2o @40 onto layers 1, 2, 3 (decode)." in texts(at.success)
     after = current_plan(at)
@@ -62,11 +74,7 @@ def test_painting_a_selection_changes_only_those_cells_and_undo_restores(app_env
 def test_painting_a_method_onto_a_phase_it_cannot_run_says_so_and_keeps_the_plan(app_env):
     at = open_app()
     before = current_plan(at)
-    at.session_state["designer_layers"] = [0]
-    at.radio(key="designer_phase").set_value("decode")
-    at.selectbox(key="paint_method").select("snapkv")  # a prefill-only method
-    button(at, "Paint selection").click()
-    at.run()
+    paint_selection(at, [0], "decode", "snapkv")  # a prefill-only method
     assert not at.exception
     assert any("'snapkv' does not run in the decode phase" in e for e in texts(at.error))
     assert current_plan(at) == before
@@ -182,6 +190,8 @@ def test_profiles_page_shows_heatmaps_of_a_saved_profile(app_env, demo_model):
     assert texts(at.title) == ["Method profiles"]
     assert [s.value for s in at.subheader] == list(profile.metadata["scopes"])
     assert len(at.get("plotly_chart")) == 2 * len(profile.metadata["scopes"]) + 1  # cosine + dPPL per scope, entropy
+    for chart in at.get("plotly_chart")[:-1]:  # every method of the registry, the new knorm included, has a column
+        assert "knorm" in json.loads(chart.proto.spec)["data"][0]["x"]
 
     # the designer builds a plan from it (TopRank + allocation), as `polykv route` does
     from polykv.routing import plan_from_profile
@@ -320,3 +330,119 @@ def test_a_running_job_shows_progress_and_cancel_stops_it(app_env):
     assert jobs.state(job, app_env / "ws").status == "cancelled"
     assert any(" · cancelled" in m for m in texts(at.markdown))
     assert "Resume" in [b.label for b in at.button]
+
+
+def test_knorm_is_in_the_palette_the_table_and_the_chart_in_its_own_colour(app_env):
+    at = open_app()
+    assert "knorm" in at.selectbox(key="paint_method").options
+    (editor,) = [d for d in at.dataframe if d.proto.id.endswith(table_key(at))]
+    columns = json.loads(editor.proto.columns)
+    assert all("knorm" in columns[f"{phase}_method"]["type_config"]["options"] for phase in ("prefill", "decode"))
+    paint_selection(at, [0, 1], "both", "knorm", 24)
+    assert not at.exception and not at.error
+    assert "Painted knorm @24 onto layers 0, 1 (both)." in texts(at.success)
+    assert [(lay.prefill.method, lay.decode.method) for lay in current_plan(at).layers[:2]] == [("knorm", "knorm")] * 2
+    traces = json.loads(at.get("plotly_chart")[0].proto.spec)["data"]
+    (cells,) = [t for t in traces if t.get("name") == "knorm"]
+    assert cells["marker"]["color"] == REGISTRY["knorm"].colour and len(cells["x"]) == 4
+
+
+# ---- what the pages decide, in app/common.py and app/charts.py (no page run) ---------------------------
+def test_no_chart_breaks_on_a_method_without_a_colour_and_no_file_spells_a_method_colour():
+    retired = Plan.homogeneous("retired", 16, 3, "decode")  # e.g. a method an old plan or run still names
+    figure = charts.plan_figure(retired)
+    cells = {t.name: t.marker.color for t in figure.data if t.type == "scatter" and t.mode == "markers"}
+    assert cells == {"full": REGISTRY["full"].colour, "retired": charts.OTHER_METHOD_COLOR}
+    sweep = pd.DataFrame({"budget": [16], "route": [0.3], "retired": [0.4], "best baseline": ["retired"],
+                          "envelope": [0.4]})
+    assert charts.sweep_figure(sweep, "kl").data[0].line.color == charts.OTHER_METHOD_COLOR
+    assert charts.METHOD_COLORS == {name: cls.colour for name, cls in REGISTRY.items()}
+    colours = {c.lower() for c in charts.METHOD_COLORS.values()} | {charts.OTHER_METHOD_COLOR.lower()}
+    for path in (REPO / "app").rglob("*.py"):  # the colours come from the method classes only
+        assert not colours & set(re.findall(r"#[0-9a-f]{6}\b", path.read_text().lower())), path
+
+
+def test_the_runs_table_averages_each_metric_over_the_tasks_that_report_it(tmp_path):
+    store = Store(tmp_path / "results.sqlite")
+    fake_run(store, "r1", {"prose": {"kl": 0.2, "top1": 0.5}, "stories": {"kl": 0.4}})
+    fake_run(store, "r2", {"prose": {"kl": 0.1}}, status="running")
+    rows = common.run_rows(store)
+    assert [r["run"] for r in rows] == ["r2", "r1"]  # newest first
+    assert rows[1]["kl"] == macro_average({"prose": 0.2, "stories": 0.4}) and rows[1]["top1"] == 0.5
+    assert (rows[1]["samples"], rows[1]["status"], rows[0]["status"]) == ("2/2", "finished", "running")
+
+
+def test_run_settings_and_profile_forms_start_small_on_the_demo_model():
+    from polykv.eval.runner import SUITES
+    from polykv.eval.suites.fidelity import default_tasks
+    from polykv.profile.corpus import KNOWN_SOURCES, default_sources
+
+    demo = json.loads(common.default_settings("fidelity", "demo"))
+    assert demo == {**SUITES["fidelity"].Settings().to_dict(), "tasks": list(default_tasks("demo")),
+                    **common.DEMO_SETTINGS["fidelity"]}
+    other = json.loads(common.default_settings("fidelity", "org/model"))
+    assert other == {**SUITES["fidelity"].Settings().to_dict(), "tasks": list(default_tasks("org/model"))}
+    assert json.loads(common.default_settings("ruler", "demo")) == SUITES["ruler"].Settings().to_dict()
+    assert common.profile_defaults("demo") == {"sequences": 4, "max_tokens": 512}
+    assert common.profile_defaults("org/model") == {"sequences": 20, "max_tokens": 2048}
+    choices = common.source_choices("demo")
+    assert choices[:len(default_sources("demo"))] == list(default_sources("demo"))
+    assert set(KNOWN_SOURCES) <= set(choices)
+    assert len(choices) == len(set(choices))
+    assert common.index_of(["cpu", "cuda"], "cuda") == 1 and common.index_of(["cpu"], "cuda") == 0
+    assert common.default_metric(["acc", "kl", "top1"]) == 1 and common.default_metric(["acc"]) == 0
+
+
+def test_the_launch_form_becomes_one_job_or_a_one_line_refusal():
+    plan = Plan.load(MIXED)
+    job = common.eval_job("demo", "cpu", plan, "fidelity", json.dumps(TINY_SETTINGS), "16", ["tova"], 0, 0)
+    assert [r.label for r in job.runs] == [{"series": "route", "budget": 16}, {"series": "tova", "budget": 16}]
+    assert job.title == "mixed-demo on fidelity + 1 more" and (job.model, job.device) == ("demo", "cpu")
+    assert common.eval_job("demo", "cpu", plan, "fidelity", "{}", "", [], 0, 0).title == "mixed-demo on fidelity"
+    with pytest.raises(ValueError, match=r"budgets are positive whole numbers .* \(got 'x'\)"):
+        common.eval_job("demo", "cpu", plan, "fidelity", "{}", "16, x", [], 0, 0)
+    with pytest.raises(ValueError, match="fidelity settings"):
+        common.eval_job("demo", "cpu", plan, "fidelity", '{"samples_per_task": 0}', "", [], 0, 0)
+
+
+def test_the_profile_form_becomes_one_job_or_a_one_line_refusal():
+    job = common.profile_job("demo", "cpu", ["kjv"], 1, 96, 0, "both")
+    assert (job.kind, job.model, job.device, job.title) == ("profile", "demo", "cpu", "profile demo")
+    assert job.profile["capacity"] is None and job.profile["scopes"] == ["prefill", "decode"]  # b_cal 0: automatic
+    assert (job.profile["corpus"]["sources"], job.profile["corpus"]["num_sequences"]) == (["kjv"], 1)
+    assert common.profile_job("demo", "cpu", ["kjv"], 1, 96, 24, "decode").profile["capacity"] == 24
+    with pytest.raises(ValueError, match="sources is empty"):
+        common.profile_job("demo", "cpu", [], 1, 96, 0, "decode")
+
+
+def test_compare_finds_sweeps_and_placements_in_the_jobs_that_launched_them():
+    def run(run_id, **label):
+        return SimpleNamespace(run_id=run_id, label=label)
+
+    route_only = SimpleNamespace(kind="eval", model="demo", runs=[run("a", series="route", budget=16)])
+    sweep = SimpleNamespace(kind="eval", model="demo", runs=[run("b", series="route", budget=16),
+                                                             run("c", series="tova", budget=16)])
+    placed = SimpleNamespace(kind="eval", model="demo", runs=[
+        run("d", series="route", role="guided"), run("e", series="placement"), run("f", series="placement")])
+    profile = SimpleNamespace(kind="profile", model="demo", runs=[])
+    every = [route_only, sweep, placed, profile]
+    assert common.jobs_of(every, "eval") == [route_only, sweep, placed]
+    assert common.jobs_of(every, "eval", limit=1) == [route_only]
+    assert common.jobs_of(every, "profile", "demo") == [profile] and common.jobs_of(every, "profile", "other") == []
+    assert common.sweep_jobs(every[:3]) == [sweep] and common.placement_jobs(every[:3]) == [placed]
+    assert common.sweep_runs(sweep) == [({"series": "route", "budget": 16}, "b"),
+                                        ({"series": "tova", "budget": 16}, "c")]
+    assert common.sweep_runs(placed) == [({"series": "route", "role": "guided"}, "d")]
+    progress = {"d": (2, 2, "finished"), "e": (1, 2, "running"), "f": (2, 2, "finished")}
+    store = SimpleNamespace(progress=lambda ids: {i: progress[i] for i in ids if i in progress})
+    assert common.finished_runs(store, placed) == {"d", "f"}
+    guided, controls = common.placement_runs(placed, {"d", "f"})
+    assert guided.run_id == "d" and [r.run_id for r in controls] == ["f"]
+    assert common.placement_runs(sweep, {"b", "c"}) == (None, [])
+    assert set(common.RESUMABLE) == {"stopped", "cancelled", "failed"}
+    finished = {"id": "r2", "status": "finished", "plan_name": "p", "suite": "fidelity", "model": "demo"}
+    older = [{"id": "r1", "status": "finished"}, {"id": "r0", "status": "running"}]
+    runs = SimpleNamespace(runs=lambda: [*older, finished])
+    assert [r["id"] for r in common.finished_run_rows(runs)] == ["r2", "r1"]  # newest first
+    assert common.run_label({**finished, "id": "0123456789"}) == "p · fidelity · demo · 01234567"
+    assert (common.default_b(["a", "b", "c"]), common.default_b(["a"])) == (1, 0)

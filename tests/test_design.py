@@ -152,3 +152,75 @@ def test_every_method_can_be_painted_where_it_runs(mixed):
         for phase in cls.phases:
             painted = design.paint(mixed, [0, 1, 2, 3, 4], phase.value, name, 64)
             assert all(lay[phase].method == name for lay in painted.layers)
+
+
+# ---- the designer's small decisions (the page only draws) -------------------------------------------
+def test_save_plan_writes_a_safe_file_and_overwrites_only_when_told(mixed, tmp_path):
+    path, message, named = design.save_plan(mixed, tmp_path, "  ../My plan!  ")
+    assert path == tmp_path / "My-plan.json" and message == f"Saved {path}"
+    assert Plan.load(path) == named and named.name == "../My plan!"  # the name inside is kept, stripped
+    assert named.layers == mixed.layers
+    changed = design.paint(mixed, [0], "decode", "h2o", 40)
+    refused = design.save_plan(changed, tmp_path, "My plan!")
+    assert refused.path is None and refused.message == f"My-plan.json exists in {tmp_path}"
+    assert Plan.load(path) == named  # left as it was
+    replaced = design.save_plan(changed, tmp_path, "My plan!", overwrite=True)
+    assert replaced.path == path and Plan.load(path).layers == changed.layers
+    (tmp_path / "link.json").symlink_to(tmp_path / "nowhere.json")  # a dangling link is an existing name too
+    assert design.save_plan(mixed, tmp_path, "link").path is None
+    with pytest.raises(PlanError, match="give the plan a name"):
+        design.save_plan(mixed, tmp_path, "  ")
+
+
+def test_phase_choices_name_phases_and_a_selection_names_a_choice():
+    assert design.PHASE_CHOICES == ("both", "prefill", "decode")
+    assert design.phase_values("both") == ("prefill", "decode")
+    assert design.phase_values("decode") == ("decode",)
+    assert design.phase_choice(["decode"]) == "decode"
+    assert design.phase_choice(["decode", "prefill", "decode"]) == "both"
+    assert design.phase_choice([]) is None
+    assert design.layers_in([4, 0, 7, -1, 2], 5) == [4, 0, 2]
+
+
+def test_paint_message_says_what_was_painted_where():
+    assert design.paint_message([1, 2, 3], "decode", "h2o", 40) == "Painted h2o @40 onto layers 1, 2, 3 (decode)."
+    assert design.paint_message([0], "both", None, 16) == "Painted @16 onto layers 0 (both)."
+    assert design.paint_message([4], "prefill", "snapkv", None) == "Painted snapkv onto layers 4 (prefill)."
+
+
+def test_table_methods_put_full_first_then_every_method_of_the_phase():
+    for phase in Phase:
+        methods = design.table_methods(phase)
+        assert methods[0] == "full"
+        assert set(methods) == {name for name, cls in REGISTRY.items() if phase in cls.phases or name == "full"}
+    assert "knorm" in design.table_methods("prefill") and "knorm" in design.table_methods("decode")
+
+
+def test_rescale_starts_from_the_first_active_phase_budget_and_keeps_name_and_route(mixed):
+    assert design.current_budget(mixed) == mixed.summary().phases["prefill"].average_capacity == 36.8
+    assert design.current_budget(Plan.homogeneous("tova", 20, 3, "decode")) == 20
+    assert design.current_budget(Plan.homogeneous("full", None, 3)) == design.DEFAULT_CAPACITY
+    scaled = design.rescale(mixed, 24)
+    assert scaled == scale_budget(mixed, 24, name=mixed.name, description=mixed.description)
+    with pytest.raises(PlanError, match=r"^rescale to budget 0: .*must be positive") as err:
+        design.rescale(mixed, 0)
+    assert "\n" not in str(err.value)
+
+
+def test_reset_to_full_evicts_nowhere(mixed):
+    full = design.reset_to_full(mixed)
+    assert all(layer[p].method == "full" and layer[p].capacity is None for layer in full.layers for p in Phase)
+    assert (full.scope, full.allocation, full.name, full.num_layers) == (Scope.BOTH, "fixed", mixed.name, 5)
+
+
+def test_profile_scopes_and_a_refused_build_from_profile_are_one_line():
+    from types import SimpleNamespace
+
+    decode_only = SimpleNamespace(key="p1", meta=SimpleNamespace(scopes=["decode"]))
+    both = SimpleNamespace(key="p2", meta=SimpleNamespace(scopes=["prefill", "decode"]))
+    assert design.profile_scopes(decode_only) == ["decode"]
+    assert design.profile_scopes(both) == ["prefill", "decode", "both"]
+    with pytest.raises(PlanError, match="profile p1 has no prefill measurements"):
+        design.build_from_profile(decode_only, "prefill", 24, "cosine", "uniform")
+    with pytest.raises(PlanError, match="allocation must be one of"):
+        design.build_from_profile(decode_only, "decode", 24, "cosine", "nope")

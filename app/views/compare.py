@@ -3,7 +3,7 @@ placement controls from the jobs that launched them."""
 
 import streamlit as st
 
-from app import charts, common
+from app import charts, common, state
 from polykv import jobs
 from polykv.errors import StoreError
 from polykv.eval.compare import compare_runs, direction, metrics_of, placement_summary, suite_score, sweep_table
@@ -13,26 +13,26 @@ st.title("Compare")
 workspace = common.workspace()
 try:  # read-only: opening the page never creates or changes the results database
     store = Store(workspace / "results.sqlite", readonly=True)
-    finished = [r for r in reversed(store.runs()) if r["status"] == "finished"]
+    finished = common.finished_run_rows(store)
 except StoreError as exc:
     st.error(common.first_line(exc))
     st.stop()
 if not finished:
     st.info("No finished run yet: launch one on the Runs page.")
     st.stop()
-label = {r["id"]: f"{r['plan_name']} · {r['suite']} · {r['model']} · {r['id'][:8]}" for r in finished}
+label = {r["id"]: common.run_label(r) for r in finished}
 ids = [r["id"] for r in finished]
 
 # ---- two runs --------------------------------------------------------------------------------------------
 st.subheader("Two runs, task by task")
 cols = st.columns(3)
-run_a = cols[0].selectbox("A", ids, format_func=label.get, key="compare_a")
-run_b = cols[1].selectbox("B", ids, index=min(1, len(ids) - 1), format_func=label.get, key="compare_b")
+run_a = cols[0].selectbox("A", ids, format_func=label.get, key=state.COMPARE_A)
+run_b = cols[1].selectbox("B", ids, index=common.default_b(ids), format_func=label.get, key=state.COMPARE_B)
 metrics = metrics_of(store, [run_a, run_b])
 if not metrics:
     st.warning("These runs share no metric (different suites?).")
 else:
-    metric = cols[2].selectbox("Metric", metrics, index=metrics.index("kl") if "kl" in metrics else 0, key="compare_metric")
+    metric = cols[2].selectbox("Metric", metrics, index=common.default_metric(metrics), key=state.COMPARE_METRIC)
     better = "higher" if direction(metric) > 0 else "lower"
     try:
         result = compare_runs(store, run_a, run_b, metric)
@@ -59,26 +59,20 @@ else:
             st.caption(f"Left out (not in both runs): {', '.join(result.only_in_a + result.only_in_b)}")
 
 # ---- sweeps and placements from the jobs that launched them ------------------------------------------------
-eval_jobs = [j for j in jobs.list_jobs(workspace) if j.kind == "eval"]
-sweeps = [j for j in eval_jobs if any(r.label.get("series") not in ("route", "placement", None) for r in j.runs)]
-placements = [j for j in eval_jobs if any(r.label.get("series") == "placement" for r in j.runs)]
-
-
-def finished_of(job) -> set[str]:
-    progress = store.progress([r.run_id for r in job.runs])
-    return {run_id for run_id, (_, _, status) in progress.items() if status == "finished"}
+eval_jobs = common.jobs_of(jobs.list_jobs(workspace), "eval")
+sweeps, placements = common.sweep_jobs(eval_jobs), common.placement_jobs(eval_jobs)
 
 st.subheader("Budget sweep: route vs baselines")
 if not sweeps:
     st.caption("Launch the plan with baselines (and budgets) on the Runs page to draw this.")
 else:
-    job = st.selectbox("Job", sweeps, format_func=lambda j: f"{j.title} · {j.id}", key="sweep_job")
-    choices = metrics_of(store, sorted(finished_of(job)))
+    job = st.selectbox("Job", sweeps, format_func=lambda j: f"{j.title} · {j.id}", key=state.SWEEP_JOB)
+    choices = metrics_of(store, sorted(common.finished_runs(store, job)))
     if not choices:
         st.caption("No finished run in this job yet.")
     else:
-        metric = st.selectbox("Metric", choices, key="sweep_metric")
-        frame = sweep_table(store, [(r.label, r.run_id) for r in job.runs if r.label.get("series") != "placement"], metric)
+        metric = st.selectbox("Metric", choices, key=state.SWEEP_METRIC)
+        frame = sweep_table(store, common.sweep_runs(job), metric)
         common.show(charts.sweep_figure(frame, metric), "sweep")
         st.dataframe(frame, hide_index=True, width="stretch")
 
@@ -86,15 +80,14 @@ st.subheader("Placement control")
 if not placements:
     st.caption("Launch the plan with random placements on the Runs page to draw this.")
 else:
-    job = st.selectbox("Job", placements, format_func=lambda j: f"{j.title} · {j.id}", key="placement_job")
-    done = finished_of(job)
-    guided = next((r for r in job.runs if r.label.get("role") == "guided"), None)
-    controls = [r for r in job.runs if r.label.get("series") == "placement" and r.run_id in done]
+    job = st.selectbox("Job", placements, format_func=lambda j: f"{j.title} · {j.id}", key=state.PLACEMENT_JOB)
+    done = common.finished_runs(store, job)
+    guided, controls = common.placement_runs(job, done)
     if guided is None or guided.run_id not in done or not controls:
         st.caption("Waiting for the guided run and at least one placement to finish.")
     else:
         choices = metrics_of(store, [guided.run_id] + [r.run_id for r in controls])
-        metric = st.selectbox("Metric", choices, key="placement_metric")
+        metric = st.selectbox("Metric", choices, key=state.PLACEMENT_METRIC)
         summary = placement_summary(suite_score(store, guided.run_id, metric),
                                     [suite_score(store, r.run_id, metric) for r in controls], metric)
         common.show(charts.placement_figure(summary.guided, summary.controls, metric, summary.rank, summary.p_value), "placement")

@@ -2,11 +2,11 @@
 
 import streamlit as st
 
-from app import charts, common
+from app import charts, common, state
 from polykv import jobs
 from polykv.errors import PolyKVError
 from polykv.plan import Scope
-from polykv.profile.corpus import KNOWN_SOURCES, CorpusSpec, default_sources
+from polykv.profile.corpus import default_sources
 from polykv.profile.store import refresh_command
 
 st.title("Method profiles")
@@ -19,23 +19,24 @@ root = workspace / "profiles"
 
 # ---- compute one in the background --------------------------------------------------------------
 with st.expander("Compute a profile", expanded=not root.is_dir()):
-    with st.form("profile_form"):
+    with st.form(state.PROFILE_FORM):
         cols = st.columns(5)
-        sequences = cols[0].number_input("Sequences", min_value=1, max_value=200, value=4 if name == "demo" else 20)
-        max_tokens = cols[1].number_input("Tokens per sequence", min_value=32, max_value=32768, value=512 if name == "demo" else 2048, step=32)
+        defaults = common.profile_defaults(name)
+        sequences = cols[0].number_input("Sequences", min_value=1, max_value=200, value=defaults["sequences"])
+        max_tokens = cols[1].number_input("Tokens per sequence", min_value=32, max_value=32768,
+                                          value=defaults["max_tokens"], step=32)
         b_cal = cols[2].number_input("b_cal (0: automatic)", min_value=0, value=0, step=1)
-        scope = cols[3].selectbox("Scopes", [s.value for s in Scope], index=2)
+        scopes = [s.value for s in Scope]
+        scope = cols[3].selectbox("Scopes", scopes, index=common.index_of(scopes, Scope.BOTH.value))
         # The model's own default sources first (for the demo: its samples, the text it models well).
-        sources = cols[4].multiselect("Sources", list(dict.fromkeys((*default_sources(name), *KNOWN_SOURCES))),
+        sources = cols[4].multiselect("Sources", common.source_choices(name),
                                       default=list(default_sources(name)))
         if st.form_submit_button("Start profiling"):
             if not sources:
                 st.error("Choose at least one source.")
             else:
                 try:
-                    spec = CorpusSpec(sources=tuple(sources), num_sequences=int(sequences), max_tokens=int(max_tokens))
-                    job = jobs.profile_job(name, device, spec.to_dict(), int(b_cal) or None,
-                                           [p.value for p in Scope(scope).phases], f"profile {name}")
+                    job = common.profile_job(name, device, sources, sequences, max_tokens, b_cal, scope)
                     jobs.start(job, workspace)
                 except (PolyKVError, ValueError) as exc:
                     st.error(f"Not started: {common.first_line(exc)}")
@@ -43,22 +44,23 @@ with st.expander("Compute a profile", expanded=not root.is_dir()):
                     st.rerun()
 
 
-profile_jobs = [j for j in jobs.list_jobs(workspace) if j.kind == "profile" and j.model == name][:3]
-running_at_load = {j.id for j in profile_jobs if jobs.state(j, workspace).status == "running"}
+profile_jobs = common.jobs_of(jobs.list_jobs(workspace), "profile", name, limit=3)
+running_at_load = common.running(profile_jobs, workspace)
 
 
 @st.fragment(run_every=2 if running_at_load else None)
 def profile_progress():
     """Polls while a profile job runs; redraws the whole page when one finishes (its profile appears)."""
     for job in profile_jobs:
-        state = jobs.state(job, workspace)
-        if job.id in running_at_load and state.status != "running":
+        progress = jobs.state(job, workspace)
+        if job.id in running_at_load and progress.status != "running":
             st.rerun()
-        if state.status == "failed":
-            st.error(f"{job.id} failed: {state.error}")
+        if progress.status == "failed":
+            st.error(f"{job.id} failed: {progress.error}")
             continue
-        st.progress(min(1.0, state.fraction), text=f"{job.id}: {state.status}" + (f" - {state.message}" if state.message else ""))
-        if state.status == "running" and st.button("Cancel", key=f"cancel_{job.id}"):
+        st.progress(min(1.0, progress.fraction),
+                    text=f"{job.id}: {progress.status}" + (f" - {progress.message}" if progress.message else ""))
+        if progress.status == "running" and st.button("Cancel", key=state.cancel_button(job.id)):
             try:
                 jobs.cancel(job, workspace)
             except PolyKVError as exc:

@@ -1,0 +1,80 @@
+"""Every key the app keeps in `st.session_state`: one constant per key, one place to look.
+
+Widgets that are read back (or set) through the session state get their key from here too, so a page
+never spells a key as a string. Keys that belong to one item (a job, a suite, a version of the plan)
+are built by the functions at the end. The values are part of the app's interface: tests address
+widgets by them, so change a value only together with its tests.
+"""
+
+from __future__ import annotations
+
+# ---- the whole session (sidebar and app/common.py) ------------------------------------------------
+MODEL = "model"  # (name, device) of the model the pages use; the demo model on CPU until another loads
+MODEL_ERROR = "model_error"  # the sidebar's last model-loading error, shown until a load succeeds
+FIGURE_FORMAT = "figure_format"  # radio: the camera button's download format, "png" or "svg"
+MODEL_FORM = "model_form"  # form: the sidebar's model name and device
+
+# ---- the plan being designed (app/common.py) ------------------------------------------------------
+PLAN_JSON = "plan_json"  # the designer's current plan, as JSON (valid for the current model)
+UNDO = "undo"  # earlier plans, as JSON, newest last (at most 50): what Undo restores
+PLAN_VERSION = "plan_version"  # a counter bumped on every plan change: new table and name widgets
+
+# ---- the plan designer (app/views/designer.py) ----------------------------------------------------
+DESIGNER_FLASH = "designer_flash"  # [(kind, text)] messages shown once after a rerun ("success", ...)
+PLAN_CHART = "plan_chart"  # plotly chart: the plan figure and its selection (points)
+CHART_SEEN = "chart_seen"  # (layers, phases) of the chart selection already copied to the layer list
+DESIGNER_LAYERS = "designer_layers"  # multiselect: the selected layers (the chart's selection feeds it)
+DESIGNER_PHASE = "designer_phase"  # radio: the phase painted and outlined, "both", "prefill" or "decode"
+PAINT_METHOD = "paint_method"  # selectbox: the method to paint, or "(keep)"
+PAINT_CAPACITY = "paint_capacity"  # number input: the capacity to paint, or None (keep)
+BUILD_SCOPE = "build_scope"  # selectbox: the scope of a plan built from a profile
+BUILD_BUDGET = "build_budget"  # number input: the budget of a plan built from a profile
+BUILD_STATISTIC = "build_statistic"  # radio: the TopRank statistic, "cosine" or "dppl"
+BUILD_ALLOCATION = "build_allocation"  # radio: how the budget is split over the layers
+PLAN_UPLOAD = "plan_upload"  # file uploader: a plan file to load
+UPLOAD_SEEN = "upload_seen"  # file id of the upload already loaded (so a rerun does not load it again)
+DIFF_WITH = "diff_with"  # selectbox: the saved plan file the current plan is compared with
+
+# ---- runs (app/views/runs.py) ---------------------------------------------------------------------
+RUN_SUITE = "run_suite"  # selectbox: the suite the current plan is evaluated on
+RUNS_FLASH = "runs_flash"  # the "Started <job>" message, shown once after the launch's rerun
+LAUNCH_FORM = "launch_form"  # form: suite settings, budgets, baselines, placements, seed
+
+# ---- compare (app/views/compare.py) ---------------------------------------------------------------
+COMPARE_A = "compare_a"  # selectbox: run A (id) of the two-run comparison
+COMPARE_B = "compare_b"  # selectbox: run B (id)
+COMPARE_METRIC = "compare_metric"  # selectbox: the metric A and B are compared on
+SWEEP_JOB = "sweep_job"  # selectbox: the job whose budget sweep is drawn
+SWEEP_METRIC = "sweep_metric"  # selectbox: the sweep's metric
+PLACEMENT_JOB = "placement_job"  # selectbox: the job whose placement control is drawn
+PLACEMENT_METRIC = "placement_metric"  # selectbox: the placement control's metric
+
+# ---- profiles and heterogeneity (app/views/profiles.py, heterogeneity.py) -------------------------
+PROFILE_FORM = "profile_form"  # form: the settings of a profile to compute
+HETEROGENEITY_FORM = "heterogeneity_form"  # form: inputs, tokens, attention share, sources
+
+
+# ---- per-item keys --------------------------------------------------------------------------------
+def plan_table(version: int) -> str:
+    """Data editor: the per-layer table of plan version `version` (its edit state lives under this key)."""
+    return f"plan_table_{version}"
+
+
+def plan_name(version: int) -> str:
+    """Text input: the name under which plan version `version` is saved."""
+    return f"plan_name_{version}"
+
+
+def settings_text(suite: str) -> str:
+    """Text area: the settings (JSON) of `suite`, one per suite so each keeps its own edits."""
+    return f"settings_{suite}"
+
+
+def cancel_button(job_id: str) -> str:
+    """Button: cancel the running job `job_id`."""
+    return f"cancel_{job_id}"
+
+
+def resume_button(job_id: str) -> str:
+    """Button: resume the stopped, cancelled or failed job `job_id`."""
+    return f"resume_{job_id}"
