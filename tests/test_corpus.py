@@ -367,7 +367,7 @@ def test_the_demo_models_its_default_sources_well(demo_model):
 
 
 def test_the_cli_uses_the_models_default_sources_unless_given():
-    from polykv.cli import _corpus_sources
+    from polykv.cli.profiles import _corpus_sources
     from polykv.profile.corpus import DEFAULT_SOURCES, DEMO_SOURCES
 
     assert _corpus_sources(None, "demo") == DEMO_SOURCES

@@ -256,7 +256,7 @@ def test_fullkv_reference_is_computed_once_per_sample_and_scores_are_unchanged(d
 
 
 def test_the_cli_fidelity_settings_use_the_models_default_tasks_unless_given():
-    from polykv.cli import _suite_settings
+    from polykv.cli.common import _suite_settings
     from polykv.eval.suites.fidelity import DEMO_TASKS, GENERAL_TASKS
 
     assert _suite_settings("fidelity", 4, None, 1024, None, "demo").tasks == DEMO_TASKS

@@ -1,0 +1,108 @@
+"""What the command modules share: paths and defaults, option types, and the helpers that check input
+before any weights load, load a model, resolve the workspace and print tables.
+
+Nothing here imports torch or transformers at module level: the commands that touch no tensor stay fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from polykv.plan import Plan
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PLANS_DIR = REPO_ROOT / "plans"
+DEFAULT_PLAN = PLANS_DIR / "demo" / "mixed.json"
+
+BUDGET_HELP = "Budget b: the plan's average capacity per layer (tokens per KV head)."
+
+
+def _workspace(value: Optional[Path]) -> Path:
+    from polykv.workspace import default_workspace
+
+    return value if value is not None else default_workspace()
+
+
+ModelOption = Annotated[str, typer.Option("--model", "-m", help="'demo', a local path or a Hugging Face id.")]
+WorkspaceOption = Annotated[Optional[Path], typer.Option(
+    "--workspace", "-w", callback=_workspace, show_default=False,
+    help="Where profiles, runs and jobs are kept (default: $POLYKV_WORKSPACE, else .polykv/ in the repository).")]
+DEFAULT_WORKSPACE = None  # resolved by `_workspace` when the command runs
+SuiteOption = Annotated[str, typer.Option(help="Evaluation suite.")]
+SamplesOption = Annotated[int, typer.Option(min=1, help="Samples per task.")]
+TasksOption = Annotated[Optional[str], typer.Option(help="Comma-separated fidelity tasks (default: the model's default tasks).")]
+MetricOption = Annotated[str, typer.Option(help="Task metric that scores a run (fidelity: top1, rougeL, kl, ppl; ruler and longbench: score).")]
+BackendOption = Annotated[str, typer.Option(help="local (in this process) or ray (a Ray task per run).")]
+SettingsOption = Annotated[Optional[str], typer.Option("--settings", help="The suite's settings as JSON (ruler, longbench; overrides --samples/--tasks).")]
+
+
+def _num_layers(model: str) -> int:
+    """Layer count from the model's config alone (no weights loaded)."""
+    from polykv.models import config_dimensions
+
+    return config_dimensions(model).num_layers
+
+
+def _checked_plan(path: Path, model: str) -> Plan:
+    """A plan file checked against the model's config (layers, context) before any weights load."""
+    from polykv.methods import validate_plan
+    from polykv.models import config_dimensions
+
+    dims = config_dimensions(model)
+    return validate_plan(Plan.load(path), dims.num_layers, dims.context_length)
+
+
+def _profile_for(profile_dir: Path, model: str):
+    """A profile, refused (one line) when it was measured on another model; checked before loading weights."""
+    from polykv.profile.store import load_profile
+
+    loaded = load_profile(profile_dir)
+    loaded.check_model(model, _num_layers(model))
+    return loaded
+
+
+def _load_model(model: str, device: str):
+    """(model, tokenizer), saying on a terminal what is being loaded (it can take a while); quiet when
+    stderr is not a terminal, so scripts see only results and one-line errors."""
+    if sys.stderr.isatty():
+        typer.echo(f"loading model {model} on {device} ...", err=True)
+    from polykv.models import load_model
+
+    return load_model(model, device=device)  # quiet: no progress bars
+
+
+def _suite_settings(suite: str, samples: int, tasks: Optional[str], prompt_tokens: int, settings_json: Optional[str],
+                    model: Optional[str] = None):
+    """A suite's settings: from --settings JSON, from the fidelity options (no --tasks: the model's default
+    tasks), or the suite's defaults."""
+    from polykv.eval.settings import suite_settings
+    from polykv.eval.suites.fidelity import default_tasks
+
+    if settings_json is not None or suite != "fidelity":
+        return suite_settings(suite, settings_json)
+    chosen = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else list(default_tasks(model))
+    return suite_settings(suite, {"tasks": chosen, "samples_per_task": samples, "prompt_tokens": prompt_tokens})
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        typer.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+
+
+def _parse_params(items: list[str]) -> dict:
+    params = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--param {item!r}: expected NAME=VALUE, e.g. --param window=16")
+        try:
+            params[name] = json.loads(value)
+        except json.JSONDecodeError:
+            params[name] = value  # a bare string such as pooling=avg
+    return params

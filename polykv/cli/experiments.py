@@ -1,0 +1,181 @@
+"""Experiment commands: `experiment factorial`, `placement`, `sweep` and `study`.
+
+The ten options that factorial, placement and sweep share (the model, the suite and how it is scored,
+where the runs go) are declared once, as the fields of `ExperimentOptions`; `@experiment_options` appends
+them to a command's own parameters, so they are given after the subcommand name like its own options
+(`polykv experiment sweep --plan P --budgets 16,32 --model demo`), and hands the command one
+`ExperimentOptions`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import sys
+import typing
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from polykv.cli.common import (BUDGET_HELP, DEFAULT_WORKSPACE, BackendOption, MetricOption, ModelOption, SamplesOption,
+                               SettingsOption, SuiteOption, TasksOption, WorkspaceOption, _load_model, _profile_for,
+                               _suite_settings)
+from polykv.plan import Plan, Scope
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentOptions:
+    """The options of every experiment that runs plans on a suite; each field is a command-line option
+    (its annotation says how, its default is the option's)."""
+
+    model: ModelOption = "demo"
+    suite: SuiteOption = "fidelity"
+    samples: SamplesOption = 4
+    tasks: TasksOption = None
+    prompt_tokens: int = 1024
+    metric: MetricOption = "top1"
+    seed: int = 0
+    device: str = "cpu"
+    workspace: WorkspaceOption = DEFAULT_WORKSPACE
+    backend: BackendOption = "local"
+    settings_json: SettingsOption = None
+
+    def runner(self):
+        """An `ExperimentRunner` for these options: the backend and the suite's settings are checked before
+        the model loads."""
+        from polykv.eval.backends import backend as backend_named
+        from polykv.eval.experiments import ExperimentRunner
+        from polykv.eval.store import Store
+
+        backend_named(self.backend, waiting=True)  # an experiment reads its runs' scores: local or ray; checked before loading
+        settings = _suite_settings(self.suite, self.samples, self.tasks, self.prompt_tokens, self.settings_json, self.model)
+        hf_model, tokenizer = _load_model(self.model, self.device)
+        return ExperimentRunner(Store(self.workspace / "results.sqlite"), self.model, hf_model, tokenizer, self.suite,
+                                settings, self.seed, self.metric, progress=lambda name: typer.echo(f"run: {name}", err=True),
+                                backend=self.backend, device=self.device)
+
+
+def experiment_options(command):
+    """Give `command(options: ExperimentOptions, **own)` the options of `ExperimentOptions` after its own ones:
+    typer sees one signature with both, and the command gets the shared ones as one `ExperimentOptions`."""
+    hints = typing.get_type_hints(ExperimentOptions, include_extras=True)
+    shared = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name])
+              for f in dataclasses.fields(ExperimentOptions)]
+    first, *own = inspect.signature(command, eval_str=True).parameters.values()
+    assert first.name == "options", f"{command.__name__}: the first parameter takes the ExperimentOptions"
+    assert not {p.name for p in own} & {p.name for p in shared}, f"{command.__name__} redeclares a shared option"
+
+    @functools.wraps(command)
+    def with_options(**given):
+        options = ExperimentOptions(**{p.name: given.pop(p.name) for p in shared})
+        return command(options, **given)
+
+    parameters = [*own, *shared]
+    with_options.__signature__ = inspect.Signature(parameters, return_annotation=None)
+    with_options.__annotations__ = {p.name: p.annotation for p in parameters}
+    return with_options
+
+
+def _print_report(report) -> None:
+    import pandas as pd
+
+    typer.echo(report.title)
+    typer.echo(pd.DataFrame(report.rows).to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    for line in report.lines:
+        typer.echo(line)
+
+
+def _parse_budgets(budgets: str) -> list[int]:
+    from polykv.eval.settings import parse_budgets
+
+    levels = parse_budgets(budgets, "--budgets")
+    if not levels:
+        raise typer.BadParameter("give at least one budget, e.g. 64,128", param_hint="--budgets")
+    return levels
+
+
+@experiment_options
+def experiment_factorial(
+    options: ExperimentOptions,
+    profile_dir: Annotated[Path, typer.Option("--profile", help="Profile directory.")],
+    budget: Annotated[int, typer.Option(min=1, help=BUDGET_HELP)],
+    baseline: Annotated[str, typer.Option(help="The homogeneous method.")],
+    scope: Scope = Scope.DECODE,
+    statistic: str = "cosine",
+    allocation: Annotated[str, typer.Option(help="entropy or ppl.")] = "entropy",
+) -> None:
+    """Routing x allocation at the same budget: four runs, effects, paired bootstrap."""
+    from polykv.eval.experiments import factorial
+
+    loaded = _profile_for(profile_dir, options.model)
+    _print_report(factorial(options.runner(), loaded, scope, budget, baseline, statistic, allocation))
+
+
+@experiment_options
+def experiment_placement(
+    options: ExperimentOptions,
+    profile_dir: Annotated[Path, typer.Option("--profile", help="Profile directory.")],
+    plan: Annotated[Path, typer.Option("--plan", help="The guided single-phase plan (e.g. from `polykv route`).")],
+    k: Annotated[int, typer.Option("--k", min=1, help="Random count-matched placements.")] = 99,
+    statistic: str = "cosine",
+) -> None:
+    """The guided route vs K random placements with the same method counts: rank, p, Spearman."""
+    from polykv.eval.experiments import placement
+
+    loaded = _profile_for(profile_dir, options.model)
+    _print_report(placement(options.runner(), loaded, Plan.load(plan), k, statistic))
+
+
+@experiment_options
+def experiment_sweep(
+    options: ExperimentOptions,
+    plan: Annotated[Path, typer.Option("--plan", help="The fixed route plan (any scope).")],
+    budgets: Annotated[str, typer.Option(help="Comma-separated budgets (average capacities per layer), e.g. 128,256,512,1024.")],
+    baselines: Annotated[Optional[str], typer.Option(help="Comma-separated methods (default: every method, each under its own protocol).")] = None,
+    profile_dir: Annotated[Optional[Path], typer.Option("--profile", help="Profile directory: adds the route with PPL-allocated capacities (route-ppl).")] = None,
+    protocol: Annotated[Optional[list[str]], typer.Option("--protocol", help="Override a baseline's phases, METHOD=SCOPE, e.g. tova=decode (repeatable).")] = None,
+) -> None:
+    """A fixed route across budgets vs every standalone baseline under its protocol, FullKV, the envelope, 2b."""
+    from polykv.eval.experiments import sweep, sweep_plans
+    from polykv.eval.protocols import parse_overrides
+
+    levels = _parse_budgets(budgets)
+    overrides = parse_overrides(protocol)
+    names = [b.strip() for b in baselines.split(",")] if baselines else None
+    route = Plan.load(plan)
+    loaded = _profile_for(profile_dir, options.model) if profile_dir is not None else None
+    sweep_plans(route, levels, names, loaded, overrides)  # bad input fails before the model loads
+    _print_report(sweep(options.runner(), route, levels, names, loaded, overrides))
+
+
+def experiment_study(
+    out: Annotated[Path, typer.Option("--out", "-o", help="The Markdown report (figures go beside it).")] = Path("docs/demo-study.md"),
+    workspace: Annotated[Path, typer.Option("--workspace", "-w", help="Profiles and results database of the study.")] = Path("docs/demo-study"),
+    model: ModelOption = "demo",
+    scope: Annotated[str, typer.Option(help="The routed phase: prefill or decode.")] = "decode",
+    budget: Annotated[int, typer.Option(min=1, help="Budget (average capacity per layer) of the route, factorial and placement.")] = 64,
+    budgets: Annotated[str, typer.Option(help="The sweep's budgets (average capacities per layer), comma-separated.")] = "16,32,64,128,256",
+    k: Annotated[int, typer.Option("--k", min=1, help="Random count-matched placements.")] = 99,
+    statistic: str = "dppl",
+    allocation: Annotated[str, typer.Option(help="The factorial's allocated arm: entropy or ppl.")] = "ppl",
+    baseline: Annotated[Optional[str], typer.Option(help="The factorial's homogeneous method (default: best mean profile score).")] = None,
+    metric: MetricOption = "kl",
+    samples: SamplesOption = 3,
+    seed: int = 0,
+    device: str = "cpu",
+    backend: BackendOption = "local",
+) -> None:
+    """The paper's study at demo scale: profile, TopRank route, factorial, placement (K), sweep; writes a report."""
+    import shlex
+
+    from polykv.eval.study import StudySettings, run_study, write_report
+
+    settings = StudySettings(model=model, scope=scope, budget=budget, budgets=tuple(_parse_budgets(budgets)),
+                             placements=k, statistic=statistic, allocation=allocation, baseline=baseline,
+                             metric=metric, samples_per_task=samples, seed=seed, backend=backend, device=device)
+    result = run_study(settings, workspace, progress=lambda step: typer.echo(f"study: {step}", err=True))
+    given = sys.argv[3:] if sys.argv[1:3] == ["experiment", "study"] else []
+    command = "polykv experiment study " + shlex.join(given)
+    typer.echo(f"wrote {write_report(result, out, command.strip())}")

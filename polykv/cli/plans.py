@@ -1,0 +1,128 @@
+"""Plan commands: `plan show`, `plan validate`, `plan homogeneous`, and `methods`, `generate`, `import-llama2c`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from polykv.cli.common import DEFAULT_PLAN, ModelOption, _checked_plan, _load_model, _num_layers, _parse_params, _table
+from polykv.plan import Phase, Plan, Scope
+
+# Long enough (~90 tokens on the demo model) that every capacity in the demo plans evicts at prefill.
+DEMO_PROMPT = (
+    "Once upon a time, there was a little girl named Lily. She had a red ball and a small dog named Max. "
+    "Every day Lily and Max went to the park to play. One day the ball rolled into the pond, and Max "
+    "jumped in to get it. Lily laughed and"
+)
+
+
+def methods() -> None:
+    """List the eviction methods with their phases, parameters and defaults."""
+    from polykv.methods import REGISTRY
+
+    for name, cls in REGISTRY.items():
+        phases = ", ".join(p.value for p in Phase if p in cls.phases)
+        params = ", ".join(f"{k}={v}" for k, v in cls.defaults().items()) or "-"
+        summary = (cls.__doc__ or "").strip().splitlines()[0]
+        typer.echo(f"{name:<13} phases: {phases:<16} params: {params}")
+        typer.echo(f"{'':<13} {summary}")
+
+
+def generate(
+    prompt: Annotated[str, typer.Option("--prompt", "-p", help="Text to continue.")] = DEMO_PROMPT,
+    plan: Annotated[Path, typer.Option("--plan", help="Plan file (JSON).")] = DEFAULT_PLAN,
+    model: ModelOption = "demo",
+    max_new_tokens: Annotated[int, typer.Option(min=1)] = 96,
+    device: str = "cpu",
+    sample: Annotated[bool, typer.Option(help="Sample instead of greedy decoding.")] = False,
+    temperature: Annotated[float, typer.Option(min=0.0)] = 1.0,
+    seed: int = 0,
+) -> None:
+    """Generate text with a plan and print the retained cache per layer."""
+    import torch
+
+    from polykv.models import num_layers
+    from polykv.runtime import routed
+
+    routed_plan = _checked_plan(plan, model)  # bad input fails before the weights load
+    hf_model, tokenizer = _load_model(model, device)
+    ids = tokenizer(prompt, return_tensors="pt").input_ids.to(device)
+    torch.manual_seed(seed)
+    sampling = {"do_sample": True, "temperature": temperature} if sample else {"do_sample": False}
+    with torch.no_grad(), routed(hf_model, routed_plan) as session:
+        out = hf_model.generate(ids, max_new_tokens=max_new_tokens, **sampling)
+    new = out[0, ids.shape[1] :]
+    typer.echo(f"model: {model} ({num_layers(hf_model)} layers)   plan: {routed_plan.name} (scope {routed_plan.scope.value})")
+    typer.echo(f"prompt: {ids.shape[1]} tokens   generated: {len(new)} tokens\n")
+    typer.echo(tokenizer.decode(out[0], skip_special_tokens=True))  # whole text: joins at the right space
+    typer.echo("\nretained KV slots per KV head (after prefill -> at the end):")
+    rows = [
+        (str(idx), str(lp.prefill), str(lp.decode), str(layer.retained_after_prefill), str(layer.retained))
+        for idx, (lp, layer) in enumerate(zip(routed_plan.layers, session.cache.layers))
+    ]
+    _table(("layer", "prefill", "decode", "after prefill", "end"), rows)
+    typer.echo(f"true sequence length: {session.cache.get_seq_length()}")
+
+
+def plan_show(path: Path) -> None:
+    """Summarize a plan: totals, averages and method counts per phase, then every layer."""
+    loaded = Plan.load(path)
+    for line in loaded.summary().lines():
+        typer.echo(line)
+    if loaded.description:
+        typer.echo(f"  {loaded.description}")
+    typer.echo("")
+    _table(("layer", "prefill", "decode"), [(str(i), str(lp.prefill), str(lp.decode)) for i, lp in enumerate(loaded.layers)])
+
+
+def plan_validate(
+    path: Path,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Check the layer count of this model.")] = None,
+    layers: Annotated[Optional[int], typer.Option(help="Check against this layer count instead of a model.")] = None,
+) -> None:
+    """Check a plan: methods known and phase-compatible, capacities, parameters, layer count."""
+    from polykv.methods import validate_plan
+
+    from polykv.models import config_dimensions
+
+    loaded = Plan.load(path)
+    dims = config_dimensions(model) if model and layers is None else None
+    num_layers = layers if layers is not None else (dims.num_layers if dims else None)
+    validate_plan(loaded, num_layers, dims.context_length if dims else None)
+    against = f" for a {num_layers}-layer model" if num_layers is not None else ""
+    typer.echo(f"ok: {path} is a valid plan{against} ({loaded.num_layers} layers, scope {loaded.scope.value})")
+
+
+def plan_homogeneous(
+    method: str,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the plan.")],
+    capacity: Annotated[Optional[int], typer.Option(help="Capacity of every layer: retained tokens per KV head.")] = None,
+    layers: Annotated[Optional[int], typer.Option(help="Number of layers (default: the model's).")] = None,
+    model: ModelOption = "demo",
+    scope: Scope = Scope.BOTH,
+    param: Annotated[
+        Optional[list[str]], typer.Option("--param", "-P", help="Method parameter NAME=VALUE (repeatable).")
+    ] = None,
+    allocation: Annotated[
+        str, typer.Option(help="'fixed' (same capacity everywhere) or 'native' (the method's own per-layer capacities).")
+    ] = "fixed",
+) -> None:
+    """Write a plan with one method in every layer: uniform capacity, or the method's native per-layer capacities."""
+    from polykv.methods import validate_plan
+
+    num_layers = layers if layers is not None else _num_layers(model)
+    plan = Plan.homogeneous(method, capacity, num_layers, scope, _parse_params(param or []), allocation=allocation)
+    built = validate_plan(plan, num_layers)
+    built.save(out)
+    typer.echo(f"wrote {out}")
+
+
+def import_llama2c_command(
+    checkpoint: Path, tokenizer: Path, out: Annotated[Path, typer.Option("--out", "-o")]
+) -> None:
+    """Convert a llama2.c checkpoint (+ tok*.bin tokenizer) into a Hugging Face model directory."""
+    from polykv.models import import_llama2c
+
+    typer.echo(f"wrote {import_llama2c(checkpoint, tokenizer, out)}")
