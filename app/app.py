@@ -23,7 +23,9 @@ with st.sidebar:
     st.markdown("### PolyKV")
     name, device = common.chosen_model()
     with st.form(state.MODEL_FORM):
-        typed = st.text_input("Model", value=name, help="'demo' (the embedded stories260K), a Hugging Face id or a local path")
+        typed = st.text_input(
+            "Model", value=name, help="'demo' (the embedded stories260K), a Hugging Face id or a local path"
+        )
         devices = common.devices()
         chosen = st.selectbox("Device", devices, index=common.index_of(devices, device))
         if st.form_submit_button("Load model"):

@@ -57,8 +57,10 @@ def show_failure(exc: BaseException) -> None:
     elif debug():
         raise exc
     else:
-        st.error(f"Internal error (a bug in PolyKV): {exc.__class__.__name__}: {first_line(exc)}. "
-                 "Start the app with POLYKV_DEBUG=1 to see the traceback.")
+        st.error(
+            f"Internal error (a bug in PolyKV): {exc.__class__.__name__}: {first_line(exc)}. "
+            "Start the app with POLYKV_DEBUG=1 to see the traceback."
+        )
 
 
 def load_model(name: str, device: str) -> str | None:
@@ -232,8 +234,12 @@ def paint_request() -> tuple[list[int], str, str | None, int | None]:
     """(layers, phase choice, method or None to keep it, capacity or None to keep it) from the palette."""
     method = st.session_state.get(state.PAINT_METHOD, KEEP)
     capacity = st.session_state.get(state.PAINT_CAPACITY)
-    return (selected_layers(), st.session_state.get(state.DESIGNER_PHASE, design.PHASE_CHOICES[0]),
-            None if method == KEEP else method, None if capacity is None else int(capacity))
+    return (
+        selected_layers(),
+        st.session_state.get(state.DESIGNER_PHASE, design.PHASE_CHOICES[0]),
+        None if method == KEEP else method,
+        None if capacity is None else int(capacity),
+    )
 
 
 def new_upload(upload) -> bool:
@@ -316,8 +322,17 @@ def default_settings(suite: str, model_name: str) -> str:
     return json.dumps(settings)
 
 
-def eval_job(model_name: str, device: str, plan: Plan, suite: str, settings_text: str, budgets_text: str,
-             baselines: Sequence[str], placements: int, seed: int):
+def eval_job(
+    model_name: str,
+    device: str,
+    plan: Plan,
+    suite: str,
+    settings_text: str,
+    budgets_text: str,
+    baselines: Sequence[str],
+    placements: int,
+    seed: int,
+):
     """The evaluation job the Runs page's form describes (not started): the plan at each budget, the
     baselines and the random placements. PolyKVError or ValueError with one line when the form is wrong."""
     from polykv.eval.experiments import launch_plans
@@ -332,16 +347,23 @@ def eval_job(model_name: str, device: str, plan: Plan, suite: str, settings_text
     return jobs.eval_job(units, f"{plan.name} on {suite}{more}")
 
 
-def profile_job(model_name: str, device: str, sources: Sequence[str], sequences: int, max_tokens: int, b_cal: int,
-                scope: str):
+def profile_job(
+    model_name: str, device: str, sources: Sequence[str], sequences: int, max_tokens: int, b_cal: int, scope: str
+):
     """The profile job the Profiles page's form describes (not started); `b_cal` 0 is automatic. ValueError
     with one line when the form is wrong (no source, a bad one)."""
     from polykv.plan import Scope
     from polykv.profile.corpus import CorpusSpec
 
     spec = CorpusSpec(sources=tuple(sources), num_sequences=int(sequences), max_tokens=int(max_tokens))
-    return jobs.profile_job(model_name, device, spec.to_dict(), int(b_cal) or None,
-                            [p.value for p in Scope(scope).phases], f"profile {model_name}")
+    return jobs.profile_job(
+        model_name,
+        device,
+        spec.to_dict(),
+        int(b_cal) or None,
+        [p.value for p in Scope(scope).phases],
+        f"profile {model_name}",
+    )
 
 
 def jobs_of(all_jobs: Iterable, kind: str, model_name: str | None = None, limit: int | None = None) -> list:
@@ -362,9 +384,15 @@ def run_rows(store) -> list[dict[str, Any]]:
 
     rows = []
     for run in reversed(store.runs()):
-        row = {"run": run["id"], "plan": run["plan_name"], "suite": run["suite"], "model": run["model"],
-               "status": run["status"], "samples": f"{run['done_samples']}/{run['total_samples']}",
-               "created": run["created"][:19]}
+        row = {
+            "run": run["id"],
+            "plan": run["plan_name"],
+            "suite": run["suite"],
+            "model": run["model"],
+            "status": run["status"],
+            "samples": f"{run['done_samples']}/{run['total_samples']}",
+            "created": run["created"][:19],
+        }
         scores = store.task_scores(run["id"])
         for metric in sorted({m for values in scores.values() for m in values}):
             row[metric] = macro_average({task: values[metric] for task, values in scores.items() if metric in values})
@@ -443,8 +471,9 @@ def _inputs(model_key, inputs: int, max_tokens: int, sources: tuple[str, ...]):
 
 
 @st.cache_data(show_spinner="Measuring attention support...", max_entries=16)
-def heterogeneity(model_key, inputs: int, max_tokens: int, coverage: float, sources: tuple[str, ...],
-                  density_input: int):
+def heterogeneity(
+    model_key, inputs: int, max_tokens: int, coverage: float, sources: tuple[str, ...], density_input: int
+):
     """The current model's attention support over `inputs` inputs (cached per `model_key`, the model's
     (name, device)): (per-layer support frame, density map of input `density_input`, clipped to the
     inputs built, the inputs' length, that input's index)."""

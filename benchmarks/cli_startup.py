@@ -51,13 +51,32 @@ def workspace(folder: Path) -> Path:
 
     ws = folder / "ws"
     store = Store(ws / "results.sqlite")
-    store.create_run("run-1", model="demo", plan_name="mixed-demo", plan_hash="x", plan_json="{}", suite="fidelity",
-                     settings={}, seed=0, total_samples=1, versions={})
+    store.create_run(
+        "run-1",
+        model="demo",
+        plan_name="mixed-demo",
+        plan_hash="x",
+        plan_json="{}",
+        suite="fidelity",
+        settings={},
+        seed=0,
+        total_samples=1,
+        versions={},
+    )
     (ws / "jobs").mkdir()
-    job = {"id": "20260101-000000-profile-abcdef", "kind": "profile", "title": "bench", "model": "demo", "device": "cpu",
-           "created": "2026-01-01T00:00:00+00:00",
-           "profile": {"corpus": {"sources": ["kjv"], "num_sequences": 1, "max_tokens": 64, "seed": 0}, "capacity": 8,
-                       "scopes": ["decode"]}}
+    job = {
+        "id": "20260101-000000-profile-abcdef",
+        "kind": "profile",
+        "title": "bench",
+        "model": "demo",
+        "device": "cpu",
+        "created": "2026-01-01T00:00:00+00:00",
+        "profile": {
+            "corpus": {"sources": ["kjv"], "num_sequences": 1, "max_tokens": 64, "seed": 0},
+            "capacity": 8,
+            "scopes": ["decode"],
+        },
+    }
     (ws / "jobs" / f"{job['id']}.json").write_text(json.dumps(job))
     return ws
 
@@ -69,7 +88,9 @@ def main() -> None:
     exe = str(Path(sys.executable).with_name("polykv"))
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "POLYKV_WORKSPACE": str(workspace(Path(tmp))), "HF_HUB_OFFLINE": "1"}
-        subprocess.run([exe, *COMMANDS["plan validate --model demo"]], env=env, capture_output=True, check=True)  # import the demo once
+        subprocess.run(
+            [exe, *COMMANDS["plan validate --model demo"]], env=env, capture_output=True, check=True
+        )  # import the demo once
         times: dict[str, list[float]] = {name: [] for name in COMMANDS}
         for _ in range(args.reps):
             for name, argv in COMMANDS.items():
@@ -83,8 +104,10 @@ def main() -> None:
             probe = subprocess.run([sys.executable, "-c", PROBE, *argv], env=env, capture_output=True, text=True)
             line = next((ln for ln in probe.stderr.splitlines() if ln.startswith("PROBE")), "PROBE ?")
             values = times[name]
-            print(f"{name:<30} {statistics.median(values):9.3f} {min(values):7.3f} {max(values):7.3f}  "
-                  f"{line.removeprefix('PROBE ')}")
+            print(
+                f"{name:<30} {statistics.median(values):9.3f} {min(values):7.3f} {max(values):7.3f}  "
+                f"{line.removeprefix('PROBE ')}"
+            )
     print(f"\n{args.reps} interleaved repetitions; python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
 
 

@@ -24,9 +24,9 @@ import transformers
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runtime import benchmark, build_model, method_rows, report, run_config, standard_rows  # noqa: E402
 
+from polykv.models import cache_argument_name, output_cache  # noqa: E402
 from polykv.plan import Plan  # noqa: E402
 from polykv.runtime import routed  # noqa: E402
-from polykv.models import cache_argument_name, output_cache  # noqa: E402
 
 LLAMA_31_8B = dict(
     vocab_size=128256,
@@ -108,7 +108,8 @@ def main() -> None:
         report(
             rows,
             f"Llama-3.1-8B shape, random bf16 weights; prompt {args.prompt_len}, {args.new_tokens} new tokens; "
-            f"medians of {args.reps} interleaved runs; peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB",
+            f"medians of {args.reps} interleaved runs; "
+            f"peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB",
         )
     )
 

@@ -34,8 +34,12 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     model, tokenizer = load_model(args.model)
-    corpus = build_corpus(tokenizer, CorpusSpec(num_sequences=args.sequences), model=model,
-                          context_length=model.config.max_position_embeddings)
+    corpus = build_corpus(
+        tokenizer,
+        CorpusSpec(num_sequences=args.sequences),
+        model=model,
+        context_length=model.config.max_position_embeddings,
+    )
     prompt = len(corpus.sequences[0]) - 1 - CONTINUATION
     capacity = default_calibration_capacity(prompt)
     times = {True: [], False: []}
@@ -48,9 +52,11 @@ def main() -> None:
             tables[reuse] = pd.DataFrame(result.rows)
     gap = (tables[True][["cosine", "dppl"]] - tables[False][["cosine", "dppl"]]).abs().max().max()
     reuse, naive = statistics.median(times[True]), statistics.median(times[False])
-    print(f"demo-model profile: {len(tables[True])} (layer, scope, method) cells x {args.sequences} sequences of "
-          f"{len(corpus.sequences[0])} tokens, b_cal {capacity}, {torch.get_num_threads()} threads, "
-          f"medians of {args.reps} interleaved runs")
+    print(
+        f"demo-model profile: {len(tables[True])} (layer, scope, method) cells x {args.sequences} sequences of "
+        f"{len(corpus.sequences[0])} tokens, b_cal {capacity}, {torch.get_num_threads()} threads, "
+        f"medians of {args.reps} interleaved runs"
+    )
     print(f"with prefix reuse  {reuse:8.2f} s")
     print(f"naive loop         {naive:8.2f} s")
     print(f"ratio              {reuse / naive:8.3f}   (largest difference between the two profiles: {gap:.2e})")

@@ -24,9 +24,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from polykv.methods import REGISTRY
+from polykv.models import cache_argument_name, output_cache
 from polykv.plan import Phase, Plan
 from polykv.runtime import routed
-from polykv.models import cache_argument_name, output_cache
 
 CPU_CONFIG = dict(
     vocab_size=32000,
@@ -52,7 +52,9 @@ class Row:
 def build_model(config: dict, device: str, dtype: torch.dtype, seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     with torch.device(device):
-        model = LlamaForCausalLM._from_config(copy.deepcopy(LlamaConfig(**config)), attn_implementation="sdpa", dtype=dtype)
+        model = LlamaForCausalLM._from_config(
+            copy.deepcopy(LlamaConfig(**config)), attn_implementation="sdpa", dtype=dtype
+        )
     return model.eval()
 
 
@@ -92,7 +94,9 @@ def run_config(model, row: Row, ids, new_tokens, device):
 
 def kv_bytes(cache) -> tuple[int, list[int]]:
     """Bytes of storage the cache's keys and values really hold, in total and per layer."""
-    per_layer = [layer.keys.untyped_storage().nbytes() + layer.values.untyped_storage().nbytes() for layer in cache.layers]
+    per_layer = [
+        layer.keys.untyped_storage().nbytes() + layer.values.untyped_storage().nbytes() for layer in cache.layers
+    ]
     return sum(per_layer), per_layer
 
 
@@ -139,7 +143,9 @@ def method_rows(num_layers: int, capacity: int, skip: tuple[str, ...] = ("full",
 
 
 def benchmark(model, rows: list[Row], prompt_len: int, new_tokens: int, reps: int, device: str, dtype, seed=0):
-    ids = torch.randint(3, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(seed)).to(device)
+    ids = torch.randint(3, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(seed)).to(
+        device
+    )
     run_config(model, rows[0], ids[:, :256], 4, device)  # warm-up: kernels, allocator
     for _ in range(reps):
         for row in rows:
@@ -190,8 +196,9 @@ def main() -> None:
     benchmark(model, rows, args.prompt_len, args.new_tokens, args.reps, "cpu", torch.float32)
     cfg = CPU_CONFIG
     title = (
-        f"random Llama (hidden {cfg['hidden_size']}, {cfg['num_hidden_layers']} layers, {cfg['num_attention_heads']} heads, "
-        f"{cfg['num_key_value_heads']} KV heads), fp32 CPU, {torch.get_num_threads()} threads; prompt {args.prompt_len}, "
+        f"random Llama (hidden {cfg['hidden_size']}, {cfg['num_hidden_layers']} layers, "
+        f"{cfg['num_attention_heads']} heads, {cfg['num_key_value_heads']} KV heads), fp32 CPU, "
+        f"{torch.get_num_threads()} threads; prompt {args.prompt_len}, "
         f"{args.new_tokens} new tokens; medians of {args.reps} interleaved runs"
     )
     print(report(rows, title))

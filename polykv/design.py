@@ -140,9 +140,9 @@ def _cell_params(value: Any, where: str) -> dict[str, Any]:
     try:
         params = json.loads(value)
     except json.JSONDecodeError:
-        raise PlanError(f"{where}, params: not JSON (write e.g. {{\"window\": 16}})") from None
+        raise PlanError(f'{where}, params: not JSON (write e.g. {{"window": 16}})') from None
     if not isinstance(params, dict):
-        raise PlanError(f"{where}, params: expected a JSON object such as {{\"window\": 16}}")
+        raise PlanError(f'{where}, params: expected a JSON object such as {{"window": 16}}')
     return params
 
 
@@ -161,7 +161,11 @@ def from_table(plan: Plan, table: pd.DataFrame) -> Plan:
             capacity = _cell_capacity(row.get(f"{p.value}_capacity"), where)
             if method == FULL:
                 capacity = None
-            layer[p.value] = {"method": method, "capacity": capacity, "params": _cell_params(row.get(f"{p.value}_params"), where)}
+            layer[p.value] = {
+                "method": method,
+                "capacity": capacity,
+                "params": _cell_params(row.get(f"{p.value}_params"), where),
+            }
         new.append(layer)
     changed = new != _layer_dicts(plan)
     return _rebuild(plan, new, **({"allocation": "fixed"} if changed else {}))
@@ -171,8 +175,11 @@ def from_table(plan: Plan, table: pd.DataFrame) -> Plan:
 def diff(a: Plan, b: Plan) -> pd.DataFrame:
     """Where two plans differ: plan-level fields first, then each (layer, phase) cell that changed."""
     rows = [
-        {"where": field, "a": str(getattr(a, field).value if field == "scope" else getattr(a, field)),
-         "b": str(getattr(b, field).value if field == "scope" else getattr(b, field))}
+        {
+            "where": field,
+            "a": str(getattr(a, field).value if field == "scope" else getattr(a, field)),
+            "b": str(getattr(b, field).value if field == "scope" else getattr(b, field)),
+        }
         for field in ("scope", "allocation")
         if getattr(a, field) != getattr(b, field)
     ]
@@ -231,8 +238,9 @@ def current_budget(plan: Plan) -> float:
     """The plan's budget to start a rescale from: the average capacity of its first active phase that
     has one, else `DEFAULT_CAPACITY`."""
     summary = plan.summary().phases
-    return next((summary[p].average_capacity for p in plan.scope.phases if summary[p].average_capacity),
-                float(DEFAULT_CAPACITY))
+    return next(
+        (summary[p].average_capacity for p in plan.scope.phases if summary[p].average_capacity), float(DEFAULT_CAPACITY)
+    )
 
 
 def rescale(plan: Plan, budget: float) -> Plan:

@@ -50,4 +50,13 @@ def debug() -> bool:
     return os.environ.get("POLYKV_DEBUG", "") not in ("", "0")
 
 
-__all__ = ["FileError", "JobError", "PolyKVError", "RoutedCacheError", "SettingsError", "StoreError", "debug", "first_line"]
+__all__ = [
+    "FileError",
+    "JobError",
+    "PolyKVError",
+    "RoutedCacheError",
+    "SettingsError",
+    "StoreError",
+    "debug",
+    "first_line",
+]

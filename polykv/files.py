@@ -38,8 +38,9 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def read_text(path: str | os.PathLike, what: str = "file", max_bytes: int = MAX_JSON_BYTES,
-              error: type[PolyKVError] = FileError) -> str:
+def read_text(
+    path: str | os.PathLike, what: str = "file", max_bytes: int = MAX_JSON_BYTES, error: type[PolyKVError] = FileError
+) -> str:
     """The UTF-8 text of a regular file of at most `max_bytes`; `error` (one line) otherwise."""
     path = Path(path)
     try:
@@ -73,8 +74,13 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number JSON allows")
 
 
-def parse_json(text: str | bytes, what: str | None = None, max_depth: int = MAX_DEPTH, allow_nan: bool = False,
-               error: type[PolyKVError] = FileError) -> Any:
+def parse_json(
+    text: str | bytes,
+    what: str | None = None,
+    max_depth: int = MAX_DEPTH,
+    allow_nan: bool = False,
+    error: type[PolyKVError] = FileError,
+) -> Any:
     """Parse JSON text; `error` (one line, starting with `what` when given) for malformed, too deeply
     nested or (unless allowed) NaN input."""
     at = f"{what}: " if what else ""
@@ -110,8 +116,14 @@ def depth(data: Any) -> int:
     return deepest
 
 
-def read_json(path: str | os.PathLike, what: str = "JSON file", max_bytes: int = MAX_JSON_BYTES,
-              max_depth: int = MAX_DEPTH, allow_nan: bool = False, error: type[PolyKVError] = FileError) -> Any:
+def read_json(
+    path: str | os.PathLike,
+    what: str = "JSON file",
+    max_bytes: int = MAX_JSON_BYTES,
+    max_depth: int = MAX_DEPTH,
+    allow_nan: bool = False,
+    error: type[PolyKVError] = FileError,
+) -> Any:
     """`read_text` then `parse_json`, with the path in every message."""
     text = read_text(path, what, max_bytes, error)
     try:
@@ -174,5 +186,14 @@ def atomic_write_json(path: str | os.PathLike, data: Any, indent: int | None = 1
     return atomic_write_text(path, json.dumps(data, indent=indent) + "\n")
 
 
-__all__ = ["MAX_DEPTH", "MAX_JSON_BYTES", "atomic_write_json", "atomic_write_text", "depth", "parse_json",
-           "read_json", "read_text", "writable_target"]
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_JSON_BYTES",
+    "atomic_write_json",
+    "atomic_write_text",
+    "depth",
+    "parse_json",
+    "read_json",
+    "read_text",
+    "writable_target",
+]

@@ -58,8 +58,8 @@ from pydantic import (
 
 from polykv import processes
 from polykv.errors import JobError, PolyKVError, first_line
-from polykv.eval.unit import Unit
 from polykv.eval.store import Store
+from polykv.eval.unit import Unit
 from polykv.files import atomic_write_json, read_json
 from polykv.plan import Phase, Plan
 
@@ -71,7 +71,7 @@ _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
 def check_id(job_id: object) -> str:
@@ -80,8 +80,10 @@ def check_id(job_id: object) -> str:
         return job_id
     shown = repr(job_id)
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
-    raise JobError(f"not a job id: {shown} (1 to 128 letters, digits, '.', '_' or '-', starting with a letter or "
-                   "digit; no '..', not ending in '.state')")
+    raise JobError(
+        f"not a job id: {shown} (1 to 128 letters, digits, '.', '_' or '-', starting with a letter or "
+        "digit; no '..', not ending in '.state')"
+    )
 
 
 @dataclass
@@ -268,9 +270,18 @@ def eval_job(units: list[tuple[dict[str, Any], Unit]], title: str) -> Job:
     return Job(_new_id("eval"), "eval", title, model, device, _now(), runs=runs)
 
 
-def profile_job(model: str, device: str, corpus: dict[str, Any], capacity: int | None, scopes: list[str], title: str) -> Job:
-    return Job(_new_id("profile"), "profile", title, model, device, _now(),
-               profile={"corpus": corpus, "capacity": capacity, "scopes": list(scopes)})
+def profile_job(
+    model: str, device: str, corpus: dict[str, Any], capacity: int | None, scopes: list[str], title: str
+) -> Job:
+    return Job(
+        _new_id("profile"),
+        "profile",
+        title,
+        model,
+        device,
+        _now(),
+        profile={"corpus": corpus, "capacity": capacity, "scopes": list(scopes)},
+    )
 
 
 def jobs_dir(workspace: Path) -> Path:
@@ -284,8 +295,15 @@ def _spec_path(workspace: Path, job_id: str) -> Path:
 def _worker_argv(workspace: Path, job_id: str) -> list[str]:
     """The worker command for this job's file: what `start` runs and what `_alive` recognises."""
     workspace = Path(workspace)
-    return [sys.executable, "-m", "polykv.jobs", "run", str(_spec_path(workspace, job_id).resolve()),
-            "--workspace", str(workspace.resolve())]
+    return [
+        sys.executable,
+        "-m",
+        "polykv.jobs",
+        "run",
+        str(_spec_path(workspace, job_id).resolve()),
+        "--workspace",
+        str(workspace.resolve()),
+    ]
 
 
 def save_job(job: Job, workspace: Path) -> Path:
@@ -353,8 +371,13 @@ def start(job: Job, workspace: Path) -> subprocess.Popen:
                 raise JobError(f"job {job.id}: cannot remove its old state file ({exc.strerror or exc})") from None
         log = open(log_path, "ab")  # noqa: SIM115 - the child keeps it open
         try:
-            process = subprocess.Popen(_worker_argv(workspace, job.id), stdout=log, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL, start_new_session=True)
+            process = subprocess.Popen(
+                _worker_argv(workspace, job.id),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         finally:
             log.close()
         _children[process.pid] = process
@@ -493,7 +516,9 @@ def _read_state(workspace: Path, job_id: str) -> dict[str, Any]:
     if not os.path.lexists(path):
         return {}
     try:
-        return _StateFile.model_validate(read_json(path, "job state file", max_bytes=MAX_STATE_BYTES, error=JobError)).model_dump()
+        return _StateFile.model_validate(
+            read_json(path, "job state file", max_bytes=MAX_STATE_BYTES, error=JobError)
+        ).model_dump()
     except (PolyKVError, ValidationError, OSError):
         return {}
 
@@ -579,8 +604,14 @@ def _on_sigterm(signum, frame):
 
 def _run(job: Job, workspace: Path) -> None:
     state_path = _spec_path(workspace, job.id).with_suffix(".state.json")
-    current = {"status": "running", "fraction": 0.0, "message": "loading the model", "error": None, "result": {},
-               "started": _now()}
+    current = {
+        "status": "running",
+        "fraction": 0.0,
+        "message": "loading the model",
+        "error": None,
+        "result": {},
+        "started": _now(),
+    }
 
     def report(**changes: Any) -> None:
         current.update(changes, updated=_now())
@@ -603,11 +634,23 @@ def _run(job: Job, workspace: Path) -> None:
                 active = r.run_id
 
                 def progress(done: int, total: int, where: str, i: int = i, r: RunUnit = r) -> None:
-                    report(fraction=(i + done / total) / len(job.runs), message=f"run {i + 1}/{len(job.runs)} {r.plan_name}: {done}/{total} {where}")
+                    report(
+                        fraction=(i + done / total) / len(job.runs),
+                        message=f"run {i + 1}/{len(job.runs)} {r.plan_name}: {done}/{total} {where}",
+                    )
 
                 report(message=f"run {i + 1}/{len(job.runs)} {r.plan_name}: building samples")
-                run_suite(store, unit.model, model, tokenizer, Plan.from_json(unit.plan_json), unit.suite,
-                          unit.settings(), unit.seed, progress=progress)
+                run_suite(
+                    store,
+                    unit.model,
+                    model,
+                    tokenizer,
+                    Plan.from_json(unit.plan_json),
+                    unit.suite,
+                    unit.settings(),
+                    unit.seed,
+                    progress=progress,
+                )
             active = None
         else:
             from polykv.plan import Phase
@@ -615,9 +658,16 @@ def _run(job: Job, workspace: Path) -> None:
             from polykv.profile.corpus import CorpusSpec
 
             spec = job.profile or {}
-            profile = build_profile(job.model, model, tokenizer, workspace / "profiles", CorpusSpec.from_dict(spec["corpus"]),
-                                    spec.get("capacity"), tuple(Phase(s) for s in spec["scopes"]),
-                                    progress=lambda fraction, message: report(fraction=fraction, message=message))
+            profile = build_profile(
+                job.model,
+                model,
+                tokenizer,
+                workspace / "profiles",
+                CorpusSpec.from_dict(spec["corpus"]),
+                spec.get("capacity"),
+                tuple(Phase(s) for s in spec["scopes"]),
+                progress=lambda fraction, message: report(fraction=fraction, message=message),
+            )
             report(result={"profile": str(profile.path), "key": profile.key})
         report(status="finished", fraction=1.0, message="finished")
     except _Cancelled:
@@ -653,5 +703,21 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["DamagedJob", "Job", "JobState", "RunProgress", "RunUnit", "cancel", "check_id", "eval_job", "list_jobs",
-           "load_job", "log_tail", "profile_job", "save_job", "scan_jobs", "start", "state"]
+__all__ = [
+    "DamagedJob",
+    "Job",
+    "JobState",
+    "RunProgress",
+    "RunUnit",
+    "cancel",
+    "check_id",
+    "eval_job",
+    "list_jobs",
+    "load_job",
+    "log_tail",
+    "profile_job",
+    "save_job",
+    "scan_jobs",
+    "start",
+    "state",
+]

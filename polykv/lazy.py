@@ -36,7 +36,7 @@ def load_now(name: str) -> ModuleType:
     """Finish loading a lazily imported module from one thread (before others may touch it)."""
     module = lazy_import(name)
     with _lock:
-        getattr(module, "__name__")  # any attribute access runs the module's code
+        _ = module.__name__  # any attribute access runs the module's code
     return module
 
 

@@ -122,7 +122,7 @@ class Plan(BaseModel):
         params: Mapping[str, Any] | None = None,
         name: str | None = None,
         allocation: str = "fixed",
-    ) -> "Plan":
+    ) -> Plan:
         """One method with one uniform capacity in every layer of the active phase(s).
 
         With allocation="native" the capacity is the average budget b and the method's own rule
@@ -142,12 +142,12 @@ class Plan(BaseModel):
             }
         )
 
-    def with_layers(self, layers: list[LayerPlan], **changes: Any) -> "Plan":
+    def with_layers(self, layers: list[LayerPlan], **changes: Any) -> Plan:
         return self.model_copy(update={"layers": list(layers), **changes})
 
     # ---- I/O ----------------------------------------------------------------------------------
     @classmethod
-    def from_dict(cls, data: Any) -> "Plan":
+    def from_dict(cls, data: Any) -> Plan:
         if not isinstance(data, dict):
             raise PlanError(f"a plan must be a JSON object, got {type(data).__name__}")
         if data.get("format", FORMAT) != FORMAT:
@@ -163,13 +163,13 @@ class Plan(BaseModel):
             raise PlanError([_describe_pydantic_error(e) for e in exc.errors()]) from None
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> "Plan":
+    def from_json(cls, text: str | bytes) -> Plan:
         if len(text) > MAX_PLAN_BYTES:
             raise PlanError(f"a plan is at most {MAX_PLAN_BYTES:,} bytes of JSON (got {len(text):,})")
         return cls.from_dict(parse_json(text, error=PlanError))
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "Plan":
+    def load(cls, path: str | os.PathLike) -> Plan:
         """Read a plan file: a regular file (never a device or FIFO) of at most MAX_PLAN_BYTES."""
         path = Path(path)
         text = read_text(path, "plan file", MAX_PLAN_BYTES, error=PlanError)
@@ -202,7 +202,7 @@ class Plan(BaseModel):
     def problems(
         self,
         num_layers: int | None,
-        catalog: Mapping[str, "MethodInfo"],
+        catalog: Mapping[str, MethodInfo],
         context_length: int | None = None,
     ) -> list[str]:
         """Every way this plan does not fit a model with `num_layers` layers and a context of
@@ -233,11 +233,15 @@ class Plan(BaseModel):
                     continue
                 if phase not in info.phases:
                     allowed = ", ".join(p.value for p in Phase if p in info.phases)
-                    found.append(f"{where}, method: {a.method!r} does not support the {phase.value} phase (supported: {allowed})")
+                    found.append(
+                        f"{where}, method: {a.method!r} does not support the {phase.value} phase (supported: {allowed})"
+                    )
                     continue
                 if a.method == FULL:
                     if a.capacity is not None:
-                        found.append(f"{where}, capacity: 'full' keeps every token; leave capacity out (got {a.capacity})")
+                        found.append(
+                            f"{where}, capacity: 'full' keeps every token; leave capacity out (got {a.capacity})"
+                        )
                 elif a.capacity is None:
                     found.append(f"{where}, capacity: {a.method!r} needs a capacity (a positive integer)")
                 key = (a.method, _params_key(a.params), a.capacity)
@@ -248,7 +252,7 @@ class Plan(BaseModel):
             found.extend(self._native_problems(catalog))
         return found
 
-    def _native_problems(self, catalog: Mapping[str, "MethodInfo"]) -> list[str]:
+    def _native_problems(self, catalog: Mapping[str, MethodInfo]) -> list[str]:
         """Native allocation splits one total (L x the capacity) with one method's rule and one set of
         parameters: every layer of an active phase must run the same method, with the same capacity
         and the same parameters."""
@@ -284,16 +288,16 @@ class Plan(BaseModel):
     def validate_for(
         self,
         num_layers: int | None,
-        catalog: Mapping[str, "MethodInfo"],
+        catalog: Mapping[str, MethodInfo],
         context_length: int | None = None,
-    ) -> "Plan":
+    ) -> Plan:
         found = self.problems(num_layers, catalog, context_length)
         if found:
             raise PlanError(found)
         return self
 
     # ---- summary ------------------------------------------------------------------------------
-    def summary(self) -> "PlanSummary":
+    def summary(self) -> PlanSummary:
         phases = {}
         for phase in Phase:
             entries = [layer[phase] for layer in self.layers]
@@ -341,7 +345,10 @@ class PlanSummary:
 
     def lines(self) -> list[str]:
         native = ", native allocation (the method splits each phase's total over the layers at run time)"
-        out = [f"plan {self.name!r}: {self.num_layers} layers, scope {self.scope.value}{native if self.allocation == 'native' else ''}"]
+        out = [
+            f"plan {self.name!r}: {self.num_layers} layers, scope {self.scope.value}"
+            f"{native if self.allocation == 'native' else ''}"
+        ]
         for phase, s in self.phases.items():
             avg = "-" if s.average_capacity is None else f"{s.average_capacity:g}"
             counts = ", ".join(f"{m} x{n}" for m, n in sorted(s.method_counts.items(), key=lambda kv: (-kv[1], kv[0])))
@@ -357,7 +364,7 @@ def _too_many_layers(count: int) -> str:
     return f"layers: a plan has at most {MAX_LAYERS:,} layers (got {count:,})"
 
 
-def _check(info: "MethodInfo", params: Mapping[str, Any], capacity: int | None, context_length: int | None) -> list[str]:
+def _check(info: MethodInfo, params: Mapping[str, Any], capacity: int | None, context_length: int | None) -> list[str]:
     if context_length is None:
         return list(info.check(params, capacity))
     return list(info.check(params, capacity, context_length))

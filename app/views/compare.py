@@ -48,13 +48,18 @@ else:
         summary[3].metric("95% paired bootstrap CI", f"[{result.low:+.2g}, {result.high:+.2g}]")
         summary[4].metric("A wins / ties / losses", f"{result.wins} / {result.ties} / {result.losses}")
         st.caption(" · ".join(result.lines()))
-        common.show(charts.difference_figure(result.table, result.difference, result.low, result.high, metric), "difference")
+        common.show(
+            charts.difference_figure(result.table, result.difference, result.low, result.high, metric), "difference"
+        )
         left, right = st.columns(2)
         left.dataframe(result.table, hide_index=True, width="stretch")
         if result.leave_one_out:
             right.caption("Leave one task out: A - B over the other tasks")
-            right.dataframe({"task left out": list(result.leave_one_out), "A - B": list(result.leave_one_out.values())},
-                            hide_index=True, width="stretch")
+            right.dataframe(
+                {"task left out": list(result.leave_one_out), "A - B": list(result.leave_one_out.values())},
+                hide_index=True,
+                width="stretch",
+            )
         if result.only_in_a or result.only_in_b:
             st.caption(f"Left out (not in both runs): {', '.join(result.only_in_a + result.only_in_b)}")
 
@@ -88,7 +93,13 @@ else:
     else:
         choices = metrics_of(store, [guided.run_id] + [r.run_id for r in controls])
         metric = st.selectbox("Metric", choices, key=state.PLACEMENT_METRIC)
-        summary = placement_summary(suite_score(store, guided.run_id, metric),
-                                    [suite_score(store, r.run_id, metric) for r in controls], metric)
-        common.show(charts.placement_figure(summary.guided, summary.controls, metric, summary.rank, summary.p_value), "placement")
-        st.caption(f"Guided route rank {summary.rank} of {len(controls) + 1}; one-sided Monte Carlo p = {summary.p_value:.4f}.")
+        summary = placement_summary(
+            suite_score(store, guided.run_id, metric), [suite_score(store, r.run_id, metric) for r in controls], metric
+        )
+        common.show(
+            charts.placement_figure(summary.guided, summary.controls, metric, summary.rank, summary.p_value),
+            "placement",
+        )
+        st.caption(
+            f"Guided route rank {summary.rank} of {len(controls) + 1}; one-sided Monte Carlo p = {summary.p_value:.4f}."
+        )

@@ -36,13 +36,21 @@ def paint(plan, layers: int) -> None:
         st.radio("Phase", design.PHASE_CHOICES, key=state.DESIGNER_PHASE, horizontal=True)
         st.selectbox("Method", [common.KEEP, *REGISTRY], key=state.PAINT_METHOD)
     with right:
-        st.number_input("Capacity (tokens per KV head)", min_value=1, step=1, value=None, key=state.PAINT_CAPACITY,
-                        placeholder="keep")
+        st.number_input(
+            "Capacity (tokens per KV head)",
+            min_value=1,
+            step=1,
+            value=None,
+            key=state.PAINT_CAPACITY,
+            placeholder="keep",
+        )
         clicked = st.button("Paint selection", type="primary")
     if clicked:
         chosen, phase, method, capacity = common.paint_request()
-        common.attempt(lambda: design.paint(plan, chosen, phase, method, capacity),
-                       design.paint_message(chosen, phase, method, capacity))
+        common.attempt(
+            lambda: design.paint(plan, chosen, phase, method, capacity),
+            design.paint_message(chosen, phase, method, capacity),
+        )
 
 
 def tools(plan) -> None:
@@ -60,11 +68,13 @@ def tools(plan) -> None:
 
 
 def rescale_to_budget(plan) -> None:
-    target = st.number_input("Budget (average capacity per layer)", min_value=1.0,
-                             value=float(round(design.current_budget(plan))), step=1.0)
+    target = st.number_input(
+        "Budget (average capacity per layer)", min_value=1.0, value=float(round(design.current_budget(plan))), step=1.0
+    )
     if st.button("Rescale (keep the route)"):
-        common.attempt(lambda: design.rescale(plan, target),
-                       f"Rescaled to a budget of {target:g} (average capacity per layer).")
+        common.attempt(
+            lambda: design.rescale(plan, target), f"Rescaled to a budget of {target:g} (average capacity per layer)."
+        )
 
 
 def build_from_profile() -> None:
@@ -74,26 +84,38 @@ def build_from_profile() -> None:
         return
     picked = by_key[st.selectbox("Profile", list(by_key))]
     scope = st.selectbox("Scope", design.profile_scopes(picked), key=state.BUILD_SCOPE)
-    budget = st.number_input("Budget (average capacity per layer)", min_value=1, value=picked.meta.b_cal, step=1,
-                             key=state.BUILD_BUDGET)
+    budget = st.number_input(
+        "Budget (average capacity per layer)", min_value=1, value=picked.meta.b_cal, step=1, key=state.BUILD_BUDGET
+    )
     statistic = st.radio("TopRank statistic", list(STATISTICS), horizontal=True, key=state.BUILD_STATISTIC)
     allocation = st.radio("Allocation", list(ALLOCATIONS), horizontal=True, key=state.BUILD_ALLOCATION)
     if st.button("Build plan"):
-        common.attempt(lambda: design.build_from_profile(picked, scope, budget, statistic, allocation),
-                       f"Built from profile {picked.key} ({statistic}, {allocation}).")
+        common.attempt(
+            lambda: design.build_from_profile(picked, scope, budget, statistic, allocation),
+            f"Built from profile {picked.key} ({statistic}, {allocation}).",
+        )
 
 
 def layer_table(plan) -> None:
     st.subheader("Per-layer table")
     st.caption("Fine-tune methods, capacities and parameters (JSON) per layer; edits apply when they are valid.")
     columns = {
-        **{f"{p.value}_method": st.column_config.SelectboxColumn(f"{p.value} method", options=design.table_methods(p),
-                                                                 required=True) for p in Phase},
+        **{
+            f"{p.value}_method": st.column_config.SelectboxColumn(
+                f"{p.value} method", options=design.table_methods(p), required=True
+            )
+            for p in Phase
+        },
         **{f"{p.value}_capacity": st.column_config.NumberColumn(f"{p.value} capacity", step=1) for p in Phase},
         **{f"{p.value}_params": st.column_config.TextColumn(f"{p.value} params") for p in Phase},
     }
-    edited = st.data_editor(design.to_table(plan), key=state.plan_table(common.plan_version()), hide_index=True,
-                            disabled=["layer"], column_config=columns)
+    edited = st.data_editor(
+        design.to_table(plan),
+        key=state.plan_table(common.plan_version()),
+        hide_index=True,
+        disabled=["layer"],
+        column_config=columns,
+    )
     try:
         from_table = design.from_table(plan, edited)
     except PlanError as exc:
@@ -131,8 +153,9 @@ def save(plan) -> None:
                 st.warning(f"{outcome.message}: tick 'Overwrite' to replace it.")
             else:
                 common.commit(outcome.plan, outcome.message)
-    st.download_button("Download JSON", plan.to_json(), file_name=design.plan_filename(plan.name),
-                       mime="application/json")
+    st.download_button(
+        "Download JSON", plan.to_json(), file_name=design.plan_filename(plan.name), mime="application/json"
+    )
 
 
 def load(saved) -> None:
@@ -145,8 +168,9 @@ def load(saved) -> None:
 
 
 def diff(plan, saved) -> None:
-    other = st.selectbox("Diff against", saved, index=None, placeholder="choose a plan file", format_func=str,
-                         key=state.DIFF_WITH)
+    other = st.selectbox(
+        "Diff against", saved, index=None, placeholder="choose a plan file", format_func=str, key=state.DIFF_WITH
+    )
     if other is None:
         return
     try:
@@ -160,8 +184,10 @@ def diff(plan, saved) -> None:
 
 
 st.title("Plan designer")
-st.caption("Select layers on the chart (click a cell, or drag a box over cells or bars) or in the list below, "
-           "then paint a method and/or a capacity onto them. Every edit is checked against the model at once.")
+st.caption(
+    "Select layers on the chart (click a cell, or drag a box over cells or bars) or in the list below, "
+    "then paint a method and/or a capacity onto them. Every edit is checked against the model at once."
+)
 current, num_layers = common.plan(), common.num_layers()
 common.show_flash(state.DESIGNER_FLASH)
 chart_selection(num_layers)

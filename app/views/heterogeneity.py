@@ -6,20 +6,22 @@ from app import charts, common, state
 from polykv.profile.corpus import default_sources
 
 st.title("Attention heterogeneity")
-st.caption("For each input, the first decoding query's attention (mean over heads) in each layer; the support "
-           "set is the fewest positions that hold the chosen share of it. Inputs are drawn from the model's "
-           "default calibration sources: public-domain text, Python source and text the model samples (for the "
-           "demo model, only its own samples: the text it models well).")
+st.caption(
+    "For each input, the first decoding query's attention (mean over heads) in each layer; the support "
+    "set is the fewest positions that hold the chosen share of it. Inputs are drawn from the model's "
+    "default calibration sources: public-domain text, Python source and text the model samples (for the "
+    "demo model, only its own samples: the text it models well)."
+)
 
 name, device, _, _ = common.current_model()
 with st.form(state.HETEROGENEITY_FORM):
     cols = st.columns(5)
     inputs = cols[0].number_input("Inputs", min_value=1, max_value=64, value=8, step=1)
-    max_tokens = cols[1].number_input("Tokens per input", min_value=16, max_value=32768, value=512, step=16,
-                                      help="Clipped to the model's context")
+    max_tokens = cols[1].number_input(
+        "Tokens per input", min_value=16, max_value=32768, value=512, step=16, help="Clipped to the model's context"
+    )
     coverage = cols[2].slider("Attention share", 0.5, 0.99, 0.9, 0.01)
-    sources = cols[3].multiselect("Sources", common.source_choices(name),
-                                  default=list(default_sources(name)))
+    sources = cols[3].multiselect("Sources", common.source_choices(name), default=list(default_sources(name)))
     density_input = cols[4].number_input("Density map of input", min_value=0, max_value=63, value=0, step=1)
     st.form_submit_button("Measure")
 
@@ -27,8 +29,9 @@ if not sources:
     st.error("Choose at least one source.")
     st.stop()
 try:
-    frame, density, length, index = common.heterogeneity((name, device), int(inputs), int(max_tokens), float(coverage),
-                                                         tuple(sources), int(density_input))
+    frame, density, length, index = common.heterogeneity(
+        (name, device), int(inputs), int(max_tokens), float(coverage), tuple(sources), int(density_input)
+    )
 except (ValueError, OSError) as exc:
     st.error(f"Could not measure: {common.first_line(exc)}")
     st.stop()

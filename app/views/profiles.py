@@ -10,8 +10,10 @@ from polykv.profile.corpus import default_sources
 from polykv.profile.store import refresh_command
 
 st.title("Method profiles")
-st.caption("Each method runs alone in one layer at the calibration capacity b_cal (all other layers FullKV): "
-           "the cosine of the layer's mean hidden state and the perplexity change (dPPL) against FullKV.")
+st.caption(
+    "Each method runs alone in one layer at the calibration capacity b_cal (all other layers FullKV): "
+    "the cosine of the layer's mean hidden state and the perplexity change (dPPL) against FullKV."
+)
 
 name, device, _, _ = common.current_model()
 workspace = common.workspace()
@@ -23,14 +25,14 @@ with st.expander("Compute a profile", expanded=not root.is_dir()):
         cols = st.columns(5)
         defaults = common.profile_defaults(name)
         sequences = cols[0].number_input("Sequences", min_value=1, max_value=200, value=defaults["sequences"])
-        max_tokens = cols[1].number_input("Tokens per sequence", min_value=32, max_value=32768,
-                                          value=defaults["max_tokens"], step=32)
+        max_tokens = cols[1].number_input(
+            "Tokens per sequence", min_value=32, max_value=32768, value=defaults["max_tokens"], step=32
+        )
         b_cal = cols[2].number_input("b_cal (0: automatic)", min_value=0, value=0, step=1)
         scopes = [s.value for s in Scope]
         scope = cols[3].selectbox("Scopes", scopes, index=common.index_of(scopes, Scope.BOTH.value))
         # The model's own default sources first (for the demo: its samples, the text it models well).
-        sources = cols[4].multiselect("Sources", common.source_choices(name),
-                                      default=list(default_sources(name)))
+        sources = cols[4].multiselect("Sources", common.source_choices(name), default=list(default_sources(name)))
         if st.form_submit_button("Start profiling"):
             if not sources:
                 st.error("Choose at least one source.")
@@ -58,8 +60,10 @@ def profile_progress():
         if progress.status == "failed":
             st.error(f"{job.id} failed: {progress.error}")
             continue
-        st.progress(min(1.0, progress.fraction),
-                    text=f"{job.id}: {progress.status}" + (f" - {progress.message}" if progress.message else ""))
+        st.progress(
+            min(1.0, progress.fraction),
+            text=f"{job.id}: {progress.status}" + (f" - {progress.message}" if progress.message else ""),
+        )
         if progress.status == "running" and st.button("Cancel", key=state.cancel_button(job.id)):
             try:
                 jobs.cancel(job, workspace)
@@ -80,16 +84,22 @@ if not mine:
     st.stop()
 by_key = {p.key: p for p in mine}
 profile = by_key[st.selectbox("Profile", list(by_key), format_func=lambda k: f"{k}  (b_cal {by_key[k].meta.b_cal})")]
-st.caption(f"{profile.path} · computed {profile.metadata.get('created', '?')} in {profile.metadata.get('seconds', '?')} s")
+st.caption(
+    f"{profile.path} · computed {profile.metadata.get('created', '?')} in {profile.metadata.get('seconds', '?')} s"
+)
 if profile.meta.fullkv_ppl:
-    st.caption("FullKV perplexity of the calibration continuations: "
-               + ", ".join(f"{source} {ppl:.2f}" for source, ppl in profile.meta.fullkv_ppl.items())
-               + f" · the table gives each cell's 95% bootstrap interval over the "
-               f"{profile.meta.corpus.num_sequences} calibration sequences")
+    st.caption(
+        "FullKV perplexity of the calibration continuations: "
+        + ", ".join(f"{source} {ppl:.2f}" for source, ppl in profile.meta.fullkv_ppl.items())
+        + f" · the table gives each cell's 95% bootstrap interval over the "
+        f"{profile.meta.corpus.num_sequences} calibration sequences"
+    )
 stale = profile.stale_reasons()
 if stale:  # routes from it are refused; say so here rather than only in the designer
-    st.warning(f"Stale profile ({'; '.join(stale)}): recompute it before building routes from it "
-               f"(`{refresh_command(profile)}`).")
+    st.warning(
+        f"Stale profile ({'; '.join(stale)}): recompute it before building routes from it "
+        f"(`{refresh_command(profile)}`)."
+    )
 for scope in profile.meta.scopes:
     st.subheader(scope)
     common.show(charts.profile_heatmap(profile.table, scope, "cosine"), f"{profile.key}-{scope}-cosine")

@@ -21,15 +21,27 @@ st.subheader(f"Evaluate the current plan: {plan.name}")
 st.caption(" · ".join(plan.summary().lines()[1:]))
 suite = st.selectbox("Suite", list(SUITES), key=state.RUN_SUITE)
 with st.form(state.LAUNCH_FORM):
-    settings_text = st.text_area("Suite settings (JSON)", value=common.default_settings(suite, name),
-                                 key=state.settings_text(suite))
+    settings_text = st.text_area(
+        "Suite settings (JSON)", value=common.default_settings(suite, name), key=state.settings_text(suite)
+    )
     cols = st.columns(4)
-    budgets_text = cols[0].text_input("Budgets", placeholder=f"the plan's own ({plan_budget(plan)})",
-                                      help="Comma-separated budgets (average capacities per layer): the plan is rescaled to each")
-    baselines = cols[1].multiselect("Baselines", baseline_methods(),
-                                    help="Each method alone at the same budget, under its own protocol (phases, allocation)")
-    placements = cols[2].number_input("Random placements", min_value=0, max_value=999, value=0,
-                                      help="Placement control: count-matched random routes (single-phase plans)")
+    budgets_text = cols[0].text_input(
+        "Budgets",
+        placeholder=f"the plan's own ({plan_budget(plan)})",
+        help="Comma-separated budgets (average capacities per layer): the plan is rescaled to each",
+    )
+    baselines = cols[1].multiselect(
+        "Baselines",
+        baseline_methods(),
+        help="Each method alone at the same budget, under its own protocol (phases, allocation)",
+    )
+    placements = cols[2].number_input(
+        "Random placements",
+        min_value=0,
+        max_value=999,
+        value=0,
+        help="Placement control: count-matched random routes (single-phase plans)",
+    )
     seed = cols[3].number_input("Seed", min_value=0, value=0, step=1)
     launched = st.form_submit_button("Launch", type="primary")
 
@@ -69,8 +81,10 @@ def job_list():
             for run in progress.runs:
                 total = run.total or 0
                 label = ", ".join(f"{k} {v}" for k, v in run.label.items())
-                st.progress(run.done / total if total else 0.0,
-                            text=f"{run.plan_name} ({label}) · {run.done}/{total or '?'} samples · {run.status}")
+                st.progress(
+                    run.done / total if total else 0.0,
+                    text=f"{run.plan_name} ({label}) · {run.done}/{total or '?'} samples · {run.status}",
+                )
             if progress.error:
                 st.error(progress.error)
             buttons = st.columns(6)

@@ -16,7 +16,12 @@ import typer
 
 from polykv.cli import evaluation, experiments, jobs, plans, profiles
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help="Per-layer KV-cache eviction plans.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Per-layer KV-cache eviction plans.",
+)
 plan_app = typer.Typer(no_args_is_help=True, help="Inspect, check and build plan files.")
 experiment_app = typer.Typer(no_args_is_help=True, help="Controlled experiments: factorial, placement, sweep.")
 jobs_app = typer.Typer(no_args_is_help=True, help="Background jobs (what the web app starts): list, cancel, resume.")
@@ -69,6 +74,9 @@ def main() -> None:
     except Exception as exc:
         if debug():
             raise
-        typer.echo(f"internal error (a bug in PolyKV): {exc.__class__.__name__}: {first_line(exc)}; "
-                   "run again with POLYKV_DEBUG=1 for the traceback", err=True)
+        typer.echo(
+            f"internal error (a bug in PolyKV): {exc.__class__.__name__}: {first_line(exc)}; "
+            "run again with POLYKV_DEBUG=1 for the traceback",
+            err=True,
+        )
         sys.exit(1)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -22,23 +22,38 @@ DEFAULT_PLAN = PLANS_DIR / "demo" / "mixed.json"
 BUDGET_HELP = "Budget b: the plan's average capacity per layer (tokens per KV head)."
 
 
-def _workspace(value: Optional[Path]) -> Path:
+def _workspace(value: Path | None) -> Path:
     from polykv.workspace import default_workspace
 
     return value if value is not None else default_workspace()
 
 
 ModelOption = Annotated[str, typer.Option("--model", "-m", help="'demo', a local path or a Hugging Face id.")]
-WorkspaceOption = Annotated[Optional[Path], typer.Option(
-    "--workspace", "-w", callback=_workspace, show_default=False,
-    help="Where profiles, runs and jobs are kept (default: $POLYKV_WORKSPACE, else .polykv/ in the repository).")]
+WorkspaceOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--workspace",
+        "-w",
+        callback=_workspace,
+        show_default=False,
+        help="Where profiles, runs and jobs are kept (default: $POLYKV_WORKSPACE, else .polykv/ in the repository).",
+    ),
+]
 DEFAULT_WORKSPACE = None  # resolved by `_workspace` when the command runs
 SuiteOption = Annotated[str, typer.Option(help="Evaluation suite.")]
 SamplesOption = Annotated[int, typer.Option(min=1, help="Samples per task.")]
-TasksOption = Annotated[Optional[str], typer.Option(help="Comma-separated fidelity tasks (default: the model's default tasks).")]
-MetricOption = Annotated[str, typer.Option(help="Task metric that scores a run (fidelity: top1, rougeL, kl, ppl; ruler and longbench: score).")]
+TasksOption = Annotated[
+    str | None, typer.Option(help="Comma-separated fidelity tasks (default: the model's default tasks).")
+]
+MetricOption = Annotated[
+    str,
+    typer.Option(help="Task metric that scores a run (fidelity: top1, rougeL, kl, ppl; ruler and longbench: score)."),
+]
 BackendOption = Annotated[str, typer.Option(help="local (in this process) or ray (a Ray task per run).")]
-SettingsOption = Annotated[Optional[str], typer.Option("--settings", help="The suite's settings as JSON (ruler, longbench; overrides --samples/--tasks).")]
+SettingsOption = Annotated[
+    str | None,
+    typer.Option("--settings", help="The suite's settings as JSON (ruler, longbench; overrides --samples/--tasks)."),
+]
 
 
 def _num_layers(model: str) -> int:
@@ -76,8 +91,14 @@ def _load_model(model: str, device: str):
     return load_model(model, device=device)  # quiet: no progress bars
 
 
-def _suite_settings(suite: str, samples: int, tasks: Optional[str], prompt_tokens: int, settings_json: Optional[str],
-                    model: Optional[str] = None):
+def _suite_settings(
+    suite: str,
+    samples: int,
+    tasks: str | None,
+    prompt_tokens: int,
+    settings_json: str | None,
+    model: str | None = None,
+):
     """A suite's settings: from --settings JSON, from the fidelity options (no --tasks: the model's default
     tasks), or the suite's defaults."""
     from polykv.eval.settings import suite_settings

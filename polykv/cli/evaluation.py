@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from polykv.cli.common import (DEFAULT_PLAN, DEFAULT_WORKSPACE, ModelOption, SamplesOption, SuiteOption, TasksOption,
-                               WorkspaceOption, _checked_plan, _load_model, _suite_settings, _table)
+from polykv.cli.common import (
+    DEFAULT_PLAN,
+    DEFAULT_WORKSPACE,
+    ModelOption,
+    SamplesOption,
+    SuiteOption,
+    TasksOption,
+    WorkspaceOption,
+    _checked_plan,
+    _load_model,
+    _suite_settings,
+    _table,
+)
 
 
 def evaluate(
@@ -18,7 +29,9 @@ def evaluate(
     samples: SamplesOption = 4,
     tasks: TasksOption = None,
     prompt_tokens: Annotated[int, typer.Option(min=8, help="Prompt length (clipped to the context).")] = 1024,
-    settings_json: Annotated[Optional[str], typer.Option("--settings", help="The suite's settings as JSON (overrides the options above).")] = None,
+    settings_json: Annotated[
+        str | None, typer.Option("--settings", help="The suite's settings as JSON (overrides the options above).")
+    ] = None,
     seed: int = 0,
     device: str = "cpu",
     workspace: WorkspaceOption = DEFAULT_WORKSPACE,
@@ -50,7 +63,9 @@ def evaluate(
     typer.echo(f"run {run_id}: {loaded.name} on {suite} ({model}), {store.run(run_id)['status']}")
     scores = store.task_scores(run_id)
     metrics = sorted({m for values in scores.values() for m in values})
-    _table(("task", *metrics), [(task, *(f"{values[m]:.4f}" for m in metrics)) for task, values in sorted(scores.items())])
+    _table(
+        ("task", *metrics), [(task, *(f"{values[m]:.4f}" for m in metrics)) for task, values in sorted(scores.items())]
+    )
 
 
 def runs(workspace: WorkspaceOption = DEFAULT_WORKSPACE) -> None:
@@ -59,7 +74,15 @@ def runs(workspace: WorkspaceOption = DEFAULT_WORKSPACE) -> None:
 
     store = Store(workspace / "results.sqlite", readonly=True)
     rows = [
-        (r["id"], r["plan_name"], r["suite"], r["model"], r["status"], f"{r['done_samples']}/{r['total_samples']}", r["created"][:19])
+        (
+            r["id"],
+            r["plan_name"],
+            r["suite"],
+            r["model"],
+            r["status"],
+            f"{r['done_samples']}/{r['total_samples']}",
+            r["created"][:19],
+        )
         for r in store.runs()
     ]
     _table(("run", "plan", "suite", "model", "status", "samples", "created"), rows)
@@ -88,9 +111,13 @@ def compare(
     a_id, b_id = resolve(run_a), resolve(run_b)
     result = compare_runs(store, a_id, b_id, metric, seed)
     name = {r["id"]: r["plan_name"] for r in store.runs()}
-    typer.echo(f"A = {a_id} ({name[a_id]}), B = {b_id} ({name[b_id]}); metric {metric} "
-               f"({'higher' if result.sign > 0 else 'lower'} is better)")
-    _table(("task", "A", "B", "A - B"),
-           [(task, f"{a:.4f}", f"{b:.4f}", f"{d:+.4f}") for task, a, b, d in result.table.itertuples(index=False)])
+    typer.echo(
+        f"A = {a_id} ({name[a_id]}), B = {b_id} ({name[b_id]}); metric {metric} "
+        f"({'higher' if result.sign > 0 else 'lower'} is better)"
+    )
+    _table(
+        ("task", "A", "B", "A - B"),
+        [(task, f"{a:.4f}", f"{b:.4f}", f"{d:+.4f}") for task, a, b, d in result.table.itertuples(index=False)],
+    )
     for line in result.lines():
         typer.echo(line)

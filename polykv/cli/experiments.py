@@ -15,13 +15,25 @@ import inspect
 import sys
 import typing
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from polykv.cli.common import (BUDGET_HELP, DEFAULT_WORKSPACE, BackendOption, MetricOption, ModelOption, SamplesOption,
-                               SettingsOption, SuiteOption, TasksOption, WorkspaceOption, _load_model, _profile_for,
-                               _suite_settings)
+from polykv.cli.common import (
+    BUDGET_HELP,
+    DEFAULT_WORKSPACE,
+    BackendOption,
+    MetricOption,
+    ModelOption,
+    SamplesOption,
+    SettingsOption,
+    SuiteOption,
+    TasksOption,
+    WorkspaceOption,
+    _load_model,
+    _profile_for,
+    _suite_settings,
+)
 from polykv.plan import Plan, Scope
 
 
@@ -49,20 +61,36 @@ class ExperimentOptions:
         from polykv.eval.experiments import ExperimentRunner
         from polykv.eval.store import Store
 
-        backend_named(self.backend, waiting=True)  # an experiment reads its runs' scores: local or ray; checked before loading
-        settings = _suite_settings(self.suite, self.samples, self.tasks, self.prompt_tokens, self.settings_json, self.model)
+        backend_named(
+            self.backend, waiting=True
+        )  # an experiment reads its runs' scores: local or ray; checked before loading
+        settings = _suite_settings(
+            self.suite, self.samples, self.tasks, self.prompt_tokens, self.settings_json, self.model
+        )
         hf_model, tokenizer = _load_model(self.model, self.device)
-        return ExperimentRunner(Store(self.workspace / "results.sqlite"), self.model, hf_model, tokenizer, self.suite,
-                                settings, self.seed, self.metric, progress=lambda name: typer.echo(f"run: {name}", err=True),
-                                backend=self.backend, device=self.device)
+        return ExperimentRunner(
+            Store(self.workspace / "results.sqlite"),
+            self.model,
+            hf_model,
+            tokenizer,
+            self.suite,
+            settings,
+            self.seed,
+            self.metric,
+            progress=lambda name: typer.echo(f"run: {name}", err=True),
+            backend=self.backend,
+            device=self.device,
+        )
 
 
 def experiment_options(command):
     """Give `command(options: ExperimentOptions, **own)` the options of `ExperimentOptions` after its own ones:
     typer sees one signature with both, and the command gets the shared ones as one `ExperimentOptions`."""
     hints = typing.get_type_hints(ExperimentOptions, include_extras=True)
-    shared = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name])
-              for f in dataclasses.fields(ExperimentOptions)]
+    shared = [
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name])
+        for f in dataclasses.fields(ExperimentOptions)
+    ]
     first, *own = inspect.signature(command, eval_str=True).parameters.values()
     assert first.name == "options", f"{command.__name__}: the first parameter takes the ExperimentOptions"
     assert not {p.name for p in own} & {p.name for p in shared}, f"{command.__name__} redeclares a shared option"
@@ -132,10 +160,21 @@ def experiment_placement(
 def experiment_sweep(
     options: ExperimentOptions,
     plan: Annotated[Path, typer.Option("--plan", help="The fixed route plan (any scope).")],
-    budgets: Annotated[str, typer.Option(help="Comma-separated budgets (average capacities per layer), e.g. 128,256,512,1024.")],
-    baselines: Annotated[Optional[str], typer.Option(help="Comma-separated methods (default: every method, each under its own protocol).")] = None,
-    profile_dir: Annotated[Optional[Path], typer.Option("--profile", help="Profile directory: adds the route with PPL-allocated capacities (route-ppl).")] = None,
-    protocol: Annotated[Optional[list[str]], typer.Option("--protocol", help="Override a baseline's phases, METHOD=SCOPE, e.g. tova=decode (repeatable).")] = None,
+    budgets: Annotated[
+        str, typer.Option(help="Comma-separated budgets (average capacities per layer), e.g. 128,256,512,1024.")
+    ],
+    baselines: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated methods (default: every method, each under its own protocol)."),
+    ] = None,
+    profile_dir: Annotated[
+        Path | None,
+        typer.Option("--profile", help="Profile directory: adds the route with PPL-allocated capacities (route-ppl)."),
+    ] = None,
+    protocol: Annotated[
+        list[str] | None,
+        typer.Option("--protocol", help="Override a baseline's phases, METHOD=SCOPE, e.g. tova=decode (repeatable)."),
+    ] = None,
 ) -> None:
     """A fixed route across budgets vs every standalone baseline under its protocol, FullKV, the envelope, 2b."""
     from polykv.eval.experiments import sweep, sweep_plans
@@ -151,16 +190,26 @@ def experiment_sweep(
 
 
 def experiment_study(
-    out: Annotated[Path, typer.Option("--out", "-o", help="The Markdown report (figures go beside it).")] = Path("docs/demo-study.md"),
-    workspace: Annotated[Path, typer.Option("--workspace", "-w", help="Profiles and results database of the study.")] = Path("docs/demo-study"),
+    out: Annotated[Path, typer.Option("--out", "-o", help="The Markdown report (figures go beside it).")] = Path(
+        "docs/demo-study.md"
+    ),
+    workspace: Annotated[
+        Path, typer.Option("--workspace", "-w", help="Profiles and results database of the study.")
+    ] = Path("docs/demo-study"),
     model: ModelOption = "demo",
     scope: Annotated[str, typer.Option(help="The routed phase: prefill or decode.")] = "decode",
-    budget: Annotated[int, typer.Option(min=1, help="Budget (average capacity per layer) of the route, factorial and placement.")] = 64,
-    budgets: Annotated[str, typer.Option(help="The sweep's budgets (average capacities per layer), comma-separated.")] = "16,32,64,128,256",
+    budget: Annotated[
+        int, typer.Option(min=1, help="Budget (average capacity per layer) of the route, factorial and placement.")
+    ] = 64,
+    budgets: Annotated[
+        str, typer.Option(help="The sweep's budgets (average capacities per layer), comma-separated.")
+    ] = "16,32,64,128,256",
     k: Annotated[int, typer.Option("--k", min=1, help="Random count-matched placements.")] = 99,
     statistic: str = "dppl",
     allocation: Annotated[str, typer.Option(help="The factorial's allocated arm: entropy or ppl.")] = "ppl",
-    baseline: Annotated[Optional[str], typer.Option(help="The factorial's homogeneous method (default: best mean profile score).")] = None,
+    baseline: Annotated[
+        str | None, typer.Option(help="The factorial's homogeneous method (default: best mean profile score).")
+    ] = None,
     metric: MetricOption = "kl",
     samples: SamplesOption = 3,
     seed: int = 0,
@@ -172,9 +221,21 @@ def experiment_study(
 
     from polykv.eval.study import StudySettings, run_study, write_report
 
-    settings = StudySettings(model=model, scope=scope, budget=budget, budgets=tuple(_parse_budgets(budgets)),
-                             placements=k, statistic=statistic, allocation=allocation, baseline=baseline,
-                             metric=metric, samples_per_task=samples, seed=seed, backend=backend, device=device)
+    settings = StudySettings(
+        model=model,
+        scope=scope,
+        budget=budget,
+        budgets=tuple(_parse_budgets(budgets)),
+        placements=k,
+        statistic=statistic,
+        allocation=allocation,
+        baseline=baseline,
+        metric=metric,
+        samples_per_task=samples,
+        seed=seed,
+        backend=backend,
+        device=device,
+    )
     result = run_study(settings, workspace, progress=lambda step: typer.echo(f"study: {step}", err=True))
     given = sys.argv[3:] if sys.argv[1:3] == ["experiment", "study"] else []
     command = "polykv experiment study " + shlex.join(given)

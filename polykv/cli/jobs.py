@@ -23,7 +23,9 @@ def jobs_list(workspace: WorkspaceOption = DEFAULT_WORKSPACE) -> None:
         typer.echo(f"damaged: {bad.path}: {bad.reason}")
 
 
-def jobs_cancel(job_id: Annotated[str, typer.Argument(help="Job id.")], workspace: WorkspaceOption = DEFAULT_WORKSPACE) -> None:
+def jobs_cancel(
+    job_id: Annotated[str, typer.Argument(help="Job id.")], workspace: WorkspaceOption = DEFAULT_WORKSPACE
+) -> None:
     """Stop a running job (finished samples stay in the results database)."""
     from polykv import jobs
 
@@ -33,7 +35,9 @@ def jobs_cancel(job_id: Annotated[str, typer.Argument(help="Job id.")], workspac
     typer.echo(f"{job_id}: {jobs.state(jobs.load_job(workspace, job_id), workspace).status}{note}")
 
 
-def jobs_resume(job_id: Annotated[str, typer.Argument(help="Job id.")], workspace: WorkspaceOption = DEFAULT_WORKSPACE) -> None:
+def jobs_resume(
+    job_id: Annotated[str, typer.Argument(help="Job id.")], workspace: WorkspaceOption = DEFAULT_WORKSPACE
+) -> None:
     """Start a stopped, cancelled or failed job again; finished samples are not recomputed."""
     from polykv import jobs
     from polykv.errors import JobError

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -54,7 +54,9 @@ def generate(
     with torch.no_grad(), routed(hf_model, routed_plan) as session:
         out = hf_model.generate(ids, max_new_tokens=max_new_tokens, **sampling)
     new = out[0, ids.shape[1] :]
-    typer.echo(f"model: {model} ({num_layers(hf_model)} layers)   plan: {routed_plan.name} (scope {routed_plan.scope.value})")
+    typer.echo(
+        f"model: {model} ({num_layers(hf_model)} layers)   plan: {routed_plan.name} (scope {routed_plan.scope.value})"
+    )
     typer.echo(f"prompt: {ids.shape[1]} tokens   generated: {len(new)} tokens\n")
     typer.echo(tokenizer.decode(out[0], skip_special_tokens=True))  # whole text: joins at the right space
     typer.echo("\nretained KV slots per KV head (after prefill -> at the end):")
@@ -74,17 +76,19 @@ def plan_show(path: Path) -> None:
     if loaded.description:
         typer.echo(f"  {loaded.description}")
     typer.echo("")
-    _table(("layer", "prefill", "decode"), [(str(i), str(lp.prefill), str(lp.decode)) for i, lp in enumerate(loaded.layers)])
+    _table(
+        ("layer", "prefill", "decode"),
+        [(str(i), str(lp.prefill), str(lp.decode)) for i, lp in enumerate(loaded.layers)],
+    )
 
 
 def plan_validate(
     path: Path,
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Check the layer count of this model.")] = None,
-    layers: Annotated[Optional[int], typer.Option(help="Check against this layer count instead of a model.")] = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="Check the layer count of this model.")] = None,
+    layers: Annotated[int | None, typer.Option(help="Check against this layer count instead of a model.")] = None,
 ) -> None:
     """Check a plan: methods known and phase-compatible, capacities, parameters, layer count."""
     from polykv.methods import validate_plan
-
     from polykv.models import config_dimensions
 
     loaded = Plan.load(path)
@@ -98,15 +102,16 @@ def plan_validate(
 def plan_homogeneous(
     method: str,
     out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the plan.")],
-    capacity: Annotated[Optional[int], typer.Option(help="Capacity of every layer: retained tokens per KV head.")] = None,
-    layers: Annotated[Optional[int], typer.Option(help="Number of layers (default: the model's).")] = None,
+    capacity: Annotated[int | None, typer.Option(help="Capacity of every layer: retained tokens per KV head.")] = None,
+    layers: Annotated[int | None, typer.Option(help="Number of layers (default: the model's).")] = None,
     model: ModelOption = "demo",
     scope: Scope = Scope.BOTH,
     param: Annotated[
-        Optional[list[str]], typer.Option("--param", "-P", help="Method parameter NAME=VALUE (repeatable).")
+        list[str] | None, typer.Option("--param", "-P", help="Method parameter NAME=VALUE (repeatable).")
     ] = None,
     allocation: Annotated[
-        str, typer.Option(help="'fixed' (same capacity everywhere) or 'native' (the method's own per-layer capacities).")
+        str,
+        typer.Option(help="'fixed' (same capacity everywhere) or 'native' (the method's own per-layer capacities)."),
     ] = "fixed",
 ) -> None:
     """Write a plan with one method in every layer: uniform capacity, or the method's native per-layer capacities."""

@@ -4,19 +4,28 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from polykv.cli.common import (BUDGET_HELP, DEFAULT_WORKSPACE, ModelOption, WorkspaceOption, _load_model, _profile_for,
-                               _table)
+from polykv.cli.common import (
+    BUDGET_HELP,
+    DEFAULT_WORKSPACE,
+    ModelOption,
+    WorkspaceOption,
+    _load_model,
+    _profile_for,
+    _table,
+)
 from polykv.plan import Scope
 
-SOURCES_HELP = ("Comma-separated corpus sources: kjv, jargon, stdlib, model, model@T, model:OPENING (no commas), "
-                "file:PATH (default: the model's own; for the demo its samples, else kjv,jargon,stdlib,model).")
+SOURCES_HELP = (
+    "Comma-separated corpus sources: kjv, jargon, stdlib, model, model@T, model:OPENING (no commas), "
+    "file:PATH (default: the model's own; for the demo its samples, else kjv,jargon,stdlib,model)."
+)
 
 
-def _corpus_sources(sources: Optional[str], model: str) -> tuple[str, ...]:
+def _corpus_sources(sources: str | None, model: str) -> tuple[str, ...]:
     """--sources split at commas, or the model's default calibration sources when not given."""
     from polykv.profile.corpus import default_sources
 
@@ -29,8 +38,11 @@ def profile(
     model: ModelOption = "demo",
     sequences: Annotated[int, typer.Option(min=1, help="Calibration sequences.")] = 20,
     max_tokens: Annotated[int, typer.Option(min=16, help="Tokens per sequence (clipped to the context).")] = 2048,
-    b_cal: Annotated[Optional[int], typer.Option("--b-cal", min=1, help="Calibration capacity (default: 256, scaled down for short contexts).")] = None,
-    sources: Annotated[Optional[str], typer.Option(help=SOURCES_HELP)] = None,
+    b_cal: Annotated[
+        int | None,
+        typer.Option("--b-cal", min=1, help="Calibration capacity (default: 256, scaled down for short contexts)."),
+    ] = None,
+    sources: Annotated[str | None, typer.Option(help=SOURCES_HELP)] = None,
     scope: Scope = Scope.BOTH,
     seed: int = 0,
     batch_size: Annotated[int, typer.Option(min=1)] = 20,
@@ -42,10 +54,21 @@ def profile(
     from polykv.profile.build import build_profile
     from polykv.profile.corpus import CorpusSpec
 
-    spec = CorpusSpec(sources=_corpus_sources(sources, model), num_sequences=sequences, max_tokens=max_tokens, seed=seed)
+    spec = CorpusSpec(
+        sources=_corpus_sources(sources, model), num_sequences=sequences, max_tokens=max_tokens, seed=seed
+    )
     hf_model, tokenizer = _load_model(model, device)
-    result = build_profile(model, hf_model, tokenizer, workspace / "profiles", spec, b_cal, scope.phases,
-                           batch_size=batch_size, reuse=not fresh)
+    result = build_profile(
+        model,
+        hf_model,
+        tokenizer,
+        workspace / "profiles",
+        spec,
+        b_cal,
+        scope.phases,
+        batch_size=batch_size,
+        reuse=not fresh,
+    )
     table = result.table
     typer.echo(f"profile {result.key} ({result.metadata['seconds']:.1f} s to compute): {result.path}")
     typer.echo(_fullkv_line(result.meta.fullkv_ppl))
@@ -56,12 +79,16 @@ def profile(
         typer.echo(f"\n{phase.value}: dPPL by layer (rows) and method (columns), b_cal {result.meta.b_cal}")
         typer.echo(pivot.round(4).to_string())
         evicting = rows[rows.method != "full"]
-        typer.echo(f"95% bootstrap intervals over the {count} calibration sequences are in methods.csv (dppl_low, "
-                   f"dppl_high, cosine_low, cosine_high); median width: dPPL "
-                   f"{(evicting.dppl_high - evicting.dppl_low).median():.4g}, cosine "
-                   f"{(evicting.cosine_high - evicting.cosine_low).median():.4g}")
-    typer.echo("\nentropy by layer (mean over all prompt queries, heads and sequences, nats): "
-               + ", ".join(f"{h:.3f}" for h in result.entropy))
+        typer.echo(
+            f"95% bootstrap intervals over the {count} calibration sequences are in methods.csv (dppl_low, "
+            f"dppl_high, cosine_low, cosine_high); median width: dPPL "
+            f"{(evicting.dppl_high - evicting.dppl_low).median():.4g}, cosine "
+            f"{(evicting.cosine_high - evicting.cosine_low).median():.4g}"
+        )
+    typer.echo(
+        "\nentropy by layer (mean over all prompt queries, heads and sequences, nats): "
+        + ", ".join(f"{h:.3f}" for h in result.entropy)
+    )
 
 
 def _fullkv_line(ppl: dict) -> str:
@@ -75,7 +102,7 @@ def heterogeneity(
     max_tokens: Annotated[int, typer.Option(min=16)] = 2048,
     coverage: Annotated[float, typer.Option(min=0.01, max=1.0, help="Attention mass the support set covers.")] = 0.9,
     bins: Annotated[int, typer.Option(min=1)] = 32,
-    sources: Annotated[Optional[str], typer.Option(help=SOURCES_HELP)] = None,
+    sources: Annotated[str | None, typer.Option(help=SOURCES_HELP)] = None,
     seed: int = 0,
     device: str = "cpu",
 ) -> None:
@@ -87,8 +114,10 @@ def heterogeneity(
     spec = CorpusSpec(sources=_corpus_sources(sources, model), num_sequences=inputs, max_tokens=max_tokens, seed=seed)
     corpus = build_corpus(tokenizer, spec, model=hf_model)
     result = measure_heterogeneity(hf_model, corpus.sequences, coverage=coverage, bins=bins, seed=seed)
-    typer.echo(f"{int(coverage * 100)}% attention support per layer, {inputs} inputs of {corpus.sequence_length} tokens "
-               f"(median and bootstrap 95% interval):")
+    typer.echo(
+        f"{int(coverage * 100)}% attention support per layer, {inputs} inputs of {corpus.sequence_length} tokens "
+        f"(median and bootstrap 95% interval):"
+    )
     typer.echo(result.to_frame("layers").round(2).to_string(index=False))
 
 
@@ -115,11 +144,17 @@ def route(
     count = loaded.meta.corpus.num_sequences
     for phase in plan.scope.phases:
         confidence = route_confidence(loaded, phase, statistic)
-        typer.echo(f"\n{phase.value} route by {statistic}: how often each pick stays the best over {REPLICATES} "
-                   f"bootstrap replicates of the {count} calibration sequences")
-        _table(("layer", "winner", "runner-up", "margin", "win freq"),
-               [(str(r.layer), r.winner, r.runner_up or "-", f"{r.margin:.4g}", f"{r.win_frequency:.2f}")
-                for r in confidence.itertuples()])
+        typer.echo(
+            f"\n{phase.value} route by {statistic}: how often each pick stays the best over {REPLICATES} "
+            f"bootstrap replicates of the {count} calibration sequences"
+        )
+        _table(
+            ("layer", "winner", "runner-up", "margin", "win freq"),
+            [
+                (str(r.layer), r.winner, r.runner_up or "-", f"{r.margin:.4g}", f"{r.win_frequency:.2f}")
+                for r in confidence.itertuples()
+            ],
+        )
         median = confidence.win_frequency.median()
         if median < NOISY_ROUTE:
             typer.echo(f"warning: {phase.value} median win frequency {median:.2f} < {NOISY_ROUTE}: {NOISE_WARNING}")

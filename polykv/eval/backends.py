@@ -43,8 +43,9 @@ def execute(unit: Unit, store_path: str, load: Load | None = None, progress: Pro
 
     model, tokenizer = (load or _model)(unit.model, unit.device)
     plan = Plan.from_json(unit.plan_json)
-    return run_suite(Store(store_path), unit.model, model, tokenizer, plan, unit.suite, unit.settings(), unit.seed,
-                     progress=progress)
+    return run_suite(
+        Store(store_path), unit.model, model, tokenizer, plan, unit.suite, unit.settings(), unit.seed, progress=progress
+    )
 
 
 class LocalBackend:

@@ -93,7 +93,9 @@ class Paired:
             f"A wins / ties / losses: {self.wins} / {self.ties} / {self.losses}",
         ]
         if self.leave_one_out:
-            out.append("leave one task out (A - B): " + ", ".join(f"{t} {d:+.4f}" for t, d in self.leave_one_out.items()))
+            out.append(
+                "leave one task out (A - B): " + ", ".join(f"{t} {d:+.4f}" for t, d in self.leave_one_out.items())
+            )
         return out
 
 
@@ -108,11 +110,26 @@ def paired(a: Mapping[str, float], b: Mapping[str, float], metric: str, seed: in
     wins, ties, losses = wins_ties_losses(better_a, better_b)
     low, high = sorted((sign * boot.low + 0.0, sign * boot.high + 0.0))  # + 0.0: no "-0" when negated
     table = pd.DataFrame(
-        [{"task": t, "A": a[t], "B": b[t], "A - B": a[t] - b[t]} for t in boot.tasks], columns=["task", "A", "B", "A - B"]
+        [{"task": t, "A": a[t], "B": b[t], "A - B": a[t] - b[t]} for t in boot.tasks],
+        columns=["task", "A", "B", "A - B"],
     )
     loto = leave_one_task_out(better_a, better_b) if len(boot.tasks) > 1 else {}
-    return Paired(metric, sign, table, sign * boot.difference + 0.0, low, high, boot.replicates, wins, ties, losses,
-                  {t: sign * d + 0.0 for t, d in loto.items()}, boot.only_in_a, boot.only_in_b, boot.clusters)
+    return Paired(
+        metric,
+        sign,
+        table,
+        sign * boot.difference + 0.0,
+        low,
+        high,
+        boot.replicates,
+        wins,
+        ties,
+        losses,
+        {t: sign * d + 0.0 for t, d in loto.items()},
+        boot.only_in_a,
+        boot.only_in_b,
+        boot.clusters,
+    )
 
 
 def compare_runs(store: Store, run_a: str, run_b: str, metric: str, seed: int = 0) -> Paired:
@@ -151,7 +168,9 @@ def sweep_table(store: Store, runs: Sequence[tuple[Mapping[str, Any], str]], met
         name = str(label["series"])
         if name not in series:
             series.append(name)
-        cells.setdefault(int(label["budget"]), {"budget": int(label["budget"])})[name] = suite_score(store, run_id, metric)
+        cells.setdefault(int(label["budget"]), {"budget": int(label["budget"])})[name] = suite_score(
+            store, run_id, metric
+        )
     baselines = [s for s in series if s != "route"]
     rows = envelope([cells[b] for b in sorted(cells)], baselines, metric)
     return pd.DataFrame(rows, columns=["budget", "route", *baselines, "best baseline", "envelope"])
@@ -170,5 +189,20 @@ def placement_summary(guided: float, controls: Sequence[float], metric: str) -> 
     return Placement(guided, list(controls), rank, p)
 
 
-__all__ = ["METRIC_DIRECTION", "Paired", "Placement", "compare_runs", "direction", "direction_text", "envelope",
-           "macro_average", "metrics_of", "paired", "placement_summary", "suite_score", "sweep_table", "task_cluster", "task_scores"]
+__all__ = [
+    "METRIC_DIRECTION",
+    "Paired",
+    "Placement",
+    "compare_runs",
+    "direction",
+    "direction_text",
+    "envelope",
+    "macro_average",
+    "metrics_of",
+    "paired",
+    "placement_summary",
+    "suite_score",
+    "sweep_table",
+    "task_cluster",
+    "task_scores",
+]

@@ -81,8 +81,12 @@ class ExperimentRunner:
             for plan in plans:
                 self.progress(plan.name)
         if chosen.name == "local":  # this process: the model already loaded, the settings as they are
-            return [run_suite(self.store, self.model_name, self.model, self.tokenizer, plan, self.suite,
-                              self.settings, self.seed) for plan in plans]
+            return [
+                run_suite(
+                    self.store, self.model_name, self.model, self.tokenizer, plan, self.suite, self.settings, self.seed
+                )
+                for plan in plans
+            ]
         units = [Unit.of(self.model_name, plan, self.suite, self.settings, self.seed, self.device) for plan in plans]
         return chosen.run(units, self.store.path)
 
@@ -111,17 +115,25 @@ def _contrast(result: Paired) -> dict[str, Any]:
     """A paired comparison as plain data; `loto_better` counts leave-one-task-out values in the better
     direction (sign x value > 0)."""
     return {
-        "difference": result.difference, "low": result.low, "high": result.high, "replicates": result.replicates,
-        "tasks": len(result.table), "clusters": result.clusters,
-        "wins": result.wins, "ties": result.ties, "losses": result.losses,
+        "difference": result.difference,
+        "low": result.low,
+        "high": result.high,
+        "replicates": result.replicates,
+        "tasks": len(result.table),
+        "clusters": result.clusters,
+        "wins": result.wins,
+        "ties": result.ties,
+        "losses": result.losses,
         "leave_one_out": dict(result.leave_one_out),
         "loto_better": sum(1 for v in result.leave_one_out.values() if result.sign * v > 0),
     }
 
 
 def _ci(result: Paired) -> str:
-    return (f"{result.difference:+.4f} {result.metric}, 95% paired bootstrap CI [{result.low:+.4f}, {result.high:+.4f}] "
-            f"{result.resampling()}")
+    return (
+        f"{result.difference:+.4f} {result.metric}, 95% paired bootstrap CI [{result.low:+.4f}, {result.high:+.4f}] "
+        f"{result.resampling()}"
+    )
 
 
 def _better_interval(result: Paired) -> tuple[float, float]:
@@ -134,8 +146,15 @@ def _better_interval(result: Paired) -> tuple[float, float]:
 FACTORIAL_CELLS = ("homogeneous-uniform", "homogeneous-allocated", "routed-uniform", "routed-allocated")
 
 
-def factorial(runner: ExperimentRunner, profile: Profile, scope: Scope | str, budget: int, baseline: str,
-              statistic: str = "cosine", allocation: str = "entropy") -> Report:
+def factorial(
+    runner: ExperimentRunner,
+    profile: Profile,
+    scope: Scope | str,
+    budget: int,
+    baseline: str,
+    statistic: str = "cosine",
+    allocation: str = "entropy",
+) -> Report:
     """Routing (`baseline` in every layer vs the TopRank route by `statistic`) x allocation (uniform vs
     `allocation`) in the `scope` phase(s), every cell at the same total capacity L x budget.
 
@@ -154,9 +173,12 @@ def factorial(runner: ExperimentRunner, profile: Profile, scope: Scope | str, bu
     routed_allocated = plan_from_profile(profile, scope, budget, statistic, allocation)
     params = profile.meta.method_params.get(baseline)
     cells = {
-        "homogeneous-uniform": _with_route(routed_uniform, baseline, f"{baseline}-{scope.value}-uniform-b{budget}", params),
-        "homogeneous-allocated": _with_route(routed_allocated, baseline, f"{baseline}-{scope.value}-{allocation}-b{budget}",
-                                             params),
+        "homogeneous-uniform": _with_route(
+            routed_uniform, baseline, f"{baseline}-{scope.value}-uniform-b{budget}", params
+        ),
+        "homogeneous-allocated": _with_route(
+            routed_allocated, baseline, f"{baseline}-{scope.value}-{allocation}-b{budget}", params
+        ),
         "routed-uniform": routed_uniform,
         "routed-allocated": routed_allocated,
     }
@@ -166,12 +188,21 @@ def factorial(runner: ExperimentRunner, profile: Profile, scope: Scope | str, bu
     metric, seed = runner.metric, runner.seed
     h_u, h_a, r_u, r_a = (tasks[c] for c in FACTORIAL_CELLS)
 
-    report = Report(f"factorial: routing x allocation ({allocation}) in the {scope.value} phase at average capacity "
-                    f"{budget} ({metric})")
+    report = Report(
+        f"factorial: routing x allocation ({allocation}) in the {scope.value} phase at average capacity "
+        f"{budget} ({metric})"
+    )
     for cell, run_id in ids.items():
         routing, alloc = cell.split("-")
-        report.rows.append({"routing": routing, "allocation": allocation if alloc == "allocated" else alloc,
-                            "plan": cells[cell].name, "run": run_id, metric: score[cell]})
+        report.rows.append(
+            {
+                "routing": routing,
+                "allocation": allocation if alloc == "allocated" else alloc,
+                "plan": cells[cell].name,
+                "run": run_id,
+                metric: score[cell],
+            }
+        )
 
     routing_uniform = paired(r_u, h_u, metric, seed)
     allocation_homogeneous = paired(h_a, h_u, metric, seed)
@@ -184,19 +215,27 @@ def factorial(runner: ExperimentRunner, profile: Profile, scope: Scope | str, bu
     report.lines += [
         direction_text(metric),
         f"protocol: homogeneous cells run {baseline} in every {scope.value} layer at the routed cells' capacities "
-        f"(fixed allocation, the profile's parameters); routed cells: TopRank by {statistic} from profile {profile.key}; "
+        f"(fixed allocation, the profile's parameters); routed cells: TopRank by {statistic} from profile "
+        f"{profile.key}; "
         f"every cell keeps {budget} tokens per layer on average",
         f"primary: routing under uniform allocation (routed-uniform - homogeneous-uniform): {_ci(routing_uniform)}; "
         f"wins / ties / losses {routing_uniform.wins} / {routing_uniform.ties} / {routing_uniform.losses}",
         f"primary leave-one-task-out (routed-uniform - homogeneous-uniform): {loto}; {primary['loto_better']} of "
         f"{len(routing_uniform.leave_one_out)} in the better direction",
-        f"secondary: allocation effect under homogeneous routing ({allocation} - uniform): {_ci(allocation_homogeneous)}",
+        f"secondary: allocation effect under homogeneous routing ({allocation} - uniform): "
+        f"{_ci(allocation_homogeneous)}",
         f"secondary: allocation effect under TopRank routing ({allocation} - uniform): {_ci(allocation_routed)}",
         f"secondary: interaction ((r_a - r_u) - (h_a - h_u)): {_ci(interaction)}",
     ]
     report.data = {
-        "experiment": "factorial", "metric": metric, "direction": direction(metric), "scope": scope.value,
-        "budget": budget, "baseline": baseline, "statistic": statistic, "allocation": allocation,
+        "experiment": "factorial",
+        "metric": metric,
+        "direction": direction(metric),
+        "scope": scope.value,
+        "budget": budget,
+        "baseline": baseline,
+        "statistic": statistic,
+        "allocation": allocation,
         "cells": {cell: {"plan": cells[cell].name, "run": ids[cell], "score": score[cell]} for cell in cells},
         "routing_uniform": primary,
         "allocation_homogeneous": _contrast(allocation_homogeneous),
@@ -216,8 +255,14 @@ def placement_plans(guided: Plan, k: int, seed: int = 0) -> list[Plan]:
     return [guided] + [_placed(guided, phase, p, f"{guided.name}-placement-{i}") for i, p in enumerate(placements)]
 
 
-def placement(runner: ExperimentRunner, profile: Profile, guided: Plan, k: int, statistic: str = "cosine",
-              permutations: int = PERMUTATIONS) -> Report:
+def placement(
+    runner: ExperimentRunner,
+    profile: Profile,
+    guided: Plan,
+    k: int,
+    statistic: str = "cosine",
+    permutations: int = PERMUTATIONS,
+) -> Report:
     """The guided plan's route vs k unique random count-matched placements of it.
 
     Primary: rho = tie-aware Spearman between the profile score S(rho) (`route_score` by `statistic`)
@@ -230,21 +275,28 @@ def placement(runner: ExperimentRunner, profile: Profile, guided: Plan, k: int, 
     plans = placement_plans(guided, k, runner.seed)
     ids = runner.run_all(plans)
     scores = [runner.score(run_id) for run_id in ids]
-    profile_scores = [route_score([lay[phase].method for lay in plan.layers], profile.table, phase, statistic)
-                      for plan in plans]
+    profile_scores = [
+        route_score([lay[phase].method for lay in plan.layers], profile.table, phase, statistic) for plan in plans
+    ]
     metric = runner.metric
     control = placement_summary(scores[0], scores[1:], metric)
     random_mean = sum(scores[1:]) / k
     if k >= 2:
-        rho, p_rho = spearman_permutation(profile_scores[1:], [runner.sign * s for s in scores[1:]],
-                                          permutations=permutations, seed=runner.seed, alternative="greater")
+        rho, p_rho = spearman_permutation(
+            profile_scores[1:],
+            [runner.sign * s for s in scores[1:]],
+            permutations=permutations,
+            seed=runner.seed,
+            alternative="greater",
+        )
     else:
         rho, p_rho = float("nan"), float("nan")
 
     report = Report(f"placement control: guided {phase.value} route vs {k} count-matched random placements ({metric})")
     for i, (plan, run_id, score, s_rho) in enumerate(zip(plans, ids, scores, profile_scores)):
-        report.rows.append({"plan": plan.name, "role": "guided" if i == 0 else "random", "run": run_id, metric: score,
-                            "S(rho)": s_rho})
+        report.rows.append(
+            {"plan": plan.name, "role": "guided" if i == 0 else "random", "run": run_id, metric: score, "S(rho)": s_rho}
+        )
     report.lines += [
         direction_text(metric),
         f"protocol: {k} unique random placements of the guided route's methods over its layers (same method counts, "
@@ -255,22 +307,35 @@ def placement(runner: ExperimentRunner, profile: Profile, guided: Plan, k: int, 
         report.lines.append(
             f"primary: Spearman(S(rho), suite score in the better direction) over the {k} random placements = "
             f"{rho:+.4f}; one-sided permutation p = (1 + #{{rho_perm >= rho_obs}}) / (N + 1) = {p_rho:.4f} "
-            f"(N = {permutations} shuffles; the guided route is not included)")
+            f"(N = {permutations} shuffles; the guided route is not included)"
+        )
     else:
         why = "needs at least 2 random placements" if k < 2 else "undefined: S(rho) or the suite score is constant"
         report.lines.append(f"primary: Spearman over the {k} random placements {why}")
     report.lines.append(
-        f"secondary (descriptive): guided route rank {control.rank} of {k + 1}; corrected Monte Carlo p = rank / (K + 1) "
-        f"= {control.p_value:.4f} (ties count against it); guided - random mean = {scores[0] - random_mean:+.4f} {metric}")
+        f"secondary (descriptive): guided route rank {control.rank} of {k + 1}; corrected Monte Carlo p = "
+        f"rank / (K + 1) = {control.p_value:.4f} (ties count against it); guided - random mean = "
+        f"{scores[0] - random_mean:+.4f} {metric}"
+    )
     report.data = {
-        "experiment": "placement", "metric": metric, "direction": direction(metric), "phase": phase.value,
-        "statistic": statistic, "k": k, "permutations": permutations,
+        "experiment": "placement",
+        "metric": metric,
+        "direction": direction(metric),
+        "phase": phase.value,
+        "statistic": statistic,
+        "k": k,
+        "permutations": permutations,
         "guided": {"plan": plans[0].name, "run": ids[0], "score": scores[0], "S": profile_scores[0]},
-        "random": [{"plan": p.name, "run": r, "score": s, "S": x}
-                   for p, r, s, x in zip(plans[1:], ids[1:], scores[1:], profile_scores[1:])],
-        "spearman": rho, "spearman_p": p_rho,
-        "guided_rank": control.rank, "guided_p": control.p_value,
-        "random_mean": random_mean, "guided_minus_mean": scores[0] - random_mean,
+        "random": [
+            {"plan": p.name, "run": r, "score": s, "S": x}
+            for p, r, s, x in zip(plans[1:], ids[1:], scores[1:], profile_scores[1:])
+        ],
+        "spearman": rho,
+        "spearman_p": p_rho,
+        "guided_rank": control.rank,
+        "guided_p": control.p_value,
+        "random_mean": random_mean,
+        "guided_minus_mean": scores[0] - random_mean,
     }
     return report
 
@@ -298,15 +363,25 @@ def route_ppl(route_plan: Plan, budget: int, profile: Profile) -> Plan:
             raise ValueError(f"profile {profile.key} has no {phase.value} measurements for the route-ppl allocation")
         if any(lay[phase].capacity is None for lay in route_plan.layers):
             raise ValueError(f"route-ppl needs a route with an eviction method in every {phase.value} layer")
-        minimum = max(window_floor(lay[phase].model_copy(update={
-            "capacity": budget, "params": _fit(lay[phase].method, lay[phase].params, budget)})) for lay in route_plan.layers)
+        minimum = max(
+            window_floor(
+                lay[phase].model_copy(
+                    update={"capacity": budget, "params": _fit(lay[phase].method, lay[phase].params, budget)}
+                )
+            )
+            for lay in route_plan.layers
+        )
         caps[phase] = dict(enumerate(allocate_ppl(profile.table, phase, budget, minimum)))
     return _route_at(route_plan, budget, caps, f"{route_plan.name}-ppl-b{budget}", "ppl")
 
 
-def sweep_plans(route_plan: Plan, budgets: Sequence[int], baselines: Sequence[str] | None = None,
-                profile: Profile | None = None, overrides: Mapping[str, Scope | str] | None = None,
-                ) -> dict[tuple[int | None, str], Plan]:
+def sweep_plans(
+    route_plan: Plan,
+    budgets: Sequence[int],
+    baselines: Sequence[str] | None = None,
+    profile: Profile | None = None,
+    overrides: Mapping[str, Scope | str] | None = None,
+) -> dict[tuple[int | None, str], Plan]:
     """(budget, label) -> plan for every run of a sweep: at each budget b, "route-uniform", "route-ppl"
     (only with a profile) and each baseline alone under its protocol (`protocols.baseline_plan`; default:
     every method with a protocol, whatever the route's scope); then (None, "full"): FullKV, once."""
@@ -328,8 +403,14 @@ def sweep_plans(route_plan: Plan, budgets: Sequence[int], baselines: Sequence[st
     return plans
 
 
-def sweep(runner: ExperimentRunner, route_plan: Plan, budgets: Sequence[int], baselines: Sequence[str] | None = None,
-          profile: Profile | None = None, overrides: Mapping[str, Scope | str] | None = None) -> Report:
+def sweep(
+    runner: ExperimentRunner,
+    route_plan: Plan,
+    budgets: Sequence[int],
+    baselines: Sequence[str] | None = None,
+    profile: Profile | None = None,
+    overrides: Mapping[str, Scope | str] | None = None,
+) -> Report:
     """The route at each budget vs every standalone baseline under its protocol, with FullKV once.
 
     Per budget b: route-uniform, route-ppl (with a profile), each baseline, the envelope (the best
@@ -347,14 +428,18 @@ def sweep(runner: ExperimentRunner, route_plan: Plan, budgets: Sequence[int], ba
     tasks = {key: runner.task_scores(run_id) for key, run_id in ids.items()}
     score = {key: macro_average(t) for key, t in tasks.items()}
 
-    rows = envelope([{"budget": b, **{label: score[(b, label)] for label in routes + names}} for b in budgets],
-                    names, metric)
+    rows = envelope(
+        [{"budget": b, **{label: score[(b, label)] for label in routes + names}} for b in budgets], names, metric
+    )
     report = Report(f"sweep: {route_plan.name} ({route_plan.scope.value}) vs standalone baselines ({metric})")
     report.lines += [
         direction_text(metric),
-        "route-uniform: the route's methods with capacity b in every layer; " + (
-            f"route-ppl: the same route with capacities from profile {profile.key}'s PPL allocation" if profile is not None
-            else "route-ppl omitted: no profile given (--profile enables it)"),
+        "route-uniform: the route's methods with capacity b in every layer; "
+        + (
+            f"route-ppl: the same route with capacities from profile {profile.key}'s PPL allocation"
+            if profile is not None
+            else "route-ppl omitted: no profile given (--profile enables it)"
+        ),
         *protocol_lines(names, overrides),
         f"FullKV (budget-independent, one run {ids[(None, FULLKV)]}): {score[(None, FULLKV)]:.4f}",
     ]
@@ -366,13 +451,17 @@ def sweep(runner: ExperimentRunner, route_plan: Plan, budgets: Sequence[int], ba
             result = paired(tasks[(b, label)], tasks[(b, best)], metric, seed)
             (versus if label == ROUTE_UNIFORM else versus_ppl)[b] = {"baseline": best, **_contrast(result)}
             row[f"{label} - envelope"] = result.difference
-            report.lines.append(f"budget {b}: {label} {score[(b, label)]:.4f} - best baseline {best} {row['envelope']:.4f} "
-                                f"= {_ci(result)} ({_verdict(result)})")
+            report.lines.append(
+                f"budget {b}: {label} {score[(b, label)]:.4f} - best baseline {best} {row['envelope']:.4f} "
+                f"= {_ci(result)} ({_verdict(result)})"
+            )
         report.rows.append(row)
     pairs = [b for b in budgets if 2 * b in budgets]
-    report.lines.append("2b comparison: route-uniform at b vs the best baseline at 2b; matches when the 95% CI's upper "
-                        "end in the better direction is >= 0 (the route at b is not significantly worse)"
-                        + ("" if pairs else "; no budget b has 2b in the sweep"))
+    report.lines.append(
+        "2b comparison: route-uniform at b vs the best baseline at 2b; matches when the 95% CI's upper "
+        "end in the better direction is >= 0 (the route at b is not significantly worse)"
+        + ("" if pairs else "; no budget b has 2b in the sweep")
+    )
     for b in pairs:
         best = next(r["best baseline"] for r in rows if r["budget"] == 2 * b)
         result = paired(tasks[(b, ROUTE_UNIFORM)], tasks[(2 * b, best)], metric, seed)
@@ -380,14 +469,22 @@ def sweep(runner: ExperimentRunner, route_plan: Plan, budgets: Sequence[int], ba
         double[b] = {"baseline": best, "verdict": verdict, **_contrast(result)}
         report.lines.append(f"2b: route-uniform at {b} - best baseline at {2 * b} ({best}) = {_ci(result)}: {verdict}")
     report.data = {
-        "experiment": "sweep", "metric": metric, "direction": direction(metric), "route": route_plan.name,
-        "scope": route_plan.scope.value, "budgets": list(budgets), "baselines": names, "routes": routes,
+        "experiment": "sweep",
+        "metric": metric,
+        "direction": direction(metric),
+        "route": route_plan.name,
+        "scope": route_plan.scope.value,
+        "budgets": list(budgets),
+        "baselines": names,
+        "routes": routes,
         "protocols": {n: _protocol_data(n, overrides) for n in names},
         "scores": {label: {b: score[(b, label)] for b in budgets} for label in routes + names},
         "runs": {label: {b: ids[(b, label)] for b in budgets} for label in routes + names},
         "full": {"run": ids[(None, FULLKV)], "score": score[(None, FULLKV)]},
         "envelope": {r["budget"]: {"baseline": r["best baseline"], "score": r["envelope"]} for r in rows},
-        "versus_envelope": versus, "ppl_versus_envelope": versus_ppl, "double": double,
+        "versus_envelope": versus,
+        "ppl_versus_envelope": versus_ppl,
+        "double": double,
     }
     return report
 
@@ -422,9 +519,14 @@ def plan_budget(plan: Plan) -> int | None:
     return round(sum(averages) / len(averages)) if averages else None
 
 
-def launch_plans(plan: Plan, budgets: list[int] | None = None, baselines: list[str] | None = None,
-                 placements: int = 0, seed: int = 0, overrides: Mapping[str, Scope | str] | None = None,
-                 ) -> list[tuple[dict, Plan]]:
+def launch_plans(
+    plan: Plan,
+    budgets: list[int] | None = None,
+    baselines: list[str] | None = None,
+    placements: int = 0,
+    seed: int = 0,
+    overrides: Mapping[str, Scope | str] | None = None,
+) -> list[tuple[dict, Plan]]:
     """The labelled plans of one evaluation launch (what the app's Runs page starts):
 
       {"series": "route", "budget": b}        the plan itself (no budgets), or rescaled to each budget
@@ -454,7 +556,9 @@ def launch_plans(plan: Plan, budgets: list[int] | None = None, baselines: list[s
             out.append(({"series": "route", "budget": b}, scale_budget(plan, b)))
             out += [({"series": name, "budget": b}, baseline_plan(name, b, layers, overrides)) for name in baselines]
     if placements:
-        out += [({"series": "placement", "index": i}, p) for i, p in enumerate(placement_plans(plan, placements, seed)[1:])]
+        out += [
+            ({"series": "placement", "index": i}, p) for i, p in enumerate(placement_plans(plan, placements, seed)[1:])
+        ]
     return out
 
 
@@ -473,9 +577,16 @@ def _with_route(plan: Plan, method: str, name: str, params: Mapping[str, Any] | 
     caps = {p: [layer[p].capacity for layer in plan.layers] for p in phases}
     if params is None and method in REGISTRY and method != FULL:
         params = params_that_fit(method, min(c for p in phases for c in caps[p] if c is not None))
-    return plan_from_route(routes.get(Phase.PREFILL), routes.get(Phase.DECODE), caps.get(Phase.PREFILL),
-                           caps.get(Phase.DECODE), plan.scope, name=name, params={method: dict(params or {})},
-                           provenance={"built_by": "factorial", "baseline": method, "capacities_from": plan.name})
+    return plan_from_route(
+        routes.get(Phase.PREFILL),
+        routes.get(Phase.DECODE),
+        caps.get(Phase.PREFILL),
+        caps.get(Phase.DECODE),
+        plan.scope,
+        name=name,
+        params={method: dict(params or {})},
+        provenance={"built_by": "factorial", "baseline": method, "capacities_from": plan.name},
+    )
 
 
 def _fit(method: str, params: Mapping[str, Any], capacity: int) -> dict[str, Any]:
@@ -498,14 +609,21 @@ def _route_at(route_plan: Plan, budget: int, caps: dict[Phase, dict[int, int]], 
         for phase, per_layer in caps.items():
             if i in per_layer:
                 cell = cells[phase]
-                cells[phase] = cell.model_copy(update={"capacity": per_layer[i],
-                                                       "params": _fit(cell.method, cell.params, budget)})
+                cells[phase] = cell.model_copy(
+                    update={"capacity": per_layer[i], "params": _fit(cell.method, cell.params, budget)}
+                )
         layers.append(LayerPlan(prefill=cells[Phase.PREFILL], decode=cells[Phase.DECODE]))
     plan = route_plan.with_layers(
-        layers, name=name,
+        layers,
+        name=name,
         description=f"The route of {route_plan.name} with {rule} capacities averaging {budget}.",
-        provenance={"built_by": "sweep", "route": route_plan.name, "capacities": rule, "budget": budget,
-                    "source_provenance": dict(route_plan.provenance)},
+        provenance={
+            "built_by": "sweep",
+            "route": route_plan.name,
+            "capacities": rule,
+            "budget": budget,
+            "source_provenance": dict(route_plan.provenance),
+        },
     )
     return validate_plan(plan, route_plan.num_layers)
 
@@ -518,4 +636,3 @@ def _placed(plan: Plan, phase: Phase, route: list[str], name: str) -> Plan:
         for lay, m in zip(plan.layers, route)
     ]
     return plan.with_layers(layers, name=name, provenance={"built_by": "placement", "guided": plan.name})
-

@@ -48,8 +48,9 @@ def _standalone_scope(cls) -> Scope:
 # One row per registered method but `full`, from what each method class declares (`standalone`,
 # `standalone_source`, `native_allocation`): adding a method adds its row.
 PROTOCOLS: dict[str, Protocol] = {
-    name: Protocol(name, _standalone_scope(cls), "native" if cls.native_allocation else "fixed", {},
-                   cls.standalone_source)
+    name: Protocol(
+        name, _standalone_scope(cls), "native" if cls.native_allocation else "fixed", {}, cls.standalone_source
+    )
     for name, cls in REGISTRY.items()
     if name != FULL
 }
@@ -92,7 +93,9 @@ def _scope(value: Scope | str, method: str) -> Scope:
     return scope
 
 
-def baseline_plan(method: str, budget: int, num_layers: int, overrides: Mapping[str, Scope | str] | None = None) -> Plan:
+def baseline_plan(
+    method: str, budget: int, num_layers: int, overrides: Mapping[str, Scope | str] | None = None
+) -> Plan:
     """The method alone in every layer at average capacity `budget`, under its protocol: its phases,
     its allocation (native: the method splits L x budget itself) and its parameters (defaults with
     windows shrunk to fit, then the protocol's own parameters)."""
@@ -117,8 +120,14 @@ def protocol_lines(methods: Iterable[str], overrides: Mapping[str, Scope | str] 
     for method in methods:
         row = protocol(method, overrides)
         phases = " + ".join(p.value for p in row.scope.phases)
-        other = "" if row.scope is Scope.BOTH else f" ({'decode' if row.scope is Scope.PREFILL else 'prefill'} keeps every token)"
-        out.append(f"protocol {method}: {phases}{other}, {row.allocation} allocation, {_params_text(row)}; {row.source}")
+        other = (
+            ""
+            if row.scope is Scope.BOTH
+            else f" ({'decode' if row.scope is Scope.PREFILL else 'prefill'} keeps every token)"
+        )
+        out.append(
+            f"protocol {method}: {phases}{other}, {row.allocation} allocation, {_params_text(row)}; {row.source}"
+        )
     return out
 
 
@@ -140,4 +149,12 @@ def parse_overrides(items: Sequence[str] | None) -> dict[str, Scope]:
     return out
 
 
-__all__ = ["PROTOCOLS", "Protocol", "baseline_methods", "baseline_plan", "parse_overrides", "protocol", "protocol_lines"]
+__all__ = [
+    "PROTOCOLS",
+    "Protocol",
+    "baseline_methods",
+    "baseline_plan",
+    "parse_overrides",
+    "protocol",
+    "protocol_lines",
+]

@@ -28,8 +28,8 @@ from polykv import __version__
 from polykv.eval.store import Store
 from polykv.eval.suites import fidelity, longbench, ruler
 from polykv.methods import REGISTRY, validate_plan
-from polykv.plan import Phase, Plan
 from polykv.models import num_layers
+from polykv.plan import Phase, Plan
 
 SUITES = {"fidelity": fidelity, "longbench": longbench, "ruler": ruler}
 
@@ -79,10 +79,22 @@ def run_suite(
         return run_id
     samples = _samples(module, suite, tokenizer, model, settings, seed)
     store.create_run(
-        run_id, model=model_name, plan_name=plan.name, plan_hash=plan_hash(plan), plan_json=plan.to_json(),
-        suite=suite, settings=settings.to_dict(), seed=seed, total_samples=len(samples),
-        versions={"polykv": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
-                  "python": platform.python_version(), "revisions": code_revisions(plan, suite)},
+        run_id,
+        model=model_name,
+        plan_name=plan.name,
+        plan_hash=plan_hash(plan),
+        plan_json=plan.to_json(),
+        suite=suite,
+        settings=settings.to_dict(),
+        seed=seed,
+        total_samples=len(samples),
+        versions={
+            "polykv": __version__,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "python": platform.python_version(),
+            "revisions": code_revisions(plan, suite),
+        },
     )
     store.set_running(run_id)  # this process is its worker now (a killed worker's run reads as "stopped")
     done = store.done(run_id)

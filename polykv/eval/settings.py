@@ -36,14 +36,21 @@ def suite_settings(suite: str, settings: str | bytes | Mapping[str, Any] | None 
     cls = suite_module(suite).Settings
     if settings is None or (isinstance(settings, (str, bytes)) and not settings.strip()):
         return cls()
-    data = parse_json(settings, f"{suite} settings", error=SettingsError) if isinstance(settings, (str, bytes)) else settings
+    data = (
+        parse_json(settings, f"{suite} settings", error=SettingsError)
+        if isinstance(settings, (str, bytes))
+        else settings
+    )
     if not isinstance(data, Mapping):
-        raise SettingsError(f"{suite} settings: expected a JSON object such as {{\"samples_per_task\": 2}}, "
-                            f"got {type(data).__name__}")
+        raise SettingsError(
+            f'{suite} settings: expected a JSON object such as {{"samples_per_task": 2}}, got {type(data).__name__}'
+        )
     known = [f.name for f in dataclasses.fields(cls)]
     unknown = [str(k) for k in data if k not in known]
     if unknown:
-        raise SettingsError(f"{suite} settings: unknown field {', '.join(map(repr, unknown))} (fields: {', '.join(known)})")
+        raise SettingsError(
+            f"{suite} settings: unknown field {', '.join(map(repr, unknown))} (fields: {', '.join(known)})"
+        )
     try:
         return TypeAdapter(cls).validate_json(json.dumps(dict(data)), strict=True)
     except ValidationError as exc:

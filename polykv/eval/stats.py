@@ -85,17 +85,14 @@ def _paired(
     only_b = tuple(sorted(set(b) - set(a)))
     if not shared:
         raise ValueError(
-            "the runs share no task: "
-            f"only in a: {list(only_a) or 'none'}; only in b: {list(only_b) or 'none'}"
+            f"the runs share no task: only in a: {list(only_a) or 'none'}; only in b: {list(only_b) or 'none'}"
         )
     diffs = np.array([float(a[t]) - float(b[t]) for t in shared], dtype=float)
     _finite(np.array([float(a[t]) for t in shared] + [float(b[t]) for t in shared]), "scores")
     return shared, diffs, only_a, only_b
 
 
-def _units(
-    tasks: tuple[str, ...], d: np.ndarray, clusters: Mapping[str, str] | None
-) -> tuple[np.ndarray, np.ndarray]:
+def _units(tasks: tuple[str, ...], d: np.ndarray, clusters: Mapping[str, str] | None) -> tuple[np.ndarray, np.ndarray]:
     """Per resampling unit (a task, or a cluster in sorted name order): the sum of d and the task count."""
     if clusters is None:
         return d, np.ones(len(d))
@@ -199,9 +196,7 @@ def leave_one_task_out(a: Mapping[str, float], b: Mapping[str, float]) -> dict[s
     return {t: (total - float(d[i])) / (n - 1) for i, t in enumerate(tasks)}
 
 
-def wins_ties_losses(
-    a: Mapping[str, float], b: Mapping[str, float], tolerance: float = 0.0
-) -> tuple[int, int, int]:
+def wins_ties_losses(a: Mapping[str, float], b: Mapping[str, float], tolerance: float = 0.0) -> tuple[int, int, int]:
     """Count shared tasks where a wins (a - b > tolerance), ties (|a - b| <= tolerance), loses (b - a > tolerance).
 
     Higher scores are better; `tolerance` must be >= 0; tasks only one run has are ignored.
@@ -298,9 +293,7 @@ def spearman_permutation(
     return rho, (extreme + 1) / (permutations + 1)
 
 
-def rank_among(
-    value: float, others: Sequence[float], higher_is_better: bool = True
-) -> tuple[int, float]:
+def rank_among(value: float, others: Sequence[float], higher_is_better: bool = True) -> tuple[int, float]:
     """Rank of `value` among K control scores `others` (1 = best) and its one-sided Monte Carlo p-value.
 
     Ties count against `value` (conservative): with higher_is_better, rank = 1 + #{others >= value} and

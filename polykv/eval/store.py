@@ -166,7 +166,9 @@ class Store:
         code = getattr(exc, "sqlite_errorcode", None)
         primary = code & 0xFF if isinstance(code, int) else None
         damaged = primary in (_SQLITE_CORRUPT, _SQLITE_NOTADB) or reason in (
-            "file is not a database", "database disk image is malformed")
+            "file is not a database",
+            "database disk image is malformed",
+        )
         if damaged:
             return StoreError(f"damaged results database at {self.path}: {reason}")
         return StoreError(f"results database at {self.path}: {reason}")
@@ -188,7 +190,8 @@ class Store:
             code = getattr(exc, "sqlite_errorcode", None)
             primary = code & 0xFF if isinstance(code, int) else None
             readonly_dir = isinstance(exc, sqlite3.OperationalError) and (
-                primary in (_SQLITE_READONLY, _SQLITE_CANTOPEN) or "readonly" in str(exc))
+                primary in (_SQLITE_READONLY, _SQLITE_CANTOPEN) or "readonly" in str(exc)
+            )
             if not readonly_dir:
                 raise
             # A WAL database in a folder where the -shm file cannot be created: read the file as it is.
@@ -227,15 +230,19 @@ class Store:
     def _check_schema(self, db: sqlite3.Connection, version: int, tables: set[str]) -> None:
         """Refuse a newer or foreign database."""
         if version > SCHEMA_VERSION:
-            raise StoreError(f"results database at {self.path} was written by a newer PolyKV "
-                             f"(schema {version}; this one reads up to {SCHEMA_VERSION})")
+            raise StoreError(
+                f"results database at {self.path} was written by a newer PolyKV "
+                f"(schema {version}; this one reads up to {SCHEMA_VERSION})"
+            )
         for table in TABLES:
             if table not in tables:
                 raise StoreError(f"{self.path} is not a PolyKV results database (no {table} table)")
         columns = {row[1] for row in db.execute("PRAGMA table_info(runs)").fetchall()}
         missing = [c for c in _RUN_COLUMNS if c not in columns]
         if missing:
-            raise StoreError(f"{self.path} is not a PolyKV results database (its runs table has no {missing[0]} column)")
+            raise StoreError(
+                f"{self.path} is not a PolyKV results database (its runs table has no {missing[0]} column)"
+            )
 
     def _check_readable(self) -> bool:
         """Read-only: whether the file exists (checked once it does); never creates anything."""
@@ -253,8 +260,9 @@ class Store:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise StoreError(f"cannot create the folder of the results database at {self.path}: "
-                             f"{exc.strerror or exc}") from exc
+            raise StoreError(
+                f"cannot create the folder of the results database at {self.path}: {exc.strerror or exc}"
+            ) from exc
         if not self.path.exists():
             self._create_atomically()
         try:
@@ -318,8 +326,12 @@ class Store:
         except sqlite3.Error as exc:
             raise self._error(exc) from exc
         finally:
-            for leftover in (tmp, tmp.with_name(tmp.name + "-wal"), tmp.with_name(tmp.name + "-shm"),
-                             tmp.with_name(tmp.name + "-journal")):
+            for leftover in (
+                tmp,
+                tmp.with_name(tmp.name + "-wal"),
+                tmp.with_name(tmp.name + "-shm"),
+                tmp.with_name(tmp.name + "-journal"),
+            ):
                 leftover.unlink(missing_ok=True)
 
     def _migrate(self, db: sqlite3.Connection, version: int) -> None:
@@ -390,7 +402,8 @@ class Store:
         with self._connect() as db:
             rows = db.execute(
                 "SELECT r.*, (SELECT COUNT(*) FROM samples s WHERE s.run_id = r.id) AS done "
-                f"FROM runs r WHERE r.id IN ({marks})", tuple(run_ids)
+                f"FROM runs r WHERE r.id IN ({marks})",
+                tuple(run_ids),
             ).fetchall()
         out = {}
         for row in rows:
@@ -402,7 +415,9 @@ class Store:
         self._writing("set a run's status")
         finished = _now() if status in ("finished", "failed", "cancelled") else None
         with self._connect() as db:
-            db.execute("UPDATE runs SET status = ?, error = ?, finished = ? WHERE id = ?", (status, error, finished, run_id))
+            db.execute(
+                "UPDATE runs SET status = ?, error = ?, finished = ? WHERE id = ?", (status, error, finished, run_id)
+            )
 
     # ---- samples and scores -----------------------------------------------------------------------
     def done(self, run_id: str) -> set[tuple[str, str]]:
@@ -433,7 +448,11 @@ class Store:
             db.execute("DELETE FROM task_scores WHERE run_id = ?", (run_id,))
             db.executemany(
                 "INSERT INTO task_scores VALUES (?, ?, ?, ?, ?)",
-                [(run_id, task, metric, value, counts[task]) for task, values in scores.items() for metric, value in values.items()],
+                [
+                    (run_id, task, metric, value, counts[task])
+                    for task, values in scores.items()
+                    for metric, value in values.items()
+                ],
             )
 
     def task_scores(self, run_id: str) -> dict[str, dict[str, float]]:

@@ -97,18 +97,30 @@ def run_study(settings: StudySettings, workspace: Path, progress: Callable[[str]
 
     started = time.perf_counter()
     say("profile")
-    spec = CorpusSpec(sources=default_sources(settings.model), num_sequences=settings.calibration_sequences,
-                      seed=settings.seed)
-    profile = build_profile(settings.model, model, tokenizer, workspace / "profiles", spec,
-                            scopes=(Phase.PREFILL, Phase.DECODE))
+    spec = CorpusSpec(
+        sources=default_sources(settings.model), num_sequences=settings.calibration_sequences, seed=settings.seed
+    )
+    profile = build_profile(
+        settings.model, model, tokenizer, workspace / "profiles", spec, scopes=(Phase.PREFILL, Phase.DECODE)
+    )
     seconds["profile"] = time.perf_counter() - started
 
     route = plan_from_profile(profile, settings.scope, settings.budget, settings.statistic, "uniform")
     baseline = settings.baseline or best_mean_method(profile, phase, settings.statistic)
     suite_settings = FidelitySettings(tasks=default_tasks(settings.model), samples_per_task=settings.samples_per_task)
-    runner = ExperimentRunner(Store(workspace / "results.sqlite"), settings.model, model, tokenizer, "fidelity", suite_settings,
-                    settings.seed, settings.metric, progress=lambda name: say(f"run {name}"),
-                    backend=settings.backend, device=settings.device)
+    runner = ExperimentRunner(
+        Store(workspace / "results.sqlite"),
+        settings.model,
+        model,
+        tokenizer,
+        "fidelity",
+        suite_settings,
+        settings.seed,
+        settings.metric,
+        progress=lambda name: say(f"run {name}"),
+        backend=settings.backend,
+        device=settings.device,
+    )
 
     # A short route may admit fewer distinct count-matched placements than asked for (5 layers with one
     # method twice: 59): then every one of them is run, which makes the control exhaustive, not sampled.
@@ -116,8 +128,9 @@ def run_study(settings: StudySettings, workspace: Path, progress: Callable[[str]
     if placements < settings.placements:
         say(f"placement: the route admits only {placements} other placements; running all of them")
     steps = {
-        "factorial": lambda: factorial(runner, profile, settings.scope, settings.budget, baseline, settings.statistic,
-                                       settings.allocation),
+        "factorial": lambda: factorial(
+            runner, profile, settings.scope, settings.budget, baseline, settings.statistic, settings.allocation
+        ),
         "placement": lambda: placement(runner, profile, route, placements, settings.statistic),
         "sweep": lambda: sweep(runner, route, list(settings.budgets), profile=profile),
     }
@@ -128,13 +141,24 @@ def run_study(settings: StudySettings, workspace: Path, progress: Callable[[str]
         reports[name] = step()
         seconds[name] = time.perf_counter() - started
     runner.store.checkpoint()  # the database file alone then holds every run the report cites
-    return StudyResult(settings, profile, route, baseline, reports["factorial"], reports["placement"], reports["sweep"],
-                       seconds, runner.store.path, suite_settings.to_dict())
+    return StudyResult(
+        settings,
+        profile,
+        route,
+        baseline,
+        reports["factorial"],
+        reports["placement"],
+        reports["sweep"],
+        seconds,
+        runner.store.path,
+        suite_settings.to_dict(),
+    )
 
 
 # ---- the report ----------------------------------------------------------------------------------------
 def _md_table(frame: pd.DataFrame, floats: str = "{:.4f}") -> str:
     """A Markdown table (pandas' to_markdown needs the `tabulate` package; this needs nothing)."""
+
     def cell(value) -> str:
         if isinstance(value, float):
             return "" if value != value else floats.format(value)
@@ -204,8 +228,9 @@ def _figures(result: StudyResult, folder: Path) -> dict[str, str]:
     right.scatter([data["guided"]["S"]], [data["guided"]["score"]], s=50, color="#c0392b", marker="*", label="guided")
     right.set_xlabel(f"profile score S(rho) by {data['statistic']}")
     right.set_ylabel(f"suite {metric}")
-    right.set_title(f"Spearman over the random placements {data['spearman']:+.3f}, one-sided p {data['spearman_p']:.4f}",
-                    fontsize=9)
+    right.set_title(
+        f"Spearman over the random placements {data['spearman']:+.3f}, one-sided p {data['spearman_p']:.4f}", fontsize=9
+    )
     right.legend(fontsize=8)
     fig.tight_layout()
     out["placement"] = "placement.png"
@@ -227,8 +252,10 @@ def _figures(result: StudyResult, folder: Path) -> dict[str, str]:
     top.legend(fontsize=7, ncol=3)
     versus = data["versus_envelope"]
     diffs = [versus[b]["difference"] for b in budgets]
-    errors = [[versus[b]["difference"] - versus[b]["low"] for b in budgets],
-              [versus[b]["high"] - versus[b]["difference"] for b in budgets]]
+    errors = [
+        [versus[b]["difference"] - versus[b]["low"] for b in budgets],
+        [versus[b]["high"] - versus[b]["difference"] for b in budgets],
+    ]
     bottom.errorbar(budgets, diffs, yerr=errors, fmt="o-", color="#c0392b", capsize=4)
     bottom.axhline(0, color="black", lw=0.8)
     bottom.set_xscale("log", base=2)
@@ -246,8 +273,10 @@ def _k_note(result: StudyResult) -> str:
     k = result.placement.data["k"]
     if k >= result.settings.placements:
         return ""
-    return (f" (asked for {result.settings.placements}; the route admits only {k} other count-matched placements on "
-            f"{result.route.num_layers} layers, so all of them run: an exhaustive control)")
+    return (
+        f" (asked for {result.settings.placements}; the route admits only {k} other count-matched placements on "
+        f"{result.route.num_layers} layers, so all of them run: an exhaustive control)"
+    )
 
 
 def findings(result: StudyResult) -> list[str]:
@@ -270,14 +299,22 @@ def findings(result: StudyResult) -> list[str]:
         f"Placement control: over {p['k']} random count-matched placements the profile score S(rho) and the suite "
         f"score correlate with Spearman {p['spearman']:+.3f} (one-sided permutation p = {p['spearman_p']:.4f}); "
         f"the guided route ranks {p['guided_rank']} of {p['k'] + 1} (p = {p['guided_p']:.3f}), "
-        f"{p['guided_minus_mean']:+.4f} {metric} from the random mean.")
+        f"{p['guided_minus_mean']:+.4f} {metric} from the random mean."
+    )
     s = result.sweep.data
-    verdicts = [f"{b}: {_better(s['versus_envelope'][b], sign)} (vs {s['versus_envelope'][b]['baseline']})"
-                for b in s["budgets"]]
-    lines.append("Sweep, route-uniform against the best standalone baseline at each budget: " + "; ".join(verdicts) + ".")
+    verdicts = [
+        f"{b}: {_better(s['versus_envelope'][b], sign)} (vs {s['versus_envelope'][b]['baseline']})"
+        for b in s["budgets"]
+    ]
+    lines.append(
+        "Sweep, route-uniform against the best standalone baseline at each budget: " + "; ".join(verdicts) + "."
+    )
     if s["double"]:
-        lines.append("Route at b vs the best baseline at 2b: " + "; ".join(
-            f"{b}: {d['verdict']} ({_ci_text(d)})" for b, d in s["double"].items()) + ".")
+        lines.append(
+            "Route at b vs the best baseline at 2b: "
+            + "; ".join(f"{b}: {d['verdict']} ({_ci_text(d)})" for b, d in s["double"].items())
+            + "."
+        )
     return lines
 
 
@@ -296,25 +333,29 @@ def write_report(result: StudyResult, path: Path, command: str = "") -> Path:
         "# PolyKV demo study: should every layer use the same KV eviction method?",
         "",
         f"The paper's protocol (profile, TopRank route, routing x allocation factorial, placement control with "
-        f"K = {result.placement.data['k']}{_k_note(result)}, budget sweep) at demo scale: the embedded {meta.num_layers}-layer model "
+        f"K = {result.placement.data['k']}{_k_note(result)}, budget sweep) at demo scale: the embedded "
+        f"{meta.num_layers}-layer model "
         f"`{s.model}` on the fidelity suite (next-token agreement with FullKV on the model's own kind of text). "
         f"Generated by a real run of",
         "",
         f"```bash\n{command or 'polykv experiment study'}\n```",
         "",
-        f"on {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}, {platform.machine()}, "
+        f"on {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}, {platform.machine()}, "
         f"{os.cpu_count()} CPU cores, backend `{s.backend}`. Wall time: "
         + ", ".join(f"{k} {v / 60:.1f} min" for k, v in result.seconds.items())
         + f"; total {sum(result.seconds.values()) / 60:.1f} min.",
         "",
         f"Every number below is a run in the results database `{store}` (SQLite; `polykv runs --workspace "
-        f"{store.parent}` lists them, `polykv compare RUN_A RUN_B --workspace {store.parent}` recomputes any contrast); "
+        f"{store.parent}` lists them, `polykv compare RUN_A RUN_B --workspace {store.parent}` recomputes any "
+        f"contrast); "
         f"run ids are printed beside the numbers. Metric: **{metric}** "
         f"({'higher' if result.factorial.data['direction'] > 0 else 'lower'} is better), the macro-average over "
         f"{len(result.suite_settings.get('tasks', []))} tasks of {s.samples_per_task} samples each; intervals are "
         f"95% paired bootstrap intervals over tasks.",
         "",
-        "Settings: " + json.dumps({**asdict(s), "budgets": list(s.budgets)}) + "; suite: "
+        "Settings: "
+        + json.dumps({**asdict(s), "budgets": list(s.budgets)})
+        + "; suite: "
         + json.dumps(result.suite_settings),
         "",
         "## What it shows",
@@ -324,7 +365,8 @@ def write_report(result: StudyResult, path: Path, command: str = "") -> Path:
         "## 1. Profile",
         "",
         f"Profile `{profile.key}` (`{profile.path}`): {meta.corpus.num_sequences} calibration "
-        f"sequences of {extra.get('sequence_length')} tokens from {', '.join(extra['corpus'].get('spec', {}).get('sources', []))}, "
+        f"sequences of {extra.get('sequence_length')} tokens from "
+        f"{', '.join(extra['corpus'].get('spec', {}).get('sources', []))}, "
         f"b_cal = {meta.b_cal}, computed in {extra.get('seconds')} s. FullKV perplexity of the calibration "
         f"text per source: " + ", ".join(f"{k} {v:.2f}" for k, v in meta.fullkv_ppl.items()) + ".",
         "",
@@ -333,45 +375,86 @@ def write_report(result: StudyResult, path: Path, command: str = "") -> Path:
     ]
     for phase in (Phase.PREFILL, Phase.DECODE):
         confidence = route_confidence(profile, phase, s.statistic)
-        lines += [f"TopRank by {s.statistic} in {phase.value}, with the winner's margin over the runner-up and how often "
-                  f"it still wins when the calibration sequences are resampled (1,000 bootstrap replicates):", "",
-                  _md_table(confidence), ""]
+        lines += [
+            f"TopRank by {s.statistic} in {phase.value}, with the winner's margin over the runner-up and how often "
+            f"it still wins when the calibration sequences are resampled (1,000 bootstrap replicates):",
+            "",
+            _md_table(confidence),
+            "",
+        ]
     route_methods = [layer[Phase(s.scope)].method for layer in result.route.layers]
     lines += [
         "## 2. The TopRank route",
         "",
-        f"`{result.route.name}`: " + ", ".join(f"L{i} {m}" for i, m in enumerate(route_methods))
+        f"`{result.route.name}`: "
+        + ", ".join(f"L{i} {m}" for i, m in enumerate(route_methods))
         + f" ({s.scope} phase; the other phase keeps everything).",
         "",
     ]
     f = result.factorial
-    lines += ["## 3. Routing x allocation factorial (Table 2)", "", _md_table(pd.DataFrame(f.rows)), "",
-              *[f"- {line}" for line in f.lines], ""]
+    lines += [
+        "## 3. Routing x allocation factorial (Table 2)",
+        "",
+        _md_table(pd.DataFrame(f.rows)),
+        "",
+        *[f"- {line}" for line in f.lines],
+        "",
+    ]
     p = result.placement
     random_rows = pd.DataFrame(p.rows)
     lines += [
-        "## 4. Placement control (Table 4, Figure 4)", "", *[f"- {line}" for line in p.lines], "",
-        f"![placement]({folder}/{figures['placement']})", "",
-        "<details><summary>All placements (plan, run, score, S(rho))</summary>", "", _md_table(random_rows), "",
-        "</details>", "",
+        "## 4. Placement control (Table 4, Figure 4)",
+        "",
+        *[f"- {line}" for line in p.lines],
+        "",
+        f"![placement]({folder}/{figures['placement']})",
+        "",
+        "<details><summary>All placements (plan, run, score, S(rho))</summary>",
+        "",
+        _md_table(random_rows),
+        "",
+        "</details>",
+        "",
     ]
     w = result.sweep
     data = w.data
     grid = pd.DataFrame(
-        [{"series": name, **{str(b): data["scores"][name][b] for b in data["budgets"]}}
-         for name in data["routes"] + data["baselines"]]
-        + [{"series": "envelope", **{str(b): data["envelope"][b]["score"] for b in data["budgets"]}},
-           {"series": "best baseline", **{str(b): data["envelope"][b]["baseline"] for b in data["budgets"]}},
-           {"series": "route-uniform - envelope", **{str(b): _ci_text(data["versus_envelope"][b]) for b in data["budgets"]}}]
+        [
+            {"series": name, **{str(b): data["scores"][name][b] for b in data["budgets"]}}
+            for name in data["routes"] + data["baselines"]
+        ]
+        + [
+            {"series": "envelope", **{str(b): data["envelope"][b]["score"] for b in data["budgets"]}},
+            {"series": "best baseline", **{str(b): data["envelope"][b]["baseline"] for b in data["budgets"]}},
+            {
+                "series": "route-uniform - envelope",
+                **{str(b): _ci_text(data["versus_envelope"][b]) for b in data["budgets"]},
+            },
+        ]
     )
-    runs = pd.DataFrame([{"series": name, **{str(b): data["runs"][name][b] for b in data["budgets"]}}
-                         for name in data["routes"] + data["baselines"]])
+    runs = pd.DataFrame(
+        [
+            {"series": name, **{str(b): data["runs"][name][b] for b in data["budgets"]}}
+            for name in data["routes"] + data["baselines"]
+        ]
+    )
     lines += [
-        "## 5. Budget sweep (Table 5)", "",
+        "## 5. Budget sweep (Table 5)",
+        "",
         f"Suite {metric} per average capacity; FullKV (budget-independent, run `{data['full']['run']}`) scores "
-        f"{data['full']['score']:.4f}.", "",
-        _md_table(grid), "", *[f"- {line}" for line in w.lines], "",
-        f"![sweep]({folder}/{figures['sweep']})", "",
-        "<details><summary>Run ids of the sweep</summary>", "", _md_table(runs), "", "</details>", "",
+        f"{data['full']['score']:.4f}.",
+        "",
+        _md_table(grid),
+        "",
+        *[f"- {line}" for line in w.lines],
+        "",
+        f"![sweep]({folder}/{figures['sweep']})",
+        "",
+        "<details><summary>Run ids of the sweep</summary>",
+        "",
+        _md_table(runs),
+        "",
+        "</details>",
+        "",
     ]
     return atomic_write_text(path, "\n".join(lines) + "\n")

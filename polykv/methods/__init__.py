@@ -64,4 +64,14 @@ def params_that_fit(method: str, capacity: int) -> dict:
     return {name: max(1, capacity // 4) for name in cls.below_capacity if defaults[name] >= capacity}
 
 
-__all__ = ["REGISTRY", "Eviction", "LayerView", "Method", "Needs", "for_phase", "make_method", "params_that_fit", "validate_plan"]
+__all__ = [
+    "REGISTRY",
+    "Eviction",
+    "LayerView",
+    "Method",
+    "Needs",
+    "for_phase",
+    "make_method",
+    "params_that_fit",
+    "validate_plan",
+]

@@ -43,7 +43,7 @@ class Needs:
     rows: int = 0  # attention rows of the newest `rows` queries
     column_sums: bool = False  # attention summed over all queries of the step
 
-    def __or__(self, other: "Needs") -> "Needs":
+    def __or__(self, other: Needs) -> Needs:
         return Needs(max(self.rows, other.rows), self.column_sums or other.column_sums)
 
     def __bool__(self) -> bool:
@@ -154,7 +154,9 @@ def allowed_values(model: type[BaseModel], name: str) -> str:
         return ""
     if get_origin(field.annotation) is Literal:
         return "allowed: " + " or ".join(repr(v) for v in get_args(field.annotation))
-    bounds = {k: getattr(m, k) for m in field.metadata for k in ("ge", "gt", "le", "lt") if getattr(m, k, None) is not None}
+    bounds = {
+        k: getattr(m, k) for m in field.metadata for k in ("ge", "gt", "le", "lt") if getattr(m, k, None) is not None
+    }
     if field.annotation is int:
         low = bounds["ge"] if "ge" in bounds else bounds["gt"] + 1 if "gt" in bounds else None
         high = bounds["le"] if "le" in bounds else bounds["lt"] - 1 if "lt" in bounds else None
@@ -183,9 +185,7 @@ class Method:
     standalone: ClassVar[frozenset[Phase] | None] = None
     standalone_source: ClassVar[str] = ""
 
-    def __init__(
-        self, capacity: int | None, params: Mapping[str, Any] | BaseModel | None = None, layer_idx: int = 0
-    ):
+    def __init__(self, capacity: int | None, params: Mapping[str, Any] | BaseModel | None = None, layer_idx: int = 0):
         self.capacity = capacity
         self.params = params if isinstance(params, BaseModel) else self.Params(**dict(params or {}))
         self.layer_idx = layer_idx
@@ -210,7 +210,8 @@ class Method:
     def token_params(cls) -> tuple[str, ...]:
         """The parameters that count tokens (windows, sinks, histories, kernels)."""
         return tuple(
-            name for name, field in cls.Params.model_fields.items()
+            name
+            for name, field in cls.Params.model_fields.items()
             if isinstance(field.json_schema_extra, dict) and field.json_schema_extra.get(_TOKENS)
         )
 
@@ -237,7 +238,8 @@ class Method:
             if value >= capacity:
                 low = _lower_bound(cls.Params, name)
                 problems.append(
-                    f"{name} ({value}) must be smaller than the capacity ({capacity}); allowed range {low} .. {capacity - 1}"
+                    f"{name} ({value}) must be smaller than the capacity ({capacity}); "
+                    f"allowed range {low} .. {capacity - 1}"
                 )
         return problems
 

@@ -36,7 +36,9 @@ TAU_RANGE = {"ge": 0.1, "le": 100.0}
 class CAKEParams(MethodParams):
     window: int = tokens(32, ge=1, description="observation window, always kept; below the capacity")
     gamma: Real = real(
-        200.0, ge=0.0, le=1000.0,
+        200.0,
+        ge=0.0,
+        le=1000.0,
         description="weight of the attention variance in the indicator (the authors' 200; variances are at "
         "most 0.25, so beyond 1000 the mean no longer counts)",
     )

@@ -27,7 +27,9 @@ class CaMParams(MethodParams):
     sinks: int = tokens(4, ge=0, description="first tokens always kept (attention sinks); below the capacity")
     merge_budget: int = tokens(16, ge=1, description="kept tokens that share an evicted token's value")
     seed: int = Field(
-        default=0, ge=0, le=2**63 - 1,
+        default=0,
+        ge=0,
+        le=2**63 - 1,
         description="seed of the Bernoulli merge draws (mixed with the layer index); an integer, 0 .. 2^63 - 1",
     )
 
@@ -108,7 +110,9 @@ class CaM(Method):
             self.generator = torch.Generator(device=acc.device).manual_seed(self.seed_for_layer())
         draws = torch.rand(p.shape, generator=self.generator, device=p.device, dtype=p.dtype)
         m = (draws < p).to(view.values.dtype)  # one draw per KV head and evicted token
-        merged = torch.matmul(m.unsqueeze(2), view.values).float() / count.unsqueeze(-1)  # [b, h, 1, d]: sum_e m_e v_e / K
+        merged = torch.matmul(m.unsqueeze(2), view.values).float() / count.unsqueeze(
+            -1
+        )  # [b, h, 1, d]: sum_e m_e v_e / K
         add = (merged * valid.unsqueeze(-1)).to(view.values.dtype)  # [b, h, k, d]
         index = targets.unsqueeze(-1).expand(*targets.shape, view.values.shape[-1])
         view.values.scatter_add_(2, index, add)

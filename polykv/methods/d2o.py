@@ -30,7 +30,9 @@ _SIMILARITY_BLOCK = 1 << 26
 
 class D2OParams(MethodParams):
     heavy_ratio: Real = real(0.5, gt=0.0, le=1.0, description="share of the capacity for heavy hitters")
-    sinks: int = tokens(4, ge=0, description="first tokens always kept (forced into the heavy hitters); below the capacity")
+    sinks: int = tokens(
+        4, ge=0, description="first tokens always kept (forced into the heavy hitters); below the capacity"
+    )
     alpha: Real = real(0.5, ge=0.0, lt=1.0, description="EMA weight of the old merge threshold")
 
 

@@ -13,7 +13,9 @@ from polykv.methods.snapkv import SnapKV, SnapKVParams
 class PyramidKVParams(SnapKVParams):
     window: int = tokens(8, ge=1, description="observation window (also kept in every layer); below the capacity")
     beta: Real = real(
-        20.0, gt=1.0, le=1000.0,
+        20.0,
+        gt=1.0,
+        le=1000.0,
         description="top-to-bottom budget ratio of the pyramid (the authors' 20; at 1000 the top layers keep "
         "about nothing beyond the window already)",
     )

@@ -34,7 +34,8 @@ HISTORY_ALWAYS_ALLOWED = 128
 
 class ScissorhandsParams(MethodParams):
     history: int = tokens(
-        100, ge=1,
+        100,
+        ge=1,
         description="queries whose importance judgements are counted; at most max(capacity + 1, "
         f"{HISTORY_ALWAYS_ALLOWED})",
     )
@@ -128,7 +129,9 @@ class Scissorhands(Method):
 
     def _start(self, view: LayerView) -> None:
         b, h, n = view.positions.shape
-        self.per_token["unimportant"] = torch.zeros(b, h, n, self.params.history, dtype=torch.bool, device=view.keys.device)
+        self.per_token["unimportant"] = torch.zeros(
+            b, h, n, self.params.history, dtype=torch.bool, device=view.keys.device
+        )
         self.cursor = 0
         self._record(view)
 

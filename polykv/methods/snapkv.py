@@ -18,7 +18,9 @@ torch = lazy_import("torch")  # loaded on first use: reading the registry needs 
 
 
 class SnapKVParams(MethodParams):
-    window: int = tokens(32, ge=1, description="observation window: the last prompt queries that vote; below the capacity")
+    window: int = tokens(
+        32, ge=1, description="observation window: the last prompt queries that vote; below the capacity"
+    )
     kernel_size: int = tokens(7, ge=1, description="1-D pooling kernel over the votes (odd keeps alignment)")
     pooling: Literal["max", "avg"] = Field(default="max", description="pooling of the votes: 'max' or 'avg'")
 

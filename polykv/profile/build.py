@@ -15,8 +15,8 @@ from polykv import __version__
 from polykv.methods import for_phase
 from polykv.models import num_layers
 from polykv.plan import Phase
-from polykv.profile.corpus import CorpusSpec, build_corpus
 from polykv.profile.confidence import LEVEL, REPLICATES, cell_intervals, fullkv_perplexity
+from polykv.profile.corpus import CorpusSpec, build_corpus
 from polykv.profile.profiler import (
     CONTINUATION,
     PROFILE_REVISION,
@@ -71,20 +71,26 @@ def build_profile(
         "scopes": settings["scopes"],
         "continuation": continuation,
         "sequence_length": length,
-        "method_params": {
-            m: calibration_params(m, capacity) for phase in scopes for m in for_phase(phase)
-        },
+        "method_params": {m: calibration_params(m, capacity) for phase in scopes for m in for_phase(phase)},
         "methods": methods,
         "profile_revision": PROFILE_REVISION,
         "corpus": texts.to_dict(),
         "entropy": "mean attention entropy over all prompt queries, heads and sequences (nats)",
         "fullkv_ppl": fullkv_perplexity(result.reference_nll, sources, continuation),
-        "intervals": {"level": LEVEL, "replicates": REPLICATES, "seed": 0,
-                      "rule": "percentile bootstrap over the calibration sequences, one draw shared by all cells"},
+        "intervals": {
+            "level": LEVEL,
+            "replicates": REPLICATES,
+            "seed": 0,
+            "rule": "percentile bootstrap over the calibration sequences, one draw shared by all cells",
+        },
         "seconds": round(result.seconds, 3),
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "versions": {"polykv": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
-                     "python": platform.python_version()},
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "versions": {
+            "polykv": __version__,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "python": platform.python_version(),
+        },
     }
     sequences = pd.DataFrame(result.sequences)
     intervals = cell_intervals(sequences, result.reference_nll, continuation, REPLICATES, seed=0)

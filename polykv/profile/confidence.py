@@ -29,7 +29,9 @@ def bootstrap_weights(num_sequences: int, replicates: int = REPLICATES, seed: in
     """[replicates, num_sequences]: how many times each sequence is drawn in each replicate (n draws with
     replacement per replicate, from numpy's default generator seeded with `seed`)."""
     if num_sequences < 1 or replicates < 1:
-        raise ValueError(f"a bootstrap needs at least one sequence and one replicate (got {num_sequences}, {replicates})")
+        raise ValueError(
+            f"a bootstrap needs at least one sequence and one replicate (got {num_sequences}, {replicates})"
+        )
     draws = np.random.default_rng(seed).integers(0, num_sequences, size=(replicates, num_sequences))
     weights = np.zeros((replicates, num_sequences))
     np.add.at(weights, (np.arange(replicates)[:, None], draws), 1.0)

@@ -110,9 +110,16 @@ def _parse_model_source(source: str) -> tuple[ModelSource | None, str | None]:
         try:
             temperature = float(text)
         except ValueError:
-            return None, f"corpus source {source!r}: temperature {text!r} is not a number; write model@T, e.g. model@0.7"
+            return (
+                None,
+                f"corpus source {source!r}: temperature {text!r} is not a number; write model@T, e.g. model@0.7",
+            )
         if not (math.isfinite(temperature) and 0 < temperature <= MAX_MODEL_TEMPERATURE):
-            return None, f"corpus source {source!r}: temperature must be above 0 and at most {MAX_MODEL_TEMPERATURE:g} (got {text})"
+            return (
+                None,
+                f"corpus source {source!r}: temperature must be above 0 and at most {MAX_MODEL_TEMPERATURE:g} "
+                f"(got {text})",
+            )
         rest = colon + after
     if rest.startswith(":"):
         opening = rest[1:]
@@ -155,7 +162,9 @@ def _source_error(source: str) -> str | None:
         # checked before any model loads; a device or FIFO would hang or never end
         return None if path.is_file() else f"corpus source {source!r}: {path} is not a regular file"
     if source.startswith(HUB_PREFIX):
-        return None if source[len(HUB_PREFIX) :].strip() else f"corpus source {source!r} names no dataset: write hf:NAME"
+        return (
+            None if source[len(HUB_PREFIX) :].strip() else f"corpus source {source!r} names no dataset: write hf:NAME"
+        )
     return (
         f"unknown corpus source {source!r}: use one of {', '.join(KNOWN_SOURCES)}, model@T, model:OPENING, "
         "file:PATH or hf:NAME[:CONFIG]"
@@ -179,7 +188,10 @@ class CorpusSpec:
         sources = (self.sources,) if isinstance(self.sources, str) else tuple(self.sources)
         object.__setattr__(self, "sources", sources)
         if not sources:
-            raise ValueError("CorpusSpec.sources is empty: name at least one source (kjv, jargon, stdlib, model, model@T, model:OPENING, file:PATH)")
+            raise ValueError(
+                "CorpusSpec.sources is empty: name at least one source "
+                "(kjv, jargon, stdlib, model, model@T, model:OPENING, file:PATH)"
+            )
         for source in sources:
             problem = _source_error(source)
             if problem:
@@ -188,7 +200,9 @@ class CorpusSpec:
         for source in sources:
             parsed = model_source(source)
             if parsed in families:  # their samples would be identical (seeds follow the family, not the spelling)
-                raise ValueError(f"corpus sources {families[parsed]!r} and {source!r} sample the same text; list it once")
+                raise ValueError(
+                    f"corpus sources {families[parsed]!r} and {source!r} sample the same text; list it once"
+                )
             if parsed is not None:
                 families[parsed] = source
         if not isinstance(self.num_sequences, int) or self.num_sequences < 1:
@@ -263,7 +277,9 @@ def corpora_dir() -> Path:
 def _stdlib_files() -> list[Path]:
     root = Path(sysconfig.get_paths()["stdlib"])
     if not root.is_dir():
-        raise FileNotFoundError(f"corpus source 'stdlib': the standard library folder {root} does not exist; drop 'stdlib' from sources")
+        raise FileNotFoundError(
+            f"corpus source 'stdlib': the standard library folder {root} does not exist; drop 'stdlib' from sources"
+        )
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = [d for d in dirnames if d not in _STDLIB_SKIP_DIRS]
@@ -309,7 +325,9 @@ def _hub_text(name: str) -> Path:
     try:
         import datasets
     except ImportError:
-        raise ValueError(f"corpus source 'hf:{name}' needs the `datasets` package (pip install datasets) and the hub") from None
+        raise ValueError(
+            f"corpus source 'hf:{name}' needs the `datasets` package (pip install datasets) and the hub"
+        ) from None
     dataset_name, _, config = name.partition(":")
     try:
         rows = datasets.load_dataset(dataset_name, config or None, split="train", streaming=True)
@@ -321,7 +339,9 @@ def _hub_text(name: str) -> Path:
             if size >= HUB_CHARACTERS:
                 break
     except Exception as exc:  # noqa: BLE001 - offline, unknown dataset, ...: one line for the user
-        raise ValueError(f"corpus source 'hf:{name}' could not be loaded ({exc.__class__.__name__}); use a local file:PATH") from None
+        raise ValueError(
+            f"corpus source 'hf:{name}' could not be loaded ({exc.__class__.__name__}); use a local file:PATH"
+        ) from None
     return atomic_write_text(target, "\n".join(parts))
 
 
@@ -490,12 +510,16 @@ def build_corpus(tokenizer, spec: CorpusSpec | None = None, model=None, context_
         first = next(iter(sampled))
         if model is None:
             raise ValueError(
-                f"corpus source {first!r} samples text from the model: pass model= to build_corpus, or drop it from sources"
+                f"corpus source {first!r} samples text from the model: pass model= to build_corpus, "
+                "or drop it from sources"
             )
         if bos is None:
             bos = getattr(getattr(model, "config", None), "bos_token_id", None)
             if bos is None:
-                raise ValueError(f"corpus source {first!r} samples from BOS, but neither the tokenizer nor the model config has a BOS token")
+                raise ValueError(
+                    f"corpus source {first!r} samples from BOS, but neither the tokenizer nor the model config "
+                    "has a BOS token"
+                )
     # Resolve every source before any work, so a missing file or an opening too long fails fast.
     streams = {s: _TextStream(s, source_files(s)) for s in dict.fromkeys(assigned) if s not in sampled}
     prefixes = {}

@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from polykv.methods import REGISTRY, for_phase, params_that_fit as calibration_params  # profiles and plans use one rule
 from polykv import models
+from polykv.methods import REGISTRY, for_phase  # profiles and plans use one rule
+from polykv.methods import params_that_fit as calibration_params
 from polykv.models import cache_argument_name
 from polykv.plan import FULL, LayerPlan, Phase, PhaseAssignment, Plan, Scope
 from polykv.runtime import routed
@@ -91,8 +92,15 @@ class _Stack:
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.decoder.embed_tokens(ids)
 
-    def run(self, hidden, start: int, positions: torch.Tensor, cache, keep: Callable[[int, torch.Tensor], None] | None = None,
-            stop: int | None = None):
+    def run(
+        self,
+        hidden,
+        start: int,
+        positions: torch.Tensor,
+        cache,
+        keep: Callable[[int, torch.Tensor], None] | None = None,
+        stop: int | None = None,
+    ):
         """Layers start..stop on `hidden` at `positions`; returns logits (None when stopped early).
         `keep(l, h)` sees each layer's input (and the last layer's output as l = number of layers)."""
         position_ids = positions.unsqueeze(0).expand(hidden.shape[0], -1)
@@ -101,8 +109,12 @@ class _Stack:
             if keep is not None:
                 keep(idx, hidden)
             out = self.layers[idx](
-                hidden, attention_mask=None, position_ids=position_ids, position_embeddings=rotary,
-                use_cache=True, **{self.cache_name: cache},
+                hidden,
+                attention_mask=None,
+                position_ids=position_ids,
+                position_embeddings=rotary,
+                use_cache=True,
+                **{self.cache_name: cache},
             )
             hidden = out[0] if isinstance(out, tuple) else out
         if stop is not None:
@@ -170,7 +182,9 @@ def profile_methods(
             with record_entropy() as recorder:
                 stack.run(stack.embed(inputs[:, :prompt]), 0, positions[:prompt], cache, keep=prompt_part.__setitem__)
             prompt_kv = [(lay.keys, lay.values) for lay in cache.layers]
-            logits = stack.run(stack.embed(inputs[:, prompt:]), 0, positions[prompt:], cache, keep=continuation_part.__setitem__)
+            logits = stack.run(
+                stack.embed(inputs[:, prompt:]), 0, positions[prompt:], cache, keep=continuation_part.__setitem__
+            )
         for layer in range(num_layers):
             entropy_sum[layer] += recorder.sums[layer].sum().cpu()
         query_heads = recorder.sums[0].shape[1]
@@ -183,7 +197,7 @@ def profile_methods(
             start = layer if reuse_prefix else 0
             hidden = entering[start] if reuse_prefix else stack.embed(inputs)
             outputs: list[torch.Tensor] = []
-            grab = lambda idx, h: outputs.append(h) if idx == layer + 1 else None  # noqa: E731
+            grab = lambda idx, h, outputs=outputs, layer=layer: outputs.append(h) if idx == layer + 1 else None  # noqa: E731
             with routed(model, plan) as session:
                 cache = session.new_cache()
                 if reuse_prefix:  # the prompt through layer l alone; FullKV's prompt cache above it
@@ -196,7 +210,10 @@ def profile_methods(
                     logits = stack.run(hidden[:, prompt:], start, positions[prompt:], cache, keep=grab)
                 else:  # the method evicts at every step: teacher-force token by token
                     logits = torch.cat(
-                        [stack.run(hidden[:, t : t + 1], start, positions[t : t + 1], cache, keep=grab) for t in range(prompt, inputs.shape[1])],
+                        [
+                            stack.run(hidden[:, t : t + 1], start, positions[t : t + 1], cache, keep=grab)
+                            for t in range(prompt, inputs.shape[1])
+                        ],
                         dim=1,
                     )
             mean = torch.cat(outputs, dim=1).mean(1)
@@ -212,20 +229,28 @@ def profile_methods(
     reference_ppl = math.exp(math.fsum(reference_nll) / (count * tokens))
     rows, per_sequence = [], []
     for (layer, scope, method), (cosines, nlls) in sorted(per_cell.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        rows.append({
-            "layer": layer,
-            "scope": scope,
-            "method": method,
-            "cosine": math.fsum(cosines) / count,
-            "dppl": math.exp(math.fsum(nlls) / (count * tokens)) - reference_ppl,
-        })
+        rows.append(
+            {
+                "layer": layer,
+                "scope": scope,
+                "method": method,
+                "cosine": math.fsum(cosines) / count,
+                "dppl": math.exp(math.fsum(nlls) / (count * tokens)) - reference_ppl,
+            }
+        )
         per_sequence += [
             {"layer": layer, "scope": scope, "method": method, "sequence": k, "cosine": c, "nll": n}
             for k, (c, n) in enumerate(zip(cosines, nlls))
         ]
     entropy = entropy_sum / (count * query_heads * prompt)  # mean over sequences, query heads, prompt queries
-    return MethodProfile(rows=rows, entropy=entropy.tolist(), seconds=time.perf_counter() - started,
-                         sequences=per_sequence, reference_nll=reference_nll, continuation=tokens)
+    return MethodProfile(
+        rows=rows,
+        entropy=entropy.tolist(),
+        seconds=time.perf_counter() - started,
+        sequences=per_sequence,
+        reference_nll=reference_nll,
+        continuation=tokens,
+    )
 
 
 def attention_entropy(attention: torch.Tensor) -> torch.Tensor:

@@ -110,8 +110,11 @@ class Profile:
         missing = [m for m in wanted if m not in measured]
         if missing:
             reasons.append(f"lacks {', '.join(missing)}")
-        changed = [f"{m} at revision {measured[m]} (now {REGISTRY[m].revision})"
-                   for m in wanted if m in measured and measured[m] != REGISTRY[m].revision]
+        changed = [
+            f"{m} at revision {measured[m]} (now {REGISTRY[m].revision})"
+            for m in wanted
+            if m in measured and measured[m] != REGISTRY[m].revision
+        ]
         if changed:
             reasons.append("measured " + ", ".join(changed))
         return reasons
@@ -120,7 +123,9 @@ class Profile:
         """Raise a one-line ProfileError naming what is stale and the command that refreshes it."""
         reasons = self.stale_reasons(phases)
         if reasons:
-            raise ProfileError(f"profile {self.key} is stale: {'; '.join(reasons)}; refresh it with `{refresh_command(self)}`")
+            raise ProfileError(
+                f"profile {self.key} is stale: {'; '.join(reasons)}; refresh it with `{refresh_command(self)}`"
+            )
 
 
 def refresh_command(profile: Profile) -> str:
@@ -128,8 +133,16 @@ def refresh_command(profile: Profile) -> str:
     meta = profile.meta
     spec = profile.metadata.get("corpus", {}).get("spec", {})
     scopes = meta.scopes
-    args = ["polykv", "profile", "--model", str(meta.model), "--b-cal", str(meta.b_cal),
-            "--seed", str(profile.metadata.get("seed", spec.get("seed", 0)))]
+    args = [
+        "polykv",
+        "profile",
+        "--model",
+        str(meta.model),
+        "--b-cal",
+        str(meta.b_cal),
+        "--seed",
+        str(profile.metadata.get("seed", spec.get("seed", 0))),
+    ]
     if spec.get("sources"):
         args += ["--sources", ",".join(spec["sources"])]
     if spec.get("num_sequences"):
@@ -153,8 +166,17 @@ def profile_key(
     """A readable, stable directory name for everything a profile depends on: the model, `settings` (the
     corpus, scopes and continuation), b_cal, the seed, the methods measured with their revisions
     ({name: revision}) and the profiler's revision. Changing any of them gives a new key."""
-    blob = json.dumps({"model": model, "corpus": settings, "capacity": capacity, "seed": seed,
-                       "methods": dict(methods), "profile_revision": profile_revision}, sort_keys=True)
+    blob = json.dumps(
+        {
+            "model": model,
+            "corpus": settings,
+            "capacity": capacity,
+            "seed": seed,
+            "methods": dict(methods),
+            "profile_revision": profile_revision,
+        },
+        sort_keys=True,
+    )
     slug = re.sub(r"[^A-Za-z0-9.]+", "-", Path(model).name if os.sep in model else model).strip("-")[:40] or "model"
     return f"{slug}-b{capacity}-s{seed}-{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
 
@@ -164,7 +186,9 @@ def save_profile(profile: Profile, root: Path) -> Path:
     final = root / profile.key
     tmp = Path(tempfile.mkdtemp(prefix=f".{profile.key}.", dir=root))
     try:
-        (tmp / "profile.json").write_text(json.dumps({"format": FORMAT, "version": VERSION, **profile.metadata}, indent=2))
+        (tmp / "profile.json").write_text(
+            json.dumps({"format": FORMAT, "version": VERSION, **profile.metadata}, indent=2)
+        )
         columns = METHOD_COLUMNS + [c for c in INTERVAL_COLUMNS if c in profile.table.columns]
         profile.table[columns].to_csv(tmp / "methods.csv", index=False)
         profile.layers.to_csv(tmp / "layers.csv", index=False)
@@ -247,8 +271,9 @@ def _check_regular(path: Path, max_bytes: int) -> None:
         raise ProfileError(f"{path}: {info.st_size:,} bytes, more than the {max_bytes:,} PolyKV reads")
 
 
-def _check_frame(path: Path, name: str, frame: pd.DataFrame, columns: list[str], numeric: list[str],
-                 num_layers: int) -> None:
+def _check_frame(
+    path: Path, name: str, frame: pd.DataFrame, columns: list[str], numeric: list[str], num_layers: int
+) -> None:
     lacking = set(columns) - set(frame.columns)
     if lacking:
         raise ProfileError(f"{path}: {name} lacks columns {', '.join(sorted(lacking))}")
@@ -288,7 +313,9 @@ def load_profile(path: str | os.PathLike) -> Profile:
         _check_frame(path, "sequences.csv", sequences, SEQUENCE_COLUMNS, ["cosine", "nll", "sequence"], layers_count)
     if reference is not None:
         _check_frame(path, "reference.csv", reference, REFERENCE_COLUMNS, ["nll", "sequence"], layers_count)
-    profile = Profile(metadata=metadata, table=table, layers=layers, path=path, sequences=sequences, reference=reference)
+    profile = Profile(
+        metadata=metadata, table=table, layers=layers, path=path, sequences=sequences, reference=reference
+    )
     profile.meta = checked  # parsed once: the checked metadata is the typed view (a cached property)
     return profile
 

@@ -146,7 +146,8 @@ def scale_budget(
     return plan.with_layers(
         [LayerPlan(prefill=layer[Phase.PREFILL], decode=layer[Phase.DECODE]) for layer in layers],
         name=name or f"{plan.name}-b{average}",
-        description=description if description is not None
+        description=description
+        if description is not None
         else (plan.description + " " if plan.description else "") + f"Rescaled to average capacity {average}.",
         provenance={
             "built_by": "scale_budget",

@@ -61,16 +61,24 @@ def route_confidence(
     points = profile.table[profile.table["scope"] == phase.value].set_index(["layer", "method"])[statistic]
     out = []
     for layer, winner in enumerate(winners):
-        stack = np.array([values[where[(layer, m)]] if (layer, m) in where else np.full(replicates, np.nan)
-                          for m in candidates])
+        stack = np.array(
+            [values[where[(layer, m)]] if (layer, m) in where else np.full(replicates, np.nan) for m in candidates]
+        )
         win_frequency = float(np.mean(_best(stack, sign) == candidates.index(winner)))
         others = [m for m in candidates if m != winner]
         point = np.array([[points.get((layer, m), math.nan)] for m in others]).reshape(len(others), 1)
         pick = int(_best(point, sign)[0]) if others else -1
         runner_up = others[pick] if pick >= 0 else None
         margin = sign * (points[(layer, winner)] - points[(layer, runner_up)]) if runner_up else math.nan
-        out.append({"layer": layer, "winner": winner, "runner_up": runner_up, "margin": float(margin),
-                    "win_frequency": win_frequency})
+        out.append(
+            {
+                "layer": layer,
+                "winner": winner,
+                "runner_up": runner_up,
+                "margin": float(margin),
+                "win_frequency": win_frequency,
+            }
+        )
     return pd.DataFrame(out, columns=["layer", "winner", "runner_up", "margin", "win_frequency"])
 
 

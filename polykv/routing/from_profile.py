@@ -20,6 +20,7 @@ from polykv.routing.toprank import route_score, toprank
 
 ALLOCATIONS = ("uniform", "entropy", "ppl")  # how plan_from_profile splits the budget over the layers
 
+
 def plan_from_route(
     prefill_route: Sequence[str] | None,
     decode_route: Sequence[str] | None,

@@ -32,9 +32,13 @@ _COLUMN_SUM_BLOCK = 1 << 24
 def polykv_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     layer = take_updated_layer(module.layer_idx)
     if layer is None:  # no routed cache (e.g. use_cache=False): plain attention
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     if attention_mask is not None:
-        raise RoutedCacheError("custom attention masks are not supported under routed(); pass none (padding is refused)")
+        raise RoutedCacheError(
+            "custom attention masks are not supported under routed(); pass none (padding is refused)"
+        )
 
     scaling = module.scaling if scaling is None else scaling
     window = kwargs.get("sliding_window")

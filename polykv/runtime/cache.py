@@ -21,13 +21,12 @@ from polykv.methods import Method, make_method
 from polykv.methods.base import Eviction, LayerView, Needs
 from polykv.plan import Phase, Plan
 
-
 # The model calls `cache.update(...)` and then, in the same attention module, the attention function.
 # The layer that was just updated is parked here so that the attention function can find it.
 _handoff = threading.local()
 
 
-def take_updated_layer(layer_idx: int) -> "RoutedLayer | None":
+def take_updated_layer(layer_idx: int) -> RoutedLayer | None:
     layer = getattr(_handoff, "layer", None)
     _handoff.layer = None
     if layer is not None and layer.layer_idx != layer_idx:
@@ -156,7 +155,9 @@ class RoutedLayer(DynamicLayer):
         kept = n - 1 if eviction.dropped is not None else eviction.keep.shape[-1]
         capacity = self.method.capacity
         if capacity is not None and kept > capacity:
-            raise RoutedCacheError(f"layer {self.layer_idx}: {self.method.name} kept {kept} slots, over its capacity {capacity}")
+            raise RoutedCacheError(
+                f"layer {self.layer_idx}: {self.method.name} kept {kept} slots, over its capacity {capacity}"
+            )
         if eviction.dropped is not None:
             # The usual decode step drops one slot: move the newest slot into it instead of copying
             # the whole cache (slots are unordered; positions say where each token was).

@@ -212,9 +212,7 @@ def _fuzzywuzzy_ratio(s1: str, s2: str, matcher: str = "levenshtein") -> int:
     return round(percent)  # float -> int, half to even, as fuzzywuzzy's int(round(x))
 
 
-def code_sim_score(
-    prediction: str, ground_truth: str, *, matcher: str = "levenshtein", **kwargs: Any
-) -> float:
+def code_sim_score(prediction: str, ground_truth: str, *, matcher: str = "levenshtein", **kwargs: Any) -> float:
     """lcc / repobench-p (``LongBench/metrics.py: code_sim_score``).
 
     Take the first line of the prediction that contains no "`", "#" or "//" (leading newlines
@@ -267,9 +265,7 @@ def _longbench_metric(task: str) -> Metric:
     try:
         return LONGBENCH_METRICS[task]
     except KeyError:
-        raise ValueError(
-            f"unknown LongBench task {task!r}; known: {sorted(LONGBENCH_METRICS)}"
-        ) from None
+        raise ValueError(f"unknown LongBench task {task!r}; known: {sorted(LONGBENCH_METRICS)}") from None
 
 
 def _as_list(items: Sequence[str] | Iterable[str], what: str) -> list[str]:
@@ -319,4 +315,3 @@ def longbench_score(
     for prediction, ground_truths in zip(predictions, answers):
         total += longbench_sample_score(task, prediction, ground_truths, all_classes)
     return round(100 * total / len(predictions), 2)
-

@@ -101,8 +101,7 @@ def ruler_metric(task: str) -> Callable[[Sequence[str], Sequence[Sequence[str]]]
             family = "qa"
         else:
             raise ValueError(
-                f"unknown RULER task {task!r}; known: {sorted(RULER_TASKS)} "
-                f"or families {sorted(RULER_METRICS)}"
+                f"unknown RULER task {task!r}; known: {sorted(RULER_TASKS)} or families {sorted(RULER_METRICS)}"
             )
     return RULER_METRICS[family]
 

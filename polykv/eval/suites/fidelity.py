@@ -39,9 +39,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from polykv.models import cache_argument_name, context_length, output_cache
 from polykv.plan import Plan
 from polykv.profile.corpus import CorpusSpec, build_corpus, model_source
-from polykv.models import cache_argument_name, context_length, output_cache
 from polykv.runtime import routed
 
 TASK_SOURCES = {
@@ -83,9 +83,13 @@ class FidelitySettings:
         if unknown:
             raise ValueError(f"unknown fidelity task(s) {', '.join(unknown)} (tasks: {', '.join(TASK_SOURCES)})")
         if not self.tasks or len(set(self.tasks)) < len(self.tasks):
-            raise ValueError(f"fidelity tasks must be listed once each, at least one (got {', '.join(self.tasks) or 'none'})")
+            raise ValueError(
+                f"fidelity tasks must be listed once each, at least one (got {', '.join(self.tasks) or 'none'})"
+            )
         if self.samples_per_task < 1 or self.continuation < 1 or self.generate < 1 or self.prompt_tokens < 8:
-            raise ValueError("fidelity settings: samples_per_task, continuation and generate must be >= 1, prompt_tokens >= 8")
+            raise ValueError(
+                "fidelity settings: samples_per_task, continuation and generate must be >= 1, prompt_tokens >= 8"
+            )
 
     def to_dict(self) -> dict:
         return {**asdict(self), "tasks": list(self.tasks)}
@@ -110,8 +114,11 @@ def build_samples(tokenizer, model, settings: FidelitySettings, seed: int) -> li
 
     def corpus(sources: tuple[str, ...]) -> list[list[int]]:
         spec = CorpusSpec(
-            sources=sources, num_sequences=settings.samples_per_task * len(sources),
-            max_tokens=prompt + settings.continuation + 1, seed=seed, split="evaluation",
+            sources=sources,
+            num_sequences=settings.samples_per_task * len(sources),
+            max_tokens=prompt + settings.continuation + 1,
+            seed=seed,
+            split="evaluation",
         )
         return build_corpus(tokenizer, spec, model=model, context_length=context).sequences
 

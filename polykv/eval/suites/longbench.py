@@ -72,11 +72,11 @@ TASK_PROMPTS: dict[str, str] = {
     "qasper": (
         "You are given a scientific article and a question. Answer the question as concisely as you can, using a "
         "single phrase or sentence if possible. If the question cannot be answered based on the information in the "
-        "article, write \"unanswerable\". If the question is a yes/no question, answer \"yes\", \"no\", or "
-        "\"unanswerable\". Do not provide any explanation.\n\nArticle: {context}\n\n Answer the question based on "
+        'article, write "unanswerable". If the question is a yes/no question, answer "yes", "no", or '
+        '"unanswerable". Do not provide any explanation.\n\nArticle: {context}\n\n Answer the question based on '
         "the above article as concisely as you can, using a single phrase or sentence if possible. If the question "
-        "cannot be answered based on the information in the article, write \"unanswerable\". If the question is a "
-        "yes/no question, answer \"yes\", \"no\", or \"unanswerable\". Do not provide any explanation.\n\n"
+        'cannot be answered based on the information in the article, write "unanswerable". If the question is a '
+        'yes/no question, answer "yes", "no", or "unanswerable". Do not provide any explanation.\n\n'
         "Question: {input}\n\nAnswer:"
     ),
     "multifieldqa_en": (
@@ -102,7 +102,9 @@ TASK_PROMPTS: dict[str, str] = {
         "words.\n\nThe following are given passages.\n{context}\n\nAnswer the question based on the given "
         "passages. Only give me the answer and do not output any other words.\n\nQuestion: {input}\nAnswer:"
     ),
-    "dureader": "请基于给定的文章回答下述问题。\n\n文章：{context}\n\n请基于上述文章回答下面的问题。\n\n问题：{input}\n回答：",
+    "dureader": (
+        "请基于给定的文章回答下述问题。\n\n文章：{context}\n\n请基于上述文章回答下面的问题。\n\n问题：{input}\n回答："
+    ),
     "gov_report": (
         "You are given a report by a government agency. Write a one-page summary of the report.\n\nReport:\n"
         "{context}\n\nNow, write a one-page summary of the report.\n\nSummary:"
@@ -124,7 +126,9 @@ TASK_PROMPTS: dict[str, str] = {
         "Answer the question based on the given passage. Only give me the answer and do not output any other "
         "words. The following are some examples.\n\n{context}\n\n{input}"
     ),
-    "samsum": "Summarize the dialogue into a few short sentences. The following are some examples.\n\n{context}\n\n{input}",
+    "samsum": (
+        "Summarize the dialogue into a few short sentences. The following are some examples.\n\n{context}\n\n{input}"
+    ),
     "lsht": "请判断给定新闻的类别，下面是一些例子。\n\n{context}\n{input}",
     "passage_count": (
         "There are some paragraphs below sourced from Wikipedia. Some of them may be duplicates. Please carefully "
@@ -136,12 +140,12 @@ TASK_PROMPTS: dict[str, str] = {
     "passage_retrieval_en": (
         "Here are 30 paragraphs from Wikipedia, along with an abstract. Please determine which paragraph the "
         "abstract is from.\n\n{context}\n\nThe following is an abstract.\n\n{input}\n\nPlease enter the number of "
-        "the paragraph that the abstract is from. The answer format must be like \"Paragraph 1\", \"Paragraph 2\", "
+        'the paragraph that the abstract is from. The answer format must be like "Paragraph 1", "Paragraph 2", '
         "etc.\n\nThe answer is: "
     ),
     "passage_retrieval_zh": (
         "以下是若干段落文字，以及其中一个段落的摘要。请确定给定的摘要出自哪一段。\n\n{context}\n\n下面是一个摘要\n\n"
-        "{input}\n\n请输入摘要所属段落的编号。答案格式必须是\"段落1\"，\"段落2\"等格式\n\n答案是："
+        '{input}\n\n请输入摘要所属段落的编号。答案格式必须是"段落1"，"段落2"等格式\n\n答案是：'
     ),
     "lcc": "Please complete the code given below. \n{context}Next line of code:\n",
     "repobench-p": "Please complete the code given below. \n{context}{input}Next line of code:\n",
@@ -208,7 +212,9 @@ class LongBenchSettings:
         if self.samples_per_task is not None and (isinstance(self.samples_per_task, bool) or self.samples_per_task < 1):
             raise ValueError(f"LongBench samples_per_task must be >= 1 or None (all), got {self.samples_per_task!r}")
         if self.use_chat_template not in ("auto", True, False):
-            raise ValueError(f"LongBench use_chat_template must be 'auto', True or False, got {self.use_chat_template!r}")
+            raise ValueError(
+                f"LongBench use_chat_template must be 'auto', True or False, got {self.use_chat_template!r}"
+            )
 
     def to_dict(self) -> dict:
         return {**asdict(self), "tasks": list(self.tasks)}

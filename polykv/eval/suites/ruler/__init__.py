@@ -55,8 +55,8 @@ Differences from the original, chosen on purpose:
     shortest prompt is an error (RULER silently overflows).
   * vt's worked example is sized to min(500, length // 8) tokens (RULER: 500) and left out when even its
     shortest form does not fit that; its names and value are random like RULER's randomized example.
-  * cwe: when more distinct words are needed than wonderwords' lists hold (about 128k tokens with common tokenizers), the
-    words are adjective-noun compounds (RULER switches to its own english_words.json).
+  * cwe: when more distinct words are needed than wonderwords' lists hold (about 128k tokens with common
+    tokenizers), the words are adjective-noun compounds (RULER switches to its own english_words.json).
   * fwe: zeta(alpha) is computed here (no scipy); a length so short that the top three words are not
     well defined (the third one absent or as frequent as the fourth) is an error.
   * qa: question k of a run is the k-th of a seeded permutation of the file's questions (RULER takes the
@@ -236,8 +236,14 @@ def make_sample(
         raise ValueError(f"ruler task {task}: size must be at least {builder.min_size}")
     text, answers, context, info = builder.render(size)
     return RulerSample(
-        task=task, prompt=text, prompt_ids=_encode(tokenizer, text), answers=list(answers),
-        tokens_to_generate=generate, context=context, size=size, info=info,
+        task=task,
+        prompt=text,
+        prompt_ids=_encode(tokenizer, text),
+        answers=list(answers),
+        tokens_to_generate=generate,
+        context=context,
+        size=size,
+        info=info,
     )
 
 
@@ -260,8 +266,14 @@ def build_samples(tokenizer, model, settings: RulerSettings, seed: int) -> list[
             guess = None
             for i in range(settings.samples_per_task):
                 sample = make_sample(
-                    tokenizer, task, length, seed, i,
-                    squad_path=settings.squad_path, hotpot_path=settings.hotpot_path, guess=guess,
+                    tokenizer,
+                    task,
+                    length,
+                    seed,
+                    i,
+                    squad_path=settings.squad_path,
+                    hotpot_path=settings.hotpot_path,
+                    guess=guess,
                 )
                 guess = sample.size
                 payload = {
@@ -294,7 +306,10 @@ def generate_answer(model, plan: Plan, payload: dict) -> str:
         pad = getattr(tokenizer, "eos_token_id", None)
     with routed(model, plan):
         out = model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=payload["tokens_to_generate"],
-            do_sample=False, pad_token_id=pad,
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=payload["tokens_to_generate"],
+            do_sample=False,
+            pad_token_id=pad,
         )
     return tokenizer.decode(out[0, ids.shape[1] :].tolist(), skip_special_tokens=True)

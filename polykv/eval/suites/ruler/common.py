@@ -95,4 +95,3 @@ def _wonderwords() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
         return tuple(sorted({line.rstrip() for line in lines if line.strip()}))
 
     return read("nounlist.txt"), read("adjectivelist.txt"), read("verblist.txt")
-

@@ -126,6 +126,7 @@ def _insert_lines(lines: list[str], items: Sequence[str], fractions: Sequence[fl
         previous = slots[i]
     return out + lines[previous:]
 
+
 class _Niah(_Builder):
     def __init__(self, config: NiahConfig, seed: int, depths: Sequence[float] | None):
         self.config = config
@@ -138,7 +139,9 @@ class _Niah(_Builder):
             values.append([])
             for _ in range(config.num_needle_v):
                 values[-1].append(_unique_value(rng, config.type_needle_v, used))
-                needles.append(NIAH_NEEDLE.format(type_needle_v=config.type_needle_v, key=keys[-1], value=values[-1][-1]))
+                needles.append(
+                    NIAH_NEEDLE.format(type_needle_v=config.type_needle_v, key=keys[-1], value=values[-1][-1])
+                )
         rng.shuffle(needles)
         queried = rng.sample(range(num_k), config.num_needle_q)
         queries = [keys[i] for i in queried]
@@ -187,7 +190,12 @@ class _Niah(_Builder):
                 ]
             context = "\n".join(_insert_lines(lines, self.needles, self.depths))
         text = self.template.format(type_needle_v=self.type_v, context=context, query=self.query)
-        return text, self.answers, context, {"needles": list(self.needles), "depths": list(self.depths), "query": self.query}
+        return (
+            text,
+            self.answers,
+            context,
+            {"needles": list(self.needles), "depths": list(self.depths), "query": self.query},
+        )
 
     def _essay(self, size: int) -> str:
         words = _haystack_words(self.path, self.first, size)

@@ -18,9 +18,14 @@ from .common import _Builder, _seed_int
 from .settings import QA_FILES
 
 # The template and answer prefix (scripts/data/synthetic/constants.py); the prompt is the two joined.
-QA_INSTRUCTION = "Answer the question based on the given documents. Only give me the answer and do not output any other words."
+QA_INSTRUCTION = (
+    "Answer the question based on the given documents. Only give me the answer and do not output any other words."
+)
 QA_TEMPLATE = (
-    QA_INSTRUCTION + "\n\nThe following are given documents.\n\n{context}\n\n" + QA_INSTRUCTION + "\n\nQuestion: {query}"
+    QA_INSTRUCTION
+    + "\n\nThe following are given documents.\n\n{context}\n\n"
+    + QA_INSTRUCTION
+    + "\n\nQuestion: {query}"
 )
 QA_PREFIX = " Answer:"
 QA_DOCUMENT = "Document {i}:\n{document}"
@@ -47,7 +52,9 @@ def _read_qa(task: str, path: str, mtime_ns: int, size: int) -> _QAData:
         data = _read_squad(data) if task == "qa_1" else _read_hotpot(data)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         kind = QA_FILES[task][1]
-        raise ValueError(f"ruler task {task}: {path} is not a {kind} json file ({exc.__class__.__name__}: {exc})"[:300]) from None
+        raise ValueError(
+            f"ruler task {task}: {path} is not a {kind} json file ({exc.__class__.__name__}: {exc})"[:300]
+        ) from None
     if not data.questions:
         raise ValueError(f"ruler task {task}: {path} holds no answerable question")
     return data
@@ -66,10 +73,14 @@ def _read_squad(data: dict) -> _QAData:
                 answers = [a["text"] for a in qa.get("answers", [])]
                 if qa.get("is_impossible", False) or not answers:
                     continue
-                questions.append({
-                    "query": qa["question"], "outputs": answers, "context": [own],
-                    "more_context": [i for i in paragraphs if i != own],
-                })
+                questions.append(
+                    {
+                        "query": qa["question"],
+                        "outputs": answers,
+                        "context": [own],
+                        "more_context": [i for i in paragraphs if i != own],
+                    }
+                )
     return _QAData(questions, documents)
 
 
@@ -83,8 +94,12 @@ def _read_hotpot(data: list) -> _QAData:
     documents = sorted({document(entry) for item in data for entry in item["context"]})
     number = {d: i for i, d in enumerate(documents)}
     questions = [
-        {"query": item["question"], "outputs": [item["answer"]], "context": [number[document(e)] for e in item["context"]],
-         "more_context": []}
+        {
+            "query": item["question"],
+            "outputs": [item["answer"]],
+            "context": [number[document(e)] for e in item["context"]],
+            "more_context": [],
+        }
         for item in data
     ]
     return _QAData(questions, documents)
@@ -92,9 +107,14 @@ def _read_hotpot(data: list) -> _QAData:
 
 class _QA(_Builder):
     def __init__(self, task: str, data: _QAData, seed: int, index: int, sample_seed: int):
-        order = random.Random(_seed_int(seed, task, "questions")).sample(range(len(data.questions)), len(data.questions))
+        order = random.Random(_seed_int(seed, task, "questions")).sample(
+            range(len(data.questions)), len(data.questions)
+        )
         if index >= len(order):
-            raise ValueError(f"ruler task {task}: sample {index} asked for, but the file holds only {len(order)} answerable questions")
+            raise ValueError(
+                f"ruler task {task}: sample {index} asked for, but the file holds only {len(order)} "
+                "answerable questions"
+            )
         question = data.questions[order[index]]
         rng = random.Random(sample_seed)
         gold = list(dict.fromkeys(question["context"]))
@@ -115,6 +135,8 @@ class _QA(_Builder):
         chosen = sorted(range(min(size, total)), key=lambda i: self.keys[i])
         if size > total:  # more than the file holds: the documents again, as RULER repeats them
             chosen = (chosen * math.ceil(size / total))[:size]
-        context = "\n\n".join(QA_DOCUMENT.format(i=k + 1, document=self.documents[self.candidates[i]]) for k, i in enumerate(chosen))
+        context = "\n\n".join(
+            QA_DOCUMENT.format(i=k + 1, document=self.documents[self.candidates[i]]) for k, i in enumerate(chosen)
+        )
         prompt = QA_TEMPLATE.format(context=context, query=self.query) + QA_PREFIX
         return prompt, self.answers, context, {"query": self.query}

@@ -49,7 +49,9 @@ class RulerSettings:
             tasks = tuple(self.tasks)
         unknown = [t for t in tasks if t not in RULER_TASKS]
         if unknown:
-            raise ValueError(f"unknown ruler task(s) {', '.join(map(str, unknown))} (tasks: {', '.join(STANDARD_TASKS)})")
+            raise ValueError(
+                f"unknown ruler task(s) {', '.join(map(str, unknown))} (tasks: {', '.join(STANDARD_TASKS)})"
+            )
         if not tasks or len(set(tasks)) != len(tasks):
             raise ValueError("ruler settings: tasks must be a non-empty list without repeats")
         for task in tasks:
@@ -77,6 +79,7 @@ class RulerSettings:
 
 def _normalized_length(value) -> int | tuple[int, ...]:
     """A length as an int, several as an ascending tuple (one listed length becomes that int)."""
+
     def whole(v) -> bool:
         return isinstance(v, int) and not isinstance(v, bool)
 
@@ -86,6 +89,6 @@ def _normalized_length(value) -> int | tuple[int, ...]:
         if len(set(value)) != len(value):
             raise ValueError(f"ruler settings: length lists a length twice ({list(value)})")
         return value[0] if len(value) == 1 else tuple(sorted(value))
-    raise ValueError(f"ruler settings: length must be a whole number of tokens or a non-empty list of them (got {value!r})")
-
-
+    raise ValueError(
+        f"ruler settings: length must be a whole number of tokens or a non-empty list of them (got {value!r})"
+    )

@@ -60,7 +60,9 @@ class _Chains:
                 value = rng.randint(10000, 99999)
             used_values.add(value)
             self.names.append(names)
-            self.lines.append([f"VAR {names[0]} = {value}"] + [f"VAR {names[j + 1]} = VAR {names[j]} " for j in range(num_hops)])
+            self.lines.append(
+                [f"VAR {names[0]} = {value}"] + [f"VAR {names[j + 1]} = VAR {names[j]} " for j in range(num_hops)]
+            )
             if len(self.names) == 1:
                 self.value = str(value)
         self.placement_seed = rng.getrandbits(64)
@@ -124,4 +126,9 @@ class _VariableTracking(_Builder):
         context, prompt = self.chains.text(size)
         if self.example:
             prompt = self.example + "\n" + prompt
-        return prompt, list(self.chains.names[0]), context, {"chain": list(self.chains.lines[0]), "example": self.example}
+        return (
+            prompt,
+            list(self.chains.names[0]),
+            context,
+            {"chain": list(self.chains.lines[0]), "example": self.example},
+        )

@@ -95,7 +95,13 @@ def _zeta(s: float) -> float:
     """Riemann zeta(s) for s > 1: a partial sum and its Euler-Maclaurin tail."""
     n = 1000
     head = math.fsum(k**-s for k in range(1, n))
-    return head + n ** (1 - s) / (s - 1) + 0.5 * n**-s + s * n ** (-s - 1) / 12 - s * (s + 1) * (s + 2) * n ** (-s - 3) / 720
+    return (
+        head
+        + n ** (1 - s) / (s - 1)
+        + 0.5 * n**-s
+        + s * n ** (-s - 1) / 12
+        - s * (s + 1) * (s + 2) * n ** (-s - 3) / 720
+    )
 
 
 class _FreqWords(_Builder):
