@@ -5,14 +5,23 @@ process a test leaves running. Plain helpers are in tests/helpers.py."""
 from __future__ import annotations
 
 import os
-import sys
-import warnings
-from pathlib import Path
 
-import pytest
-import torch
+# One intra-op thread, in this process and (through the environment, set before torch loads) in every
+# process a test starts: the CLI, job workers, the app server. The models here are tiny, and on a small
+# machine that other work shares, two spinning OpenMP threads per process cost ten times over: measured,
+# tests/test_profile.py alone took 77 s with two threads and 7 s with one, beside another test run.
+# Set OMP_NUM_THREADS to choose otherwise.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tests.helpers import (
+import sys  # noqa: E402
+import warnings  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from tests.helpers import (  # noqa: E402
     FAMILIES,
     CliResult,
     LeftoverProcessWarning,
@@ -22,8 +31,7 @@ from tests.helpers import (
     tiny_model,
 )
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]) if os.environ["OMP_NUM_THREADS"].isdigit() else 1)
 
 
 @pytest.fixture(params=sorted(FAMILIES))
@@ -113,5 +121,7 @@ def _stop_leftover_processes(request):
                 process.kill()
     if stopped:
         listed = "; ".join(f"pid {pid}: {cmd}" for pid, cmd in stopped.items())
-        warnings.warn(LeftoverProcessWarning(f"{request.node.nodeid} left {len(stopped)} process(es) running, "
-                                             f"stopped: {listed}"), stacklevel=1)
+        warnings.warn(
+            LeftoverProcessWarning(f"{request.node.nodeid} left {len(stopped)} process(es) running, stopped: {listed}"),
+            stacklevel=1,
+        )

@@ -30,9 +30,9 @@ from transformers import (
 
 from polykv.eval.suites.fidelity import FidelitySettings
 from polykv.methods.base import Eviction, LayerView
+from polykv.models import cache_argument_name, output_cache
 from polykv.plan import Phase
 from polykv.runtime import routed
-from polykv.models import cache_argument_name, output_cache
 
 REPO = Path(__file__).resolve().parents[1]
 APP = str(REPO / "app" / "app.py")
@@ -40,10 +40,12 @@ MIXED = REPO / "plans" / "demo" / "mixed.json"
 
 # Fidelity settings small enough for a test: a run of a few seconds on the demo model (4 samples), and
 # one long enough (24 samples of longer prompts) to be caught running, cancelled or killed.
-TINY_FIDELITY = FidelitySettings(tasks=("prose", "stories"), samples_per_task=2, prompt_tokens=96, continuation=8,
-                                 generate=8)
-SLOW_FIDELITY = FidelitySettings(tasks=("prose", "stories"), samples_per_task=12, prompt_tokens=200, continuation=16,
-                                 generate=16)
+TINY_FIDELITY = FidelitySettings(
+    tasks=("prose", "stories"), samples_per_task=2, prompt_tokens=96, continuation=8, generate=8
+)
+SLOW_FIDELITY = FidelitySettings(
+    tasks=("prose", "stories"), samples_per_task=12, prompt_tokens=200, continuation=16, generate=16
+)
 
 
 # ---- tiny random-weight models of every supported family -----------------------------------------
@@ -114,10 +116,41 @@ def run_routed(model, plan, ids, steps=STEPS, after_prefill=None):
     return logits, cache
 
 
+def decode_sizes(model, plan, ids, steps: int, each_step: Callable[[Any], None] | None = None):
+    """Under `plan`: prefill `ids`, then `steps` greedy decode steps, each step's logits finite (and
+    `each_step(cache)` called after it). Returns the slots each layer retains, right after prefill
+    and after every step (so `steps + 1` lists), and the cache."""
+    name = cache_argument_name(model)
+    with routed(model, plan) as session, torch.no_grad():
+        out = model(ids, use_cache=True)
+        cache = session.cache
+        sizes = [cache.retained_per_layer()]
+        token = out.logits[:, -1:].argmax(-1)
+        for _ in range(steps):
+            out = model(token, use_cache=True, **{name: cache})
+            token = out.logits[:, -1:].argmax(-1)
+            assert torch.isfinite(out.logits).all()
+            sizes.append(cache.retained_per_layer())
+            if each_step is not None:
+                each_step(cache)
+    return sizes, cache
+
+
 # ---- a method's view of one layer ------------------------------------------------------------------
-def layer_view(n: int | None = None, *, positions=None, heads: int | None = None, groups: int = 1,
-               phase: Phase = Phase.DECODE, keys=None, values=None, seed: int | None = None,
-               num_new: int | None = None, rows=None, column_sums=None) -> LayerView:
+def layer_view(
+    n: int | None = None,
+    *,
+    positions=None,
+    heads: int | None = None,
+    groups: int = 1,
+    phase: Phase = Phase.DECODE,
+    keys=None,
+    values=None,
+    seed: int | None = None,
+    num_new: int | None = None,
+    rows=None,
+    column_sums=None,
+) -> LayerView:
     """One layer's cache as a method's rule sees it, for batch row 0 only.
 
     Slots: `n` at positions 0..n-1, or `positions` ([n], or the whole [1, heads, n]). Keys and values:
@@ -154,8 +187,16 @@ def layer_view(n: int | None = None, *, positions=None, heads: int | None = None
             column_sums = column_sums.expand(1, heads * groups, n).clone()
     if num_new is None:
         num_new = n if phase is Phase.PREFILL else 1
-    return LayerView(phase=phase, keys=keys, values=values, positions=positions, num_new=num_new,
-                     num_kv_groups=groups, rows=rows, column_sums=column_sums)
+    return LayerView(
+        phase=phase,
+        keys=keys,
+        values=values,
+        positions=positions,
+        num_new=num_new,
+        num_kv_groups=groups,
+        rows=rows,
+        column_sums=column_sums,
+    )
 
 
 def kept(eviction: Eviction, n: int) -> list[list[int]]:
@@ -186,11 +227,20 @@ def assert_one_line_error(result, *expected: str) -> None:
         assert text in lines[0], lines[0]
 
 
-def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300,
-            python: Sequence[str] = (), **kwargs) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300, python: Sequence[str] = (), **kwargs
+) -> subprocess.CompletedProcess:
     """`python -m polykv.cli ARGS` as a real process (text output captured); `python`: interpreter options."""
-    return subprocess.run([sys.executable, *python, "-m", "polykv.cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout, check=False, **kwargs)
+    return subprocess.run(
+        [sys.executable, *python, "-m", "polykv.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        **kwargs,
+    )
 
 
 # ---- the web app through Streamlit's AppTest --------------------------------------------------------
@@ -203,7 +253,7 @@ def open_app(page: str | None = None):
     if page:
         at.switch_page(f"views/{page}.py")
         at.run()
-    assert not at.exception, [e.value for e in at.exception]
+    assert not at.exception, [(e.value, e.stack_trace) for e in at.exception]
     return at
 
 
@@ -218,12 +268,30 @@ def texts(elements) -> list[str]:
 
 
 # ---- results and jobs --------------------------------------------------------------------------------
-def fake_run(store, run_id: str, scores: dict[str, dict[str, float]], status: str = "finished", *,
-             model: str = "demo", plan_name: str | None = None, samples: bool = True) -> None:
+def fake_run(
+    store,
+    run_id: str,
+    scores: dict[str, dict[str, float]],
+    status: str = "finished",
+    *,
+    model: str = "demo",
+    plan_name: str | None = None,
+    samples: bool = True,
+) -> None:
     """A run in `store` with the given task scores and status, computing nothing; `samples`: one stored
     sample per task (so that it reads as done), else none."""
-    store.create_run(run_id, model=model, plan_name=plan_name or run_id, plan_hash="h", plan_json="{}",
-                     suite="fidelity", settings={}, seed=0, total_samples=len(scores), versions={})
+    store.create_run(
+        run_id,
+        model=model,
+        plan_name=plan_name or run_id,
+        plan_hash="h",
+        plan_json="{}",
+        suite="fidelity",
+        settings={},
+        seed=0,
+        total_samples=len(scores),
+        versions={},
+    )
     if samples:
         for task, metrics in scores.items():
             store.add_sample(run_id, task, "0", metrics, 0.1)
@@ -288,7 +356,7 @@ def _read_stat(pid: int) -> Proc | None:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = text[text.rindex(")") + 2:].split()  # the command name may hold spaces and parentheses
+    fields = text[text.rindex(")") + 2 :].split()  # the command name may hold spaces and parentheses
     return Proc(pid, int(fields[1]), fields[0], int(fields[19]))
 
 

@@ -24,7 +24,13 @@ from polykv.methods import REGISTRY
 from polykv.plan import Plan
 from tests.helpers import MIXED, REPO, button, fake_run, open_app, texts, wait_for_job
 
-TINY_SETTINGS = {"tasks": ["prose", "stories"], "samples_per_task": 1, "prompt_tokens": 96, "continuation": 8, "generate": 8}
+TINY_SETTINGS = {
+    "tasks": ["prose", "stories"],
+    "samples_per_task": 1,
+    "prompt_tokens": 96,
+    "continuation": 8,
+    "generate": 8,
+}
 
 
 def current_plan(at: AppTest) -> Plan:
@@ -86,10 +92,16 @@ def test_a_capacity_of_zero_typed_into_the_table_is_refused_with_a_message(app_e
     at.session_state[table_key(at)] = {"edited_rows": {2: {"decode_capacity": 0}}, "added_rows": [], "deleted_rows": []}
     at.run()
     assert not at.exception
-    assert any("layer 2, decode, capacity: must be a positive whole number of tokens (got 0)" in e for e in texts(at.error))
+    assert any(
+        "layer 2, decode, capacity: must be a positive whole number of tokens (got 0)" in e for e in texts(at.error)
+    )
     assert current_plan(at) == before
     # a valid edit in the same table applies
-    at.session_state[table_key(at)] = {"edited_rows": {2: {"decode_capacity": 20}}, "added_rows": [], "deleted_rows": []}
+    at.session_state[table_key(at)] = {
+        "edited_rows": {2: {"decode_capacity": 20}},
+        "added_rows": [],
+        "deleted_rows": [],
+    }
     at.run()
     assert current_plan(at).layers[2].decode.capacity == 20 and not at.error
 
@@ -101,7 +113,9 @@ def test_match_total_capacity_rescales_and_keeps_the_route(app_env):
     button(at, "Rescale (keep the route)").click()
     at.run()
     after = current_plan(at)
-    assert [(lay.prefill.method, lay.decode.method) for lay in after.layers] == [(lay.prefill.method, lay.decode.method) for lay in before.layers]
+    assert [(lay.prefill.method, lay.decode.method) for lay in after.layers] == [
+        (lay.prefill.method, lay.decode.method) for lay in before.layers
+    ]
     assert after.summary().phases["prefill"].total_capacity == 24 * 5
     assert after.summary().phases["decode"].total_capacity == 24 * 5
 
@@ -138,7 +152,10 @@ def test_save_sanitizes_the_name_and_load_and_diff_read_it_back(app_env):
     [
         ("this is not json", "not-a-plan.json: malformed JSON"),
         (json.dumps({"hello": 1}), "not-a-plan.json: "),
-        (Plan.homogeneous("tova", 32, 3).to_json(), "does not fit 'demo': layers: the plan has 3 layers but the model has 5"),
+        (
+            Plan.homogeneous("tova", 32, 3).to_json(),
+            "does not fit 'demo': layers: the plan has 3 layers but the model has 5",
+        ),
     ],
 )
 def test_loading_a_file_that_is_not_a_plan_for_this_model_says_why(app_env, content, message):
@@ -175,7 +192,11 @@ def test_a_model_path_that_does_not_exist_is_reported_and_the_demo_model_stays(a
 def test_heterogeneity_page_draws_support_sizes_and_density(app_env):
     at = open_app("heterogeneity")
     assert texts(at.title) == ["Attention heterogeneity"]
-    assert len(at.get("plotly_chart")) == 2
+    support, density = (json.loads(chart.proto.spec) for chart in at.get("plotly_chart"))  # these two, in order
+    assert [(t["type"], t.get("name")) for t in support["data"]] == [("scatter", "median")]
+    assert support["layout"]["title"]["text"].startswith("90% attention support per layer")
+    assert [t["type"] for t in density["data"]] == ["heatmap"]
+    assert density["layout"]["title"]["text"].startswith("support density over the input")
     assert any("8 inputs of" in c for c in texts(at.caption))
 
 
@@ -185,7 +206,8 @@ def test_profiles_page_shows_heatmaps_of_a_saved_profile(app_env, demo_model):
     from polykv.profile.corpus import CorpusSpec
 
     model, tokenizer = demo_model
-    profile = build_profile("demo", model, tokenizer, app_env / "ws" / "profiles", CorpusSpec(num_sequences=2, max_tokens=128))
+    spec = CorpusSpec(num_sequences=2, max_tokens=128)
+    profile = build_profile("demo", model, tokenizer, app_env / "ws" / "profiles", spec)
     at = open_app("profiles")
     assert texts(at.title) == ["Method profiles"]
     assert [s.value for s in at.subheader] == list(profile.metadata["scopes"])
@@ -261,7 +283,9 @@ def test_runs_page_refuses_bad_settings_and_budgets_inline(app_env):
     [t for t in at.text_input if t.label == "Budgets"][0].set_value("16, x")
     button(at, "Launch").click()
     at.run()
-    assert "Not launched: budgets are positive whole numbers separated by commas, e.g. 64,128 (got 'x')" in texts(at.error)
+    assert "Not launched: budgets are positive whole numbers separated by commas, e.g. 64,128 (got 'x')" in texts(
+        at.error
+    )
     assert jobs.list_jobs(app_env / "ws") == []
 
 
@@ -276,8 +300,15 @@ def test_a_local_model_path_loads_and_the_designer_follows_its_layer_count(app_e
 
     _, tokenizer = demo_model
     local = app_env / "tiny-llama"
-    config = LlamaConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    config = LlamaConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
     LlamaForCausalLM(config).save_pretrained(local)
     tokenizer.save_pretrained(local)
     at = open_app()
@@ -308,7 +339,9 @@ def test_a_placement_control_launched_from_runs_is_drawn_on_compare(app_env):
     at.switch_page("views/compare.py")
     at.run()
     assert not at.exception
-    assert any(c.startswith("Guided route rank ") and "of 4; one-sided Monte Carlo p = " in c for c in texts(at.caption))
+    assert any(
+        c.startswith("Guided route rank ") and "of 4; one-sided Monte Carlo p = " in c for c in texts(at.caption)
+    )
     assert len(at.get("plotly_chart")) == 2  # task differences and the placement histogram
 
 
@@ -353,8 +386,9 @@ def test_no_chart_breaks_on_a_method_without_a_colour_and_no_file_spells_a_metho
     figure = charts.plan_figure(retired)
     cells = {t.name: t.marker.color for t in figure.data if t.type == "scatter" and t.mode == "markers"}
     assert cells == {"full": REGISTRY["full"].colour, "retired": charts.OTHER_METHOD_COLOR}
-    sweep = pd.DataFrame({"budget": [16], "route": [0.3], "retired": [0.4], "best baseline": ["retired"],
-                          "envelope": [0.4]})
+    sweep = pd.DataFrame(
+        {"budget": [16], "route": [0.3], "retired": [0.4], "best baseline": ["retired"], "envelope": [0.4]}
+    )
     assert charts.sweep_figure(sweep, "kl").data[0].line.color == charts.OTHER_METHOD_COLOR
     assert charts.METHOD_COLORS == {name: cls.colour for name, cls in REGISTRY.items()}
     colours = {c.lower() for c in charts.METHOD_COLORS.values()} | {charts.OTHER_METHOD_COLOR.lower()}
@@ -378,15 +412,18 @@ def test_run_settings_and_profile_forms_start_small_on_the_demo_model():
     from polykv.profile.corpus import KNOWN_SOURCES, default_sources
 
     demo = json.loads(common.default_settings("fidelity", "demo"))
-    assert demo == {**SUITES["fidelity"].Settings().to_dict(), "tasks": list(default_tasks("demo")),
-                    **common.DEMO_SETTINGS["fidelity"]}
+    assert demo == {
+        **SUITES["fidelity"].Settings().to_dict(),
+        "tasks": list(default_tasks("demo")),
+        **common.DEMO_SETTINGS["fidelity"],
+    }
     other = json.loads(common.default_settings("fidelity", "org/model"))
     assert other == {**SUITES["fidelity"].Settings().to_dict(), "tasks": list(default_tasks("org/model"))}
     assert json.loads(common.default_settings("ruler", "demo")) == SUITES["ruler"].Settings().to_dict()
     assert common.profile_defaults("demo") == {"sequences": 4, "max_tokens": 512}
     assert common.profile_defaults("org/model") == {"sequences": 20, "max_tokens": 2048}
     choices = common.source_choices("demo")
-    assert choices[:len(default_sources("demo"))] == list(default_sources("demo"))
+    assert choices[: len(default_sources("demo"))] == list(default_sources("demo"))
     assert set(KNOWN_SOURCES) <= set(choices)
     assert len(choices) == len(set(choices))
     assert common.index_of(["cpu", "cuda"], "cuda") == 1 and common.index_of(["cpu"], "cuda") == 0
@@ -420,18 +457,24 @@ def test_compare_finds_sweeps_and_placements_in_the_jobs_that_launched_them():
         return SimpleNamespace(run_id=run_id, label=label)
 
     route_only = SimpleNamespace(kind="eval", model="demo", runs=[run("a", series="route", budget=16)])
-    sweep = SimpleNamespace(kind="eval", model="demo", runs=[run("b", series="route", budget=16),
-                                                             run("c", series="tova", budget=16)])
-    placed = SimpleNamespace(kind="eval", model="demo", runs=[
-        run("d", series="route", role="guided"), run("e", series="placement"), run("f", series="placement")])
+    sweep = SimpleNamespace(
+        kind="eval", model="demo", runs=[run("b", series="route", budget=16), run("c", series="tova", budget=16)]
+    )
+    placed = SimpleNamespace(
+        kind="eval",
+        model="demo",
+        runs=[run("d", series="route", role="guided"), run("e", series="placement"), run("f", series="placement")],
+    )
     profile = SimpleNamespace(kind="profile", model="demo", runs=[])
     every = [route_only, sweep, placed, profile]
     assert common.jobs_of(every, "eval") == [route_only, sweep, placed]
     assert common.jobs_of(every, "eval", limit=1) == [route_only]
     assert common.jobs_of(every, "profile", "demo") == [profile] and common.jobs_of(every, "profile", "other") == []
     assert common.sweep_jobs(every[:3]) == [sweep] and common.placement_jobs(every[:3]) == [placed]
-    assert common.sweep_runs(sweep) == [({"series": "route", "budget": 16}, "b"),
-                                        ({"series": "tova", "budget": 16}, "c")]
+    assert common.sweep_runs(sweep) == [
+        ({"series": "route", "budget": 16}, "b"),
+        ({"series": "tova", "budget": 16}, "c"),
+    ]
     assert common.sweep_runs(placed) == [({"series": "route", "role": "guided"}, "d")]
     progress = {"d": (2, 2, "finished"), "e": (1, 2, "running"), "f": (2, 2, "finished")}
     store = SimpleNamespace(progress=lambda ids: {i: progress[i] for i in ids if i in progress})

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from polykv.eval.backends import LocalBackend, RayBackend, SubprocessBackend
-from polykv.eval.unit import Unit
-from polykv.eval.store import Store
 from polykv.eval.runner import clear_sample_cache
+from polykv.eval.store import Store
 from polykv.eval.suites.fidelity import clear_reference_cache
+from polykv.eval.unit import Unit
 from polykv.plan import Plan
 from tests.helpers import TINY_FIDELITY
 
@@ -31,7 +31,9 @@ def test_subprocess_backend_runs_detached_into_the_store(tmp_path, monkeypatch):
     assert run["status"] == "finished" and run["done_samples"] == 4
     local = LocalBackend().run([unit], tmp_path / "local.sqlite")
     assert local == [run["id"]]  # same unit, same run id
-    assert Store(tmp_path / "local.sqlite").task_scores(local[0]) == Store(tmp_path / "bg" / "results.sqlite").task_scores(run["id"])
+    assert Store(tmp_path / "local.sqlite").task_scores(local[0]) == Store(
+        tmp_path / "bg" / "results.sqlite"
+    ).task_scores(run["id"])
 
 
 @pytest.mark.slow

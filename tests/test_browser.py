@@ -28,15 +28,28 @@ from tests.helpers import MIXED, REPO, wait_until
 
 ARTIFACTS = REPO / "tests" / "artifacts"
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 # Streamlit scrolls an inner container, so a screenshot holds only the viewport: make it tall.
 VIEWPORT = {"width": 1400, "height": 2600}
 WAIT = 60_000  # ms for one rerun; CI machines have two slow cores
 MODEL_WAIT = 120_000  # the first page load imports and loads the demo model
 JOB_WAIT = 180_000
 PAGE_TARGET_S = 5.0  # reported, not asserted
-TINY_SETTINGS = {"tasks": ["prose", "stories"], "samples_per_task": 1, "prompt_tokens": 128, "continuation": 8, "generate": 8}
+TINY_SETTINGS = {
+    "tasks": ["prose", "stories"],
+    "samples_per_task": 1,
+    "prompt_tokens": 128,
+    "continuation": 8,
+    "generate": 8,
+}
 
 # (name, URL path, h1 title, plotly charts once drawn, a text the page draws last)
 PAGES = [
@@ -81,15 +94,38 @@ def app(tmp_path_factory):
     """The app served on a free local port: yields (base URL, tmp root). Afterwards stops the server
     and any job worker still running (workers run in their own sessions, so they outlive the server)."""
     root = tmp_path_factory.mktemp("browser")
-    env = {**os.environ, "POLYKV_WORKSPACE": str(root / "ws"), "POLYKV_PLANS": str(root / "plans"),
-           "POLYKV_HOME": str(root / "home"), "HF_HUB_OFFLINE": "1"}
+    env = {
+        **os.environ,
+        "POLYKV_WORKSPACE": str(root / "ws"),
+        "POLYKV_PLANS": str(root / "plans"),
+        "POLYKV_HOME": str(root / "home"),
+        "HF_HUB_OFFLINE": "1",
+    }
     port = _free_port()
     log_path = root / "server.log"
     log = open(log_path, "wb")  # noqa: SIM115 - the server writes to it until the end
     server = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app/app.py", "--server.headless", "true",
-         "--server.address", "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false"],
-        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "streamlit",
+            "run",
+            "app/app.py",
+            "--server.headless",
+            "true",
+            "--server.address",
+            "127.0.0.1",
+            "--server.port",
+            str(port),
+            "--browser.gatherUsageStats",
+            "false",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
 
@@ -242,8 +278,11 @@ def test_design_save_evaluate_and_compare_a_plan(app, page):
     upload = page.get_by_test_id("stFileUploaderDropzoneInput")
     for filename, content, message in [
         ("notes.json", b"these are not the droids", "notes.json: malformed JSON"),
-        ("other-model.json", Plan.homogeneous("tova", 32, 3).to_json().encode(),
-         "other-model.json: this plan does not fit 'demo': layers: the plan has 3 layers but the model has 5"),
+        (
+            "other-model.json",
+            Plan.homogeneous("tova", 32, 3).to_json().encode(),
+            "other-model.json: this plan does not fit 'demo': layers: the plan has 3 layers but the model has 5",
+        ),
     ]:
         upload.set_input_files(files=[{"name": filename, "mimeType": "application/json", "buffer": content}])
         expect(page.get_by_test_id("stAlertContentError").filter(has_text=message)).to_be_visible(timeout=WAIT)
@@ -271,11 +310,15 @@ def test_design_save_evaluate_and_compare_a_plan(app, page):
     cells = page.get_by_test_id("stDataFrame").locator("[role=gridcell]")
     expect(cells).to_have_count(22)  # two runs: 7 columns and 4 fidelity metrics each
     texts = cells.all_inner_texts()
-    assert [texts[1:6], texts[12:17]] == [["tova-both-40", "fidelity", "demo", "finished", "2/2"],
-                                          ["browser-plan", "fidelity", "demo", "finished", "2/2"]]  # newest first
+    assert [texts[1:6], texts[12:17]] == [
+        ["tova-both-40", "fidelity", "demo", "finished", "2/2"],
+        ["browser-plan", "fidelity", "demo", "finished", "2/2"],
+    ]  # newest first
     runs = Store(root / "ws" / "results.sqlite").runs()
     assert [(r["plan_name"], r["suite"], r["status"]) for r in runs] == [
-        ("browser-plan", "fidelity", "finished"), ("tova-both-40", "fidelity", "finished")]
+        ("browser-plan", "fidelity", "finished"),
+        ("tova-both-40", "fidelity", "finished"),
+    ]
     assert all(r["done_samples"] == r["total_samples"] == 2 for r in runs)
     shoot(page, "runs")
 
@@ -302,11 +345,13 @@ def test_every_page_renders_by_url_once_the_model_is_loaded(app, page):
     """After one load of `/` (the model loads once per server), each page opened by URL shows its title,
     its last element and its charts, with no script run left. The time each takes is recorded in
     tests/artifacts/page_timings.json (target: under 5 s; a benchmark figure for the notes, never an
-    assertion: these machines are shared). Heterogeneity measures on this first visit (cold cache). Runs after the test above, so that Compare
-    has a finished run (and a chart) to draw and no job worker takes the CPU."""
+    assertion: these machines are shared). Heterogeneity measures on this first visit (cold cache). Runs
+    after the test above, so that Compare has a finished run (and a chart) to draw and no job worker takes
+    the CPU."""
     url, root = app
-    assert any(r["status"] == "finished" for r in Store(root / "ws" / "results.sqlite").runs()), \
+    assert any(r["status"] == "finished" for r in Store(root / "ws" / "results.sqlite").runs()), (
         "no finished run: test_design_save_evaluate_and_compare_a_plan must run first (same module)"
+    )
     for pid in _job_pids(root / "ws"):
         wait_until(lambda pid=pid: not _alive(pid), 300, lambda pid=pid: f"job worker {pid} still running")
 

@@ -17,7 +17,9 @@ def test_plan_figure_draws_one_selectable_marker_per_cell_and_the_uniform_averag
     plan = Plan.load(MIXED)
     fig = charts.plan_figure(plan, selected=[1])
     cells = [t for t in fig.data if t.type == "scatter" and t.mode == "markers"]
-    assert all(t.marker.symbol in ("square", "square-open") for t in cells)  # markers, not go.Heatmap: Streamlit reports selections
+    assert all(
+        t.marker.symbol in ("square", "square-open") for t in cells
+    )  # markers, not go.Heatmap: Streamlit reports selections
     drawn = {(int(x), y): t.name for t in cells if t.name != "selected" for x, y in zip(t.x, t.y)}
     assert drawn == {(i, p): plan.layers[i][p].method for i in range(5) for p in ("prefill", "decode")}
     assert all(list(d) == [x, y] for t in cells for d, x, y in zip(t.customdata, t.x, t.y))
@@ -34,8 +36,11 @@ def test_plan_figure_draws_one_selectable_marker_per_cell_and_the_uniform_averag
 
 
 def test_selected_cells_reads_layers_and_phases_from_selection_points():
-    points = [{"x": 2, "y": "decode", "customdata": [2, "decode"]}, {"x": 3, "y": "decode", "customdata": [3, "decode"]},
-              {"x": 4.0, "y": 30}]  # a bar without customdata still names its layer
+    points = [
+        {"x": 2, "y": "decode", "customdata": [2, "decode"]},
+        {"x": 3, "y": "decode", "customdata": [3, "decode"]},
+        {"x": 4.0, "y": 30},
+    ]  # a bar without customdata still names its layer
     assert charts.selected_cells(points) == ([2, 3, 4], ["decode"])
     assert charts.selected_cells([]) == ([], [])
 
@@ -53,8 +58,15 @@ def test_support_figure_is_log_scale_with_asymmetric_intervals():
 
 
 def test_profile_heatmap_is_layers_by_methods_with_hover_numbers():
-    table = pd.DataFrame({"layer": [0, 0, 0, 1, 1, 1], "scope": ["decode"] * 6, "method": ["full", "h2o", "tova"] * 2,
-                          "cosine": [1.0, 0.9, 0.8, 1.0, 0.7, 0.6], "dppl": [0.0, 0.1, 0.2, 0.0, 0.3, -0.4]})
+    table = pd.DataFrame(
+        {
+            "layer": [0, 0, 0, 1, 1, 1],
+            "scope": ["decode"] * 6,
+            "method": ["full", "h2o", "tova"] * 2,
+            "cosine": [1.0, 0.9, 0.8, 1.0, 0.7, 0.6],
+            "dppl": [0.0, 0.1, 0.2, 0.0, 0.3, -0.4],
+        }
+    )
     fig = charts.profile_heatmap(table, "decode", "cosine")  # FullKV, the reference, is not drawn
     assert list(fig.data[0].x) == ["h2o", "tova"] and list(fig.data[0].y) == [0, 1]
     assert np.array(fig.data[0].z).tolist() == [[0.9, 0.8], [0.7, 0.6]]
@@ -68,8 +80,15 @@ def test_comparison_figures_mark_intervals_envelopes_and_the_guided_route():
     fig = charts.difference_figure(table, 0.025, -0.05, 0.1, "kl")
     assert list(fig.data[0].y) == [0.1, -0.05]
     assert any(s.type == "rect" and s.y0 == -0.05 and s.y1 == 0.1 for s in fig.layout.shapes)
-    sweep = pd.DataFrame({"budget": [16, 32], "route": [0.3, 0.2], "tova": [0.4, 0.15], "best baseline": ["tova", "tova"],
-                          "envelope": [0.4, 0.15]})
+    sweep = pd.DataFrame(
+        {
+            "budget": [16, 32],
+            "route": [0.3, 0.2],
+            "tova": [0.4, 0.15],
+            "best baseline": ["tova", "tova"],
+            "envelope": [0.4, 0.15],
+        }
+    )
     names = [t.name for t in charts.sweep_figure(sweep, "kl").data]
     assert names == ["tova", "best baseline (envelope)", "route"]
     placement = charts.placement_figure(0.1, [0.2, 0.3], "kl", 1, 1 / 3)

@@ -66,9 +66,18 @@ def _write(tmp_path: Path, mutate) -> str:
 
 
 BAD_PLANS = {
-    "unknown method": (lambda d: d["layers"][2]["decode"].update(method="h3o"), "layer 2, decode, method: unknown method 'h3o'"),
-    "phase-incompatible": (lambda d: d["layers"][3]["decode"].update(method="snapkv"), "'snapkv' does not support the decode phase"),
-    "zero capacity": (lambda d: d["layers"][0]["prefill"].update(capacity=0), "layer 0, prefill, capacity: Input should be greater than 0"),
+    "unknown method": (
+        lambda d: d["layers"][2]["decode"].update(method="h3o"),
+        "layer 2, decode, method: unknown method 'h3o'",
+    ),
+    "phase-incompatible": (
+        lambda d: d["layers"][3]["decode"].update(method="snapkv"),
+        "'snapkv' does not support the decode phase",
+    ),
+    "zero capacity": (
+        lambda d: d["layers"][0]["prefill"].update(capacity=0),
+        "layer 0, prefill, capacity: Input should be greater than 0",
+    ),
     "negative capacity": (lambda d: d["layers"][4]["decode"].update(capacity=-1), "layer 4, decode, capacity"),
     "wrong layer count": (lambda d: d["layers"].pop(), "the plan has 4 layers but the model has 5"),
 }
@@ -87,9 +96,7 @@ def test_malformed_json_and_missing_files(tmp_path, polykv):
     bad.write_text('{"name": "x",')
     assert_one_line_error(polykv("plan", "show", str(bad)), "malformed JSON")
     assert_one_line_error(polykv("generate", "--plan", str(tmp_path / "nope.json")), "no such plan file")
-    assert_one_line_error(
-        polykv("generate", "--model", str(tmp_path / "no-model")), "model path does not exist"
-    )
+    assert_one_line_error(polykv("generate", "--model", str(tmp_path / "no-model")), "model path does not exist")
 
 
 def test_missing_demo_checkpoint_is_one_line(tmp_path):
@@ -101,20 +108,28 @@ def test_missing_demo_checkpoint_is_one_line(tmp_path):
 
 def test_plan_homogeneous_writes_a_valid_plan(tmp_path, polykv):
     out = tmp_path / "plans" / "h2o.json"
-    result = polykv("plan", "homogeneous", "h2o", "--capacity", "16", "--layers", "5", "-P", "heavy_ratio=0.25",
-                    "-o", str(out))
+    result = polykv(
+        "plan", "homogeneous", "h2o", "--capacity", "16", "--layers", "5", "-P", "heavy_ratio=0.25", "-o", str(out)
+    )
     assert result.returncode == 0, result.stderr
     plan = Plan.load(out)
     assert plan.layers[4].decode.params == {"heavy_ratio": 0.25}
-    bad = polykv("plan", "homogeneous", "h2o", "--capacity", "16", "--layers", "5", "-P", "heavy_ratio=2",
-                 "-o", str(out))
+    bad = polykv(
+        "plan", "homogeneous", "h2o", "--capacity", "16", "--layers", "5", "-P", "heavy_ratio=2", "-o", str(out)
+    )
     assert_one_line_error(bad, "params.heavy_ratio: h2o: Input should be less than or equal to 1")
 
 
 @pytest.mark.parametrize(
     "argv",
-    [["--help"], ["plan", "validate", str(MIXED)], ["plan", "show", str(MIXED)],
-     ["methods"], ["runs"], ["jobs", "list"]],
+    [
+        ["--help"],
+        ["plan", "validate", str(MIXED)],
+        ["plan", "show", str(MIXED)],
+        ["methods"],
+        ["runs"],
+        ["jobs", "list"],
+    ],
     ids=["help", "plan-validate", "plan-show", "methods", "runs", "jobs-list"],
 )
 def test_commands_that_touch_no_tensor_import_neither_torch_nor_transformers(argv, tmp_path):
@@ -122,7 +137,9 @@ def test_commands_that_touch_no_tensor_import_neither_torch_nor_transformers(arg
     env = {**os.environ, "POLYKV_WORKSPACE": str(tmp_path / "ws")}
     result = run_cli(*argv, python=("-X", "importtime"), env=env, cwd=tmp_path, timeout=120)
     assert result.returncode == 0, result.stderr
-    imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
+    imported = {
+        line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")
+    }
     assert "torch" not in imported and "transformers" not in imported and "pandas" not in imported
     assert not (tmp_path / "ws").exists()  # reading commands create no workspace
 

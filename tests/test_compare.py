@@ -28,8 +28,12 @@ def store(tmp_path):
 
 
 def test_paired_comparison_reports_in_the_metrics_units_and_direction(store):
-    fake_run(store, "a", {"t1": {"kl": 0.1, "top1": 0.9}, "t2": {"kl": 0.2, "top1": 0.8}, "t3": {"kl": 0.3, "top1": 0.7}})
-    fake_run(store, "b", {"t1": {"kl": 0.2, "top1": 0.8}, "t2": {"kl": 0.1, "top1": 0.8}, "t3": {"kl": 0.5, "top1": 0.5}})
+    fake_run(
+        store, "a", {"t1": {"kl": 0.1, "top1": 0.9}, "t2": {"kl": 0.2, "top1": 0.8}, "t3": {"kl": 0.3, "top1": 0.7}}
+    )
+    fake_run(
+        store, "b", {"t1": {"kl": 0.2, "top1": 0.8}, "t2": {"kl": 0.1, "top1": 0.8}, "t3": {"kl": 0.5, "top1": 0.5}}
+    )
     kl = compare_runs(store, "a", "b", "kl")
     assert kl.sign == -1 and kl.difference == pytest.approx((-0.1 + 0.1 - 0.2) / 3)
     assert (kl.wins, kl.ties, kl.losses) == (2, 0, 1)  # lower KL wins on t1 and t3
@@ -92,22 +96,30 @@ def test_launch_plans_label_the_route_baselines_budgets_and_placements():
     plan = Plan.homogeneous("tova", 32, 5, "decode")
     own = launch_plans(plan, None, ["h2o", "snapkv"])
     # baselines run under their own protocols, not in the plan's phase: H2O in both phases, SnapKV in prefill
-    assert [(label, p.name) for label, p in own] == [({"series": "route", "budget": 32}, plan.name),
-                                                     ({"series": "h2o", "budget": 32}, "h2o-both-32"),
-                                                     ({"series": "snapkv", "budget": 32}, "snapkv-prefill-32")]
+    assert [(label, p.name) for label, p in own] == [
+        ({"series": "route", "budget": 32}, plan.name),
+        ({"series": "h2o", "budget": 32}, "h2o-both-32"),
+        ({"series": "snapkv", "budget": 32}, "snapkv-prefill-32"),
+    ]
     swept = launch_plans(plan, [16, 64], ["h2o", "cake"])
-    assert [label for label, _ in swept] == [{"series": s, "budget": b} for b in (16, 64) for s in ("route", "h2o", "cake")]
+    assert [label for label, _ in swept] == [
+        {"series": s, "budget": b} for b in (16, 64) for s in ("route", "h2o", "cake")
+    ]
     assert all(plan_budget(p) == label["budget"] for label, p in swept)
     assert swept[0][1].scope.value == "decode"  # the route keeps its own phase
     assert swept[2][1].allocation == "native" and swept[2][1].scope.value == "both"  # CAKE alone: its own budgets
     decode_tova = launch_plans(plan, [16], ["tova"], overrides={"tova": "decode"})
     assert decode_tova[1][1].scope.value == "decode"
-    mixed_route = Plan.homogeneous("tova", 32, 5, "decode").layers[:2] + Plan.homogeneous("h2o", 32, 5, "decode").layers[2:]
+    mixed_route = (
+        Plan.homogeneous("tova", 32, 5, "decode").layers[:2] + Plan.homogeneous("h2o", 32, 5, "decode").layers[2:]
+    )
     guided = plan.with_layers(mixed_route, name="guided")
     placed = launch_plans(guided, None, [], placements=3)
     assert placed[0] == ({"series": "route", "budget": 32, "role": "guided"}, guided)
     controls = [p for label, p in placed if label["series"] == "placement"]
-    assert len(controls) == 3 and all(sorted(lay.decode.method for lay in p.layers) == ["h2o"] * 3 + ["tova"] * 2 for p in controls)
+    assert len(controls) == 3 and all(
+        sorted(lay.decode.method for lay in p.layers) == ["h2o"] * 3 + ["tova"] * 2 for p in controls
+    )
     with pytest.raises(ValueError, match="keeps every token"):
         launch_plans(Plan.homogeneous("full", None, 5), None, ["tova"])
     with pytest.raises(ValueError, match="unknown method 'nope'"):

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from polykv.plan import FULL, Phase
 from polykv.methods import for_phase
+from polykv.plan import FULL, Phase
 from polykv.profile.confidence import bootstrap_weights, cell_intervals, fullkv_perplexity, replicate_values
 from polykv.profile.profiler import PROFILE_REVISION, profiled_methods
 from polykv.profile.store import Profile, ProfileError
@@ -21,8 +21,11 @@ T = 4  # continuation tokens per sequence
 def frame(cells: dict[tuple[int, str, str], list[tuple[float, float]]]) -> pd.DataFrame:
     """{(layer, scope, method): [(cosine, nll) per sequence]} -> sequences.csv rows."""
     return pd.DataFrame(
-        [{"layer": l, "scope": s, "method": m, "sequence": k, "cosine": c, "nll": n}
-         for (l, s, m), values in cells.items() for k, (c, n) in enumerate(values)]
+        [
+            {"layer": l, "scope": s, "method": m, "sequence": k, "cosine": c, "nll": n}
+            for (l, s, m), values in cells.items()
+            for k, (c, n) in enumerate(values)
+        ]
     )
 
 
@@ -44,19 +47,24 @@ def test_replicates_follow_the_drawn_sequences():
     assert cosine[0] == pytest.approx([0.7, 0.9, 0.5])
     _, dppl = replicate_values(sequences, reference, T, "dppl", weights)
     # exp(mean NLL per token under the method) - exp(mean NLL per token under FullKV)
-    assert dppl[0] == pytest.approx([math.exp(20 / 8) - math.exp(12 / 8), math.exp(2) - math.exp(1), math.exp(3) - math.exp(2)])
+    assert dppl[0] == pytest.approx(
+        [math.exp(20 / 8) - math.exp(12 / 8), math.exp(2) - math.exp(1), math.exp(3) - math.exp(2)]
+    )
 
 
 def test_paired_resampling_gives_a_method_equal_to_fullkv_a_zero_interval():
     # Sequences differ wildly, but the method scores exactly FullKV's NLL on each: every replicate draws
     # the same sequences for both, so dPPL is 0 in all of them.
     reference = [4.0, 40.0, 9.0, 25.0]
-    sequences = frame({(0, "decode", "tova"): [(1.0, n) for n in reference],
-                       (0, "decode", "h2o"): [(0.8, n + T) for n in reference]})
+    sequences = frame(
+        {(0, "decode", "tova"): [(1.0, n) for n in reference], (0, "decode", "h2o"): [(0.8, n + T) for n in reference]}
+    )
     intervals = cell_intervals(sequences, reference, T, replicates=300).set_index("method")
     assert intervals.loc["tova", "dppl_low"] == 0 and intervals.loc["tova", "dppl_high"] == 0
     # a constant cosine has a constant interval; one more nat per token always costs something
-    assert intervals.loc["h2o", "cosine_low"] == pytest.approx(0.8) and intervals.loc["h2o", "cosine_high"] == pytest.approx(0.8)
+    assert intervals.loc["h2o", "cosine_low"] == pytest.approx(0.8) and intervals.loc[
+        "h2o", "cosine_high"
+    ] == pytest.approx(0.8)
     assert intervals.loc["h2o", "dppl_low"] > 0
     assert list(intervals.columns) == ["layer", "scope", "cosine_low", "cosine_high", "dppl_low", "dppl_high"]
 
@@ -64,7 +72,9 @@ def test_paired_resampling_gives_a_method_equal_to_fullkv_a_zero_interval():
 def test_intervals_are_percentiles_of_the_replicates():
     rng = np.random.default_rng(0)
     reference = rng.uniform(10, 20, size=6).tolist()
-    sequences = frame({(1, "prefill", "snapkv"): [(c, n) for c, n in zip(rng.uniform(0.8, 1, 6), rng.uniform(10, 20, 6))]})
+    sequences = frame(
+        {(1, "prefill", "snapkv"): [(c, n) for c, n in zip(rng.uniform(0.8, 1, 6), rng.uniform(10, 20, 6))]}
+    )
     got = cell_intervals(sequences, reference, T, replicates=500, seed=2).iloc[0]
     weights = bootstrap_weights(6, 500, 2)
     _, cosine = replicate_values(sequences, reference, T, "cosine", weights)
@@ -78,24 +88,42 @@ def profile_from(cosines: dict[tuple[int, str], list[float]], layers: int, phase
     n = len(next(iter(cosines.values())))
     reference = [10.0] * n
     methods = [FULL, *for_phase(Phase(phase))]
-    cells = {(l, phase, m): [(c, 10.0) for c in cosines.get((l, m), [1.0 if m == FULL else 0.0] * n)]
-             for l in range(layers) for m in methods}
+    cells = {
+        (l, phase, m): [(c, 10.0) for c in cosines.get((l, m), [1.0 if m == FULL else 0.0] * n)]
+        for l in range(layers)
+        for m in methods
+    }
     sequences = frame(cells)
     table = sequences.groupby(["layer", "scope", "method"], as_index=False).agg(cosine=("cosine", "mean"))
     table["dppl"] = 0.0
-    metadata = {"key": "hand", "model": "demo", "num_layers": layers, "capacity": 8, "seed": 0, "scopes": [phase],
-                "continuation": T, "methods": profiled_methods([Phase(phase)]), "profile_revision": PROFILE_REVISION,
-                "corpus": {"num_sequences": n, "spec": {"sources": ["model"], "num_sequences": n, "max_tokens": 64}}}
+    metadata = {
+        "key": "hand",
+        "model": "demo",
+        "num_layers": layers,
+        "capacity": 8,
+        "seed": 0,
+        "scopes": [phase],
+        "continuation": T,
+        "methods": profiled_methods([Phase(phase)]),
+        "profile_revision": PROFILE_REVISION,
+        "corpus": {"num_sequences": n, "spec": {"sources": ["model"], "num_sequences": n, "max_tokens": 64}},
+    }
     reference_frame = pd.DataFrame({"sequence": range(n), "source": ["model"] * n, "nll": reference})
-    return Profile(metadata, table, pd.DataFrame({"layer": range(layers), "entropy": [1.0] * layers}),
-                   sequences=sequences, reference=reference_frame)
+    return Profile(
+        metadata,
+        table,
+        pd.DataFrame({"layer": range(layers), "entropy": [1.0] * layers}),
+        sequences=sequences,
+        reference=reference_frame,
+    )
 
 
 def test_route_confidence_counts_the_replicates_the_winner_survives():
     # layer 0: tova beats h2o on both sequences; layer 1: tova wins on average (0.7 vs 0.65) but loses
     # whenever the draw is sequence 1 twice.
-    profile = profile_from({(0, "tova"): [0.9, 0.8], (0, "h2o"): [0.5, 0.4],
-                            (1, "tova"): [0.9, 0.5], (1, "h2o"): [0.6, 0.7]}, layers=2)
+    profile = profile_from(
+        {(0, "tova"): [0.9, 0.8], (0, "h2o"): [0.5, 0.4], (1, "tova"): [0.9, 0.5], (1, "h2o"): [0.6, 0.7]}, layers=2
+    )
     got = route_confidence(profile, "decode", "cosine", replicates=400, seed=5)
     assert list(got.winner) == toprank(profile.table, "decode", "cosine") == ["tova", "tova"]
     assert list(got.runner_up) == ["h2o", "h2o"]

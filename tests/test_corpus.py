@@ -84,7 +84,12 @@ def test_context_length_clips_max_tokens(demo_model):
     assert corpus.sequence_length == model.config.max_position_embeddings == 512
     assert {len(s) for s in corpus.sequences} == {512}
     # a context longer than max_tokens changes nothing
-    assert build_corpus(tokenizer, CorpusSpec(sources=("kjv",), num_sequences=1, max_tokens=30), context_length=512).sequence_length == 30
+    assert (
+        build_corpus(
+            tokenizer, CorpusSpec(sources=("kjv",), num_sequences=1, max_tokens=30), context_length=512
+        ).sequence_length
+        == 30
+    )
 
 
 def test_sources_are_assigned_round_robin_and_recorded(tokenizer, text_file):
@@ -98,7 +103,13 @@ def test_sources_are_assigned_round_robin_and_recorded(tokenizer, text_file):
     assert corpus.records[1]["file"] == str(text_file.resolve())
     data = corpus.to_dict()
     json.dumps(data)
-    assert data["spec"] == {"sources": list(sources), "num_sequences": 7, "max_tokens": 48, "seed": 0, "split": "calibration"}
+    assert data["spec"] == {
+        "sources": list(sources),
+        "num_sequences": 7,
+        "max_tokens": 48,
+        "seed": 0,
+        "split": "calibration",
+    }
     assert data["sequence_length"] == 48 and len(data["records"]) == 7 and "sequences" not in data
     assert corpus.to_dict(include_ids=True)["sequences"] == corpus.sequences
 
@@ -130,7 +141,12 @@ def test_model_source_samples_from_the_demo_model(demo_model):
     assert corpus.records[0]["file"] is None and corpus.records[0]["temperature"] == 1.0
     again = build_corpus(tokenizer, spec, model=model)
     assert again.sequences == corpus.sequences
-    assert build_corpus(tokenizer, CorpusSpec(sources=("model",), num_sequences=1, max_tokens=32, seed=9), model=model).sequences[0] != sampled[0]
+    assert (
+        build_corpus(
+            tokenizer, CorpusSpec(sources=("model",), num_sequences=1, max_tokens=32, seed=9), model=model
+        ).sequences[0]
+        != sampled[0]
+    )
 
 
 def test_model_source_without_a_model_fails_clearly(tokenizer):
@@ -210,7 +226,9 @@ def test_source_too_short_fails_clearly(tokenizer, tmp_path):
 
 def test_calibration_and_evaluation_texts_never_overlap(tokenizer, tmp_path):
     path = tmp_path / "long.txt"
-    path.write_text("".join(f"Line {i}: the dog ran to the park and back again.\n" for i in range(3000)), encoding="utf-8")
+    path.write_text(
+        "".join(f"Line {i}: the dog ran to the park and back again.\n" for i in range(3000)), encoding="utf-8"
+    )
     size = len(path.read_text())
     calibration = build_corpus(tokenizer, CorpusSpec(sources=(f"file:{path}",), num_sequences=6, max_tokens=40))
     evaluation = build_corpus(
@@ -235,7 +253,10 @@ def test_hub_sources_fail_clearly_when_the_hub_is_out_of_reach(tmp_path, monkeyp
     from polykv.profile.corpus import source_files
 
     monkeypatch.setenv("POLYKV_HOME", str(tmp_path))
-    with pytest.raises(ValueError, match=r"corpus source 'hf:wikitext:wikitext-103-raw-v1' (needs the `datasets` package|could not be loaded)") as err:
+    with pytest.raises(
+        ValueError,
+        match=r"corpus source 'hf:wikitext:wikitext-103-raw-v1' (needs the `datasets` package|could not be loaded)",
+    ) as err:
         source_files("hf:wikitext:wikitext-103-raw-v1")
     assert "\n" not in str(err.value)
     with pytest.raises(ValueError, match="names no dataset"):
@@ -258,10 +279,14 @@ def test_calibration_and_evaluation_model_samples_never_share_a_sequence(demo_mo
 
     model, tokenizer = demo_model
     length = 64
-    calibration = build_corpus(tokenizer, CorpusSpec(sources=DEMO_SOURCES, num_sequences=14, max_tokens=length), model=model)
+    calibration = build_corpus(
+        tokenizer, CorpusSpec(sources=DEMO_SOURCES, num_sequences=14, max_tokens=length), model=model
+    )
     # drawn as the fidelity suite draws its story tasks: all families in one evaluation corpus
     evaluation = build_corpus(
-        tokenizer, CorpusSpec(sources=DEMO_SOURCES, num_sequences=28, max_tokens=length, split="evaluation"), model=model
+        tokenizer,
+        CorpusSpec(sources=DEMO_SOURCES, num_sequences=28, max_tokens=length, split="evaluation"),
+        model=model,
     )
     for source in DEMO_SOURCES:
         opening = source.partition(":")[2]
@@ -279,12 +304,20 @@ def test_calibration_and_evaluation_model_samples_never_share_a_sequence(demo_mo
 
 def test_model_sources_take_a_temperature_and_an_opening(demo_model):
     model, tokenizer = demo_model
-    spec = CorpusSpec(sources=("model", "model@0.5", "model:Tom had a red ball", "model@1.5:The sun was shining"),
-                      num_sequences=4, max_tokens=40, seed=1)
+    spec = CorpusSpec(
+        sources=("model", "model@0.5", "model:Tom had a red ball", "model@1.5:The sun was shining"),
+        num_sequences=4,
+        max_tokens=40,
+        seed=1,
+    )
     corpus = build_corpus(tokenizer, spec, model=model)
     assert {len(s) for s in corpus.sequences} == {40}
     assert [(r["temperature"], r["opening"]) for r in corpus.records] == [
-        (1.0, None), (0.5, None), (1.0, "Tom had a red ball"), (1.5, "The sun was shining")]
+        (1.0, None),
+        (0.5, None),
+        (1.0, "Tom had a red ball"),
+        (1.5, "The sun was shining"),
+    ]
     for ids, record in zip(corpus.sequences, corpus.records):
         assert ids[0] == tokenizer.bos_token_id and record["file"] is None
         if record["opening"]:  # the opening, tokenized, follows BOS
@@ -301,8 +334,11 @@ def test_model_sources_take_a_temperature_and_an_opening(demo_model):
 def test_a_model_source_draws_the_same_samples_whatever_is_listed_with_it(demo_model):
     model, tokenizer = demo_model
     alone = build_corpus(tokenizer, CorpusSpec(sources=("model@0.7",), num_sequences=2, max_tokens=48), model=model)
-    mixed = build_corpus(tokenizer, CorpusSpec(sources=("kjv", "model:Tom had a red ball", "model@0.7"),
-                                               num_sequences=6, max_tokens=48), model=model)
+    mixed = build_corpus(
+        tokenizer,
+        CorpusSpec(sources=("kjv", "model:Tom had a red ball", "model@0.7"), num_sequences=6, max_tokens=48),
+        model=model,
+    )
     assert [mixed.sequences[2], mixed.sequences[5]] == alone.sequences
 
 
@@ -328,8 +364,11 @@ def test_bad_model_sources_fail_clearly(demo_model):
         CorpusSpec(sources=("model", "kjv", "model@1.0"))
     assert "'model'" in one_line(excinfo) and "'model@1.0'" in str(excinfo.value)
     with pytest.raises(ValueError) as excinfo:  # an opening that leaves nothing to sample
-        build_corpus(tokenizer, CorpusSpec(sources=("model:Once upon a time there was a dog",), num_sequences=1,
-                                           max_tokens=4), model=model)
+        build_corpus(
+            tokenizer,
+            CorpusSpec(sources=("model:Once upon a time there was a dog",), num_sequences=1, max_tokens=4),
+            model=model,
+        )
     assert "shorten the opening" in one_line(excinfo)
 
 
@@ -337,7 +376,12 @@ def test_default_sources_depend_on_the_model():
     from polykv.profile.corpus import DEFAULT_SOURCES, DEMO_SOURCES, default_sources, model_source
 
     assert default_sources("demo") == DEMO_SOURCES
-    assert default_sources("Qwen/Qwen3-8B") == DEFAULT_SOURCES == CorpusSpec().sources == ("kjv", "jargon", "stdlib", "model")
+    assert (
+        default_sources("Qwen/Qwen3-8B")
+        == DEFAULT_SOURCES
+        == CorpusSpec().sources
+        == ("kjv", "jargon", "stdlib", "model")
+    )
     assert CorpusSpec(sources=DEMO_SOURCES).sources == DEMO_SOURCES  # valid, each family once
     assert all(model_source(s) is not None for s in DEMO_SOURCES)
     assert all("," not in s for s in DEMO_SOURCES)  # the CLI's --sources splits at commas
@@ -372,4 +416,8 @@ def test_the_cli_uses_the_models_default_sources_unless_given():
 
     assert _corpus_sources(None, "demo") == DEMO_SOURCES
     assert _corpus_sources(None, "Qwen/Qwen3-8B") == DEFAULT_SOURCES
-    assert _corpus_sources("kjv, model@0.7,model:Tom had a red ball", "demo") == ("kjv", "model@0.7", "model:Tom had a red ball")
+    assert _corpus_sources("kjv, model@0.7,model:Tom had a red ball", "demo") == (
+        "kjv",
+        "model@0.7",
+        "model:Tom had a red ball",
+    )

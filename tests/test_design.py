@@ -128,8 +128,13 @@ def test_diff_lists_changed_cells_and_plan_fields(mixed):
 
 @pytest.mark.parametrize(
     ("name", "file"),
-    [("my plan", "my-plan.json"), ("../../etc/passwd", "etc-passwd.json"), ("a/b\\c", "a-b-c.json"),
-     ("ok.json", "ok.json"), ("  spaced  ", "spaced.json")],
+    [
+        ("my plan", "my-plan.json"),
+        ("../../etc/passwd", "etc-passwd.json"),
+        ("a/b\\c", "a-b-c.json"),
+        ("ok.json", "ok.json"),
+        ("  spaced  ", "spaced.json"),
+    ],
 )
 def test_plan_filenames_are_safe(name, file):
     assert design.plan_filename(name) == file

@@ -62,15 +62,31 @@ def test_unknown_suite_and_wrong_plan_are_refused(demo_model, tmp_path):
 
 
 def _eval_command(workspace: Path) -> list[str]:
-    return [sys.executable, "-m", "polykv.cli", "eval", "--plan", str(MIXED),
-            "--samples", "3", "--tasks", "prose,stories", "--prompt-tokens", "128", "-w", str(workspace)]
+    return [
+        sys.executable,
+        "-m",
+        "polykv.cli",
+        "eval",
+        "--plan",
+        str(MIXED),
+        "--samples",
+        "3",
+        "--tasks",
+        "prose,stories",
+        "--prompt-tokens",
+        "128",
+        "-w",
+        str(workspace),
+    ]
 
 
 @pytest.mark.slow  # three real `polykv eval` processes, one killed
 def test_a_killed_run_resumes_without_recomputing_finished_samples(tmp_path):
     env = {**os.environ, "POLYKV_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"}
     killed = tmp_path / "killed"
-    process = subprocess.Popen(_eval_command(killed), env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        _eval_command(killed), env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
 
     def two_samples_committed():
         if (killed / "results.sqlite").exists():
@@ -215,13 +231,18 @@ def test_the_demos_story_tasks_are_held_out_from_its_calibration_corpus(demo_mod
     samples = build_samples(tokenizer, model, settings, seed=0)
     assert [task for task, _, _ in samples] == [t for t in DEMO_TASKS for _ in range(2)]
     length = len(samples[0][2])
-    calibration = build_corpus(tokenizer, CorpusSpec(sources=default_sources("demo"), num_sequences=14,
-                                                     max_tokens=length, seed=0), model=model)
+    calibration = build_corpus(
+        tokenizer, CorpusSpec(sources=default_sources("demo"), num_sequences=14, max_tokens=length, seed=0), model=model
+    )
     held_out = {tuple(ids) for _, _, ids in samples}
     assert len(held_out) == len(samples) and not held_out & {tuple(s) for s in calibration.sequences}
     # a task's samples do not depend on the other tasks listed
-    alone = build_samples(tokenizer, model, FidelitySettings(tasks=("tale-sun",), samples_per_task=2, prompt_tokens=40,
-                                                             continuation=8, generate=8), seed=0)
+    alone = build_samples(
+        tokenizer,
+        model,
+        FidelitySettings(tasks=("tale-sun",), samples_per_task=2, prompt_tokens=40, continuation=8, generate=8),
+        seed=0,
+    )
     assert alone == [s for s in samples if s[0] == "tale-sun"]
 
 
@@ -232,7 +253,7 @@ def test_fullkv_reference_is_computed_once_per_sample_and_scores_are_unchanged(d
 
     model, tokenizer = demo_model
     settings = FidelitySettings(tasks=("stories",), samples_per_task=1, prompt_tokens=48, continuation=8, generate=8)
-    (_, _, ids), = fidelity.build_samples(tokenizer, model, settings, seed=0)
+    ((_, _, ids),) = fidelity.build_samples(tokenizer, model, settings, seed=0)
     plans = [Plan.homogeneous("streamingllm", 16, 5, params={"sinks": 4}), Plan.homogeneous("tova", 16, 5)]
 
     fresh = []

@@ -21,8 +21,8 @@ from polykv.plan import FULL, LayerPlan, Phase, Plan, Scope
 from polykv.profile import profiler
 from polykv.profile.build import build_profile
 from polykv.profile.corpus import CorpusSpec
-from polykv.routing import plan_from_profile
 from polykv.profile.store import Profile
+from polykv.routing import plan_from_profile
 from tests.helpers import assert_one_line_error
 
 TINY = FidelitySettings(tasks=("prose", "stories"), samples_per_task=1, prompt_tokens=96, continuation=8, generate=8)
@@ -44,11 +44,21 @@ class FakeRunner(ExperimentRunner):
             run_id = f"fake-{plan.name}"
             if self.store.run(run_id) is None:
                 scores = self.score_of(plan)
-                self.store.create_run(run_id, model="fake", plan_name=plan.name, plan_hash=run_id,
-                                      plan_json=plan.to_json(), suite="fidelity", settings={}, seed=0,
-                                      total_samples=len(scores), versions={})
-                self.store.set_task_scores(run_id, {t: {"top1": v, "kl": v} for t, v in scores.items()},
-                                           {t: 1 for t in scores})
+                self.store.create_run(
+                    run_id,
+                    model="fake",
+                    plan_name=plan.name,
+                    plan_hash=run_id,
+                    plan_json=plan.to_json(),
+                    suite="fidelity",
+                    settings={},
+                    seed=0,
+                    total_samples=len(scores),
+                    versions={},
+                )
+                self.store.set_task_scores(
+                    run_id, {t: {"top1": v, "kl": v} for t, v in scores.items()}, {t: 1 for t in scores}
+                )
                 self.store.set_status(run_id, "finished")
             ids.append(run_id)
         return ids
@@ -61,13 +71,23 @@ def fake_runner(tmp_path, metric: str, score_of: Callable[[Plan], dict[str, floa
 def fake_profile(cosine: dict[str, list[float]], entropy: list[float]) -> Profile:
     """A decode-phase profile over len(entropy) layers with the given cosine per method and layer
     (dppl = 1 - cosine, so that the ppl allocation has a sensitivity to work from)."""
-    rows = [{"layer": layer, "scope": "decode", "method": method, "cosine": value, "dppl": 1.0 - value}
-            for method, values in cosine.items() for layer, value in enumerate(values)]
-    metadata = {"key": "fake-profile", "model": "fake", "num_layers": len(entropy), "capacity": 16,
-                "scopes": ["decode"], "method_params": {}, "corpus": {"num_sequences": 1},
-                # measured with today's methods and profiler, so that the profile is current
-                "methods": {name: getattr(cls, "revision", 1) for name, cls in REGISTRY.items()},
-                "profile_revision": getattr(profiler, "PROFILE_REVISION", 1)}
+    rows = [
+        {"layer": layer, "scope": "decode", "method": method, "cosine": value, "dppl": 1.0 - value}
+        for method, values in cosine.items()
+        for layer, value in enumerate(values)
+    ]
+    metadata = {
+        "key": "fake-profile",
+        "model": "fake",
+        "num_layers": len(entropy),
+        "capacity": 16,
+        "scopes": ["decode"],
+        "method_params": {},
+        "corpus": {"num_sequences": 1},
+        # measured with today's methods and profiler, so that the profile is current
+        "methods": {name: getattr(cls, "revision", 1) for name, cls in REGISTRY.items()},
+        "profile_revision": getattr(profiler, "PROFILE_REVISION", 1),
+    }
     return Profile(metadata, pd.DataFrame(rows), pd.DataFrame({"layer": range(len(entropy)), "entropy": entropy}))
 
 
@@ -88,8 +108,10 @@ def test_a_decode_routes_sweep_runs_every_baseline_under_its_own_protocol():
         assert labels == ["route-uniform", *baseline_methods()]  # no route-ppl without a profile
         snapkv = plans[(budget, "snapkv")]  # SnapKV compresses the prompt; decode keeps every token
         assert snapkv.scope is Scope.PREFILL
-        assert all(lay.prefill.method == "snapkv" and lay.prefill.capacity == budget and lay.decode.method == FULL
-                   for lay in snapkv.layers)
+        assert all(
+            lay.prefill.method == "snapkv" and lay.prefill.capacity == budget and lay.decode.method == FULL
+            for lay in snapkv.layers
+        )
         tova = plans[(budget, "tova")]  # TOVA is active in both phases
         assert tova.scope is Scope.BOTH and all(lay[p].method == "tova" for lay in tova.layers for p in Phase)
         d2o = plans[(budget, "d2o")]  # D2O is decode-only, with its own layer budgets
@@ -109,7 +131,7 @@ def test_the_sweep_of_a_two_phase_route_keeps_both_phases_and_the_prefill_only_b
     both = Plan.homogeneous("h2o", 24, 5, "both", name="both-route")
     plans = sweep_plans(both, [16, 32], ["snapkv", "cake"])
     assert plans[(16, "snapkv")].scope is Scope.PREFILL
-    for (budget, name), plan in plans.items():
+    for (budget, _name), plan in plans.items():
         if budget is None:
             continue
         for phase in plan.scope.phases:
@@ -118,8 +140,9 @@ def test_the_sweep_of_a_two_phase_route_keeps_both_phases_and_the_prefill_only_b
 
 
 def test_route_ppl_takes_the_profiles_ppl_allocation_at_each_budget():
-    profile = fake_profile({"streamingllm": [0.5] * 4, "tova": [0.9, 0.9, 0.6, 0.6], "h2o": [0.6, 0.6, 0.9, 0.9]},
-                           [1.0] * 4)
+    profile = fake_profile(
+        {"streamingllm": [0.5] * 4, "tova": [0.9, 0.9, 0.6, 0.6], "h2o": [0.6, 0.6, 0.9, 0.9]}, [1.0] * 4
+    )
     route = decode_route(["tova", "tova", "h2o", "h2o"], 16)
     plans = sweep_plans(route, [16], ["h2o"], profile=profile)
     assert list(plans) == [(16, "route-uniform"), (16, "route-ppl"), (16, "h2o"), (None, FULL)]
@@ -132,14 +155,17 @@ def test_route_ppl_takes_the_profiles_ppl_allocation_at_each_budget():
     assert sum(caps) == 64 and caps[3] == max(caps) and caps[0] == caps[1] == caps[2] < caps[3]
 
 
-@pytest.mark.parametrize(("bad", "message"), [
-    ({"budgets": []}, "at least one budget"),
-    ({"budgets": [16, 16]}, "repeat"),
-    ({"budgets": [0]}, "positive whole numbers"),
-    ({"baselines": ["nope"]}, "unknown method 'nope'"),
-    ({"baselines": []}, "at least one baseline"),
-    ({"overrides": {"snapkv": "decode"}}, "snapkv runs only in prefill"),
-])
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"budgets": []}, "at least one budget"),
+        ({"budgets": [16, 16]}, "repeat"),
+        ({"budgets": [0]}, "positive whole numbers"),
+        ({"baselines": ["nope"]}, "unknown method 'nope'"),
+        ({"baselines": []}, "at least one baseline"),
+        ({"overrides": {"snapkv": "decode"}}, "snapkv runs only in prefill"),
+    ],
+)
 def test_bad_sweep_input_is_a_one_line_error(bad, message):
     route = decode_route(["tova", "h2o"], 16)
     kwargs = {"budgets": [16], **bad}
@@ -150,21 +176,30 @@ def test_bad_sweep_input_is_a_one_line_error(bad, message):
 # ---- the sweep's report (Table 5) -----------------------------------------------------------------
 # Per task (t1, t2, t3): the route and two baselines at budgets 8, 16, 32, and FullKV.
 SWEEP_SCORES = {
-    "route-uniform-b8": (0.25, 0.25, 0.25), "h2o-both-8": (0.125, 0.125, 0.125), "snapkv-prefill-8": (0.0, 0.0, 0.0),
-    "route-uniform-b16": (0.5, 0.5, 0.5), "h2o-both-16": (0.25, 0.25, 0.25), "snapkv-prefill-16": (0.375, 0.375, 0.375),
-    "route-uniform-b32": (0.75, 0.75, 0.75), "h2o-both-32": (0.25, 0.75, 0.5), "snapkv-prefill-32": (0.25, 0.25, 0.25),
+    "route-uniform-b8": (0.25, 0.25, 0.25),
+    "h2o-both-8": (0.125, 0.125, 0.125),
+    "snapkv-prefill-8": (0.0, 0.0, 0.0),
+    "route-uniform-b16": (0.5, 0.5, 0.5),
+    "h2o-both-16": (0.25, 0.25, 0.25),
+    "snapkv-prefill-16": (0.375, 0.375, 0.375),
+    "route-uniform-b32": (0.75, 0.75, 0.75),
+    "h2o-both-32": (0.25, 0.75, 0.5),
+    "snapkv-prefill-32": (0.25, 0.25, 0.25),
     "full-both": (1.0, 1.0, 1.0),
 }
 
 
-@pytest.mark.parametrize(("metric", "best", "verdicts"), [
-    # top1, higher is better. 2b at 8: route 0.25 vs snapkv@16 0.375 in every task: CI [-0.125, -0.125], falls
-    # short. At 16: route 0.5 vs h2o@32 (0.25, 0.75, 0.5): differences (0.25, -0.25, 0), the CI straddles 0.
-    ("top1", {8: "h2o", 16: "snapkv", 32: "h2o"}, {8: "falls short", 16: "matches"}),
-    # kl, lower is better. 2b at 8: route 0.25 vs h2o@16 0.25: CI [0, 0], whose upper end in the better
-    # direction is 0: matches. At 16: route 0.5 vs snapkv@32 0.25 everywhere: 0.25 worse, falls short.
-    ("kl", {8: "snapkv", 16: "h2o", 32: "snapkv"}, {8: "matches", 16: "falls short"}),
-])
+@pytest.mark.parametrize(
+    ("metric", "best", "verdicts"),
+    [
+        # top1, higher is better. 2b at 8: route 0.25 vs snapkv@16 0.375 in every task: CI [-0.125, -0.125], falls
+        # short. At 16: route 0.5 vs h2o@32 (0.25, 0.75, 0.5): differences (0.25, -0.25, 0), the CI straddles 0.
+        ("top1", {8: "h2o", 16: "snapkv", 32: "h2o"}, {8: "falls short", 16: "matches"}),
+        # kl, lower is better. 2b at 8: route 0.25 vs h2o@16 0.25: CI [0, 0], whose upper end in the better
+        # direction is 0: matches. At 16: route 0.5 vs snapkv@32 0.25 everywhere: 0.25 worse, falls short.
+        ("kl", {8: "snapkv", 16: "h2o", 32: "snapkv"}, {8: "matches", 16: "falls short"}),
+    ],
+)
 def test_sweep_reports_the_envelope_route_minus_envelope_and_the_2b_verdict(tmp_path, metric, best, verdicts):
     route = decode_route(["tova", "h2o", "h2o"], 16)
     runner = fake_runner(tmp_path, metric, lambda plan: dict(zip(("t1", "t2", "t3"), SWEEP_SCORES[plan.name])))
@@ -173,8 +208,10 @@ def test_sweep_reports_the_envelope_route_minus_envelope_and_the_2b_verdict(tmp_
     assert [r["budget"] for r in report.rows] == [8, 16, 32]
     assert {r["budget"]: r["best baseline"] for r in report.rows} == best
     data = report.data
-    assert data["envelope"] == {b: {"baseline": best[b], "score": sum(SWEEP_SCORES[f"{best[b]}-{suffix}-{b}"]) / 3}
-                                for b, suffix in ((b, "both" if best[b] == "h2o" else "prefill") for b in best)}
+    assert data["envelope"] == {
+        b: {"baseline": best[b], "score": sum(SWEEP_SCORES[f"{best[b]}-{suffix}-{b}"]) / 3}
+        for b, suffix in ((b, "both" if best[b] == "h2o" else "prefill") for b in best)
+    }
     assert data["full"]["score"] == 1.0 and data["full"]["run"] == "fake-full-both"
     # route-uniform - envelope, with the interval of route-uniform vs the envelope's method at that budget
     assert data["versus_envelope"][8]["difference"] == pytest.approx(0.25 - (0.125 if metric == "top1" else 0.0))
@@ -182,16 +219,23 @@ def test_sweep_reports_the_envelope_route_minus_envelope_and_the_2b_verdict(tmp_
     assert report.rows[2]["route-uniform - envelope"] == pytest.approx(expected_32)
     assert {b: v["verdict"] for b, v in data["double"].items()} == verdicts  # 32 has no 64: no 2b line
     assert data["double"][8]["baseline"] == best[16] and data["double"][16]["baseline"] == best[32]
-    assert data["double"][8]["difference"] == pytest.approx(0.25 - sum(SWEEP_SCORES[
-        "snapkv-prefill-16" if best[16] == "snapkv" else "h2o-both-16"]) / 3)
+    assert data["double"][8]["difference"] == pytest.approx(
+        0.25 - sum(SWEEP_SCORES["snapkv-prefill-16" if best[16] == "snapkv" else "h2o-both-16"]) / 3
+    )
     assert report.lines[0] == f"metric {metric} ({'higher' if metric == 'top1' else 'lower'} is better)"
     assert "route-ppl omitted: no profile given" in report.lines[1]
-    assert report.lines[2].startswith("protocol h2o: prefill + decode") and report.lines[3].startswith("protocol snapkv: prefill")
+    assert report.lines[2].startswith("protocol h2o: prefill + decode") and report.lines[3].startswith(
+        "protocol snapkv: prefill"
+    )
     assert report.lines[4].startswith("FullKV (budget-independent, one run fake-full-both): 1.0000")
-    assert any(line.startswith("2b comparison:") and "upper end in the better direction is >= 0" in line
-               for line in report.lines)
-    assert any(line.startswith(f"2b: route-uniform at 8 - best baseline at 16 ({best[16]})") and
-               line.endswith(verdicts[8]) for line in report.lines)
+    assert any(
+        line.startswith("2b comparison:") and "upper end in the better direction is >= 0" in line
+        for line in report.lines
+    )
+    assert any(
+        line.startswith(f"2b: route-uniform at 8 - best baseline at 16 ({best[16]})") and line.endswith(verdicts[8])
+        for line in report.lines
+    )
 
 
 # ---- the factorial (Table 2) ----------------------------------------------------------------------
@@ -200,21 +244,30 @@ H_U = (0.5, 0.5, 0.75, 0.5)
 H_A = (0.5, 0.75, 0.75, 0.5)
 R_U = (0.75, 0.625, 0.75, 0.25)
 R_A = (1.0, 0.625, 0.75, 0.5)
-FACTORIAL_SCORES = {"h2o-decode-uniform-b24": H_U, "h2o-decode-entropy-b24": H_A,
-                    "toprank-cosine-uniform-decode-b24": R_U, "toprank-cosine-entropy-decode-b24": R_A}
+FACTORIAL_SCORES = {
+    "h2o-decode-uniform-b24": H_U,
+    "h2o-decode-entropy-b24": H_A,
+    "toprank-cosine-uniform-decode-b24": R_U,
+    "toprank-cosine-entropy-decode-b24": R_A,
+}
 
 
 @pytest.mark.parametrize("metric", ["top1", "kl"])
 def test_factorial_primary_contrast_is_routing_under_uniform_allocation(tmp_path, metric):
-    profile = fake_profile({"streamingllm": [0.5] * 4, "tova": [0.9, 0.9, 0.6, 0.6], "h2o": [0.6, 0.6, 0.9, 0.9]},
-                           [1.0, 2.0, 3.0, 4.0])
+    profile = fake_profile(
+        {"streamingllm": [0.5] * 4, "tova": [0.9, 0.9, 0.6, 0.6], "h2o": [0.6, 0.6, 0.9, 0.9]}, [1.0, 2.0, 3.0, 4.0]
+    )
     tasks = ("t1", "t2", "t3", "t4")
     runner = fake_runner(tmp_path, metric, lambda plan: dict(zip(tasks, FACTORIAL_SCORES[plan.name])))
     report = factorial(runner, profile, "decode", 24, "h2o", allocation="entropy")
 
     cells = {(r["routing"], r["allocation"]): r for r in report.rows}
-    assert set(cells) == {("homogeneous", "uniform"), ("homogeneous", "entropy"), ("routed", "uniform"),
-                          ("routed", "entropy")}
+    assert set(cells) == {
+        ("homogeneous", "uniform"),
+        ("homogeneous", "entropy"),
+        ("routed", "uniform"),
+        ("routed", "entropy"),
+    }
     assert cells[("routed", "uniform")][metric] == pytest.approx(sum(R_U) / 4)
     for row in report.rows:  # the same total capacity everywhere; the homogeneous cells copy the routed capacities
         plan = Plan.from_json(runner.store.run(row["run"])["plan_json"])
@@ -236,8 +289,10 @@ def test_factorial_primary_contrast_is_routing_under_uniform_allocation(tmp_path
     else:  # lower is better: the same differences count the other way
         assert (primary["wins"], primary["ties"], primary["losses"], primary["loto_better"]) == (1, 1, 2, 1)
     line = next(x for x in report.lines if x.startswith("primary: "))
-    assert line.startswith(f"primary: routing under uniform allocation (routed-uniform - homogeneous-uniform): "
-                           f"+0.0312 {metric}, 95% paired bootstrap CI [")
+    assert line.startswith(
+        f"primary: routing under uniform allocation (routed-uniform - homogeneous-uniform): "
+        f"+0.0312 {metric}, 95% paired bootstrap CI ["
+    )
     assert "over 4 tasks" in line and "wins / ties / losses" in line
     loto = next(x for x in report.lines if x.startswith("primary leave-one-task-out"))
     assert "t1 -0.0417, t2 +0.0000, t3 +0.0417, t4 +0.1250" in loto
@@ -252,10 +307,14 @@ def test_factorial_primary_contrast_is_routing_under_uniform_allocation(tmp_path
     secondary = [x for x in report.lines if x.startswith("secondary: ")]
     assert [x.split(":")[1].strip() for x in secondary] == [
         "allocation effect under homogeneous routing (entropy - uniform)",
-        "allocation effect under TopRank routing (entropy - uniform)", "interaction ((r_a - r_u) - (h_a - h_u))"]
+        "allocation effect under TopRank routing (entropy - uniform)",
+        "interaction ((r_a - r_u) - (h_a - h_u))",
+    ]
     assert all("95% paired bootstrap CI" in x for x in secondary)
     assert report.data["cells"]["routed-uniform"]["run"] == "fake-toprank-cosine-uniform-decode-b24"
-    assert report.lines[0].startswith(f"metric {metric}") and report.lines[1].startswith("protocol: homogeneous cells run h2o")
+    assert report.lines[0].startswith(f"metric {metric}") and report.lines[1].startswith(
+        "protocol: homogeneous cells run h2o"
+    )
     with pytest.raises(ValueError, match="must differ from uniform"):
         factorial(runner, profile, "decode", 24, "h2o", allocation="uniform")
 
@@ -275,8 +334,9 @@ def test_placement_statistics_exclude_the_guided_route_and_count_one_sided(tmp_p
     profile = fake_profile(PLACEMENT_PROFILE, [1.0] * 4)
     guided = decode_route(["tova", "tova", "h2o", "h2o"], 16, name="guided")  # S = 12, the largest
     # The random placements score in the order of their S (Spearman +1 over them); the guided route worst.
-    runner = fake_runner(tmp_path, "top1", lambda plan: {
-        "t1": 0.0 if plan.name == "guided" else tova_weight(plan) / 100, "t2": 0.5})
+    runner = fake_runner(
+        tmp_path, "top1", lambda plan: {"t1": 0.0 if plan.name == "guided" else tova_weight(plan) / 100, "t2": 0.5}
+    )
     report = placement(runner, profile, guided, k=4)
     data = report.data
     assert len(data["random"]) == 4 and all(r["plan"] != "guided" for r in data["random"])
@@ -285,8 +345,10 @@ def test_placement_statistics_exclude_the_guided_route_and_count_one_sided(tmp_p
     assert [r["S"] for r in data["random"]] == pytest.approx([r["score"] * 2 - 0.5 for r in data["random"]])
     # Spearman over the 4 random placements only: exactly +1 (with the guided route it would not be)
     assert data["spearman"] == pytest.approx(1.0)
-    with_guided = spearman([data["guided"]["S"]] + [r["S"] for r in data["random"]],
-                           [data["guided"]["score"]] + [r["score"] for r in data["random"]])
+    with_guided = spearman(
+        [data["guided"]["S"]] + [r["S"] for r in data["random"]],
+        [data["guided"]["score"]] + [r["score"] for r in data["random"]],
+    )
     assert with_guided < 0.5
     # one-sided: P(rho_perm >= 1) = 1/24 over the 4! orders (two-sided would be 2/24), p = (1 + count) / (N + 1)
     assert data["permutations"] == 10_000 and data["spearman_p"] == pytest.approx(1 / 24, abs=0.01)
@@ -327,7 +389,11 @@ def test_factorial_runs_four_cells_at_matched_capacity(setup):
     profile, runner = setup
     report = factorial(runner, profile, "decode", 24, "tova", allocation="entropy")
     assert {(r["routing"], r["allocation"]) for r in report.rows} == {
-        ("homogeneous", "uniform"), ("homogeneous", "entropy"), ("routed", "uniform"), ("routed", "entropy")}
+        ("homogeneous", "uniform"),
+        ("homogeneous", "entropy"),
+        ("routed", "uniform"),
+        ("routed", "entropy"),
+    }
     for row in report.rows:  # every cell keeps the same total capacity, L x b
         plan = Plan.from_json(runner.store.run(row["run"])["plan_json"])
         assert plan.summary().phases[Phase.DECODE].total_capacity == 5 * 24
@@ -354,7 +420,9 @@ def test_placement_ranks_the_guided_route_among_nine_placements(setup):
         assert [lay.prefill for lay in plan.layers] == [lay.prefill for lay in guided.layers]
     assert len({tuple(lay.decode.method for lay in plan.layers) for plan in plans}) == 10
     assert any(line.startswith("primary: Spearman") for line in report.lines)
-    assert any(line.startswith("secondary (descriptive): guided route rank ") and "of 10" in line for line in report.lines)
+    assert any(
+        line.startswith("secondary (descriptive): guided route rank ") and "of 10" in line for line in report.lines
+    )
 
 
 @pytest.mark.slow  # ten or so real runs of the demo model
@@ -379,8 +447,24 @@ def test_placement_refuses_a_two_phase_plan(setup, polykv, tmp_path):
         placement(runner, profile, both, k=3)
     path = tmp_path / "both.json"
     both.save(path)
-    result = polykv("experiment", "placement", "--plan", str(path), "--profile", str(profile.path), "--k", "3",
-                    "--samples", "1", "--tasks", "prose", "--prompt-tokens", "96", "-w", str(tmp_path))
+    result = polykv(
+        "experiment",
+        "placement",
+        "--plan",
+        str(path),
+        "--profile",
+        str(profile.path),
+        "--k",
+        "3",
+        "--samples",
+        "1",
+        "--tasks",
+        "prose",
+        "--prompt-tokens",
+        "96",
+        "-w",
+        str(tmp_path),
+    )
     assert_one_line_error(result, "single-phase plan")
 
 
@@ -390,14 +474,33 @@ def test_experiment_sweep_command_prints_protocols_fullkv_and_the_2b_lines(setup
     path = tmp_path / "route.json"
     plan_from_profile(profile, "decode", 24, "cosine", "uniform").save(path)
     # The library test's workspace and settings: the same runs, found again rather than recomputed.
-    common = ("--plan", str(path), "--budgets", "16,32", "--settings", json.dumps(TINY.to_dict()), "--metric", "kl",
-              "-w", str(runner.store.path.parent))
+    common = (
+        "--plan",
+        str(path),
+        "--budgets",
+        "16,32",
+        "--settings",
+        json.dumps(TINY.to_dict()),
+        "--metric",
+        "kl",
+        "-w",
+        str(runner.store.path.parent),
+    )
     bad = polykv("experiment", "sweep", *common, "--protocol", "snapkv=decode")
     assert_one_line_error(bad, "snapkv runs only in prefill")
     bad = polykv("experiment", "sweep", *common, "--protocol", "tova")
     assert_one_line_error(bad, "expected METHOD=SCOPE")
-    result = polykv("experiment", "sweep", *common, "--baselines", "tova,d2o", "--protocol", "tova=both",
-                    "--profile", str(profile.path))
+    result = polykv(
+        "experiment",
+        "sweep",
+        *common,
+        "--baselines",
+        "tova,d2o",
+        "--protocol",
+        "tova=both",
+        "--profile",
+        str(profile.path),
+    )
     assert result.returncode == 0, result.stderr
     assert "metric kl (lower is better)" in result.stdout
     assert "protocol tova: prefill + decode" in result.stdout

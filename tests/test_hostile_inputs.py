@@ -83,8 +83,10 @@ def deep_plan(levels: int) -> str:
 
 
 def native(capacities: list[int], params: list[dict] | None = None) -> dict:
-    layers = [{"prefill": {"method": "pyramidkv", "capacity": c, "params": (params or [{}] * 5)[i]}}
-              for i, c in enumerate(capacities)]
+    layers = [
+        {"prefill": {"method": "pyramidkv", "capacity": c, "params": (params or [{}] * 5)[i]}}
+        for i, c in enumerate(capacities)
+    ]
     return {"name": "native", "scope": "prefill", "allocation": "native", "layers": layers}
 
 
@@ -105,6 +107,7 @@ def drop(key):
     def change(meta):
         meta.pop(key)
         return meta
+
     return change
 
 
@@ -112,12 +115,21 @@ def setting(key, value):
     def change(meta):
         meta[key] = value
         return meta
+
     return change
 
 
 def route(change=None, files=None, model="demo"):
-    return lambda folder: ["route", profile_copy(folder, change, files), "-o", "out.json", "--budget", "16",
-                           "--model", model]
+    return lambda folder: [
+        "route",
+        profile_copy(folder, change, files),
+        "-o",
+        "out.json",
+        "--budget",
+        "16",
+        "--model",
+        model,
+    ]
 
 
 def csv_without_column(target: Path) -> None:
@@ -149,6 +161,7 @@ def damaged_database(content: bytes | None = None, foreign: bool = False, versio
                     con.execute(f"PRAGMA user_version = {version}")
             con.close()
         return ["runs", "-w", "ws"]
+
     return setup
 
 
@@ -157,32 +170,45 @@ def jobs_dir_with(name: str, content) -> object:
         (folder / "ws" / "jobs").mkdir(parents=True)
         write(folder / "ws" / "jobs", name, content)
         return ["jobs", "cancel", name.removesuffix(".json"), "-w", "ws"]
+
     return setup
 
 
-HUGE_INT = '{"name": "x", "scope": "decode", "layers": [{"decode": {"method": "tova", "capacity": ' + "9" * 5000 + "}}]}"
+HUGE_INT = (
+    '{"name": "x", "scope": "decode", "layers": [{"decode": {"method": "tova", "capacity": ' + "9" * 5000 + "}}]}"
+)
 
 CLI_CASES: dict[str, Case] = {
     # ---- plan files that are not plans
     "plan-missing": Case(["plan", "show", "nope.json"], "no such plan file"),
-    "plan-is-a-directory": Case(lambda f: ["plan", "show", (f / "dir.json").mkdir() or "dir.json"], "a directory, not a plan file"),
+    "plan-is-a-directory": Case(
+        lambda f: ["plan", "show", (f / "dir.json").mkdir() or "dir.json"], "a directory, not a plan file"
+    ),
     "plan-is-dev-zero": Case(["plan", "show", "/dev/zero"], "a device, not a plan file"),
     "plan-is-a-fifo": Case(lambda f: ["plan", "validate", fifo(f, "pipe.json")], "a FIFO, not a plan file"),
-    "plan-symlink-to-device": Case(lambda f: ["plan", "show", os.symlink("/dev/zero", f / "z.json") or "z.json"], "a device"),
+    "plan-symlink-to-device": Case(
+        lambda f: ["plan", "show", os.symlink("/dev/zero", f / "z.json") or "z.json"], "a device"
+    ),
     "plan-too-large": Case(plan_file(" " * (4 * 1024 * 1024 + 10)), "more than the 4,194,304 PolyKV reads"),
     "plan-not-utf8": Case(plan_file(b"\xff\xfe{}"), "not UTF-8 text"),
     "plan-malformed-json": Case(plan_file("{"), "malformed JSON at line 1"),
     "plan-empty-file": Case(plan_file(""), "malformed JSON"),
     "plan-is-a-list": Case(plan_file([1, 2]), "a plan must be a JSON object"),
     "plan-deeply-nested": Case(plan_file(deep_plan(100_000)), "nested more than 32 levels deep"),
-    "plan-nan": Case(plan_file(MIXED.read_text().replace('"capacity": 48', '"capacity": NaN', 1)), "NaN is not a number"),
+    "plan-nan": Case(
+        plan_file(MIXED.read_text().replace('"capacity": 48', '"capacity": NaN', 1)), "NaN is not a number"
+    ),
     "plan-huge-integer": Case(plan_file(HUGE_INT), "limit"),
     "plan-unknown-field": Case(plan_file(mixed(colour="red")), "colour: unknown field"),
-    "plan-missing-name": Case(plan_file({k: v for k, v in mixed().items() if k != "name"}), "name: required field is missing"),
+    "plan-missing-name": Case(
+        plan_file({k: v for k, v in mixed().items() if k != "name"}), "name: required field is missing"
+    ),
     "plan-wrong-format": Case(plan_file(mixed(format="other")), "format: expected 'polykv.plan'"),
     "plan-wrong-version": Case(plan_file(mixed(version=9)), "this PolyKV reads plan version 1"),
     "plan-no-layers": Case(plan_file(mixed(layers=[])), "layers"),
-    "plan-layer-count": Case(plan_file(Plan.homogeneous("tova", 32, 3).to_dict()), "the plan has 3 layers but the model has 5"),
+    "plan-layer-count": Case(
+        plan_file(Plan.homogeneous("tova", 32, 3).to_dict()), "the plan has 3 layers but the model has 5"
+    ),
     "plan-too-many-layers": Case(plan_file(mixed(layers=[{}] * 5000)), "layers"),
     "plan-unknown-method": Case(plan_file(with_layer(0, "decode", method="nope", capacity=8)), "unknown method 'nope'"),
     "plan-negative-capacity": Case(plan_file(with_layer(1, "decode", method="tova", capacity=-4)), "capacity"),
@@ -190,50 +216,130 @@ CLI_CASES: dict[str, Case] = {
     "plan-boolean-capacity": Case(plan_file(with_layer(1, "decode", method="tova", capacity=True)), "capacity"),
     "plan-string-capacity": Case(plan_file(with_layer(1, "decode", method="tova", capacity="48")), "capacity"),
     "plan-float-capacity": Case(plan_file(with_layer(1, "decode", method="tova", capacity=4.5)), "capacity"),
-    "plan-full-with-capacity": Case(plan_file(with_layer(1, "decode", method="full", capacity=8)), "'full' keeps every token"),
-    "plan-phase-incompatible": Case(plan_file(with_layer(3, "decode", method="snapkv", capacity=32)), "does not support the decode phase"),
+    "plan-full-with-capacity": Case(
+        plan_file(with_layer(1, "decode", method="full", capacity=8)), "'full' keeps every token"
+    ),
+    "plan-phase-incompatible": Case(
+        plan_file(with_layer(3, "decode", method="snapkv", capacity=32)), "does not support the decode phase"
+    ),
     "plan-scope-mismatch": Case(plan_file(mixed(scope="prefill")), "must use 'full'"),
-    "param-unknown": Case(plan_file(with_layer(2, "decode", method="h2o", capacity=32, params={"colour": 1})), "has no parameter 'colour'"),
-    "param-window-true": Case(plan_file(with_layer(1, "prefill", method="snapkv", capacity=32, params={"window": True})), "window"),
-    "param-window-string": Case(plan_file(with_layer(1, "prefill", method="snapkv", capacity=32, params={"window": "8"})), "window"),
-    "param-window-float": Case(plan_file(with_layer(1, "prefill", method="snapkv", capacity=32, params={"window": 8.5})), "window"),
-    "param-window-over-capacity": Case(plan_file(with_layer(1, "prefill", method="snapkv", capacity=32, params={"window": 32})), "must be smaller than the capacity"),
-    "param-sinks-negative": Case(plan_file(with_layer(0, "decode", method="streamingllm", capacity=32, params={"sinks": -1})), "sinks"),
-    "param-history-1e9": Case(plan_file(with_layer(2, "decode", method="scissorhands", capacity=32, params={"history": 10**9})), "history"),
-    "param-cake-tau-tiny": Case(plan_file(with_layer(2, "decode", method="cake", capacity=32, params={"tau": 1e-300})), "tau"),
-    "param-cake-gamma-inf": Case(plan_file(MIXED.read_text().replace('{"method": "h2o", "capacity": 48}}', '{"method": "cake", "capacity": 48, "params": {"gamma": 1e999}}}', 1)), "gamma"),
-    "param-pooling-unknown": Case(plan_file(with_layer(1, "prefill", method="snapkv", capacity=32, params={"window": 8, "pooling": "median"})), "pooling"),
+    "param-unknown": Case(
+        plan_file(with_layer(2, "decode", method="h2o", capacity=32, params={"colour": 1})), "has no parameter 'colour'"
+    ),
+    "param-window-true": Case(
+        plan_file(with_layer(1, "prefill", method="snapkv", capacity=32, params={"window": True})), "window"
+    ),
+    "param-window-string": Case(
+        plan_file(with_layer(1, "prefill", method="snapkv", capacity=32, params={"window": "8"})), "window"
+    ),
+    "param-window-float": Case(
+        plan_file(with_layer(1, "prefill", method="snapkv", capacity=32, params={"window": 8.5})), "window"
+    ),
+    "param-window-over-capacity": Case(
+        plan_file(with_layer(1, "prefill", method="snapkv", capacity=32, params={"window": 32})),
+        "must be smaller than the capacity",
+    ),
+    "param-sinks-negative": Case(
+        plan_file(with_layer(0, "decode", method="streamingllm", capacity=32, params={"sinks": -1})), "sinks"
+    ),
+    "param-history-1e9": Case(
+        plan_file(with_layer(2, "decode", method="scissorhands", capacity=32, params={"history": 10**9})), "history"
+    ),
+    "param-cake-tau-tiny": Case(
+        plan_file(with_layer(2, "decode", method="cake", capacity=32, params={"tau": 1e-300})), "tau"
+    ),
+    "param-cake-gamma-inf": Case(
+        plan_file(
+            MIXED.read_text().replace(
+                '{"method": "h2o", "capacity": 48}}',
+                '{"method": "cake", "capacity": 48, "params": {"gamma": 1e999}}}',
+                1,
+            )
+        ),
+        "gamma",
+    ),
+    "param-pooling-unknown": Case(
+        plan_file(with_layer(1, "prefill", method="snapkv", capacity=32, params={"window": 8, "pooling": "median"})),
+        "pooling",
+    ),
     "native-different-capacities": Case(plan_file(native([32, 32, 16, 32, 32])), "native"),
     "native-different-params": Case(plan_file(native([32] * 5, [{}, {}, {"window": 4}, {}, {}])), "native"),
-    "native-method-without-rule": Case(plan_file({**native([32] * 5), "layers": [{"prefill": {"method": "snapkv", "capacity": 64}}] * 5}), "native"),
+    "native-method-without-rule": Case(
+        plan_file({**native([32] * 5), "layers": [{"prefill": {"method": "snapkv", "capacity": 64}}] * 5}), "native"
+    ),
     # ---- writing
-    "write-dev-full": Case(["plan", "homogeneous", "tova", "--capacity", "32", "--layers", "5", "-o", "/dev/full"], "a device; PolyKV writes only regular files"),
-    "write-directory": Case(lambda f: ["plan", "homogeneous", "tova", "--capacity", "32", "--layers", "5", "-o", (f / "d").mkdir() or "d"], "a directory; PolyKV writes only"),
-    "write-fifo": Case(lambda f: ["plan", "homogeneous", "tova", "--capacity", "32", "--layers", "5", "-o", fifo(f, "p.json")], "a FIFO; PolyKV writes only"),
-    "write-under-a-file": Case(lambda f: ["plan", "homogeneous", "tova", "--capacity", "32", "--layers", "5", "-o", write(f, "file", "x") + "/plan.json"], "Not a directory"),
-    "route-output-is-device": Case(lambda f: ["route", profile_copy(f), "-o", "/dev/full", "--budget", "64"], "a device"),
+    "write-dev-full": Case(
+        ["plan", "homogeneous", "tova", "--capacity", "32", "--layers", "5", "-o", "/dev/full"],
+        "a device; PolyKV writes only regular files",
+    ),
+    "write-directory": Case(
+        lambda f: ["plan", "homogeneous", "tova", "--capacity", "32", "--layers", "5", "-o", (f / "d").mkdir() or "d"],
+        "a directory; PolyKV writes only",
+    ),
+    "write-fifo": Case(
+        lambda f: ["plan", "homogeneous", "tova", "--capacity", "32", "--layers", "5", "-o", fifo(f, "p.json")],
+        "a FIFO; PolyKV writes only",
+    ),
+    "write-under-a-file": Case(
+        lambda f: [
+            "plan",
+            "homogeneous",
+            "tova",
+            "--capacity",
+            "32",
+            "--layers",
+            "5",
+            "-o",
+            write(f, "file", "x") + "/plan.json",
+        ],
+        "Not a directory",
+    ),
     # ---- options
-    "param-option-without-value": Case(["plan", "homogeneous", "tova", "--capacity", "32", "--layers", "5", "-P", "window", "-o", "x.json"], "expected NAME=VALUE"),
-    "homogeneous-unknown-method": Case(["plan", "homogeneous", "nope", "--capacity", "32", "--layers", "5", "-o", "x.json"], "unknown method 'nope'"),
+    "param-option-without-value": Case(
+        ["plan", "homogeneous", "tova", "--capacity", "32", "--layers", "5", "-P", "window", "-o", "x.json"],
+        "expected NAME=VALUE",
+    ),
+    "homogeneous-unknown-method": Case(
+        ["plan", "homogeneous", "nope", "--capacity", "32", "--layers", "5", "-o", "x.json"], "unknown method 'nope'"
+    ),
     "settings-a-list": Case(["eval", "--settings", "[1]"], "expected a JSON object"),
     "settings-string-number": Case(["eval", "--settings", '{"samples_per_task": "2"}'], "samples_per_task"),
     "settings-boolean-number": Case(["eval", "--settings", '{"samples_per_task": true}'], "samples_per_task"),
     "settings-unknown-field": Case(["eval", "--settings", '{"samples": 2}'], "unknown field 'samples'"),
     "settings-malformed": Case(["eval", "--settings", "{{"], "malformed JSON"),
     "settings-deeply-nested": Case(["eval", "--settings", nested(5000)], "nested more than"),
-    "settings-ruler-missing-file": Case(["eval", "--suite", "ruler", "--settings", '{"squad_path": "/no/squad.json"}'], "no such file /no/squad.json"),
+    "settings-ruler-missing-file": Case(
+        ["eval", "--suite", "ruler", "--settings", '{"squad_path": "/no/squad.json"}'], "no such file /no/squad.json"
+    ),
     "suite-unknown": Case(["eval", "--suite", "nope"], "unknown suite 'nope'"),
     "backend-unknown": Case(["eval", "--backend", "nope"], "unknown backend 'nope'"),
-    "budgets-not-numbers": Case(["experiment", "sweep", "--plan", str(MIXED), "--budgets", "16,x"], "--budgets are positive whole numbers"),
-    "budgets-negative": Case(["experiment", "sweep", "--plan", str(MIXED), "--budgets", "-3"], "--budgets are positive whole numbers"),
-    "model-path-missing": Case(["plan", "validate", str(MIXED), "--model", "/no/such/model"], "model path does not exist"),
-    "model-dir-without-config": Case(lambda f: ["plan", "validate", str(MIXED), "--model", model_dir(f, None)], "no config.json"),
-    "model-config-a-list": Case(lambda f: ["plan", "validate", str(MIXED), "--model", model_dir(f, [1])], "no num_hidden_layers"),
-    "model-config-layers-a-string": Case(lambda f: ["plan", "validate", str(MIXED), "--model", model_dir(f, {"num_hidden_layers": "5"})], "no num_hidden_layers"),
+    "budgets-not-numbers": Case(
+        ["experiment", "sweep", "--plan", str(MIXED), "--budgets", "16,x"], "--budgets are positive whole numbers"
+    ),
+    "budgets-negative": Case(
+        ["experiment", "sweep", "--plan", str(MIXED), "--budgets", "-3"], "--budgets are positive whole numbers"
+    ),
+    "model-path-missing": Case(
+        ["plan", "validate", str(MIXED), "--model", "/no/such/model"], "model path does not exist"
+    ),
+    "model-dir-without-config": Case(
+        lambda f: ["plan", "validate", str(MIXED), "--model", model_dir(f, None)], "no config.json"
+    ),
+    "model-config-a-list": Case(
+        lambda f: ["plan", "validate", str(MIXED), "--model", model_dir(f, [1])], "no num_hidden_layers"
+    ),
+    "model-config-layers-a-string": Case(
+        lambda f: ["plan", "validate", str(MIXED), "--model", model_dir(f, {"num_hidden_layers": "5"})],
+        "no num_hidden_layers",
+    ),
     "corpus-file-missing": Case(["profile", "--sources", "file:/no/such.txt"], "no such file /no/such.txt"),
-    "corpus-file-fifo": Case(lambda f: ["profile", "--sources", f"file:{f / fifo(f, 'c.txt')}"], "is not a regular file"),
+    "corpus-file-fifo": Case(
+        lambda f: ["profile", "--sources", f"file:{f / fifo(f, 'c.txt')}"], "is not a regular file"
+    ),
     # ---- profiles
-    "profile-not-a-directory": Case(["route", "nowhere", "-o", "out.json", "--budget", "16"], "not a profile directory"),
+    "profile-not-a-directory": Case(
+        ["route", "nowhere", "-o", "out.json", "--budget", "16"], "not a profile directory"
+    ),
     "profile-json-a-list": Case(route(lambda m: [1]), "expected a JSON object"),
     "profile-json-malformed": Case(route(files=lambda t: (t / "profile.json").write_text("{")), "malformed JSON"),
     "profile-missing-key": Case(route(drop("key")), "key: Field required"),
@@ -258,9 +364,21 @@ CLI_CASES: dict[str, Case] = {
     "job-id-too-long": Case(["jobs", "cancel", "a" * 300, "-w", "ws"], "job id"),
     "job-unknown": Case(["jobs", "resume", "20260101-000000-eval-abcdef", "-w", "ws"], "no job"),
     "job-file-a-list": Case(jobs_dir_with("20260101-000000-eval-abcdef.json", [1]), "20260101-000000-eval-abcdef"),
-    "job-file-empty-runs": Case(jobs_dir_with("20260101-000000-eval-abcdef.json", {
-        "id": "20260101-000000-eval-abcdef", "kind": "eval", "title": "t", "model": "demo", "device": "cpu",
-        "created": "2026-01-01T00:00:00+00:00", "runs": []}), "20260101-000000-eval-abcdef"),
+    "job-file-empty-runs": Case(
+        jobs_dir_with(
+            "20260101-000000-eval-abcdef.json",
+            {
+                "id": "20260101-000000-eval-abcdef",
+                "kind": "eval",
+                "title": "t",
+                "model": "demo",
+                "device": "cpu",
+                "created": "2026-01-01T00:00:00+00:00",
+                "runs": [],
+            },
+        ),
+        "20260101-000000-eval-abcdef",
+    ),
 }
 
 
@@ -275,7 +393,12 @@ def snapshot(folder: Path) -> dict[str, tuple]:
 
 
 def cli(args: list[str], cwd: Path, **kwargs) -> subprocess.CompletedProcess:
-    env = {**os.environ, "POLYKV_WORKSPACE": str(cwd / "default-ws"), "HF_HUB_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {
+        **os.environ,
+        "POLYKV_WORKSPACE": str(cwd / "default-ws"),
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
     env.pop("POLYKV_DEBUG", None)
     return run_cli(*args, cwd=cwd, env=env, timeout=120, stdin=subprocess.DEVNULL, **kwargs)
 
@@ -307,15 +430,19 @@ def test_the_cli_lists_damaged_job_files_and_keeps_listing_the_rest(tmp_path):
 def test_writing_a_plan_through_a_symlink_keeps_the_link_and_the_umask_mode(tmp_path):
     (tmp_path / "real").mkdir()
     os.symlink(tmp_path / "real" / "plan.json", tmp_path / "link.json")
-    result = cli(["plan", "homogeneous", "tova", "--capacity", "32", "--layers", "5", "-o", "link.json"], tmp_path,
-                 umask=0o027)
+    result = cli(
+        ["plan", "homogeneous", "tova", "--capacity", "32", "--layers", "5", "-o", "link.json"], tmp_path, umask=0o027
+    )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "link.json").is_symlink()
     assert Plan.load(tmp_path / "real" / "plan.json").num_layers == 5
     assert stat.S_IMODE(os.stat(tmp_path / "real" / "plan.json").st_mode) == 0o640  # 0666 less the umask
     # an existing file keeps its own mode when replaced
     os.chmod(tmp_path / "real" / "plan.json", 0o604)
-    assert cli(["plan", "homogeneous", "h2o", "--capacity", "16", "--layers", "5", "-o", "link.json"], tmp_path).returncode == 0
+    assert (
+        cli(["plan", "homogeneous", "h2o", "--capacity", "16", "--layers", "5", "-o", "link.json"], tmp_path).returncode
+        == 0
+    )
     assert stat.S_IMODE(os.stat(tmp_path / "real" / "plan.json").st_mode) == 0o604
     assert Plan.load(tmp_path / "link.json").name == "h2o-both-16"
     assert sorted(p.name for p in (tmp_path / "real").iterdir()) == ["plan.json"]  # no temporary file left
@@ -325,10 +452,18 @@ def test_a_fifo_plan_file_never_hangs_the_reader(tmp_path):
     fifo(tmp_path, "pipe.json")
     # Read in a child process: a reader that opened the FIFO would block forever (no writer ever
     # comes), and the test then fails as TimeoutExpired instead of hanging the run.
-    script = ("import sys\nfrom polykv.plan import Plan, PlanError\n"
-              "try:\n    Plan.load(sys.argv[1])\nexcept PlanError as exc:\n    print('PlanError:', exc)\n")
-    result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "pipe.json")], cwd=REPO, capture_output=True,
-                            text=True, timeout=120, stdin=subprocess.DEVNULL)
+    script = (
+        "import sys\nfrom polykv.plan import Plan, PlanError\n"
+        "try:\n    Plan.load(sys.argv[1])\nexcept PlanError as exc:\n    print('PlanError:', exc)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "pipe.json")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("PlanError: ") and "a FIFO, not a plan file" in result.stdout, result.stdout
 
@@ -336,10 +471,19 @@ def test_a_fifo_plan_file_never_hangs_the_reader(tmp_path):
 def test_read_only_commands_honour_the_workspace_variable_and_create_nothing(tmp_path):
     ws = tmp_path / "elsewhere"
     (ws / "jobs").mkdir(parents=True)
-    job = {"id": "20260101-000000-profile-abcdef", "kind": "profile", "title": "from the app", "model": "demo",
-           "device": "cpu", "created": "2026-01-01T00:00:00+00:00",
-           "profile": {"corpus": {"sources": ["kjv"], "num_sequences": 1, "max_tokens": 64, "seed": 0}, "capacity": 8,
-                       "scopes": ["decode"]}}
+    job = {
+        "id": "20260101-000000-profile-abcdef",
+        "kind": "profile",
+        "title": "from the app",
+        "model": "demo",
+        "device": "cpu",
+        "created": "2026-01-01T00:00:00+00:00",
+        "profile": {
+            "corpus": {"sources": ["kjv"], "num_sequences": 1, "max_tokens": 64, "seed": 0},
+            "capacity": 8,
+            "scopes": ["decode"],
+        },
+    }
     write(ws / "jobs", f"{job['id']}.json", job)
     cwd = tmp_path / "cwd"
     cwd.mkdir()
@@ -354,17 +498,32 @@ def test_read_only_commands_honour_the_workspace_variable_and_create_nothing(tmp
 
 def test_a_bug_is_reported_in_one_line_and_its_traceback_only_under_polykv_debug(tmp_path, monkeypatch):
     # A bug is simulated by a plan file whose reader raises something no user input can cause.
-    script = ("import sys, polykv.plan as p\n"
-              "def boom(*a, **k):\n    raise KeyError('simulated bug')\n"
-              "p.Plan.load = classmethod(boom)\n"
-              "from polykv.cli import main\nsys.argv = ['polykv', 'plan', 'show', 'x.json']\nmain()\n")
-    quiet = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                           env={k: v for k, v in os.environ.items() if k != "POLYKV_DEBUG"})
+    script = (
+        "import sys, polykv.plan as p\n"
+        "def boom(*a, **k):\n    raise KeyError('simulated bug')\n"
+        "p.Plan.load = classmethod(boom)\n"
+        "from polykv.cli import main\nsys.argv = ['polykv', 'plan', 'show', 'x.json']\nmain()\n"
+    )
+    quiet = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "POLYKV_DEBUG"},
+    )
     assert quiet.returncode == 1 and "Traceback" not in quiet.stderr
     assert quiet.stderr.strip().splitlines() == [
-        "internal error (a bug in PolyKV): KeyError: 'simulated bug'; run again with POLYKV_DEBUG=1 for the traceback"]
-    loud = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "POLYKV_DEBUG": "1"})
+        "internal error (a bug in PolyKV): KeyError: 'simulated bug'; run again with POLYKV_DEBUG=1 for the traceback"
+    ]
+    loud = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "POLYKV_DEBUG": "1"},
+    )
     assert loud.returncode == 1 and "Traceback" in loud.stderr and "simulated bug" in loud.stderr
 
 
@@ -398,10 +557,15 @@ def test_the_api_refuses_directories_and_fifos_as_write_targets(tmp_path):
 
 @pytest.mark.parametrize(
     ("suite", "text", "message"),
-    [("fidelity", "[1]", "expected a JSON object"), ("fidelity", '{"tasks": "prose"}', "tasks"),
-     ("ruler", '{"length": true}', "length"), ("ruler", '{"samples_per_task": 1.5}', "samples_per_task"),
-     ("longbench", '{"tasks": ["nope"]}', "unknown LongBench task"), ("longbench", '{"max_length": "4k"}', "max_length"),
-     ("nope", "{}", "unknown suite")],
+    [
+        ("fidelity", "[1]", "expected a JSON object"),
+        ("fidelity", '{"tasks": "prose"}', "tasks"),
+        ("ruler", '{"length": true}', "length"),
+        ("ruler", '{"samples_per_task": 1.5}', "samples_per_task"),
+        ("longbench", '{"tasks": ["nope"]}', "unknown LongBench task"),
+        ("longbench", '{"max_length": "4k"}', "max_length"),
+        ("nope", "{}", "unknown suite"),
+    ],
 )
 def test_the_api_parses_suite_settings_strictly(suite, text, message):
     from polykv.eval.settings import suite_settings
@@ -425,8 +589,9 @@ def test_the_api_lists_damaged_profiles_beside_the_good_ones(tmp_path):
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "profile.json").write_text("[1]")
     (tmp_path / "worse").mkdir()
-    (tmp_path / "worse" / "profile.json").write_text(json.dumps({**json.loads((REAL_PROFILE / "profile.json").read_text()),
-                                                                 "capacity": "many"}))
+    (tmp_path / "worse" / "profile.json").write_text(
+        json.dumps({**json.loads((REAL_PROFILE / "profile.json").read_text()), "capacity": "many"})
+    )
     found, damaged = scan_profiles(tmp_path)
     assert [p.path.name for p in found] == ["good"]
     assert len(damaged) == 2 and all("\n" not in d for d in damaged)
@@ -493,8 +658,12 @@ def test_the_designer_says_why_a_saved_plan_that_nests_too_deep_cannot_load(app_
 
 @pytest.mark.parametrize(
     ("settings", "message"),
-    [("[1]", "expected a JSON object"), ('{"samples_per_task": "2"}', "samples_per_task"), ("{{", "malformed JSON"),
-     (nested(5000), "nested more than")],
+    [
+        ("[1]", "expected a JSON object"),
+        ('{"samples_per_task": "2"}', "samples_per_task"),
+        ("{{", "malformed JSON"),
+        (nested(5000), "nested more than"),
+    ],
 )
 def test_the_runs_page_refuses_settings_that_are_not_settings_inline(app_env, settings, message):
     at = open_app("runs")
@@ -502,6 +671,7 @@ def test_the_runs_page_refuses_settings_that_are_not_settings_inline(app_env, se
     button(at, "Launch").click()
     at.run()
     assert not at.exception, [e.value for e in at.exception]
-    assert any(e.value.startswith("Not launched: fidelity settings") and message in e.value for e in at.error), \
-        [e.value for e in at.error]
+    assert any(e.value.startswith("Not launched: fidelity settings") and message in e.value for e in at.error), [
+        e.value for e in at.error
+    ]
     assert not (app_env / "ws" / "jobs").exists()

@@ -89,7 +89,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
                 colour[path.pop()] = BLACK
                 stack.pop()
             elif colour[nxt] == GREY:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             elif colour[nxt] == WHITE:
                 colour[nxt] = GREY
                 path.append(nxt)
@@ -129,8 +129,10 @@ def test_no_import_cycles():
 @pytest.mark.parametrize(
     ("layer", "forbidden"),
     [
-        ("polykv.methods", ("polykv.runtime", "polykv.eval", "polykv.profile", "polykv.routing", "polykv.jobs",
-                            "polykv.cli")),
+        (
+            "polykv.methods",
+            ("polykv.runtime", "polykv.eval", "polykv.profile", "polykv.routing", "polykv.jobs", "polykv.cli"),
+        ),
         ("polykv.profile", ("polykv.routing",)),
         ("polykv", ("app",)),
     ],

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from polykv.methods import REGISTRY
+from polykv.models import cache_argument_name
 from polykv.plan import LayerPlan, Phase, PhaseAssignment, Plan, Scope
 from polykv.runtime import routed
-from polykv.models import cache_argument_name
 from tests.helpers import decode_logits, tiny_model
 
 METHODS = sorted(REGISTRY)
@@ -28,10 +28,20 @@ def mixed_plan(method: str, num_layers: int, capacity: int) -> Plan:
     for idx in range(num_layers):
         if idx % 2 == 0:
             layers.append(
-                LayerPlan(**{p.value: assignment(method if p in REGISTRY[method].phases else "full", p, capacity) for p in Phase})
+                LayerPlan(
+                    **{
+                        p.value: assignment(method if p in REGISTRY[method].phases else "full", p, capacity)
+                        for p in Phase
+                    }
+                )
             )
         else:
-            layers.append(LayerPlan(prefill=assignment("snapkv", Phase.PREFILL, capacity), decode=assignment("tova", Phase.DECODE, capacity)))
+            layers.append(
+                LayerPlan(
+                    prefill=assignment("snapkv", Phase.PREFILL, capacity),
+                    decode=assignment("tova", Phase.DECODE, capacity),
+                )
+            )
     return Plan(name=f"mixed-{method}", scope=Scope.BOTH, layers=layers)
 
 

@@ -57,7 +57,9 @@ def zombie_children() -> list[int]:
 
 def cli(*args: str) -> subprocess.CompletedProcess:
     """The real console script, in its own process (not a child of the workers' starter)."""
-    return subprocess.run([str(POLYKV), *args], capture_output=True, text=True, timeout=120, env=dict(os.environ), check=False)
+    return subprocess.run(
+        [str(POLYKV), *args], capture_output=True, text=True, timeout=120, env=dict(os.environ), check=False
+    )
 
 
 def crafted(ws: Path, job_id: str, **worker) -> jobs.Job:
@@ -74,21 +76,39 @@ def test_cancel_never_signals_a_process_a_job_file_merely_names(tmp_path):
     # own sessions: even a regression that signalled a process group would not reach pytest
     sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
     # a command line holding the job id, its file and most of the worker command (but not exactly it)
-    named = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", job_id, "-m", "polykv.jobs", "run",
-                              spec, "--workspace", str(ws.resolve())], start_new_session=True)
+    named = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time; time.sleep(60)",
+            job_id,
+            "-m",
+            "polykv.jobs",
+            "run",
+            spec,
+            "--workspace",
+            str(ws.resolve()),
+        ],
+        start_new_session=True,
+    )
     try:
         wait_until(lambda: command_line(sleeper.pid).startswith("sleep") and job_id in command_line(named.pid), 60)
         host = socket.gethostname()
-        cases = [{"pid": sleeper.pid}, {"pid": named.pid},
-                 {"pid": sleeper.pid, "pid_start": start_time(sleeper.pid), "host": host},
-                 {"pid": named.pid, "pid_start": start_time(named.pid), "host": host}]
+        cases = [
+            {"pid": sleeper.pid},
+            {"pid": named.pid},
+            {"pid": sleeper.pid, "pid_start": start_time(sleeper.pid), "host": host},
+            {"pid": named.pid, "pid_start": start_time(named.pid), "host": host},
+        ]
         for worker in cases:
             job = crafted(ws, job_id, **worker)
             assert not jobs._alive(job, ws)
             assert jobs.state(job, ws).status == "stopped"
             result = cli("jobs", "cancel", job_id, "-w", str(ws))
             assert result.returncode == 0, result.stderr
-            assert result.stdout.strip() == f"{job_id}: cancelled (no running worker of this job: nothing was signalled)"
+            assert (
+                result.stdout.strip() == f"{job_id}: cancelled (no running worker of this job: nothing was signalled)"
+            )
             assert sleeper.poll() is None and named.poll() is None, worker  # neither was signalled
             assert jobs.load_job(ws, job_id).cancelled  # the cancel is still recorded
     finally:
@@ -167,7 +187,9 @@ def test_damaged_job_files_are_listed_as_damaged_and_valid_jobs_still_listed(tmp
     base = json.loads((folder / "good-job.json").read_text())
     (folder / "notjson.json").write_text("{not json")
     (folder / "alist.json").write_text("[1, 2]")
-    (folder / "noruns.json").write_text(json.dumps({**base, "id": "noruns", "kind": "eval", "profile": None, "runs": []}))
+    (folder / "noruns.json").write_text(
+        json.dumps({**base, "id": "noruns", "kind": "eval", "profile": None, "runs": []})
+    )
     (folder / "wrongtype.json").write_text(json.dumps({**base, "id": "wrongtype", "pid": "1234"}))
     (folder / "unknownkind.json").write_text(json.dumps({**base, "id": "unknownkind", "kind": "shell"}))
     (folder / "otherid.json").write_text(json.dumps({**base, "id": "good-job"}))
@@ -176,9 +198,17 @@ def test_damaged_job_files_are_listed_as_damaged_and_valid_jobs_still_listed(tmp
     (folder / "x.json").mkdir()
     os.mkfifo(folder / "y.json")  # opening it for reading would hang: it must never be opened
     (folder / "good-job.state.json").write_text('{"status": "running", "fraction": "lots"}')  # damaged state: no state
-    damaged = {"notjson": "malformed JSON", "alist": "should be a JSON object", "noruns": "at least one run",
-               "wrongtype": "pid: Input should be a valid integer", "unknownkind": "kind:", "otherid": "not its file name",
-               "huge": "more than", "x": "a directory", "y": "a FIFO"}
+    damaged = {
+        "notjson": "malformed JSON",
+        "alist": "should be a JSON object",
+        "noruns": "at least one run",
+        "wrongtype": "pid: Input should be a valid integer",
+        "unknownkind": "kind:",
+        "otherid": "not its file name",
+        "huge": "more than",
+        "x": "a directory",
+        "y": "a FIFO",
+    }
 
     listed = polykv("jobs", "list", "-w", str(ws))
     assert listed.returncode == 0 and "Traceback" not in listed.stdout + listed.stderr, listed

@@ -10,15 +10,17 @@ import signal
 import pytest
 
 from polykv import jobs
-from polykv.eval.unit import Unit
 from polykv.eval.store import Store
+from polykv.eval.unit import Unit
 from polykv.plan import Plan, PlanError
 from tests.helpers import SLOW_FIDELITY, TINY_FIDELITY, assert_one_line_error, wait_for_job
 
 
 def test_an_eval_job_runs_its_units_in_order_and_reports_progress_per_run(workspace):
-    units = [({"series": "tova"}, Unit.of("demo", Plan.homogeneous("tova", 24, 5), "fidelity", TINY_FIDELITY)),
-             ({"series": "h2o"}, Unit.of("demo", Plan.homogeneous("h2o", 24, 5), "fidelity", TINY_FIDELITY))]
+    units = [
+        ({"series": "tova"}, Unit.of("demo", Plan.homogeneous("tova", 24, 5), "fidelity", TINY_FIDELITY)),
+        ({"series": "h2o"}, Unit.of("demo", Plan.homogeneous("h2o", 24, 5), "fidelity", TINY_FIDELITY)),
+    ]
     job = jobs.eval_job(units, "two runs")
     assert [r.label for r in job.runs] == [{"series": "tova"}, {"series": "h2o"}]
     assert jobs.state(job, workspace).status == "waiting"
@@ -61,12 +63,16 @@ def test_a_killed_job_is_stopped_and_resumes_without_recomputing(workspace):
     process.wait()
     state = jobs.state(jobs.load_job(workspace, job.id), workspace)
     assert state.status == "stopped"
-    done_before = {s["sample"] + s["task"]: s["created"] for s in Store(workspace / "results.sqlite").samples(job.runs[0].run_id)}
+    done_before = {
+        s["sample"] + s["task"]: s["created"] for s in Store(workspace / "results.sqlite").samples(job.runs[0].run_id)
+    }
     assert len(done_before) >= 2
     jobs.start(jobs.load_job(workspace, job.id), workspace).wait(timeout=600)
     state = jobs.state(jobs.load_job(workspace, job.id), workspace)
     assert state.status == "finished" and state.runs[0].done == state.runs[0].total == 24
-    after = {s["sample"] + s["task"]: s["created"] for s in Store(workspace / "results.sqlite").samples(job.runs[0].run_id)}
+    after = {
+        s["sample"] + s["task"]: s["created"] for s in Store(workspace / "results.sqlite").samples(job.runs[0].run_id)
+    }
     assert all(after[k] == v for k, v in done_before.items())  # finished samples were kept, not redone
 
 
@@ -111,7 +117,8 @@ def test_a_failing_job_records_its_error_in_one_line(workspace, tmp_path):
 
 
 def test_cli_lists_jobs_and_refuses_unknown_ones_in_one_line(workspace, polykv):
-    job = jobs.eval_job([({}, Unit.of("demo", Plan.homogeneous("tova", 24, 5), "fidelity", TINY_FIDELITY))], "listed job")
+    unit = Unit.of("demo", Plan.homogeneous("tova", 24, 5), "fidelity", TINY_FIDELITY)
+    job = jobs.eval_job([({}, unit)], "listed job")
     jobs.save_job(job, workspace)
     listed = polykv("jobs", "list", "-w", str(workspace))
     assert listed.returncode == 0

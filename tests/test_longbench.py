@@ -23,8 +23,14 @@ STORY = "Once upon a time there was a little girl named Lily. She liked to play 
 
 def record(task: str, i: int, context: str, question: str, answers: list[str], classes=None) -> dict:
     return {
-        "input": question, "context": context, "answers": answers, "length": len(context.split()),
-        "dataset": task, "language": "en", "all_classes": classes, "_id": f"{task}-{i:04d}",
+        "input": question,
+        "context": context,
+        "answers": answers,
+        "length": len(context.split()),
+        "dataset": task,
+        "language": "en",
+        "all_classes": classes,
+        "_id": f"{task}-{i:04d}",
     }
 
 
@@ -43,7 +49,15 @@ def samples_for(task: str, n: int = 2, words: int = 60) -> list[dict]:
         elif task == "lcc":
             out.append(record(task, i, "def add(a, b):\n    total = a + b\n" * 8, "", ["    return total"]))
         elif task == "samsum":
-            out.append(record(task, i, "Dialogue: Ann: hi\nBob: hello\nSummary: They greet.\n", "Dialogue: A: x\nSummary:", ["A says x."]))
+            out.append(
+                record(
+                    task,
+                    i,
+                    "Dialogue: Ann: hi\nBob: hello\nSummary: They greet.\n",
+                    "Dialogue: A: x\nSummary:",
+                    ["A says x."],
+                )
+            )
         else:
             raise AssertionError(task)
     return out
@@ -70,8 +84,19 @@ def test_the_21_tasks_their_generation_lengths_and_chat_exceptions():
     assert len(lb.TASKS) == 21 and set(lb.TASKS) == set(LONGBENCH_METRICS) == set(lb.TASK_MAX_NEW_TOKENS)
     assert lb.LongBenchSettings().tasks == lb.TASKS
     # LongBench/config/dataset2maxlen.json
-    expected = {"hotpotqa": 32, "trec": 64, "passage_count": 32, "lcc": 64, "gov_report": 512, "narrativeqa": 128,
-                "multifieldqa_en": 64, "samsum": 128, "vcsum": 512, "repobench-p": 64, "passage_retrieval_zh": 32}
+    expected = {
+        "hotpotqa": 32,
+        "trec": 64,
+        "passage_count": 32,
+        "lcc": 64,
+        "gov_report": 512,
+        "narrativeqa": 128,
+        "multifieldqa_en": 64,
+        "samsum": 128,
+        "vcsum": 512,
+        "repobench-p": 64,
+        "passage_retrieval_zh": 32,
+    }
     assert {task: lb.TASK_MAX_NEW_TOKENS[task] for task in expected} == expected
     assert sum(lb.TASK_MAX_NEW_TOKENS.values()) == 3168  # 4 x 512 + 4 x 128 + 6 x 64 + 7 x 32
     assert lb.NO_CHAT_TASKS == {"trec", "triviaqa", "samsum", "lsht", "lcc", "repobench-p"}
@@ -87,11 +112,14 @@ def _fields(template: str) -> list[str]:
 def test_prompts_use_the_official_templates():
     rec = samples_for("hotpotqa")[0]
     prompt = lb.format_prompt("hotpotqa", rec)
-    assert prompt.startswith("Answer the question based on the given passages. Only give me the answer and do not "
-                             "output any other words.\n\nThe following are given passages.\nPassage 0: Once upon")
+    assert prompt.startswith(
+        "Answer the question based on the given passages. Only give me the answer and do not "
+        "output any other words.\n\nThe following are given passages.\nPassage 0: Once upon"
+    )
     assert prompt.endswith("\n\nQuestion: What was the girl called?\nAnswer:")
     assert lb.format_prompt("lcc", {"context": "x = 1\n", "input": ""}) == (
-        "Please complete the code given below. \nx = 1\nNext line of code:\n")
+        "Please complete the code given below. \nx = 1\nNext line of code:\n"
+    )
     assert "asconcisely as you can" in lb.TASK_PROMPTS["narrativeqa"]  # the official typo is kept
     assert lb.TASK_PROMPTS["passage_count"].endswith("The final answer is: ")
 
@@ -110,8 +138,11 @@ def test_loader_reads_the_official_jsonl(data_dir):
 def test_malformed_and_incomplete_lines_are_skipped_with_a_warning_naming_file_and_line(tmp_path):
     good = samples_for("hotpotqa", 3)
     no_answers = {k: v for k, v in good[1].items() if k != "answers"}
-    write_task(tmp_path, "hotpotqa", [good[0], '{"input": "broken', no_answers, "", "[1, 2]",
-                                      {**good[2], "answers": "Lily"}, good[2]])
+    write_task(
+        tmp_path,
+        "hotpotqa",
+        [good[0], '{"input": "broken', no_answers, "", "[1, 2]", {**good[2], "answers": "Lily"}, good[2]],
+    )
     path = tmp_path / "hotpotqa.jsonl"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -142,7 +173,9 @@ def test_missing_directory_missing_task_file_and_unknown_task_are_one_line_error
     with pytest.raises(FileNotFoundError, match=r"LongBench task file .*musique\.jsonl not found") as exc:
         lb.build_samples(tokenizer, model, lb.LongBenchSettings(tasks=("musique",), data_dir=str(data_dir)), 0)
     assert "\n" not in str(exc.value) and str(data_dir / "musique.jsonl") in str(exc.value)
-    with pytest.raises(ValueError, match=r"unknown LongBench task\(s\) hotpot \(tasks: narrativeqa, qasper, .*repobench-p\)"):
+    with pytest.raises(
+        ValueError, match=r"unknown LongBench task\(s\) hotpot \(tasks: narrativeqa, qasper, .*repobench-p\)"
+    ):
         lb.LongBenchSettings(tasks=("hotpot",))
     with pytest.raises(ValueError, match="unknown LongBench task 'hotpot'"):
         lb.load_task("hotpot", data_dir)
@@ -164,7 +197,9 @@ def test_without_data_dir_the_hub_is_tried_through_datasets(monkeypatch):
         raise ConnectionError("Couldn't reach 'THUDM/LongBench' on the Hub\n(LocalEntryNotFoundError)")
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=offline))
-    with pytest.raises(ValueError, match=r"could not load THUDM/LongBench \(hotpotqa\).*ConnectionError.*give --data-dir") as exc:
+    with pytest.raises(
+        ValueError, match=r"could not load THUDM/LongBench \(hotpotqa\).*ConnectionError.*give --data-dir"
+    ) as exc:
         lb.load_task("hotpotqa")
     assert "\n" not in str(exc.value)
 
@@ -191,13 +226,16 @@ def test_middle_truncation_keeps_head_and_tail_tokens_within_max_length(demo_mod
     for max_length in (120, 121, 300):
         text = lb.truncate_middle(tokenizer, prompt, max_length)
         half = max_length // 2
-        original = tokenizer.decode(ids[:half], skip_special_tokens=True) + tokenizer.decode(ids[-half:], skip_special_tokens=True)
+        original = tokenizer.decode(ids[:half], skip_special_tokens=True) + tokenizer.decode(
+            ids[-half:], skip_special_tokens=True
+        )
         if max_length < 300:  # pred.py: the first and last max_length // 2 tokens, decoded and joined
             assert text == original
         else:  # "dog." + "there" (the tail's leading space is lost) re-encodes longer: cut again, a token less a side
             assert len(tokenizer(original).input_ids) > max_length
             assert text == tokenizer.decode(ids[: half - 1], skip_special_tokens=True) + tokenizer.decode(
-                ids[-(half - 1) :], skip_special_tokens=True)
+                ids[-(half - 1) :], skip_special_tokens=True
+            )
         assert text.startswith("Answer the question based on the given passages.")
         assert text.endswith("Question: What was the girl called?\nAnswer:")
         assert "MIDDLEMARKER" not in text
@@ -261,18 +299,27 @@ def test_build_samples_payloads_default_max_length_and_subsets(demo_model, tmp_p
     hotpot = samples[0][2]
     assert 512 - 32 - 8 <= len(hotpot["ids"]) and hotpot["answers"] == ["Lily"] and hotpot["all_classes"] is None
     assert hotpot["eos_token_id"] is None
-    assert samples[-1][2]["eos_token_id"] == [tokenizer.eos_token_id, tokenizer.encode("\n", add_special_tokens=False)[-1]]
+    assert samples[-1][2]["eos_token_id"] == [
+        tokenizer.eos_token_id,
+        tokenizer.encode("\n", add_special_tokens=False)[-1],
+    ]
 
     subset = lb.LongBenchSettings(tasks=("hotpotqa",), data_dir=str(long), samples_per_task=3)
     ids = [s for _, s, _ in lb.build_samples(tokenizer, model, subset, 7)]
-    assert len(ids) == 3 and ids == sorted(ids) and ids == [s for _, s, _ in lb.build_samples(tokenizer, model, subset, 7)]
-    assert {tuple(s for _, s, _ in lb.build_samples(tokenizer, model, subset, seed)) for seed in range(8)} != {tuple(ids)}
+    assert (
+        len(ids) == 3 and ids == sorted(ids) and ids == [s for _, s, _ in lb.build_samples(tokenizer, model, subset, 7)]
+    )
+    assert {tuple(s for _, s, _ in lb.build_samples(tokenizer, model, subset, seed)) for seed in range(8)} != {
+        tuple(ids)
+    }
 
     write_task(long, "gov_report", [record("gov_report", 0, STORY, "", ["A summary."])])
     with pytest.raises(ValueError, match=r"context \(512\) is too short for gov_report \(generation length 512\)"):
         lb.build_samples(tokenizer, model, lb.LongBenchSettings(tasks=("gov_report",), data_dir=str(long)), 0)
     with pytest.warns(UserWarning, match="exceeds the model's context"):
-        lb.build_samples(tokenizer, model, lb.LongBenchSettings(tasks=("gov_report",), data_dir=str(long), max_length=64), 0)
+        lb.build_samples(
+            tokenizer, model, lb.LongBenchSettings(tasks=("gov_report",), data_dir=str(long), max_length=64), 0
+        )
 
 
 def test_score_sample_applies_the_official_scoring(monkeypatch, demo_model, data_dir):
@@ -297,7 +344,9 @@ def test_end_to_end_run_on_the_demo_model_stores_a_score_per_task(demo_model, da
     model, tokenizer = demo_model
     assert runner.SUITES["longbench"] is lb
     store = Store(tmp_path / "results.sqlite")
-    settings = lb.LongBenchSettings(tasks=("hotpotqa", "trec", "passage_count", "lcc"), data_dir=str(data_dir), max_length=300)
+    settings = lb.LongBenchSettings(
+        tasks=("hotpotqa", "trec", "passage_count", "lcc"), data_dir=str(data_dir), max_length=300
+    )
     plan = Plan.homogeneous("full", None, 5)
     run_id = run_suite(store, "demo", model, tokenizer, plan, "longbench", settings)
     assert store.run(run_id)["status"] == "finished" and len(store.samples(run_id)) == 8

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from polykv.methods.cake import CAKE
+from polykv.models import cache_argument_name
 from polykv.plan import Phase, Plan
 from polykv.runtime import routed
-from polykv.models import cache_argument_name
 from tests.helpers import decode_logits, kept, layer_view, tiny_model
 
 LAYERS, PROMPT, WINDOW = 3, 48, 4
@@ -40,8 +40,12 @@ def test_first_decode_cut_equals_the_prompt_rule_on_the_same_prompt(model, capac
     params = {"window": WINDOW, "gamma": 200.0}
     for seed in (0, 1):
         ids = _prompt(seed)
-        decode_only, cache = _kept_positions(model, Plan.homogeneous("cake", capacity, LAYERS, "decode", params), ids, 1)
-        prefill_only, _ = _kept_positions(model, Plan.homogeneous("cake", capacity - 1, LAYERS, "prefill", params), ids, 0)
+        decode_only, cache = _kept_positions(
+            model, Plan.homogeneous("cake", capacity, LAYERS, "decode", params), ids, 1
+        )
+        prefill_only, _ = _kept_positions(
+            model, Plan.homogeneous("cake", capacity - 1, LAYERS, "prefill", params), ids, 0
+        )
         assert cache.retained_per_layer() == [capacity] * LAYERS
         for layer_dec, layer_pre in zip(decode_only, prefill_only):
             for head_dec, head_pre in zip(layer_dec, layer_pre):

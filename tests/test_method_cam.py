@@ -5,10 +5,9 @@ from __future__ import annotations
 import torch
 
 from polykv.methods.cam import CaM
-from polykv.plan import Phase, Plan
-from polykv.runtime import routed
 from polykv.models import cache_argument_name
-from tests.helpers import decode_logits, kept, layer_view, max_diff, prompt, run_routed, tiny_model
+from polykv.plan import Phase, Plan
+from tests.helpers import decode_logits, decode_sizes, kept, layer_view, max_diff, prompt, run_routed, tiny_model
 
 
 def test_merge_with_p_one_and_p_zero_per_kv_head():
@@ -87,7 +86,9 @@ def test_same_seed_same_merge_different_seed_can_differ():
 def test_phases_params_and_capacity_check():
     assert CaM.phases == {Phase.DECODE} and CaM.merges
     assert CaM.defaults() == {"sinks": 4, "merge_budget": 16, "seed": 0}
-    assert CaM.check({"sinks": 8}, 8) == ["params: cam: sinks (8) must be smaller than the capacity (8); allowed range 0 .. 7"]
+    assert CaM.check({"sinks": 8}, 8) == [
+        "params: cam: sinks (8) must be smaller than the capacity (8); allowed range 0 .. 7"
+    ]
     assert CaM.check({"merge_budget": 0}, 8)[0].startswith("params.merge_budget: cam:")
 
 
@@ -95,17 +96,12 @@ def test_runtime_holds_capacity_and_stays_finite():
     model = tiny_model("llama")
     ids = prompt(model, length=40)
     plan = Plan.homogeneous("cam", 12, 3, scope="decode", params={"sinks": 2, "merge_budget": 4})
-    name = cache_argument_name(model)
-    with routed(model, plan) as session, torch.no_grad():
-        out = model(ids, use_cache=True)
-        cache = session.cache
-        token = out.logits[:, -1:].argmax(-1)
-        for _ in range(32):
-            out = model(token, use_cache=True, **{name: cache})
-            token = out.logits[:, -1:].argmax(-1)
-            assert max(cache.retained_per_layer()) <= 12
-            assert torch.isfinite(out.logits).all()
-            assert all(torch.isfinite(layer.values).all() for layer in cache.layers)
+
+    def finite_values(cache):
+        assert all(torch.isfinite(layer.values).all() for layer in cache.layers)
+
+    (_, *sizes), cache = decode_sizes(model, plan, ids, 32, each_step=finite_values)
+    assert max(max(s) for s in sizes) <= 12
     assert cache.retained_per_layer() == [12] * 3
 
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from polykv.methods.d2o import D2O
+from polykv.models import cache_argument_name
 from polykv.plan import Phase, Plan
 from polykv.runtime import routed
-from polykv.models import cache_argument_name
-from tests.helpers import decode_logits, kept, layer_view, max_diff, prompt, run_routed
+from tests.helpers import decode_logits, decode_sizes, kept, layer_view, max_diff, prompt, run_routed
 
 
 def cos(a, b):
@@ -54,8 +54,9 @@ def test_d2o_threshold_is_an_ema_over_evictions():
     values = torch.cat([view.values[0, 0][keep], torch.zeros(1, 2)])
     method.per_token["score"] = method.per_token["score"][..., keep]
     # scores: position 4 is the weakest candidate (recent = 5, 6); its nearest kept key is k6
-    step = layer_view(keys=keys[None], values=values[None], positions=[0, 2, 4, 5, 6],
-                      column_sums=[1.0, 1.0, -10.0, 0.0, 0.0])
+    step = layer_view(
+        keys=keys[None], values=values[None], positions=[0, 2, 4, 5, 6], column_sums=[1.0, 1.0, -10.0, 0.0, 0.0]
+    )
     ev2 = method.step(step)
     assert ev2.dropped is not None and ev2.dropped.item() == 2
     s = cos(KEYS[4], new_key)
@@ -97,9 +98,7 @@ def test_d2o_protects_sinks_and_recent_window():
 def test_d2o_layer_statistic_and_allocation():
     method = D2O(capacity=8)
     sums = torch.tensor([[[1.0, 1.0, 1.0], [0.0, 3.0, 0.0]]])  # head variances 0 and 3
-    method.observe_prefill(
-        layer_view(3, phase=Phase.PREFILL, column_sums=sums)
-    )
+    method.observe_prefill(layer_view(3, phase=Phase.PREFILL, column_sums=sums))
     assert method.allocation_statistic() == pytest.approx(0.5 * 3 / (3 + 1e-6))
     params = D2O.Params()
     budgets = D2O.allocate(4 * 100 + 3, [0.9, 0.1, 0.5, 0.3], params)
@@ -113,17 +112,9 @@ def test_d2o_layer_statistic_and_allocation():
 # ---- end to end on a tiny random Llama ---------------------------------------------------------
 def test_d2o_decode_holds_capacity_and_stays_finite(llama):
     ids = prompt(llama, length=40)
-    capacity, sizes = 12, []
-    with routed(llama, Plan.homogeneous("d2o", capacity, 3, scope="decode")) as session, torch.no_grad():
-        out = llama(ids, use_cache=True)
-        cache = session.cache
-        assert cache.retained_per_layer() == [40] * 3  # no eviction inside prefill
-        token = out.logits[:, -1:].argmax(-1)
-        for _ in range(32):
-            out = llama(token, use_cache=True, **{cache_argument_name(llama): cache})
-            token = out.logits[:, -1:].argmax(-1)
-            sizes.append(cache.retained_per_layer())
-            assert torch.isfinite(out.logits).all()
+    capacity = 12
+    (prefilled, *sizes), cache = decode_sizes(llama, Plan.homogeneous("d2o", capacity, 3, scope="decode"), ids, 32)
+    assert prefilled == [40] * 3  # no eviction inside prefill
     assert all(s == [capacity] * 3 for s in sizes)
     for layer in cache.layers:
         assert torch.isfinite(layer.keys).all() and torch.isfinite(layer.values).all()

@@ -5,11 +5,10 @@ from __future__ import annotations
 import torch
 
 from polykv.methods.scissorhands import Scissorhands
-from polykv.plan import Phase, Plan
-from polykv.runtime import routed
-from polykv.runtime.cache import gather_slots
 from polykv.models import cache_argument_name
-from tests.helpers import decode_logits, kept, layer_view, max_diff, prompt, run_routed, tiny_model
+from polykv.plan import Phase, Plan
+from polykv.runtime.cache import gather_slots
+from tests.helpers import decode_logits, decode_sizes, kept, layer_view, max_diff, prompt, run_routed, tiny_model
 
 H, L = 0.5, 0.05  # attention of an important / unimportant token in hand-made rows
 
@@ -25,11 +24,14 @@ def test_keeps_the_persistently_important_token_over_an_old_spike():
     # B (slot 1) got a huge spike from the first query, which has left the 2-query window; A (slot 2)
     # is important to every query in the window. Accumulated attention (H2O) would keep B.
     method = Scissorhands(capacity=3, params={"history": 2, "recent": 1})
-    ev = decode(method, [
-        [L, 0.9, L, L],
-        [L, L, H, L, L],
-        [L, L, H, L, L, L],
-    ])
+    ev = decode(
+        method,
+        [
+            [L, 0.9, L, L],
+            [L, L, H, L, L],
+            [L, L, H, L, L, L],
+        ],
+    )
     assert kept(ev, 6) == [[2, 4, 5]]  # A, then the newer of the tokens tied at 2 events, + the recent one
     assert method.per_token["unimportant"][0, 0].sum(-1).tolist() == [2, 2, 0, 2, 2, 1]
 
@@ -38,11 +40,14 @@ def test_events_older_than_the_history_window_are_forgotten():
     # C (slot 1) was unimportant to the first query only; D (slot 2) to the last query only.
     # Over all time they tie (1 event each: the older, C, would go); within the window only D has one.
     method = Scissorhands(capacity=2, params={"history": 2, "recent": 1})
-    ev = decode(method, [
-        [L, L, H, L],
-        [L, H, H, L, L],
-        [L, H, L, L, L, L],
-    ])
+    ev = decode(
+        method,
+        [
+            [L, L, H, L],
+            [L, H, H, L, L],
+            [L, H, L, L, L, L],
+        ],
+    )
     assert kept(ev, 6) == [[1, 5]]
 
 
@@ -96,24 +101,15 @@ def test_params_and_capacity_check():
     assert Scissorhands.check({}, 10) == [
         "params: scissorhands: recent (10) must be smaller than the capacity (10); allowed range 0 .. 9"
     ]
-    assert Scissorhands.check({"importance_quantile": 1.0}, 64)[0].startswith("params.importance_quantile: scissorhands:")
+    assert Scissorhands.check({"importance_quantile": 1.0}, 64)[0].startswith(
+        "params.importance_quantile: scissorhands:"
+    )
 
 
 def run_steps(plan, steps=32):
+    """Retained slots per layer after each of `steps` decode steps of a 40-token prompt."""
     model = tiny_model("llama")
-    ids = prompt(model, length=40)
-    name = cache_argument_name(model)
-    sizes = []
-    with routed(model, plan) as session, torch.no_grad():
-        out = model(ids, use_cache=True)
-        cache = session.cache
-        token = out.logits[:, -1:].argmax(-1)
-        for _ in range(steps):
-            out = model(token, use_cache=True, **{name: cache})
-            token = out.logits[:, -1:].argmax(-1)
-            assert torch.isfinite(out.logits).all()
-            sizes.append(cache.retained_per_layer())
-    return sizes
+    return decode_sizes(model, plan, prompt(model, length=40), steps)[0][1:]
 
 
 def test_runtime_holds_capacity_in_both_phases():

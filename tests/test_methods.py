@@ -34,7 +34,7 @@ def test_h2o_keeps_heavy_hitters_and_recent_window():
 def test_h2o_accumulates_scores_across_decode_steps():
     method = H2O(capacity=3, params={"heavy_ratio": 1 / 3})
     # After prefill (3 slots): token 0 has score 1.0, token 1 has 0.9, token 2 has 0.
-    method.observe_prefill(layer_view(3, phase=Phase.PREFILL, column_sums=torch.tensor([1.0, 0.9, 0.0]).expand(1, 2, 3)))
+    method.observe_prefill(layer_view(3, phase=Phase.PREFILL, column_sums=[1.0, 0.9, 0.0]))
     # Step 1: token 1 gets 0.5 more, overtaking token 0 (1.4 vs 1.0); the new token 3 is recent.
     ev = method.step(layer_view(4, column_sums=torch.tensor([0.0, 0.5, 0.2, 0.3]).expand(1, 2, 4)))
     # capacity 3, heavy = 1: keep the 2 most recent (2, 3) + the heaviest of the rest (1).

@@ -60,9 +60,7 @@ def test_rouge_l_english_is_lcs_based_f():
     # LCS(ref, pred) = "the suspect" (arrested/police appear in opposite orders) -> llcs = 2
     # R = 2/6, P = 2/5; F = 2PR / (P + R + 1e-8) = 2*(2/15) / (11/15 + 1e-8) ~= 4/11 = 0.363636...
     # (ROUGE-1 would see 4 shared unigrams, F = 2*(4/5)(4/6)/(4/5+4/6) = 8/11: this is not ROUGE-1)
-    got = M.rouge_score(
-        "police arrested the suspect yesterday", "the suspect was arrested by police"
-    )
+    got = M.rouge_score("police arrested the suspect yesterday", "the suspect was arrested by police")
     p, r = 2 / 5, 2 / 6
     assert got == pytest.approx(2.0 * ((p * r) / (p + r + 1e-8)), abs=1e-15)
     assert got == pytest.approx(4 / 11, abs=1e-7)
@@ -234,9 +232,7 @@ def test_longbench_first_line_cut_only_for_four_tasks():
     # trec: "City\nCountry": cut -> "City" -> 1/1; without the cut it would be 1/2
     assert M.longbench_score("trec", ["City\nCountry"], [["City"]], all_classes=CLASSES) == 100.0
     # lsht: same rule with Chinese classes
-    assert (
-        M.longbench_score("lsht", ["体育\n财经"], [["体育"]], all_classes=["体育", "财经"]) == 100.0
-    )
+    assert M.longbench_score("lsht", ["体育\n财经"], [["体育"]], all_classes=["体育", "财经"]) == 100.0
     # samsum: only "w1 w2 w3" is scored against "w1 w2 w3": F = 2 / (2 + 1e-8) -> 100.0 after rounding
     # (without the cut, "w4 w5" would add 2 prediction words: P = 3/5, F = 0.75 -> 75.0)
     assert M.longbench_score("samsum", ["w1 w2 w3\nw4 w5"], [["w1 w2 w3"]]) == 100.0
@@ -248,9 +244,7 @@ def test_longbench_code_and_retrieval_tasks():
     assert M.longbench_score("lcc", ["return a", "abcdefgh"], [["return b"], ["abcdexyz"]]) == 75.0
     # passage_retrieval_zh: 1/2 and 1 and 0 -> 100 * 1.5 / 3 = 50.0
     preds = ["段落5和段落15", "段落2", "不知道"]
-    assert (
-        M.longbench_score("passage_retrieval_zh", preds, [["段落5"], ["段落2"], ["段落1"]]) == 50.0
-    )
+    assert M.longbench_score("passage_retrieval_zh", preds, [["段落5"], ["段落2"], ["段落1"]]) == 50.0
 
 
 def test_longbench_rejects_bad_input():

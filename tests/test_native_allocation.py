@@ -11,9 +11,9 @@ from polykv.methods import REGISTRY, validate_plan
 from polykv.methods.base import split_total
 from polykv.methods.cake import CAKE, CAKEParams
 from polykv.methods.pyramidkv import PyramidKV, PyramidKVParams
+from polykv.models import cache_argument_name
 from polykv.plan import Phase, Plan, PlanError
 from polykv.runtime import routed
-from polykv.models import cache_argument_name
 from tests.helpers import decode_logits, kept, layer_view, tiny_model
 
 
@@ -48,7 +48,8 @@ def test_pyramidkv_selects_like_snapkv():
     n, w = 12, 3
     rows = torch.full((1, 2, w, n), 0.01)
     rows[..., 4] = 0.5
-    ev = PyramidKV(capacity=4, params={"window": w, "kernel_size": 1}).step(layer_view(n, phase=Phase.PREFILL, rows=rows))
+    method = PyramidKV(capacity=4, params={"window": w, "kernel_size": 1})
+    ev = method.step(layer_view(n, phase=Phase.PREFILL, rows=rows))
     assert kept(ev, n) == [[4, 9, 10, 11]] * 2
 
 

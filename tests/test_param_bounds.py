@@ -28,8 +28,10 @@ def _fields(kind: str) -> list[tuple[str, str]]:
     for method, cls in REGISTRY.items():
         for name, field in cls.Params.model_fields.items():
             literal = get_origin(field.annotation) is Literal
-            if (kind == "int" and field.annotation is int) or (kind == "float" and field.annotation is float) or (
-                kind == "literal" and literal
+            if (
+                (kind == "int" and field.annotation is int)
+                or (kind == "float" and field.annotation is float)
+                or (kind == "literal" and literal)
             ):
                 out.append((method, name))
     return out
@@ -43,7 +45,9 @@ TOKEN_PARAMS = [(m, n) for m, cls in REGISTRY.items() for n in cls.token_params(
 
 def _bounds(method: str, name: str) -> dict[str, float]:
     field = REGISTRY[method].Params.model_fields[name]
-    return {k: getattr(m, k) for m in field.metadata for k in ("ge", "gt", "le", "lt") if getattr(m, k, None) is not None}
+    return {
+        k: getattr(m, k) for m in field.metadata for k in ("ge", "gt", "le", "lt") if getattr(m, k, None) is not None
+    }
 
 
 def _capacity(method: str) -> int | None:
@@ -84,7 +88,15 @@ def test_defaults_are_accepted_with_and_without_a_context(method):
 @pytest.mark.parametrize("method, name", INT_PARAMS, ids=lambda x: str(x))
 @pytest.mark.parametrize(
     "value, why",
-    [(True, "bool"), (False, "bool"), ("8", "str"), (8.0, "float"), (np.int64(8), "numpy"), (None, "null"), ([8], "list")],
+    [
+        (True, "bool"),
+        (False, "bool"),
+        ("8", "str"),
+        (8.0, "float"),
+        (np.int64(8), "numpy"),
+        (None, "null"),
+        ([8], "list"),
+    ],
 )
 def test_integer_parameters_refuse_other_types(method, name, value, why):
     _assert_refused(method, name, value, "Input should be a valid integer", f"(got {value!r})", "allowed range")
@@ -157,7 +169,8 @@ def test_real_parameters_have_finite_bounds_and_refuse_values_outside(method, na
 def _integers_inside(method: str, name: str) -> list[int]:
     b = _bounds(method, name)
     return [
-        n for n in range(math.ceil(b.get("ge", b.get("gt", 0))), math.floor(b.get("le", b.get("lt", 0))) + 1)
+        n
+        for n in range(math.ceil(b.get("ge", b.get("gt", 0))), math.floor(b.get("le", b.get("lt", 0))) + 1)
         if ("gt" not in b or n > b["gt"]) and ("lt" not in b or n < b["lt"])
     ]
 
@@ -249,7 +262,9 @@ def test_json_plans_are_strict_too(tmp_path):
 def test_capacity_is_at_most_max_tokens_and_may_exceed_the_models_context():
     data = Plan.homogeneous("h2o", 64, 2).to_dict()
     data["layers"][1]["decode"]["capacity"] = MAX_TOKENS + 1
-    with pytest.raises(PlanError, match=rf"layer 1, decode, capacity: Input should be less than or equal to {MAX_TOKENS}"):
+    with pytest.raises(
+        PlanError, match=rf"layer 1, decode, capacity: Input should be less than or equal to {MAX_TOKENS}"
+    ):
         Plan.from_dict(data)
     # A capacity above the context never evicts (the layer runs as FullKV); budget sweeps rely on that.
     plan = Plan.homogeneous("h2o", 4096, 2)
@@ -263,8 +278,14 @@ def test_context_check_reaches_every_token_parameter_through_validate_plan():
         validate_plan(plan, 2, 256)
     problems = err.value.problems
     assert not any("capacity" in p for p in problems)
-    assert any(p.startswith("layer 0, prefill, params: snapkv: window (300) must be at most the model's context (256 tokens)") for p in problems)
-    assert any(p.startswith("layer 1, prefill, params: snapkv: kernel_size (301) must be at most the model's context") for p in problems)
+    assert any(
+        p.startswith("layer 0, prefill, params: snapkv: window (300) must be at most the model's context (256 tokens)")
+        for p in problems
+    )
+    assert any(
+        p.startswith("layer 1, prefill, params: snapkv: kernel_size (301) must be at most the model's context")
+        for p in problems
+    )
 
 
 def test_positional_signatures_still_work_and_two_argument_catalogs_too():
@@ -358,6 +379,8 @@ def test_cli_plan_validate_refuses_a_boolean_window_in_one_line(tmp_path, polykv
     data["layers"][1]["prefill"]["params"] = {"window": True}
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(data))
-    assert_one_line_error(polykv("plan", "validate", str(path)),
-                          "layer 1, prefill, params.window: snapkv: Input should be a valid integer (got True)",
-                          "allowed range 1 .. 1048576")
+    assert_one_line_error(
+        polykv("plan", "validate", str(path)),
+        "layer 1, prefill, params.window: snapkv: Input should be a valid integer (got True)",
+        "allowed range 1 .. 1048576",
+    )

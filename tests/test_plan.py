@@ -71,17 +71,46 @@ def test_homogeneous_helper():
     "mutate, expected",
     [
         (lambda d: d["layers"][1]["decode"].update(method="nope"), "layer 1, decode, method: unknown method 'nope'"),
-        (lambda d: d["layers"][0]["decode"].update(method="snapkv", capacity=8),
-         "layer 0, decode, method: 'snapkv' does not support the decode phase (supported: prefill)"),
-        (lambda d: d["layers"][0]["prefill"].update(capacity=0), "layer 0, prefill, capacity: Input should be greater than 0"),
-        (lambda d: d["layers"][2]["decode"].update(capacity=-5), "layer 2, decode, capacity: Input should be greater than 0"),
-        (lambda d: d["layers"][2]["decode"].update(capacity=2.5), "layer 2, decode, capacity: Input should be a valid integer"),
-        (lambda d: d["layers"][2]["decode"].pop("capacity"), "layer 2, decode, capacity: 'streamingllm' needs a capacity"),
-        (lambda d: d["layers"][1]["prefill"].update(capacity=4), "layer 1, prefill, capacity: 'full' keeps every token"),
-        (lambda d: d["layers"][0]["prefill"]["params"].update(window=-1), "layer 0, prefill, params.window: snapkv: Input should be greater than or equal to 1"),
-        (lambda d: d["layers"][0]["prefill"]["params"].update(window=64), "layer 0, prefill, params: snapkv: window (64) must be smaller than the capacity (64)"),
-        (lambda d: d["layers"][0]["prefill"]["params"].update(windw=4), "layer 0, prefill, params.windw: snapkv has no parameter 'windw'"),
-        (lambda d: d.update(scope="prefill"), "layer 0, decode, method: the plan's scope is 'prefill', so the decode phase must use 'full'"),
+        (
+            lambda d: d["layers"][0]["decode"].update(method="snapkv", capacity=8),
+            "layer 0, decode, method: 'snapkv' does not support the decode phase (supported: prefill)",
+        ),
+        (
+            lambda d: d["layers"][0]["prefill"].update(capacity=0),
+            "layer 0, prefill, capacity: Input should be greater than 0",
+        ),
+        (
+            lambda d: d["layers"][2]["decode"].update(capacity=-5),
+            "layer 2, decode, capacity: Input should be greater than 0",
+        ),
+        (
+            lambda d: d["layers"][2]["decode"].update(capacity=2.5),
+            "layer 2, decode, capacity: Input should be a valid integer",
+        ),
+        (
+            lambda d: d["layers"][2]["decode"].pop("capacity"),
+            "layer 2, decode, capacity: 'streamingllm' needs a capacity",
+        ),
+        (
+            lambda d: d["layers"][1]["prefill"].update(capacity=4),
+            "layer 1, prefill, capacity: 'full' keeps every token",
+        ),
+        (
+            lambda d: d["layers"][0]["prefill"]["params"].update(window=-1),
+            "layer 0, prefill, params.window: snapkv: Input should be greater than or equal to 1",
+        ),
+        (
+            lambda d: d["layers"][0]["prefill"]["params"].update(window=64),
+            "layer 0, prefill, params: snapkv: window (64) must be smaller than the capacity (64)",
+        ),
+        (
+            lambda d: d["layers"][0]["prefill"]["params"].update(windw=4),
+            "layer 0, prefill, params.windw: snapkv has no parameter 'windw'",
+        ),
+        (
+            lambda d: d.update(scope="prefill"),
+            "layer 0, decode, method: the plan's scope is 'prefill', so the decode phase must use 'full'",
+        ),
         (lambda d: d.pop("name"), "name: required field is missing"),
         (lambda d: d.update(version=9), "version: this PolyKV reads plan version 1, got 9"),
     ],
@@ -124,11 +153,26 @@ def test_every_registered_method_declares_phases_and_defaults():
     "method, params, capacity, expected",
     [
         ("cake", {"gamma": -1}, 64, "params.gamma: cake: Input should be greater than or equal to 0 (got -1)"),
-        ("cake", {"window": 64}, 64, "params: cake: window (64) must be smaller than the capacity (64); allowed range 1 .. 63"),
+        (
+            "cake",
+            {"window": 64},
+            64,
+            "params: cake: window (64) must be smaller than the capacity (64); allowed range 1 .. 63",
+        ),
         ("pyramidkv", {"window": -2}, 64, "params.window: pyramidkv: Input should be greater than or equal to 1"),
         ("pyramidkv", {"beta": 0.5}, 64, "params.beta: pyramidkv: Input should be greater than 1"),
-        ("scissorhands", {"recent": 40}, 32, "params: scissorhands: recent (40) must be smaller than the capacity (32)"),
-        ("scissorhands", {"history": 0}, 32, "params.history: scissorhands: Input should be greater than or equal to 1"),
+        (
+            "scissorhands",
+            {"recent": 40},
+            32,
+            "params: scissorhands: recent (40) must be smaller than the capacity (32)",
+        ),
+        (
+            "scissorhands",
+            {"history": 0},
+            32,
+            "params.history: scissorhands: Input should be greater than or equal to 1",
+        ),
         ("d2o", {"alpha": 1.0}, 32, "params.alpha: d2o: Input should be less than 1"),
         ("cam", {"merge_budget": 0}, 32, "params.merge_budget: cam: Input should be greater than or equal to 1"),
         ("cam", {"merge": 4}, 32, "params.merge: cam has no parameter 'merge' (parameters: sinks, merge_budget, seed)"),

@@ -37,8 +37,12 @@ def test_profile_has_every_layer_method_and_scope(profiled):
     profile, model, *_ = profiled
     table = profile.table
     assert set(table.scope) == {"prefill", "decode"}
-    assert len(table) == 5 * (len(table[table.scope == "prefill"].method.unique()) + len(table[table.scope == "decode"].method.unique()))
-    assert "snapkv" in set(table[table.scope == "prefill"].method) and "snapkv" not in set(table[table.scope == "decode"].method)
+    assert len(table) == 5 * (
+        len(table[table.scope == "prefill"].method.unique()) + len(table[table.scope == "decode"].method.unique())
+    )
+    assert "snapkv" in set(table[table.scope == "prefill"].method) and "snapkv" not in set(
+        table[table.scope == "decode"].method
+    )
     full = table[table.method == "full"]
     assert (full.cosine - 1.0).abs().max() <= 1e-6  # a layer left full is FullKV
     # fp32 rounding between the block reference and the incremental runs: ~1e-7 of a PPL in the hundreds
@@ -47,7 +51,11 @@ def test_profile_has_every_layer_method_and_scope(profiled):
     assert table.cosine.notna().all() and table.dppl.notna().all()
     assert len(profile.entropy) == 5 and all(h > 0 for h in profile.entropy)
     meta = json.loads((profile.path / "profile.json").read_text())
-    assert meta["model"] == "demo" and meta["corpus"]["spec"]["seed"] == 0 and meta["capacity"] == profile.metadata["capacity"]
+    assert (
+        meta["model"] == "demo"
+        and meta["corpus"]["spec"]["seed"] == 0
+        and meta["capacity"] == profile.metadata["capacity"]
+    )
     assert pd.read_csv(profile.path / "methods.csv").shape == table.shape
 
 
@@ -74,7 +82,9 @@ def test_prefix_reuse_gives_the_naive_profile(profiled):
 def test_route_builds_a_valid_plan_for_each_scope(profiled, polykv, tmp_path, scope):
     profile, *_ = profiled
     out = tmp_path / f"{scope}.json"
-    result = polykv("route", str(profile.path), "--scope", scope, "--budget", "40", "--allocation", "entropy", "-o", str(out))
+    result = polykv(
+        "route", str(profile.path), "--scope", scope, "--budget", "40", "--allocation", "entropy", "-o", str(out)
+    )
     assert result.returncode == 0, result.stderr
     plan = validate_plan(Plan.load(out), 5)
     assert plan.scope.value == scope and plan.provenance["profile"] == profile.key
@@ -96,7 +106,9 @@ def test_cli_profile_then_route(polykv, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "decode: dPPL by layer" in result.stdout
     (profile_dir,) = (ws / "profiles").iterdir()
-    routed_plan = polykv("route", str(profile_dir), "--scope", "decode", "--budget", "32", "-o", str(tmp_path / "p.json"))
+    routed_plan = polykv(
+        "route", str(profile_dir), "--scope", "decode", "--budget", "32", "-o", str(tmp_path / "p.json")
+    )
     assert routed_plan.returncode == 0, routed_plan.stderr
     prefill = polykv("route", str(profile_dir), "--scope", "prefill", "--budget", "32", "-o", str(tmp_path / "q.json"))
     assert_one_line_error(prefill, "has no prefill measurements")
@@ -104,14 +116,20 @@ def test_cli_profile_then_route(polykv, tmp_path):
 
 def test_bad_profile_inputs_are_one_line(polykv, profiled, tmp_path):
     profile, *_ = profiled
-    assert_one_line_error(polykv("profile", *SMALL, "--sources", "kjv,file:/no/such.txt", "-w", str(tmp_path)), "no/such.txt")
+    assert_one_line_error(
+        polykv("profile", *SMALL, "--sources", "kjv,file:/no/such.txt", "-w", str(tmp_path)), "no/such.txt"
+    )
     assert_one_line_error(polykv("profile", *SMALL, "--sources", "wikitext", "-w", str(tmp_path)), "wikitext")
-    assert_one_line_error(polykv("profile", *SMALL, "--b-cal", "400", "-w", str(tmp_path)), "b_cal (400) must be smaller")
+    assert_one_line_error(
+        polykv("profile", *SMALL, "--b-cal", "400", "-w", str(tmp_path)), "b_cal (400) must be smaller"
+    )
     other = tmp_path / "tiny"
     tiny_model("llama").save_pretrained(other)
     result = polykv("route", str(profile.path), "--budget", "32", "--model", str(other), "-o", str(tmp_path / "x.json"))
     assert_one_line_error(result, "was measured on 'demo' (5 layers)")
-    assert_one_line_error(polykv("route", str(tmp_path), "--budget", "32", "-o", str(tmp_path / "x.json")), "not a profile directory")
+    assert_one_line_error(
+        polykv("route", str(tmp_path), "--budget", "32", "-o", str(tmp_path / "x.json")), "not a profile directory"
+    )
 
 
 def test_load_profile_refuses_a_foreign_directory(tmp_path):
@@ -190,8 +208,10 @@ def _throwaway_method():
 
 def _refresh(profile) -> str:
     spec = profile.metadata["corpus"]["spec"]
-    return (f"polykv profile --model demo --b-cal {profile.metadata['capacity']} --seed 0 --sources "
-            f"{','.join(spec['sources'])} --sequences 4 --max-tokens 160")
+    return (
+        f"polykv profile --model demo --b-cal {profile.metadata['capacity']} --seed 0 --sources "
+        f"{','.join(spec['sources'])} --sequences 4 --max-tokens 160"
+    )
 
 
 def test_a_new_method_makes_the_profile_stale(profiled, monkeypatch, polykv, tmp_path):
@@ -260,8 +280,9 @@ def test_entropy_is_the_mean_over_every_prompt_query(family, overrides):
     model = tiny_model(family, **overrides)
     sequences = torch.randint(0, 96, (3, 41), generator=torch.Generator().manual_seed(1)).tolist()
     continuation, prompt = 8, 41 - 1 - 8
-    result = profile_methods(model, sequences, 8, scopes=(Phase.PREFILL,), methods=["streamingllm"],
-                             continuation=continuation, batch_size=2)  # two batches: 2 + 1 sequences
+    result = profile_methods(
+        model, sequences, 8, scopes=(Phase.PREFILL,), methods=["streamingllm"], continuation=continuation, batch_size=2
+    )  # two batches: 2 + 1 sequences
     # directly: the eager attention weights of the prompt, every query's entropy, mean over everything
     model.set_attn_implementation("eager")
     with torch.no_grad():

@@ -26,8 +26,14 @@ def test_every_registered_method_but_full_has_a_protocol():
 
 def test_the_table_says_the_phases_and_allocations_of_the_paper():
     paper = {
-        "streamingllm": Scope.BOTH, "h2o": Scope.BOTH, "tova": Scope.BOTH, "scissorhands": Scope.BOTH,
-        "cake": Scope.BOTH, "snapkv": Scope.PREFILL, "pyramidkv": Scope.PREFILL, "d2o": Scope.DECODE,
+        "streamingllm": Scope.BOTH,
+        "h2o": Scope.BOTH,
+        "tova": Scope.BOTH,
+        "scissorhands": Scope.BOTH,
+        "cake": Scope.BOTH,
+        "snapkv": Scope.PREFILL,
+        "pyramidkv": Scope.PREFILL,
+        "d2o": Scope.DECODE,
         "cam": Scope.DECODE,
     }
     assert {name: PROTOCOLS[name].scope for name in paper} == paper  # methods added since have rows of their own
@@ -89,7 +95,9 @@ def test_overrides_change_the_scope_only_to_one_the_method_can_run_in():
 def test_protocol_lines_name_phases_allocation_and_parameters():
     lines = protocol_lines(["snapkv", "tova", "d2o"], {"tova": "decode"})
     assert len(lines) == 3
-    assert lines[0].startswith("protocol snapkv: prefill (decode keeps every token), fixed allocation, defaults window=32")
+    assert lines[0].startswith(
+        "protocol snapkv: prefill (decode keeps every token), fixed allocation, defaults window=32"
+    )
     assert "window shrunk to a quarter of the budget" in lines[0]
     assert lines[1].startswith("protocol tova: decode (prefill keeps every token), fixed allocation, no parameters")
     assert "overridden to decode" in lines[1]

@@ -75,7 +75,11 @@ def test_registry_order_used_by_the_tie_tests():
     order = list(REGISTRY)
     assert order.index("h2o") < order.index("tova") < order.index("d2o")
     table = hand_profile()
-    ties = [("prefill", "cosine", "h2o", "tova"), ("decode", "cosine", "tova", "d2o"), ("decode", "dppl", "tova", "d2o")]
+    ties = [
+        ("prefill", "cosine", "h2o", "tova"),
+        ("decode", "cosine", "tova", "d2o"),
+        ("decode", "dppl", "tova", "d2o"),
+    ]
     for scope, statistic, first, second in ties:
         layer0 = table[(table.layer == 0) & (table.scope == scope)].set_index("method")[statistic]
         assert layer0[first] == layer0[second], (scope, statistic)  # a real tie

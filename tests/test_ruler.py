@@ -54,16 +54,33 @@ def test_niah_prompt_wording_follows_ruler(tokenizer):
     single = make_sample(tokenizer, "niah_single_3", 640, seed=1)
     key = single.info["query"]
     assert single.prompt.startswith("A special magic uuid is hidden within the following text.")
-    assert single.prompt.endswith(f"What is the special magic uuid for {key} mentioned in the provided text? "
-                                  f"The special magic uuid for {key} mentioned in the provided text is")
+    assert single.prompt.endswith(
+        f"What is the special magic uuid for {key} mentioned in the provided text? "
+        f"The special magic uuid for {key} mentioned in the provided text is"
+    )
     assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", single.answers[0])
     multi = make_sample(tokenizer, "niah_multiquery", 1024, seed=1)
-    assert multi.prompt.startswith("Some special magic numbers are hidden") and multi.prompt.endswith("mentioned in the provided text are")
-    assert ", and " in multi.info["query"] and len(multi.answers) == 4 and all(re.fullmatch(r"\d{7}", a) for a in multi.answers)
+    assert multi.prompt.startswith("Some special magic numbers are hidden") and multi.prompt.endswith(
+        "mentioned in the provided text are"
+    )
+    assert (
+        ", and " in multi.info["query"]
+        and len(multi.answers) == 4
+        and all(re.fullmatch(r"\d{7}", a) for a in multi.answers)
+    )
 
 
-@pytest.mark.parametrize("task,length", [("niah_single_1", 400), ("niah_single_2", 400), ("niah_multikey_3", 512),
-                                         ("vt", 700), ("fwe", 400), ("cwe", 1600)])
+@pytest.mark.parametrize(
+    "task,length",
+    [
+        ("niah_single_1", 400),
+        ("niah_single_2", 400),
+        ("niah_multikey_3", 512),
+        ("vt", 700),
+        ("fwe", 400),
+        ("cwe", 1600),
+    ],
+)
 def test_the_prompt_fills_the_length(tokenizer, task, length):
     sample = make_sample(tokenizer, task, length, seed=0, index=2)
     slack = _fits_tightly(tokenizer, sample, length, seed=0, index=2)
@@ -111,7 +128,10 @@ def test_same_seed_same_samples_other_seed_other_samples(demo_model):
     settings = RulerSettings(tasks=("niah_single_2", "niah_multikey_2", "fwe"), length=512, samples_per_task=2)
 
     def view(seed):
-        return [(task, sid, p["prompt_ids"], p["answers"]) for task, sid, p in build_samples(tokenizer, model, settings, seed)]
+        return [
+            (task, sid, p["prompt_ids"], p["answers"])
+            for task, sid, p in build_samples(tokenizer, model, settings, seed)
+        ]
 
     first = view(0)
     assert view(0) == first
@@ -125,31 +145,99 @@ def test_same_seed_same_samples_other_seed_other_samples(demo_model):
 
 # ---- QA ---------------------------------------------------------------------------------------------
 
-SQUAD = {"version": "v2.0", "data": [
-    {"title": "Rivers", "paragraphs": [
-        {"context": "The Nile flows north through Egypt. Its delta meets the Mediterranean Sea.",
-         "qas": [{"id": "1", "question": "Which sea does the Nile reach?", "is_impossible": False,
-                  "answers": [{"text": "Mediterranean Sea", "answer_start": 44}, {"text": "the Mediterranean Sea", "answer_start": 40}]},
-                 {"id": "2", "question": "Who painted the Nile?", "is_impossible": True, "answers": [],
-                  "plausible_answers": [{"text": "Egypt", "answer_start": 29}]}]},
-        {"context": "The Amazon carries more water than any other river on Earth.",
-         "qas": [{"id": "3", "question": "Which river carries the most water?", "is_impossible": False,
-                  "answers": [{"text": "The Amazon", "answer_start": 0}]}]}]},
-    {"title": "Birds", "paragraphs": [
-        {"context": "Owls hunt at night and can turn their heads very far.",
-         "qas": [{"id": "4", "question": "When do owls hunt?", "answers": [{"text": "at night", "answer_start": 10}]}]},
-        {"context": "Penguins cannot fly but they swim well in cold water.",
-         "qas": [{"id": "5", "question": "What can penguins not do?", "is_impossible": False,
-                  "answers": [{"text": "fly", "answer_start": 16}]}]}]},
-]}
+SQUAD = {
+    "version": "v2.0",
+    "data": [
+        {
+            "title": "Rivers",
+            "paragraphs": [
+                {
+                    "context": "The Nile flows north through Egypt. Its delta meets the Mediterranean Sea.",
+                    "qas": [
+                        {
+                            "id": "1",
+                            "question": "Which sea does the Nile reach?",
+                            "is_impossible": False,
+                            "answers": [
+                                {"text": "Mediterranean Sea", "answer_start": 44},
+                                {"text": "the Mediterranean Sea", "answer_start": 40},
+                            ],
+                        },
+                        {
+                            "id": "2",
+                            "question": "Who painted the Nile?",
+                            "is_impossible": True,
+                            "answers": [],
+                            "plausible_answers": [{"text": "Egypt", "answer_start": 29}],
+                        },
+                    ],
+                },
+                {
+                    "context": "The Amazon carries more water than any other river on Earth.",
+                    "qas": [
+                        {
+                            "id": "3",
+                            "question": "Which river carries the most water?",
+                            "is_impossible": False,
+                            "answers": [{"text": "The Amazon", "answer_start": 0}],
+                        }
+                    ],
+                },
+            ],
+        },
+        {
+            "title": "Birds",
+            "paragraphs": [
+                {
+                    "context": "Owls hunt at night and can turn their heads very far.",
+                    "qas": [
+                        {
+                            "id": "4",
+                            "question": "When do owls hunt?",
+                            "answers": [{"text": "at night", "answer_start": 10}],
+                        }
+                    ],
+                },
+                {
+                    "context": "Penguins cannot fly but they swim well in cold water.",
+                    "qas": [
+                        {
+                            "id": "5",
+                            "question": "What can penguins not do?",
+                            "is_impossible": False,
+                            "answers": [{"text": "fly", "answer_start": 16}],
+                        }
+                    ],
+                },
+            ],
+        },
+    ],
+}
 HOTPOT = [
-    {"_id": "a", "question": "Which city is home to the tower designed by Gustave Eiffel?", "answer": "Paris",
-     "context": [["Eiffel Tower", ["The Eiffel Tower stands in Paris. ", "It was finished in 1889."]],
-                 ["Gustave Eiffel", ["Gustave Eiffel was a French engineer."]]]},
-    {"_id": "b", "question": "What river flows through the capital of England?", "answer": "Thames",
-     "context": [["London", ["London is the capital of England."]], ["Thames", ["The Thames flows through London."]]]},
-    {"_id": "c", "question": "Which planet has the moon Titan?", "answer": "Saturn",
-     "context": [["Titan", ["Titan is the largest moon of Saturn."]], ["Saturn", ["Saturn is the sixth planet."]]]},
+    {
+        "_id": "a",
+        "question": "Which city is home to the tower designed by Gustave Eiffel?",
+        "answer": "Paris",
+        "context": [
+            ["Eiffel Tower", ["The Eiffel Tower stands in Paris. ", "It was finished in 1889."]],
+            ["Gustave Eiffel", ["Gustave Eiffel was a French engineer."]],
+        ],
+    },
+    {
+        "_id": "b",
+        "question": "What river flows through the capital of England?",
+        "answer": "Thames",
+        "context": [
+            ["London", ["London is the capital of England."]],
+            ["Thames", ["The Thames flows through London."]],
+        ],
+    },
+    {
+        "_id": "c",
+        "question": "Which planet has the moon Titan?",
+        "answer": "Saturn",
+        "context": [["Titan", ["Titan is the largest moon of Saturn."]], ["Saturn", ["Saturn is the sixth planet."]]],
+    },
 ]
 
 
@@ -164,10 +252,18 @@ def qa_files(tmp_path):
 def test_qa_tasks_from_squad_and_hotpotqa_files(demo_model, qa_files):
     model, tokenizer = demo_model
     squad, hotpot = qa_files
-    settings = RulerSettings(tasks=("qa_1", "qa_2"), length=400, samples_per_task=3, squad_path=squad, hotpot_path=hotpot)
+    settings = RulerSettings(
+        tasks=("qa_1", "qa_2"), length=400, samples_per_task=3, squad_path=squad, hotpot_path=hotpot
+    )
     samples = build_samples(tokenizer, model, settings, seed=0)
-    assert [(t, s) for t, s, _ in samples] == [("qa_1", "000"), ("qa_1", "001"), ("qa_1", "002"),
-                                              ("qa_2", "000"), ("qa_2", "001"), ("qa_2", "002")]
+    assert [(t, s) for t, s, _ in samples] == [
+        ("qa_1", "000"),
+        ("qa_1", "001"),
+        ("qa_1", "002"),
+        ("qa_2", "000"),
+        ("qa_2", "001"),
+        ("qa_2", "002"),
+    ]
     questions = {"qa_1": set(), "qa_2": set()}
     for task, _, payload in samples:
         prompt = tokenizer.decode(payload["prompt_ids"], skip_special_tokens=True)
@@ -322,7 +418,13 @@ def test_several_lengths_name_tasks_by_length_and_fit_each_length(demo_model):
     # One length: the task names and the settings dict are those of a plain length.
     single = RulerSettings(tasks=("fwe",), length=[400], samples_per_task=1)
     assert single == RulerSettings(tasks=("fwe",), length=400, samples_per_task=1)
-    assert single.to_dict() == {"tasks": ["fwe"], "length": 400, "samples_per_task": 1, "squad_path": None, "hotpot_path": None}
+    assert single.to_dict() == {
+        "tasks": ["fwe"],
+        "length": 400,
+        "samples_per_task": 1,
+        "squad_path": None,
+        "hotpot_path": None,
+    }
     assert [t for t, _, _ in build_samples(tokenizer, model, single, seed=0)] == ["fwe"]
     assert json.loads(json.dumps(settings.to_dict()))["length"] == [400, 512]
     assert RulerSettings(**json.loads(json.dumps(settings.to_dict()))) == settings  # the run id round-trips

@@ -10,12 +10,14 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from polykv.methods import REGISTRY
+from polykv.models import cache_argument_name
 from polykv.plan import LayerPlan, PhaseAssignment, Plan, Scope
 from polykv.runtime import RoutedCache, RoutedCacheError, routed
-from polykv.models import cache_argument_name
-from tests.helpers import FAMILIES, STEPS, decode_logits, max_diff, prompt, run_routed, tiny_model
+from tests.helpers import FAMILIES, STEPS, decode_logits, decode_sizes, max_diff, prompt, run_routed, tiny_model
 
 TOL = 1e-5
+
+
 def capacity_plan(model, method: str, capacity: int, **params) -> Plan:
     """Homogeneous plan over every phase the method supports."""
     phases = REGISTRY[method].phases
@@ -82,7 +84,10 @@ def test_physical_eviction_equals_masking_reference(llama):
             mask = allowed.view(1, 1, 1, -1).expand(query.shape[0], query.shape[1], 1, -1)
             rep = module.num_key_value_groups
             out = torch.nn.functional.scaled_dot_product_attention(
-                query, key.repeat_interleave(rep, 1), value.repeat_interleave(rep, 1), attn_mask=mask,
+                query,
+                key.repeat_interleave(rep, 1),
+                value.repeat_interleave(rep, 1),
+                attn_mask=mask,
                 scale=module.scaling,
             )
             return out.transpose(1, 2).contiguous(), None
@@ -114,24 +119,21 @@ def test_compression_holds_capacity_every_step_in_a_mixed_plan(family):
         name="mixed",
         scope=Scope.BOTH,
         layers=[
-            LayerPlan(prefill=PhaseAssignment(method="snapkv", capacity=20, params={"window": 4}),
-                      decode=PhaseAssignment(method="tova", capacity=24)),
-            LayerPlan(prefill=PhaseAssignment(method="h2o", capacity=30), decode=PhaseAssignment(method="h2o", capacity=16)),
-            LayerPlan(prefill=PhaseAssignment(method="streamingllm", capacity=64),
-                      decode=PhaseAssignment(method="streamingllm", capacity=52)),
+            LayerPlan(
+                prefill=PhaseAssignment(method="snapkv", capacity=20, params={"window": 4}),
+                decode=PhaseAssignment(method="tova", capacity=24),
+            ),
+            LayerPlan(
+                prefill=PhaseAssignment(method="h2o", capacity=30), decode=PhaseAssignment(method="h2o", capacity=16)
+            ),
+            LayerPlan(
+                prefill=PhaseAssignment(method="streamingllm", capacity=64),
+                decode=PhaseAssignment(method="streamingllm", capacity=52),
+            ),
         ],
     )
-    sizes = []
-    with routed(model, plan) as session, torch.no_grad():
-        out = model(ids, use_cache=True)
-        cache = session.cache
-        assert cache.retained_per_layer() == [20, 30, 48]  # min(capacity, length)
-        token = out.logits[:, -1:].argmax(-1)
-        for _ in range(12):
-            out = model(token, use_cache=True, **{cache_argument_name(model): cache})
-            token = out.logits[:, -1:].argmax(-1)
-            sizes.append(cache.retained_per_layer())
-            assert torch.isfinite(out.logits).all()
+    (prefilled, *sizes), cache = decode_sizes(model, plan, ids, 12)
+    assert prefilled == [20, 30, 48]  # min(capacity, length)
     # tova grows from 20 to its decode capacity 24 and stays; h2o cuts 30 -> 16; streamingllm fills to 52.
     assert [s[0] for s in sizes] == [21, 22, 23, 24] + [24] * 8
     assert all(s[1] == 16 for s in sizes)

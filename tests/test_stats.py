@@ -153,9 +153,7 @@ def test_spearman_constant_side_is_nan():
     assert math.isnan(rho) and math.isnan(p)
 
 
-@pytest.mark.parametrize(
-    ("x", "y"), [([1, 2, 3], [1, 2]), ([1], [1]), ([1, math.nan], [1, 2]), ([[1, 2]], [[1, 2]])]
-)
+@pytest.mark.parametrize(("x", "y"), [([1, 2, 3], [1, 2]), ([1], [1]), ([1, math.nan], [1, 2]), ([[1, 2]], [[1, 2]])])
 def test_spearman_rejects_bad_input(x, y):
     with pytest.raises(ValueError):
         spearman(x, y)

@@ -33,10 +33,10 @@ from streamlit.testing.v1 import AppTest
 
 from polykv import jobs
 from polykv.errors import StoreError
-from polykv.eval.unit import Unit
 from polykv.eval.runner import run_suite
 from polykv.eval.store import SCHEMA_VERSION, Store, Worker, process_start_time
 from polykv.eval.suites.fidelity import FidelitySettings
+from polykv.eval.unit import Unit
 from polykv.plan import Plan
 from tests.helpers import APP, assert_one_line_error, fake_run, open_app
 
@@ -69,8 +69,13 @@ def snapshot(root: Path) -> dict[str, tuple]:
     for path in [root, *sorted(root.rglob("*"))]:
         info = path.lstat()
         digest = hashlib.sha256(path.read_bytes()).hexdigest() if stat.S_ISREG(info.st_mode) else None
-        out[str(path.relative_to(root))] = (stat.S_IFMT(info.st_mode), stat.S_IMODE(info.st_mode), info.st_size,
-                                            info.st_mtime_ns, digest)
+        out[str(path.relative_to(root))] = (
+            stat.S_IFMT(info.st_mode),
+            stat.S_IMODE(info.st_mode),
+            info.st_size,
+            info.st_mtime_ns,
+            digest,
+        )
     return out
 
 
@@ -133,8 +138,16 @@ class Sandbox:
         return self.kind != "none"
 
     def run(self, args: list[str], cwd: Path, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run([*self.prefix, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                              timeout=timeout, check=False, **self.kwargs)
+        return subprocess.run(
+            [*self.prefix, *args],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            **self.kwargs,
+        )
 
     def own(self, path: Path) -> None:
         """Make `path` (a folder the child writes in: its home) the child's."""
@@ -146,8 +159,10 @@ class Sandbox:
 def sandbox() -> Sandbox:
     if os.geteuid() != 0:
         return Sandbox("user")
-    candidates = [Sandbox("nobody", kwargs={"user": 65534, "group": 65534, "extra_groups": []}),
-                  Sandbox("nocaps", prefix=[sys.executable, "-c", _DROP_CAPABILITIES])]
+    candidates = [
+        Sandbox("nobody", kwargs={"user": 65534, "group": 65534, "extra_groups": []}),
+        Sandbox("nocaps", prefix=[sys.executable, "-c", _DROP_CAPABILITIES]),
+    ]
     probe_root = Path(tempfile.mkdtemp(prefix="polykv-probe-"))
     try:
         probe_root.chmod(0o755)
@@ -179,9 +194,15 @@ class Workspace:
     run_b: str
 
     def env(self) -> dict[str, str]:
-        return {**os.environ, "HOME": str(self.home), "POLYKV_HOME": str(self.home / "polykv"),
-                "PYTHONDONTWRITEBYTECODE": "1", "HF_HUB_OFFLINE": "1", "POLYKV_WORKSPACE": str(self.path),
-                "POLYKV_PLANS": str(self.home / "plans")}
+        return {
+            **os.environ,
+            "HOME": str(self.home),
+            "POLYKV_HOME": str(self.home / "polykv"),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "HF_HUB_OFFLINE": "1",
+            "POLYKV_WORKSPACE": str(self.path),
+            "POLYKV_PLANS": str(self.home / "plans"),
+        }
 
 
 @pytest.fixture
@@ -194,8 +215,10 @@ def readonly_workspace():
     (home / "plans").mkdir()
     for folder in (home, home / "plans"):
         box.own(folder)
-    units = [({"series": "route", "budget": 24}, Unit.of("demo", Plan.homogeneous("tova", 24, 5), "fidelity", TINY)),
-             ({"series": "h2o", "budget": 24}, Unit.of("demo", Plan.homogeneous("h2o", 24, 5), "fidelity", TINY))]
+    units = [
+        ({"series": "route", "budget": 24}, Unit.of("demo", Plan.homogeneous("tova", 24, 5), "fidelity", TINY)),
+        ({"series": "h2o", "budget": 24}, Unit.of("demo", Plan.homogeneous("h2o", 24, 5), "fidelity", TINY)),
+    ]
     job = jobs.eval_job(units, "two plans")
     jobs.save_job(job, path)
     store = Store(path / "results.sqlite")
@@ -225,8 +248,13 @@ def test_reading_a_missing_database_creates_nothing(tmp_path, polykv):
     assert list(tmp_path.iterdir()) == []  # no file, no folder, no -wal or -shm
     with pytest.raises(StoreError, match="opened read-only"):
         store.create_run("a", model="m")
-    for write in (lambda: store.set_status("a", "finished"), lambda: store.add_sample("a", "t", "s", {}, 0.0),
-                  lambda: store.set_task_scores("a", {}, {}), lambda: store.set_running("a"), store.checkpoint):
+    for write in (
+        lambda: store.set_status("a", "finished"),
+        lambda: store.add_sample("a", "t", "s", {}, 0.0),
+        lambda: store.set_task_scores("a", {}, {}),
+        lambda: store.set_running("a"),
+        store.checkpoint,
+    ):
         with pytest.raises(StoreError, match=r"results database at .* is opened read-only"):
             write()
     assert list(tmp_path.iterdir()) == []
@@ -269,7 +297,9 @@ def test_every_connection_of_a_reader_is_a_read_only_uri(tmp_path, monkeypatch):
     monkeypatch.setattr(sqlite3, "connect", spy)
     reader = Store(folder / "results.sqlite", readonly=True)
     assert [r["id"] for r in reader.runs()] == ["r"] and reader.task_scores("r") == {"t": {"kl": 0.1}}
-    assert opened and all(uri and database.startswith("file:///") and "?mode=ro" in database for database, uri in opened)
+    assert opened and all(
+        uri and database.startswith("file:///") and "?mode=ro" in database for database, uri in opened
+    )
     assert all("odd%20%3F%23%25%20name" in database for database, _ in opened)  # the path is quoted
     monkeypatch.undo()
     with real_connect(opened[0][0], uri=True) as db, pytest.raises(sqlite3.OperationalError, match="readonly"):
@@ -322,7 +352,7 @@ def test_the_runs_and_compare_pages_read_a_read_only_workspace(readonly_workspac
     result = box.run([sys.executable, "-c", _APP_DRIVER, APP], ws.root, ws.env(), timeout=400)
     lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
     assert result.returncode == 0 and lines, result.stdout[-3000:] + result.stderr[-3000:]
-    pages = json.loads(lines[-1][len("RESULT "):])
+    pages = json.loads(lines[-1][len("RESULT ") :])
     runs, compare = pages["runs"], pages["compare"]
     assert runs["exceptions"] == [] and runs["errors"] == [], runs
     table = runs["frames"][-1]
@@ -370,8 +400,13 @@ BAD = {
     "malformed": (_malformed, "damaged results database at {db}: database disk image is malformed"),
     "foreign": (_foreign, "{db} is not a PolyKV results database (no runs table)"),
     "empty file": (_empty, "{db} is not a PolyKV results database (no runs table)"),
-    "newer schema": (_newer, ("results database at {db} was written by a newer PolyKV "
-                              f"(schema {SCHEMA_VERSION + 1}; this one reads up to {SCHEMA_VERSION})")),
+    "newer schema": (
+        _newer,
+        (
+            "results database at {db} was written by a newer PolyKV "
+            f"(schema {SCHEMA_VERSION + 1}; this one reads up to {SCHEMA_VERSION})"
+        ),
+    ),
 }
 
 
@@ -416,8 +451,11 @@ def _pages(at: AppTest) -> dict[str, dict[str, list[str]]]:
     for page in ("runs", "compare"):
         at.switch_page(f"views/{page}.py")
         at.run()
-        out[page] = {"exceptions": [e.value for e in at.exception], "errors": [e.value for e in at.error],
-                     "info": [i.value for i in at.info]}
+        out[page] = {
+            "exceptions": [e.value for e in at.exception],
+            "errors": [e.value for e in at.error],
+            "info": [i.value for i in at.info],
+        }
     return out
 
 
@@ -460,7 +498,7 @@ def test_process_start_time_reads_past_a_command_name_with_spaces_and_parenthese
     try:
         stat_line = Path(f"/proc/{process.pid}/stat").read_text()
         assert " (my (odd) sleep)) " in stat_line  # the command name (15 characters) keeps its parentheses
-        expected = stat_line[stat_line.rindex(")") + 2:].split()[19]
+        expected = stat_line[stat_line.rindex(")") + 2 :].split()[19]
         assert process_start_time(process.pid) == expected and expected.isdigit()
         assert Worker(process.pid, socket.gethostname(), expected).alive() is True
     finally:
@@ -482,8 +520,14 @@ def test_a_run_whose_worker_died_is_reported_stopped(tmp_path):
         assert store.set_running("elsewhere", Worker(999_999, here + "-another-host", "1"))  # cannot tell: as stored
         fake_run(store, "done", {"t": {"kl": 0.1}})
         assert not store.set_running("done", _killed_worker())  # a finished run stays finished
-        expected = {"killed": "stopped", "reused": "stopped", "alive": "running", "elsewhere": "running",
-                    "legacy": "running", "done": "finished"}
+        expected = {
+            "killed": "stopped",
+            "reused": "stopped",
+            "alive": "running",
+            "elsewhere": "running",
+            "legacy": "running",
+            "done": "finished",
+        }
         assert {r["id"]: r["status"] for r in store.runs()} == expected
         assert {k: v[2] for k, v in store.progress(list(expected)).items()} == expected
         assert {k: store.run(k)["status"] for k in expected} == expected
@@ -507,6 +551,7 @@ def test_a_stopped_run_resumes_where_it_stopped_and_finishes(demo_model, tmp_pat
     def stop_after_two(done, total, where):
         if done == 2:
             raise KeyboardInterrupt  # the run stops after two committed samples
+
     with pytest.raises(KeyboardInterrupt):
         run_suite(store, "demo", model, tokenizer, plan, "fidelity", TINY, progress=stop_after_two)
     (run,) = store.runs()
@@ -517,8 +562,19 @@ def test_a_stopped_run_resumes_where_it_stopped_and_finishes(demo_model, tmp_pat
     before = {(s["task"], s["sample"]): s["created"] for s in store.samples(run["id"])}
 
     seen = []
-    assert run_suite(store, "demo", model, tokenizer, plan, "fidelity", TINY,
-                     progress=lambda d, t, w: seen.append(store.run(run["id"])["status"])) == run["id"]
+    assert (
+        run_suite(
+            store,
+            "demo",
+            model,
+            tokenizer,
+            plan,
+            "fidelity",
+            TINY,
+            progress=lambda d, t, w: seen.append(store.run(run["id"])["status"]),
+        )
+        == run["id"]
+    )
     assert set(seen) == {"running"}  # resuming made this process its worker
     after = store.run(run["id"])
     assert after["status"] == "finished" and after["worker_pid"] == os.getpid() and after["error"] is None
@@ -534,9 +590,13 @@ def _version_1(db: Path) -> None:
     conn.execute("PRAGMA journal_mode=WAL")
     conn.executescript(V1_SCHEMA)
     with conn:
-        conn.execute("INSERT INTO runs VALUES ('old', 'demo', 'old-plan', 'h', '{}', 'fidelity', '{}', 0, 'running', 2, "
-                     "'{}', '2024-01-01T00:00:00.000+00:00', NULL, NULL)")
-        conn.execute("INSERT INTO samples VALUES ('old', 't', '0', '{\"kl\": 0.25}', 0.5, '2024-01-01T00:00:01.000+00:00')")
+        conn.execute(
+            "INSERT INTO runs VALUES ('old', 'demo', 'old-plan', 'h', '{}', 'fidelity', '{}', 0, 'running', 2, "
+            "'{}', '2024-01-01T00:00:00.000+00:00', NULL, NULL)"
+        )
+        conn.execute(
+            "INSERT INTO samples VALUES ('old', 't', '0', '{\"kl\": 0.25}', 0.5, '2024-01-01T00:00:01.000+00:00')"
+        )
         conn.execute("INSERT INTO task_scores VALUES ('old', 't', 'kl', 0.25, 1)")
     conn.close()
 
