@@ -17,7 +17,8 @@ import streamlit as st  # noqa: E402
 
 from app import common, state  # noqa: E402
 
-st.set_page_config(page_title="PolyKV", page_icon=":material/view_column:", layout="wide")
+# An emoji favicon is drawn in the browser; a ":material/...:" one would be fetched from a CDN.
+st.set_page_config(page_title="PolyKV", page_icon="🧩", layout="wide")
 
 with st.sidebar:
     st.markdown("### PolyKV")
@@ -40,10 +41,20 @@ with st.sidebar:
         st.error(f"Model unavailable ({common.first_line(exc)}); using the demo model.")
     st.radio("Figure downloads (camera button)", ["png", "svg"], horizontal=True, key=state.FIGURE_FORMAT)
 
+# Navigation icons (":material/...:") come with Streamlit's own font: nothing is fetched for them.
+designer = st.Page("views/designer.py", title="Plan designer", icon=":material/brush:", url_path="designer")
+
+
+def _home() -> None:
+    """`/` opens the designer at its own URL, `/designer` (a default page is served only at `/`)."""
+    st.switch_page(designer)
+
+
 pages = [
+    st.Page(_home, title="PolyKV", url_path="home", default=True, visibility="hidden"),
     st.Page("views/heterogeneity.py", title="Heterogeneity", icon=":material/scatter_plot:", url_path="heterogeneity"),
     st.Page("views/profiles.py", title="Profiles", icon=":material/grid_on:", url_path="profiles"),
-    st.Page("views/designer.py", title="Plan designer", icon=":material/brush:", url_path="designer", default=True),
+    designer,
     st.Page("views/runs.py", title="Runs", icon=":material/play_circle:", url_path="runs"),
     st.Page("views/compare.py", title="Compare", icon=":material/compare_arrows:", url_path="compare"),
 ]

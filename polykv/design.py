@@ -36,6 +36,44 @@ TABLE_COLUMNS = [
 DEFAULT_CAPACITY = 64  # what a layer gets when a bounded method is painted on a `full` cell without a capacity
 PHASE_CHOICES = (Scope.BOTH.value, Phase.PREFILL.value, Phase.DECODE.value)  # what a paint applies to
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+EDITED_SUFFIX = "-edited"  # added (once) to the name of a built plan when it is first edited by hand
+MAX_EDITS = 200  # the provenance keeps the newest this many edit summaries
+_NOT_BUILT = (None, "hand")  # `built_by` values of plans written by hand: their names stay as they are
+
+
+# ---- provenance -------------------------------------------------------------------------------------
+def _same_content(a: Plan, b: Plan) -> bool:
+    """Whether two plans route the same way (layers, scope, allocation), whatever their names say."""
+    return (a.layers, a.scope, a.allocation) == (b.layers, b.scope, b.allocation)
+
+
+def record_edit(before: Plan, after: Plan, summary: str) -> Plan:
+    """`after` (an edit of `before`) with `summary` appended to the provenance's "edits" list, the
+    provenance of `before` (its `built_by`, ...) kept and marked `edited`. A built plan (from a profile,
+    homogeneous, ...) edited for the first time gets the suffix "-edited" on its name (once). An edit
+    that changed nothing returns `before` unchanged (nothing to record)."""
+    if _same_content(before, after):
+        return before
+    provenance = dict(before.provenance)
+    recorded = [*edits(before), " ".join(summary.split())]  # one line each
+    provenance.update(edited=True, edits=recorded[-MAX_EDITS:])
+    name = before.name
+    if provenance.get("built_by") not in _NOT_BUILT and not name.endswith(EDITED_SUFFIX):
+        name += EDITED_SUFFIX
+    return after.model_copy(update={"provenance": provenance, "name": name})
+
+
+def edits(plan: Plan) -> list[str]:
+    """The edit summaries recorded in `plan`'s provenance, oldest first (none for an unedited plan)."""
+    found = plan.provenance.get("edits")
+    return [str(e) for e in found] if isinstance(found, list) else []
+
+
+def _phases_text(phases: Phase | str | Iterable[Phase | str]) -> str:
+    if isinstance(phases, (Phase, str)):
+        return Phase(phases).value if phases not in ("both", Scope.BOTH) else Scope.BOTH.value
+    values = [Phase(p).value for p in phases]
+    return Scope.BOTH.value if len(set(values)) == 2 else ", ".join(values)
 
 
 def _phases(phases: Phase | str | Iterable[Phase | str]) -> tuple[Phase, ...]:
@@ -85,6 +123,7 @@ def paint(
         raise PlanError(f"paint: layer {bad[0]} does not exist (the plan has layers 0-{plan.num_layers - 1})")
     if not layers:
         raise PlanError("paint: select at least one layer")
+    summary = f"painted {_what(method, capacity)} onto layers {', '.join(map(str, layers))} ({_phases_text(phases)})"
     phases = _phases(phases)
     new = _layer_dicts(plan)
     average = {p: plan.summary().phases[p].average_capacity for p in Phase}
@@ -101,7 +140,12 @@ def paint(
             cap = capacity or cell["capacity"] or round(average[phase] or DEFAULT_CAPACITY)
             params = cell["params"] if name == cell["method"] else params_that_fit(name, cap)
             new[i][phase.value] = {"method": name, "capacity": cap, "params": params}
-    return _rebuild(plan, new, allocation="fixed")
+    return record_edit(plan, _rebuild(plan, new, allocation="fixed"), summary)
+
+
+def _what(method: str | None, capacity: int | None) -> str:
+    """ "h2o@40", "h2o" or "@40": what a paint put on the layers."""
+    return f"{method or ''}{'' if capacity is None else f'@{capacity}'}"
 
 
 # ---- the editable table ----------------------------------------------------------------------------
@@ -167,8 +211,28 @@ def from_table(plan: Plan, table: pd.DataFrame) -> Plan:
                 "params": _cell_params(row.get(f"{p.value}_params"), where),
             }
         new.append(layer)
-    changed = new != _layer_dicts(plan)
-    return _rebuild(plan, new, **({"allocation": "fixed"} if changed else {}))
+    old = _layer_dicts(plan)
+    if new == old:
+        return _rebuild(plan, new)
+    return record_edit(plan, _rebuild(plan, new, allocation="fixed"), _table_summary(old, new))
+
+
+def _table_summary(old: list[dict[str, dict[str, Any]]], new: list[dict[str, dict[str, Any]]], shown: int = 3) -> str:
+    """One line naming the table's changed cells ("table: layer 2 decode capacity 32 -> 40; ..."), the
+    first `shown` of them and how many more."""
+
+    def text(field: str, value: Any) -> str:
+        return json.dumps(value, sort_keys=True) if field == "params" else str(value)
+
+    changes = [
+        f"layer {i} {p.value} {field} {text(field, a[p.value][field])} -> {text(field, b[p.value][field])}"
+        for i, (a, b) in enumerate(zip(old, new))
+        for p in Phase
+        for field in ("method", "capacity", "params")
+        if a[p.value][field] != b[p.value][field]
+    ]
+    more = f" and {len(changes) - shown} more" if len(changes) > shown else ""
+    return f"table: {'; '.join(changes[:shown])}{more}"
 
 
 # ---- whole-plan operations -------------------------------------------------------------------------
@@ -249,14 +313,21 @@ def rescale(plan: Plan, budget: float) -> Plan:
     from polykv.routing import scale_budget
 
     try:
-        return scale_budget(plan, budget, name=plan.name, description=plan.description)
+        scaled = scale_budget(plan, budget, name=plan.name, description=plan.description)
     except ValueError as exc:  # a PlanError, or a budget too small for the layers' windows
         raise PlanError(f"rescale to budget {budget:g}: {first_line(exc)}") from None
+    return record_edit(plan, scaled, f"rescaled to budget {budget:g}")
 
 
 def reset_to_full(plan: Plan) -> Plan:
-    """The plan with every layer `full` in both phases (no eviction), allocation "fixed"."""
-    return plan.with_layers(Plan.homogeneous(FULL, None, plan.num_layers).layers, scope=Scope.BOTH, allocation="fixed")
+    """The plan with every layer `full` in both phases (no eviction), allocation "fixed": a fresh plan
+    (its name kept), with a new provenance saying it was reset from the old one."""
+    return plan.with_layers(
+        Plan.homogeneous(FULL, None, plan.num_layers).layers,
+        scope=Scope.BOTH,
+        allocation="fixed",
+        provenance={"built_by": "reset_to_full", "source": plan.name},
+    )
 
 
 def profile_scopes(profile: Profile) -> list[str]:
@@ -299,7 +370,8 @@ def save_plan(plan: Plan, folder: str | os.PathLike, name: str, overwrite: bool 
 
 
 __all__ = [
-    "DEFAULT_CAPACITY", "PHASE_CHOICES", "TABLE_COLUMNS", "SavedPlan", "build_from_profile", "current_budget", "diff",
-    "from_table", "layers_in", "paint", "paint_message", "phase_choice", "phase_values", "plan_filename",
-    "profile_scopes", "rescale", "reset_to_full", "save_plan", "table_methods", "to_table",
+    "DEFAULT_CAPACITY", "EDITED_SUFFIX", "PHASE_CHOICES", "TABLE_COLUMNS", "SavedPlan", "build_from_profile",
+    "current_budget", "diff", "edits", "from_table", "layers_in", "paint", "paint_message", "phase_choice",
+    "phase_values", "plan_filename", "profile_scopes", "record_edit", "rescale", "reset_to_full", "save_plan",
+    "table_methods", "to_table",
 ]  # fmt: skip

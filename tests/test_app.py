@@ -77,6 +77,21 @@ def test_painting_a_selection_changes_only_those_cells_and_undo_restores(app_env
     assert current_plan(at) == before
 
 
+def test_two_paints_are_both_in_the_plans_provenance_and_shown_under_provenance(app_env):
+    at = open_app()
+    paint_selection(at, [1, 2, 3], "decode", "h2o", 40)
+    paint_selection(at, [0], "both", "tova", 24)
+    assert not at.exception and not at.error
+    plan = current_plan(at)
+    edits = ["painted h2o@40 onto layers 1, 2, 3 (decode)", "painted tova@24 onto layers 0 (both)"]
+    assert plan.provenance["edits"] == edits and plan.provenance["edited"] is True
+    assert plan.provenance["built_by"] == "hand" and plan.name == "mixed-demo"
+    [shown] = [e for e in at.expander if e.label.startswith("Provenance")]
+    assert shown.label == "Provenance (2 edits)"
+    assert texts(shown.text) == ["1. " + edits[0] + "\n2. " + edits[1]]
+    assert "Built by: hand" in texts(shown.caption)
+
+
 def test_painting_a_method_onto_a_phase_it_cannot_run_says_so_and_keeps_the_plan(app_env):
     at = open_app()
     before = current_plan(at)
@@ -287,6 +302,21 @@ def test_runs_page_refuses_bad_settings_and_budgets_inline(app_env):
         at.error
     )
     assert jobs.list_jobs(app_env / "ws") == []
+
+
+def test_runs_page_refuses_a_longbench_data_dir_without_the_task_files_inline(app_env):
+    at = open_app("runs")
+    at.selectbox(key="run_suite").select("longbench")
+    at.run()
+    empty = app_env / "longbench-data"
+    empty.mkdir()
+    at.text_area(key="settings_longbench").set_value(json.dumps({"data_dir": str(empty), "tasks": ["trec"]}))
+    button(at, "Launch").click()
+    at.run()
+    assert not at.exception
+    refusal = f"Not launched: longbench settings: data_dir {empty} lacks trec.jsonl (one <task>.jsonl per chosen task)"
+    assert refusal in texts(at.error)
+    assert not list((app_env / "ws" / "jobs").glob("*.json")) if (app_env / "ws" / "jobs").is_dir() else True
 
 
 def test_compare_page_without_runs_says_what_to_do(app_env):

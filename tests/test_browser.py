@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -43,6 +44,7 @@ WAIT = 60_000  # ms for one rerun; CI machines have two slow cores
 MODEL_WAIT = 120_000  # the first page load imports and loads the demo model
 JOB_WAIT = 180_000
 PAGE_TARGET_S = 5.0  # reported, not asserted
+LOCAL = ("127.0.0.1", "localhost")  # the only hosts a page may reach
 TINY_SETTINGS = {
     "tasks": ["prose", "stories"],
     "samples_per_task": 1,
@@ -54,6 +56,7 @@ TINY_SETTINGS = {
 # (name, URL path, h1 title, plotly charts once drawn, a text the page draws last)
 PAGES = [
     ("designer", "/", "Plan designer", 1, "Save, load, compare"),
+    ("designer by URL", "/designer", "Plan designer", 1, "Save, load, compare"),
     ("heterogeneity", "/heterogeneity", "Attention heterogeneity", 2, "Density map: input 0."),
     ("profiles", "/profiles", "Method profiles", 0, "No profile of 'demo'"),
     ("runs", "/runs", "Runs", 0, "Runs in the results database"),
@@ -375,6 +378,46 @@ def test_every_page_renders_by_url_once_the_model_is_loaded(app, page):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     (ARTIFACTS / "page_timings.json").write_text(json.dumps(timings, indent=1))
     assert list(timings) == [name for name, *_ in PAGES]
+    assert page.url == url + "/compare"
     over = {name: seconds for name, seconds in timings.items() if seconds >= PAGE_TARGET_S}
     if over:
         print(f"over the {PAGE_TARGET_S} s target (report it; not a failure): {over}")
+
+
+@pytest.mark.slow
+def test_designer_opens_by_its_own_url_and_the_root_url_leads_to_it(app, page):
+    """`/designer` is the designer (not "Page not found"), and `/` opens it under that URL."""
+    url, _ = app
+    page.goto(url + "/designer")
+    expect(page.get_by_role("heading", name="Plan designer", level=1)).to_be_visible(timeout=MODEL_WAIT)
+    expect(page.get_by_text("Save, load, compare")).to_be_visible(timeout=WAIT)
+    settle(page)
+    expect(page.get_by_text("Page not found")).to_have_count(0)
+    assert urllib.parse.urlsplit(page.url).path == "/designer"
+    page.goto(url)
+    expect(page.get_by_role("heading", name="Plan designer", level=1)).to_be_visible(timeout=WAIT)
+    expect(page).to_have_url(url + "/designer", timeout=WAIT)
+    settle(page)
+    expect(page.get_by_text("Page not found")).to_have_count(0)
+
+
+@pytest.mark.slow
+def test_no_page_makes_a_request_beyond_this_machine(app, page):
+    """Every request and websocket of every page (fonts, icons, favicon, scripts) goes to the local server:
+    nothing leaves 127.0.0.1. Inline data: and blob: URLs (the emoji favicon) name no host."""
+    url, _ = app
+    seen: list[str] = []
+    page.context.on("request", lambda request: seen.append(request.url))
+    page.on("websocket", lambda socket: seen.append(socket.url))
+    for _name, path, title, charts, last in PAGES:
+        page.goto(url + path)
+        expect(page.get_by_role("heading", name=title, level=1)).to_be_visible(timeout=MODEL_WAIT)
+        expect(page.get_by_text(last).first).to_be_visible(timeout=WAIT)
+        expect(page.locator(".js-plotly-plot")).to_have_count(charts, timeout=WAIT)
+        settle(page)
+    page.wait_for_timeout(1000)  # late fetches (the favicon, fonts of the last page)
+    assert any(urllib.parse.urlsplit(u).path.startswith("/_stcore/stream") for u in seen)  # the recorder works
+    hosts = {u: urllib.parse.urlsplit(u) for u in seen}
+    outside = [u for u, parts in hosts.items() if parts.scheme not in ("data", "blob") and parts.hostname not in LOCAL]
+    assert not outside, f"requests beyond this machine: {outside}"
+    assert page.evaluate("document.querySelector(\"link[rel='shortcut icon']\").href").startswith("data:")

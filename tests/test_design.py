@@ -206,7 +206,8 @@ def test_rescale_starts_from_the_first_active_phase_budget_and_keeps_name_and_ro
     assert design.current_budget(Plan.homogeneous("tova", 20, 3, "decode")) == 20
     assert design.current_budget(Plan.homogeneous("full", None, 3)) == design.DEFAULT_CAPACITY
     scaled = design.rescale(mixed, 24)
-    assert scaled == scale_budget(mixed, 24, name=mixed.name, description=mixed.description)
+    expected = scale_budget(mixed, 24, name=mixed.name, description=mixed.description)
+    assert scaled == expected.model_copy(update={"provenance": scaled.provenance})  # provenance: see below
     with pytest.raises(PlanError, match=r"^rescale to budget 0: .*must be positive") as err:
         design.rescale(mixed, 0)
     assert "\n" not in str(err.value)
@@ -229,3 +230,56 @@ def test_profile_scopes_and_a_refused_build_from_profile_are_one_line():
         design.build_from_profile(decode_only, "prefill", 24, "cosine", "uniform")
     with pytest.raises(PlanError, match="allocation must be one of"):
         design.build_from_profile(decode_only, "decode", 24, "cosine", "nope")
+
+
+# ---- provenance: every edit is one line in the plan ---------------------------------------------------
+def test_every_designer_edit_appends_one_line_and_keeps_built_by(mixed):
+    painted = design.paint(mixed, [1, 2, 3], "decode", "h2o", 40)
+    table = design.to_table(painted)
+    table.loc[2, "decode_capacity"] = 32
+    edited = design.from_table(painted, table)
+    scaled = design.rescale(edited, 64)
+    assert design.edits(mixed) == [] and "edited" not in mixed.provenance
+    assert design.edits(scaled) == [
+        "painted h2o@40 onto layers 1, 2, 3 (decode)",
+        "table: layer 2 decode capacity 40 -> 32",
+        "rescaled to budget 64",
+    ]
+    assert scaled.provenance["edited"] is True
+    assert {k: v for k, v in scaled.provenance.items() if k not in ("edited", "edits")} == mixed.provenance
+    assert scaled.name == mixed.name  # a plan written by hand keeps its name
+    assert Plan.from_json(scaled.to_json()) == scaled  # the provenance survives a save
+
+
+def test_a_built_plan_once_edited_is_named_so_once():
+    built = Plan.homogeneous("tova", 32, 4, "decode")
+    once = design.paint(built, [0], "decode", capacity=16)
+    twice = design.paint(once, [1], "both", "full")
+    assert once.name == twice.name == f"{built.name}{design.EDITED_SUFFIX}"
+    assert twice.provenance["built_by"] == "homogeneous" and twice.provenance["method"] == "tova"
+    assert design.edits(twice) == ["painted @16 onto layers 0 (decode)", "painted full onto layers 1 (both)"]
+
+
+def test_an_edit_that_changes_nothing_records_nothing(mixed):
+    assert design.from_table(mixed, design.to_table(mixed)) == mixed
+    same = mixed.layers[0].decode
+    assert design.paint(mixed, [0], "decode", same.method, same.capacity) == mixed
+
+
+def test_a_table_edit_of_many_cells_is_still_one_short_line(mixed):
+    table = design.to_table(mixed)
+    table["decode_capacity"] = 20
+    table.loc[0, "decode_params"] = '{"sinks": 2}'
+    [line] = design.edits(design.from_table(mixed, table))
+    assert line.startswith("table: layer 0 decode capacity 64 -> 20; layer 0 decode params")
+    assert re.search(r"and \d+ more$", line) and "\n" not in line
+
+
+def test_a_fresh_plan_starts_a_new_provenance(mixed):
+    edited = design.paint(mixed, [0], "both", capacity=30)
+    reset = design.reset_to_full(edited)
+    assert reset.provenance == {"built_by": "reset_to_full", "source": edited.name} and design.edits(reset) == []
+    again = design.paint(reset, [0], "decode", "tova", 16)
+    assert again.name == f"{edited.name}{design.EDITED_SUFFIX}" and design.edits(again) == [
+        "painted tova@16 onto layers 0 (decode)"
+    ]

@@ -311,6 +311,20 @@ CLI_CASES: dict[str, Case] = {
     "settings-ruler-missing-file": Case(
         ["eval", "--suite", "ruler", "--settings", '{"squad_path": "/no/squad.json"}'], "no such file /no/squad.json"
     ),
+    "settings-longbench-missing-data-dir": Case(
+        ["eval", "--suite", "longbench", "--settings", '{"data_dir": "/nope"}'],
+        "longbench settings: data_dir /nope does not exist",
+    ),
+    "settings-longbench-data-dir-lacks-files": Case(
+        lambda f: [
+            "eval",
+            "--suite",
+            "longbench",
+            "--settings",
+            json.dumps({"data_dir": str((f / "lb").mkdir() or f / "lb"), "tasks": ["trec", "lcc"]}),
+        ],  # fmt: skip
+        "lacks trec.jsonl, lcc.jsonl",
+    ),
     "suite-unknown": Case(["eval", "--suite", "nope"], "unknown suite 'nope'"),
     "backend-unknown": Case(["eval", "--backend", "nope"], "unknown backend 'nope'"),
     "budgets-not-numbers": Case(

@@ -187,6 +187,33 @@ def test_missing_directory_missing_task_file_and_unknown_task_are_one_line_error
         lb.LongBenchSettings(use_chat_template="yes")
 
 
+def test_a_data_dir_without_the_chosen_tasks_files_is_refused_when_the_settings_are_parsed(tmp_path, data_dir):
+    from polykv.errors import SettingsError
+    from polykv.eval.settings import suite_settings
+
+    nowhere = tmp_path / "nope"
+    with pytest.raises(SettingsError) as exc:
+        suite_settings("longbench", {"data_dir": str(nowhere)})
+    assert (
+        str(exc.value)
+        == f"longbench settings: data_dir {nowhere} does not exist (expected a directory of <task>.jsonl files)"
+    )
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SettingsError, match=f"data_dir {tmp_path / 'file'} is not a directory"):
+        suite_settings("longbench", json.dumps({"data_dir": str(tmp_path / "file")}))
+    with pytest.raises(SettingsError) as exc:
+        suite_settings("longbench", {"data_dir": str(data_dir), "tasks": ["hotpotqa", "musique", "qasper"]})
+    assert str(exc.value) == (
+        f"longbench settings: data_dir {data_dir} lacks musique.jsonl, qasper.jsonl (one <task>.jsonl per chosen task)"
+    )
+    with pytest.raises(SettingsError) as exc:  # all 21 tasks by default: the list is cut short, one line
+        suite_settings("longbench", {"data_dir": str(tmp_path)})
+    assert "\n" not in str(exc.value) and str(exc.value).endswith("and 15 more (one <task>.jsonl per chosen task)")
+    chosen = suite_settings("longbench", {"data_dir": str(data_dir), "tasks": ["hotpotqa", "trec"]})
+    assert chosen.tasks == ("hotpotqa", "trec") and chosen.data_dir == str(data_dir)
+    assert suite_settings("longbench", {}).data_dir is None  # the hub: checked only when it is loaded
+
+
 def test_without_data_dir_the_hub_is_tried_through_datasets(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # not installed
     with pytest.raises(ValueError, match="'datasets' package is not installed.*give --data-dir") as exc:

@@ -24,6 +24,14 @@ def chart_and_summary(plan) -> None:
     st.text("\n".join(plan.summary().lines()))
 
 
+def provenance(plan) -> None:
+    """Where the plan came from and every edit made to it since, oldest first."""
+    edits = design.edits(plan)
+    with st.expander(f"Provenance ({len(edits)} edit{'' if len(edits) == 1 else 's'})"):
+        st.caption(f"Built by: {plan.provenance.get('built_by', 'unknown')}")
+        st.text("\n".join(f"{i}. {edit}" for i, edit in enumerate(edits, 1)) if edits else "No edits yet.")
+
+
 def paint(plan, layers: int) -> None:
     st.subheader("Paint")
     left, middle, right = st.columns([3, 2, 2])
@@ -192,6 +200,7 @@ current, num_layers = common.plan(), common.num_layers()
 common.show_flash(state.DESIGNER_FLASH)
 chart_selection(num_layers)
 chart_and_summary(current)
+provenance(current)
 paint(current, num_layers)
 tools(current)
 layer_table(current)

@@ -30,10 +30,22 @@ def suite_settings(suite: str, settings: str | bytes | Mapping[str, Any] | None 
     """The suite's `Settings` from JSON text or a mapping (None or empty text: the defaults).
 
     Types are strict (no "2" for 2, no true for 1; lists stand for tuples), unknown keys are refused, and
-    the suite's own checks run; every problem is one line naming the field."""
+    the suite's own checks run (the fields', then the module's `check_settings`, e.g. that LongBench's
+    `data_dir` holds the chosen tasks' files); every problem is one line naming the field."""
+    module = suite_module(suite)
+    parsed = _parse(suite, module.Settings, settings)
+    check = getattr(module, "check_settings", None)  # what a suite checks beyond the fields (files, ...)
+    if check is not None:
+        try:
+            check(parsed)
+        except (PolyKVError, OSError, ValueError) as exc:
+            raise SettingsError(f"{suite} settings: {first_line(exc)}") from None
+    return parsed
+
+
+def _parse(suite: str, cls, settings: str | bytes | Mapping[str, Any] | None):
     from pydantic import TypeAdapter, ValidationError
 
-    cls = suite_module(suite).Settings
     if settings is None or (isinstance(settings, (str, bytes)) and not settings.strip()):
         return cls()
     data = (

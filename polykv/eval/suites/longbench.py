@@ -220,6 +220,22 @@ class LongBenchSettings:
         return {**asdict(self), "tasks": list(self.tasks)}
 
 
+def check_settings(settings: LongBenchSettings) -> None:
+    """Refuse, before any job starts, a `data_dir` that is not a directory or lacks a chosen task's
+    `<task>.jsonl` (one line naming the directory and the missing files). `data_dir=None` (the hub) is
+    not checked here: whether the hub answers, or has the dataset cached, is known only by loading it."""
+    if settings.data_dir is None:
+        return
+    directory = Path(settings.data_dir)
+    if not directory.is_dir():
+        what = "is not a directory" if directory.exists() else "does not exist"
+        raise FileNotFoundError(f"data_dir {directory} {what} (expected a directory of <task>.jsonl files)")
+    missing = [f"{task}.jsonl" for task in settings.tasks if not (directory / f"{task}.jsonl").is_file()]
+    if missing:
+        shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+        raise FileNotFoundError(f"data_dir {directory} lacks {shown} (one <task>.jsonl per chosen task)")
+
+
 Settings = LongBenchSettings  # every suite module exposes Settings, build_samples and score_sample
 # Bump whenever samples or scoring change: run ids include it, so older results are never reused.
 REVISION = 1
