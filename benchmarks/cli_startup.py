@@ -11,7 +11,6 @@ Run: `.venv/bin/python benchmarks/cli_startup.py --reps 7`
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -47,6 +46,7 @@ main()
 
 
 def workspace(folder: Path) -> Path:
+    from polykv import jobs
     from polykv.eval.store import Store
 
     ws = folder / "ws"
@@ -63,21 +63,8 @@ def workspace(folder: Path) -> Path:
         total_samples=1,
         versions={},
     )
-    (ws / "jobs").mkdir()
-    job = {
-        "id": "20260101-000000-profile-abcdef",
-        "kind": "profile",
-        "title": "bench",
-        "model": "demo",
-        "device": "cpu",
-        "created": "2026-01-01T00:00:00+00:00",
-        "profile": {
-            "corpus": {"sources": ["kjv"], "num_sequences": 1, "max_tokens": 64, "seed": 0},
-            "capacity": 8,
-            "scopes": ["decode"],
-        },
-    }
-    (ws / "jobs" / f"{job['id']}.json").write_text(json.dumps(job))
+    corpus = {"sources": ["kjv"], "num_sequences": 1, "max_tokens": 64, "seed": 0}
+    jobs.save_job(jobs.profile_job("demo", "cpu", corpus, 8, ["decode"], "bench"), ws)  # never started
     return ws
 
 

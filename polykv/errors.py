@@ -10,7 +10,10 @@ They subclass `ValueError` so that code written before this module (and callers 
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Mapping
+from typing import Any
 
 
 class PolyKVError(ValueError):
@@ -37,6 +40,32 @@ class RoutedCacheError(PolyKVError, RuntimeError):
     """The routed cache was used in a way it cannot honour (one line, says what to do)."""
 
 
+def describe_error(err: Mapping[str, Any], where: str | None = None) -> str:
+    """One pydantic error as `field: what is wrong (got value)`; `where` names the field instead of the
+    error's location (empty: no field, e.g. a check of the whole object)."""
+    if where is None:
+        where = ".".join(str(x) for x in err.get("loc", ()))
+    kind = err.get("type")
+    if kind == "missing":
+        msg = "required field is missing"
+    elif kind == "extra_forbidden":
+        msg = "unknown field"
+    elif kind in ("model_type", "model_attributes_type", "dict_type", "dataclass_type"):
+        msg = f"should be a JSON object (got {json.dumps(err.get('input'), default=str)[:60]})"
+    else:
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        if "input" in err and kind != "value_error":
+            msg = f"{msg} (got {json.dumps(err['input'], default=str)[:60]})"
+    return f"{where}: {msg}" if where else msg
+
+
+def validation_line(exc: Any, where: str | None = None) -> str:
+    """The first problem of a pydantic `ValidationError`, in one line, and how many more there are."""
+    errors = exc.errors()
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return describe_error(errors[0], where).splitlines()[0][:300] + more
+
+
 def first_line(exc: BaseException) -> str:
     """The first non-empty line of an exception's message (its class name when it has none)."""
     for line in str(exc).strip().splitlines():
@@ -56,6 +85,8 @@ __all__ = [
     "PolyKVError",
     "RoutedCacheError",
     "SettingsError",
+    "describe_error",
+    "validation_line",
     "StoreError",
     "debug",
     "first_line",

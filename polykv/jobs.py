@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import json
 import os
 import re
 import signal
@@ -57,7 +56,7 @@ from pydantic import (
 )
 
 from polykv import processes
-from polykv.errors import JobError, PolyKVError, first_line
+from polykv.errors import JobError, PolyKVError, first_line, validation_line
 from polykv.eval.store import Store
 from polykv.eval.unit import Unit
 from polykv.files import atomic_write_json, read_json
@@ -117,7 +116,7 @@ class Job:
         try:
             checked = _JobFile.model_validate(data)
         except ValidationError as exc:
-            raise JobError(_describe(exc)) from None
+            raise JobError(validation_line(exc)) from None
         values = checked.model_dump()
         runs = [RunUnit(**r) for r in values.pop("runs")]
         return cls(**values, runs=runs)
@@ -224,26 +223,6 @@ class _StateFile(BaseModel):
     message: str = ""
     error: str | None = None
     result: dict[str, Any] = Field(default_factory=dict)
-
-
-def _describe(exc: ValidationError) -> str:
-    """The first problem pydantic found, in one line (and how many more there are)."""
-    errors = exc.errors()
-    err = errors[0]
-    where = ".".join(str(x) for x in err.get("loc", ())) or "job"
-    kind = err.get("type")
-    if kind == "missing":
-        msg = "required field is missing"
-    elif kind == "extra_forbidden":
-        msg = "unknown field"
-    elif kind in ("model_type", "model_attributes_type", "dict_type", "dataclass_type"):
-        msg = f"should be a JSON object (got {json.dumps(err.get('input'), default=str)[:60]})"
-    else:
-        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
-        if "input" in err and kind != "value_error":
-            msg = f"{msg} (got {json.dumps(err['input'], default=str)[:60]})"
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{where}: {msg}".splitlines()[0][:300] + more
 
 
 # ---- building and starting jobs ----------------------------------------------------------------------

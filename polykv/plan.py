@@ -22,7 +22,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from polykv.errors import PolyKVError
+from polykv.errors import PolyKVError, describe_error
 from polykv.files import atomic_write_text, parse_json, read_text
 
 FORMAT = "polykv.plan"
@@ -398,11 +398,4 @@ def _describe_pydantic_error(err: Mapping[str, Any]) -> str:
         parts.append(str(loc[0]))
         loc = loc[1:]
     field = ".".join(str(x) for x in loc) or "plan"
-    msg = err.get("msg", "invalid")
-    if err.get("type") == "missing":
-        msg = "required field is missing"
-    elif "input" in err and err.get("type") != "extra_forbidden":
-        msg = f"{msg} (got {json.dumps(err['input'], default=str)[:60]})"
-    elif err.get("type") == "extra_forbidden":
-        msg = "unknown field"
-    return ", ".join(parts + [f"{field}: {msg}"])
+    return ", ".join([*parts, describe_error(err, field)])

@@ -356,7 +356,7 @@ CLI_CASES: dict[str, Case] = {
     ),
     "profile-json-a-list": Case(route(lambda m: [1]), "expected a JSON object"),
     "profile-json-malformed": Case(route(files=lambda t: (t / "profile.json").write_text("{")), "malformed JSON"),
-    "profile-missing-key": Case(route(drop("key")), "key: Field required"),
+    "profile-missing-key": Case(route(drop("key")), "key: required field is missing"),
     "profile-layers-a-string": Case(route(setting("num_layers", "5")), "num_layers"),
     "profile-scopes-unknown": Case(route(setting("scopes", ["middle"])), "scopes"),
     "profile-corpus-missing": Case(route(drop("corpus")), "corpus"),
@@ -483,28 +483,18 @@ def test_a_fifo_plan_file_never_hangs_the_reader(tmp_path):
 
 
 def test_read_only_commands_honour_the_workspace_variable_and_create_nothing(tmp_path):
+    from polykv import jobs
+
     ws = tmp_path / "elsewhere"
-    (ws / "jobs").mkdir(parents=True)
-    job = {
-        "id": "20260101-000000-profile-abcdef",
-        "kind": "profile",
-        "title": "from the app",
-        "model": "demo",
-        "device": "cpu",
-        "created": "2026-01-01T00:00:00+00:00",
-        "profile": {
-            "corpus": {"sources": ["kjv"], "num_sequences": 1, "max_tokens": 64, "seed": 0},
-            "capacity": 8,
-            "scopes": ["decode"],
-        },
-    }
-    write(ws / "jobs", f"{job['id']}.json", job)
+    corpus = {"sources": ["kjv"], "num_sequences": 1, "max_tokens": 64, "seed": 0}
+    job = jobs.profile_job("demo", "cpu", corpus, 8, ["decode"], "from the app")
+    jobs.save_job(job, ws)  # as the app saves it, never started
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     env = {**os.environ, "POLYKV_WORKSPACE": str(ws)}
     listing = run_cli("jobs", "list", cwd=cwd, env=env, timeout=120)
     assert listing.returncode == 0, listing.stderr
-    assert job["id"] in listing.stdout and "from the app" in listing.stdout
+    assert job.id in listing.stdout and "from the app" in listing.stdout
     runs = run_cli("runs", cwd=cwd, env=env, timeout=120)
     assert runs.returncode == 0, runs.stderr
     assert list(cwd.iterdir()) == [] and not (ws / "results.sqlite").exists()

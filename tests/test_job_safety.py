@@ -29,7 +29,6 @@ from tests.helpers import (
     wait_until,
 )
 
-pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
 POLYKV = Path(sys.executable).with_name("polykv")
 
 

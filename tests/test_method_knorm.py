@@ -7,7 +7,7 @@ import torch
 from polykv.methods import REGISTRY, for_phase
 from polykv.methods.base import NOTHING
 from polykv.methods.knorm import Knorm
-from polykv.models import cache_argument_name
+from polykv.models import cache_argument_name, output_cache
 from polykv.plan import Phase, Plan
 from polykv.runtime import routed
 from tests.helpers import kept, layer_view, prompt, tiny_model
@@ -50,7 +50,7 @@ def test_on_a_model_the_prompt_keeps_exactly_the_lowest_norm_keys_of_the_full_ca
     ids = prompt(model, length=30)
     with torch.no_grad():
         full = model(ids, use_cache=True)
-    full_cache = full.past_key_values if getattr(full, "past_key_values", None) is not None else full.cache
+    full_cache = output_cache(full)
     plan = Plan.homogeneous("knorm", 12, model.config.num_hidden_layers, "prefill")
     with torch.no_grad(), routed(model, plan) as session:
         model(ids, use_cache=True, **{cache_argument_name(model): session.new_cache()})
@@ -59,3 +59,22 @@ def test_on_a_model_the_prompt_keeps_exactly_the_lowest_norm_keys_of_the_full_ca
         # the straightforward rule: per KV head, the 12 positions whose keys have the smallest norm
         expected = full_layer.keys.float().norm(dim=-1).topk(12, dim=-1, largest=False).indices.sort(-1).values
         assert torch.equal(layer.positions.sort(-1).values, expected)
+
+
+def test_decode_steps_keep_the_lowest_norm_keys_of_everything_seen():
+    # Norms never change, so dropping the largest norm one step at a time keeps the `capacity` lowest
+    # norms of all tokens seen. Layer 0's keys depend only on the tokens: compare with FullKV's.
+    model = tiny_model("llama")
+    ids = prompt(model, length=30)
+    with torch.no_grad():
+        full = model(ids, use_cache=True)
+    full_keys = output_cache(full).layers[0].keys
+    plan = Plan.homogeneous("knorm", 12, model.config.num_hidden_layers, "decode")
+    name = cache_argument_name(model)
+    with torch.no_grad(), routed(model, plan) as session:
+        cache = session.new_cache()
+        model(ids[:, :16], use_cache=True, **{name: cache})
+        for t in range(16, 30):  # one token per step, as in generation
+            model(ids[:, t : t + 1], use_cache=True, **{name: cache}, position_ids=torch.tensor([[t]]))
+    expected = full_keys.float().norm(dim=-1).topk(12, dim=-1, largest=False).indices.sort(-1).values
+    assert torch.equal(cache.layers[0].positions.sort(-1).values, expected)

@@ -11,7 +11,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from polykv.errors import PolyKVError, SettingsError, first_line
+from polykv.errors import PolyKVError, SettingsError, first_line, validation_line
 from polykv.files import parse_json
 
 SUITE_NAMES = ("fidelity", "longbench", "ruler")
@@ -66,11 +66,7 @@ def _parse(suite: str, cls, settings: str | bytes | Mapping[str, Any] | None):
     try:
         return TypeAdapter(cls).validate_json(json.dumps(dict(data)), strict=True)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(x) for x in err.get("loc", ()))
-        msg = err.get("msg", "invalid").removeprefix("Value error, ")
-        got = f" (got {json.dumps(err['input'])[:60]})" if where and "input" in err else ""
-        raise SettingsError(f"{suite} settings: {where + ': ' if where else ''}{msg}{got}") from None
+        raise SettingsError(f"{suite} settings: {validation_line(exc)}") from None
     except (PolyKVError, OSError, ValueError, TypeError) as exc:  # a suite's own check outside pydantic
         raise SettingsError(f"{suite} settings: {first_line(exc)}") from None
 

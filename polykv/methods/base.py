@@ -218,30 +218,26 @@ class Method:
     @classmethod
     def check_context(cls, params: BaseModel, context_length: int) -> list[str]:
         """Token counts longer than the model's context."""
-        problems = []
-        for name in cls.token_params():
-            value = getattr(params, name)
-            if value > context_length:
-                low = _lower_bound(cls.Params, name)
-                problems.append(
-                    f"{name} ({value}) must be at most the model's context ({context_length} tokens); "
-                    f"allowed range {low} .. {context_length}"
-                )
-        return problems
+        return cls._over(
+            params, cls.token_params(), context_length, f"at most the model's context ({context_length} tokens)"
+        )
 
     @classmethod
     def check_capacity(cls, params: BaseModel, capacity: int | None) -> list[str]:
         """Constraints that tie parameters to the capacity (e.g. a window larger than the budget)."""
-        problems = []
-        for name in cls.below_capacity if capacity is not None else ():
-            value = getattr(params, name)
-            if value >= capacity:
-                low = _lower_bound(cls.Params, name)
-                problems.append(
-                    f"{name} ({value}) must be smaller than the capacity ({capacity}); "
-                    f"allowed range {low} .. {capacity - 1}"
-                )
-        return problems
+        if capacity is None:
+            return []
+        return cls._over(params, cls.below_capacity, capacity - 1, f"smaller than the capacity ({capacity})")
+
+    @classmethod
+    def _over(cls, params: BaseModel, names: tuple[str, ...], highest: int, rule: str) -> list[str]:
+        """One line for each of `names` whose value is above `highest`: '<name> (v) must be <rule>'."""
+        return [
+            f"{name} ({getattr(params, name)}) must be {rule}; "
+            f"allowed range {_lower_bound(cls.Params, name)} .. {highest}"
+            for name in names
+            if getattr(params, name) > highest
+        ]
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:

@@ -6,8 +6,11 @@ Compression." EMNLP 2024, arXiv:2406.11430 (in NVIDIA kvpress as `KnormPress`).
 
 from __future__ import annotations
 
+from polykv.lazy import lazy_import
 from polykv.methods.base import Eviction, LayerView, Method, evict_lowest
 from polykv.plan import Phase
+
+torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
 
 
 class Knorm(Method):
@@ -29,6 +32,15 @@ class Knorm(Method):
     )
 
     def step(self, view: LayerView) -> Eviction | None:
+        # A key's norm never changes: keep the scores with the cache (`per_token` moves with its slots)
+        # and score only the step's new tokens, not every slot at every decode step.
+        score = self.per_token.get("score")
+        if score is not None and score.shape[-1] == view.length - view.num_new:
+            new = view.keys[..., view.length - view.num_new :, :]
+            score = torch.cat([score, -new.float().norm(dim=-1)], dim=-1)
+        else:
+            score = -view.keys.float().norm(dim=-1)  # [b, h, n]
+        self.per_token["score"] = score
         if not self.over_capacity(view):
             return None
-        return evict_lowest(-view.keys.float().norm(dim=-1), self.capacity)  # [b, h, n]
+        return evict_lowest(score, self.capacity)

@@ -38,7 +38,7 @@ from typing import Any, Literal
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from polykv.errors import PolyKVError, first_line
+from polykv.errors import PolyKVError, first_line, validation_line
 from polykv.files import read_json
 
 FORMAT = "polykv.profile"
@@ -241,9 +241,7 @@ def parse_metadata(data: Mapping[str, Any], where: str) -> ProfileMetadata:
     try:
         return ProfileMetadata.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(x) for x in err.get("loc", ())) or "metadata"
-        raise ProfileError(f"{where}: {field}: {err.get('msg', 'invalid')}") from None
+        raise ProfileError(f"{where}: {validation_line(exc, None)}") from None
 
 
 MAX_CSV_BYTES = 256 * 1024 * 1024  # sequences.csv of a large profile is tens of MB
