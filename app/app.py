@@ -57,6 +57,7 @@ pages = [
     designer,
     st.Page("views/runs.py", title="Runs", icon=":material/play_circle:", url_path="runs"),
     st.Page("views/compare.py", title="Compare", icon=":material/compare_arrows:", url_path="compare"),
+    st.Page("views/experiments.py", title="Experiments", icon=":material/science:", url_path="experiments"),
 ]
 try:
     st.navigation(pages).run()

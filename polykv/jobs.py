@@ -148,6 +148,36 @@ class JobState:
     error: str | None
     result: dict[str, Any]
     runs: list[RunProgress]
+    elapsed_s: float | None = None  # seconds the latest worker has run (until its last report once it ended)
+    eta_s: float | None = None  # seconds left at the worker's pace so far (running jobs with some progress)
+
+    def summary(self) -> str:
+        """`42% · 1 min 3 s elapsed · about 1 min 27 s left`: what a progress bar's text says."""
+        parts = [f"{self.fraction:.0%}"]
+        if self.elapsed_s is not None:
+            parts.append(f"{duration(self.elapsed_s)} elapsed")
+        if self.eta_s is not None:
+            parts.append(f"about {duration(self.eta_s)} left")
+        return " · ".join(parts)
+
+
+def duration(seconds: float) -> str:
+    """A duration as people say it: `45 s`, `3 min 5 s`, `2 h 10 min`."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+
+
+def eta(elapsed: float, fraction: float, start_fraction: float = 0.0) -> float | None:
+    """Seconds left if the rest goes at the pace since the worker started (at `start_fraction`: a resumed
+    job does not count work done before); None until there is progress to extrapolate from."""
+    gained = fraction - start_fraction
+    if gained <= 1e-6 or fraction >= 1.0:
+        return None
+    return elapsed * (1.0 - fraction) / gained
 
 
 # ---- what a job file and a state file may hold ------------------------------------------------------
@@ -220,9 +250,17 @@ class _StateFile(BaseModel):
 
     status: Literal["running", "finished", "failed", "cancelled"]
     fraction: float = Field(default=0.0, ge=0.0, le=1.0, allow_inf_nan=False)
+    start_fraction: float = Field(default=0.0, ge=0.0, le=1.0, allow_inf_nan=False)
     message: str = ""
     error: str | None = None
     result: dict[str, Any] = Field(default_factory=dict)
+    started: datetime.datetime | None = None
+    updated: datetime.datetime | None = None
+
+    @field_validator("started", "updated")
+    @classmethod
+    def _aware(cls, value: datetime.datetime | None) -> datetime.datetime | None:
+        return value.replace(tzinfo=datetime.UTC) if value is not None and value.tzinfo is None else value
 
 
 # ---- building and starting jobs ----------------------------------------------------------------------
@@ -512,18 +550,28 @@ def _progress(workspace: Path, run_ids: list[str]) -> dict[str, tuple[int, int, 
         return {}  # a damaged store: no progress to show (the runs themselves report the damage)
 
 
+def _eval_fraction(runs: list[RunProgress]) -> float:
+    parts = [1.0 if r.status == "finished" else min(1.0, r.done / r.total) if r.total else 0.0 for r in runs]
+    return sum(parts) / len(parts) if parts else 0.0
+
+
+def _run_progress(job: Job, workspace: Path) -> list[RunProgress]:
+    progress = _progress(workspace, [r.run_id for r in job.runs])
+    runs = []
+    for r in job.runs:
+        done, total, status = progress.get(r.run_id, (0, None, "waiting"))
+        runs.append(RunProgress(r.run_id, r.plan_name, r.label, done, total, status))
+    return runs
+
+
 def state(job: Job, workspace: Path) -> JobState:
     """Where a job stands, from its state file, its process and (for evaluations) the results store."""
     workspace = Path(workspace)
     written = _read_state(workspace, job.id)
     runs: list[RunProgress] = []
     if job.kind == "eval":
-        progress = _progress(workspace, [r.run_id for r in job.runs])
-        for r in job.runs:
-            done, total, status = progress.get(r.run_id, (0, None, "waiting"))
-            runs.append(RunProgress(r.run_id, r.plan_name, r.label, done, total, status))
-        parts = [1.0 if r.status == "finished" else min(1.0, r.done / r.total) if r.total else 0.0 for r in runs]
-        fraction = sum(parts) / len(parts) if parts else 0.0
+        runs = _run_progress(job, workspace)
+        fraction = _eval_fraction(runs)
     else:
         fraction = float(written.get("fraction", 0.0))
     status = written.get("status", "waiting")
@@ -534,7 +582,23 @@ def state(job: Job, workspace: Path) -> JobState:
             status = "running"
         elif job.pid is not None:
             status = "stopped"
-    return JobState(status, fraction, written.get("message", ""), written.get("error"), written.get("result", {}), runs)
+    elapsed = left = None
+    started = written.get("started")
+    if started is not None:
+        end = datetime.datetime.now(datetime.UTC) if status == "running" else written.get("updated") or started
+        elapsed = max(0.0, (end - started).total_seconds())
+        if status == "running":
+            left = eta(elapsed, fraction, float(written.get("start_fraction", 0.0)))
+    return JobState(
+        status,
+        fraction,
+        written.get("message", ""),
+        written.get("error"),
+        written.get("result", {}),
+        runs,
+        elapsed,
+        left,
+    )
 
 
 def cancel(job: Job, workspace: Path, timeout: float = 10.0) -> bool:
@@ -595,9 +659,11 @@ def _run(job: Job, workspace: Path) -> None:
     def report(**changes: Any) -> None:
         current.update(changes, updated=_now())
         atomic_write_json(state_path, current)
-        if "message" in changes:
-            print(f"[{current['fraction']:6.1%}] {current['message']}", flush=True)
+        if "message" in changes:  # the log: one time-stamped line per step
+            print(f"{current['updated']} [{current['fraction']:6.1%}] {current['message']}", flush=True)
 
+    if job.kind == "eval":  # a resumed job starts where it stopped: its ETA counts only this worker's pace
+        current["start_fraction"] = current["fraction"] = _eval_fraction(_run_progress(job, workspace))
     report(message="loading the model")
     store = Store(workspace / "results.sqlite")
     active: str | None = None
@@ -690,6 +756,8 @@ __all__ = [
     "RunUnit",
     "cancel",
     "check_id",
+    "duration",
+    "eta",
     "eval_job",
     "list_jobs",
     "load_job",

@@ -284,7 +284,11 @@ def test_runs_page_launches_a_background_run_and_compare_shows_its_scores(app_en
     assert not at.exception
     labels = [m.label for m in at.metric]
     assert "A wins / ties / losses" in labels and "95% paired bootstrap CI" in labels
-    assert len(at.get("plotly_chart")) == 2  # task differences and the budget sweep
+    assert len(at.get("plotly_chart")) == 1  # task differences
+    at.switch_page("views/experiments.py")
+    at.run()
+    assert not at.exception
+    assert len(at.get("plotly_chart")) == 1  # the budget sweep
 
 
 def test_runs_page_refuses_bad_settings_and_budgets_inline(app_env):
@@ -351,7 +355,7 @@ def test_a_local_model_path_loads_and_the_designer_follows_its_layer_count(app_e
 
 
 @pytest.mark.slow  # launches a four-run eval job and waits for its worker
-def test_a_placement_control_launched_from_runs_is_drawn_on_compare(app_env):
+def test_a_placement_control_launched_from_runs_is_drawn_on_experiments(app_env):
     from polykv.design import paint
 
     guided = paint(Plan.homogeneous("tova", 24, 5, "decode", name="guided"), [2, 3, 4], "decode", "h2o")
@@ -366,13 +370,13 @@ def test_a_placement_control_launched_from_runs_is_drawn_on_compare(app_env):
     (job,) = jobs.list_jobs(app_env / "ws")
     assert [r.label.get("series") for r in job.runs] == ["route", "placement", "placement", "placement"]
     assert wait_for_job(job, app_env / "ws").status == "finished", jobs.log_tail(job, app_env / "ws")
-    at.switch_page("views/compare.py")
+    at.switch_page("views/experiments.py")
     at.run()
     assert not at.exception
     assert any(
         c.startswith("Guided route rank ") and "of 4; one-sided Monte Carlo p = " in c for c in texts(at.caption)
     )
-    assert len(at.get("plotly_chart")) == 2  # task differences and the placement histogram
+    assert len(at.get("plotly_chart")) == 1  # the placement histogram
 
 
 @pytest.mark.slow  # launches an eval job (worker) and cancels it

@@ -60,7 +60,8 @@ PAGES = [
     ("heterogeneity", "/heterogeneity", "Attention heterogeneity", 2, "Density map: input 0."),
     ("profiles", "/profiles", "Method profiles", 0, "No profile of 'demo'"),
     ("runs", "/runs", "Runs", 0, "Runs in the results database"),
-    ("compare", "/compare", "Compare", 2, "Placement control"),
+    ("compare", "/compare", "Compare", 1, "Two runs, task by task"),
+    ("experiments", "/experiments", "Experiments", 0, "Placement control"),
 ]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 
 import pytest
@@ -32,6 +33,20 @@ def test_an_eval_job_runs_its_units_in_order_and_reports_progress_per_run(worksp
     assert {r["id"] for r in Store(workspace / "results.sqlite").runs()} == {r.run_id for r in job.runs}
     log = jobs.log_tail(job, workspace, lines=50)
     assert "run 2/2 h2o-both-24: 4/4" in log and log.splitlines()[-1].endswith("finished")
+    stamp = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00 \[ *\d+\.\d%\] ")
+    assert all(stamp.match(line) for line in log.splitlines()), log  # every log line is time-stamped
+    assert state.elapsed_s is not None and state.elapsed_s >= 0 and state.eta_s is None  # finished: no ETA
+    assert state.summary().startswith("100% · ") and " elapsed" in state.summary()
+
+
+def test_progress_says_elapsed_time_and_an_eta_from_this_workers_pace():
+    assert [jobs.duration(s) for s in (0, 44.6, 185, 7800)] == ["0 s", "45 s", "3 min 5 s", "2 h 10 min"]
+    assert jobs.eta(60.0, 0.25) == pytest.approx(180.0)  # a quarter in a minute: three more minutes
+    assert jobs.eta(60.0, 0.75, start_fraction=0.5) == pytest.approx(60.0)  # resumed at half: its own pace
+    assert jobs.eta(60.0, 0.5, start_fraction=0.5) is None and jobs.eta(5.0, 1.0) is None
+    running = jobs.JobState("running", 0.25, "", None, {}, [], elapsed_s=60.0, eta_s=180.0)
+    assert running.summary() == "25% · 1 min 0 s elapsed · about 3 min 0 s left"
+    assert jobs.JobState("waiting", 0.0, "", None, {}, []).summary() == "0%"
 
 
 def test_a_job_refuses_a_bad_plan_before_it_starts(workspace):

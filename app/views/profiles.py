@@ -62,7 +62,8 @@ def profile_progress():
             continue
         st.progress(
             min(1.0, progress.fraction),
-            text=f"{job.id}: {progress.status}" + (f" - {progress.message}" if progress.message else ""),
+            text=f"{job.id}: {progress.status} · {progress.summary()}"
+            + (f" · {progress.message}" if progress.message else ""),
         )
         if progress.status == "running" and st.button("Cancel", key=state.cancel_button(job.id)):
             try:

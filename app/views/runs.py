@@ -77,7 +77,7 @@ def job_list():
             st.rerun()  # finished: redraw the page (and stop polling)
         with st.container(border=True):
             st.markdown(f"**{job.title}** · `{job.id}` · {progress.status}")
-            st.progress(min(1.0, progress.fraction), text=f"{progress.fraction:.0%} {progress.message}")
+            st.progress(min(1.0, progress.fraction), text=f"{progress.summary()} · {progress.message}")
             for run in progress.runs:
                 total = run.total or 0
                 label = ", ".join(f"{k} {v}" for k, v in run.label.items())

@@ -1,0 +1,39 @@
+"""What every chart shares: one colour per method, the common layout, the download button."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from polykv.methods import REGISTRY
+from polykv.methods.base import Method
+from polykv.plan import Phase
+
+# One fixed colour per method, declared by the method itself, so a method looks the same everywhere
+# and adding one changes no other method's colour. No chart spells a method's colour.
+METHOD_COLORS = {name: cls.colour for name, cls in REGISTRY.items()}
+OTHER_METHOD_COLOR = Method.colour  # a name no registered method has (e.g. an old run's removed method)
+PHASE_ROWS = [Phase.DECODE.value, Phase.PREFILL.value]  # top to bottom in the strip: prefill, then decode
+
+
+def method_color(name: str) -> str:
+    """The colour of method `name` in every chart (`OTHER_METHOD_COLOR` for a name not registered)."""
+    return METHOD_COLORS.get(name, OTHER_METHOD_COLOR)
+
+
+def layout(fig: go.Figure, title: str, height: int) -> go.Figure:
+    fig.update_layout(
+        title=dict(text=title, y=0.98, yanchor="top"),
+        height=height,
+        template="plotly_white",
+        margin=dict(l=60, r=20, t=40, b=40),
+        legend=dict(orientation="h", yanchor="top", y=-0.18, xanchor="left", x=0),
+    )
+    return fig
+
+
+def download_config(fmt: str, filename: str) -> dict:
+    """Plotly's modebar camera button saves the figure in `fmt` ("png" or "svg") under `filename`."""
+    return {
+        "toImageButtonOptions": {"format": fmt, "filename": filename, "scale": 2 if fmt == "png" else 1},
+        "displaylogo": False,
+    }

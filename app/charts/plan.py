@@ -1,0 +1,119 @@
+"""The plan chart (Figure 1c): method cells over capacity bars, selectable. Cells are square scatter
+markers, not `go.Heatmap`: Streamlit reports no selection from heatmaps. Every point carries (layer,
+phase) in `customdata`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from app.charts.base import PHASE_ROWS, layout, method_color
+from polykv.methods import REGISTRY
+from polykv.plan import Phase, Plan
+
+
+def plan_figure(plan: Plan, selected: Iterable[int] = (), phases: Iterable[str] = ("prefill", "decode")) -> go.Figure:
+    """Figure 1c: a strip of method cells (one row per phase) over capacity bars, the uniform average
+    of each phase as a dashed line. Cells and bars are selectable (click, box, lasso); the cells of the
+    `selected` layers in `phases` are outlined."""
+    selected, phases = set(selected), set(phases)
+    layers = list(range(plan.num_layers))
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.4, 0.6], vertical_spacing=0.06)
+    size = max(8, min(40, int(900 / max(1, plan.num_layers))))
+    used = {layer[phase].method for layer in plan.layers for phase in Phase}
+    for method in [*(m for m in REGISTRY if m in used), *sorted(used - set(REGISTRY))]:  # registry order
+        xs, ys, data, text = [], [], [], []
+        for i, layer in enumerate(plan.layers):
+            for phase in Phase:
+                a = layer[phase]
+                if a.method == method:
+                    xs.append(i)
+                    ys.append(phase.value)
+                    data.append([i, phase.value])
+                    text.append(f"layer {i} {phase.value}: {a}")
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=ys,
+                mode="markers",
+                name=method,
+                customdata=data,
+                hovertext=text,
+                hoverinfo="text",
+                marker=dict(symbol="square", size=size, color=method_color(method), line=dict(width=0.5, color="#222")),
+            ),
+            row=1,
+            col=1,
+        )
+    outlined = [(i, p) for i in sorted(selected) for p in PHASE_ROWS[::-1] if p in phases and 0 <= i < plan.num_layers]
+    if outlined:  # a trace of its own, so the legend's swatches stay plain
+        fig.add_trace(
+            go.Scatter(
+                x=[i for i, _ in outlined],
+                y=[p for _, p in outlined],
+                customdata=[[i, p] for i, p in outlined],
+                mode="markers",
+                name="selected",
+                showlegend=False,
+                hoverinfo="skip",
+                marker=dict(symbol="square-open", size=size + 8, color="#111", line=dict(width=3)),
+            ),
+            row=1,
+            col=1,
+        )
+    for phase, color in ((Phase.PREFILL, "#4C72B0"), (Phase.DECODE, "#DD8452")):
+        caps = [layer[phase].capacity for layer in plan.layers]
+        if all(c is None for c in caps):
+            continue
+        fig.add_trace(
+            go.Bar(
+                x=layers,
+                y=[c or 0 for c in caps],
+                name=f"{phase.value} capacity",
+                marker_color=color,
+                customdata=[[i, phase.value] for i in layers],
+                hovertext=[
+                    f"layer {i} {phase.value}: {'full (no cap)' if c is None else c}" for i, c in enumerate(caps)
+                ],
+                hoverinfo="text",
+                marker_opacity=[
+                    1.0 if not selected or (i in selected and phase.value in phases) else 0.45 for i in layers
+                ],
+            ),
+            row=2,
+            col=1,
+        )
+        average = plan.summary().phases[phase].average_capacity
+        if average is not None:
+            fig.add_trace(
+                go.Scatter(
+                    x=[-0.5, plan.num_layers - 0.5],
+                    y=[average, average],
+                    mode="lines",
+                    name=f"{phase.value} uniform average {average:g}",
+                    line=dict(dash="dash", color=color, width=1.5),
+                    hoverinfo="name",
+                ),
+                row=2,
+                col=1,
+            )
+    fig.update_yaxes(categoryorder="array", categoryarray=PHASE_ROWS, row=1, col=1)
+    fig.update_yaxes(title_text="capacity (tokens)", rangemode="tozero", row=2, col=1)
+    fig.update_xaxes(title_text="layer", range=[-0.6, plan.num_layers - 0.4], row=2, col=1)
+    fig.update_layout(barmode="group", clickmode="event+select")
+    return layout(fig, f"{plan.name}: method and capacity per layer", 520)
+
+
+def selected_cells(points: Sequence[dict]) -> tuple[list[int], list[str]]:
+    """Layers and phases named by a Streamlit plotly selection's points (cells or bars of `plan_figure`)."""
+    layers, phases = set(), set()
+    for point in points:
+        data = point.get("customdata")
+        if isinstance(data, (list, tuple)) and len(data) == 2:
+            layers.add(int(data[0]))
+            phases.add(str(data[1]))
+        elif point.get("x") is not None:
+            layers.add(int(round(float(point["x"]))))
+    return sorted(layers), sorted(phases)
