@@ -68,7 +68,9 @@ class ExperimentRunner:
     settings: object = None
     seed: int = 0
     metric: str = "top1"
-    progress: Callable[[str], None] | None = None
+    progress: Callable[[str], None] | None = None  # told each plan's name before its run starts
+    # told (done, total, where) as samples finish within a run (local backend; the callback of `run_suite`)
+    on_sample: Callable[[int, int, str], None] | None = None
     backend: str = "local"  # "ray": the runs of an experiment execute in parallel as Ray tasks (`backends.backend`)
     device: str = "cpu"
 
@@ -77,16 +79,28 @@ class ExperimentRunner:
 
     def run_all(self, plans: list[Plan]) -> list[str]:
         chosen = backend(self.backend, waiting=True)  # the scores are read next: a backend that waits for them
+        if chosen.name == "local":  # this process: the model already loaded, the settings as they are
+            ids = []
+            for plan in plans:  # one at a time, so that `progress` names the run that `on_sample` reports on
+                if self.progress is not None:
+                    self.progress(plan.name)
+                ids.append(
+                    run_suite(
+                        self.store,
+                        self.model_name,
+                        self.model,
+                        self.tokenizer,
+                        plan,
+                        self.suite,
+                        self.settings,
+                        self.seed,
+                        progress=self.on_sample,
+                    )
+                )
+            return ids
         if self.progress is not None:
             for plan in plans:
                 self.progress(plan.name)
-        if chosen.name == "local":  # this process: the model already loaded, the settings as they are
-            return [
-                run_suite(
-                    self.store, self.model_name, self.model, self.tokenizer, plan, self.suite, self.settings, self.seed
-                )
-                for plan in plans
-            ]
         units = [Unit.of(self.model_name, plan, self.suite, self.settings, self.seed, self.device) for plan in plans]
         return chosen.run(units, self.store.path)
 
