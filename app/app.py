@@ -20,6 +20,8 @@ from app import common, state  # noqa: E402
 # An emoji favicon is drawn in the browser; a ":material/...:" one would be fetched from a CDN.
 st.set_page_config(page_title="PolyKV", page_icon="🧩", layout="wide")
 
+common.session_id()  # first: a reload finds this session's model and drafts through the URL
+
 with st.sidebar:
     st.markdown("### PolyKV")
     name, device = common.chosen_model()
@@ -30,7 +32,13 @@ with st.sidebar:
         devices = common.devices()
         chosen = st.selectbox("Device", devices, index=common.index_of(devices, device))
         if st.form_submit_button("Load model"):
-            common.set_model_error(common.load_model(typed.strip(), chosen))
+            common.request_model(typed.strip(), chosen)
+    pending = common.pending_model()
+    if pending is not None:  # the plan does not fit the new model: ask before it leaves the designer
+        st.warning(pending[2])
+        switch, stay = st.columns(2)
+        switch.button("Switch", type="primary", on_click=common.answer_pending_model, args=(True,))
+        stay.button("Stay", on_click=common.answer_pending_model, args=(False,))
     if common.model_error():
         st.error(common.model_error())
     try:

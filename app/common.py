@@ -14,7 +14,7 @@ from typing import Any
 import streamlit as st
 
 from app import charts, state
-from polykv import design, jobs, models
+from polykv import design, drafts, jobs, models
 from polykv.errors import PolyKVError, debug, first_line
 from polykv.files import read_text
 from polykv.methods import validate_plan
@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEMO_PLAN = REPO / "plans" / "demo" / "mixed.json"
 DEFAULT_MODEL = ("demo", "cpu")  # (name, device) until another model is loaded
 KEEP = "(keep)"  # the paint palette's "leave the method as it is"
+DESIGNER_PLAN = "(designer)"  # the Runs page's plan picker: the plan on the designer, not a saved file
 
 
 def workspace() -> Path:
@@ -63,13 +64,15 @@ def show_failure(exc: BaseException) -> None:
         )
 
 
-def load_model(name: str, device: str) -> str | None:
-    """Make (name, device) the current model; returns an error message (and keeps the old model) on failure."""
+def load_model(name: str, device: str, switch: bool = True) -> str | None:
+    """Load (name, device) and, with `switch`, make it the current model; returns an error message (and
+    keeps the old model) on failure."""
     try:
         _load(name, device)
     except Exception as exc:  # any failure to load is the user's input: say it in one line
         return f"Could not load model {name!r} on {device}: {first_line(exc)}"
-    st.session_state[state.MODEL] = (name, device)
+    if switch:
+        st.session_state[state.MODEL] = (name, device)
     return None
 
 
@@ -80,7 +83,7 @@ def chosen_model() -> tuple[str, str]:
 
 def fall_back_to_demo() -> None:
     """Make the demo model the current one again (the chosen one could not be reloaded)."""
-    st.session_state[state.MODEL] = DEFAULT_MODEL
+    switch_model(*DEFAULT_MODEL)
 
 
 def set_model_error(problem: str | None) -> None:
@@ -116,21 +119,142 @@ def num_layers() -> int:
     return models.num_layers(current_model()[2])
 
 
+# ---- the browser session: its id (in the URL), its model and its drafts ---------------------------------
+def session_id() -> str:
+    """This browser session's id, carried in the URL (`?session=...`) so that a reload or an app restart
+    finds the session's drafts and model again; a new id when the URL has none (or a bad one)."""
+    sid = st.session_state.get(state.SESSION_ID)
+    if sid is None:
+        sid = drafts.valid_session_id(st.query_params.get("session")) or drafts.new_session_id()
+        st.session_state[state.SESSION_ID] = sid
+        _restore_model(sid)
+    if st.query_params.get("session") != sid:  # a page switch drops it from the URL: put it back
+        st.query_params["session"] = sid
+    return sid
+
+
+def _restore_model(sid: str) -> None:
+    """The model this session used last (a reload starts where it was); the demo model if it fails."""
+    remembered = drafts.load_session_model(workspace(), sid)
+    if remembered is None or remembered == DEFAULT_MODEL:
+        return
+    problem = load_model(*remembered)
+    if problem:
+        set_model_error(f"{problem}; using the demo model.")
+
+
+def _remember_model(name: str, device: str) -> None:
+    try:
+        drafts.save_session_model(workspace(), session_id(), name, device)
+    except (PolyKVError, OSError) as exc:  # a read-only workspace: the session still works, unsaved
+        st.session_state[state.DRAFT_PROBLEM] = f"The session is not saved: {first_line(exc)}"
+
+
+def request_model(name: str, device: str) -> None:
+    """The sidebar's Load: load the model, then switch to it at once when the plan on the designer fits it
+    (the plan comes along); when it does not fit, ask first (`pending_model`)."""
+    problem = load_model(name, device, switch=False)
+    set_model_error(problem)
+    if problem:
+        return
+    st.session_state.pop(state.PENDING_MODEL, None)
+    old_name = current_model()[0]
+    if name == old_name:  # another device: the same plan
+        switch_model(name, device)
+        return
+    current, model = plan(), _load(name, device)[0]
+    try:
+        validate_plan(current, models.num_layers(model), models.context_length(model))
+    except PlanError as exc:
+        st.session_state[state.PENDING_MODEL] = (
+            name,
+            device,
+            f"The plan on the designer, {current.name!r}, does not fit {name!r} ({first_line(exc)}). "
+            f"Switch anyway? The plan stays a draft of {old_name!r} and comes back when you load "
+            f"{old_name!r} again.",
+        )
+        return
+    switch_model(name, device, carry=current)
+
+
+def pending_model() -> tuple[str, str, str] | None:
+    """(name, device, question) of a model switch waiting for the user's answer."""
+    return st.session_state.get(state.PENDING_MODEL)
+
+
+def answer_pending_model(switch: bool) -> None:
+    pending = st.session_state.pop(state.PENDING_MODEL, None)
+    if pending is not None and switch:
+        switch_model(pending[0], pending[1])
+
+
+def switch_model(name: str, device: str, carry: Plan | None = None) -> None:
+    """Make (name, device) the current model. Its own draft comes up on the designer, unless `carry` (a
+    plan that fits it) is given: then that plan, with its undo history, becomes the new model's draft."""
+    st.session_state[state.MODEL] = (name, device)
+    _remember_model(name, device)
+    if carry is None:  # `plan()` opens the new model's draft
+        st.session_state.pop(state.PLAN_MODEL, None)
+        st.session_state.pop(state.PLAN_JSON, None)
+    else:
+        st.session_state[state.PLAN_MODEL] = name
+        st.session_state[state.PLAN_JSON] = carry.to_json()
+        _save_draft()
+    new_plan_version()
+
+
 # ---- the plan being designed ------------------------------------------------------------------------
 def plan() -> Plan:
-    """The designer's current plan (always valid for the current model)."""
-    layers = num_layers()
+    """The designer's current plan (always valid for the current model): this session's draft for the
+    model (from memory, else from its draft file), else the demo plan or a fresh one."""
+    name, layers = current_model()[0], num_layers()
     text = st.session_state.get(state.PLAN_JSON)
-    if text is not None:
-        current = Plan.from_json(text)
-        if current.num_layers == layers:
-            return current
-    start = Plan.load(DEMO_PLAN) if DEMO_PLAN.is_file() else None
-    if start is None or start.num_layers != layers:
-        start = Plan.homogeneous("tova", 256, layers, "decode", name="new-plan")
-    st.session_state[state.PLAN_JSON] = start.to_json()
-    st.session_state[state.UNDO] = []
-    return start
+    owner = st.session_state.get(state.PLAN_MODEL)
+    if text is not None and owner == name:
+        return Plan.from_json(text)
+    if text is not None and owner is None and Plan.from_json(text).num_layers == layers:
+        st.session_state[state.PLAN_MODEL] = name  # a plan put in the session directly (a script, a test)
+        return Plan.from_json(text)
+    draft = _read_draft(name)
+    if draft is None or draft.plan.num_layers != layers:
+        start = Plan.load(DEMO_PLAN) if DEMO_PLAN.is_file() else None
+        if start is None or start.num_layers != layers:
+            start = Plan.homogeneous("tova", 256, layers, "decode", name="new-plan")
+        draft = drafts.Draft(start)
+    st.session_state[state.PLAN_JSON] = draft.plan.to_json()
+    st.session_state[state.UNDO] = list(draft.undo)
+    st.session_state[state.REDO] = list(draft.redo)
+    st.session_state[state.PLAN_MODEL] = name
+    new_plan_version()
+    return draft.plan
+
+
+def _read_draft(model_name: str) -> drafts.Draft | None:
+    try:
+        return drafts.load_draft(workspace(), session_id(), model_name)
+    except (PolyKVError, OSError) as exc:  # a damaged draft: say so, start afresh (the file stays)
+        st.session_state[state.DRAFT_PROBLEM] = f"Could not reopen the draft: {first_line(exc)}"
+        return None
+
+
+def _save_draft() -> None:
+    """Write the session's plan, undo and redo for the current model to its draft file."""
+    draft = drafts.Draft(
+        Plan.from_json(st.session_state[state.PLAN_JSON]),
+        list(st.session_state.get(state.UNDO, [])),
+        list(st.session_state.get(state.REDO, [])),
+    )
+    try:
+        drafts.save_draft(workspace(), session_id(), st.session_state[state.PLAN_MODEL], draft)
+    except (PolyKVError, OSError) as exc:  # e.g. a read-only workspace: the edit stands, unsaved
+        st.session_state[state.DRAFT_PROBLEM] = f"The plan is not saved as a draft: {first_line(exc)}"
+    else:
+        st.session_state.pop(state.DRAFT_PROBLEM, None)
+
+
+def draft_problem() -> str | None:
+    """Why the session's plan or model could not be saved or reopened, if it could not."""
+    return st.session_state.get(state.DRAFT_PROBLEM)
 
 
 def plan_version() -> int:
@@ -144,25 +268,48 @@ def new_plan_version() -> None:
 
 
 def set_plan(new: Plan) -> None:
-    """Make `new` the current plan (validated for the model), keeping the old one for undo."""
+    """Make `new` the current plan (validated for the model), keeping the old one for undo; saved as the
+    session's draft."""
     validate_plan(new, num_layers())
-    old = st.session_state.get(state.PLAN_JSON)
-    if old is not None and old != new.to_json():
-        st.session_state.setdefault(state.UNDO, []).append(old)
-        del st.session_state[state.UNDO][:-50]
+    old = plan().to_json()
+    if old != new.to_json():
+        _push(state.UNDO, old)
+        st.session_state[state.REDO] = []  # a new edit: what was undone is gone, as in any editor
     st.session_state[state.PLAN_JSON] = new.to_json()
+    _save_draft()
     new_plan_version()
+
+
+def _push(key: str, text: str) -> None:
+    stack = st.session_state.setdefault(key, [])
+    stack.append(text)
+    del stack[: -drafts.HISTORY]
 
 
 def can_undo() -> bool:
     return bool(st.session_state.get(state.UNDO))
 
 
+def can_redo() -> bool:
+    return bool(st.session_state.get(state.REDO))
+
+
 def undo() -> bool:
-    stack = st.session_state.get(state.UNDO) or []
+    """Back to the plan before the last edit (Redo brings the edit back)."""
+    return _step(state.UNDO, state.REDO)
+
+
+def redo() -> bool:
+    return _step(state.REDO, state.UNDO)
+
+
+def _step(source: str, target: str) -> bool:
+    stack = st.session_state.get(source) or []
     if not stack:
         return False
+    _push(target, plan().to_json())
     st.session_state[state.PLAN_JSON] = stack.pop()
+    _save_draft()
     new_plan_version()
     return True
 
@@ -179,14 +326,19 @@ def show_flash(key: str) -> None:
 
 
 def commit(new: Plan, message: str | None = None) -> None:
-    """Make `new` the plan and redraw the designer; a PlanError leaves the plan as it was and says why."""
+    """Make `new` the plan and redraw the designer; a PlanError leaves the plan as it was and says why.
+    A change of the plan's scope is announced, whatever made it."""
+    before = plan()
     try:
         set_plan(new)
     except PlanError as exc:
         st.error(str(exc))
         return
-    if message:
-        flash(state.DESIGNER_FLASH, message)
+    messages = [("success", message)] if message else []
+    changed = design.scope_change(before, new)
+    if changed:
+        messages.append(("warning", changed))
+    st.session_state[state.DESIGNER_FLASH] = messages
     st.rerun()
 
 
@@ -216,6 +368,15 @@ def follow_chart_selection(layers: int) -> None:
     st.session_state[state.DESIGNER_LAYERS] = design.layers_in(st.session_state.get(state.DESIGNER_LAYERS, []), layers)
 
 
+def selection_boxes() -> list[dict]:
+    """The chart's selection boxes while they still describe the selection (not after the list changed)."""
+    chart = st.session_state.get(state.PLAN_CHART) or {}
+    seen = st.session_state.get(state.CHART_SEEN)
+    if not seen or list(seen[0]) != selected_layers():
+        return []
+    return [b for b in (chart.get("selection") or {}).get("box", []) if {"x", "y", "xref", "yref"} <= set(b)]
+
+
 def selected_layers() -> list[int]:
     return list(st.session_state.get(state.DESIGNER_LAYERS, []))
 
@@ -223,6 +384,32 @@ def selected_layers() -> list[int]:
 def select_layers(layers: Iterable[int]) -> None:
     """A button's callback: make `layers` the selection."""
     st.session_state[state.DESIGNER_LAYERS] = list(layers)
+
+
+def phase_follows_scope(current: Plan) -> None:
+    """The paint phase starts at the plan's scope, and follows it whenever the scope changes (a plan
+    loaded, built or painted), so painting a decode plan does not silently make it a "both" one."""
+    if st.session_state.get(state.SCOPE_SEEN) != current.scope.value:
+        st.session_state[state.SCOPE_SEEN] = current.scope.value
+        st.session_state[state.DESIGNER_PHASE] = current.scope.value
+
+
+def paint_palette() -> list[tuple[str, str | None]]:
+    """The palette for the chosen phase: every method with None or why it cannot be painted there. A chosen
+    method that cannot run in the phase is dropped (back to keeping the method)."""
+    entries = design.palette(st.session_state.get(state.DESIGNER_PHASE, design.PHASE_CHOICES[0]))
+    if dict(entries).get(st.session_state.get(state.PAINT_METHOD)) is not None:
+        st.session_state[state.PAINT_METHOD] = KEEP
+    return entries
+
+
+def choose_method(method: str) -> None:
+    """A palette button's callback."""
+    st.session_state[state.PAINT_METHOD] = method
+
+
+def chosen_method() -> str:
+    return st.session_state.get(state.PAINT_METHOD, KEEP)
 
 
 def shown_phases() -> tuple[str, ...]:

@@ -13,10 +13,15 @@ MODEL = "model"  # (name, device) of the model the pages use; the demo model on 
 MODEL_ERROR = "model_error"  # the sidebar's last model-loading error, shown until a load succeeds
 FIGURE_FORMAT = "figure_format"  # radio: the camera button's download format, "png" or "svg"
 MODEL_FORM = "model_form"  # form: the sidebar's model name and device
+SESSION_ID = "session_id"  # this browser session's id, also in the URL (?session=): it names the drafts
+PENDING_MODEL = "pending_model"  # (name, device, question): a model switch that waits for Switch or Stay
+DRAFT_PROBLEM = "draft_problem"  # why the plan or the session could not be saved or reopened (shown once)
 
 # ---- the plan being designed (app/common.py) ------------------------------------------------------
 PLAN_JSON = "plan_json"  # the designer's current plan, as JSON (valid for the current model)
 UNDO = "undo"  # earlier plans, as JSON, newest last (at most 50): what Undo restores
+REDO = "redo"  # undone plans, as JSON, newest last: what Redo restores (emptied by a new edit)
+PLAN_MODEL = "plan_model"  # the model name the plan in PLAN_JSON belongs to (its draft's model)
 PLAN_VERSION = "plan_version"  # a counter bumped on every plan change: new table and name widgets
 
 # ---- the plan designer (app/views/designer.py) ----------------------------------------------------
@@ -25,7 +30,8 @@ PLAN_CHART = "plan_chart"  # plotly chart: the plan figure and its selection (po
 CHART_SEEN = "chart_seen"  # (layers, phases) of the chart selection already copied to the layer list
 DESIGNER_LAYERS = "designer_layers"  # multiselect: the selected layers (the chart's selection feeds it)
 DESIGNER_PHASE = "designer_phase"  # radio: the phase painted and outlined, "both", "prefill" or "decode"
-PAINT_METHOD = "paint_method"  # selectbox: the method to paint, or "(keep)"
+PAINT_METHOD = "paint_method"  # the palette's chosen method to paint, or "(keep)" (set by its buttons)
+SCOPE_SEEN = "scope_seen"  # the plan scope the paint phase last followed (a new scope resets the phase)
 PAINT_CAPACITY = "paint_capacity"  # number input: the capacity to paint, or None (keep)
 BUILD_SCOPE = "build_scope"  # selectbox: the scope of a plan built from a profile
 BUILD_BUDGET = "build_budget"  # number input: the budget of a plan built from a profile
@@ -36,6 +42,7 @@ UPLOAD_SEEN = "upload_seen"  # file id of the upload already loaded (so a rerun 
 DIFF_WITH = "diff_with"  # selectbox: the saved plan file the current plan is compared with
 
 # ---- runs (app/views/runs.py) ---------------------------------------------------------------------
+RUN_PLAN = "run_plan"  # selectbox: the plan to evaluate, the designer's ("(designer)") or a saved file
 RUN_SUITE = "run_suite"  # selectbox: the suite the current plan is evaluated on
 RUNS_FLASH = "runs_flash"  # the "Started <job>" message, shown once after the launch's rerun
 LAUNCH_FORM = "launch_form"  # form: suite settings, budgets, baselines, placements, seed
@@ -44,6 +51,7 @@ LAUNCH_FORM = "launch_form"  # form: suite settings, budgets, baselines, placeme
 COMPARE_A = "compare_a"  # selectbox: run A (id) of the two-run comparison
 COMPARE_B = "compare_b"  # selectbox: run B (id)
 COMPARE_METRIC = "compare_metric"  # selectbox: the metric A and B are compared on
+COMPARE_LOG = "compare_log"  # toggle: compare log(metric) (perplexity), the difference a log-ratio
 SWEEP_JOB = "sweep_job"  # selectbox: the job whose budget sweep is drawn
 SWEEP_METRIC = "sweep_metric"  # selectbox: the sweep's metric
 PLACEMENT_JOB = "placement_job"  # selectbox: the job whose placement control is drawn
@@ -51,6 +59,8 @@ PLACEMENT_METRIC = "placement_metric"  # selectbox: the placement control's metr
 
 # ---- profiles and heterogeneity (app/views/profiles.py, heterogeneity.py) -------------------------
 PROFILE_FORM = "profile_form"  # form: the settings of a profile to compute
+PROFILE_STATISTIC = "profile_statistic"  # radio: the statistic profiles are ranked and won by, "cosine" or "dppl"
+PROFILE_VIEW = "profile_view"  # radio: the profile grid's view, one of charts.PROFILE_VIEWS
 HETEROGENEITY_FORM = "heterogeneity_form"  # form: inputs, tokens, attention share, sources
 
 
@@ -58,6 +68,11 @@ HETEROGENEITY_FORM = "heterogeneity_form"  # form: inputs, tokens, attention sha
 def plan_table(version: int) -> str:
     """Data editor: the per-layer table of plan version `version` (its edit state lives under this key)."""
     return f"plan_table_{version}"
+
+
+def palette_button(method: str) -> str:
+    """Button: choose `method` (or "(keep)") in the designer's paint palette."""
+    return f"palette_{method}"
 
 
 def plan_name(version: int) -> str:

@@ -287,6 +287,36 @@ def layers_in(layers: Iterable[int], num_layers: int) -> list[int]:
     return [i for i in layers if 0 <= i < num_layers]
 
 
+def palette(choice: str) -> list[tuple[str, str | None]]:
+    """Every method, in registry order, with None when it can be painted onto the phase(s) of `choice`
+    (a `PHASE_CHOICES` entry), else why not (the palette greys it and says this)."""
+    phases = _phases(choice)
+    entries = []
+    for name, cls in REGISTRY.items():
+        missing = [p.value for p in phases if p not in cls.phases]
+        runs = " and ".join(p.value for p in Phase if p in cls.phases)
+        entries.append((name, f"{name} runs only in the {runs} phase" if missing else None))
+    return entries
+
+
+def shortcuts(names: Sequence[str]) -> dict[str, str]:
+    """A one-key shortcut per name: its first letter or digit that is free (C and R are Streamlit's own)."""
+    taken, keys = {"C", "R"}, {}
+    for name in names:
+        key = next((ch for ch in name.upper() if ch.isalnum() and ch not in taken), None)
+        if key is not None:
+            taken.add(key)
+            keys[name] = key
+    return keys
+
+
+def scope_change(before: Plan, after: Plan) -> str | None:
+    """The sentence announcing that an edit changed which phases the plan compresses, if it did."""
+    if before.scope == after.scope:
+        return None
+    return f"The plan's scope changed from {before.scope.value} to {after.scope.value}."
+
+
 def paint_message(layers: Sequence[int], phases: str, method: str | None, capacity: int | None) -> str:
     """What a successful `paint(plan, layers, phases, method, capacity)` did, in one sentence."""
     what = " ".join(part for part in (method, None if capacity is None else f"@{capacity}") if part)
@@ -371,7 +401,7 @@ def save_plan(plan: Plan, folder: str | os.PathLike, name: str, overwrite: bool 
 
 __all__ = [
     "DEFAULT_CAPACITY", "EDITED_SUFFIX", "PHASE_CHOICES", "TABLE_COLUMNS", "SavedPlan", "build_from_profile",
-    "current_budget", "diff", "edits", "from_table", "layers_in", "paint", "paint_message", "phase_choice",
+    "current_budget", "diff", "edits", "from_table", "layers_in", "paint", "paint_message", "palette", "phase_choice",
     "phase_values", "plan_filename", "profile_scopes", "record_edit", "rescale", "reset_to_full", "save_plan",
-    "table_methods", "to_table",
+    "scope_change", "shortcuts", "table_methods", "to_table",
 ]  # fmt: skip

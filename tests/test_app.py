@@ -11,6 +11,7 @@ import json
 import re
 from pathlib import Path
 from types import SimpleNamespace
+from unittest import mock
 
 import pandas as pd
 import pytest
@@ -45,7 +46,8 @@ def paint_selection(at: AppTest, layers: list[int], phase: str, method: str, cap
     """Select `layers` (as a box selection on the chart leaves them), choose phase, method and capacity, paint."""
     at.session_state["designer_layers"] = layers
     at.radio(key="designer_phase").set_value(phase)
-    at.selectbox(key="paint_method").select(method)
+    at.button(key=f"palette_{method}").click()
+    at.run()
     if capacity is not None:
         at.number_input(key="paint_capacity").set_value(capacity)
     button(at, "Paint selection").click()
@@ -92,13 +94,33 @@ def test_two_paints_are_both_in_the_plans_provenance_and_shown_under_provenance(
     assert "Built by: hand" in texts(shown.caption)
 
 
-def test_painting_a_method_onto_a_phase_it_cannot_run_says_so_and_keeps_the_plan(app_env):
+def test_the_palette_offers_only_the_methods_that_run_in_the_chosen_phase(app_env):
     at = open_app()
-    before = current_plan(at)
-    paint_selection(at, [0], "decode", "snapkv")  # a prefill-only method
-    assert not at.exception
-    assert any("'snapkv' does not run in the decode phase" in e for e in texts(at.error))
-    assert current_plan(at) == before
+    at.radio(key="designer_phase").set_value("decode")
+    at.run()
+    snapkv, d2o = at.button(key="palette_snapkv"), at.button(key="palette_d2o")
+    assert snapkv.disabled and snapkv.help == "snapkv runs only in the prefill phase" and not d2o.disabled
+    assert any(c.startswith("Not offered here: snapkv runs only in the prefill phase") for c in texts(at.caption))
+    at.radio(key="designer_phase").set_value("prefill")
+    at.run()
+    assert at.button(key="palette_d2o").disabled and not at.button(key="palette_snapkv").disabled
+    at.button(key="palette_snapkv").click()
+    at.run()
+    assert at.button(key="palette_snapkv").proto.type == "primary"  # the chosen one is highlighted
+    at.radio(key="designer_phase").set_value("decode")  # snapkv cannot run there: the choice is dropped
+    at.run()
+    assert at.session_state["paint_method"] == "(keep)" and at.button(key="palette_(keep)").proto.type == "primary"
+
+
+def test_the_paint_phase_starts_at_the_plans_scope_and_a_scope_change_is_announced(app_env):
+    at = open_app()
+    at.session_state["plan_json"] = Plan.homogeneous("tova", 24, 5, "decode", name="decode-plan").to_json()
+    at.run()
+    assert at.radio(key="designer_phase").value == "decode"
+    paint_selection(at, [1], "both", "h2o", 16)  # paints prefill too: the plan now compresses both phases
+    assert current_plan(at).scope.value == "both"
+    assert "The plan's scope changed from decode to both." in texts(at.warning)
+    assert at.radio(key="designer_phase").value == "both"  # the phase follows the new scope
 
 
 def test_a_capacity_of_zero_typed_into_the_table_is_refused_with_a_message(app_env):
@@ -149,7 +171,8 @@ def test_save_sanitizes_the_name_and_load_and_diff_read_it_back(app_env):
     assert any("tick 'Overwrite'" in w for w in texts(at.warning))
     # change the plan, then diff against and load the saved file
     at.session_state["designer_layers"] = [4]
-    at.selectbox(key="paint_method").select("tova")
+    at.button(key="palette_tova").click()
+    at.run()
     button(at, "Paint selection").click()
     at.run()
     at.selectbox(key="diff_with").select(Path("My-plan.json"))
@@ -329,11 +352,9 @@ def test_compare_page_without_runs_says_what_to_do(app_env):
     assert any("No finished run yet" in i for i in texts(at.info))
 
 
-def test_a_local_model_path_loads_and_the_designer_follows_its_layer_count(app_env, demo_model):
+def _tiny_local_model(where: Path, tokenizer) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    _, tokenizer = demo_model
-    local = app_env / "tiny-llama"
     config = LlamaConfig(
         vocab_size=tokenizer.vocab_size,
         hidden_size=32,
@@ -343,15 +364,99 @@ def test_a_local_model_path_loads_and_the_designer_follows_its_layer_count(app_e
         num_key_value_heads=2,
         max_position_embeddings=512,
     )
-    LlamaForCausalLM(config).save_pretrained(local)
-    tokenizer.save_pretrained(local)
-    at = open_app()
-    at.sidebar.text_input[0].set_value(str(local))
-    at.sidebar.button[0].click()
+    LlamaForCausalLM(config).save_pretrained(where)
+    tokenizer.save_pretrained(where)
+    return where
+
+
+def load_in_sidebar(at: AppTest, name: str) -> None:
+    at.sidebar.text_input[0].set_value(name)
+    [b for b in at.sidebar.button if b.label == "Load model"][0].click()
     at.run()
+
+
+def test_a_model_switch_asks_before_it_replaces_the_plan_and_keeps_the_old_one_as_a_draft(app_env, demo_model):
+    local = str(_tiny_local_model(app_env / "tiny-llama", demo_model[1]))
+    at = open_app()
+    paint_selection(at, [1], "decode", "h2o", 40)
+    edited = current_plan(at)
+    load_in_sidebar(at, local)
     assert not at.exception and not at.sidebar.error
-    assert f"Model: **{local}** on cpu, 3 layers" in texts(at.sidebar.caption)
-    assert current_plan(at).num_layers == 3  # the demo plan does not fit: a fresh one for this model
+    (question,) = texts(at.sidebar.warning)
+    assert question.startswith("The plan on the designer, 'mixed-demo', does not fit") and "Switch anyway?" in question
+    assert "Model: **demo** on cpu, 5 layers" in texts(at.sidebar.caption)  # nothing changed yet
+    button(at, "Stay").click()
+    at.run()
+    assert (
+        not at.sidebar.warning
+        and current_plan(at) == edited
+        and "Model: **demo** on cpu, 5 layers" in texts(at.sidebar.caption)
+    )
+    load_in_sidebar(at, local)
+    button(at, "Switch").click()
+    at.run()
+    assert not at.exception and f"Model: **{local}** on cpu, 3 layers" in texts(at.sidebar.caption)
+    assert current_plan(at).num_layers == 3  # a fresh plan for this model
+    assert [t.value for t in at.text_input if t.label == "Plan name"] == [current_plan(at).name]  # not the old name
+    load_in_sidebar(at, "demo")  # the fresh plan does not fit the demo model either
+    button(at, "Switch").click()
+    at.run()
+    assert current_plan(at) == edited  # the demo model's draft came back, edits and all
+
+
+def test_the_edited_plan_survives_a_reload_through_the_session_in_the_url(app_env):
+    at = open_app()
+    paint_selection(at, [1, 2], "decode", "h2o", 40)
+    edited = current_plan(at)
+    session = at.query_params["session"]
+    assert session and list((app_env / "ws" / "drafts" / str(session)).glob("*.json"))  # saved as a draft
+    fresh = AppTest.from_file(str(REPO / "app" / "app.py"), default_timeout=180)  # a reload: a new session
+    fresh.query_params["session"] = session
+    fresh.run()
+    assert not fresh.exception and current_plan(fresh) == edited
+    button(fresh, "Undo").click()  # the history came back too
+    fresh.run()
+    assert current_plan(fresh).layers[1].decode.method != "h2o"
+    other = AppTest.from_file(str(REPO / "app" / "app.py"), default_timeout=180)  # another browser session
+    other.run()
+    assert other.query_params["session"] != session and current_plan(other).name == "mixed-demo"
+    assert current_plan(other) != edited
+
+
+def test_undo_and_redo_walk_the_history_and_a_new_edit_drops_the_redo(app_env):
+    at = open_app()
+    start = current_plan(at)
+    paint_selection(at, [1], "decode", "h2o", 40)
+    painted = current_plan(at)
+    button(at, "Undo").click()
+    at.run()
+    assert current_plan(at) == start and not button(at, "Redo").disabled
+    button(at, "Redo").click()
+    at.run()
+    assert current_plan(at) == painted and button(at, "Redo").disabled
+    button(at, "Undo").click()
+    at.run()
+    paint_selection(at, [2], "decode", "tova", 20)
+    assert button(at, "Redo").disabled  # a new edit: what was undone is gone
+
+
+def test_runs_launches_the_plan_it_shows_and_offers_saved_plans(app_env):
+    saved = Plan.homogeneous("h2o", 24, 5, "decode", name="saved-h2o")
+    (app_env / "plans").mkdir(exist_ok=True)
+    saved.save(app_env / "plans" / "saved-h2o.json")
+    at = open_app("runs")
+    picker = at.selectbox(key="run_plan")
+    assert picker.value == "(designer)" and picker.options == ["the designer's plan: mixed-demo", "saved-h2o.json"]
+    assert any(s.value == "Evaluate the current plan: mixed-demo" for s in at.subheader)
+    picker.select(Path("saved-h2o.json"))
+    at.run()
+    assert any(s.value == "Evaluate the saved plan: saved-h2o" for s in at.subheader)
+    at.text_area(key="settings_fidelity").set_value(json.dumps(TINY_SETTINGS))
+    with mock.patch("polykv.jobs.start") as start:  # what would be launched, without running it
+        button(at, "Launch").click()
+        at.run()
+    (job,) = [call.args[0] for call in start.call_args_list]
+    assert [r.plan_name for r in job.runs] == ["saved-h2o"]
 
 
 @pytest.mark.slow  # launches a four-run eval job and waits for its worker
@@ -401,7 +506,7 @@ def test_a_running_job_shows_progress_and_cancel_stops_it(app_env):
 
 def test_knorm_is_in_the_palette_the_table_and_the_chart_in_its_own_colour(app_env):
     at = open_app()
-    assert "knorm" in at.selectbox(key="paint_method").options
+    assert not at.button(key="palette_knorm").disabled
     (editor,) = [d for d in at.dataframe if d.proto.id.endswith(table_key(at))]
     columns = json.loads(editor.proto.columns)
     assert all("knorm" in columns[f"{phase}_method"]["type_config"]["options"] for phase in ("prefill", "decode"))

@@ -14,7 +14,12 @@ from polykv.methods import REGISTRY
 from polykv.plan import Phase, Plan
 
 
-def plan_figure(plan: Plan, selected: Iterable[int] = (), phases: Iterable[str] = ("prefill", "decode")) -> go.Figure:
+def plan_figure(
+    plan: Plan,
+    selected: Iterable[int] = (),
+    phases: Iterable[str] = ("prefill", "decode"),
+    boxes: Sequence[dict] = (),
+) -> go.Figure:
     """Figure 1c: a strip of method cells (one row per phase) over capacity bars, the uniform average
     of each phase as a dashed line. Cells and bars are selectable (click, box, lasso); the cells of the
     `selected` layers in `phases` are outlined."""
@@ -102,7 +107,12 @@ def plan_figure(plan: Plan, selected: Iterable[int] = (), phases: Iterable[str] 
     fig.update_yaxes(categoryorder="array", categoryarray=PHASE_ROWS, row=1, col=1)
     fig.update_yaxes(title_text="capacity (tokens)", rangemode="tozero", row=2, col=1)
     fig.update_xaxes(title_text="layer", range=[-0.6, plan.num_layers - 0.4], row=2, col=1)
-    fig.update_layout(barmode="group", clickmode="event+select")
+    for box in boxes:  # the selection's boxes, drawn again: a shift-drag adds a box to them
+        fig.add_selection(
+            x0=box["x"][0], x1=box["x"][1], y0=box["y"][0], y1=box["y"][1], xref=box["xref"], yref=box["yref"]
+        )
+    # Drags select (a box) rather than pan, and the chart keeps its zoom and drag mode across reruns.
+    fig.update_layout(barmode="group", clickmode="event+select", dragmode="select", uirevision="plan")
     return layout(fig, f"{plan.name}: method and capacity per layer", 520)
 
 

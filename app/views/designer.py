@@ -8,7 +8,6 @@ import streamlit as st
 
 from app import charts, common, state
 from polykv import design
-from polykv.methods import REGISTRY
 from polykv.plan import Phase, PlanError
 from polykv.routing import ALLOCATIONS, STATISTICS
 
@@ -19,7 +18,7 @@ def chart_selection(layers: int) -> None:
 
 
 def chart_and_summary(plan) -> None:
-    figure = charts.plan_figure(plan, common.selected_layers(), common.shown_phases())
+    figure = charts.plan_figure(plan, common.selected_layers(), common.shown_phases(), common.selection_boxes())
     common.show(figure, "plan", key=state.PLAN_CHART, on_select="rerun", selection_mode=("points", "box", "lasso"))
     st.text("\n".join(plan.summary().lines()))
 
@@ -42,7 +41,6 @@ def paint(plan, layers: int) -> None:
         clear.button("Clear", on_click=common.select_layers, args=((),))
     with middle:
         st.radio("Phase", design.PHASE_CHOICES, key=state.DESIGNER_PHASE, horizontal=True)
-        st.selectbox("Method", [common.KEEP, *REGISTRY], key=state.PAINT_METHOD)
     with right:
         st.number_input(
             "Capacity (tokens per KV head)",
@@ -53,6 +51,7 @@ def paint(plan, layers: int) -> None:
             placeholder="keep",
         )
         clicked = st.button("Paint selection", type="primary")
+    palette()
     if clicked:
         chosen, phase, method, capacity = common.paint_request()
         common.attempt(
@@ -61,11 +60,37 @@ def paint(plan, layers: int) -> None:
         )
 
 
+def palette() -> None:
+    """One button per method: the chosen one highlighted, those that cannot run in the phase greyed with
+    the reason as their tooltip; each has a one-key shortcut (shown on the button)."""
+    entries = common.paint_palette()
+    keys = design.shortcuts([name for name, _ in entries])
+    chosen = common.chosen_method()
+    with st.container(horizontal=True):
+        for name, why_not in [(common.KEEP, None), *entries]:
+            st.button(
+                name,
+                key=state.palette_button(name),
+                type="primary" if name == chosen else "secondary",
+                disabled=why_not is not None,
+                help=why_not or ("Leave each cell's method as it is" if name == common.KEEP else None),
+                shortcut=keys.get(name, "0" if name == common.KEEP else None),
+                on_click=common.choose_method,
+                args=(name,),
+            )
+    unavailable = [why for _, why in entries if why]
+    if unavailable:
+        st.caption("Not offered here: " + "; ".join(unavailable) + ".")
+
+
 def tools(plan) -> None:
-    """Undo, rescale to a budget, build from a profile, reset to full."""
-    undo, rescale, build, reset = st.columns(4)
-    if undo.button("Undo", disabled=not common.can_undo()):
+    """Undo, redo, rescale to a budget, build from a profile, reset to full."""
+    undo, redo, rescale, build, reset = st.columns(5)
+    if undo.button("Undo", disabled=not common.can_undo(), shortcut="Ctrl+Z"):
         common.undo()
+        st.rerun()
+    if redo.button("Redo", disabled=not common.can_redo(), shortcut="Ctrl+Shift+Z"):
+        common.redo()
         st.rerun()
     with rescale.popover("Rescale to a budget"):
         rescale_to_budget(plan)
@@ -193,11 +218,15 @@ def diff(plan, saved) -> None:
 
 st.title("Plan designer")
 st.caption(
-    "Select layers on the chart (click a cell, or drag a box over cells or bars) or in the list below, "
-    "then paint a method and/or a capacity onto them. Every edit is checked against the model at once."
+    "Select layers on the chart (drag a box over cells or bars; shift-drag adds to the selection) or in the "
+    "list below, then paint a method and/or a capacity onto them. Every edit is checked against the model "
+    "at once and kept as this session's draft (the URL brings it back)."
 )
 current, num_layers = common.plan(), common.num_layers()
 common.show_flash(state.DESIGNER_FLASH)
+if common.draft_problem():
+    st.warning(common.draft_problem())
+common.phase_follows_scope(current)
 chart_selection(num_layers)
 chart_and_summary(current)
 provenance(current)

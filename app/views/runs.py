@@ -12,12 +12,24 @@ from polykv.eval.store import Store, StoreError
 
 st.title("Runs")
 name, device, _, _ = common.current_model()
-plan = common.plan()
 workspace = common.workspace()
 
 
 # ---- launch --------------------------------------------------------------------------------------------
-st.subheader(f"Evaluate the current plan: {plan.name}")
+choices = [common.DESIGNER_PLAN, *common.saved_plans()]
+picked = st.selectbox(
+    "Plan to evaluate",
+    choices,
+    format_func=lambda c: f"the designer's plan: {common.plan().name}" if c == common.DESIGNER_PLAN else str(c),
+    key=state.RUN_PLAN,
+    help="The plan on the designer (this session's draft), or a plan file saved under plans/",
+)
+try:
+    plan = common.plan() if picked == common.DESIGNER_PLAN else common.read_plan_file(picked)
+except PolyKVError as exc:
+    st.error(common.first_line(exc))
+    st.stop()
+st.subheader(f"Evaluate {'the current plan' if picked == common.DESIGNER_PLAN else 'the saved plan'}: {plan.name}")
 st.caption(" · ".join(plan.summary().lines()[1:]))
 suite = st.selectbox("Suite", list(SUITES), key=state.RUN_SUITE)
 with st.form(state.LAUNCH_FORM):

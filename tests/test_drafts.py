@@ -1,0 +1,83 @@
+"""Drafts: the designer's working plan per browser session and model, saved whole and read back checked."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from polykv import design, drafts
+from polykv.plan import Plan
+from tests.helpers import MIXED
+
+SESSION = "0123456789abcdef"
+
+
+def test_a_draft_round_trips_with_its_history_and_is_kept_per_model(tmp_path):
+    plan = Plan.load(MIXED)
+    older = Plan.homogeneous("tova", 24, 5).to_json()
+    drafts.save_draft(tmp_path, SESSION, "demo", drafts.Draft(plan, undo=[older], redo=[]))
+    back = drafts.load_draft(tmp_path, SESSION, "demo")
+    assert back.plan == plan and back.undo == [older] and back.redo == []
+    assert drafts.load_draft(tmp_path, SESSION, "meta-llama/Llama-3.1-8B-Instruct") is None  # another model
+    assert drafts.load_draft(tmp_path, "fedcba9876543210", "demo") is None  # another session
+
+
+def test_the_history_is_bounded(tmp_path):
+    plan = Plan.load(MIXED)
+    many = [Plan.homogeneous("tova", c, 5).to_json() for c in range(8, 8 + drafts.HISTORY + 10)]
+    drafts.save_draft(tmp_path, SESSION, "demo", drafts.Draft(plan, undo=many))
+    assert drafts.load_draft(tmp_path, SESSION, "demo").undo == many[-drafts.HISTORY :]
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"{not json", "malformed JSON"),
+        (json.dumps({"model": "demo", "plan": "{}", "extra": 1}).encode(), "extra"),
+        (json.dumps({"model": "other", "plan": Plan.load(MIXED).to_json()}).encode(), "a draft of 'other'"),
+        (json.dumps({"model": "demo", "plan": '{"layers": 3}'}).encode(), ""),
+    ],
+)
+def test_a_damaged_or_foreign_draft_is_one_line_error(tmp_path, content, message):
+    path = drafts.draft_path(tmp_path, SESSION, "demo")
+    path.parent.mkdir(parents=True)
+    path.write_bytes(content)
+    with pytest.raises(drafts.DraftError) as caught:
+        drafts.load_draft(tmp_path, SESSION, "demo")
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("bad", ["", "../../etc", "ABCDEF0123456789", "0123", "a" * 40, None, 12345678])
+def test_only_hex_session_ids_name_a_folder(tmp_path, bad):
+    assert drafts.valid_session_id(bad) is None
+    with pytest.raises(drafts.DraftError):
+        drafts.draft_path(tmp_path, bad, "demo")
+    assert drafts.valid_session_id(drafts.new_session_id()) is not None
+
+
+def test_model_keys_are_safe_file_names_and_unique():
+    keys = {drafts.model_key(m) for m in ("demo", "/models/a/demo", "org/demo", "../..", "Qwen/Qwen3-8B")}
+    assert len(keys) == 5 and all("/" not in k and not k.startswith(".") for k in keys)
+
+
+def test_the_session_remembers_its_model(tmp_path):
+    assert drafts.load_session_model(tmp_path, SESSION) is None
+    drafts.save_session_model(tmp_path, SESSION, "org/model", "cuda")
+    assert drafts.load_session_model(tmp_path, SESSION) == ("org/model", "cuda")
+
+
+def test_the_palette_greys_methods_that_cannot_run_in_the_phase_and_says_why():
+    decode = dict(design.palette("decode"))
+    assert decode["snapkv"] == "snapkv runs only in the prefill phase" and decode["d2o"] is None
+    both = dict(design.palette("both"))
+    assert both["d2o"] == "d2o runs only in the decode phase" and both["tova"] is None and both["full"] is None
+    keys = design.shortcuts([name for name, _ in design.palette("both")])
+    assert len(set(keys.values())) == len(keys) and not {"C", "R"} & set(keys.values())
+
+
+def test_a_scope_change_is_put_in_words():
+    decode = Plan.homogeneous("tova", 24, 5, "decode")
+    both = design.paint(decode, [0], "both", "h2o", 16)
+    assert design.scope_change(decode, both) == "The plan's scope changed from decode to both."
+    assert design.scope_change(decode, design.paint(decode, [0], "decode", "h2o")) is None
