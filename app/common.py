@@ -369,12 +369,8 @@ def follow_chart_selection(layers: int) -> None:
 
 
 def selection_boxes() -> list[dict]:
-    """The chart's selection boxes while they still describe the selection (not after the list changed)."""
-    chart = st.session_state.get(state.PLAN_CHART) or {}
-    seen = st.session_state.get(state.CHART_SEEN)
-    if not seen or list(seen[0]) != selected_layers():
-        return []
-    return [b for b in (chart.get("selection") or {}).get("box", []) if {"x", "y", "xref", "yref"} <= set(b)]
+    """The selection as boxes on the plan chart's strip (`charts.selection_boxes`), however it was made."""
+    return charts.selection_boxes(selected_layers(), shown_phases())
 
 
 def selected_layers() -> list[int]:
@@ -564,6 +560,27 @@ def running(job_list: Iterable, where: Path) -> set[str]:
     return {j.id for j in job_list if jobs.state(j, where).status == "running"}
 
 
+def job_controls(job, progress, where: Path) -> None:
+    """Cancel (a running job: waits until its worker has exited), Resume (a stopped, cancelled or failed
+    one: finished runs are found in the store, not recomputed) and the job's log tail."""
+    if progress.status == "running" and st.button("Cancel", key=state.cancel_button(job.id)):
+        try:
+            jobs.cancel(job, where)
+        except PolyKVError as exc:
+            st.error(f"Not cancelled: {first_line(exc)}")
+        else:
+            st.rerun()
+    if progress.status in RESUMABLE and st.button("Resume", key=state.resume_button(job.id)):
+        try:
+            jobs.start(job, where)
+        except PolyKVError as exc:  # e.g. its worker still runs
+            st.error(f"Not resumed: {first_line(exc)}")
+        else:
+            st.rerun()
+    with st.expander("Log"):
+        st.code(jobs.log_tail(job, where) or "(empty)", language=None)
+
+
 def run_rows(store) -> list[dict[str, Any]]:
     """One row per run in `store`, newest first: what it is, its progress, and the macro-average over its
     tasks of each metric (over the tasks that report it)."""
@@ -600,11 +617,6 @@ def run_label(run: dict[str, Any]) -> str:
 def default_metric(metrics: Sequence[str]) -> int:
     """Index of the metric to compare on first: KL divergence when the runs report it."""
     return index_of(metrics, "kl")
-
-
-def default_b(run_ids: Sequence[str]) -> int:
-    """Index of run B to compare with run A (the newest) first: the next newest, when there is one."""
-    return min(1, len(run_ids) - 1)
 
 
 def sweep_jobs(eval_jobs: Iterable) -> list:

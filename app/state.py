@@ -57,6 +57,20 @@ SWEEP_METRIC = "sweep_metric"  # selectbox: the sweep's metric
 PLACEMENT_JOB = "placement_job"  # selectbox: the job whose placement control is drawn
 PLACEMENT_METRIC = "placement_metric"  # selectbox: the placement control's metric
 
+# ---- experiments (app/views/experiments.py) -------------------------------------------------------
+EXPERIMENT_KIND = "experiment_kind"  # selectbox: the experiment to launch, factorial, placement or sweep
+EXPERIMENT_SUITE = "experiment_suite"  # selectbox: the suite the experiment's runs are scored on
+EXPERIMENT_FORM = "experiment_form"  # form: profile, scope, budget(s), baseline(s), statistic, ..., seed
+EXPERIMENT_FLASH = "experiment_flash"  # the "Started <job>" message, shown once after the launch's rerun
+EXPERIMENT_JOB = "experiment_job"  # selectbox: the finished experiment job whose report is drawn
+PLACEMENT_SCATTER = "placement_scatter"  # plotly chart: S(rho) vs suite score and its selection (points)
+
+
+def experiment_settings(suite: str) -> str:
+    """Text area: the settings (JSON) of `suite` in the experiment launcher (its own, not the Runs page's)."""
+    return f"experiment_settings_{suite}"
+
+
 # ---- profiles and heterogeneity (app/views/profiles.py, heterogeneity.py) -------------------------
 PROFILE_FORM = "profile_form"  # form: the settings of a profile to compute
 PROFILE_STATISTIC = "profile_statistic"  # radio: the statistic profiles are ranked and won by, "cosine" or "dppl"

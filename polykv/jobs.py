@@ -4,11 +4,14 @@ it lives in files under `<workspace>/jobs/`:
 
   <id>.json        what to do (written once by the starter, then only to record the worker or a cancel)
   <id>.state.json  how far it got: status, fraction done, last message, error, result (the worker writes it)
+  <id>.report.json an experiment job's report (`Report.to_dict`), written when it finishes
   <id>.log         the worker's output
 
 An evaluation job runs its units one after another in one process (the model loads once) through
 `run_suite`, so progress per run is the store's sample count, and a stopped job resumes where it
-stopped when started again. A profile job runs `build_profile`.
+stopped when started again. A profile job runs `build_profile`. An experiment job runs one of the
+library's experiments (`polykv.eval.experiments`: factorial, placement or sweep) through an
+`ExperimentRunner`; its runs are found again in the store, so it too resumes where it stopped.
 
 A job file records its worker: pid, the process's start time and the host. A process counts as the
 job's worker only when all three match and its exact command line is the worker command for this
@@ -21,7 +24,8 @@ a zombie under a long-lived starter (the app server).
 Job files and state files are read with `polykv.files.read_json` and validated; a damaged one is
 reported (`scan_jobs`), never fatal. Job ids are checked wherever a user can give one.
 
-Run a job file by hand with `python -m polykv.jobs run <workspace>/jobs/<id>.json --workspace <workspace>`.
+Run a job file by hand with `python -m polykv.jobs run <workspace>/jobs/<id>.json --workspace <workspace>`
+(an experiment job: `python -m polykv.eval.experiments run ...`, the module that runs its work).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import threading
 import time
 import typing
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -65,6 +69,8 @@ from polykv.plan import Phase, Plan
 FINAL = ("finished", "failed", "cancelled")
 MAX_JOB_BYTES = 16 * 1024 * 1024  # a job with thousands of runs is still far smaller; this bounds memory only
 MAX_STATE_BYTES = 1024 * 1024
+MAX_REPORT_BYTES = 64 * 1024 * 1024  # a placement report holds K plans: K = 999 of 80 layers is ~20 MB
+EXPERIMENTS = ("factorial", "placement", "sweep")
 _children: dict[int, subprocess.Popen] = {}  # workers this process started (each also has a reaper thread)
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -75,13 +81,18 @@ def _now() -> str:
 
 def check_id(job_id: object) -> str:
     """`job_id` when it is a valid job id (it names files, so no path segments); JobError otherwise."""
-    if isinstance(job_id, str) and _ID.fullmatch(job_id) and ".." not in job_id and not job_id.endswith(".state"):
+    if (
+        isinstance(job_id, str)
+        and _ID.fullmatch(job_id)
+        and ".." not in job_id
+        and not job_id.endswith((".state", ".report"))  # <id>.state.json, <id>.report.json are not jobs
+    ):
         return job_id
     shown = repr(job_id)
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
     raise JobError(
         f"not a job id: {shown} (1 to 128 letters, digits, '.', '_' or '-', starting with a letter or "
-        "digit; no '..', not ending in '.state')"
+        "digit; no '..', not ending in '.state' or '.report')"
     )
 
 
@@ -98,13 +109,14 @@ class RunUnit:
 @dataclass
 class Job:
     id: str
-    kind: str  # "eval" or "profile"
+    kind: str  # "eval", "profile" or "experiment"
     title: str
     model: str
     device: str
     created: str
     runs: list[RunUnit] = field(default_factory=list)
     profile: dict[str, Any] | None = None  # profile jobs: corpus (CorpusSpec dict), capacity, scopes
+    experiment: dict[str, Any] | None = None  # experiment jobs: which one and its arguments (`_ExperimentFile`)
     pid: int | None = None  # the worker: its pid, start time (Linux clock ticks since boot) and host
     pid_start: int | None = None
     host: str | None = None
@@ -210,17 +222,52 @@ class _ProfileFile(BaseModel):
     scopes: list[Literal[tuple(p.value for p in Phase)]] = Field(min_length=1)  # type: ignore[misc]
 
 
+class _ExperimentFile(BaseModel):
+    """An experiment job's arguments: the route (guided plan) is TopRank by `statistic` from `profile`
+    in `scope` at `budget` with `allocation` capacities; the factorial's allocated arm is `allocation`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: Literal[EXPERIMENTS]  # type: ignore[valid-type]
+    profile: str = Field(min_length=1, max_length=4096)  # a profile key in <workspace>/profiles, or a path
+    scope: Literal["prefill", "decode", "both"]
+    budget: int = Field(ge=1)
+    budgets: list[int] = Field(default_factory=list)  # the sweep's
+    baseline: str | None = None  # the factorial's homogeneous method
+    baselines: list[str] | None = None  # the sweep's (None: every method with a protocol)
+    statistic: Literal["cosine", "dppl"] = "cosine"
+    allocation: Literal["uniform", "entropy", "ppl"] = "uniform"
+    k: int = Field(default=0, ge=0)  # the placement control's random placements
+    suite: Literal["fidelity", "longbench", "ruler"] = "fidelity"
+    settings: dict[str, Any] = Field(default_factory=dict)
+    metric: str = "top1"
+    seed: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _fits(self) -> _ExperimentFile:
+        if self.name == "factorial" and not self.baseline:
+            raise ValueError("a factorial needs a baseline (its homogeneous method)")
+        if self.name == "factorial" and self.allocation == "uniform":
+            raise ValueError("the factorial's allocated arm must differ from uniform (entropy or ppl)")
+        if self.name == "placement" and self.k < 1:
+            raise ValueError("a placement control needs at least one random placement (k)")
+        if self.name == "sweep" and (not self.budgets or min(self.budgets) < 1):
+            raise ValueError("a sweep needs budgets, positive whole numbers")
+        return self
+
+
 class _JobFile(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     id: str
-    kind: Literal["eval", "profile"]
+    kind: Literal["eval", "profile", "experiment"]
     title: str
     model: str
     device: str
     created: str
     runs: list[_RunUnitFile] = Field(default_factory=list)
     profile: _ProfileFile | None = None
+    experiment: _ExperimentFile | None = None
     pid: int | None = Field(default=None, gt=1)
     pid_start: int | None = Field(default=None, ge=0)
     host: str | None = None
@@ -238,10 +285,12 @@ class _JobFile(BaseModel):
     def _kind_fits(self) -> _JobFile:
         if self.kind == "eval" and not self.runs:
             raise ValueError("an evaluation job needs at least one run")
-        if self.kind == "eval" and self.profile is not None:
-            raise ValueError("an evaluation job has no profile settings")
-        if self.kind == "profile" and (self.profile is None or self.runs):
+        if self.kind == "eval" and (self.profile is not None or self.experiment is not None):
+            raise ValueError("an evaluation job has no profile or experiment settings")
+        if self.kind == "profile" and (self.profile is None or self.runs or self.experiment is not None):
             raise ValueError("a profile job has profile settings and no runs")
+        if self.kind == "experiment" and (self.experiment is None or self.runs or self.profile is not None):
+            raise ValueError("an experiment job has experiment settings, no runs and no profile settings")
         return self
 
 
@@ -301,6 +350,22 @@ def profile_job(
     )
 
 
+def experiment_job(model: str, device: str, experiment: dict[str, Any], title: str) -> Job:
+    """A job that runs the library's experiment `experiment` describes (see `_ExperimentFile`); JobError (one
+    line) when it is not a valid description. `polykv.eval.experiments.launch_job` builds one and checks,
+    before anything runs in the background, that the profile, the settings and every plan are good."""
+    try:
+        spec = _ExperimentFile.model_validate(experiment).model_dump()
+    except ValidationError as exc:
+        raise JobError(validation_line(exc)) from None
+    return Job(_new_id("experiment"), "experiment", title, model, device, _now(), experiment=spec)
+
+
+def report_path(workspace: Path, job_id: str) -> Path:
+    """Where an experiment job's report goes: <workspace>/jobs/<id>.report.json."""
+    return jobs_dir(workspace) / f"{check_id(job_id)}.report.json"
+
+
 def jobs_dir(workspace: Path) -> Path:
     return Path(workspace) / "jobs"
 
@@ -309,13 +374,18 @@ def _spec_path(workspace: Path, job_id: str) -> Path:
     return jobs_dir(workspace) / f"{check_id(job_id)}.json"
 
 
-def _worker_argv(workspace: Path, job_id: str) -> list[str]:
+# Experiment jobs run in `polykv.eval.experiments`, which calls `main` here: that module imports this one
+# (through its backends), so this one never imports it, and names it only as a command.
+WORKER_MODULES = {"experiment": "polykv.eval.experiments"}
+
+
+def _worker_argv(workspace: Path, job_id: str, kind: str) -> list[str]:
     """The worker command for this job's file: what `start` runs and what `_alive` recognises."""
     workspace = Path(workspace)
     return [
         sys.executable,
         "-m",
-        "polykv.jobs",
+        WORKER_MODULES.get(kind, "polykv.jobs"),
         "run",
         str(_spec_path(workspace, job_id).resolve()),
         "--workspace",
@@ -384,12 +454,13 @@ def start(job: Job, workspace: Path) -> subprocess.Popen:
         if _read_state(workspace, job.id).get("status") != "finished":  # a fresh start: forget how the last one ended
             try:
                 path.with_suffix(".state.json").unlink(missing_ok=True)
+                report_path(workspace, job.id).unlink(missing_ok=True)  # a report says the job finished
             except OSError as exc:
                 raise JobError(f"job {job.id}: cannot remove its old state file ({exc.strerror or exc})") from None
         log = open(log_path, "ab")  # noqa: SIM115 - the child keeps it open
         try:
             process = subprocess.Popen(
-                _worker_argv(workspace, job.id),
+                _worker_argv(workspace, job.id, job.kind),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -441,7 +512,7 @@ def scan_jobs(workspace: Path) -> tuple[list[Job], list[DamagedJob]]:
         return [], [DamagedJob(folder, f"cannot read the jobs folder ({exc.strerror or exc.__class__.__name__})")]
     found, damaged = [], []
     for name in names:
-        if not name.endswith(".json") or name.endswith(".state.json") or name.startswith("."):
+        if not name.endswith(".json") or name.endswith((".state.json", ".report.json")) or name.startswith("."):
             continue
         path = folder / name
         try:
@@ -473,7 +544,7 @@ def _alive(job: Job, workspace: Path) -> bool:
     if not processes.running(before) or job.pid_start is None or before[1] != job.pid_start:
         return False
     argv = processes.cmdline(pid)
-    if argv is None or argv[1:] != _worker_argv(workspace, job.id)[1:]:
+    if argv is None or argv[1:] != _worker_argv(workspace, job.id, job.kind)[1:]:
         return False
     after = processes.proc_state(pid)  # the same process still (not a new one that got the pid between the reads)
     return processes.running(after) and after[1] == job.pid_start
@@ -645,7 +716,13 @@ def _on_sigterm(signum, frame):
     raise _Cancelled(128 + signal.SIGTERM)
 
 
-def _run(job: Job, workspace: Path) -> None:
+# What runs an experiment job's work (`polykv.eval.experiments.run_job`): given the job, the workspace, the
+# store, `report(**changes)` (updates the state file; returns the state so far) and `activate(run_id)` (the
+# run under way, marked cancelled if the job is), it loads the model, runs and writes the report.
+ExperimentWork = Callable[[Job, Path, Store, Callable[..., dict], Callable[[str | None], None]], None]
+
+
+def _run(job: Job, workspace: Path, experiment: ExperimentWork | None = None) -> None:
     state_path = _spec_path(workspace, job.id).with_suffix(".state.json")
     current = {
         "status": "running",
@@ -656,22 +733,32 @@ def _run(job: Job, workspace: Path) -> None:
         "started": _now(),
     }
 
-    def report(**changes: Any) -> None:
+    def report(**changes: Any) -> dict[str, Any]:
         current.update(changes, updated=_now())
         atomic_write_json(state_path, current)
         if "message" in changes:  # the log: one time-stamped line per step
             print(f"{current['updated']} [{current['fraction']:6.1%}] {current['message']}", flush=True)
+        return current
 
     if job.kind == "eval":  # a resumed job starts where it stopped: its ETA counts only this worker's pace
         current["start_fraction"] = current["fraction"] = _eval_fraction(_run_progress(job, workspace))
     report(message="loading the model")
     store = Store(workspace / "results.sqlite")
     active: str | None = None
+
+    def activate(run_id: str | None) -> None:
+        nonlocal active
+        active = run_id
+
     try:
         from polykv.models import load_model
 
-        model, tokenizer = load_model(job.model, device=job.device)  # quiet: no progress bars in the log
-        if job.kind == "eval":
+        if job.kind == "experiment":
+            if experiment is None:
+                raise JobError("an experiment job runs with python -m polykv.eval.experiments run <job file>")
+            experiment(job, workspace, store, report, activate)
+        elif job.kind == "eval":
+            model, tokenizer = load_model(job.model, device=job.device)  # quiet: no progress bars in the log
             from polykv.eval.runner import run_suite
 
             for i, r in enumerate(job.runs):
@@ -698,6 +785,7 @@ def _run(job: Job, workspace: Path) -> None:
                 )
             active = None
         else:
+            model, tokenizer = load_model(job.model, device=job.device)
             from polykv.plan import Phase
             from polykv.profile.build import build_profile
             from polykv.profile.corpus import CorpusSpec
@@ -716,7 +804,8 @@ def _run(job: Job, workspace: Path) -> None:
             report(result={"profile": str(profile.path), "key": profile.key})
         report(status="finished", fraction=1.0, message="finished")
     except _Cancelled:
-        if active is not None:
+        run = store.run(active) if active is not None else None
+        if run is not None and run["status"] != "finished":  # an experiment's run may have just finished
             store.set_status(active, "cancelled")
         report(status="cancelled", message="cancelled")
         raise
@@ -725,10 +814,11 @@ def _run(job: Job, workspace: Path) -> None:
         raise
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, experiment: ExperimentWork | None = None, prog: str = "polykv.jobs") -> int:
+    """The worker: run one job file (`experiment`: what runs experiment jobs, given by their module)."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m polykv.jobs", description="Run a PolyKV job file.")
+    parser = argparse.ArgumentParser(prog=f"python -m {prog}", description="Run a PolyKV job file.")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run")
     run.add_argument("spec", type=Path)
@@ -740,7 +830,12 @@ def main(argv: list[str] | None = None) -> int:
     except JobError as exc:
         print(f"error: {args.spec}: {exc}", file=sys.stderr)
         return 2
-    _run(job, args.workspace)
+    if job.kind == "experiment" and experiment is None:
+        print(
+            f"error: {args.spec}: an experiment job runs with python -m {WORKER_MODULES['experiment']}", file=sys.stderr
+        )
+        return 2
+    _run(job, args.workspace, experiment)
     return 0
 
 
@@ -749,6 +844,7 @@ if __name__ == "__main__":
 
 
 __all__ = [
+    "EXPERIMENTS",
     "DamagedJob",
     "Job",
     "JobState",
@@ -759,10 +855,12 @@ __all__ = [
     "duration",
     "eta",
     "eval_job",
+    "experiment_job",
     "list_jobs",
     "load_job",
     "log_tail",
     "profile_job",
+    "report_path",
     "save_job",
     "scan_jobs",
     "start",

@@ -249,7 +249,7 @@ def test_profiles_page_shows_heatmaps_of_a_saved_profile(app_env, demo_model):
     at = open_app("profiles")
     assert texts(at.title) == ["Method profiles"]
     assert [s.value for s in at.subheader] == list(profile.metadata["scopes"])
-    assert len(at.get("plotly_chart")) == 2 * len(profile.metadata["scopes"]) + 1  # cosine + dPPL per scope, entropy
+    assert len(at.get("plotly_chart")) == len(profile.metadata["scopes"]) + 1  # a decision chart per scope, entropy
     for chart in at.get("plotly_chart")[:-1]:  # every method of the registry, the new knorm included, has a column
         assert "knorm" in json.loads(chart.proto.spec)["data"][0]["x"]
 
@@ -446,7 +446,10 @@ def test_runs_launches_the_plan_it_shows_and_offers_saved_plans(app_env):
     saved.save(app_env / "plans" / "saved-h2o.json")
     at = open_app("runs")
     picker = at.selectbox(key="run_plan")
-    assert picker.value == "(designer)" and picker.options == ["the designer's plan: mixed-demo", "saved-h2o.json"]
+    assert picker.value == "(designer)" and picker.options == [
+        "the designer's plan (this session's draft)",
+        "saved-h2o.json",
+    ]
     assert any(s.value == "Evaluate the current plan: mixed-demo" for s in at.subheader)
     picker.select(Path("saved-h2o.json"))
     at.run()
@@ -627,4 +630,3 @@ def test_compare_finds_sweeps_and_placements_in_the_jobs_that_launched_them():
     runs = SimpleNamespace(runs=lambda: [*older, finished])
     assert [r["id"] for r in common.finished_run_rows(runs)] == ["r2", "r1"]  # newest first
     assert common.run_label({**finished, "id": "0123456789"}) == "p · fidelity · demo · 01234567"
-    assert (common.default_b(["a", "b", "c"]), common.default_b(["a"])) == (1, 0)

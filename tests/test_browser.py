@@ -61,7 +61,7 @@ PAGES = [
     ("profiles", "/profiles", "Method profiles", 0, "No profile of 'demo'"),
     ("runs", "/runs", "Runs", 0, "Runs in the results database"),
     ("compare", "/compare", "Compare", 1, "Two runs, task by task"),
-    ("experiments", "/experiments", "Experiments", 0, "Placement control"),
+    ("experiments", "/experiments", "Experiments", 1, "Placement control"),
 ]
 
 
@@ -195,11 +195,10 @@ def shoot(page, name: str) -> None:
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
 
 
-def box_select_decode_cells(page, first: int, last: int) -> None:
-    """Drag a box over the decode cells of layers first..last in the plan chart's strip (top subplot)."""
+def box_select_decode_cells(page, first: int, last: int, add: bool = False) -> None:
+    """Drag a box over the decode cells of layers first..last in the plan chart's strip (top subplot),
+    holding shift when `add`. No toolbar click: box select is the chart's drag mode."""
     chart = page.locator(".js-plotly-plot").first
-    chart.hover()  # the modebar shows on hover only
-    page.locator('.modebar-btn[data-title="Box Select"]').first.click()
     # Pixels from the axes plotly actually drew, not from ranges assumed here.
     area = page.locator(".js-plotly-plot .nsewdrag").first.bounding_box()
     xr = chart.evaluate("el => el._fullLayout.xaxis.range")
@@ -213,16 +212,20 @@ def box_select_decode_cells(page, first: int, last: int) -> None:
         return area["y"] + (yr[1] - y) / (yr[1] - yr[0]) * area["height"]
 
     top, bottom = py(row + 0.3), py(row - 0.3)  # the decode row only, not the prefill one
+    if add:
+        page.keyboard.down("Shift")
     page.mouse.move(px(first - 0.5), top)
     page.mouse.down()
     page.mouse.move(px((first + last) / 2), (top + bottom) / 2, steps=5)
     page.mouse.move(px(last + 0.5), bottom, steps=5)
     page.mouse.up()
+    if add:
+        page.keyboard.up("Shift")
 
 
-def choose(page, label: str, option: str) -> None:
-    page.get_by_test_id("stSelectbox").filter(has_text=label).click()
-    page.get_by_role("option", name=option, exact=True).click()
+def palette(page, method: str):
+    """The paint palette's button for `method`."""
+    return page.locator(f".st-key-palette_{method} button").first  # a disabled one with help has two
 
 
 def go_to(page, title: str) -> None:
@@ -249,7 +252,7 @@ def test_design_save_evaluate_and_compare_a_plan(app, page):
     settle(page)
 
     # ---- paint -------------------------------------------------------------------------------------------
-    choose(page, "Method", "h2o")
+    palette(page, "h2o").click()
     settle(page)
     capacity = page.get_by_label("Capacity (tokens per KV head)")
     capacity.fill("40")
@@ -308,7 +311,7 @@ def test_design_save_evaluate_and_compare_a_plan(app, page):
     # next to the new one: wait for exactly one, finished.
     expect(header).to_have_text([re.compile(r"· finished$")], timeout=JOB_WAIT)
     settle(page)
-    expect(page.get_by_test_id("stProgress").first).to_contain_text("100% finished")
+    expect(page.get_by_test_id("stProgress").first).to_contain_text(re.compile(r"^100% · \d+ s elapsed · finished"))
     expect(page.get_by_role("heading", name="Runs in the results database")).to_have_count(1)
     # Dataframes are drawn on a canvas, over an accessible grid of the same cells.
     cells = page.get_by_test_id("stDataFrame").locator("[role=gridcell]")
@@ -328,20 +331,83 @@ def test_design_save_evaluate_and_compare_a_plan(app, page):
 
     # ---- compare the plan with its baseline, and the (one-budget) sweep ----------------------------------
     go_to(page, "Compare")
-    expect(page.get_by_role("heading", name="Placement control")).to_be_visible(timeout=WAIT)  # the page's end
+    expect(page.get_by_role("heading", name="Runs", exact=True)).to_be_visible(timeout=WAIT)  # the page's end
     settle(page)
     expect(page.get_by_text("A wins / ties / losses", exact=True)).to_be_visible()
     expect(page.get_by_text("95% paired bootstrap CI", exact=True)).to_be_visible()
     expect(page.get_by_text(re.compile(r"^macro-average A - B: [+-]\d"))).to_be_visible()  # the full-precision summary
+    expect(page.get_by_text(re.compile(r"^Starting pair: "))).to_be_visible()  # the route vs its baseline
     charts = page.locator(".js-plotly-plot")
-    expect(charts).to_have_count(2)  # per-task differences, budget sweep
+    expect(charts).to_have_count(1)  # per-task differences
     expect(charts.first.locator(".xtick text")).to_have_text(["prose", "stories"])  # SVG text, unlike the tables
-    expect(charts.nth(1).locator(".legendtext")).to_have_text(["tova", "best baseline (envelope)", "route"])
     tables = page.get_by_test_id("stDataFrame")
-    expect(tables).to_have_count(3)  # per task, leave one task out, the sweep
+    expect(tables).to_have_count(3)  # per task, leave one task out, every run with its tags
     tasks = tables.first.locator("[role=gridcell]").filter(has_text=re.compile(r"^(prose|stories)$"))
     expect(tasks).to_have_text(["prose", "stories"])
     shoot(page, "compare")
+
+    # ---- the (one-budget) sweep of that job, on the Experiments page ---------------------------------------
+    go_to(page, "Experiments")
+    expect(page.get_by_role("heading", name="Placement control")).to_be_visible(timeout=WAIT)  # the page's end
+    settle(page)
+    charts = page.locator(".js-plotly-plot")
+    expect(charts).to_have_count(1)  # the budget sweep
+    legend = charts.first.locator(".legendtext")
+    expect(legend.filter(has_text=re.compile(r"^(tova|route)$"))).to_have_count(2)
+
+
+@pytest.mark.slow
+def test_painting_feels_direct_and_a_reload_keeps_the_edited_plan(app, page):
+    """A drag selects a box (no toolbar click) and a shift-drag adds another; decode greys the prefill-only
+    methods; a key picks a method; the painted plan, kept as the session's draft, survives a reload of
+    the page's URL (which carries the session), and another session starts from the demo plan."""
+    url, _ = app
+    page.goto(url + "/designer")
+    expect(page.locator(".js-plotly-plot")).to_have_count(1, timeout=MODEL_WAIT)
+    settle(page)
+    assert "session=" in page.url
+    tags = page.locator(".st-key-designer_layers [data-testid=stMultiSelectTagsContainer] [data-tag]")
+    box_select_decode_cells(page, 0, 1)
+    expect(tags).to_have_text(["0", "1"], timeout=WAIT)
+    settle(page)
+    assert page.locator(".js-plotly-plot").first.evaluate("el => el._fullLayout.dragmode") == "select"
+    box_select_decode_cells(page, 3, 3, add=True)
+    expect(tags).to_have_text(["0", "1", "3"], timeout=WAIT)
+    settle(page)
+    box_select_decode_cells(page, 4, 4)  # without shift: a new selection
+    expect(tags).to_have_text(["4"], timeout=WAIT)
+    settle(page)
+    box_select_decode_cells(page, 0, 1, add=True)
+    expect(tags).to_have_text(["0", "1", "4"], timeout=WAIT)
+    settle(page)
+    expect(page.get_by_role("radio", name="decode", exact=True)).to_be_checked()
+    expect(palette(page, "snapkv")).to_be_disabled()  # prefill only
+    expect(palette(page, "d2o")).to_be_enabled()
+    page.evaluate("document.activeElement && document.activeElement.blur()")  # shortcuts skip focused inputs
+    page.keyboard.press(design.shortcuts([name for name, _ in design.palette("decode")])["tova"])
+    expect(palette(page, "tova")).to_have_attribute("kind", "primary", timeout=WAIT)
+    settle(page)
+    capacity = page.get_by_label("Capacity (tokens per KV head)")
+    capacity.fill("20")
+    capacity.press("Enter")
+    settle(page)
+    page.get_by_role("button", name="Paint selection").click()
+    expect(page.get_by_text("Painted tova @20 onto layers 0, 1, 4 (decode).")).to_be_visible(timeout=WAIT)
+    settle(page)
+    summary = page.get_by_test_id("stText").first.inner_text()
+    assert "tova x4" in summary  # tova was already in layer 3
+    session_url = page.url
+    page.reload()
+    expect(page.locator(".js-plotly-plot")).to_have_count(1, timeout=MODEL_WAIT)
+    settle(page)
+    assert page.url == session_url
+    expect(page.get_by_test_id("stText").first).to_have_text(summary)
+    expect(page.get_by_text("Provenance (1 edit)")).to_be_visible()
+    page.goto(url + "/designer")  # no session in the URL: a new session, the demo plan
+    expect(page.locator(".js-plotly-plot")).to_have_count(1, timeout=MODEL_WAIT)
+    settle(page)
+    assert page.url != session_url
+    expect(page.get_by_test_id("stText").first).to_have_text("\n".join(Plan.load(MIXED).summary().lines()))
 
 
 @pytest.mark.slow
@@ -379,7 +445,7 @@ def test_every_page_renders_by_url_once_the_model_is_loaded(app, page):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     (ARTIFACTS / "page_timings.json").write_text(json.dumps(timings, indent=1))
     assert list(timings) == [name for name, *_ in PAGES]
-    assert page.url == url + "/compare"
+    assert urllib.parse.urlsplit(page.url).path == "/" + PAGES[-1][1].strip("/")
     over = {name: seconds for name, seconds in timings.items() if seconds >= PAGE_TARGET_S}
     if over:
         print(f"over the {PAGE_TARGET_S} s target (report it; not a failure): {over}")
@@ -397,7 +463,7 @@ def test_designer_opens_by_its_own_url_and_the_root_url_leads_to_it(app, page):
     assert urllib.parse.urlsplit(page.url).path == "/designer"
     page.goto(url)
     expect(page.get_by_role("heading", name="Plan designer", level=1)).to_be_visible(timeout=WAIT)
-    expect(page).to_have_url(url + "/designer", timeout=WAIT)
+    expect(page).to_have_url(re.compile(re.escape(url + "/designer") + r"\?session=[0-9a-f]{16}$"), timeout=WAIT)
     settle(page)
     expect(page.get_by_text("Page not found")).to_have_count(0)
 

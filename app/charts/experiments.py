@@ -1,33 +1,60 @@
-"""Controlled experiments: the budget sweep (Figure 3) and the placement control (Figure 4)."""
+"""Controlled experiments: the budget sweep (Figure 3), the placement control (Figure 4) and the factorial
+table (Table 2). Pure functions of data: a report's `data` as saved (`Report.to_dict`, string keys) or the
+tables the pages build with the library."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from app.charts.base import layout, method_color
 
+ROUTE_COLORS = {"route": "#D62728", "route-uniform": "#D62728", "route-ppl": "#6A3D9A"}
+GUIDED_COLOR = "#D62728"
+NOT_BASELINES = ("budget", "best baseline", "envelope")
 
-def sweep_figure(frame: pd.DataFrame, metric: str) -> go.Figure:
-    """Suite score against budget: the route, each baseline, and the best-baseline envelope."""
-    fig = go.Figure()
-    baselines = [c for c in frame.columns if c not in ("budget", "route", "best baseline", "envelope")]
+
+def _is_route(column: str) -> bool:
+    return column in ROUTE_COLORS
+
+
+def sweep_figure(
+    frame: pd.DataFrame, metric: str, full: float | None = None, versus: pd.DataFrame | None = None
+) -> go.Figure:
+    """Suite score against budget: each baseline, the best-baseline envelope and the route(s); the budget
+    axis is logarithmic when the budgets span more than a factor 2. `full`: the FullKV score, drawn as a
+    horizontal line. `versus` (columns series, budget, difference, low, high): route minus envelope per
+    budget with its paired CI, drawn in a second panel below."""
+    columns = [c for c in frame.columns if c not in NOT_BASELINES and " - " not in c]
+    baselines = [c for c in columns if not _is_route(c)]
+    routes = [c for c in columns if _is_route(c)]
+    panels = versus is not None and len(versus) > 0
+    fig = (
+        make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.65, 0.35], vertical_spacing=0.08)
+        if panels
+        else go.Figure()
+    )
+    top = dict(row=1, col=1) if panels else {}
+    budgets = [int(b) for b in frame["budget"]]
     for name in baselines:
         fig.add_trace(
             go.Scatter(
-                x=frame["budget"],
+                x=budgets,
                 y=frame[name],
                 mode="lines+markers",
                 name=name,
                 line=dict(color=method_color(name), width=1.5),
-            )
+            ),
+            **top,
         )
     fig.add_trace(
         go.Scatter(
-            x=frame["budget"],
+            x=budgets,
             y=frame["envelope"],
             mode="lines+markers",
             name="best baseline (envelope)",
@@ -35,18 +62,85 @@ def sweep_figure(frame: pd.DataFrame, metric: str) -> go.Figure:
             line=dict(color="#444", dash="dash", width=2),
             text=frame["best baseline"],
             hovertemplate="budget %{x}<br>%{text}: %{y:.4f}<extra></extra>",
+        ),
+        **top,
+    )
+    for name in routes:
+        fig.add_trace(
+            go.Scatter(
+                x=budgets, y=frame[name], mode="lines+markers", name=name, line=dict(color=ROUTE_COLORS[name], width=3)
+            ),
+            **top,
         )
-    )
-    fig.add_trace(
-        go.Scatter(
-            x=frame["budget"], y=frame["route"], mode="lines+markers", name="route", line=dict(color="#D62728", width=3)
+    if full is not None and budgets:
+        fig.add_trace(
+            go.Scatter(
+                x=[min(budgets), max(budgets)],
+                y=[full, full],
+                mode="lines",
+                name="FullKV",
+                line=dict(color="#1F1F7A", dash="dot", width=2),
+                hovertemplate=f"FullKV (every token kept): {full:.4f}<extra></extra>",
+            ),
+            **top,
         )
+    if panels:
+        for name, rows in versus.groupby("series", sort=False):
+            rows = rows.sort_values("budget")
+            fig.add_trace(
+                go.Scatter(
+                    x=[int(b) for b in rows["budget"]],
+                    y=rows["difference"],
+                    mode="lines+markers",
+                    name=f"{name} - envelope (95% CI)",
+                    line=dict(color=ROUTE_COLORS.get(name, "#D62728"), width=2),
+                    error_y=dict(
+                        type="data",
+                        array=list(rows["high"] - rows["difference"]),
+                        arrayminus=list(rows["difference"] - rows["low"]),
+                    ),
+                ),
+                row=2,
+                col=1,
+            )
+        fig.add_hline(y=0, line_color="#888", line_width=1, row=2, col=1)
+        fig.update_yaxes(title_text=f"route - envelope ({metric})", row=2, col=1)
+        fig.update_yaxes(title_text=metric, row=1, col=1)
+    else:
+        fig.update_yaxes(title_text=metric)
+    log = bool(budgets) and max(budgets) > 2 * min(budgets)
+    fig.update_xaxes(type="log" if log else "linear")
+    fig.update_xaxes(title_text="budget (average capacity per layer, tokens)", row=2 if panels else None)
+    return layout(fig, f"budget sweep: route vs baselines ({metric})", 560 if panels else 400)
+
+
+def sweep_frames(data: Mapping[str, Any]) -> tuple[pd.DataFrame, pd.DataFrame, float | None]:
+    """(scores per budget, route minus envelope per budget with its CI, the FullKV score) from a sweep
+    report's data as saved (`Report.to_dict`): the three inputs of `sweep_figure`."""
+    budgets = [int(b) for b in data["budgets"]]
+    scores, envelope = data["scores"], data["envelope"]
+    frame = pd.DataFrame(
+        [
+            {
+                "budget": b,
+                **{label: scores[label][str(b)] for label in data["baselines"]},
+                "best baseline": envelope[str(b)]["baseline"],
+                "envelope": envelope[str(b)]["score"],
+                **{label: scores[label][str(b)] for label in data["routes"]},
+            }
+            for b in budgets
+        ]
     )
-    fig.update_xaxes(
-        title_text="budget (average capacity per layer, tokens)", type="log" if len(frame) > 2 else "linear"
+    contrasts = {"route-uniform": data.get("versus_envelope", {}), "route-ppl": data.get("ppl_versus_envelope", {})}
+    versus = pd.DataFrame(
+        [
+            {"series": label, "budget": int(b), "difference": c["difference"], "low": c["low"], "high": c["high"]}
+            for label, per_budget in contrasts.items()
+            for b, c in per_budget.items()
+        ],
+        columns=["series", "budget", "difference", "low", "high"],
     )
-    fig.update_yaxes(title_text=metric)
-    return layout(fig, f"budget sweep: route vs baselines ({metric})", 400)
+    return frame, versus, data.get("full", {}).get("score")
 
 
 def placement_figure(guided: float, controls: Sequence[float], metric: str, rank: int, p_value: float) -> go.Figure:
@@ -61,10 +155,108 @@ def placement_figure(guided: float, controls: Sequence[float], metric: str, rank
     )
     fig.add_vline(
         x=guided,
-        line_color="#D62728",
+        line_color=GUIDED_COLOR,
         line_width=3,
         annotation_text=f"guided route: rank {rank} of {len(controls) + 1}, p = {p_value:.3f}",
     )
     fig.update_xaxes(title_text=metric)
     fig.update_yaxes(title_text="placements")
     return layout(fig, f"placement control ({metric})", 360)
+
+
+GUIDED = -1  # the guided route's placement index in the scatter's customdata (random ones: 0, 1, ...)
+
+
+def placement_scatter(
+    guided: Mapping[str, Any], random: Sequence[Mapping[str, Any]], metric: str, spearman: float | None, p: float | None
+) -> go.Figure:
+    """Profile score S(rho) (x) against suite score (y) of the random placements, the guided route marked,
+    Spearman's rho over the random ones and its one-sided permutation p in the title (Figure 4). Each point
+    carries its placement index in `customdata` (`GUIDED` for the guided route): see `selected_placement`."""
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(
+            x=[r["S"] for r in random],
+            y=[r["score"] for r in random],
+            mode="markers",
+            name="random placements",
+            marker=dict(color="#8c8c8c", size=9),
+            customdata=[[int(r["index"])] for r in random],
+            text=[r["plan"] for r in random],
+            hovertemplate="%{text}<br>S(rho) %{x:.4f}<br>" + metric + " %{y:.4f}<extra></extra>",
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=[guided["S"]],
+            y=[guided["score"]],
+            mode="markers",
+            name="guided route",
+            marker=dict(color=GUIDED_COLOR, size=16, symbol="star"),
+            customdata=[[GUIDED]],
+            text=[guided["plan"]],
+            hovertemplate="%{text} (guided)<br>S(rho) %{x:.4f}<br>" + metric + " %{y:.4f}<extra></extra>",
+        )
+    )
+    if spearman is None or p is None:
+        stats = "Spearman undefined (needs 2 or more placements with varying scores)"
+    else:
+        stats = f"Spearman rho = {spearman:+.3f}, one-sided permutation p = {p:.4f}"
+    fig.update_xaxes(title_text="profile score S(rho)")
+    fig.update_yaxes(title_text=metric)
+    return layout(fig, f"profile score vs {metric} over {len(random)} random placements: {stats}", 420)
+
+
+def selected_placement(
+    points: Sequence[Mapping[str, Any]], guided: Mapping[str, Any], random: Sequence[Mapping[str, Any]]
+) -> Mapping[str, Any] | None:
+    """The placement (`guided`, or the entry of `random` with that index) of the first selected point of a
+    `placement_scatter`; None when nothing (known) is selected."""
+    for point in points:
+        data = point.get("customdata")
+        if isinstance(data, (list, tuple)) and data:
+            data = data[0]
+        if isinstance(data, (int, float)) and not isinstance(data, bool):
+            if int(data) == GUIDED:
+                return guided
+            return next((r for r in random if r["index"] == int(data)), None)
+    return None
+
+
+def factorial_table(data: Mapping[str, Any]) -> pd.DataFrame:
+    """The factorial's 2x2 table from its report data: routing (rows) x allocation (columns), the score in
+    each cell."""
+    allocated = data["allocation"]
+    cells = data["cells"]
+    return pd.DataFrame(
+        {
+            "routing": ["homogeneous", "routed"],
+            "uniform": [cells["homogeneous-uniform"]["score"], cells["routed-uniform"]["score"]],
+            allocated: [cells["homogeneous-allocated"]["score"], cells["routed-allocated"]["score"]],
+        }
+    )
+
+
+FACTORIAL_CONTRASTS = {
+    "routing_uniform": "primary: routing under uniform allocation (routed-uniform - homogeneous-uniform)",
+    "allocation_homogeneous": "allocation effect under homogeneous routing",
+    "allocation_routed": "allocation effect under TopRank routing",
+    "interaction": "interaction ((r_a - r_u) - (h_a - h_u))",
+}
+
+
+def factorial_contrasts(data: Mapping[str, Any]) -> pd.DataFrame:
+    """One row per contrast of a factorial report (primary first): difference, 95% CI, wins/ties/losses."""
+    return pd.DataFrame(
+        [
+            {
+                "contrast": label,
+                "difference": data[key]["difference"],
+                "95% CI low": data[key]["low"],
+                "95% CI high": data[key]["high"],
+                "wins / ties / losses": f"{data[key]['wins']} / {data[key]['ties']} / {data[key]['losses']}",
+                "tasks": data[key]["tasks"],
+            }
+            for key, label in FACTORIAL_CONTRASTS.items()
+        ]
+    )

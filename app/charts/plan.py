@@ -116,6 +116,25 @@ def plan_figure(
     return layout(fig, f"{plan.name}: method and capacity per layer", 520)
 
 
+def selection_boxes(layers: Iterable[int], phases: Iterable[str]) -> list[dict]:
+    """Boxes (in the strip's axes) around the cells of `layers` in `phases`, one per run of adjacent layers.
+    Drawn as the chart's selection, they let a shift-drag add to it; they hug the cells, so that a new
+    drag started in the gap between two cells does not grab a box's edge."""
+    rows = [PHASE_ROWS.index(p) for p in set(phases) if p in PHASE_ROWS]
+    if not rows:
+        return []
+    boxes, run = [], []
+    for layer in sorted(set(layers)):
+        if run and layer != run[-1] + 1:
+            boxes.append(run)
+            run = []
+        run.append(layer)
+    if run:
+        boxes.append(run)
+    y = [min(rows) - 0.4, max(rows) + 0.4]
+    return [{"xref": "x", "yref": "y", "x": [r[0] - 0.4, r[-1] + 0.4], "y": y} for r in boxes]
+
+
 def selected_cells(points: Sequence[dict]) -> tuple[list[int], list[str]]:
     """Layers and phases named by a Streamlit plotly selection's points (cells or bars of `plan_figure`)."""
     layers, phases = set(), set()

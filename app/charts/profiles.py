@@ -1,8 +1,10 @@
-"""Method profiles: per-layer, per-method preservation against FullKV, and attention entropy."""
+"""Method profiles: per-layer, per-method preservation against FullKV (which method wins each layer, by
+how much), and attention entropy."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -35,6 +37,129 @@ def profile_heatmap(table: pd.DataFrame, scope: str, value: str) -> go.Figure:
     fig.update_yaxes(title_text="layer", autorange="reversed", dtick=1 if len(grid) <= 40 else None)
     return layout(
         fig, f"{scope}: {value} per layer and method ({better} is better)", max(320, min(900, 140 + 36 * len(grid)))
+    )
+
+
+PROFILE_VIEWS = ("rank", "1 - cosine (log)", "dPPL")
+# 1 - cosine below this is drawn at it: a float32 cosine cannot resolve smaller gaps, and log(0) is -inf.
+COSINE_GAP_FLOOR = 1e-9
+# The winner's star sits this far (in layers) above its cell's centre, so the cell's number stays readable.
+STAR_OFFSET = 0.3
+
+
+def _interval(low: float, high: float, digits: str) -> str:
+    if math.isnan(low) or math.isnan(high):
+        return "interval n/a"
+    return f"95% [{low:{digits}}, {high:{digits}}]"
+
+
+def cell_hover(cell: Mapping, statistic: str) -> str:
+    """One cell's hover: cosine and dPPL, each with its bootstrap interval, and the cell's rank."""
+    rank = cell["rank"]
+    return (
+        f"layer {int(cell['layer'])}, {cell['method']}<br>"
+        f"cosine {cell['cosine']:.6f} {_interval(cell['cosine_low'], cell['cosine_high'], '.6f')}"
+        f" (1 - cosine {1 - cell['cosine']:.2e})<br>"
+        f"dPPL {cell['dppl']:+.3f} {_interval(cell['dppl_low'], cell['dppl_high'], '+.3f')}<br>"
+        + (f"rank {int(rank)} by {statistic}" if not math.isnan(rank) else f"not ranked by {statistic}")
+        + (" · TopRank winner" if cell["winner"] else "")
+    )
+
+
+def _grid(cells: pd.DataFrame, column: str) -> pd.DataFrame:
+    """layers x methods of `column`, methods in the order of `cells` (registry order)."""
+    methods = list(dict.fromkeys(cells["method"]))
+    return cells.pivot(index="layer", columns="method", values=column).reindex(columns=methods).sort_index()
+
+
+def profile_decision_figure(
+    cells: pd.DataFrame, scope: str, view: str, statistic: str, confidence: pd.DataFrame | None = None
+) -> go.Figure:
+    """Layer x method grid of one scope that shows which method is best in each layer and by how much.
+
+    `cells`: `polykv.routing.confidence.ranked_cells` of the scope for `statistic`. `view` (PROFILE_VIEWS):
+    "rank" (1 = best in the layer), "1 - cosine (log)" (the small gaps a cosine of 0.999 hides, as a
+    log10 colour scale) or "dPPL" (diverging around 0). Every view colours the better cells alike.
+    A star in an outlined cell marks each layer's TopRank winner (the star's `customdata` is its layer):
+    from `confidence` (`route_confidence`, whose hover adds the runner-up, margin and win frequency) when
+    given, else from `cells`. Each cell's hover gives cosine and dPPL with their intervals, and its rank."""
+    if view not in PROFILE_VIEWS:
+        raise ValueError(f"unknown view {view!r} (known: {', '.join(PROFILE_VIEWS)})")
+    ranks = _grid(cells, "rank")
+    methods, layers = list(ranks.columns), list(ranks.index)
+    hover = cells.assign(hover=[cell_hover(c, statistic) for c in cells.to_dict("records")])
+    if view == "rank":
+        z = ranks.to_numpy(dtype=float)
+        text = np.vectorize(lambda v: "" if math.isnan(v) else str(int(v)))(z)
+        colors = dict(colorscale="Viridis_r", colorbar=dict(title=f"rank by {statistic}"))
+    elif view == "dPPL":
+        z = _grid(cells, "dppl").to_numpy(dtype=float)
+        text = np.vectorize(lambda v: f"{v:.3g}")(z)
+        colors = dict(colorscale="RdBu_r", zmid=0.0, colorbar=dict(title="dPPL"))
+    else:
+        gap = 1 - _grid(cells, "cosine").to_numpy(dtype=float)
+        z = np.log10(np.clip(gap, COSINE_GAP_FLOOR, None))
+        text = np.vectorize(lambda v: f"{v:.1e}")(gap)
+        finite = z[np.isfinite(z)]
+        ticks = list(range(math.floor(finite.min()), math.ceil(finite.max()) + 1)) if finite.size else []
+        colors = dict(
+            colorscale="Viridis_r",
+            colorbar=dict(title="1 - cosine", tickvals=ticks, ticktext=[f"1e{t}" for t in ticks]),
+        )
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=methods,
+            y=layers,
+            **colors,
+            text=text,
+            texttemplate="%{text}" if z.size <= 200 else None,
+            textfont=dict(size=11),
+            customdata=_grid(hover, "hover").to_numpy(dtype=object),
+            hovertemplate="%{customdata}<extra></extra>",
+            name=view,
+        )
+    )
+    if confidence is not None:
+        wins = confidence
+        marks = [
+            f"layer {row.layer}: TopRank winner {row.winner}<br>runner-up {row.runner_up or 'none'}, "
+            f"margin {row.margin:.3g} {statistic}<br>win frequency {row.win_frequency:.0%} of bootstrap replicates"
+            for row in wins.itertuples()
+        ]
+    else:
+        wins = cells.loc[cells["winner"], ["layer", "method"]].rename(columns={"method": "winner"})
+        marks = [f"layer {row.layer}: TopRank winner {row.winner}" for row in wins.itertuples()]
+    fig.add_trace(
+        go.Scatter(
+            x=list(wins["winner"]),
+            y=[int(v) - STAR_OFFSET for v in wins["layer"]],  # the y axis runs downwards: minus is up
+            mode="markers",
+            marker=dict(symbol="star", size=11, color="white", line=dict(color="black", width=1.2)),
+            name=f"TopRank winner (by {statistic})",
+            customdata=[int(v) for v in wins["layer"]],
+            hovertext=marks,
+            hovertemplate="%{hovertext}<extra></extra>",
+            showlegend=True,
+        )
+    )
+    for layer, winner in zip(wins["layer"], wins["winner"]):  # and an outline around the winner's cell
+        column = methods.index(winner)  # shapes on a category axis are placed by the category's index
+        fig.add_shape(
+            type="rect",
+            x0=column - 0.5,
+            x1=column + 0.5,
+            y0=int(layer) - 0.5,
+            y1=int(layer) + 0.5,
+            line=dict(color="black", width=2),
+        )
+    fig.update_xaxes(categoryorder="array", categoryarray=methods)
+    fig.update_yaxes(title_text="layer", autorange="reversed", dtick=1 if len(layers) <= 40 else None)
+    better = "1 is best" if view == "rank" else "lower is better"
+    return layout(
+        fig,
+        f"{scope}: {view} per layer and method ({better}); ★ TopRank winner by {statistic}",
+        max(360, min(900, 160 + 36 * len(layers))),
     )
 
 

@@ -1,59 +1,109 @@
-"""Compare: two runs task by task (paired bootstrap, W/T/L, leave-one-task-out). Budget sweeps and
-placement controls are on the Experiments page."""
+"""Compare: two runs task by task (paired bootstrap, W/T/L, leave-one-task-out), and every run with its
+tags. Budget sweeps and placement controls are on the Experiments page."""
 
 import streamlit as st
 
 from app import charts, common, state
+from polykv import jobs
 from polykv.errors import StoreError
-from polykv.eval.compare import compare_runs, direction, metrics_of, suite_score
+from polykv.eval.compare import (
+    can_log,
+    compare_runs,
+    default_pair,
+    direction,
+    interval_text,
+    metrics_of,
+    preferred_metric,
+    ratio_text,
+    runs_table,
+    signed,
+    suite_score,
+)
 from polykv.eval.store import Store
 
 st.title("Compare")
 workspace = common.workspace()
 try:  # read-only: opening the page never creates or changes the results database
     store = Store(workspace / "results.sqlite", readonly=True)
+    every_run = list(reversed(store.runs()))  # newest first
     finished = common.finished_run_rows(store)
 except StoreError as exc:
     st.error(common.first_line(exc))
     st.stop()
+eval_jobs = common.jobs_of(jobs.list_jobs(workspace), "eval")
+
+
+def show_runs() -> None:
+    st.subheader("Runs")
+    st.caption("Every run, with the tags of the job that launched it; click a column header to sort.")
+    st.dataframe(runs_table(every_run, eval_jobs), hide_index=True, width="stretch")
+
+
 if not finished:
     st.info("No finished run yet: launch one on the Runs page.")
+    if every_run:
+        show_runs()
     st.stop()
 label = {r["id"]: common.run_label(r) for r in finished}
 ids = [r["id"] for r in finished]
+pair = default_pair(finished, eval_jobs, store)
 
 # ---- two runs --------------------------------------------------------------------------------------------
 st.subheader("Two runs, task by task")
-cols = st.columns(3)
-run_a = cols[0].selectbox("A", ids, format_func=label.get, key=state.COMPARE_A)
-run_b = cols[1].selectbox("B", ids, index=common.default_b(ids), format_func=label.get, key=state.COMPARE_B)
+cols = st.columns([3, 3, 2, 1.4])
+run_a = cols[0].selectbox("A", ids, index=common.index_of(ids, pair.a), format_func=label.get, key=state.COMPARE_A)
+run_b = cols[1].selectbox("B", ids, index=common.index_of(ids, pair.b), format_func=label.get, key=state.COMPARE_B)
+if (run_a, run_b) == (pair.a, pair.b):
+    st.caption(f"Starting pair: {pair.reason}.")
 metrics = metrics_of(store, [run_a, run_b])
 if not metrics:
     st.warning("These runs share no metric (different suites?).")
 else:
-    metric = cols[2].selectbox("Metric", metrics, index=common.default_metric(metrics), key=state.COMPARE_METRIC)
+    metric = cols[2].selectbox(
+        "Metric", metrics, index=common.index_of(metrics, preferred_metric(metrics)), key=state.COMPARE_METRIC
+    )
+    # a perplexity spans orders of magnitude across tasks: compared as log(ppl) unless the user says otherwise
+    log = can_log(metric) and cols[3].toggle(
+        f"log {metric}", value=True, key=state.COMPARE_LOG, help="Compare log(ppl) per task: differences are log-ratios"
+    )
     better = "higher" if direction(metric) > 0 else "lower"
     try:
-        result = compare_runs(store, run_a, run_b, metric)
+        result = compare_runs(store, run_a, run_b, metric, log=log)
     except ValueError as exc:
         st.warning(common.first_line(exc))
     else:
         if run_a == run_b:
             st.info("A and B are the same run: pick two different runs.")
-        summary = st.columns([1, 1, 1, 1.7, 1])  # the interval needs the room
+        verdict = result.outcome()
+        difference = signed(result.difference, result.low, result.high)
+        ratios = result.ratio() if log else None  # raw differences are not log-ratios: no ratio to show
+        summary = st.columns([1, 1, 1.2, 1.7, 1])  # the interval needs the room
         summary[0].metric(f"Suite score A ({metric})", f"{suite_score(store, run_a, metric):.4g}")
         summary[1].metric(f"Suite score B ({metric})", f"{suite_score(store, run_b, metric):.4g}")
-        summary[2].metric(f"A - B ({better} is better)", f"{result.difference:+.4g}")
-        summary[3].metric("95% paired bootstrap CI", f"[{result.low:+.2g}, {result.high:+.2g}]")
+        summary[2].metric(
+            f"A - B in {result.label} ({better} is better)",
+            f"{difference} ({ratio_text(ratios[0])})" if log else difference,
+            delta=verdict,
+            delta_color=charts.OUTCOME_DELTA_COLORS[verdict],
+            delta_arrow="off",
+        )
+        summary[3].metric(
+            "95% paired bootstrap CI",
+            interval_text(result.low, result.high),
+            delta=f"A / B {ratio_text(ratios[1])} to {ratio_text(ratios[2])}" if log else None,
+            delta_color="gray",
+            delta_arrow="off",
+        )
         summary[4].metric("A wins / ties / losses", f"{result.wins} / {result.ties} / {result.losses}")
         st.caption(" · ".join(result.lines()))
         common.show(
-            charts.difference_figure(result.table, result.difference, result.low, result.high, metric), "difference"
+            charts.difference_figure(result.table, result.difference, result.low, result.high, metric, log=log),
+            "difference",
         )
         left, right = st.columns(2)
-        left.dataframe(result.table, hide_index=True, width="stretch")
+        left.dataframe(result.report_table(), hide_index=True, width="stretch")
         if result.leave_one_out:
-            right.caption("Leave one task out: A - B over the other tasks")
+            right.caption(f"Leave one task out: A - B in {result.label} over the other tasks")
             right.dataframe(
                 {"task left out": list(result.leave_one_out), "A - B": list(result.leave_one_out.values())},
                 hide_index=True,
@@ -61,3 +111,5 @@ else:
             )
         if result.only_in_a or result.only_in_b:
             st.caption(f"Left out (not in both runs): {', '.join(result.only_in_a + result.only_in_b)}")
+
+show_runs()

@@ -1,22 +1,209 @@
-"""Experiments: budget sweeps and placement controls from the jobs that launched them."""
+"""Experiments: launch the library's factorial, placement control and budget sweep as background jobs and
+draw their reports; then the budget sweeps and placement controls of evaluation jobs launched from Runs."""
 
+import json
+
+import pandas as pd
 import streamlit as st
 
 from app import charts, common, state
 from polykv import jobs
-from polykv.errors import StoreError
+from polykv.errors import PolyKVError, StoreError
 from polykv.eval.compare import metrics_of, placement_summary, suite_score, sweep_table
+from polykv.eval.experiments import launch_job, read_report, suite_metrics
+from polykv.eval.protocols import baseline_methods
+from polykv.eval.runner import SUITES
+from polykv.eval.settings import parse_budgets, suite_settings
 from polykv.eval.store import Store
+from polykv.plan import Plan, PlanError
 
 st.title("Experiments")
+name, device, _, _ = common.current_model()
 workspace = common.workspace()
+demo = name == common.DEFAULT_MODEL[0]
+
+# ---- launch ------------------------------------------------------------------------------------------------
+st.subheader("Launch an experiment")
+kind = st.selectbox(
+    "Experiment",
+    jobs.EXPERIMENTS,
+    key=state.EXPERIMENT_KIND,
+    help="factorial: routing x allocation (Table 2); placement: the guided route vs K random placements "
+    "(Figure 4); sweep: the route across budgets vs every baseline (Figure 3)",
+)
+profiles = common.fitting_profiles()
+if not profiles:
+    st.info("No profile of this model yet: compute one on the Profiles page (every experiment routes from one).")
+else:
+    suite = st.selectbox("Suite", list(SUITES), key=state.EXPERIMENT_SUITE)
+    metrics = suite_metrics(suite)
+    with st.form(state.EXPERIMENT_FORM):
+        profile = st.selectbox("Profile", [p.key for p in profiles])  # keys: profiles do not compare
+        cols = st.columns(4)
+        scopes = ["decode", "prefill"] if kind == "placement" else ["decode", "prefill", "both"]
+        scope = cols[0].selectbox("Scope", scopes, help="The routed phase(s)")
+        budget = cols[1].number_input(
+            "Budget", min_value=1, value=24 if demo else 256, step=1, help="Average capacity per layer of the route"
+        )
+        statistic = cols[2].radio("Statistic", ["cosine", "dppl"], horizontal=True, help="TopRank's profile score")
+        allocation = cols[3].selectbox(
+            "Allocation",
+            ["entropy", "ppl"] if kind == "factorial" else ["uniform", "entropy", "ppl"],
+            help="The factorial's allocated arm" if kind == "factorial" else "How the route's capacities are split",
+        )
+        baseline, baselines, k, budgets_text = None, None, 0, ""
+        if kind == "factorial":
+            baseline = st.selectbox("Baseline", baseline_methods(), help="The homogeneous cells' method")
+        elif kind == "placement":
+            k = st.number_input("Random placements (K)", min_value=1, max_value=9999, value=9 if demo else 99)
+        else:
+            budgets_text = st.text_input("Budgets", value="16,32,64" if demo else "128,256,512,1024")
+            baselines = st.multiselect(
+                "Baselines", baseline_methods(), help="None chosen: every one, each under its protocol"
+            )
+        settings_text = st.text_area(
+            "Suite settings (JSON)",
+            value=common.default_settings(suite, name),
+            key=state.experiment_settings(suite),
+        )
+        cols = st.columns(2)
+        metric = cols[0].selectbox("Metric", metrics, index=common.default_metric(metrics))
+        seed = cols[1].number_input("Seed", min_value=0, value=0, step=1)
+        launched = st.form_submit_button("Start experiment", type="primary")
+    if launched:
+        try:
+            job = launch_job(
+                workspace,
+                name,
+                device,
+                kind,
+                profile=profile,
+                scope=scope,
+                budget=int(budget),
+                budgets=parse_budgets(budgets_text),
+                baseline=baseline,
+                baselines=baselines or None,
+                statistic=statistic,
+                allocation=allocation,
+                k=int(k),
+                suite=suite,
+                settings=suite_settings(suite, settings_text).to_dict(),
+                metric=metric,
+                seed=int(seed),
+            )
+            jobs.start(job, workspace)
+        except (PolyKVError, ValueError) as exc:
+            st.error(f"Not started: {common.first_line(exc)}")
+        else:
+            common.flash(state.EXPERIMENT_FLASH, f"Started {job.id}: {job.title}.")
+            st.rerun()
+common.show_flash(state.EXPERIMENT_FLASH)
+
+# ---- experiment jobs (polled while any runs) ----------------------------------------------------------------
+st.subheader("Experiment jobs")
+experiment_jobs = common.jobs_of(jobs.list_jobs(workspace), "experiment", limit=10)
+running_at_load = common.running(experiment_jobs, workspace)
+
+
+@st.fragment(run_every=2 if running_at_load else None)
+def job_list():
+    if not experiment_jobs:
+        st.info("No experiment yet: start one above.")
+    for job in experiment_jobs:
+        progress = jobs.state(job, workspace)
+        if job.id in running_at_load and progress.status != "running":
+            st.rerun()  # finished: redraw the page (its report below, and stop polling)
+        with st.container(border=True):
+            st.markdown(f"**{job.title}** · `{job.id}` · {progress.status}")
+            st.progress(min(1.0, progress.fraction), text=f"{progress.summary()} · {progress.message}")
+            if progress.error:
+                st.error(progress.error)
+            common.job_controls(job, progress, workspace)
+
+
+job_list()
+
+
+# ---- the report of a finished experiment ----------------------------------------------------------------------
+def show_factorial(data: dict) -> None:
+    st.dataframe(charts.factorial_table(data), hide_index=True)
+    primary = data["routing_uniform"]
+    cols = st.columns(3)
+    cols[0].metric("Primary: routed-uniform - homogeneous-uniform", f"{primary['difference']:+.4f}")
+    cols[1].metric("95% paired bootstrap CI", f"[{primary['low']:+.4f}, {primary['high']:+.4f}]")
+    cols[2].metric("Wins / ties / losses", f"{primary['wins']} / {primary['ties']} / {primary['losses']}")
+    st.dataframe(charts.factorial_contrasts(data), hide_index=True, width="stretch")
+
+
+def show_placement(data: dict) -> None:
+    random, guided = data["random"], data["guided"]
+    common.show(
+        charts.placement_figure(
+            guided["score"], [r["score"] for r in random], data["metric"], data["guided_rank"], data["guided_p"]
+        ),
+        "placement-control",
+    )
+    event = common.show(
+        charts.placement_scatter(guided, random, data["metric"], data["spearman"], data["spearman_p"]),
+        "placement-scatter",
+        key=state.PLACEMENT_SCATTER,
+        on_select="rerun",
+        selection_mode=("points",),
+    )
+    if data["spearman"] is None:
+        st.caption("Spearman over the random placements is undefined (fewer than 2, or constant scores).")
+    else:
+        st.caption(
+            f"Spearman rho (S(rho) vs {data['metric']} in the better direction, {data['k']} random placements) = "
+            f"{data['spearman']:+.4f}; one-sided permutation p = {data['spearman_p']:.4f}. Guided route rank "
+            f"{data['guided_rank']} of {data['k'] + 1}. Click a point to open its placement."
+        )
+    points = ((event or {}).get("selection") or {}).get("points", [])
+    entry = charts.selected_placement(points, guided, random)
+    if entry is None:
+        return
+    st.markdown(f"Selected: **{entry['plan']}** · S(rho) {entry['S']:.4f} · {data['metric']} {entry['score']:.4f}")
+    if st.button("Open in the designer", type="primary"):
+        try:
+            common.set_plan(Plan.from_json(entry["plan_json"]))
+        except PlanError as exc:
+            st.error(f"Not opened: {common.first_line(exc)}")
+        else:
+            st.switch_page("views/designer.py")
+
+
+def show_sweep(data: dict, rows: list) -> None:
+    frame, versus, full = charts.sweep_frames(data)
+    common.show(charts.sweep_figure(frame, data["metric"], full, versus), "sweep-experiment")
+    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+
+
+finished = [j for j in experiment_jobs if jobs.state(j, workspace).status == "finished"]
+if finished:
+    st.subheader("Experiment report")
+    job = st.selectbox(
+        "Finished experiment", finished, format_func=lambda j: f"{j.title} · {j.id}", key=state.EXPERIMENT_JOB
+    )
+    try:
+        report = read_report(job, workspace)
+        show = {"factorial": show_factorial, "placement": show_placement}.get(report.data.get("experiment"))
+        st.markdown(f"**{report.title}**")
+        if show is not None:
+            show(report.data)
+        elif report.data.get("experiment") == "sweep":
+            show_sweep(report.data, report.rows)
+        with st.expander("Report lines and data"):
+            st.text("\n".join(report.lines))
+            st.code(json.dumps(report.data, indent=1)[:20_000], language="json")
+    except (PolyKVError, KeyError, TypeError, ValueError) as exc:  # a report from another version, edited
+        st.error(f"Cannot draw report of {job.id}: {common.first_line(exc)}")
+
+# ---- sweeps and placements from the evaluation jobs that launched them ----------------------------------------
 try:  # read-only: opening the page never creates or changes the results database
     store = Store(workspace / "results.sqlite", readonly=True)
 except StoreError as exc:
     st.error(common.first_line(exc))
     st.stop()
-
-# ---- sweeps and placements from the jobs that launched them ------------------------------------------------
 eval_jobs = common.jobs_of(jobs.list_jobs(workspace), "eval")
 sweeps, placements = common.sweep_jobs(eval_jobs), common.placement_jobs(eval_jobs)
 

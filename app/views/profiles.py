@@ -1,4 +1,7 @@
-"""Profiles: how well each method preserves each layer against FullKV, and each layer's entropy."""
+"""Profiles: how well each method preserves each layer against FullKV, which one wins each layer and by how
+much (TopRank's pick, its margin and bootstrap win frequency), and each layer's entropy."""
+
+import itertools
 
 import streamlit as st
 
@@ -7,7 +10,8 @@ from polykv import jobs
 from polykv.errors import PolyKVError
 from polykv.plan import Scope
 from polykv.profile.corpus import default_sources
-from polykv.profile.store import refresh_command
+from polykv.profile.store import STATISTICS, ProfileError, refresh_command
+from polykv.routing.confidence import NOISE_WARNING, is_noisy, ranked_cells, route_confidence
 
 st.title("Method profiles")
 st.caption(
@@ -88,12 +92,14 @@ profile = by_key[st.selectbox("Profile", list(by_key), format_func=lambda k: f"{
 st.caption(
     f"{profile.path} · computed {profile.metadata.get('created', '?')} in {profile.metadata.get('seconds', '?')} s"
 )
-if profile.meta.fullkv_ppl:
+if profile.meta.fullkv_ppl:  # the reference every dPPL is measured against, one number per source
+    for column, (source, ppl) in zip(
+        itertools.cycle(st.columns(min(4, len(profile.meta.fullkv_ppl)))), profile.meta.fullkv_ppl.items()
+    ):
+        column.metric(f"FullKV perplexity · {source}", "n/a" if ppl is None else f"{ppl:.2f}")
     st.caption(
-        "FullKV perplexity of the calibration continuations: "
-        + ", ".join(f"{source} {ppl:.2f}" for source, ppl in profile.meta.fullkv_ppl.items())
-        + f" · the table gives each cell's 95% bootstrap interval over the "
-        f"{profile.meta.corpus.num_sequences} calibration sequences"
+        f"Each cell's 95% interval is a bootstrap over the {profile.meta.corpus.num_sequences} calibration "
+        "sequences; the win frequency is how often the winner stays the best across those resamples."
     )
 stale = profile.stale_reasons()
 if stale:  # routes from it are refused; say so here rather than only in the designer
@@ -101,10 +107,51 @@ if stale:  # routes from it are refused; say so here rather than only in the des
         f"Stale profile ({'; '.join(stale)}): recompute it before building routes from it "
         f"(`{refresh_command(profile)}`)."
     )
+left, right = st.columns(2)
+statistic = left.radio(
+    "Statistic",
+    list(STATISTICS),
+    format_func=lambda s: "dPPL" if s == "dppl" else s,
+    horizontal=True,
+    key=state.PROFILE_STATISTIC,
+    help="What ranks the methods of a layer and picks TopRank's winner: cosine (higher is better) or dPPL (lower).",
+)
+view = right.radio(
+    "View",
+    charts.PROFILE_VIEWS,
+    horizontal=True,
+    key=state.PROFILE_VIEW,
+    help="rank: 1 = best in the layer; 1 - cosine on a log scale shows the gaps a cosine near 1 hides.",
+)
 for scope in profile.meta.scopes:
     st.subheader(scope)
-    common.show(charts.profile_heatmap(profile.table, scope, "cosine"), f"{profile.key}-{scope}-cosine")
-    common.show(charts.profile_heatmap(profile.table, scope, "dppl"), f"{profile.key}-{scope}-dppl")
+    try:
+        cells = ranked_cells(profile.table, scope, statistic)
+    except ValueError as exc:
+        st.error(f"{scope}: {common.first_line(exc)}")
+        continue
+    try:
+        confidence = route_confidence(profile, scope, statistic)
+    except (ProfileError, ValueError) as exc:  # stale, or saved without per-sequence values
+        confidence = None
+        st.info(f"No win frequencies for {scope}: {common.first_line(exc)}")
+    figure = charts.profile_decision_figure(cells, scope, view, statistic, confidence)
+    common.show(figure, f"{profile.key}-{scope}-{view}-{statistic}")
+    if confidence is None:
+        continue
+    if is_noisy(confidence):
+        st.warning(f"{scope}: {NOISE_WARNING} (median win frequency {confidence['win_frequency'].median():.0%}).")
+    st.dataframe(
+        confidence.rename(columns={"runner_up": "runner-up", "win_frequency": "win frequency"}),
+        hide_index=True,
+        column_config={
+            # cosine margins are 1e-5-ish: scientific notation keeps their digits readable
+            "margin": st.column_config.NumberColumn(
+                f"margin ({statistic})", format="%.2e" if statistic == "cosine" else "%.3f"
+            ),
+            "win frequency": st.column_config.NumberColumn(format="percent"),
+        },
+    )
 common.show(charts.entropy_figure(profile.entropy), f"{profile.key}-entropy")
 with st.expander("Table"):
     st.dataframe(profile.table, hide_index=True)

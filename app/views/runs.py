@@ -20,9 +20,9 @@ choices = [common.DESIGNER_PLAN, *common.saved_plans()]
 picked = st.selectbox(
     "Plan to evaluate",
     choices,
-    format_func=lambda c: f"the designer's plan: {common.plan().name}" if c == common.DESIGNER_PLAN else str(c),
+    format_func=lambda c: "the designer's plan (this session's draft)" if c == common.DESIGNER_PLAN else str(c),
     key=state.RUN_PLAN,
-    help="The plan on the designer (this session's draft), or a plan file saved under plans/",
+    help="The plan on the designer, or a plan file saved under plans/",
 )
 try:
     plan = common.plan() if picked == common.DESIGNER_PLAN else common.read_plan_file(picked)
@@ -99,23 +99,7 @@ def job_list():
                 )
             if progress.error:
                 st.error(progress.error)
-            buttons = st.columns(6)
-            if progress.status == "running" and buttons[0].button("Cancel", key=state.cancel_button(job.id)):
-                try:  # waits until the worker has exited
-                    jobs.cancel(job, workspace)
-                except PolyKVError as exc:
-                    st.error(f"Not cancelled: {common.first_line(exc)}")
-                else:
-                    st.rerun()
-            if progress.status in common.RESUMABLE and buttons[0].button("Resume", key=state.resume_button(job.id)):
-                try:
-                    jobs.start(job, workspace)
-                except PolyKVError as exc:  # e.g. its worker still runs
-                    st.error(f"Not resumed: {common.first_line(exc)}")
-                else:
-                    st.rerun()
-            with st.expander("Log"):
-                st.code(jobs.log_tail(job, workspace) or "(empty)", language=None)
+            common.job_controls(job, progress, workspace)
 
 
 job_list()

@@ -11,10 +11,11 @@ helpers and option types in `common`.
 from __future__ import annotations
 
 import sys
+from typing import Annotated
 
 import typer
 
-from polykv.cli import evaluation, experiments, jobs, plans, profiles
+from polykv.cli import evaluation, experiments, jobs, plans, profiles, progress
 
 app = typer.Typer(
     add_completion=False,
@@ -49,6 +50,17 @@ COMMANDS = (  # (app, name, function), in the order `--help` lists them
 )
 for group, name, command in COMMANDS:
     group.command(name)(command)
+
+
+@app.callback()
+def _global_options(
+    no_progress: Annotated[
+        bool, typer.Option("--no-progress", help="No progress bars (they are drawn only when stderr is a terminal).")
+    ] = False,
+) -> None:
+    progress.ENABLED = not no_progress  # set on every invocation, so an in-process caller never inherits it
+
+
 app.add_typer(plan_app, name="plan")
 app.add_typer(experiment_app, name="experiment")
 app.add_typer(jobs_app, name="jobs")

@@ -20,6 +20,7 @@ from polykv.cli.common import (
     _suite_settings,
     _table,
 )
+from polykv.cli.progress import Progress
 
 
 def evaluate(
@@ -42,13 +43,8 @@ def evaluate(
     from polykv.eval.store import Store
     from polykv.eval.unit import Unit
 
-    shown = []  # whether a progress line is on stderr (in this process: the local backend)
-
-    def show(done: int, total: int, where: str) -> None:
-        shown.append(True)
-        typer.echo(f"\r[{done}/{total}] {where}   ", nl=False, err=True)
-
-    runs_on = backend_named(backend, load=_load_model, progress=show)  # an unknown name fails first
+    bars = Progress()  # the local backend reports every sample here; the others report in the store
+    runs_on = backend_named(backend, load=_load_model, progress=bars.sample)  # an unknown name fails first
     loaded = _checked_plan(plan, model)  # bad input fails before anything is written
     settings = _suite_settings(suite, samples, tasks, prompt_tokens, settings_json, model)
     store = Store(workspace / "results.sqlite")
@@ -57,9 +53,9 @@ def evaluate(
         process = runs_on.start(unit, workspace)
         typer.echo(f"started in the background (pid {process.pid}); follow it with `polykv runs -w {workspace}`")
         return
-    (run_id,) = runs_on.run([unit], store.path)
-    if shown:
-        typer.echo("", err=True)
+    bars.start(f"{loaded.name} on {suite}")
+    with bars:
+        (run_id,) = runs_on.run([unit], store.path)
     typer.echo(f"run {run_id}: {loaded.name} on {suite} ({model}), {store.run(run_id)['status']}")
     scores = store.task_scores(run_id)
     metrics = sorted({m for values in scores.values() for m in values})

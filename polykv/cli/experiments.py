@@ -34,6 +34,7 @@ from polykv.cli.common import (
     _profile_for,
     _suite_settings,
 )
+from polykv.cli.progress import Progress
 from polykv.plan import Plan, Scope
 
 
@@ -54,9 +55,9 @@ class ExperimentOptions:
     backend: BackendOption = "local"
     settings_json: SettingsOption = None
 
-    def runner(self):
-        """An `ExperimentRunner` for these options: the backend and the suite's settings are checked before
-        the model loads."""
+    def runner(self, bars: Progress):
+        """An `ExperimentRunner` for these options, reporting its runs and samples to `bars`: the backend and
+        the suite's settings are checked before the model loads."""
         from polykv.eval.backends import backend as backend_named
         from polykv.eval.experiments import ExperimentRunner
         from polykv.eval.store import Store
@@ -77,7 +78,8 @@ class ExperimentOptions:
             settings,
             self.seed,
             self.metric,
-            progress=lambda name: typer.echo(f"run: {name}", err=True),
+            progress=bars.run,
+            on_sample=bars.sample,  # the local backend's samples; ray runs report in the store only
             backend=self.backend,
             device=self.device,
         )
@@ -138,7 +140,9 @@ def experiment_factorial(
     from polykv.eval.experiments import factorial
 
     loaded = _profile_for(profile_dir, options.model)
-    _print_report(factorial(options.runner(), loaded, scope, budget, baseline, statistic, allocation))
+    with Progress() as bars:  # closed (the last bar finished) before the report prints
+        report = factorial(options.runner(bars), loaded, scope, budget, baseline, statistic, allocation)
+    _print_report(report)
 
 
 @experiment_options
@@ -153,7 +157,9 @@ def experiment_placement(
     from polykv.eval.experiments import placement
 
     loaded = _profile_for(profile_dir, options.model)
-    _print_report(placement(options.runner(), loaded, Plan.load(plan), k, statistic))
+    with Progress() as bars:
+        report = placement(options.runner(bars), loaded, Plan.load(plan), k, statistic)
+    _print_report(report)
 
 
 @experiment_options
@@ -186,7 +192,9 @@ def experiment_sweep(
     route = Plan.load(plan)
     loaded = _profile_for(profile_dir, options.model) if profile_dir is not None else None
     sweep_plans(route, levels, names, loaded, overrides)  # bad input fails before the model loads
-    _print_report(sweep(options.runner(), route, levels, names, loaded, overrides))
+    with Progress() as bars:
+        report = sweep(options.runner(bars), route, levels, names, loaded, overrides)
+    _print_report(report)
 
 
 def experiment_study(
@@ -236,7 +244,16 @@ def experiment_study(
         backend=backend,
         device=device,
     )
-    result = run_study(settings, workspace, progress=lambda step: typer.echo(f"study: {step}", err=True))
-    given = sys.argv[3:] if sys.argv[1:3] == ["experiment", "study"] else []
+    with Progress() as bars:
+
+        def step(name: str) -> None:  # a line per step, on a terminal too; the profile's bar is named after it
+            bars.start(name)
+            bars.note(f"study: {name}")
+
+        result = run_study(
+            settings, workspace, progress=step, on_run=bars.run, on_sample=bars.sample, on_profile=bars.fraction
+        )
+    argv = [a for a in sys.argv[1:] if a != "--no-progress"]  # the global flag changes no number in the report
+    given = argv[2:] if argv[:2] == ["experiment", "study"] else []
     command = "polykv experiment study " + shlex.join(given)
     typer.echo(f"wrote {write_report(result, out, command.strip())}")

@@ -17,6 +17,7 @@ from polykv.cli.common import (
     _profile_for,
     _table,
 )
+from polykv.cli.progress import Progress
 from polykv.plan import Scope
 
 SOURCES_HELP = (
@@ -58,17 +59,20 @@ def profile(
         sources=_corpus_sources(sources, model), num_sequences=sequences, max_tokens=max_tokens, seed=seed
     )
     hf_model, tokenizer = _load_model(model, device)
-    result = build_profile(
-        model,
-        hf_model,
-        tokenizer,
-        workspace / "profiles",
-        spec,
-        b_cal,
-        scope.phases,
-        batch_size=batch_size,
-        reuse=not fresh,
-    )
+    with Progress() as bars:  # a found profile draws no bar
+        bars.start("profile")
+        result = build_profile(
+            model,
+            hf_model,
+            tokenizer,
+            workspace / "profiles",
+            spec,
+            b_cal,
+            scope.phases,
+            batch_size=batch_size,
+            reuse=not fresh,
+            progress=bars.fraction,
+        )
     table = result.table
     typer.echo(f"profile {result.key} ({result.metadata['seconds']:.1f} s to compute): {result.path}")
     typer.echo(_fullkv_line(result.meta.fullkv_ppl))
@@ -113,7 +117,16 @@ def heterogeneity(
     hf_model, tokenizer = _load_model(model, device)
     spec = CorpusSpec(sources=_corpus_sources(sources, model), num_sequences=inputs, max_tokens=max_tokens, seed=seed)
     corpus = build_corpus(tokenizer, spec, model=hf_model)
-    result = measure_heterogeneity(hf_model, corpus.sequences, coverage=coverage, bins=bins, seed=seed)
+    with Progress() as bars:
+        bars.start("heterogeneity", unit="input")
+        result = measure_heterogeneity(
+            hf_model,
+            corpus.sequences,
+            coverage=coverage,
+            bins=bins,
+            seed=seed,
+            progress=lambda done, total: bars.sample(done, total),
+        )
     typer.echo(
         f"{int(coverage * 100)}% attention support per layer, {inputs} inputs of {corpus.sequence_length} tokens "
         f"(median and bootstrap 95% interval):"

@@ -16,18 +16,24 @@ finished runs are reused) and reports from their scores; none scores anything by
              whether the route at b matches the best baseline at 2b.
 
 `launch_plans` builds the labelled plans of one launch from the web app (the route at its budgets,
-baselines, placements), which a background job (`polykv.jobs`) then runs.
+baselines, placements), which a background job (`polykv.jobs`) then runs. `launch_job` builds a background
+job that runs one of the experiments above (kind "experiment"); its worker is this module
+(`python -m polykv.eval.experiments run <job file> --workspace <workspace>`, started by `polykv.jobs.start`),
+which saves the report next to the job (`read_report`).
 
 A run's suite score is the macro-average over tasks of one metric (`compare.METRIC_DIRECTION` says which way
 is better; the reports are in the metric's own units, differences are A - B as named). Every report prints
 its metric and direction and the protocol it ran, and keeps its numbers in `Report.data` (plain dicts and
-lists) for scripts that render them.
+lists of Python numbers) for scripts that render them; `Report.to_dict` is its strict-JSON form.
 """
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from polykv.eval.backends import backend
@@ -53,6 +59,14 @@ from polykv.routing import (
 
 ROUTE_UNIFORM, ROUTE_PPL, FULLKV = "route-uniform", "route-ppl", FULL
 PERMUTATIONS = 10_000  # shuffles of the placement control's permutation test
+
+
+def suite_metrics(suite: str) -> tuple[str, ...]:
+    """The task metrics the runs of `suite` report, any of which can score an experiment (fidelity names its
+    own; the other suites report one `score`)."""
+    from polykv.eval.settings import suite_module
+
+    return tuple(getattr(suite_module(suite), "METRICS", ("score",)))
 
 
 @dataclass
@@ -124,6 +138,35 @@ class Report:
     lines: list[str] = field(default_factory=list)
     data: dict[str, Any] = field(default_factory=dict)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The report as strict JSON data: mapping keys become strings (a sweep's budgets: "16") and NaN
+        (an undefined statistic) becomes None, as `json.loads` of a saved report gives them back."""
+        return _plain({"title": self.title, "rows": self.rows, "lines": self.lines, "data": self.data}, json_ready=True)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Report:
+        """A report saved with `to_dict` (ValueError when it is not one)."""
+        if not isinstance(data, Mapping) or not isinstance(data.get("title"), str):
+            raise ValueError("not an experiment report (no title)")
+        rows, lines, numbers = data.get("rows", []), data.get("lines", []), data.get("data", {})
+        if not isinstance(rows, list) or not isinstance(lines, list) or not isinstance(numbers, dict):
+            raise ValueError("not an experiment report (rows, lines and data are a list, a list and an object)")
+        return cls(data["title"], list(rows), [str(line) for line in lines], dict(numbers))
+
+
+def _plain(value: Any, json_ready: bool = False) -> Any:
+    """`value` with numpy scalars and tuples turned into Python ones (so `json.dumps` takes it); with
+    `json_ready`, also string keys and None for NaN and infinities (strict JSON)."""
+    if isinstance(value, Mapping):
+        return {(str(k) if json_ready else k): _plain(v, json_ready) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, json_ready) for v in value]
+    if hasattr(value, "item") and callable(value.item) and not isinstance(value, (str, bytes)):
+        value = value.item()  # a numpy scalar (bool, int or float)
+    if json_ready and isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
 
 def _contrast(result: Paired) -> dict[str, Any]:
     """A paired comparison as plain data; `loto_better` counts leave-one-task-out values in the better
@@ -160,6 +203,33 @@ def _better_interval(result: Paired) -> tuple[float, float]:
 FACTORIAL_CELLS = ("homogeneous-uniform", "homogeneous-allocated", "routed-uniform", "routed-allocated")
 
 
+def factorial_plans(
+    profile: Profile,
+    scope: Scope | str,
+    budget: int,
+    baseline: str,
+    statistic: str = "cosine",
+    allocation: str = "entropy",
+) -> dict[str, Plan]:
+    """The four cells of the factorial (`FACTORIAL_CELLS` -> plan), built without running anything."""
+    scope = Scope(scope)
+    if allocation == "uniform":
+        raise ValueError("the factorial's allocated arm must differ from uniform (entropy or ppl)")
+    routed_uniform = plan_from_profile(profile, scope, budget, statistic, "uniform")
+    routed_allocated = plan_from_profile(profile, scope, budget, statistic, allocation)
+    params = profile.meta.method_params.get(baseline)
+    return {
+        "homogeneous-uniform": _with_route(
+            routed_uniform, baseline, f"{baseline}-{scope.value}-uniform-b{budget}", params
+        ),
+        "homogeneous-allocated": _with_route(
+            routed_allocated, baseline, f"{baseline}-{scope.value}-{allocation}-b{budget}", params
+        ),
+        "routed-uniform": routed_uniform,
+        "routed-allocated": routed_allocated,
+    }
+
+
 def factorial(
     runner: ExperimentRunner,
     profile: Profile,
@@ -181,21 +251,7 @@ def factorial(
     (r_a - r_u) - (h_a - h_u) (the bootstrap of the per-task contrast, over the tasks all four cells have).
     `report.data` holds the cells (run, plan, score) and each contrast (see `_contrast`)."""
     scope = Scope(scope)
-    if allocation == "uniform":
-        raise ValueError("the factorial's allocated arm must differ from uniform (entropy or ppl)")
-    routed_uniform = plan_from_profile(profile, scope, budget, statistic, "uniform")
-    routed_allocated = plan_from_profile(profile, scope, budget, statistic, allocation)
-    params = profile.meta.method_params.get(baseline)
-    cells = {
-        "homogeneous-uniform": _with_route(
-            routed_uniform, baseline, f"{baseline}-{scope.value}-uniform-b{budget}", params
-        ),
-        "homogeneous-allocated": _with_route(
-            routed_allocated, baseline, f"{baseline}-{scope.value}-{allocation}-b{budget}", params
-        ),
-        "routed-uniform": routed_uniform,
-        "routed-allocated": routed_allocated,
-    }
+    cells = factorial_plans(profile, scope, budget, baseline, statistic, allocation)
     ids = dict(zip(cells, runner.run_all(list(cells.values()))))
     tasks = {cell: runner.task_scores(run_id) for cell, run_id in ids.items()}
     score = {cell: macro_average(t) for cell, t in tasks.items()}
@@ -256,6 +312,7 @@ def factorial(
         "allocation_routed": _contrast(allocation_routed),
         "interaction": _contrast(interaction),
     }
+    report.data = _plain(report.data)
     return report
 
 
@@ -339,10 +396,17 @@ def placement(
         "statistic": statistic,
         "k": k,
         "permutations": permutations,
-        "guided": {"plan": plans[0].name, "run": ids[0], "score": scores[0], "S": profile_scores[0]},
+        # each placement's plan as JSON too, so that a page can open the one a reader picks
+        "guided": {
+            "plan": plans[0].name,
+            "run": ids[0],
+            "score": scores[0],
+            "S": profile_scores[0],
+            "plan_json": plans[0].to_json(),
+        },
         "random": [
-            {"plan": p.name, "run": r, "score": s, "S": x}
-            for p, r, s, x in zip(plans[1:], ids[1:], scores[1:], profile_scores[1:])
+            {"index": i, "plan": p.name, "run": r, "score": s, "S": x, "plan_json": p.to_json()}
+            for i, (p, r, s, x) in enumerate(zip(plans[1:], ids[1:], scores[1:], profile_scores[1:]))
         ],
         "spearman": rho,
         "spearman_p": p_rho,
@@ -351,6 +415,7 @@ def placement(
         "random_mean": random_mean,
         "guided_minus_mean": scores[0] - random_mean,
     }
+    report.data = _plain(report.data)
     return report
 
 
@@ -500,6 +565,7 @@ def sweep(
         "ppl_versus_envelope": versus_ppl,
         "double": double,
     }
+    report.data = _plain(report.data)
     return report
 
 
@@ -650,3 +716,188 @@ def _placed(plan: Plan, phase: Phase, route: list[str], name: str) -> Plan:
         for lay, m in zip(plan.layers, route)
     ]
     return plan.with_layers(layers, name=name, provenance={"built_by": "placement", "guided": plan.name})
+
+
+# ---- experiments as background jobs (`polykv.jobs`, kind "experiment") ------------------------------------
+def launch_job(
+    workspace: Path,
+    model: str,
+    device: str,
+    experiment: str,
+    *,
+    profile: str,
+    scope: str,
+    budget: int,
+    budgets: Sequence[int] | None = None,
+    baseline: str | None = None,
+    baselines: Sequence[str] | None = None,
+    statistic: str = "cosine",
+    allocation: str = "uniform",
+    k: int = 0,
+    suite: str = "fidelity",
+    settings: Mapping[str, Any] | None = None,
+    metric: str = "top1",
+    seed: int = 0,
+    title: str | None = None,
+):
+    """The background job (`polykv.jobs.experiment_job`, not started) that runs `experiment` (factorial,
+    placement or sweep) of `model` with these arguments. The route (the placement's guided plan, the
+    sweep's fixed route) is TopRank by `statistic` from `profile` (a key in <workspace>/profiles or a path)
+    in `scope` at `budget` with `allocation` capacities; the factorial's allocated arm is `allocation`.
+    Everything is checked before anything runs in the background: the description, the profile (this
+    model's), the settings, the metric (one the suite reports) and every plan the experiment would run.
+    JobError or ValueError (one line) when not."""
+    from polykv import jobs
+
+    spec = {
+        "name": experiment,
+        "profile": str(profile),
+        "scope": scope,
+        "budget": budget,
+        "budgets": list(budgets or []),
+        "baseline": baseline,
+        "baselines": None if baselines is None else list(baselines),
+        "statistic": statistic,
+        "allocation": allocation,
+        "k": k,
+        "suite": suite,
+        "settings": dict(settings or {}),
+        "metric": metric,
+        "seed": seed,
+    }
+    job = jobs.experiment_job(model, device, spec, title or "")
+    loaded, _, plans, _ = job_experiment(job.experiment, model, Path(workspace))
+    runs = f"{len(plans)} run{'s' * (len(plans) > 1)}"
+    job.title = title or f"{experiment} · {loaded.key} · {scope} b{budget} on {suite} ({metric}, {runs})"
+    return job
+
+
+def _job_profile(value: str, workspace: Path, model: str) -> Profile:
+    """The profile a job names: a key in <workspace>/profiles, else a path; it must be `model`'s."""
+    from polykv.errors import JobError
+    from polykv.profile.store import find_profile, load_profile
+
+    root = Path(workspace) / "profiles"
+    found = find_profile(root, value) if "/" not in value and value not in ("", ".", "..") else None
+    profile = found if found is not None else load_profile(value)
+    if profile.meta.model != model:
+        raise JobError(f"profile {profile.key} was measured on {profile.meta.model!r}, not on {model!r}")
+    return profile
+
+
+def job_experiment(spec: Mapping[str, Any], model: str, workspace: Path):
+    """(profile, suite settings, the plans it runs, a call that runs it on an `ExperimentRunner` and returns
+    its Report) of an experiment job's description: what `launch_job` checks and `run_job` runs."""
+    from polykv.errors import JobError
+    from polykv.eval.settings import suite_settings
+
+    profile = _job_profile(spec["profile"], workspace, model)
+    settings = suite_settings(spec["suite"], spec["settings"])
+    metrics = suite_metrics(spec["suite"])
+    if spec["metric"] not in metrics:
+        raise JobError(f"the {spec['suite']} suite reports {', '.join(metrics)}, not {spec['metric']!r}")
+    name, scope, budget, statistic, k = spec["name"], spec["scope"], spec["budget"], spec["statistic"], spec["k"]
+    if name == "factorial":
+        args = (profile, scope, budget, spec["baseline"], statistic, spec["allocation"])
+        plans = list(factorial_plans(*args).values())
+
+        def call(runner: ExperimentRunner) -> Report:
+            return factorial(runner, *args)
+    else:
+        route = plan_from_profile(profile, scope, budget, statistic, spec["allocation"])
+        if name == "placement":
+            plans = placement_plans(route, k, spec["seed"])
+
+            def call(runner: ExperimentRunner) -> Report:
+                return placement(runner, profile, route, k, statistic)
+        else:
+            budgets, baselines = spec["budgets"], spec["baselines"]
+            plans = list(sweep_plans(route, budgets, baselines, profile).values())
+
+            def call(runner: ExperimentRunner) -> Report:
+                return sweep(runner, route, budgets, baselines, profile)
+
+    for plan in plans:
+        validate_plan(plan, profile.num_layers)
+    return profile, settings, plans, call
+
+
+def run_job(job, workspace: Path, store: Store, report: Callable[..., dict], activate: Callable[[str | None], None]):
+    """The work of an experiment job's worker (`polykv.jobs` keeps its state, log and cancel): load the
+    model, run the experiment through an `ExperimentRunner` on the job's store, save its report. Progress:
+    the runs done plus the fraction of the run under way, over the experiment's runs; runs found finished
+    in the store (a resumed job) are where it starts, so its ETA counts only this worker's pace."""
+    from polykv import jobs
+    from polykv.eval.runner import run_id_for
+    from polykv.files import atomic_write_json
+    from polykv.models import load_model
+
+    spec = job.experiment
+    _, settings, plans, call = job_experiment(spec, job.model, workspace)
+    run_ids = {p.name: run_id_for(job.model, p, spec["suite"], settings.to_dict(), spec["seed"]) for p in plans}
+    found = store.progress(list(run_ids.values()))
+    parts = [1.0 if status == "finished" else min(1.0, d / t) if t else 0.0 for d, t, status in found.values()]
+    done = sum(parts) / len(plans)
+    report(start_fraction=done, fraction=done, message="loading the model")
+    model, tokenizer = load_model(job.model, device=job.device)  # quiet: no progress bars in the log
+    at = {"index": -1, "name": ""}  # the run under way (the runner names each plan before its run)
+
+    def before(name: str) -> None:
+        at["index"], at["name"] = at["index"] + 1, name
+        activate(run_ids.get(name))
+        fraction = max(report()["fraction"], min(1.0, at["index"] / len(plans)))  # never back: found runs pass again
+        report(fraction=fraction, message=f"run {at['index'] + 1}/{len(plans)} {name}: building samples")
+
+    def on_sample(count: int, total: int, where: str) -> None:
+        fraction = max(report()["fraction"], min(1.0, (at["index"] + count / total) / len(plans)))
+        report(fraction=fraction, message=f"run {at['index'] + 1}/{len(plans)} {at['name']}: {count}/{total} {where}")
+
+    runner = ExperimentRunner(
+        store,
+        job.model,
+        model,
+        tokenizer,
+        spec["suite"],
+        settings,
+        spec["seed"],
+        spec["metric"],
+        progress=before,
+        on_sample=on_sample,
+        device=job.device,
+    )
+    result = call(runner)
+    activate(None)
+    path = atomic_write_json(jobs.report_path(workspace, job.id), result.to_dict())
+    report(result={"report": str(path), "title": result.title}, message="report written")
+
+
+def read_report(job, workspace: Path) -> Report:
+    """The report a finished experiment job saved; JobError (one line) when it has none or it is damaged."""
+    from polykv import jobs
+    from polykv.errors import JobError
+    from polykv.files import read_json
+
+    path = jobs.report_path(workspace, job.id)
+    if not os.path.lexists(path):
+        raise JobError(f"job {job.id} has no report yet")
+    data = read_json(path, "experiment report", max_bytes=jobs.MAX_REPORT_BYTES, error=JobError)
+    try:
+        return Report.from_dict(data)
+    except ValueError as exc:
+        raise JobError(f"{path}: {exc}") from None
+
+
+def job_main(argv: list[str] | None = None) -> int:
+    """`python -m polykv.eval.experiments run <workspace>/jobs/<id>.json --workspace <workspace>`: the
+    worker of an experiment job (what `polykv.jobs.start` runs for one)."""
+    from polykv import jobs
+
+    return jobs.main(argv, experiment=run_job, prog="polykv.eval.experiments")
+
+
+if __name__ == "__main__":
+    import sys
+
+    from polykv.eval.experiments import job_main as main  # the module itself, not this __main__ copy of it
+
+    sys.exit(main())

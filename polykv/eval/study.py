@@ -79,8 +79,20 @@ def best_mean_method(profile, phase: Phase, statistic: str) -> str:
     return str((means * STATISTICS[statistic]).idxmax())
 
 
-def run_study(settings: StudySettings, workspace: Path, progress: Callable[[str], None] | None = None) -> StudyResult:
-    """Run the whole study into `workspace` (profiles/ and results.sqlite); finished work is reused."""
+def run_study(
+    settings: StudySettings,
+    workspace: Path,
+    progress: Callable[[str], None] | None = None,
+    *,
+    on_run: Callable[[str], None] | None = None,
+    on_sample: Callable[[int, int, str], None] | None = None,
+    on_profile: Callable[[float, str], None] | None = None,
+) -> StudyResult:
+    """Run the whole study into `workspace` (profiles/ and results.sqlite); finished work is reused.
+
+    `progress` is told each step (and `run <plan>` before each run unless `on_run` is given, which is then
+    told the plan's name instead); `on_sample` is `ExperimentRunner.on_sample`, `on_profile` is
+    `build_profile(progress=)`: for progress bars."""
     from polykv.eval.experiments import ExperimentRunner, factorial, placement, sweep
     from polykv.eval.store import Store
     from polykv.eval.suites.fidelity import FidelitySettings, default_tasks
@@ -101,7 +113,13 @@ def run_study(settings: StudySettings, workspace: Path, progress: Callable[[str]
         sources=default_sources(settings.model), num_sequences=settings.calibration_sequences, seed=settings.seed
     )
     profile = build_profile(
-        settings.model, model, tokenizer, workspace / "profiles", spec, scopes=(Phase.PREFILL, Phase.DECODE)
+        settings.model,
+        model,
+        tokenizer,
+        workspace / "profiles",
+        spec,
+        scopes=(Phase.PREFILL, Phase.DECODE),
+        progress=on_profile,
     )
     seconds["profile"] = time.perf_counter() - started
 
@@ -117,7 +135,8 @@ def run_study(settings: StudySettings, workspace: Path, progress: Callable[[str]
         suite_settings,
         settings.seed,
         settings.metric,
-        progress=lambda name: say(f"run {name}"),
+        progress=on_run or (lambda name: say(f"run {name}")),
+        on_sample=on_sample,
         backend=settings.backend,
         device=settings.device,
     )

@@ -3,6 +3,8 @@ are resampled (the bootstrap replicates of `polykv.profile.confidence`, one draw
 
 `route_confidence` gives, per layer, the winner, the runner-up, the margin between them and the winner's
 win frequency over the replicates; `is_noisy` says when the median win frequency is below NOISY_ROUTE.
+`ranked_cells` ranks the methods of each layer by a statistic (what a profile chart draws), TopRank's
+pick marked.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ import numpy as np
 import pandas as pd
 
 from polykv.methods import for_phase
-from polykv.plan import Phase
+from polykv.plan import FULL, Phase
 from polykv.profile.confidence import REPLICATES, bootstrap_weights, replicate_values
-from polykv.profile.store import STATISTICS, Profile, ProfileError
+from polykv.profile.store import INTERVAL_COLUMNS, STATISTICS, Profile, ProfileError
 from polykv.routing.toprank import toprank
 
 # Below this median win frequency the route is mostly resampling noise.
@@ -82,9 +84,42 @@ def route_confidence(
     return pd.DataFrame(out, columns=["layer", "winner", "runner_up", "margin", "win_frequency"])
 
 
+CELL_COLUMNS = ["layer", "method", "cosine", "dppl", *INTERVAL_COLUMNS, "rank", "winner"]
+
+
+def ranked_cells(table: pd.DataFrame, phase: Phase | str, statistic: str = "cosine") -> pd.DataFrame:
+    """The phase's cells of a profile table, FullKV (the reference) left out, one row per (layer, method)
+    sorted by layer: CELL_COLUMNS, that is layer, method, cosine, dppl, the interval columns (NaN where
+    the table has none), rank and winner.
+
+    rank: 1 for the best value of `statistic` in the layer among the methods that run in the phase,
+    equal values sharing the better rank; NaN for a NaN value or a method that cannot run in the phase.
+    winner: True for TopRank's pick (`toprank`, which breaks a tie by registry order, so one winner per
+    layer, always of rank 1). Methods come in registry order, then any the registry does not know."""
+    phase = Phase(phase)
+    if statistic not in STATISTICS:
+        raise ValueError(f"unknown statistic {statistic!r} (known: {', '.join(STATISTICS)})")
+    candidates = for_phase(phase)
+    rows = table[(table["scope"] == phase.value) & (table["method"] != FULL)].copy()
+    if rows.empty:
+        raise ValueError(f"the profile table has no {phase.value} rows")
+    for column in INTERVAL_COLUMNS:
+        if column not in rows.columns:
+            rows[column] = math.nan  # profiles saved before intervals were kept
+    order = {m: i for i, m in enumerate(candidates)}
+    rows["_order"] = [order.get(m, len(order)) for m in rows["method"]]
+    rows = rows.sort_values(["layer", "_order", "method"], kind="stable").reset_index(drop=True)
+    # ranked on the signed value so 1 is the best whichever way the statistic points
+    signed = (STATISTICS[statistic] * rows[statistic]).where(rows["method"].isin(candidates))
+    rows["rank"] = signed.groupby(rows["layer"]).rank(method="min", ascending=False)
+    winners = toprank(table, phase, statistic, int(rows["layer"].max()) + 1)
+    rows["winner"] = [winners[layer] == method for layer, method in zip(rows["layer"], rows["method"])]
+    return rows[CELL_COLUMNS]
+
+
 def is_noisy(confidence: pd.DataFrame) -> bool:
     """True when the median win frequency over layers is below NOISY_ROUTE."""
     return bool(confidence["win_frequency"].median() < NOISY_ROUTE)
 
 
-__all__ = ["NOISE_WARNING", "NOISY_ROUTE", "REPLICATES", "is_noisy", "route_confidence"]
+__all__ = ["CELL_COLUMNS", "NOISE_WARNING", "NOISY_ROUTE", "REPLICATES", "is_noisy", "ranked_cells", "route_confidence"]

@@ -1,0 +1,133 @@
+"""The Compare page through Streamlit's AppTest: the pair it starts on, better / worse colours, the
+log-perplexity toggle, inline refusals and the sortable runs table with the jobs' tags."""
+
+from __future__ import annotations
+
+import json
+
+from streamlit.proto.Metric_pb2 import Metric as MetricProto
+
+from app import charts
+from polykv import jobs
+from polykv.design import paint
+from polykv.eval.compare import compare_runs
+from polykv.eval.experiments import launch_plans
+from polykv.eval.runner import run_suite
+from polykv.eval.store import Store
+from polykv.eval.unit import Unit
+from polykv.plan import Plan
+from tests.helpers import TINY_FIDELITY, fake_run, open_app, texts
+
+COLOR = {
+    "green": MetricProto.MetricColor.GREEN,
+    "red": MetricProto.MetricColor.RED,
+    "gray": MetricProto.MetricColor.GRAY,
+}
+
+
+def metric(at, starts: str):
+    found = [m for m in at.metric if m.label.startswith(starts)]
+    assert found, [m.label for m in at.metric]
+    return found[0]
+
+
+def bar_colours(at) -> list[str]:
+    (chart,) = at.get("plotly_chart")
+    return json.loads(chart.proto.spec)["data"][0]["marker"]["color"]
+
+
+def scores(kl: float, ppl: float) -> dict:
+    return {t: {"kl": kl, "ppl": ppl, "top1": 0.5, "rougeL": 0.5} for t in TINY_FIDELITY.tasks}
+
+
+def test_compare_starts_on_the_route_and_its_best_baseline_and_colours_by_direction(app_env, demo_model):
+    model, tokenizer = demo_model
+    ws = app_env / "ws"
+    ws.mkdir()
+    store = Store(ws / "results.sqlite")
+    plan = paint(Plan.homogeneous("tova", 24, 5, "decode", name="guided"), [2, 3, 4], "decode", "h2o")
+    labelled = launch_plans(plan, [16], ["tova"])  # the route at budget 16 and the tova baseline at 16
+    sweep = jobs.eval_job([(lab, Unit.of("demo", p, "fidelity", TINY_FIDELITY)) for lab, p in labelled], "sweep")
+    for (_, p), r in zip(labelled, sweep.runs):
+        assert run_suite(store, "demo", model, tokenizer, p, "fidelity", TINY_FIDELITY) == r.run_id
+    real = [r for r in store.runs() if r["id"] in {u.run_id for u in sweep.runs}]
+    assert [(r["status"], r["done_samples"]) for r in real] == [("finished", 4), ("finished", 4)]
+    sweep.created = "2024-01-01T00:00:00+00:00"
+    jobs.save_job(sweep, ws)
+    # a later job's two random placements are the newest finished runs (their scores made up)
+    placed = launch_plans(plan, placements=2)[1:]
+    controls = jobs.eval_job([(lab, Unit.of("demo", p, "fidelity", TINY_FIDELITY)) for lab, p in placed], "controls")
+    for i, r in enumerate(controls.runs):
+        fake_run(store, r.run_id, scores(0.5 + i, 50.0 + i), plan_name=r.plan_name)
+    controls.created = "2024-01-02T00:00:00+00:00"
+    jobs.save_job(controls, ws)
+    route, tova = (r.run_id for r in sweep.runs)
+
+    at = open_app("compare")
+    assert (at.selectbox(key="compare_a").value, at.selectbox(key="compare_b").value) == (route, tova)
+    assert any(
+        c.startswith("Starting pair: the route vs its best baseline at budget 16 (tova by kl)")
+        for c in texts(at.caption)
+    )
+    assert at.selectbox(key="compare_metric").value == "kl"
+    expected = compare_runs(store, route, tova, "kl")
+    delta = metric(at, "A - B in kl (lower is better)")
+    assert delta.proto.delta == expected.outcome()
+    assert delta.proto.color == COLOR[charts.OUTCOME_DELTA_COLORS[expected.outcome()]]
+    assert bar_colours(at) == [charts.OUTCOME_COLORS[o] for o in expected.outcomes()]
+    assert "A wins / ties / losses" in [m.label for m in at.metric]
+
+    # perplexity is compared as log(ppl) by default: a log-ratio, also said as a ratio
+    at.selectbox(key="compare_metric").select("ppl").run()
+    assert not at.exception and at.toggle(key="compare_log").value is True
+    log = compare_runs(store, route, tova, "ppl", log=True)
+    shown = metric(at, "A - B in log ppl (lower is better)")
+    assert "×" in shown.value and shown.proto.delta == log.outcome()
+    assert metric(at, "95% paired bootstrap CI").proto.delta.startswith("A / B ×")
+    assert bar_colours(at) == [charts.OUTCOME_COLORS[o] for o in log.outcomes()]
+    at.toggle(key="compare_log").set_value(False).run()
+    assert "×" not in metric(at, "A - B in ppl (lower is better)").value
+    assert not [m for m in at.metric if "log ppl" in m.label]
+
+    # every run, with the tags of the job it came from
+    table = at.dataframe[-1].value
+    assert list(table["run"]) == [r["id"] for r in reversed(store.runs())]
+    rows = {r["run"]: r for r in table.to_dict("records")}
+    assert (rows[route]["series"], rows[route]["budget"], rows[route]["job"]) == ("route", 16, f"sweep · {sweep.id}")
+    assert (rows[tova]["series"], rows[tova]["plan"]) == ("tova", sweep.runs[1].plan_name)
+    assert {rows[r.run_id]["series"] for r in controls.runs} == {"placement"}
+
+    # the user can still pick another pair; the starting pair's caption then goes
+    at.selectbox(key="compare_a").select(controls.runs[0].run_id).run()
+    assert not at.exception
+    assert not any(c.startswith("Starting pair") for c in texts(at.caption))
+
+
+def test_compare_without_jobs_starts_on_the_two_newest_and_refuses_a_log_of_zero_inline(app_env):
+    ws = app_env / "ws"
+    ws.mkdir()
+    store = Store(ws / "results.sqlite")
+    fake_run(store, "older", scores(0.2, 0.0))  # a perplexity of 0: no log
+    fake_run(store, "newer", scores(0.1, 9.0))
+    fake_run(store, "waiting", scores(0.1, 9.0), status="running")
+    at = open_app("compare")
+    assert (at.selectbox(key="compare_a").value, at.selectbox(key="compare_b").value) == ("newer", "older")
+    shown = metric(at, "A - B in kl (lower is better)")  # A's KL is lower: A is better, in green
+    assert (shown.proto.delta, shown.proto.color) == ("A better", MetricProto.MetricColor.GREEN)
+    assert bar_colours(at) == [charts.OUTCOME_COLORS["A better"]] * 2
+    at.selectbox(key="compare_metric").select("ppl").run()
+    assert not at.exception
+    assert any("log ppl needs positive scores" in w for w in texts(at.warning))
+    at.toggle(key="compare_log").set_value(False).run()
+    shown = metric(at, "A - B in ppl (lower is better)")  # A's perplexity is higher: B is better, in red
+    assert (shown.proto.delta, shown.proto.color) == ("B better", MetricProto.MetricColor.RED)
+    assert set(at.dataframe[-1].value["status"]) == {"finished", "running"}  # the runs table lists every run
+
+
+def test_compare_with_only_unfinished_runs_still_lists_them(app_env):
+    ws = app_env / "ws"
+    ws.mkdir()
+    fake_run(Store(ws / "results.sqlite"), "waiting", scores(0.1, 9.0), status="running")
+    at = open_app("compare")
+    assert any("No finished run yet" in i for i in texts(at.info))
+    assert list(at.dataframe[0].value["run"]) == ["waiting"]

@@ -1,0 +1,225 @@
+"""Experiment jobs: a factorial, placement or sweep of the library run as a background job. The job file
+is validated (a bad one is damaged, never fatal), bad arguments are refused before anything starts,
+progress counts the experiment's runs, and the report the worker saves reads back as the library made it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import pytest
+
+from polykv import jobs
+from polykv.errors import JobError
+from polykv.eval.experiments import FACTORIAL_CELLS, ExperimentRunner, Report, factorial, launch_job, read_report
+from polykv.eval.store import Store
+from polykv.eval.unit import Unit
+from polykv.plan import Plan
+from tests.helpers import SLOW_FIDELITY, TINY_FIDELITY, wait_for_job
+
+
+@pytest.fixture(scope="module")
+def built_profile(tmp_path_factory, demo_model):
+    """A small profile of the demo model (both phases), built once; tests copy it into their workspace."""
+    from polykv.profile.build import build_profile
+    from polykv.profile.corpus import CorpusSpec
+
+    model, tokenizer = demo_model
+    root = tmp_path_factory.mktemp("experiment-jobs") / "profiles"
+    return build_profile("demo", model, tokenizer, root, CorpusSpec(num_sequences=2, max_tokens=128))
+
+
+@pytest.fixture
+def ws(workspace, built_profile):
+    """A workspace whose profiles folder holds `built_profile`."""
+    shutil.copytree(built_profile.path, workspace / "profiles" / built_profile.key)
+    return workspace
+
+
+def factorial_job(ws, profile, settings=TINY_FIDELITY, **changes):
+    args = dict(
+        profile=profile.key,
+        scope="decode",
+        budget=24,
+        baseline="tova",
+        allocation="entropy",
+        settings=settings.to_dict(),
+        metric="kl",
+    )
+    return launch_job(ws, "demo", "cpu", "factorial", **{**args, **changes})
+
+
+def test_an_experiment_job_names_its_experiment_and_counts_its_runs(ws, built_profile):
+    job = factorial_job(ws, built_profile)
+    assert (job.kind, job.model, job.runs, job.profile) == ("experiment", "demo", [], None)
+    assert job.experiment["name"] == "factorial" and job.experiment["profile"] == built_profile.key
+    assert job.title.startswith("factorial · ") and "(kl, 4 runs)" in job.title
+    placement = launch_job(
+        ws, "demo", "cpu", "placement", profile=str(built_profile.path), scope="decode", budget=24, k=3
+    )
+    assert "(top1, 4 runs)" in placement.title  # a path names the profile too; the guided route + 3
+    sweep = launch_job(
+        ws, "demo", "cpu", "sweep", profile=built_profile.key, scope="decode", budget=24, budgets=[16, 32],
+        baselines=["tova", "h2o"],
+    )  # fmt: skip
+    # per budget: route-uniform, route-ppl (a profile is given), two baselines; then FullKV once
+    assert "(top1, 9 runs)" in sweep.title
+    jobs.save_job(job, ws)
+    assert jobs.load_job(ws, job.id).experiment == job.experiment  # the file round-trips
+    assert jobs.state(job, ws).status == "waiting" and jobs.state(job, ws).fraction == 0.0
+
+
+@pytest.mark.parametrize(
+    ("experiment", "changes", "message"),
+    [
+        ("factorial", {"metric": "score"}, "the fidelity suite reports ppl, kl, top1, rougeL, not 'score'"),
+        ("factorial", {"baseline": None}, "a factorial needs a baseline"),
+        ("factorial", {"allocation": "uniform"}, "must differ from uniform"),
+        ("factorial", {"budget": "24"}, "budget: Input should be a valid integer"),
+        ("factorial", {"statistic": "mean"}, "statistic: Input should be 'cosine' or 'dppl'"),
+        ("factorial", {"settings": {"samples_per_task": 0}}, "fidelity settings"),
+        ("factorial", {"profile": "no-such-profile"}, "not a profile directory"),
+        ("placement", {"k": 0}, "at least one random placement"),
+        ("placement", {"k": 3, "scope": "both"}, "single-phase plan"),
+        ("placement", {"k": 100_000}, "distinct placements"),
+        ("sweep", {"budgets": []}, "a sweep needs budgets"),
+        ("sweep", {"budgets": [16], "baselines": ["nope"]}, "unknown method 'nope'"),
+    ],
+)
+def test_bad_experiment_arguments_are_refused_in_one_line_before_anything_starts(
+    ws, built_profile, experiment, changes, message
+):
+    args = dict(profile=built_profile.key, scope="decode", budget=24, baseline="tova", allocation="entropy", k=3)
+    with pytest.raises((JobError, ValueError)) as caught:
+        launch_job(ws, "demo", "cpu", experiment, **{**args, **changes})
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+    assert not jobs.jobs_dir(ws).exists()  # nothing written
+
+
+def test_a_profile_of_another_model_is_refused(ws, built_profile):
+    meta = ws / "profiles" / built_profile.key / "profile.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "model": "other/model"}))
+    with pytest.raises(JobError, match="measured on 'other/model', not on 'demo'"):
+        factorial_job(ws, built_profile)
+
+
+def test_a_damaged_experiment_job_file_is_listed_as_damaged_and_the_valid_one_still_listed(ws, built_profile):
+    good = factorial_job(ws, built_profile)
+    jobs.save_job(good, ws)
+    folder = jobs.jobs_dir(ws)
+    base = json.loads((folder / f"{good.id}.json").read_text())
+    spec = base["experiment"]
+    unit = Unit.of("demo", Plan.homogeneous("tova", 24, 5), "fidelity", TINY_FIDELITY)
+    run = dataclasses.asdict(jobs.eval_job([({}, unit)], "eval").runs[0])
+    bad = {
+        "noexperiment": {**base, "experiment": None},
+        "withruns": {**base, "runs": [run]},
+        "unknownname": {**base, "experiment": {**spec, "name": "study"}},
+        "extrafield": {**base, "experiment": {**spec, "shell": "rm -rf /"}},
+        "stringbudget": {**base, "experiment": {**spec, "budget": "24"}},
+        "nobaseline": {**base, "experiment": {**spec, "baseline": None}},
+        "placementnok": {**base, "experiment": {**spec, "name": "placement", "k": 0}},
+    }
+    reasons = {
+        "noexperiment": "an experiment job has experiment settings",
+        "withruns": "experiment job has experiment settings, no runs",
+        "unknownname": "experiment.name: Input should be 'factorial', 'placement' or 'sweep'",
+        "extrafield": "experiment.shell: unknown field",
+        "stringbudget": "experiment.budget: Input should be a valid integer",
+        "nobaseline": "a factorial needs a baseline",
+        "placementnok": "at least one random placement",
+    }
+    for name, data in bad.items():
+        (folder / f"{name}.json").write_text(json.dumps({**data, "id": name}))
+    (folder / f"{good.id}.report.json").write_text("{not json")  # a report is never taken for a job
+    found, damaged = jobs.scan_jobs(ws)
+    assert [j.id for j in found] == [good.id]
+    assert sorted(d.path.name for d in damaged) == sorted(f"{name}.json" for name in bad)
+    for d in damaged:
+        assert reasons[d.path.stem] in d.reason and "\n" not in d.reason, d.reason
+    with pytest.raises(JobError, match="^job noexperiment: damaged job file"):
+        jobs.load_job(ws, "noexperiment")
+    with pytest.raises(JobError, match="malformed JSON"):  # a damaged report: one line, no traceback
+        read_report(good, ws)
+    with pytest.raises(JobError, match="^not a job id"):
+        jobs.check_id(f"{good.id}.report")
+
+
+def test_a_report_is_plain_json_and_reads_back():
+    report = Report(
+        "t",
+        [{"budget": 16, "kl": 0.5}],
+        ["a line"],
+        {"scores": {"route": {16: 0.5}}, "spearman": float("nan"), "k": 3, "pair": (1, 2)},
+    )
+    data = report.to_dict()
+    assert json.loads(json.dumps(data, allow_nan=False)) == data  # strict JSON: no NaN, string keys
+    assert data["data"] == {"scores": {"route": {"16": 0.5}}, "spearman": None, "k": 3, "pair": [1, 2]}
+    assert Report.from_dict(data) == Report("t", [{"budget": 16, "kl": 0.5}], ["a line"], data["data"])
+    with pytest.raises(ValueError, match="not an experiment report"):
+        Report.from_dict({"rows": []})
+
+
+@pytest.mark.slow  # a four-run factorial in a job worker, then again in this process (runs found again)
+def test_a_factorial_job_reports_progress_per_run_and_its_report_is_the_librarys(ws, built_profile, demo_model):
+    job = factorial_job(ws, built_profile)
+    with pytest.raises(JobError, match="has no report yet"):
+        read_report(job, ws)
+    assert jobs.start(job, ws).wait(timeout=600) == 0, jobs.log_tail(job, ws)
+    state = jobs.state(jobs.load_job(ws, job.id), ws)
+    assert state.status == "finished" and state.fraction == 1.0 and state.eta_s is None
+    assert state.summary().startswith("100% · ") and " elapsed" in state.summary()
+    log = jobs.log_tail(job, ws, lines=100)
+    for i in range(1, 5):  # each of the four cells named as its run starts, then its samples counted
+        assert f"run {i}/4 " in log and "building samples" in log
+    assert "run 4/4 " in log and ": 4/4 " in log and log.splitlines()[-1].endswith("finished")
+    fractions = [float(line.split("[")[1].split("%")[0]) for line in log.splitlines()]
+    assert fractions == sorted(fractions)  # progress never goes back
+
+    saved = read_report(job, ws)
+    assert state.result == {"report": str(jobs.report_path(ws, job.id)), "title": saved.title}
+    assert set(saved.data["cells"]) == set(FACTORIAL_CELLS)
+    # the same factorial in this process finds the job's four runs and reports the same numbers
+    model, tokenizer = demo_model
+    store = Store(ws / "results.sqlite")
+    runner = ExperimentRunner(store, "demo", model, tokenizer, "fidelity", TINY_FIDELITY, metric="kl")
+    again = factorial(runner, built_profile, "decode", 24, "tova", allocation="entropy")
+    assert saved == Report.from_dict(again.to_dict())
+    assert len(store.runs()) == 4  # nothing was run twice
+
+
+@pytest.mark.slow  # a placement job in a worker, cancelled during its first run, then resumed to the end
+def test_a_placement_job_cancels_resumes_and_reports_each_placements_plan(ws, built_profile):
+    job = launch_job(
+        ws, "demo", "cpu", "placement", profile=built_profile.key, scope="decode", budget=24, k=2,
+        settings=SLOW_FIDELITY.to_dict(), metric="kl",
+    )  # fmt: skip
+    jobs.start(job, ws)
+    running = wait_for_job(job, ws, lambda s: s.status == "running" and s.fraction > 0)
+    assert running.message.startswith("run 1/3 ") and running.fraction < 1 / 3
+    assert running.summary().startswith(f"{running.fraction:.0%} · ")
+    jobs.cancel(job, ws)
+    state = jobs.state(jobs.load_job(ws, job.id), ws)
+    assert state.status == "cancelled" and 0 < state.fraction < 1 / 3
+    (run,) = Store(ws / "results.sqlite").runs()
+    assert run["status"] == "cancelled"  # the run under way is marked, as in an evaluation job
+
+    jobs.start(jobs.load_job(ws, job.id), ws).wait(timeout=600)
+    state = jobs.state(jobs.load_job(ws, job.id), ws)
+    assert state.status == "finished" and state.fraction == 1.0, jobs.log_tail(job, ws)
+    written = json.loads((jobs.jobs_dir(ws) / f"{job.id}.state.json").read_text())
+    assert written["start_fraction"] > 0  # the resumed worker started where the first one stopped
+    data = read_report(job, ws).data
+    assert [p["index"] for p in data["random"]] == [0, 1]
+    for entry in [data["guided"], *data["random"]]:
+        plan = Plan.from_json(entry["plan_json"])
+        assert plan.name == entry["plan"] and isinstance(entry["S"], float) and isinstance(entry["score"], float)
+
+
+def test_the_jobs_worker_leaves_an_experiment_job_to_the_experiments_module(ws, built_profile, capsys):
+    job = factorial_job(ws, built_profile)
+    path = jobs.save_job(job, ws)
+    assert jobs.main(["run", str(path), "--workspace", str(ws)]) == 2  # polykv.jobs cannot import the experiments
+    assert "runs with python -m polykv.eval.experiments" in capsys.readouterr().err
+    assert jobs.state(job, ws).status == "waiting"  # nothing ran
