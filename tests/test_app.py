@@ -94,6 +94,14 @@ def test_two_paints_are_both_in_the_plans_provenance_and_shown_under_provenance(
     assert "Built by: hand" in texts(shown.caption)
 
 
+def test_a_negative_capacity_in_the_paint_box_is_refused_with_its_reason(app_env):
+    at = open_app()
+    before = current_plan(at)
+    paint_selection(at, [1], "decode", "h2o", -5)
+    assert "paint: capacity must be a positive integer (got -5)" in texts(at.error)
+    assert current_plan(at) == before
+
+
 def test_the_palette_offers_only_the_methods_that_run_in_the_chosen_phase(app_env):
     at = open_app()
     at.radio(key="designer_phase").set_value("decode")

@@ -44,8 +44,7 @@ def paint(plan, layers: int) -> None:
     with right:
         st.number_input(
             "Capacity (tokens per KV head)",
-            min_value=1,
-            step=1,
+            step=1,  # no min_value: a bad number is refused by the paint with its reason, not clamped quietly
             value=None,
             key=state.PAINT_CAPACITY,
             placeholder="keep",
