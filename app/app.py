@@ -66,6 +66,7 @@ pages = [
     st.Page("views/runs.py", title="Runs", icon=":material/play_circle:", url_path="runs"),
     st.Page("views/compare.py", title="Compare", icon=":material/compare_arrows:", url_path="compare"),
     st.Page("views/experiments.py", title="Experiments", icon=":material/science:", url_path="experiments"),
+    st.Page("views/search.py", title="Plan search", icon=":material/travel_explore:", url_path="search"),
 ]
 try:
     st.navigation(pages).run()

@@ -71,6 +71,11 @@ def experiment_settings(suite: str) -> str:
     return f"experiment_settings_{suite}"
 
 
+# ---- plan search (app/views/search.py) -------------------------------------------------------------
+SEARCH_FORM = "search_form"  # form: profile, scope, budget, evaluations, sequences, seed of a search
+SEARCH_FLASH = "search_flash"  # the "Started <job>" message, shown once after the launch's rerun
+SEARCH_JOB = "search_job"  # selectbox: the search job followed (trace, best plan, verdict)
+
 # ---- profiles and heterogeneity (app/views/profiles.py, heterogeneity.py) -------------------------
 PROFILE_FORM = "profile_form"  # form: the settings of a profile to compute
 PROFILE_STATISTIC = "profile_statistic"  # radio: the statistic profiles are ranked and won by, "cosine" or "dppl"

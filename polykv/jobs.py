@@ -109,7 +109,7 @@ class RunUnit:
 @dataclass
 class Job:
     id: str
-    kind: str  # "eval", "profile" or "experiment"
+    kind: str  # "eval", "profile", "experiment" or "search"
     title: str
     model: str
     device: str
@@ -117,6 +117,7 @@ class Job:
     runs: list[RunUnit] = field(default_factory=list)
     profile: dict[str, Any] | None = None  # profile jobs: corpus (CorpusSpec dict), capacity, scopes
     experiment: dict[str, Any] | None = None  # experiment jobs: which one and its arguments (`_ExperimentFile`)
+    search: dict[str, Any] | None = None  # search jobs: the search's arguments (`_SearchFile`)
     pid: int | None = None  # the worker: its pid, start time (Linux clock ticks since boot) and host
     pid_start: int | None = None
     host: str | None = None
@@ -256,11 +257,31 @@ class _ExperimentFile(BaseModel):
         return self
 
 
+class _SearchFile(BaseModel):
+    """A plan search's arguments (`polykv.search`): from `start` (a plan's JSON, the designer's) when it is
+    in the search space, TopRank by `statistic` from `profile` and the best homogeneous plan, at `budget`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    profile: str = Field(min_length=1, max_length=4096)  # a profile key in <workspace>/profiles, or a path
+    scope: Literal["prefill", "decode", "both"]
+    budget: int = Field(ge=2)
+    evaluations: int = Field(ge=1, le=1_000_000)
+    seed: int = Field(default=0, ge=0)
+    search_sequences: int = Field(ge=1, le=10_000)
+    held_out: int = Field(ge=2, le=10_000)
+    max_tokens: int = Field(ge=16, le=1_048_576)
+    candidates: int = Field(default=8, ge=1, le=1000)
+    metric: Literal["kl", "dppl"] = "kl"
+    statistic: Literal["cosine", "dppl"] = "dppl"
+    start: str | None = Field(default=None, max_length=4 * 1024 * 1024)
+
+
 class _JobFile(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     id: str
-    kind: Literal["eval", "profile", "experiment"]
+    kind: Literal["eval", "profile", "experiment", "search"]
     title: str
     model: str
     device: str
@@ -268,6 +289,7 @@ class _JobFile(BaseModel):
     runs: list[_RunUnitFile] = Field(default_factory=list)
     profile: _ProfileFile | None = None
     experiment: _ExperimentFile | None = None
+    search: _SearchFile | None = None
     pid: int | None = Field(default=None, gt=1)
     pid_start: int | None = Field(default=None, ge=0)
     host: str | None = None
@@ -285,12 +307,14 @@ class _JobFile(BaseModel):
     def _kind_fits(self) -> _JobFile:
         if self.kind == "eval" and not self.runs:
             raise ValueError("an evaluation job needs at least one run")
-        if self.kind == "eval" and (self.profile is not None or self.experiment is not None):
-            raise ValueError("an evaluation job has no profile or experiment settings")
-        if self.kind == "profile" and (self.profile is None or self.runs or self.experiment is not None):
-            raise ValueError("a profile job has profile settings and no runs")
-        if self.kind == "experiment" and (self.experiment is None or self.runs or self.profile is not None):
-            raise ValueError("an experiment job has experiment settings, no runs and no profile settings")
+        settings = {"profile": self.profile, "experiment": self.experiment, "search": self.search}
+        own = None if self.kind == "eval" else self.kind
+        article = "an" if self.kind[0] in "aeiou" else "a"
+        if own is not None and (settings[own] is None or self.runs):
+            raise ValueError(f"{article} {own} job has {own} settings and no runs")
+        others = [name for name, value in settings.items() if name != own and value is not None]
+        if others:
+            raise ValueError(f"{article} {self.kind} job has no {others[0]} settings")
         return self
 
 
@@ -361,6 +385,16 @@ def experiment_job(model: str, device: str, experiment: dict[str, Any], title: s
     return Job(_new_id("experiment"), "experiment", title, model, device, _now(), experiment=spec)
 
 
+def search_job(model: str, device: str, search: dict[str, Any], title: str) -> Job:
+    """A job that runs a plan search (`_SearchFile`); JobError (one line) when it is not a valid description.
+    `polykv.search.job.launch_search` builds one and checks the profile and the start plan first."""
+    try:
+        spec = _SearchFile.model_validate(search).model_dump()
+    except ValidationError as exc:
+        raise JobError(validation_line(exc)) from None
+    return Job(_new_id("search"), "search", title, model, device, _now(), search=spec)
+
+
 def report_path(workspace: Path, job_id: str) -> Path:
     """Where an experiment job's report goes: <workspace>/jobs/<id>.report.json."""
     return jobs_dir(workspace) / f"{check_id(job_id)}.report.json"
@@ -376,7 +410,7 @@ def _spec_path(workspace: Path, job_id: str) -> Path:
 
 # Experiment jobs run in `polykv.eval.experiments`, which calls `main` here: that module imports this one
 # (through its backends), so this one never imports it, and names it only as a command.
-WORKER_MODULES = {"experiment": "polykv.eval.experiments"}
+WORKER_MODULES = {"experiment": "polykv.eval.experiments", "search": "polykv.search.job"}
 
 
 def _worker_argv(workspace: Path, job_id: str, kind: str) -> list[str]:
@@ -716,13 +750,14 @@ def _on_sigterm(signum, frame):
     raise _Cancelled(128 + signal.SIGTERM)
 
 
-# What runs an experiment job's work (`polykv.eval.experiments.run_job`): given the job, the workspace, the
-# store, `report(**changes)` (updates the state file; returns the state so far) and `activate(run_id)` (the
-# run under way, marked cancelled if the job is), it loads the model, runs and writes the report.
-ExperimentWork = Callable[[Job, Path, Store, Callable[..., dict], Callable[[str | None], None]], None]
+# What runs an experiment or search job's work (`polykv.eval.experiments.run_job`, `polykv.search.job.run_job`):
+# given the job, the workspace, the store, `report(**changes)` (updates the state file; returns the state so
+# far) and `activate(run_id)` (the run under way, marked cancelled if the job is), it loads the model, runs
+# and writes the report.
+JobWork = Callable[[Job, Path, Store, Callable[..., dict], Callable[[str | None], None]], None]
 
 
-def _run(job: Job, workspace: Path, experiment: ExperimentWork | None = None) -> None:
+def _run(job: Job, workspace: Path, experiment: JobWork | None = None) -> None:
     state_path = _spec_path(workspace, job.id).with_suffix(".state.json")
     current = {
         "status": "running",
@@ -753,9 +788,9 @@ def _run(job: Job, workspace: Path, experiment: ExperimentWork | None = None) ->
     try:
         from polykv.models import load_model
 
-        if job.kind == "experiment":
+        if job.kind in WORKER_MODULES:
             if experiment is None:
-                raise JobError("an experiment job runs with python -m polykv.eval.experiments run <job file>")
+                raise JobError(f"a {job.kind} job runs with python -m {WORKER_MODULES[job.kind]} run <job file>")
             experiment(job, workspace, store, report, activate)
         elif job.kind == "eval":
             model, tokenizer = load_model(job.model, device=job.device)  # quiet: no progress bars in the log
@@ -814,7 +849,7 @@ def _run(job: Job, workspace: Path, experiment: ExperimentWork | None = None) ->
         raise
 
 
-def main(argv: list[str] | None = None, experiment: ExperimentWork | None = None, prog: str = "polykv.jobs") -> int:
+def main(argv: list[str] | None = None, experiment: JobWork | None = None, prog: str = "polykv.jobs") -> int:
     """The worker: run one job file (`experiment`: what runs experiment jobs, given by their module)."""
     import argparse
 
@@ -830,10 +865,8 @@ def main(argv: list[str] | None = None, experiment: ExperimentWork | None = None
     except JobError as exc:
         print(f"error: {args.spec}: {exc}", file=sys.stderr)
         return 2
-    if job.kind == "experiment" and experiment is None:
-        print(
-            f"error: {args.spec}: an experiment job runs with python -m {WORKER_MODULES['experiment']}", file=sys.stderr
-        )
+    if job.kind in WORKER_MODULES and experiment is None:
+        print(f"error: {args.spec}: a {job.kind} job runs with python -m {WORKER_MODULES[job.kind]}", file=sys.stderr)
         return 2
     _run(job, args.workspace, experiment)
     return 0
@@ -861,6 +894,7 @@ __all__ = [
     "log_tail",
     "profile_job",
     "report_path",
+    "search_job",
     "save_job",
     "scan_jobs",
     "start",

@@ -62,6 +62,7 @@ PAGES = [
     ("runs", "/runs", "Runs", 0, "Runs in the results database"),
     ("compare", "/compare", "Compare", 1, "Two runs, task by task"),
     ("experiments", "/experiments", "Experiments", 1, "Placement control"),
+    ("search", "/search", "Plan search", 0, "No profile of this model yet"),
 ]
 
 

@@ -123,7 +123,7 @@ def test_a_damaged_experiment_job_file_is_listed_as_damaged_and_the_valid_one_st
     }
     reasons = {
         "noexperiment": "an experiment job has experiment settings",
-        "withruns": "experiment job has experiment settings, no runs",
+        "withruns": "an experiment job has experiment settings and no runs",
         "unknownname": "experiment.name: Input should be 'factorial', 'placement' or 'sweep'",
         "extrafield": "experiment.shell: unknown field",
         "stringbudget": "experiment.budget: Input should be a valid integer",

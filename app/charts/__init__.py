@@ -15,6 +15,7 @@ from app.charts.experiments import (
 from app.charts.heterogeneity import density_figure, log_axis, support_figure
 from app.charts.plan import plan_figure, selected_cells, selection_boxes
 from app.charts.profiles import PROFILE_VIEWS, entropy_figure, profile_decision_figure, profile_heatmap
+from app.charts.search import search_trace_figure
 
 __all__ = [
     "METHOD_COLORS",
@@ -41,6 +42,7 @@ __all__ = [
     "selection_boxes",
     "selected_placement",
     "support_figure",
+    "search_trace_figure",
     "sweep_figure",
     "sweep_frames",
 ]

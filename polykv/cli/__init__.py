@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from polykv.cli import evaluation, experiments, jobs, plans, profiles, progress
+from polykv.cli import evaluation, experiments, jobs, plans, profiles, progress, search
 
 app = typer.Typer(
     add_completion=False,
@@ -36,6 +36,7 @@ COMMANDS = (  # (app, name, function), in the order `--help` lists them
     (app, "eval", evaluation.evaluate),
     (app, "runs", evaluation.runs),
     (app, "compare", evaluation.compare),
+    (app, "search", search.search),
     (app, "import-llama2c", plans.import_llama2c_command),
     (plan_app, "show", plans.plan_show),
     (plan_app, "validate", plans.plan_validate),

@@ -772,7 +772,7 @@ def launch_job(
     return job
 
 
-def _job_profile(value: str, workspace: Path, model: str) -> Profile:
+def profile_for_job(value: str, workspace: Path, model: str) -> Profile:
     """The profile a job names: a key in <workspace>/profiles, else a path; it must be `model`'s."""
     from polykv.errors import JobError
     from polykv.profile.store import find_profile, load_profile
@@ -791,7 +791,7 @@ def job_experiment(spec: Mapping[str, Any], model: str, workspace: Path):
     from polykv.errors import JobError
     from polykv.eval.settings import suite_settings
 
-    profile = _job_profile(spec["profile"], workspace, model)
+    profile = profile_for_job(spec["profile"], workspace, model)
     settings = suite_settings(spec["suite"], spec["settings"])
     metrics = suite_metrics(spec["suite"])
     if spec["metric"] not in metrics:

@@ -1,0 +1,163 @@
+"""`polykv search`: local search for a plan closer to FullKV than TopRank, with a held-out verdict.
+
+Everything the command is given is checked before the weights load; the search itself is
+`polykv.search` (the objective, the moves, the search and the report).
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from polykv.cli.common import DEFAULT_WORKSPACE, ModelOption, WorkspaceOption, _load_model, _num_layers, _table
+from polykv.cli.progress import Progress
+from polykv.plan import Scope
+
+PROFILE_HELP = (
+    "The profile that ranks the moves and gives TopRank: a key in <workspace>/profiles, a profile directory, or "
+    "'auto' (the model's default profile, computed once and reused)."
+)
+
+
+def _resolve_profile(value: str, workspace: Path, model: str, hf_model, tokenizer, bars: Progress):
+    from polykv.plan import Phase
+    from polykv.profile.build import build_profile
+    from polykv.profile.corpus import CorpusSpec, default_sources
+
+    if value == "auto":  # what `polykv profile --model M` computes (both scopes), reused when it exists
+        bars.start("profile")
+        return build_profile(
+            model,
+            hf_model,
+            tokenizer,
+            workspace / "profiles",
+            CorpusSpec(sources=default_sources(model)),
+            scopes=(Phase.PREFILL, Phase.DECODE),
+            progress=bars.fraction,
+        )
+    return _profile_arg(value, workspace, model)
+
+
+def _profile_arg(value: str, workspace: Path, model: str):
+    """A profile key in <workspace>/profiles, else a directory; it must be this model's (checked before any
+    weights load)."""
+    from polykv.profile.store import find_profile, load_profile
+
+    found = find_profile(workspace / "profiles", value) if "/" not in value and value not in ("", ".", "..") else None
+    profile = found if found is not None else load_profile(value)
+    profile.check_model(model, _num_layers(model))
+    return profile
+
+
+def search(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for report.json, report.md and the plans.")],
+    budget: Annotated[
+        list[int], typer.Option("--budget", "-b", min=2, help="Average capacity per layer; repeat for several.")
+    ],
+    model: ModelOption = "demo",
+    scope: Scope = Scope.DECODE,
+    profile: Annotated[str, typer.Option(help=PROFILE_HELP)] = "auto",
+    evaluations: Annotated[
+        int, typer.Option(min=1, help="Plan executions (one plan on one sequence) the search may run per budget.")
+    ] = 800,
+    seed: int = 0,
+    search_sequences: Annotated[int, typer.Option(min=1, help="Calibration sequences the search scores on.")] = 16,
+    held_out: Annotated[int, typer.Option(min=2, help="Held-out sequences of the verdict.")] = 48,
+    max_tokens: Annotated[int, typer.Option(min=16, help="Tokens per sequence (clipped to the context).")] = 512,
+    candidates: Annotated[int, typer.Option(min=1, help="Neighbours tried per round.")] = 8,
+    metric: Annotated[str, typer.Option(help="Objective: kl (KL(FullKV || plan)) or dppl.")] = "kl",
+    statistic: Annotated[str, typer.Option(help="Profile statistic that ranks moves and TopRank: dppl or cosine.")] = (
+        "dppl"
+    ),
+    device: str = "cpu",
+    workspace: WorkspaceOption = DEFAULT_WORKSPACE,
+) -> None:
+    """Search plans at a fixed total capacity for the lowest divergence from FullKV, starting from TopRank
+    and the best homogeneous plan; compare on held-out text with paired bootstrap intervals."""
+    from polykv.errors import SettingsError
+    from polykv.files import atomic_write_json, atomic_write_text
+    from polykv.models import config_dimensions
+    from polykv.profile.store import STATISTICS
+    from polykv.search.objective import METRICS
+
+    if metric not in METRICS:
+        raise SettingsError(f"--metric must be one of {', '.join(METRICS)} (got {metric!r})")
+    if statistic not in STATISTICS:
+        raise SettingsError(f"--statistic must be one of {', '.join(STATISTICS)} (got {statistic!r})")
+    if len(set(budget)) < len(budget):
+        raise SettingsError(f"--budget lists a budget twice ({', '.join(map(str, budget))})")
+    dims = config_dimensions(model)
+    too_big = [b for b in budget if dims.context_length and b >= dims.context_length]
+    if too_big:
+        raise SettingsError(f"--budget {too_big[0]} is not below the model's context ({dims.context_length} tokens)")
+    if out.exists() and not out.is_dir():
+        raise SettingsError(f"--out {out} exists and is not a folder")
+    if profile != "auto":
+        _profile_arg(profile, workspace, model)  # refused before the weights load
+
+    from polykv.search.objective import build_sequences
+    from polykv.search.report import build_report, difference_text, markdown
+
+    hf_model, tokenizer = _load_model(model, device)
+    args = sys.argv[1:]
+    command = "polykv " + " ".join(shlex.quote(a) for a in args) if "search" in args else ""
+    with Progress() as bars:
+        loaded = _resolve_profile(profile, workspace, model, hf_model, tokenizer, bars)
+        sequences = build_sequences(
+            tokenizer, hf_model, model, search=search_sequences, held_out=held_out, max_tokens=max_tokens, seed=seed
+        )
+
+        def starting(b: int, message: str) -> None:
+            bars.start(f"search b{b}", unit="execution")
+            if not bars.enabled:
+                bars.note(f"search: budget {b}")
+
+        report, plans = build_report(
+            hf_model,
+            model,
+            sequences,
+            loaded,
+            scope,
+            budget,
+            evaluations=evaluations,
+            seed=seed,
+            metric=metric,
+            statistic=statistic,
+            candidates=candidates,
+            command=command,
+            progress=starting,
+            on_step=lambda used, total, where: bars.sample(used, total, where),
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    for plan in plans:
+        plan.save(out / f"{plan.name}.json")
+    atomic_write_json(out / "report.json", report)
+    atomic_write_text(out / "report.md", markdown(report))
+    for entry in report["budgets"]:
+        verdict = entry["verdict"]
+        typer.echo(
+            f"\nbudget {entry['budget']}: held-out, {verdict['sequences']} sequences "
+            f"(FullKV perplexity {verdict['fullkv_ppl']:.3f}); search {entry['search']['evaluations']} executions, "
+            f"{len(entry['search']['moves'])} moves, {entry['seconds']:.0f} s"
+        )
+        _table(
+            ("role", "plan", "kl", "top1", "ppl"),
+            [
+                (role, p["name"], f"{p['kl']:.5f}", f"{p['top1']:.4f}", f"{p['ppl']:.4f}")
+                for role, p in verdict["plans"].items()
+            ],
+        )
+        typer.echo("")
+        _table(
+            ("A - B", "metric", "difference [95% CI]", "A is"),
+            [
+                (f"{c['a']} - {c['b']}", c["metric"], difference_text(c), c["verdict"])
+                for c in verdict["contrasts"]
+                if c["a"] == "searched"
+            ],
+        )
+    typer.echo(f"\nwrote {out / 'report.json'}, {out / 'report.md'} and {len(plans)} plan(s)")

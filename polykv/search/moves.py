@@ -1,0 +1,204 @@
+"""The search's moves: change one cell's method, or move capacity between two layers of a phase.
+
+The search space is every fixed-allocation plan of the given scope whose active phases each keep an
+exact total T_p = L x b (b: the budget, the average capacity). Two moves, both from one plan to a
+neighbour in that space:
+
+  method    (phase p, layer l, method r): layer l runs r in phase p (any method that runs in p, never
+            `full`), same capacity. The total does not change.
+  transfer  (phase p, donor d, receiver l, amount a): layer d gives a tokens of capacity to layer l in
+            phase p. The total does not change; the donor keeps at least `min_capacity`.
+
+A cell's parameters follow its capacity: the method's base parameters (the start plan's, else the
+profile's, else the defaults) with every window or sink that would not fit under the capacity shrunk
+to a quarter of it (`polykv.methods.params_that_fit`'s rule). A neighbour that fails validation (a
+parameter that still does not fit) is not proposed.
+
+`proposals` lists the neighbours of a plan ranked by the profile, best first: method moves by the gain
+in the profile statistic at that layer (TopRank's evidence, sign * (score(l, r) - score(l, current))),
+transfers by how much more the receiver's current method suffers than the donor's (profile dPPL, or
+1 - cosine). The two lists are interleaved rank by rank, since their scores are not in one unit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from polykv.methods import REGISTRY, for_phase, validate_plan
+from polykv.plan import FULL, LayerPlan, Phase, PhaseAssignment, Plan, PlanError
+
+TRANSFER_STEPS = (0.125, 0.25, 0.5)  # transfer amounts, as shares of the budget b
+
+
+@dataclass(frozen=True)
+class Move:
+    kind: str  # "method" | "transfer"
+    phase: str
+    layer: int  # the cell that changes method, or the receiver of a transfer
+    method: str | None = None  # method moves
+    donor: int | None = None  # transfers
+    amount: int = 0  # transfers
+    prior: float = 0.0  # the profile's ranking score (higher: proposed first)
+
+    def describe(self) -> str:
+        if self.kind == "method":
+            return f"{self.phase} L{self.layer} -> {self.method}"
+        return f"{self.phase} L{self.donor} -> L{self.layer}: {self.amount} tokens"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "text": self.describe()}
+
+
+def fit_params(method: str, params: Mapping[str, Any], capacity: int) -> dict[str, Any]:
+    """`params` with every window / sink that would not fit under `capacity` shrunk to a quarter of it."""
+    cls = REGISTRY[method]
+    out = dict(params)
+    defaults = cls.defaults()
+    for name in cls.below_capacity:
+        if out.get(name, defaults[name]) >= capacity:
+            out[name] = max(1, capacity // 4)
+    return out
+
+
+def totals(plan: Plan) -> dict[str, int]:
+    """Per active phase, the sum of the layers' capacities."""
+    return {p.value: sum(layer[p].capacity or 0 for layer in plan.layers) for p in plan.scope.phases}
+
+
+def check_space(plan: Plan, budget: int) -> None:
+    """ValueError unless `plan` is in the search space: fixed allocation, no `full` cell in an active
+    phase, and every active phase's total exactly num_layers x budget."""
+    if plan.allocation != "fixed":
+        raise ValueError(f"plan {plan.name!r}: the search starts from fixed-allocation plans only")
+    want = plan.num_layers * budget
+    for phase in plan.scope.phases:
+        if any(layer[phase].method == FULL for layer in plan.layers):
+            raise ValueError(f"plan {plan.name!r} keeps every token in a {phase.value} layer: not in the search space")
+    bad = {p: t for p, t in totals(plan).items() if t != want}
+    if bad:
+        phase, total = next(iter(bad.items()))
+        raise ValueError(
+            f"plan {plan.name!r}: the {phase} capacities add up to {total}, not {plan.num_layers} x {budget} = {want}"
+        )
+
+
+def base_params(plans: Sequence[Plan], profile=None) -> dict[str, dict[str, Any]]:
+    """Each method's base parameters: from the first plan cell that runs it, else the profile's, else {}."""
+    out: dict[str, dict[str, Any]] = {}
+    for plan in plans:
+        for layer in plan.layers:
+            for phase in plan.scope.phases:
+                cell = layer[phase]
+                out.setdefault(cell.method, dict(cell.params))
+    measured = dict(profile.meta.method_params) if profile is not None else {}
+    for method in REGISTRY:
+        if method != FULL:
+            out.setdefault(method, dict(measured.get(method, {})))
+    return out
+
+
+def apply(plan: Plan, move: Move, params: Mapping[str, Mapping[str, Any]]) -> Plan:
+    """The neighbour `move` leads to (validated; PlanError when a cell does not fit). The totals of every
+    active phase are unchanged, and this is checked."""
+    phase = Phase(move.phase)
+    cells = [{p: layer[p] for p in Phase} for layer in plan.layers]
+
+    def cell(method: str, capacity: int) -> PhaseAssignment:
+        return PhaseAssignment(method=method, capacity=capacity, params=fit_params(method, params[method], capacity))
+
+    target = cells[move.layer][phase]
+    if move.kind == "method":
+        cells[move.layer][phase] = cell(move.method, target.capacity)
+    elif move.kind == "transfer":
+        donor = cells[move.donor][phase]
+        cells[move.donor][phase] = cell(donor.method, donor.capacity - move.amount)
+        cells[move.layer][phase] = cell(target.method, target.capacity + move.amount)
+    else:
+        raise ValueError(f"unknown move kind {move.kind!r}")
+    out = plan.with_layers([LayerPlan(prefill=c[Phase.PREFILL], decode=c[Phase.DECODE]) for c in cells])
+    if totals(out) != totals(plan):  # a guard: neither move may change what a phase keeps in all
+        raise AssertionError(f"move {move.describe()} changed the totals {totals(plan)} -> {totals(out)}")
+    return validate_plan(out, plan.num_layers)
+
+
+def _profile_scores(profile, phase: Phase, statistic: str) -> dict[tuple[int, str], float]:
+    """{(layer, method): sign * statistic}: higher is better."""
+    from polykv.profile.store import STATISTICS
+
+    rows = profile.table[profile.table["scope"] == phase.value]
+    sign = STATISTICS[statistic]
+    return {
+        (int(layer), str(method)): sign * float(value)
+        for layer, method, value in zip(rows["layer"], rows["method"], rows[statistic])
+        if not math.isnan(float(value))
+    }
+
+
+def proposals(
+    plan: Plan,
+    budget: int,
+    params: Mapping[str, Mapping[str, Any]],
+    profile=None,
+    statistic: str = "dppl",
+    min_capacity: int = 2,
+    steps: Sequence[float] = TRANSFER_STEPS,
+    context_length: int | None = None,
+) -> list[tuple[Move, Plan]]:
+    """Every valid neighbour of `plan` as (move, plan), ranked by the profile (see the module docstring);
+    without a profile, in a fixed order (layer, then registry order; the search shuffles it)."""
+    amounts = sorted({max(1, round(f * budget)) for f in steps})
+    method_moves: list[Move] = []
+    transfer_moves: list[Move] = []
+    for phase in plan.scope.phases:
+        scores = _profile_scores(profile, phase, statistic) if profile is not None else {}
+        current = [layer[phase] for layer in plan.layers]
+        for layer, cell in enumerate(current):
+            here = scores.get((layer, cell.method), 0.0)
+            for method in for_phase(phase):
+                if method != cell.method:
+                    gain = scores.get((layer, method), -math.inf) - here if scores else 0.0
+                    method_moves.append(Move("method", phase.value, layer, method=method, prior=gain))
+        # A layer whose current method loses more in the profile wants capacity more.
+        need = [-scores.get((layer, cell.method), 0.0) for layer, cell in enumerate(current)]
+        for receiver in range(plan.num_layers):
+            for donor in range(plan.num_layers):
+                if donor == receiver:
+                    continue
+                for amount in amounts:
+                    if current[donor].capacity - amount < min_capacity:
+                        continue
+                    if context_length is not None and current[receiver].capacity + amount > context_length:
+                        continue
+                    transfer_moves.append(
+                        Move(
+                            "transfer",
+                            phase.value,
+                            receiver,
+                            donor=donor,
+                            amount=amount,
+                            prior=need[receiver] - need[donor],
+                        )
+                    )
+    ranked = []
+    for moves in (method_moves, transfer_moves):
+        order = sorted(range(len(moves)), key=lambda k: (-moves[k].prior, k))  # stable: ties keep list order
+        ranked.append([moves[k] for k in order])
+    interleaved = [m for pair in _zip_longest(*ranked) for m in pair if m is not None]
+    out = []
+    for move in interleaved:
+        try:
+            out.append((move, apply(plan, move, params)))
+        except PlanError:
+            continue  # a parameter that cannot fit this capacity: not a neighbour
+    return out
+
+
+def _zip_longest(a: list, b: list) -> list[tuple]:
+    n = max(len(a), len(b))
+    return [(a[i] if i < len(a) else None, b[i] if i < len(b) else None) for i in range(n)]
+
+
+__all__ = ["TRANSFER_STEPS", "Move", "apply", "base_params", "check_space", "fit_params", "proposals", "totals"]

@@ -1,0 +1,100 @@
+"""The Plan search page and its background job: a search started from the page runs in its own process,
+its trace and best plan show while it runs and after, the held-out verdict is drawn, and the searched plan
+opens in the designer. The job file is validated like every other."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from polykv import jobs
+from polykv.errors import JobError
+from polykv.plan import Plan
+from polykv.search.job import launch_search, live, read_search, start_problem
+from tests.helpers import button, open_app, texts, wait_for_job
+
+SMALL = {"evaluations": 40, "search_sequences": 2, "held_out": 2, "max_tokens": 96}
+
+
+@pytest.fixture(scope="module")
+def built_profile(tmp_path_factory, demo_model):
+    from polykv.profile.build import build_profile
+    from polykv.profile.corpus import CorpusSpec
+
+    model, tokenizer = demo_model
+    root = tmp_path_factory.mktemp("app-search") / "profiles"
+    return build_profile("demo", model, tokenizer, root, CorpusSpec(num_sequences=2, max_tokens=128))
+
+
+@pytest.fixture
+def app_ws(app_env, built_profile):
+    shutil.copytree(built_profile.path, app_env / "ws" / "profiles" / built_profile.key)
+    return app_env / "ws"
+
+
+def test_without_a_profile_the_page_says_where_to_make_one(app_env):
+    at = open_app("search")
+    assert texts(at.title) == ["Plan search"]
+    assert any("No profile of this model yet" in i for i in texts(at.info))
+
+
+def test_a_plan_outside_the_search_space_is_not_a_start_and_says_why():
+    decode = Plan.homogeneous("tova", 24, 5, "decode")
+    assert start_problem(decode, "decode", 24) is None
+    assert start_problem(decode, "both", 24) == "its scope is decode, not both"
+    assert "add up to 120, not 5 x 32 = 160" in start_problem(decode, "decode", 32)
+
+
+def test_a_search_job_file_is_validated_and_a_damaged_one_is_listed_not_fatal(app_ws, built_profile):
+    with pytest.raises(JobError, match="budget: Input should be greater than or equal to 2"):
+        jobs.search_job("demo", "cpu", {"profile": "p", "scope": "decode", "budget": 1, **SMALL}, "bad")
+    with pytest.raises(JobError, match="shell: unknown field"):
+        jobs.search_job("demo", "cpu", {"profile": "p", "scope": "decode", "budget": 8, "shell": 1, **SMALL}, "x")
+    with pytest.raises(JobError, match="was measured on 'demo', not on 'other'"):
+        launch_search(app_ws, "other", "cpu", profile=built_profile.key, scope="decode", budget=24, **SMALL)
+    good = launch_search(app_ws, "demo", "cpu", profile=built_profile.key, scope="decode", budget=24, **SMALL)
+    jobs.save_job(good, app_ws)
+    data = json.loads((app_ws / "jobs" / f"{good.id}.json").read_text())
+    (app_ws / "jobs" / "nosearch.json").write_text(json.dumps({**data, "id": "nosearch", "search": None}))
+    found, damaged = jobs.scan_jobs(app_ws)
+    assert [j.id for j in found] == [good.id]
+    assert [d.reason for d in damaged] == ["a search job has search settings and no runs"]
+    assert jobs.load_job(app_ws, good.id).search == good.search
+
+
+@pytest.mark.slow  # a real search on the demo model in a worker process
+def test_a_search_started_on_the_page_shows_its_trace_best_plan_and_verdict_and_opens_in_the_designer(app_ws):
+    start = Plan.homogeneous("tova", 24, 5, "decode", name="designer-tova")
+    at = open_app("search")
+    at.session_state["plan_json"] = start.to_json()
+    at.run()
+    assert any(c.startswith("Starts from the designer's plan 'designer-tova'") for c in texts(at.caption))
+    numbers = {n.label: n for n in at.number_input}
+    numbers["Budget"].set_value(24)
+    numbers["Evaluations"].set_value(SMALL["evaluations"])
+    numbers["Search sequences"].set_value(SMALL["search_sequences"])
+    numbers["Held-out sequences"].set_value(SMALL["held_out"])
+    numbers["Tokens per sequence"].set_value(SMALL["max_tokens"])
+    button(at, "Start search").click()
+    at.run()
+    assert not at.exception and not at.error, texts(at.error)
+    (job,) = jobs.list_jobs(app_ws)
+    assert job.kind == "search" and Plan.from_json(job.search["start"]) == start
+    state = wait_for_job(job, app_ws)
+    assert state.status == "finished", jobs.log_tail(job, app_ws)
+    trace, best = live(state)
+    report = read_search(job, app_ws)["budgets"][0]
+    assert trace == report["search"]["trace"] and best == Plan.from_dict(report["plan"])
+    assert trace[-1]["objective"] <= trace[0]["objective"]  # never worse than the best start
+    at.run()
+    assert not at.exception
+    assert len(at.get("plotly_chart")) == 2  # the trace and the best plan
+    assert any(s.startswith("Held-out verdict: 2 sequences") for s in texts(at.subheader))
+    roles = [r for r in at.dataframe[0].value["role"]]
+    assert roles == ["searched", "toprank", "homogeneous"]
+    assert set(at.dataframe[1].value["A - B"]) == {"searched - toprank", "searched - homogeneous"}
+    button(at, "Open the searched plan in the designer").click()
+    at.run()
+    assert Plan.from_json(at.session_state["plan_json"]) == best
