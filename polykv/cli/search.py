@@ -74,6 +74,13 @@ def search(
         "dppl"
     ),
     device: str = "cpu",
+    backend: Annotated[
+        str,
+        typer.Option(
+            help="Where candidates execute: local (one after another, in this process) or ray (each rung's "
+            "executions as parallel Ray tasks; a local cluster starts unless Ray is initialised)."
+        ),
+    ] = "local",
     workspace: WorkspaceOption = DEFAULT_WORKSPACE,
 ) -> None:
     """Search plans at a fixed total capacity for the lowest divergence from FullKV, starting from TopRank
@@ -83,7 +90,15 @@ def search(
     from polykv.models import config_dimensions
     from polykv.profile.store import STATISTICS
     from polykv.search.objective import METRICS
+    from polykv.search.parallel import BACKENDS
 
+    if backend not in BACKENDS:
+        raise SettingsError(f"--backend must be one of {', '.join(BACKENDS)} (got {backend!r})")
+    if backend == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise SettingsError("--backend ray needs Ray: pip install 'polykv[ray]'")
     if metric not in METRICS:
         raise SettingsError(f"--metric must be one of {', '.join(METRICS)} (got {metric!r})")
     if statistic not in STATISTICS:
@@ -99,7 +114,8 @@ def search(
     if profile != "auto":
         _profile_arg(profile, workspace, model)  # refused before the weights load
 
-    from polykv.search.objective import build_sequences
+    from polykv.search.objective import build_sequences, executing
+    from polykv.search.parallel import executor, init_ray
     from polykv.search.report import build_report, difference_text, markdown
 
     hf_model, tokenizer = _load_model(model, device)
@@ -116,22 +132,33 @@ def search(
             if not bars.enabled:
                 bars.note(f"search: budget {b}")
 
-        report, plans = build_report(
-            hf_model,
-            model,
-            sequences,
-            loaded,
-            scope,
-            budget,
-            evaluations=evaluations,
-            seed=seed,
-            metric=metric,
-            statistic=statistic,
-            candidates=candidates,
-            command=command,
-            progress=starting,
-            on_step=lambda used, total, where: bars.sample(used, total, where),
-        )
+        started_ray = False
+        if backend == "ray":
+            import ray
+
+            started_ray = not ray.is_initialized()
+            init_ray()
+        try:
+            with executing(executor(backend, model, device)):
+                report, plans = build_report(
+                    hf_model,
+                    model,
+                    sequences,
+                    loaded,
+                    scope,
+                    budget,
+                    evaluations=evaluations,
+                    seed=seed,
+                    metric=metric,
+                    statistic=statistic,
+                    candidates=candidates,
+                    command=command,
+                    progress=starting,
+                    on_step=lambda used, total, where: bars.sample(used, total, where),
+                )
+        finally:
+            if started_ray:
+                ray.shutdown()
     out.mkdir(parents=True, exist_ok=True)
     for plan in plans:
         plan.save(out / f"{plan.name}.json")

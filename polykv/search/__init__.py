@@ -10,7 +10,8 @@
   report     `search_budget` / `build_report`: TopRank, the best homogeneous plan, the search, and the
              held-out verdict with paired bootstrap intervals over sequences; `markdown`.
 
-Candidates run one after another in this process (no parallel backend).
+Candidates run one after another in this process, or, with an executor (`parallel.RayExecutor`, `polykv search
+--backend ray`), each rung's candidates run as parallel Ray tasks with the same results.
 """
 
 from polykv.search.moves import Move, apply, proposals, totals

@@ -11,11 +11,20 @@ the plan's next-token distribution p_pi,t and FullKV's p_t, and per sequence
     nll   = mean_t -log p_pi,t(x_{t+1})                    (perplexity = exp(nll))
     dppl  = exp(nll) - exp(nll of FullKV)                  (the optional objective)
 
-`Objective.value(plan, indices)` is the mean of the chosen statistic over the sequences `indices`.
+`Objective.value(plan, indices)` is the mean of the chosen statistic over the sequences `indices`;
+`Objective.values(plans, indices)` the same for several plans at once (a successive-halving rung).
 FullKV's log-probabilities are computed once per sequence and kept; a (plan, sequence) score is
 computed once and kept too, so successive halving never pays twice for the same execution.
 `executions` counts the plan executions actually run (FullKV references not included): the currency
 of the search's evaluation budget.
+
+Where the executions run: by default here, one after another. An objective with an `executor`
+(`Executor`: a callable that scores a batch of (plan, token ids) pairs, e.g. `polykv.search.parallel.
+RayExecutor`) sends every batch's uncached pairs to it at once; the scores, the caches, `executions` and
+the budget are exactly those of the sequential path (a batch that would cross `limit` is cut at the
+limit, in the order the sequential loop would have run it, then BudgetExhausted). `reference_scores` and
+`score_tokens` are the computation both paths share. `executing(executor)` makes objectives built
+inside it (e.g. by `polykv.search.report.build_report`) use that executor.
 
 `build_sequences` draws the search (calibration split) and held-out (evaluation split) sequences from
 the model's default calibration sources and refuses any overlap in token content (`check_disjoint`).
@@ -23,9 +32,11 @@ the model's default calibration sources and refuses any overlap in token content
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -131,10 +142,74 @@ class BudgetExhausted(Exception):
     """The next execution would exceed the evaluation budget."""
 
 
+Reference = tuple[torch.Tensor, torch.Tensor, float]  # FullKV's logits [M, vocab] (CPU), their argmax, its NLL
+# Scores a batch of (plan, token ids) pairs with `continuation` teacher-forced steps, in order.
+Executor = Callable[[Sequence[tuple[Plan, Sequence[int]]], int], list[SequenceScore]]
+
+_DEFAULT_EXECUTOR: contextvars.ContextVar[Executor | None] = contextvars.ContextVar("executor", default=None)
+
+
+@contextlib.contextmanager
+def executing(executor: Executor | None) -> Iterator[None]:
+    """Objectives built inside (without an explicit `executor`) send their executions to `executor`."""
+    token = _DEFAULT_EXECUTOR.set(executor)
+    try:
+        yield
+    finally:
+        _DEFAULT_EXECUTOR.reset(token)
+
+
+def _token_tensor(model, token_ids: Sequence[int], continuation: int) -> tuple[torch.Tensor, int]:
+    device = next(model.parameters()).device
+    tokens = torch.tensor([list(map(int, token_ids))], device=device)
+    return tokens, tokens.shape[1] - continuation - 1
+
+
+@torch.no_grad()
+def reference_scores(model, token_ids: Sequence[int], continuation: int) -> Reference:
+    """FullKV on one sequence: its continuation logits (the model's own dtype, on the CPU), their argmax
+    (of the fp64 log-probabilities) and its continuation NLL."""
+    from polykv.eval.suites.fidelity import _teacher_forced
+
+    tokens, prompt = _token_tensor(model, token_ids, continuation)
+    logits = _teacher_forced(model, tokens, prompt).cpu()
+    logp = torch.log_softmax(logits.double(), -1)
+    nll = -logp.gather(-1, tokens[0, prompt + 1 :, None].cpu()).mean().item()
+    return logits, logp.argmax(-1), nll
+
+
+@torch.no_grad()
+def score_tokens(model, plan: Plan, token_ids: Sequence[int], continuation: int, reference: Reference) -> SequenceScore:
+    """The plan executed on one sequence (`polykv.runtime.routed`), against FullKV's `reference`."""
+    from polykv.eval.suites.fidelity import _teacher_forced
+    from polykv.runtime import routed
+
+    ref_logits, ref_top, ref_nll = reference
+    ref_logp = torch.log_softmax(ref_logits.double(), -1)
+    tokens, prompt = _token_tensor(model, token_ids, continuation)
+    with routed(model, plan):
+        logits = _teacher_forced(model, tokens, prompt)
+    logp = torch.log_softmax(logits.double(), -1).cpu()
+    tokens = tokens.cpu()
+    return SequenceScore(
+        kl=(ref_logp.exp() * (ref_logp - logp)).sum(-1).clamp_min(0).mean().item(),
+        top1=(logp.argmax(-1) == ref_top).double().mean().item(),
+        nll=-logp.gather(-1, tokens[0, prompt + 1 :, None]).mean().item(),
+        reference_nll=ref_nll,
+    )
+
+
 class Objective:
     """A plan's divergence from FullKV on a fixed list of token sequences (see the module docstring)."""
 
-    def __init__(self, model, sequences: Sequence[Sequence[int]], continuation: int = CONTINUATION, metric="kl"):
+    def __init__(
+        self,
+        model,
+        sequences: Sequence[Sequence[int]],
+        continuation: int = CONTINUATION,
+        metric="kl",
+        executor: Executor | None = None,
+    ):
         if metric not in METRICS:
             raise ValueError(f"objective metric must be one of {', '.join(METRICS)} (got {metric!r})")
         if not sequences:
@@ -148,19 +223,14 @@ class Objective:
         self.metric = metric
         self.executions = 0
         self.limit: int | None = None  # executions allowed in all (None: no limit); set by the search
-        self._reference: dict[int, tuple[torch.Tensor, torch.Tensor, float]] = {}  # logits, argmax, nll
+        self.executor: Executor | None = executor if executor is not None else _DEFAULT_EXECUTOR.get()
+        self._reference: dict[int, Reference] = {}  # logits, argmax, nll
         self._scores: dict[tuple[str, int], SequenceScore] = {}
 
     def __len__(self) -> int:
         return len(self.sequences)
 
     # ---- FullKV, once per sequence -----------------------------------------------------------------
-    def _tokens(self, i: int) -> tuple[torch.Tensor, int]:
-        device = next(self.model.parameters()).device
-        tokens = torch.tensor([self.sequences[i]], device=device)
-        return tokens, tokens.shape[1] - self.continuation - 1
-
-    @torch.no_grad()
     def reference(self, i: int) -> tuple[torch.Tensor, torch.Tensor, float]:
         """FullKV's log-probabilities [M, vocab] (fp64), their argmax and its continuation NLL.
 
@@ -168,13 +238,7 @@ class Objective:
         when used, exactly as if never stored), so a large vocabulary costs what the fidelity suite's
         reference cache costs."""
         if i not in self._reference:
-            from polykv.eval.suites.fidelity import _teacher_forced
-
-            tokens, prompt = self._tokens(i)
-            logits = _teacher_forced(self.model, tokens, prompt).cpu()
-            logp = torch.log_softmax(logits.double(), -1)
-            nll = -logp.gather(-1, tokens[0, prompt + 1 :, None].cpu()).mean().item()
-            self._reference[i] = (logits, logp.argmax(-1), nll)
+            self._reference[i] = reference_scores(self.model, self.sequences[i], self.continuation)
         logits, top, nll = self._reference[i]
         return torch.log_softmax(logits.double(), -1), top, nll
 
@@ -182,42 +246,68 @@ class Objective:
     def is_cached(self, plan: Plan, i: int) -> bool:
         return (plan_key(plan), i) in self._scores
 
-    @torch.no_grad()
     def score(self, plan: Plan, i: int) -> SequenceScore:
         """The plan on sequence i, executed once (raises BudgetExhausted past `limit`)."""
         key = (plan_key(plan), i)
         cached = self._scores.get(key)
         if cached is not None:
             return cached
+        if self.executor is not None:
+            self._execute([(plan, i)])
+            return self._scores[key]
         if self.limit is not None and self.executions >= self.limit:
             raise BudgetExhausted
-        from polykv.eval.suites.fidelity import _teacher_forced
-        from polykv.runtime import routed
-
-        ref_logp, ref_top, ref_nll = self.reference(i)
-        tokens, prompt = self._tokens(i)
-        with routed(self.model, plan):
-            logits = _teacher_forced(self.model, tokens, prompt)
+        if i not in self._reference:
+            self._reference[i] = reference_scores(self.model, self.sequences[i], self.continuation)
+        result = score_tokens(self.model, plan, self.sequences[i], self.continuation, self._reference[i])
         self.executions += 1
-        logp = torch.log_softmax(logits.double(), -1).cpu()
-        tokens = tokens.cpu()
-        result = SequenceScore(
-            kl=(ref_logp.exp() * (ref_logp - logp)).sum(-1).clamp_min(0).mean().item(),
-            top1=(logp.argmax(-1) == ref_top).double().mean().item(),
-            nll=-logp.gather(-1, tokens[0, prompt + 1 :, None]).mean().item(),
-            reference_nll=ref_nll,
-        )
         self._scores[key] = result
         return result
 
+    def _execute(self, pairs: Iterable[tuple[Plan, int]]) -> None:
+        """Run the uncached pairs among `pairs` through the executor as one batch, in the sequential order
+        (each distinct pair once). Past `limit`, only the pairs the sequential loop would have run before
+        BudgetExhausted run (their scores kept), then BudgetExhausted."""
+        todo: dict[tuple[str, int], tuple[Plan, int]] = {}
+        for plan, i in pairs:
+            key = (plan_key(plan), i)
+            if key not in self._scores and key not in todo:
+                todo[key] = (plan, i)
+        batch = list(todo.items())
+        exhausted = False
+        if self.limit is not None and self.executions + len(batch) > self.limit:
+            batch, exhausted = batch[: max(0, self.limit - self.executions)], True
+        if batch:
+            assert self.executor is not None
+            results = self.executor([(plan, self.sequences[i]) for _, (plan, i) in batch], self.continuation)
+            if len(results) != len(batch):
+                raise RuntimeError(f"the executor returned {len(results)} scores for {len(batch)} executions")
+            for (key, _), result in zip(batch, results):
+                self._scores[key] = result
+            self.executions += len(batch)
+        if exhausted:
+            raise BudgetExhausted
+
     def scores(self, plan: Plan, indices: Iterable[int]) -> list[SequenceScore]:
-        return [self.score(plan, i) for i in indices]
+        if self.executor is None:
+            return [self.score(plan, i) for i in indices]
+        chosen = list(indices)
+        self._execute((plan, i) for i in chosen)
+        return [self._scores[(plan_key(plan), i)] for i in chosen]
 
     def value(self, plan: Plan, indices: Iterable[int] | None = None) -> float:
         """Mean of the objective metric over `indices` (default: every sequence)."""
         chosen = range(len(self.sequences)) if indices is None else list(indices)
         values = [s.value(self.metric) for s in self.scores(plan, chosen)]
         return sum(values) / len(values)
+
+    def values(self, plans: Sequence[Plan], indices: Iterable[int] | None = None) -> list[float]:
+        """`value(plan, indices)` for each plan, in order. Without an executor exactly that loop; with one,
+        every uncached (plan, sequence) pair in one batch (see `_execute`), then the same means."""
+        chosen = list(range(len(self.sequences)) if indices is None else indices)
+        if self.executor is not None:
+            self._execute((plan, i) for plan in plans for i in chosen)
+        return [self.value(plan, chosen) for plan in plans]
 
     def cost(self, plan: Plan, indices: Iterable[int]) -> int:
         """Executions `scores(plan, indices)` would run (its uncached sequences)."""
@@ -229,10 +319,14 @@ __all__ = [
     "CONTINUATION",
     "METRICS",
     "BudgetExhausted",
+    "Executor",
     "Objective",
     "SearchSequences",
     "SequenceScore",
     "build_sequences",
     "check_disjoint",
+    "executing",
     "plan_key",
+    "reference_scores",
+    "score_tokens",
 ]

@@ -16,6 +16,10 @@ Procedure (`search`):
   3. Stop when the next execution would exceed `evaluations` (plan executions on one sequence each,
      starts included; cached results cost nothing) or when every neighbour of the incumbent was tried.
 
+Each rung (and the starts) is scored with one `objective.values(...)` call: in this process one after
+another, or as one parallel batch when the objective has an executor (`polykv.search.parallel`); the
+result, the trace and the executions are the same either way.
+
 The returned plan is the final incumbent: its J on the search sequences is never above the best
 start's. The same inputs and seed give the same plan.
 """
@@ -168,7 +172,7 @@ def search(
         return objective.executions - first
 
     try:
-        values = {p.name: objective.value(p, everything) for p in starts}
+        values = {p.name: v for p, v in zip(starts, objective.values(starts, everything))}
         best_index = min(range(len(starts)), key=lambda k: (values[starts[k].name], k))
         incumbent, current = starts[best_index], values[starts[best_index].name]
         note(TracePoint(used(), current, 0, "start", plan=incumbent.name), incumbent)
@@ -208,8 +212,9 @@ def search(
             try:
                 for size in _rungs(settings.first_rung, n):
                     subset = order[:size]
+                    scored = objective.values([p for _, p in alive], subset)  # one batch per rung
                     ranked = sorted(
-                        ((objective.value(p, subset), k, m, p) for k, (m, p) in enumerate(alive)),
+                        ((v, k, m, p) for k, (v, (m, p)) in enumerate(zip(scored, alive))),
                         key=lambda row: (row[0], row[1]),
                     )
                     if size == n:
