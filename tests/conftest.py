@@ -40,6 +40,18 @@ def family_model(request):
 
 
 @pytest.fixture(scope="session")
+def small_profile(tmp_path_factory, demo_model):
+    """A small profile of the demo model (both phases; 2 sequences of 128 tokens), built once per session;
+    a test copies it into its own workspace (`tests.helpers.with_profile`)."""
+    from polykv.profile.build import build_profile
+    from polykv.profile.corpus import CorpusSpec
+
+    model, tokenizer = demo_model
+    root = tmp_path_factory.mktemp("small-profile") / "profiles"
+    return build_profile("demo", model, tokenizer, root, CorpusSpec(num_sequences=2, max_tokens=128))
+
+
+@pytest.fixture(scope="session")
 def demo_model(tmp_path_factory):
     """The embedded demo model (stories260K), imported into a private POLYKV_HOME."""
     from polykv.models import load_model

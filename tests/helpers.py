@@ -432,3 +432,11 @@ def stop_processes(procs: dict[int, Proc], grace: float = 2.0, term_wait: float 
         if not procs:
             break
     return signalled
+
+
+def with_profile(workspace: Path, profile) -> Path:
+    """`workspace` with a copy of `profile` in its profiles folder (as the app and the jobs find it)."""
+    import shutil
+
+    shutil.copytree(profile.path, Path(workspace) / "profiles" / profile.key)
+    return Path(workspace)

@@ -8,33 +8,21 @@ browser leaves it."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
 from polykv import jobs
 from polykv.eval.experiments import launch_job, read_report
 from polykv.plan import Plan
-from tests.helpers import TINY_FIDELITY, button, open_app, texts, wait_for_job
+from tests.helpers import TINY_FIDELITY, button, open_app, texts, wait_for_job, with_profile
 
 TINY_SETTINGS = json.dumps({**TINY_FIDELITY.to_dict(), "samples_per_task": 1})
 
 
-@pytest.fixture(scope="module")
-def built_profile(tmp_path_factory, demo_model):
-    from polykv.profile.build import build_profile
-    from polykv.profile.corpus import CorpusSpec
-
-    model, tokenizer = demo_model
-    root = tmp_path_factory.mktemp("app-experiments") / "profiles"
-    return build_profile("demo", model, tokenizer, root, CorpusSpec(num_sequences=2, max_tokens=128))
-
-
 @pytest.fixture
-def app_ws(app_env, built_profile):
+def app_ws(app_env, small_profile):
     """The app's workspace with the demo profile in it."""
-    shutil.copytree(built_profile.path, app_env / "ws" / "profiles" / built_profile.key)
-    return app_env / "ws"
+    return with_profile(app_env / "ws", small_profile)
 
 
 def launch(at, kind: str, baselines: list[str] | None = None, **fields) -> None:
@@ -156,9 +144,9 @@ def test_the_sweep_report_draws_the_route_baselines_fullkv_and_route_minus_envel
 
 
 @pytest.mark.slow  # resumes a cancelled experiment job (a worker, four tiny runs)
-def test_a_cancelled_experiment_shows_its_progress_and_resume_runs_it_to_its_report(app_ws, built_profile):
+def test_a_cancelled_experiment_shows_its_progress_and_resume_runs_it_to_its_report(app_ws, small_profile):
     job = launch_job(
-        app_ws, "demo", "cpu", "factorial", profile=built_profile.key, scope="decode", budget=24, baseline="tova",
+        app_ws, "demo", "cpu", "factorial", profile=small_profile.key, scope="decode", budget=24, baseline="tova",
         allocation="entropy", settings=json.loads(TINY_SETTINGS), metric="kl",
     )  # fmt: skip
     job.cancelled = True

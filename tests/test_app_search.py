@@ -5,7 +5,6 @@ opens in the designer. The job file is validated like every other."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
@@ -13,25 +12,14 @@ from polykv import jobs
 from polykv.errors import JobError
 from polykv.plan import Plan
 from polykv.search.job import launch_search, live, read_search, start_problem
-from tests.helpers import button, open_app, texts, wait_for_job
+from tests.helpers import button, open_app, texts, wait_for_job, with_profile
 
 SMALL = {"evaluations": 40, "search_sequences": 2, "held_out": 2, "max_tokens": 96}
 
 
-@pytest.fixture(scope="module")
-def built_profile(tmp_path_factory, demo_model):
-    from polykv.profile.build import build_profile
-    from polykv.profile.corpus import CorpusSpec
-
-    model, tokenizer = demo_model
-    root = tmp_path_factory.mktemp("app-search") / "profiles"
-    return build_profile("demo", model, tokenizer, root, CorpusSpec(num_sequences=2, max_tokens=128))
-
-
 @pytest.fixture
-def app_ws(app_env, built_profile):
-    shutil.copytree(built_profile.path, app_env / "ws" / "profiles" / built_profile.key)
-    return app_env / "ws"
+def app_ws(app_env, small_profile):
+    return with_profile(app_env / "ws", small_profile)
 
 
 def test_without_a_profile_the_page_says_where_to_make_one(app_env):
@@ -47,14 +35,14 @@ def test_a_plan_outside_the_search_space_is_not_a_start_and_says_why():
     assert "add up to 120, not 5 x 32 = 160" in start_problem(decode, "decode", 32)
 
 
-def test_a_search_job_file_is_validated_and_a_damaged_one_is_listed_not_fatal(app_ws, built_profile):
+def test_a_search_job_file_is_validated_and_a_damaged_one_is_listed_not_fatal(app_ws, small_profile):
     with pytest.raises(JobError, match="budget: Input should be greater than or equal to 2"):
         jobs.search_job("demo", "cpu", {"profile": "p", "scope": "decode", "budget": 1, **SMALL}, "bad")
     with pytest.raises(JobError, match="shell: unknown field"):
         jobs.search_job("demo", "cpu", {"profile": "p", "scope": "decode", "budget": 8, "shell": 1, **SMALL}, "x")
     with pytest.raises(JobError, match="was measured on 'demo', not on 'other'"):
-        launch_search(app_ws, "other", "cpu", profile=built_profile.key, scope="decode", budget=24, **SMALL)
-    good = launch_search(app_ws, "demo", "cpu", profile=built_profile.key, scope="decode", budget=24, **SMALL)
+        launch_search(app_ws, "other", "cpu", profile=small_profile.key, scope="decode", budget=24, **SMALL)
+    good = launch_search(app_ws, "demo", "cpu", profile=small_profile.key, scope="decode", budget=24, **SMALL)
     jobs.save_job(good, app_ws)
     data = json.loads((app_ws / "jobs" / f"{good.id}.json").read_text())
     (app_ws / "jobs" / "nosearch.json").write_text(json.dumps({**data, "id": "nosearch", "search": None}))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 
 import pytest
 
@@ -16,25 +15,13 @@ from polykv.eval.experiments import FACTORIAL_CELLS, ExperimentRunner, Report, f
 from polykv.eval.store import Store
 from polykv.eval.unit import Unit
 from polykv.plan import Plan
-from tests.helpers import SLOW_FIDELITY, TINY_FIDELITY, wait_for_job
-
-
-@pytest.fixture(scope="module")
-def built_profile(tmp_path_factory, demo_model):
-    """A small profile of the demo model (both phases), built once; tests copy it into their workspace."""
-    from polykv.profile.build import build_profile
-    from polykv.profile.corpus import CorpusSpec
-
-    model, tokenizer = demo_model
-    root = tmp_path_factory.mktemp("experiment-jobs") / "profiles"
-    return build_profile("demo", model, tokenizer, root, CorpusSpec(num_sequences=2, max_tokens=128))
+from tests.helpers import SLOW_FIDELITY, TINY_FIDELITY, wait_for_job, with_profile
 
 
 @pytest.fixture
-def ws(workspace, built_profile):
-    """A workspace whose profiles folder holds `built_profile`."""
-    shutil.copytree(built_profile.path, workspace / "profiles" / built_profile.key)
-    return workspace
+def ws(workspace, small_profile):
+    """A workspace whose profiles folder holds `small_profile`."""
+    return with_profile(workspace, small_profile)
 
 
 def factorial_job(ws, profile, settings=TINY_FIDELITY, **changes):
@@ -50,17 +37,17 @@ def factorial_job(ws, profile, settings=TINY_FIDELITY, **changes):
     return launch_job(ws, "demo", "cpu", "factorial", **{**args, **changes})
 
 
-def test_an_experiment_job_names_its_experiment_and_counts_its_runs(ws, built_profile):
-    job = factorial_job(ws, built_profile)
+def test_an_experiment_job_names_its_experiment_and_counts_its_runs(ws, small_profile):
+    job = factorial_job(ws, small_profile)
     assert (job.kind, job.model, job.runs, job.profile) == ("experiment", "demo", [], None)
-    assert job.experiment["name"] == "factorial" and job.experiment["profile"] == built_profile.key
+    assert job.experiment["name"] == "factorial" and job.experiment["profile"] == small_profile.key
     assert job.title.startswith("factorial · ") and "(kl, 4 runs)" in job.title
     placement = launch_job(
-        ws, "demo", "cpu", "placement", profile=str(built_profile.path), scope="decode", budget=24, k=3
+        ws, "demo", "cpu", "placement", profile=str(small_profile.path), scope="decode", budget=24, k=3
     )
     assert "(top1, 4 runs)" in placement.title  # a path names the profile too; the guided route + 3
     sweep = launch_job(
-        ws, "demo", "cpu", "sweep", profile=built_profile.key, scope="decode", budget=24, budgets=[16, 32],
+        ws, "demo", "cpu", "sweep", profile=small_profile.key, scope="decode", budget=24, budgets=[16, 32],
         baselines=["tova", "h2o"],
     )  # fmt: skip
     # per budget: route-uniform, route-ppl (a profile is given), two baselines; then FullKV once
@@ -88,24 +75,24 @@ def test_an_experiment_job_names_its_experiment_and_counts_its_runs(ws, built_pr
     ],
 )
 def test_bad_experiment_arguments_are_refused_in_one_line_before_anything_starts(
-    ws, built_profile, experiment, changes, message
+    ws, small_profile, experiment, changes, message
 ):
-    args = dict(profile=built_profile.key, scope="decode", budget=24, baseline="tova", allocation="entropy", k=3)
+    args = dict(profile=small_profile.key, scope="decode", budget=24, baseline="tova", allocation="entropy", k=3)
     with pytest.raises((JobError, ValueError)) as caught:
         launch_job(ws, "demo", "cpu", experiment, **{**args, **changes})
     assert message in str(caught.value) and "\n" not in str(caught.value)
     assert not jobs.jobs_dir(ws).exists()  # nothing written
 
 
-def test_a_profile_of_another_model_is_refused(ws, built_profile):
-    meta = ws / "profiles" / built_profile.key / "profile.json"
+def test_a_profile_of_another_model_is_refused(ws, small_profile):
+    meta = ws / "profiles" / small_profile.key / "profile.json"
     meta.write_text(json.dumps({**json.loads(meta.read_text()), "model": "other/model"}))
     with pytest.raises(JobError, match="measured on 'other/model', not on 'demo'"):
-        factorial_job(ws, built_profile)
+        factorial_job(ws, small_profile)
 
 
-def test_a_damaged_experiment_job_file_is_listed_as_damaged_and_the_valid_one_still_listed(ws, built_profile):
-    good = factorial_job(ws, built_profile)
+def test_a_damaged_experiment_job_file_is_listed_as_damaged_and_the_valid_one_still_listed(ws, small_profile):
+    good = factorial_job(ws, small_profile)
     jobs.save_job(good, ws)
     folder = jobs.jobs_dir(ws)
     base = json.loads((folder / f"{good.id}.json").read_text())
@@ -162,8 +149,8 @@ def test_a_report_is_plain_json_and_reads_back():
 
 
 @pytest.mark.slow  # a four-run factorial in a job worker, then again in this process (runs found again)
-def test_a_factorial_job_reports_progress_per_run_and_its_report_is_the_librarys(ws, built_profile, demo_model):
-    job = factorial_job(ws, built_profile)
+def test_a_factorial_job_reports_progress_per_run_and_its_report_is_the_librarys(ws, small_profile, demo_model):
+    job = factorial_job(ws, small_profile)
     with pytest.raises(JobError, match="has no report yet"):
         read_report(job, ws)
     assert jobs.start(job, ws).wait(timeout=600) == 0, jobs.log_tail(job, ws)
@@ -184,15 +171,15 @@ def test_a_factorial_job_reports_progress_per_run_and_its_report_is_the_librarys
     model, tokenizer = demo_model
     store = Store(ws / "results.sqlite")
     runner = ExperimentRunner(store, "demo", model, tokenizer, "fidelity", TINY_FIDELITY, metric="kl")
-    again = factorial(runner, built_profile, "decode", 24, "tova", allocation="entropy")
+    again = factorial(runner, small_profile, "decode", 24, "tova", allocation="entropy")
     assert saved == Report.from_dict(again.to_dict())
     assert len(store.runs()) == 4  # nothing was run twice
 
 
 @pytest.mark.slow  # a placement job in a worker, cancelled during its first run, then resumed to the end
-def test_a_placement_job_cancels_resumes_and_reports_each_placements_plan(ws, built_profile):
+def test_a_placement_job_cancels_resumes_and_reports_each_placements_plan(ws, small_profile):
     job = launch_job(
-        ws, "demo", "cpu", "placement", profile=built_profile.key, scope="decode", budget=24, k=2,
+        ws, "demo", "cpu", "placement", profile=small_profile.key, scope="decode", budget=24, k=2,
         settings=SLOW_FIDELITY.to_dict(), metric="kl",
     )  # fmt: skip
     jobs.start(job, ws)
@@ -217,8 +204,8 @@ def test_a_placement_job_cancels_resumes_and_reports_each_placements_plan(ws, bu
         assert plan.name == entry["plan"] and isinstance(entry["S"], float) and isinstance(entry["score"], float)
 
 
-def test_the_jobs_worker_leaves_an_experiment_job_to_the_experiments_module(ws, built_profile, capsys):
-    job = factorial_job(ws, built_profile)
+def test_the_jobs_worker_leaves_an_experiment_job_to_the_experiments_module(ws, small_profile, capsys):
+    job = factorial_job(ws, small_profile)
     path = jobs.save_job(job, ws)
     assert jobs.main(["run", str(path), "--workspace", str(ws)]) == 2  # polykv.jobs cannot import the experiments
     assert "runs with python -m polykv.eval.experiments" in capsys.readouterr().err
