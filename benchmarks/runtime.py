@@ -93,10 +93,12 @@ def run_config(model, row: Row, ids, new_tokens, device):
 
 
 def kv_bytes(cache) -> tuple[int, list[int]]:
-    """Bytes of storage the cache's keys and values really hold, in total and per layer."""
-    per_layer = [
-        layer.keys.untyped_storage().nbytes() + layer.values.untyped_storage().nbytes() for layer in cache.layers
-    ]
+    """Bytes of storage the cache's keys and values really hold, in total and per layer (a storage that
+    keys and values share is counted once)."""
+    per_layer = []
+    for layer in cache.layers:
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in (layer.keys, layer.values)}
+        per_layer.append(sum(storages.values()))
     return sum(per_layer), per_layer
 
 

@@ -15,7 +15,7 @@ import json
 import os
 from collections import Counter
 from collections.abc import Mapping, Sized
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -70,11 +70,16 @@ class PhaseAssignment(BaseModel):
     method: str = Field(min_length=1)
     capacity: StrictInt | None = Field(default=None, gt=0, le=MAX_TOKENS)
     params: dict[str, Any] = Field(default_factory=dict)
+    # Decode only: evict every `interval` steps, `interval` tokens at once (the layer then holds up to
+    # capacity + interval slots). 1 is the exact per-step rule of the papers; more is an approximation
+    # that trades a little extra memory for fewer eviction steps (kvpress's DecodingPress does the same).
+    interval: StrictInt = Field(default=1, ge=1, le=MAX_TOKENS)
 
     def __str__(self) -> str:
         cap = "" if self.capacity is None else f"@{self.capacity}"
         extra = "" if not self.params else "(" + ", ".join(f"{k}={v}" for k, v in self.params.items()) + ")"
-        return f"{self.method}{cap}{extra}"
+        every = "" if self.interval == 1 else f" every {self.interval} steps"
+        return f"{self.method}{cap}{extra}{every}"
 
 
 FULL_ASSIGNMENT = PhaseAssignment(method=FULL)
@@ -244,6 +249,11 @@ class Plan(BaseModel):
                         )
                 elif a.capacity is None:
                     found.append(f"{where}, capacity: {a.method!r} needs a capacity (a positive integer)")
+                if a.interval != 1 and phase is Phase.PREFILL:
+                    found.append(
+                        f"{where}, interval: an eviction interval applies to the decode phase only (prefill "
+                        f"evicts once, at the end of the prompt); leave it out or set 1 (got {a.interval})"
+                    )
                 key = (a.method, _params_key(a.params), a.capacity)
                 if key not in checked:
                     checked[key] = _check(info, a.params, a.capacity, context_length)
@@ -307,6 +317,7 @@ class Plan(BaseModel):
                 average_capacity=sum(bounded) / len(bounded) if bounded else None,
                 bounded_layers=len(bounded),
                 method_counts=dict(Counter(a.method for a in entries)),
+                interval_counts=dict(Counter(a.interval for a in entries if a.interval != 1 and a.method != FULL)),
             )
         return PlanSummary(
             name=self.name, scope=self.scope, allocation=self.allocation, num_layers=self.num_layers, phases=phases
@@ -333,6 +344,8 @@ class PhaseSummary:
     average_capacity: float | None  # b_phi = B_phi / (layers with a capacity); None when every layer is full
     bounded_layers: int
     method_counts: dict[str, int]  # N_r
+    # eviction interval -> layers evicting with it, for intervals above 1 (an approximation of the rule)
+    interval_counts: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -357,6 +370,11 @@ class PlanSummary:
                 f"  {phase.value:<7} total capacity B={s.total_capacity}, average b={avg}"
                 f"{f' ({full} full layers unbounded)' if full and s.bounded_layers else ''}; methods: {counts}"
             )
+            if s.interval_counts:
+                every = ", ".join(f"every {k} steps x{n}" for k, n in sorted(s.interval_counts.items()))
+                out.append(
+                    f"          eviction interval (approximation: a layer holds up to capacity + interval): {every}"
+                )
         return out
 
 
@@ -385,6 +403,8 @@ def _assignment_dict(a: PhaseAssignment) -> dict[str, Any]:
         out["capacity"] = a.capacity
     if a.params:
         out["params"] = dict(a.params)
+    if a.interval != 1:  # left out at its default, so plans without intervals read as before
+        out["interval"] = a.interval
     return out
 
 

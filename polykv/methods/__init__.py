@@ -43,7 +43,9 @@ def for_phase(phase: Phase | str) -> list[str]:
 
 
 def make_method(assignment: PhaseAssignment, layer_idx: int = 0) -> Method:
-    return REGISTRY[assignment.method](assignment.capacity, assignment.params, layer_idx=layer_idx)
+    return REGISTRY[assignment.method](
+        assignment.capacity, assignment.params, layer_idx=layer_idx, interval=assignment.interval
+    )
 
 
 def validate_plan(plan: Plan, num_layers: int | None = None, context_length: int | None = None) -> Plan:

@@ -14,6 +14,16 @@ it with the cache, so scores and slots never drift apart. Merging methods (CaM, 
 contents into kept slots of `view.keys` / `view.values` in place before returning their eviction: the
 step's attention output is already computed, and those tensors are the layer's cache.
 
+Decode steps (see the runtime): an evicting layer holds its slots in storage of capacity + interval
+slots and writes each new token into a slot the last eviction freed, so a step reallocates nothing;
+per-slot state grows the same way (`Method.grow`). A step's path avoids host-device synchronisation
+(.item(), .tolist(), Python branches on tensor values): decisions stay on the device.
+Eviction interval: a plan entry's `interval` k (decode only, default 1 = the exact per-step rule of the
+papers) lets a layer grow to capacity + k slots and then evict k tokens at once, every k steps
+(`Method.evicts`), as kvpress's DecodingPress does. It is an APPROXIMATION of every method's rule:
+the k tokens are chosen together by one step's scores instead of one per step, the layer holds up to
+k more tokens than its capacity, and CaM merges only the newest of them (as for any multi-token cut).
+
 Native allocation: a method with its own layer-budget rule (PyramidKV, D2O, CAKE) sets
 `native_allocation`, reports one number per layer after prefill (`allocation_statistic`) and splits a
 phase's total capacity over the layers (`allocate`). In a plan with `"allocation": "native"` the
@@ -65,6 +75,7 @@ class LayerView:
     num_kv_groups: int
     rows: torch.Tensor | None = None
     column_sums: torch.Tensor | None = None
+    newest: int | None = None  # the newest position (the runtime knows it; None: read it from `positions`)
 
     @property
     def length(self) -> int:
@@ -185,11 +196,20 @@ class Method:
     standalone: ClassVar[frozenset[Phase] | None] = None
     standalone_source: ClassVar[str] = ""
 
-    def __init__(self, capacity: int | None, params: Mapping[str, Any] | BaseModel | None = None, layer_idx: int = 0):
+    def __init__(
+        self,
+        capacity: int | None,
+        params: Mapping[str, Any] | BaseModel | None = None,
+        layer_idx: int = 0,
+        interval: int = 1,
+    ):
         self.capacity = capacity
+        self.interval = interval  # decode: evict every `interval` steps, down to the capacity
         self.params = params if isinstance(params, BaseModel) else self.Params(**dict(params or {}))
         self.layer_idx = layer_idx
         self.per_token: dict[str, torch.Tensor] = {}
+        # per_token name -> (block, the view of it in per_token): see `grow`
+        self._blocks: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     # ---- what the plan validator asks ---------------------------------------------------------
     @classmethod
@@ -260,7 +280,42 @@ class Method:
         return None
 
     def over_capacity(self, view: LayerView) -> bool:
-        return self.capacity is not None and view.length > self.capacity
+        """Does this step evict (down to the capacity)?"""
+        return self.evicts(view.phase, view.length)
+
+    def evicts(self, phase: Phase, length: int) -> bool:
+        """Does a step that leaves `length` slots before eviction evict? Over the capacity, or in decode
+        with an interval k > 1, at capacity + k: k tokens then go at once, every k steps."""
+        if self.capacity is None:
+            return False
+        return length > self.capacity + (self.interval - 1 if phase is Phase.DECODE else 0)
+
+    def grow(self, name: str, q: int, fill: float | bool | None = None) -> torch.Tensor:
+        """`per_token[name]` extended by q new (last) slots set to `fill` (None: for the caller to write),
+        stored back and returned. In place when it is still the view of its block that this method or
+        the runtime's last one-slot drop handed out (identity, not data_ptr(), so torch.compile can
+        trace it) and the block has room; else copied into a new block of capacity + interval slots."""
+        tensor = self.per_token[name]
+        n = tensor.shape[2]
+        block = self._blocks.get(name)
+        if IN_PLACE_SLOTS and block is not None and tensor is block[1] and n + q <= block[0].shape[2]:
+            storage = block[0]
+        else:
+            slots = n + q if not IN_PLACE_SLOTS or self.capacity is None else max(n + q, self.capacity + self.interval)
+            storage = tensor.new_empty((*tensor.shape[:2], slots, *tensor.shape[3:]))
+            storage[:, :, :n].copy_(tensor)
+        out = storage[:, :, : n + q]
+        if fill is not None:
+            out[:, :, n:].fill_(fill)
+        self._blocks[name] = (storage, out)
+        self.per_token[name] = out
+        return out
+
+    def slots_moved(self, name: str, old: torch.Tensor, new: torch.Tensor) -> None:
+        """The runtime dropped one slot of `per_token[name]` in place (`new` is `old` less its last slot)."""
+        block = self._blocks.get(name)
+        if block is not None and old is block[1]:
+            self._blocks[name] = (block[0], new)
 
     def settle(self) -> Eviction | None:
         """Evict to the capacity with the stored per-slot `score` (higher stays; +inf always stays).
@@ -309,9 +364,18 @@ class AccumulatedAttention(Method):
         if old is None or restart:
             score = added
         else:
-            score = torch.cat([old, old.new_zeros(*old.shape[:2], view.num_new)], dim=-1) + added
+            score = self.grow("score", view.num_new, 0.0).add_(added)  # new slots start from 0
         self.per_token["score"] = score
         return score
+
+
+# ---- per-slot storage ------------------------------------------------------------------------------
+# Slot tensors ([b, h, n, ...]: keys, values, positions, per-slot method state) of an evicting layer are
+# views of the first n slots of a block of capacity + interval slots: a decode step that drops one slot
+# moves the last one into it, and the next step writes its new token into the freed slot instead of
+# concatenating (no reallocation, fixed shapes in steady state). False: always concatenate (the previous
+# path, kept to check that both give the same results).
+IN_PLACE_SLOTS = True
 
 
 # ---- small helpers shared by methods ----------------------------------------------------------
@@ -368,6 +432,8 @@ def split_total(weights: list[float], total: int, minimum: int = 1, maximum: int
 
 def recent_mask(view: LayerView, window: int) -> torch.Tensor:
     """Slots among the `window` most recent positions of each head (by true position)."""
+    if view.newest is not None:  # every head holds the newest token: no reduction needed
+        return view.positions > view.newest - window
     newest = view.positions.amax(dim=-1, keepdim=True)
     return view.positions > newest - window
 

@@ -84,13 +84,13 @@ class CAKE(Method):
     native_allocation = True
     revision = 2  # 2: a decode-only plan cuts the prompt with CAKE's prompt rule
 
-    def __init__(self, capacity, params=None, layer_idx=0):
-        super().__init__(capacity, params, layer_idx)
+    def __init__(self, capacity, params=None, layer_idx=0, interval=1):
+        super().__init__(capacity, params, layer_idx, interval)
         self.preference: float | None = None
         self.prompt_length: int | None = None  # slots the layer held when observe_prefill saw the prompt
 
     def needs(self, phase: Phase, length: int) -> Needs:
-        over = self.capacity is None or length > self.capacity
+        over = self.capacity is None or self.evicts(phase, length)
         if not over or (phase is Phase.DECODE and self._whole_prompt_score() is not None):
             return Needs()  # the first decode cut of a whole prompt uses the stored prompt indicator
         return Needs(rows=self.params.window if phase is Phase.PREFILL else 1)

@@ -48,7 +48,8 @@ class CaM(Method):
     the authors' cache, which merges the single token e = L - recent - 1 per step and slices off the
     rest (merging all of them would pile thousands of values onto K targets).
     Defaults: 4 sinks (StreamingLLM's), merge_budget 16 (the authors' generation code); draws come from
-    a generator seeded with `seed` and the layer index, so a run is deterministic for a fixed seed.
+    a generator seeded with `seed` and the layer index, one per batch row, so a run is deterministic for a
+    fixed seed and a sequence draws the same alone or in a batch.
     Decode only: the paper evaluates merging at decode-time eviction. The accumulation starts from the
     prompt's attention, as in H2O.
     GQA: the merge acts on the KV head's (shared) value; p uses the accumulated attention averaged over
@@ -65,9 +66,9 @@ class CaM(Method):
     below_capacity = ("sinks",)
     merges = True
 
-    def __init__(self, capacity, params=None, layer_idx=0):
-        super().__init__(capacity, params, layer_idx)
-        self.generator: torch.Generator | None = None
+    def __init__(self, capacity, params=None, layer_idx=0, interval=1):
+        super().__init__(capacity, params, layer_idx, interval)
+        self.generator: list[torch.Generator] | None = None  # one per batch row
 
     def needs(self, phase: Phase, length: int) -> Needs:
         return Needs(column_sums=True)  # the accumulation needs every step, evicting or not
@@ -82,16 +83,55 @@ class CaM(Method):
     def step(self, view: LayerView) -> Eviction | None:
         added = view.grouped(view.column_sums)
         old = self.per_token.get("acc")
-        acc = added if old is None else torch.cat([old, old.new_zeros(*old.shape[:2], view.num_new)], dim=-1) + added
+        acc = added if old is None else self.grow("acc", view.num_new, 0.0).add_(added)  # new slots start from 0
         self.per_token["acc"] = acc
         if not self.over_capacity(view):
             return None
         # Positions are unique per head: the top `capacity` with sinks forced in are sinks + the most recent.
         eviction = evict_lowest(view.positions.float(), self.capacity, protected=view.positions < self.params.sinks)
+        if eviction.dropped is not None:
+            self._merge_one(view, acc, eviction.dropped)
+            return eviction
         evicted = ~eviction.kept_mask(view.length)
         newest = torch.where(evicted, view.positions, -1).amax(dim=-1, keepdim=True)
         self._merge(view, acc, evicted & (view.positions == newest))
         return eviction
+
+    def _merge_one(self, view: LayerView, acc: torch.Tensor, dropped: torch.Tensor) -> None:
+        """`_merge` for the usual decode step, one evicted slot per head [b, h, 1], in fewer operations
+        (the same numbers and the same draws)."""
+        position = view.positions.gather(-1, dropped)
+        eligible = (view.positions >= self.params.sinks) & (view.positions > position)
+        targets, valid, count = self._targets(view, eligible)
+        target_acc = (acc.gather(-1, targets) * valid).sum(-1, keepdim=True) / count
+        p = torch.nan_to_num(acc.gather(-1, dropped) / target_acc, nan=0.0).clamp(0, 1)  # [b, h, 1]
+        # Draw for every slot, as `_merge` does, so that the generator's stream stays the same.
+        draws = self._draws(acc)
+        m = (draws.gather(-1, dropped) < p).to(view.values.dtype)
+        d = view.values.shape[-1]
+        value = view.values.gather(2, dropped[..., None].expand(*dropped.shape, d))  # [b, h, 1, d]
+        merged = (m[..., None] * value).float() / count.unsqueeze(-1)  # m v_e / K
+        add = (merged * valid.unsqueeze(-1)).to(view.values.dtype)  # [b, h, k, d]
+        view.values.scatter_add_(2, targets.unsqueeze(-1).expand(*targets.shape, d), add)
+
+    def _targets(self, view: LayerView, eligible: torch.Tensor):
+        """The `merge_budget` oldest eligible slots [b, h, k], which of them exist, and how many (K)."""
+        k = min(self.params.merge_budget, view.length)
+        order = torch.where(eligible, -view.positions.double(), float("-inf"))
+        top = order.topk(k, dim=-1)
+        targets, valid = top.indices, top.values.isfinite()  # [b, h, k]
+        return targets, valid, valid.sum(-1, keepdim=True)  # K per head (>= 1: sinks < capacity)
+
+    def _draws(self, acc: torch.Tensor) -> torch.Tensor:
+        """Uniform draws [b, h, n]: one seeded stream per batch row, so a sequence gets the same draws
+        alone or in a batch (its merges never depend on the other rows)."""
+        if self.generator is None or len(self.generator) != acc.shape[0]:
+            self.generator = [
+                torch.Generator(device=acc.device).manual_seed(self.seed_for_layer()) for _ in range(acc.shape[0])
+            ]
+        return torch.stack(
+            [torch.rand(acc.shape[1:], generator=g, device=acc.device, dtype=acc.dtype) for g in self.generator]
+        )
 
     def _merge(self, view: LayerView, acc: torch.Tensor, evicted: torch.Tensor) -> None:
         """Add the merged token's value, Bernoulli-gated, to its targets (view.values, in place)."""
@@ -99,16 +139,10 @@ class CaM(Method):
         # `merge_budget` oldest kept tokens at or after position `sinks`.
         eligible = (view.positions >= self.params.sinks) & ~evicted
         eligible &= view.positions > torch.where(evicted, view.positions, -1).amax(dim=-1, keepdim=True)
-        k = min(self.params.merge_budget, view.length)
-        order = torch.where(eligible, -view.positions.double(), float("-inf"))
-        top = order.topk(k, dim=-1)
-        targets, valid = top.indices, top.values.isfinite()  # [b, h, k]
-        count = valid.sum(-1, keepdim=True)  # K per head (>= 1: sinks < capacity)
+        targets, valid, count = self._targets(view, eligible)
         target_acc = (acc.gather(-1, targets) * valid).sum(-1, keepdim=True) / count
         p = torch.nan_to_num(acc / target_acc, nan=0.0).clamp(0, 1) * evicted  # [b, h, n]
-        if self.generator is None:
-            self.generator = torch.Generator(device=acc.device).manual_seed(self.seed_for_layer())
-        draws = torch.rand(p.shape, generator=self.generator, device=p.device, dtype=p.dtype)
+        draws = self._draws(p)
         m = (draws < p).to(view.values.dtype)  # one draw per KV head and evicted token
         merged = torch.matmul(m.unsqueeze(2), view.values).float() / count.unsqueeze(
             -1

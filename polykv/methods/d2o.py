@@ -48,8 +48,8 @@ class D2O(AccumulatedAttention):
     hitters, as the authors force them to +inf among the candidates; if sinks > heavy, the recent window
     shrinks so that the sinks still fit).
     Merge, keys AND values: for every evicted token i of a KV head, s_i = max over that head's kept
-    keys j of cos(k_i, k_j), target j*_i the argmax. Threshold tau (per layer, one float): at the
-    sequence's first eviction tau = mean(s) over the evicted tokens of all heads and batch rows, after
+    keys j of cos(k_i, k_j), target j*_i the argmax. Threshold tau (per layer and sequence): at the
+    sequence's first eviction tau = mean(s) over the evicted tokens of all its heads, after
     that tau <- alpha * tau + (1 - alpha) * mean(s); tau is updated with this step's s BEFORE gating,
     as the code does. Token i is merged iff s_i >= tau, then k_j <- (k_j + sum_{i->j} s_i k_i) / (1 + n_j)
     with n_j the tokens merged into j this step (the code's scatter_reduce "mean" with include_self on
@@ -80,15 +80,24 @@ class D2O(AccumulatedAttention):
     merges = True
     native_allocation = True
 
-    def __init__(self, capacity, params=None, layer_idx=0):
-        super().__init__(capacity, params, layer_idx)
-        self.threshold: float | None = None  # EMA merge threshold tau
+    def __init__(self, capacity, params=None, layer_idx=0, interval=1):
+        super().__init__(capacity, params, layer_idx, interval)
+        # EMA merge threshold tau, a float64 0-d tensor kept on the device: reading it back every step
+        # would stall the host until the device catches up
+        self.tau: torch.Tensor | None = None
         self.sigma: float | None = None  # the layer's normalised attention variance (allocation)
 
     def observe_prefill(self, view: LayerView) -> None:
         super().observe_prefill(view)  # the prompt's attention starts the scores
-        self.threshold = None  # a new sequence
+        self.tau = None  # a new sequence
         self.sigma = _attention_variance(view.column_sums)
+
+    @property
+    def threshold(self) -> float | None:
+        """tau as a Python float (synchronises; for inspection, never read in a step)."""
+        if self.tau is None:
+            return None
+        return self.tau.item() if self.tau.numel() == 1 else self.tau.flatten().tolist()
 
     def allocation_statistic(self) -> float | None:
         return self.sigma
@@ -108,8 +117,41 @@ class D2O(AccumulatedAttention):
         recent = max(0, min(capacity - heavy, capacity - sinks))
         protected = recent_mask(view, recent) | (view.positions < sinks)
         eviction = evict_lowest(score, capacity, protected=protected)
-        self._merge(view, eviction)
+        if eviction.dropped is not None:
+            self._merge_one(view, eviction.dropped)
+        else:
+            self._merge(view, eviction)
         return eviction
+
+    def _update_tau(self, similarity: torch.Tensor) -> torch.Tensor:
+        """Update tau with this step's similarities; returns the merge gate (s_i >= tau)."""
+        # tau is one number per layer and sequence (the mean over a batch row's heads and evicted tokens:
+        # a sequence's merges never depend on the others in its batch), updated in float64 as a Python
+        # float would be, and compared in the similarities' dtype; it stays on the device (no sync)
+        mean = similarity.mean(dim=(1, 2), keepdim=True).double()  # [b, 1, 1]
+        a = self.params.alpha
+        self.tau = mean if self.tau is None else a * self.tau + (1 - a) * mean
+        return similarity >= self.tau.to(similarity.dtype)
+
+    def _merge_one(self, view: LayerView, dropped: torch.Tensor) -> None:
+        """The usual decode step: `_merge` for one evicted slot per head, in fewer operations. With one
+        token there is no grouping: its target j* becomes (k_j* + s k_i) / 2 if s >= tau."""
+        b, h, _ = dropped.shape
+        d = view.keys.shape[-1]
+        unit = _unit(view.keys)  # [b, h, n, d]
+        index = dropped[..., None].expand(b, h, 1, d)
+        cosine = unit.gather(2, index) @ unit.transpose(-1, -2)  # [b, h, 1, n]
+        cosine.scatter_(-1, dropped[..., None], float("-inf"))  # the evicted slot is no candidate
+        best = cosine.max(dim=-1)
+        similarity, target = best.values, best.indices  # [b, h, 1]
+        gate = self._update_tau(similarity)
+        weight = torch.where(gate, similarity, 0.0)
+        scale = 1.0 / (1.0 + gate.float())
+        target_index = target[..., None].expand(b, h, 1, d)
+        for tensor in (view.keys, view.values):
+            src = weight[..., None] * tensor.gather(2, index).float()
+            base = tensor.gather(2, target_index).float()
+            tensor.scatter_(2, target_index, ((base + src) * scale[..., None]).to(tensor.dtype))
 
     def _merge(self, view: LayerView, eviction: Eviction) -> None:
         """Merge the evicted slots into their most similar kept slots of view.keys/values, in place."""
@@ -120,10 +162,7 @@ class D2O(AccumulatedAttention):
         evicted, survivors = order[..., :num_evicted], order[..., num_evicted:]  # [b, h, e], [b, h, c]
         similarity, target = _nearest_kept(view.keys, evicted, survivors)
 
-        mean = similarity.mean().item()  # tau is one float per layer: all heads and batch rows
-        a = self.params.alpha
-        self.threshold = mean if self.threshold is None else a * self.threshold + (1 - a) * mean
-        gate = similarity >= self.threshold
+        gate = self._update_tau(similarity)
         weight = torch.where(gate, similarity, 0.0)
 
         # Several evicted tokens may share a target: group them under the first one (in evicted

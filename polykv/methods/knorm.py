@@ -37,7 +37,8 @@ class Knorm(Method):
         score = self.per_token.get("score")
         if score is not None and score.shape[-1] == view.length - view.num_new:
             new = view.keys[..., view.length - view.num_new :, :]
-            score = torch.cat([score, -new.float().norm(dim=-1)], dim=-1)
+            score = self.grow("score", view.num_new)
+            score[..., view.length - view.num_new :] = -new.float().norm(dim=-1)
         else:
             score = -view.keys.float().norm(dim=-1)  # [b, h, n]
         self.per_token["score"] = score

@@ -7,6 +7,8 @@ Importance Hypothesis for LLM KV Cache Compression at Test Time." NeurIPS 2023, 
 
 from __future__ import annotations
 
+import struct
+
 from pydantic import BaseModel
 
 from polykv.lazy import lazy_import
@@ -75,8 +77,8 @@ class Scissorhands(Method):
     Params = ScissorhandsParams
     below_capacity = ("recent",)
 
-    def __init__(self, capacity, params=None, layer_idx=0):
-        super().__init__(capacity, params, layer_idx)
+    def __init__(self, capacity, params=None, layer_idx=0, interval=1):
+        super().__init__(capacity, params, layer_idx, interval)
         self.cursor = 0  # ring-buffer column the next query's flags go to
 
     @classmethod
@@ -113,8 +115,7 @@ class Scissorhands(Method):
         if view.phase is Phase.PREFILL or old is None:
             self._start(view)
         else:  # new tokens start with no events
-            fresh = old.new_zeros(*old.shape[:2], view.num_new, old.shape[-1])
-            self.per_token["unimportant"] = torch.cat([old, fresh], dim=2)
+            self.grow("unimportant", view.num_new, False)
             self._record(view)
         if not self.over_capacity(view):
             return None
@@ -140,15 +141,36 @@ class Scissorhands(Method):
         rows = view.grouped(view.rows[:, :, -self.params.history :])  # [b, h, w, n]
         w = rows.shape[2]
         # The newest slot is the newest query's own token; the w queries sit at the w newest positions.
-        query_pos = view.positions.amax(-1, keepdim=True) - w + 1 + torch.arange(w, device=rows.device)  # [b, h, w]
         if w == 1:  # a decode step: the newest query sees every slot
-            threshold = torch.quantile(rows, self.params.importance_quantile, dim=-1, keepdim=True)
-            unimportant = rows < threshold
+            unimportant = rows < row_quantile(rows, self.params.importance_quantile)
         else:
+            query_pos = view.positions.amax(-1, keepdim=True) - w + 1 + torch.arange(w, device=rows.device)
             visible = view.positions[:, :, None, :] <= query_pos[..., None]  # [b, h, w, n]
             hidden = rows.masked_fill(~visible, float("nan"))  # the quantile is over visible tokens only
             threshold = torch.nanquantile(hidden, self.params.importance_quantile, dim=-1, keepdim=True)
             unimportant = (rows < threshold) & visible
-        columns = (self.cursor + torch.arange(w, device=rows.device)) % self.params.history
-        self.per_token["unimportant"][..., columns] = unimportant.transpose(2, 3)
+        if w == 1:  # a plain index: no index tensor to build at every decode step
+            self.per_token["unimportant"][..., self.cursor] = unimportant[:, :, 0]
+        else:
+            columns = (self.cursor + torch.arange(w, device=rows.device)) % self.params.history
+            self.per_token["unimportant"][..., columns] = unimportant.transpose(2, 3)
         self.cursor = (self.cursor + w) % self.params.history
+
+
+def row_quantile(rows: torch.Tensor, q: float) -> torch.Tensor:
+    """`torch.quantile(rows, q, dim=-1, keepdim=True)` (linear interpolation), the same numbers, from a
+    partial top-k instead of a full sort: at every decode step this is most of the method's cost.
+
+    torch computes the rank q * (n - 1) in float32; so does this, on the host (rows hold no NaN: they
+    are softmax probabilities)."""
+    n = rows.shape[-1]
+    rank = _float32(_float32(q) * (n - 1))  # the exact product of two float32 values, rounded once
+    below = int(rank)
+    weight = rank - below  # exact: a float32's fraction
+    top = rows.topk(n - below, dim=-1).values  # descending: the last is the value at `below`
+    above = top[..., -2:-1] if n - below >= 2 else top[..., -1:]
+    return top[..., -1:].lerp(above, weight)
+
+
+def _float32(x: float) -> float:
+    return struct.unpack("f", struct.pack("f", x))[0]

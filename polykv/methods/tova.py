@@ -26,7 +26,7 @@ class TOVA(Method):
     phases = frozenset({Phase.PREFILL, Phase.DECODE})
 
     def needs(self, phase: Phase, length: int) -> Needs:
-        return Needs(rows=1) if self.capacity is not None and length > self.capacity else Needs()
+        return Needs(rows=1) if self.evicts(phase, length) else Needs()
 
     def step(self, view: LayerView) -> Eviction | None:
         if not self.over_capacity(view):

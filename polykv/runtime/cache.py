@@ -17,7 +17,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from polykv.errors import RoutedCacheError
-from polykv.methods import Method, make_method
+from polykv.methods import Method, base, make_method
 from polykv.methods.base import Eviction, LayerView, Needs
 from polykv.plan import Phase, Plan
 
@@ -52,6 +52,16 @@ class RoutedLayer(DynamicLayer):
         self.num_new = 0
         self.retained_after_prefill: int | None = None
         self.on_prefill_done = None  # set by the cache under native allocation
+        # Static-shape decode: storage of capacity + interval slots that keys/values ([2, b, h, S, d],
+        # one block so that one scatter moves both) and positions ([b, h, S]) are prefix views of
+        # while the layer evicts in decode; None until the first decode step that needs it.
+        self._kv: torch.Tensor | None = None
+        self._pos: torch.Tensor | None = None
+        # the views of them last handed out: a layer whose keys/values/positions are these objects
+        # still lives in the block (a cut that gathers assigns new tensors); identity, not data_ptr(),
+        # so that torch.compile can trace the check
+        self._kv_views: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._pos_view: torch.Tensor | None = None
 
     # ---- Hugging Face cache-layer interface ---------------------------------------------------
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -61,7 +71,9 @@ class RoutedLayer(DynamicLayer):
         self.phase = Phase.PREFILL if self.seen == 0 else Phase.DECODE
         if self.seen == 0:
             self.keys, self.values = key_states, value_states
-        else:
+        elif base.IN_PLACE_SLOTS and not self.methods[Phase.DECODE].passive:
+            self._write_in_place(key_states, value_states)
+        else:  # a layer that keeps everything grows as Hugging Face's DynamicLayer does
             self.keys = torch.cat([self.keys, key_states], dim=-2)
             self.values = torch.cat([self.values, value_states], dim=-2)
             if self._positions is not None:
@@ -73,6 +85,53 @@ class RoutedLayer(DynamicLayer):
         _handoff.layer = self
         return self.keys, self.values
 
+    def _write_in_place(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Static-shape decode: an evicting layer writes the new tokens into the slots its last eviction
+        freed (its storage holds capacity + interval slots), so a step allocates nothing and shapes
+        stay fixed from step to step. The first step after a cut copies into new storage once."""
+        n, q = self.keys.shape[-2], key_states.shape[-2]
+        slots = self._kv_slots(n + q)
+        if self.keys.shape[-1] != self.values.shape[-1] or self.keys.dtype != self.values.dtype:
+            # keys and values of different sizes cannot share one block: concatenate, as before
+            self.keys = torch.cat([self.keys, key_states], dim=-2)
+            self.values = torch.cat([self.values, value_states], dim=-2)
+        else:
+            if not self._holds_kv(n + q):
+                self._kv = self.keys.new_empty((2, *self.keys.shape[:2], slots, self.keys.shape[-1]))
+                self._kv[0, :, :, :n].copy_(self.keys)
+                self._kv[1, :, :, :n].copy_(self.values)
+            self._kv[0, :, :, n : n + q].copy_(key_states)
+            self._kv[1, :, :, n : n + q].copy_(value_states)
+            self._set_kv_views(n + q)
+        self._append_positions(n, q)
+
+    def _holds_kv(self, slots: int) -> bool:
+        """Are keys and values prefix views of `_kv` with room for `slots`? (A cut that gathers, or any
+        other assignment, gives them storage of their own.)"""
+        views = self._kv_views
+        return views is not None and slots <= self._kv.shape[3] and self.keys is views[0] and self.values is views[1]
+
+    def _set_kv_views(self, n: int) -> None:
+        self.keys, self.values = self._kv[0, :, :, :n], self._kv[1, :, :, :n]
+        self._kv_views = (self.keys, self.values)
+
+    def _append_positions(self, n: int, q: int) -> None:
+        if self._positions is None:  # slot i still holds position i
+            return
+        pos = self._pos
+        if pos is None or self._positions is not self._pos_view or n + q > pos.shape[2]:
+            pos = self._pos = self._positions.new_empty((*self._positions.shape[:2], self._kv_slots(n + q)))
+            pos[:, :, :n].copy_(self._positions)  # once after a cut, which gives positions new storage
+        if q == 1:
+            pos[:, :, n].fill_(self.seen)
+        else:
+            pos[:, :, n : n + q].copy_(torch.arange(self.seen, self.seen + q, device=pos.device))
+        self._positions = self._pos_view = pos[:, :, : n + q]
+
+    def _kv_slots(self, slots: int) -> int:
+        decode = self.methods[Phase.DECODE]
+        return max(slots, 0 if decode.capacity is None else decode.capacity + decode.interval)
+
     def get_seq_length(self) -> int:
         return self.seen
 
@@ -82,6 +141,7 @@ class RoutedLayer(DynamicLayer):
     def reset(self) -> None:
         super().reset()
         self.seen, self._positions = 0, None
+        self._kv = self._pos = self._kv_views = self._pos_view = None
         for method in self.methods.values():
             method.per_token.clear()
 
@@ -165,10 +225,26 @@ class RoutedLayer(DynamicLayer):
         else:
             select = lambda t: gather_slots(t, eviction.keep)  # noqa: E731
         positions = self.positions.contiguous()  # materialized at the first eviction
-        self.keys, self.values, self._positions = select(self.keys), select(self.values), select(positions)
+        if eviction.dropped is not None and self._holds_kv(n) and self.keys.shape[-2] == n:
+            # keys and values share one block: one scatter moves both
+            live = self._kv[:, :, :, :n]
+            dropped = eviction.dropped
+            index = dropped.view(1, *dropped.shape, 1).expand(2, *dropped.shape, live.shape[-1])
+            live.scatter_(3, index, live[:, :, :, n - 1 :].clone())
+            self._set_kv_views(n - 1)
+        else:
+            self.keys, self.values = select(self.keys), select(self.values)
+            self._kv = self._kv_views = None  # the cut gave them new storage: free the block now
+        if eviction.dropped is not None and positions is self._pos_view:
+            self._positions = self._pos_view = drop_one_slot(positions, eviction.dropped)
+        else:
+            self._positions = select(positions)
+            self._pos = self._pos_view = None
         for method in self.methods.values():
             for name, tensor in method.per_token.items():
                 method.per_token[name] = select(tensor)
+                if eviction.dropped is not None:
+                    method.slots_moved(name, tensor, method.per_token[name])
 
     def adopt(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Take over keys/values already computed for a prefix, as if prefilled here (nothing evicted).
@@ -196,6 +272,7 @@ class RoutedLayer(DynamicLayer):
             return
         self.keys, self.values = fn(self.keys), fn(self.values)
         self._positions = None if self._positions is None else fn(self._positions)
+        self._kv = self._pos = self._kv_views = self._pos_view = None  # new storage: a new block next step
         for method in self.methods.values():
             method.per_token = {k: fn(v) for k, v in method.per_token.items()}
 
@@ -214,9 +291,10 @@ def gather_slots(tensor: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 
 def drop_one_slot(tensor: torch.Tensor, dropped: torch.Tensor) -> torch.Tensor:
     """Remove slot `dropped[b, h, 0]` of each head in place: the last slot moves into it."""
-    index = dropped.view(*dropped.shape, *([1] * (tensor.dim() - 3))).expand(*dropped.shape, *tensor.shape[3:])
-    tensor.scatter_(2, index, tensor[:, :, -1:].clone())
-    return tensor[:, :, :-1]
+    n = tensor.shape[2]
+    index = dropped if tensor.dim() == 3 else dropped.view(*dropped.shape, *([1] * (tensor.dim() - 3)))
+    tensor.scatter_(2, index.expand(*dropped.shape, *tensor.shape[3:]), tensor.narrow(2, n - 1, 1).clone())
+    return tensor.narrow(2, 0, n - 1)
 
 
 class RoutedCache(Cache):

@@ -1,0 +1,113 @@
+"""Static-shape decode: an evicting layer writes each new token into the slot its last eviction freed.
+
+The reference is the previous path, still reachable with `polykv.methods.base.IN_PLACE_SLOTS = False`:
+every step concatenates the new token (and every per-slot state) onto freshly allocated tensors. Both
+must keep the same positions and give the same logits, for every method.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from polykv.methods import REGISTRY, base, params_that_fit
+from polykv.models import cache_argument_name
+from polykv.plan import Phase, Plan
+from polykv.runtime import routed
+from tests.helpers import prompt, tiny_model
+
+PROMPT, CAPACITY, STEPS = 40, 16, 12
+
+
+def _plans(layers: int) -> dict[str, Plan]:
+    plans = {}
+    for name, cls in REGISTRY.items():
+        if name == "full":
+            plans[name] = Plan.homogeneous("full", None, layers)
+            continue
+        params = params_that_fit(name, CAPACITY)
+        phase = "decode" if Phase.DECODE in cls.phases else "prefill"
+        plans[f"{name}-{phase}"] = Plan.homogeneous(name, CAPACITY, layers, phase, params)
+        if phase == "decode" and Phase.PREFILL in cls.phases:
+            plans[f"{name}-both"] = Plan.homogeneous(name, CAPACITY, layers, "both", params)
+    return plans
+
+
+PLANS = _plans(3)
+
+
+def _run(model, plan, ids, steps=STEPS):
+    """Logits of prefill and each step, and each layer's sorted kept positions after every step."""
+
+    kept = []
+    name = cache_argument_name(model)
+    with routed(model, plan) as session, torch.no_grad():
+        out = model(ids, use_cache=True)
+        logits = [out.logits]
+        token = out.logits[:, -1:].argmax(-1)
+        for _ in range(steps):
+            out = model(token, use_cache=True, **{name: session.cache})
+            logits.append(out.logits)
+            token = out.logits[:, -1:].argmax(-1)
+            kept.append([layer.positions.sort(dim=-1).values.clone() for layer in session.cache.layers])
+    return logits, kept, session.cache
+
+
+@pytest.mark.parametrize("label", sorted(PLANS))
+def test_in_place_decode_matches_the_concatenating_path(label, monkeypatch):
+    model = tiny_model("llama")
+    ids = prompt(model, PROMPT, batch=2)
+    logits, kept, _ = _run(model, PLANS[label], ids)
+    monkeypatch.setattr(base, "IN_PLACE_SLOTS", False)
+    ref_logits, ref_kept, _ = _run(model, PLANS[label], ids)
+    assert max((a - b).abs().max().item() for a, b in zip(logits, ref_logits)) <= 1e-5
+    for step, (ours, theirs) in enumerate(zip(kept, ref_kept)):
+        for layer, (a, b) in enumerate(zip(ours, theirs)):
+            assert torch.equal(a, b), f"step {step}, layer {layer}: kept positions differ"
+
+
+@pytest.mark.parametrize("method", ["tova", "streamingllm", "h2o", "d2o", "cam", "knorm", "cake"])
+def test_steady_decode_reuses_one_buffer_of_capacity_plus_one(method):
+    """After the first cut, every step writes into the same storage: no reallocation, fixed shapes."""
+    model = tiny_model("llama")
+    plan = Plan.homogeneous(method, CAPACITY, 3, "decode", params_that_fit(method, CAPACITY))
+    name = cache_argument_name(model)
+
+    with routed(model, plan) as session, torch.no_grad():
+        out = model(prompt(model, PROMPT), use_cache=True)
+        cache = session.cache
+        token = out.logits[:, -1:].argmax(-1)
+        seen = []
+        for step in range(8):
+            out = model(token, use_cache=True, **{name: cache})
+            token = out.logits[:, -1:].argmax(-1)
+            if step >= 2:  # the first step cuts the prompt, the second reallocates once to capacity + 1
+                seen.append([_storage(layer) for layer in cache.layers])
+    assert all(step == seen[0] for step in seen)
+    slot_bytes = lambda t: t[:, :, :1].numel() * t.element_size()  # noqa: E731
+    for layer in cache.layers:
+        assert layer.retained == CAPACITY
+        # keys and values share one block of capacity + 1 slots each
+        assert layer.keys.untyped_storage().data_ptr() == layer.values.untyped_storage().data_ptr()
+        assert layer.keys.untyped_storage().nbytes() == 2 * (CAPACITY + 1) * slot_bytes(layer.keys)
+        for state in layer.methods[Phase.DECODE].per_token.values():
+            assert state.untyped_storage().nbytes() == (CAPACITY + 1) * slot_bytes(state)
+
+
+def _storage(layer):
+    tensors = [layer.keys, layer.values, layer.positions, *layer.methods[Phase.DECODE].per_token.values()]
+    return [t.untyped_storage().data_ptr() for t in tensors]
+
+
+def test_per_slot_state_grows_in_its_block_only_while_it_is_the_view_handed_out():
+    method = REGISTRY["h2o"](capacity=4)
+    method.per_token["score"] = torch.arange(2 * 3.0).view(1, 2, 3)
+    grown = method.grow("score", 1, 0.0)  # not from a block yet: copied into one of capacity + 1 slots
+    assert grown.shape == (1, 2, 4) and grown.untyped_storage().nbytes() == 2 * 5 * 4
+    assert torch.equal(grown[:, :, :3], torch.arange(6.0).view(1, 2, 3)) and not grown[:, :, 3].any()
+    again = method.grow("score", 1, 7.0)  # the view handed out: written in place
+    assert again.untyped_storage().data_ptr() == grown.untyped_storage().data_ptr()
+    assert again[:, :, 4].eq(7).all()
+    method.per_token["score"] = again[:, :, [0, 1, 2, 3]]  # replaced (e.g. by a cut): a new block
+    third = method.grow("score", 1)
+    assert third.untyped_storage().data_ptr() != again.untyped_storage().data_ptr()
