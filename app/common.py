@@ -560,6 +560,22 @@ def running(job_list: Iterable, where: Path) -> set[str]:
     return {j.id for j in job_list if jobs.state(j, where).status == "running"}
 
 
+def start_job(build: Callable[[], Any], flash_key: str | None = None, refused: str = "Not started") -> None:
+    """Build a job (`build()`) and start it in the background, then redraw the page (saying "Started <id>"
+    where `show_flash(flash_key)` is). Bad input, or a job that cannot start, is one inline line
+    ("<refused>: why") and starts nothing."""
+    try:
+        job = build()
+        jobs.start(job, workspace())
+    except (PolyKVError, ValueError) as exc:
+        st.error(f"{refused}: {first_line(exc)}")
+        return
+    if flash_key is not None:
+        runs = len(job.runs)
+        flash(flash_key, f"Started {job.id}" + (f" ({runs} run{'s' * (runs > 1)})." if runs else f": {job.title}."))
+    st.rerun()
+
+
 def job_controls(job, progress, where: Path) -> None:
     """Cancel (a running job: waits until its worker has exited), Resume (a stopped, cancelled or failed
     one: finished runs are found in the store, not recomputed) and the job's log tail."""

@@ -277,6 +277,7 @@ def fake_run(
     model: str = "demo",
     plan_name: str | None = None,
     samples: bool = True,
+    plan_json: str = "{}",
 ) -> None:
     """A run in `store` with the given task scores and status, computing nothing; `samples`: one stored
     sample per task (so that it reads as done), else none."""
@@ -285,7 +286,7 @@ def fake_run(
         model=model,
         plan_name=plan_name or run_id,
         plan_hash="h",
-        plan_json="{}",
+        plan_json=plan_json,
         suite="fidelity",
         settings={},
         seed=0,

@@ -13,6 +13,7 @@ from app import charts
 from polykv.eval.experiments import ExperimentRunner, plan_budget, sweep
 from polykv.eval.store import Store
 from polykv.plan import FULL, Plan
+from tests.helpers import fake_run
 
 
 @dataclass
@@ -28,20 +29,9 @@ class ScoredRunner(ExperimentRunner):
             budget = plan_budget(plan)
             base = 0.0 if method == FULL else 4.0 / budget + (0.02 if method == "h2o" else 0.0)
             scores = {f"t{i}": {"kl": base + 0.01 * i * (method == "tova")} for i in range(4)}
-            self.store.create_run(
-                run_id,
-                model="fake",
-                plan_name=plan.name,
-                plan_hash=run_id,
-                plan_json=plan.to_json(),
-                suite="fidelity",
-                settings={},
-                seed=0,
-                total_samples=4,
-                versions={},
+            fake_run(
+                self.store, run_id, scores, model="fake", plan_name=plan.name, samples=False, plan_json=plan.to_json()
             )
-            self.store.set_task_scores(run_id, scores, {t: 1 for t in scores})
-            self.store.set_status(run_id, "finished")
             ids.append(run_id)
         return ids
 

@@ -23,7 +23,7 @@ from polykv.profile.build import build_profile
 from polykv.profile.corpus import CorpusSpec
 from polykv.profile.store import Profile
 from polykv.routing import plan_from_profile
-from tests.helpers import assert_one_line_error
+from tests.helpers import assert_one_line_error, fake_run
 
 TINY = FidelitySettings(tasks=("prose", "stories"), samples_per_task=1, prompt_tokens=96, continuation=8, generate=8)
 
@@ -43,23 +43,16 @@ class FakeRunner(ExperimentRunner):
             self.launched.append(plan.name)
             run_id = f"fake-{plan.name}"
             if self.store.run(run_id) is None:
-                scores = self.score_of(plan)
-                self.store.create_run(
+                scores = {t: {"top1": v, "kl": v} for t, v in self.score_of(plan).items()}
+                fake_run(
+                    self.store,
                     run_id,
+                    scores,
                     model="fake",
                     plan_name=plan.name,
-                    plan_hash=run_id,
+                    samples=False,
                     plan_json=plan.to_json(),
-                    suite="fidelity",
-                    settings={},
-                    seed=0,
-                    total_samples=len(scores),
-                    versions={},
                 )
-                self.store.set_task_scores(
-                    run_id, {t: {"top1": v, "kl": v} for t, v in scores.items()}, {t: 1 for t in scores}
-                )
-                self.store.set_status(run_id, "finished")
             ids.append(run_id)
         return ids
 

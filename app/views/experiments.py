@@ -71,8 +71,8 @@ else:
         seed = cols[1].number_input("Seed", min_value=0, value=0, step=1)
         launched = st.form_submit_button("Start experiment", type="primary")
     if launched:
-        try:
-            job = launch_job(
+        common.start_job(
+            lambda: launch_job(
                 workspace,
                 name,
                 device,
@@ -90,13 +90,9 @@ else:
                 settings=suite_settings(suite, settings_text).to_dict(),
                 metric=metric,
                 seed=int(seed),
-            )
-            jobs.start(job, workspace)
-        except (PolyKVError, ValueError) as exc:
-            st.error(f"Not started: {common.first_line(exc)}")
-        else:
-            common.flash(state.EXPERIMENT_FLASH, f"Started {job.id}: {job.title}.")
-            st.rerun()
+            ),
+            state.EXPERIMENT_FLASH,
+        )
 common.show_flash(state.EXPERIMENT_FLASH)
 
 # ---- experiment jobs (polled while any runs) ----------------------------------------------------------------

@@ -41,13 +41,7 @@ with st.expander("Compute a profile", expanded=not root.is_dir()):
             if not sources:
                 st.error("Choose at least one source.")
             else:
-                try:
-                    job = common.profile_job(name, device, sources, sequences, max_tokens, b_cal, scope)
-                    jobs.start(job, workspace)
-                except (PolyKVError, ValueError) as exc:
-                    st.error(f"Not started: {common.first_line(exc)}")
-                else:
-                    st.rerun()
+                common.start_job(lambda: common.profile_job(name, device, sources, sequences, max_tokens, b_cal, scope))
 
 
 profile_jobs = common.jobs_of(jobs.list_jobs(workspace), "profile", name, limit=3)

@@ -58,15 +58,11 @@ with st.form(state.LAUNCH_FORM):
     launched = st.form_submit_button("Launch", type="primary")
 
 if launched:
-    try:
-        job = common.eval_job(name, device, plan, suite, settings_text, budgets_text, baselines, placements, seed)
-    except (PolyKVError, ValueError) as exc:
-        st.error(f"Not launched: {common.first_line(exc)}")
-    else:
-        jobs.start(job, workspace)
-        runs = len(job.runs)
-        common.flash(state.RUNS_FLASH, f"Started {job.id} ({runs} run{'s' * (runs > 1)}).")
-        st.rerun()
+    common.start_job(
+        lambda: common.eval_job(name, device, plan, suite, settings_text, budgets_text, baselines, placements, seed),
+        state.RUNS_FLASH,
+        refused="Not launched",
+    )
 common.show_flash(state.RUNS_FLASH)
 
 # ---- jobs (polled while any runs) -----------------------------------------------------------------------

@@ -55,8 +55,8 @@ else:
         "homogeneous plan."
     )
     if started:
-        try:
-            job = launch_search(
+        common.start_job(
+            lambda: launch_search(
                 workspace,
                 name,
                 device,
@@ -69,13 +69,9 @@ else:
                 search_sequences=int(search_sequences),
                 held_out=int(held_out),
                 max_tokens=int(max_tokens),
-            )
-            jobs.start(job, workspace)
-        except (PolyKVError, ValueError) as exc:
-            st.error(f"Not started: {common.first_line(exc)}")
-        else:
-            common.flash(state.SEARCH_FLASH, f"Started {job.id}.")
-            st.rerun()
+            ),
+            state.SEARCH_FLASH,
+        )
 common.show_flash(state.SEARCH_FLASH)
 
 # ---- the searches (polled while one runs) -----------------------------------------------------------------------
