@@ -41,6 +41,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from pydantic_core import PydanticCustomError
 
 from polykv.lazy import lazy_import
+from polykv.methods.slots import SlotBlock
 from polykv.plan import MAX_TOKENS, Phase
 
 torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
@@ -208,8 +209,7 @@ class Method:
         self.params = params if isinstance(params, BaseModel) else self.Params(**dict(params or {}))
         self.layer_idx = layer_idx
         self.per_token: dict[str, torch.Tensor] = {}
-        # per_token name -> (block, the view of it in per_token): see `grow`
-        self._blocks: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._blocks: dict[str, SlotBlock] = {}  # per_token name -> its storage block: see `grow`
 
     # ---- what the plan validator asks ---------------------------------------------------------
     @classmethod
@@ -292,30 +292,34 @@ class Method:
 
     def grow(self, name: str, q: int, fill: float | bool | None = None) -> torch.Tensor:
         """`per_token[name]` extended by q new (last) slots set to `fill` (None: for the caller to write),
-        stored back and returned. In place when it is still the view of its block that this method or
-        the runtime's last one-slot drop handed out (identity, not data_ptr(), so torch.compile can
-        trace it) and the block has room; else copied into a new block of capacity + interval slots."""
+        stored back and returned. In place while it is still the view of its block that this method or
+        the runtime's last one-slot drop handed out and the block has room; else copied into a new block
+        of capacity + interval slots (see `polykv.methods.slots`)."""
         tensor = self.per_token[name]
         n = tensor.shape[2]
         block = self._blocks.get(name)
-        if IN_PLACE_SLOTS and block is not None and tensor is block[1] and n + q <= block[0].shape[2]:
-            storage = block[0]
-        else:
-            slots = n + q if not IN_PLACE_SLOTS or self.capacity is None else max(n + q, self.capacity + self.interval)
-            storage = tensor.new_empty((*tensor.shape[:2], slots, *tensor.shape[3:]))
-            storage[:, :, :n].copy_(tensor)
-        out = storage[:, :, : n + q]
+        if not (IN_PLACE_SLOTS and block is not None and block.holds(tensor, n + q)):
+            size = n + q if not IN_PLACE_SLOTS or self.capacity is None else max(n + q, self.capacity + self.interval)
+            block = self._blocks[name] = SlotBlock.around(tensor, size)
         if fill is not None:
-            out[:, :, n:].fill_(fill)
-        self._blocks[name] = (storage, out)
-        self.per_token[name] = out
+            block.span(n, n + q).fill_(fill)
+        out = self.per_token[name] = block.prefix(n + q)
         return out
 
-    def slots_moved(self, name: str, old: torch.Tensor, new: torch.Tensor) -> None:
-        """The runtime dropped one slot of `per_token[name]` in place (`new` is `old` less its last slot)."""
+    def forget(self) -> None:
+        """Drop every per-slot state and its storage (a new prompt, or the prefill method once done)."""
+        self.per_token.clear()
+        self._blocks.clear()
+
+    def drop_slot(self, name: str, dropped: torch.Tensor) -> None:
+        """The runtime drops slot `dropped[b, h, 0]` of every head: `per_token[name]` follows, in its
+        block when it lives in one (the last slot moves into the dropped one)."""
+        tensor = self.per_token[name]
         block = self._blocks.get(name)
-        if block is not None and old is block[1]:
-            self._blocks[name] = (block[0], new)
+        if block is not None and block.holds(tensor):
+            self.per_token[name] = block.drop(dropped, tensor.shape[2])
+        else:
+            self.per_token[name] = SlotBlock(tensor).drop(dropped, tensor.shape[2])
 
     def settle(self) -> Eviction | None:
         """Evict to the capacity with the stored per-slot `score` (higher stays; +inf always stays).

@@ -53,6 +53,11 @@ def polykv_attention(module, query, key, value, attention_mask, scaling=None, dr
     else:
         key_pos = query_pos = None
 
+    recording = bool(_recorders or _entropy_recorders)
+    if plain_decode and needs and not layer.idle and not recording and _fusable(dropout, kwargs):
+        # One query over every held slot: its attention row gives both the output and the signals
+        # the method needs, so SDPA is not run beside it.
+        return _decode_step(layer, module, query, key, value, scaling, needs)
     if explicit_mask:
         mask = _allowed(key_pos, query_pos, window)  # [b, h, q, n]
         mask = mask.repeat_interleave(module.num_key_value_groups, dim=1)
@@ -73,22 +78,9 @@ def polykv_attention(module, query, key, value, attention_mask, scaling=None, dr
             layer.settle_prefill(None)
         return attn_output, None
 
-    view = LayerView(
-        phase=layer.phase,
-        keys=key,
-        values=value,
-        positions=layer.positions,
-        num_new=q_len,
-        num_kv_groups=module.num_key_value_groups,
-        newest=layer.seen - 1,
-    )
+    view = _layer_view(layer, module, key, value, q_len)
     if plain_decode and needs:
-        # One query: its attention row is also the step's column sums (the same numbers); compute it once.
-        row = attention_probs(query, key, None, None, scaling)
-        if needs.rows:
-            view.rows = row
-        if needs.column_sums:
-            view.column_sums = row[:, :, 0]
+        _give_row(view, needs, attention_probs(query, key, None, None, scaling))
     else:
         if needs.rows:
             w = min(needs.rows, q_len)
@@ -101,6 +93,59 @@ def polykv_attention(module, query, key, value, attention_mask, scaling=None, dr
                 view.column_sums = _column_sums(query, key, query_pos, view.positions, scaling, window)
     layer.finish_step(view)
     return attn_output, None
+
+
+def _layer_view(layer: RoutedLayer, module, key, value, q_len: int) -> LayerView:
+    return LayerView(
+        phase=layer.phase,
+        keys=key,
+        values=value,
+        positions=layer.positions,
+        num_new=q_len,
+        num_kv_groups=module.num_key_value_groups,
+        newest=layer.seen - 1,
+    )
+
+
+def _give_row(view: LayerView, needs, row: torch.Tensor) -> None:
+    """A single query's attention row [b, h*g, 1, n] is also the step's column sums (the same numbers)."""
+    if needs.rows:
+        view.rows = row
+    if needs.column_sums:
+        view.column_sums = row.view(row.shape[0], row.shape[1], row.shape[3])
+
+
+def _fusable(dropout: float, kwargs) -> bool:
+    """Can the output come from our own softmax? Not with dropout or score modifiers SDPA would apply
+    differently (logit soft-capping, attention sinks): those models keep SDPA beside the row."""
+    return not dropout and kwargs.get("softcap") is None and kwargs.get("s_aux") is None
+
+
+def _decode_step(layer: RoutedLayer, module, query, key, value, scaling, needs):
+    """A decode step of one query over the held slots: the probabilities (fp32, as the methods score)
+    times the values give the layer's output (in the values' dtype, as eager attention does), and the
+    same row goes to the method."""
+    b, qh, _, d = query.shape
+    h, n = key.shape[1], key.shape[2]
+    probs = _decode_probs(query, key, scaling)  # [b*h, g, n]
+    weights = probs if value.dtype == probs.dtype else probs.to(value.dtype)
+    attn_output = torch.bmm(weights, value.reshape(b * h, n, value.shape[-1])).view(b, 1, qh, value.shape[-1])
+    view = _layer_view(layer, module, key, value, 1)
+    _give_row(view, needs, probs.view(b, qh, 1, n))
+    layer.finish_step(view)
+    return attn_output, None
+
+
+def _decode_probs(query, key, scaling) -> torch.Tensor:
+    """Softmax attention [b*h, g, n] (fp32) of one query per head over every held slot: no mask, and as
+    few operations as the step allows (it runs for every layer at every decode step)."""
+    b, qh, _, d = query.shape
+    h, n = key.shape[1], key.shape[2]
+    grouped_q = query.reshape(b * h, qh // h, d)
+    grouped_k = key.reshape(b * h, n, d)
+    if grouped_q.dtype != torch.float32:
+        grouped_q, grouped_k = grouped_q.float(), grouped_k.float()
+    return torch.softmax(torch.bmm(grouped_q * scaling, grouped_k.transpose(1, 2)), dim=-1)
 
 
 class AttentionRecorder:

@@ -19,6 +19,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 from polykv.errors import RoutedCacheError
 from polykv.methods import Method, base, make_method
 from polykv.methods.base import Eviction, LayerView, Needs
+from polykv.methods.slots import SlotBlock
 from polykv.plan import Phase, Plan
 
 # The model calls `cache.update(...)` and then, in the same attention module, the attention function.
@@ -52,16 +53,14 @@ class RoutedLayer(DynamicLayer):
         self.num_new = 0
         self.retained_after_prefill: int | None = None
         self.on_prefill_done = None  # set by the cache under native allocation
-        # Static-shape decode: storage of capacity + interval slots that keys/values ([2, b, h, S, d],
-        # one block so that one scatter moves both) and positions ([b, h, S]) are prefix views of
-        # while the layer evicts in decode; None until the first decode step that needs it.
-        self._kv: torch.Tensor | None = None
-        self._pos: torch.Tensor | None = None
-        # the views of them last handed out: a layer whose keys/values/positions are these objects
-        # still lives in the block (a cut that gathers assigns new tensors); identity, not data_ptr(),
-        # so that torch.compile can trace the check
-        self._kv_views: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._pos_view: torch.Tensor | None = None
+        # Static-shape decode (`polykv.methods.slots`): while the layer evicts in decode, keys, values and
+        # positions are prefix views of blocks of capacity + interval slots. Keys and values share one
+        # storage [2, b, h, S, d] (`_kv`, so that one scatter moves both; `_keys` and `_values` are its
+        # halves); None until the first decode step that needs them.
+        self._kv: SlotBlock | None = None
+        self._keys: SlotBlock | None = None
+        self._values: SlotBlock | None = None
+        self._pos: SlotBlock | None = None
 
     # ---- Hugging Face cache-layer interface ---------------------------------------------------
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -90,43 +89,34 @@ class RoutedLayer(DynamicLayer):
         freed (its storage holds capacity + interval slots), so a step allocates nothing and shapes
         stay fixed from step to step. The first step after a cut copies into new storage once."""
         n, q = self.keys.shape[-2], key_states.shape[-2]
-        slots = self._kv_slots(n + q)
         if self.keys.shape[-1] != self.values.shape[-1] or self.keys.dtype != self.values.dtype:
             # keys and values of different sizes cannot share one block: concatenate, as before
             self.keys = torch.cat([self.keys, key_states], dim=-2)
             self.values = torch.cat([self.values, value_states], dim=-2)
         else:
-            if not self._holds_kv(n + q):
-                self._kv = self.keys.new_empty((2, *self.keys.shape[:2], slots, self.keys.shape[-1]))
-                self._kv[0, :, :, :n].copy_(self.keys)
-                self._kv[1, :, :, :n].copy_(self.values)
-            self._kv[0, :, :, n : n + q].copy_(key_states)
-            self._kv[1, :, :, n : n + q].copy_(value_states)
-            self._set_kv_views(n + q)
+            if not self._holds_kv(n + q):  # once after a cut, which gives keys and values new storage
+                self._kv = SlotBlock.around(torch.stack([self.keys, self.values]), self._kv_slots(n + q), dim=3)
+                self._keys, self._values = SlotBlock(self._kv.storage[0]), SlotBlock(self._kv.storage[1])
+            self._keys.span(n, n + q).copy_(key_states)
+            self._values.span(n, n + q).copy_(value_states)
+            self.keys, self.values = self._keys.prefix(n + q), self._values.prefix(n + q)
         self._append_positions(n, q)
 
     def _holds_kv(self, slots: int) -> bool:
-        """Are keys and values prefix views of `_kv` with room for `slots`? (A cut that gathers, or any
-        other assignment, gives them storage of their own.)"""
-        views = self._kv_views
-        return views is not None and slots <= self._kv.shape[3] and self.keys is views[0] and self.values is views[1]
-
-    def _set_kv_views(self, n: int) -> None:
-        self.keys, self.values = self._kv[0, :, :, :n], self._kv[1, :, :, :n]
-        self._kv_views = (self.keys, self.values)
+        """Are keys and values prefix views of the block with room for `slots`? (A cut that gathers, or
+        any other assignment, gives them storage of their own.)"""
+        return self._kv is not None and self._keys.holds(self.keys, slots) and self._values.holds(self.values)
 
     def _append_positions(self, n: int, q: int) -> None:
         if self._positions is None:  # slot i still holds position i
             return
-        pos = self._pos
-        if pos is None or self._positions is not self._pos_view or n + q > pos.shape[2]:
-            pos = self._pos = self._positions.new_empty((*self._positions.shape[:2], self._kv_slots(n + q)))
-            pos[:, :, :n].copy_(self._positions)  # once after a cut, which gives positions new storage
+        if self._pos is None or not self._pos.holds(self._positions, n + q):
+            self._pos = SlotBlock.around(self._positions, self._kv_slots(n + q))  # once after a cut
         if q == 1:
-            pos[:, :, n].fill_(self.seen)
+            self._pos.span(n, n + 1).fill_(self.seen)
         else:
-            pos[:, :, n : n + q].copy_(torch.arange(self.seen, self.seen + q, device=pos.device))
-        self._positions = self._pos_view = pos[:, :, : n + q]
+            self._pos.span(n, n + q).copy_(torch.arange(self.seen, self.seen + q, device=self._positions.device))
+        self._positions = self._pos.prefix(n + q)
 
     def _kv_slots(self, slots: int) -> int:
         decode = self.methods[Phase.DECODE]
@@ -141,9 +131,9 @@ class RoutedLayer(DynamicLayer):
     def reset(self) -> None:
         super().reset()
         self.seen, self._positions = 0, None
-        self._kv = self._pos = self._kv_views = self._pos_view = None
+        self._free_blocks()
         for method in self.methods.values():
-            method.per_token.clear()
+            method.forget()
 
     def crop(self, tokens_to_remove: int) -> None:
         raise RoutedCacheError("cropping a routed cache is not supported (evicted tokens cannot be restored)")
@@ -202,7 +192,7 @@ class RoutedLayer(DynamicLayer):
             self.on_prefill_done(self)
 
     def settle_prefill(self, eviction: Eviction | None) -> None:
-        self.method.per_token.clear()  # the prefill method's scores are never used again
+        self.method.forget()  # the prefill method's scores are never used again
         self._apply(eviction)
         self.retained_after_prefill = self.retained
 
@@ -219,32 +209,35 @@ class RoutedLayer(DynamicLayer):
                 f"layer {self.layer_idx}: {self.method.name} kept {kept} slots, over its capacity {capacity}"
             )
         if eviction.dropped is not None:
-            # The usual decode step drops one slot: move the newest slot into it instead of copying
-            # the whole cache (slots are unordered; positions say where each token was).
-            select = lambda t: drop_one_slot(t, eviction.dropped)  # noqa: E731
-        else:
-            select = lambda t: gather_slots(t, eviction.keep)  # noqa: E731
-        positions = self.positions.contiguous()  # materialized at the first eviction
-        if eviction.dropped is not None and self._holds_kv(n) and self.keys.shape[-2] == n:
-            # keys and values share one block: one scatter moves both
-            live = self._kv[:, :, :, :n]
-            dropped = eviction.dropped
-            index = dropped.view(1, *dropped.shape, 1).expand(2, *dropped.shape, live.shape[-1])
-            live.scatter_(3, index, live[:, :, :, n - 1 :].clone())
-            self._set_kv_views(n - 1)
-        else:
-            self.keys, self.values = select(self.keys), select(self.values)
-            self._kv = self._kv_views = None  # the cut gave them new storage: free the block now
-        if eviction.dropped is not None and positions is self._pos_view:
-            self._positions = self._pos_view = drop_one_slot(positions, eviction.dropped)
-        else:
-            self._positions = select(positions)
-            self._pos = self._pos_view = None
+            self._drop_one(eviction.dropped, n)
+            return
+        select = lambda t: gather_slots(t, eviction.keep)  # noqa: E731
+        self._positions = select(self.positions)
+        self.keys, self.values = select(self.keys), select(self.values)
+        self._free_blocks()  # the cut gave every slot tensor new storage
         for method in self.methods.values():
             for name, tensor in method.per_token.items():
                 method.per_token[name] = select(tensor)
-                if eviction.dropped is not None:
-                    method.slots_moved(name, tensor, method.per_token[name])
+
+    def _drop_one(self, dropped: torch.Tensor, n: int) -> None:
+        """The usual decode step drops one slot of each head: the newest (last) slot moves into it
+        instead of the whole cache being copied (slots are unordered; positions say where each token
+        was). In the blocks of static-shape decode this is one scatter for keys and values together."""
+        if self._pos is not None and self._pos.holds(self._positions):
+            self._positions = self._pos.drop(dropped, n)
+        else:  # materialized at the first eviction (writable storage, not an expanded arange)
+            self._positions = drop_one_slot(self.positions.contiguous(), dropped)
+        if self._holds_kv(n):
+            self._kv.drop(dropped, n)
+            self.keys, self.values = self._keys.prefix(n - 1), self._values.prefix(n - 1)
+        else:
+            self.keys, self.values = drop_one_slot(self.keys, dropped), drop_one_slot(self.values, dropped)
+        for method in self.methods.values():
+            for name in method.per_token:
+                method.drop_slot(name, dropped)
+
+    def _free_blocks(self) -> None:
+        self._kv = self._keys = self._values = self._pos = None
 
     def adopt(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Take over keys/values already computed for a prefix, as if prefilled here (nothing evicted).
@@ -272,7 +265,7 @@ class RoutedLayer(DynamicLayer):
             return
         self.keys, self.values = fn(self.keys), fn(self.values)
         self._positions = None if self._positions is None else fn(self._positions)
-        self._kv = self._pos = self._kv_views = self._pos_view = None  # new storage: a new block next step
+        self._free_blocks()  # new storage: a new block next step
         for method in self.methods.values():
             method.per_token = {k: fn(v) for k, v in method.per_token.items()}
 
@@ -290,11 +283,9 @@ def gather_slots(tensor: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 
 
 def drop_one_slot(tensor: torch.Tensor, dropped: torch.Tensor) -> torch.Tensor:
-    """Remove slot `dropped[b, h, 0]` of each head in place: the last slot moves into it."""
-    n = tensor.shape[2]
-    index = dropped if tensor.dim() == 3 else dropped.view(*dropped.shape, *([1] * (tensor.dim() - 3)))
-    tensor.scatter_(2, index.expand(*dropped.shape, *tensor.shape[3:]), tensor.narrow(2, n - 1, 1).clone())
-    return tensor.narrow(2, 0, n - 1)
+    """Remove slot `dropped[b, h, 0]` of each head of a [b, h, n, ...] tensor in place: the last slot
+    moves into it."""
+    return SlotBlock(tensor).drop(dropped, tensor.shape[2])
 
 
 class RoutedCache(Cache):
