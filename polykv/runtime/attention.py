@@ -54,11 +54,20 @@ def polykv_attention(module, query, key, value, attention_mask, scaling=None, dr
         key_pos = query_pos = None
 
     recording = bool(_recorders or _entropy_recorders)
-    if plain_decode and needs and not layer.idle and not recording and _fusable(dropout, kwargs):
+    fusable = not layer.idle and _fusable(dropout, kwargs)
+    if plain_decode and needs and fusable and not recording:
         # One query over every held slot: its attention row gives both the output and the signals
         # the method needs, so SDPA is not run beside it.
         return _decode_step(layer, module, query, key, value, scaling, needs)
-    if explicit_mask:
+    # A prompt's causal attention (slot i = position i) whose column sums a method needs: one chunked
+    # pass yields the output and the column sums.
+    fresh_sums = needs.column_sums and layer.retained == q_len == layer.seen and (window is None or window >= q_len)
+    column_sums = None
+    if fresh_sums:
+        fused_output, column_sums = _causal_attention_and_column_sums(query, key, value, scaling)
+    if fresh_sums and fusable and not explicit_mask:
+        attn_output = fused_output
+    elif explicit_mask:
         mask = _allowed(key_pos, query_pos, window)  # [b, h, q, n]
         mask = mask.repeat_interleave(module.num_key_value_groups, dim=1)
         out = F.scaled_dot_product_attention(
@@ -86,11 +95,9 @@ def polykv_attention(module, query, key, value, attention_mask, scaling=None, dr
             w = min(needs.rows, q_len)
             view.rows = attention_probs(query[:, :, -w:], key, query_pos[-w:], view.positions, scaling, window)
         if needs.column_sums:
-            fresh = layer.retained == q_len == layer.seen and (window is None or window >= q_len)
-            if fresh:  # a prompt's causal attention (slot i = position i): the cheaper pass
-                view.column_sums = _causal_column_sums(query, key, scaling)
-            else:
-                view.column_sums = _column_sums(query, key, query_pos, view.positions, scaling, window)
+            if column_sums is None:
+                column_sums = _column_sums(query, key, query_pos, view.positions, scaling, window)
+            view.column_sums = column_sums
     layer.finish_step(view)
     return attn_output, None
 
@@ -268,33 +275,41 @@ def _column_sums(query, key, query_pos, key_pos, scaling, window) -> torch.Tenso
     return total
 
 
-# Query chunk of the causal column sums: smaller chunks skip more of the masked upper triangle (at 256,
-# a 4,096-token prompt computes 53% of the full score matrix), larger ones pay less per-chunk overhead.
-_CAUSAL_CHUNK = 256
+# Query chunk of the fused prompt attention: smaller chunks skip more of the masked upper triangle (at 64,
+# a 1,024-token prompt computes 53% of the score matrix) and keep each softmax block in cache; larger
+# ones issue fewer operations (the bound that matters on a GPU).
+_CAUSAL_CHUNK = {"cpu": 64}
+_CAUSAL_CHUNK_DEFAULT = 512
 
 
-def _causal_column_sums(query, key, scaling) -> torch.Tensor:
-    """`_column_sums` of a fresh prompt (query i and slot i both at position i, causal), [b, h*g, n], in
-    fewer passes over the scores: each query chunk scores only the keys it can see, and the column sums
-    of the normalised rows are one matrix product, (1 / Z)^T @ exp(S - max), instead of normalising
-    every score and summing. Equal to `_column_sums` up to float rounding."""
+def _causal_attention_and_column_sums(query, key, value, scaling) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fresh prompt's causal attention (query i and slot i both at position i): the layer's output
+    [b, n, h*g, d] (as SDPA's, in the query's dtype) and the attention every slot received, summed over
+    all queries, [b, h*g, n] (fp32), from one pass in query chunks: each chunk scores only the keys it
+    can see, takes one softmax, multiplies it by the values and sums it over its queries. Equal to
+    SDPA's output and to `_column_sums` up to float rounding."""
     b, qh, n, d = query.shape
-    h = key.shape[1]
-    g = qh // h
-    keys_t = key.float().transpose(-1, -2)  # [b, h, d, n]
-    chunk = max(1, min(_CAUSAL_CHUNK, _COLUMN_SUM_BLOCK // max(1, b * qh * n)))
-    total = torch.zeros(b, h, g, 1, n, dtype=torch.float32, device=query.device)
+    h, dv = key.shape[1], value.shape[-1]
+    g, dtype = qh // h, query.dtype
+    if dtype != torch.float32:  # scores, softmax and output in fp32, as the methods score
+        query, key, value = query.float(), key.float(), value.float()
+    keys_t = key.transpose(-1, -2)  # [b, h, d, n]
+    chunk = _CAUSAL_CHUNK.get(query.device.type, _CAUSAL_CHUNK_DEFAULT)
+    chunk = max(1, min(chunk, _COLUMN_SUM_BLOCK // max(1, b * qh * n)))
+    output = query.new_empty(b, n, h, g, dv)
+    total = query.new_zeros(b, h, g, n)
     for start in range(0, n, chunk):
         stop = min(n, start + chunk)
         w = stop - start
-        grouped_q = query[:, :, start:stop].reshape(b, h, g * w, d).float() * scaling
+        grouped_q = query[:, :, start:stop].reshape(b, h, g * w, d) * scaling
         scores = torch.matmul(grouped_q, keys_t[..., :stop]).view(b, h, g, w, stop)
         future = torch.ones(w, w, dtype=torch.bool, device=query.device).triu_(1)  # keys after each query
         scores[..., start:].masked_fill_(future, float("-inf"))
-        scores.sub_(scores.amax(dim=-1, keepdim=True)).exp_()
-        inverse_z = scores.sum(dim=-1, keepdim=True).reciprocal_().transpose(-1, -2)  # [b, h, g, 1, w]
-        total[..., :stop] += torch.matmul(inverse_z, scores)
-    return total.view(b, qh, n)
+        probs = torch.softmax(scores, dim=-1)
+        total[..., :stop] += probs.sum(dim=3)
+        out = torch.matmul(probs.view(b, h, g * w, stop), value[:, :, :stop]).view(b, h, g, w, dv)
+        output[:, start:stop].copy_(out.permute(0, 3, 1, 2, 4))
+    return output.view(b, n, qh, dv).to(dtype), total.view(b, qh, n)
 
 
 def _repeat(kv: torch.Tensor, module) -> torch.Tensor:
