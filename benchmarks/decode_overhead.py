@@ -3,8 +3,9 @@
 An 8B model on one GPU at batch 1 spends most of a decode step issuing small operations per layer, not
 computing. A random Llama with 32 tiny layers (hidden 128) on one CPU thread reproduces that regime:
 each method runs at capacity 256 on a 1,024-token prompt (decode-phase methods in decode after a full
-prefill, prefill-only ones in prefill), 64 greedy steps, configurations interleaved within each
-repetition, medians reported as ratios to vanilla Hugging Face in the same run.
+prefill, prefill-only ones in prefill), 64 greedy steps. Each configuration runs in lockstep with a
+vanilla Hugging Face run (their decode steps alternate, each timed alone), and the median of the
+per-step ratios over every step of every repetition is reported.
 
     python benchmarks/decode_overhead.py                    # defaults above, 5 repetitions
     python benchmarks/decode_overhead.py --methods tova h2o --reps 3
@@ -60,45 +61,53 @@ def rows_for(methods: list[str], capacity: int, layers: int, interval: int) -> l
 
 
 @torch.no_grad()
-def run_config(model, row: Row, ids: torch.Tensor, new_tokens: int):
-    """Prefill s, mean decode s per token, the fastest single decode step (s; the steady state with the
-    least interference from other load) and the cache."""
-    with routed(model, row.plan) if row.plan is not None else contextlib.nullcontext():
-        name = cache_argument_name(model)
+def lockstep(model, plan: Plan, ids: torch.Tensor, new_tokens: int):
+    """Vanilla Hugging Face and the plan side by side: both prefill the prompt, then they take their
+    greedy decode steps in turn (a vanilla step, the plan's step, ...), each timed alone. Load from
+    other processes drifts over milliseconds to seconds on a shared machine, so the two steps of a pair
+    see nearly the same load. Returns vanilla's and the plan's prefill seconds, their step seconds and
+    the plan's cache."""
+    name = cache_argument_name(model)
+    t0 = time.perf_counter()
+    out = model(ids, use_cache=True, logits_to_keep=1)
+    prefill = [time.perf_counter() - t0]
+    caches, tokens = [output_cache(out)], [out.logits[:, -1:].argmax(-1)]
+    with routed(model, plan) as session:
         t0 = time.perf_counter()
         out = model(ids, use_cache=True, logits_to_keep=1)
-        prefill = time.perf_counter() - t0
-        cache = output_cache(out)
-        token = out.logits[:, -1:].argmax(-1)
-        steps = []
-        for _ in range(new_tokens):
-            t0 = time.perf_counter()
-            out = model(token, use_cache=True, **{name: cache})
-            token = out.logits[:, -1:].argmax(-1)
-            steps.append(time.perf_counter() - t0)
-    return prefill, sum(steps) / len(steps), min(steps), cache
+        prefill.append(time.perf_counter() - t0)
+    caches.append(session.cache)
+    tokens.append(out.logits[:, -1:].argmax(-1))
+    steps: list[list[float]] = [[], []]
+    for _ in range(new_tokens):
+        for side in (0, 1):
+            with routed(model, plan) if side else contextlib.nullcontext():  # entered outside the timing
+                t0 = time.perf_counter()
+                out = model(tokens[side], use_cache=True, **{name: caches[side]})
+                tokens[side] = out.logits[:, -1:].argmax(-1)
+                steps[side].append(time.perf_counter() - t0)
+    return prefill[0], prefill[1], steps[0], steps[1], caches[1]
 
 
 def benchmark(model, rows: list[Row], prompt_len: int, new_tokens: int, reps: int) -> dict[str, dict[str, list]]:
-    """Paired runs: every configuration right after its own vanilla run, so that the load of other
-    processes (which drifts over seconds on a shared machine) hits both alike; ratios are per pair."""
+    """Every configuration in lockstep with its own vanilla run (see `lockstep`); a repetition runs
+    every configuration once. Decode ratios are per pair of steps, prefill ratios per pair of runs."""
     ids = torch.randint(3, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0))
-    run_config(model, rows[0], ids[:, :256], 4)  # warm-up
+    lockstep(model, rows[1].plan, ids[:, :256], 4)  # warm-up
     out: dict[str, dict[str, list]] = {"vanilla HF": {"decode_ms": []}}
     for row in rows[1:]:
-        out[row.label] = {"prefill_x": [], "decode_x": [], "step_x": [], "decode_ms": [], "held_over_nominal": []}
+        out[row.label] = {"prefill_x": [], "step_x": [], "decode_ms": [], "fastest_x": [], "held_over_nominal": []}
     for _ in range(reps):
         for row in rows[1:]:
-            base_prefill, base_decode, base_step, _ = run_config(model, rows[0], ids, new_tokens)
-            prefill, decode, step, cache = run_config(model, row, ids, new_tokens)
+            base_prefill, prefill, base_steps, steps, cache = lockstep(model, row.plan, ids, new_tokens)
             slots = nominal_slots(row.plan, prompt_len, new_tokens) or [prompt_len + new_tokens] * len(cache.layers)
             r = out[row.label]
             r["prefill_x"].append(prefill / base_prefill)
-            r["decode_x"].append(decode / base_decode)
-            r["step_x"].append(step / base_step)
-            r["decode_ms"].append(decode * 1e3)
+            r["step_x"].extend(ours / theirs for ours, theirs in zip(steps, base_steps))
+            r["decode_ms"].append(statistics.median(steps) * 1e3)
+            r["fastest_x"].append(min(steps) / min(base_steps))
             r["held_over_nominal"].append(kv_bytes(cache)[0] / nominal_bytes(model, slots, torch.float32))
-            out["vanilla HF"]["decode_ms"].append(base_decode * 1e3)
+            out["vanilla HF"]["decode_ms"].append(statistics.median(base_steps) * 1e3)
             del cache
     return out
 
@@ -107,17 +116,17 @@ def report(results: dict[str, dict[str, list]], title: str) -> str:
     lines = [
         title,
         f"{'configuration':<26} {'prefill x vanilla':>18} {'decode ms/tok':>14} {'decode x vanilla':>17} "
-        f"{'(min..max)':>14} {'fastest step x':>15} {'KV held/nominal':>16}",
+        f"{'(IQR of steps)':>15} {'fastest step x':>15} {'KV held/nominal':>16}",
     ]
     med = statistics.median
     for label, r in results.items():
         if label == "vanilla HF":
             lines.append(f"{label:<26} {'1':>18} {med(r['decode_ms']):>14.2f} {'1':>17}")
             continue
-        spread = f"{min(r['decode_x']):.2f}..{max(r['decode_x']):.2f}"
+        q1, _, q3 = statistics.quantiles(r["step_x"], n=4)
         lines.append(
-            f"{label:<26} {med(r['prefill_x']):>18.3f} {med(r['decode_ms']):>14.2f} {med(r['decode_x']):>17.3f} "
-            f"{spread:>14} {med(r['step_x']):>15.3f} {med(r['held_over_nominal']):>16.4f}"
+            f"{label:<26} {med(r['prefill_x']):>18.3f} {med(r['decode_ms']):>14.2f} {med(r['step_x']):>17.3f} "
+            f"{f'{q1:.2f}..{q3:.2f}':>15} {med(r['fastest_x']):>15.3f} {med(r['held_over_nominal']):>16.4f}"
         )
     return "\n".join(lines)
 
@@ -150,7 +159,8 @@ def main() -> None:
         f"host-bound random Llama (hidden {cfg['hidden_size']}, {cfg['num_hidden_layers']} layers, "
         f"{cfg['num_attention_heads']} heads, {cfg['num_key_value_heads']} KV heads), fp32 CPU, "
         f"{torch.get_num_threads()} thread(s); prompt {args.prompt_len}, {args.new_tokens} new tokens, "
-        f"interval {args.interval}; medians of {args.reps} paired runs (each right after its own vanilla run)"
+        f"interval {args.interval}; {args.reps} repetitions, each configuration in lockstep with vanilla "
+        "(median of per-step ratios)"
     )
     print(report(results, title))
     if args.json:

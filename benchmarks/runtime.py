@@ -18,7 +18,9 @@ import argparse
 import copy
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -64,8 +66,20 @@ def _sync(device: str) -> None:
 
 
 @torch.no_grad()
-def run_once(model, ids: torch.Tensor, new_tokens: int, device: str):
-    """Prefill then `new_tokens` greedy steps; returns (prefill s, decode s per token, cache, logits list)."""
+def run_once(
+    model,
+    ids: torch.Tensor,
+    new_tokens: int,
+    device: str,
+    *,
+    on_step: Callable[[Any], None] | None = None,
+    positions: bool = False,
+):
+    """Prefill then `new_tokens` greedy steps; returns (prefill s, decode s per token, cache, logits list).
+
+    `on_step(cache)` runs after prefill and after every decode step (its own host time is left out of
+    the decode time). `positions` passes explicit position ids to the decode steps, for caches whose
+    length stops being the position once they evict (kvpress presses)."""
     name = cache_argument_name(model)
     _sync(device)
     t0 = time.perf_counter()
@@ -73,23 +87,34 @@ def run_once(model, ids: torch.Tensor, new_tokens: int, device: str):
     _sync(device)
     prefill = time.perf_counter() - t0
     cache = output_cache(out)
+    if on_step is not None:
+        on_step(cache)
     logits = [out.logits[:, -1].float()]
     token = out.logits[:, -1:].argmax(-1)
+    extra: dict[str, Any] = {}
+    steps = torch.arange(ids.shape[1], ids.shape[1] + new_tokens, device=ids.device).view(1, -1) if positions else None
+    hook_s = 0.0
     t0 = time.perf_counter()
-    for _ in range(new_tokens):
-        out = model(token, use_cache=True, **{name: cache})
+    for i in range(new_tokens):
+        if steps is not None:
+            extra["position_ids"] = steps[:, i : i + 1]
+        out = model(token, use_cache=True, **{name: cache}, **extra)
         token = out.logits[:, -1:].argmax(-1)
         logits.append(out.logits[:, -1].float())
+        if on_step is not None:
+            t1 = time.perf_counter()
+            on_step(cache)
+            hook_s += time.perf_counter() - t1
     _sync(device)
-    decode = (time.perf_counter() - t0) / new_tokens
+    decode = (time.perf_counter() - t0 - hook_s) / new_tokens
     return prefill, decode, cache, logits
 
 
-def run_config(model, row: Row, ids, new_tokens, device):
+def run_config(model, row: Row, ids, new_tokens, device, **kwargs):
     if row.plan is None:
-        return run_once(model, ids, new_tokens, device)
+        return run_once(model, ids, new_tokens, device, **kwargs)
     with routed(model, row.plan):
-        return run_once(model, ids, new_tokens, device)
+        return run_once(model, ids, new_tokens, device, **kwargs)
 
 
 def kv_bytes(cache) -> tuple[int, list[int]]:

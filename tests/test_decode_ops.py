@@ -56,3 +56,16 @@ def test_fused_prompt_attention_returns_the_input_dtype():
         query.float(), key.float(), value.float(), is_causal=True, scale=0.35
     )
     assert torch.allclose(output.float(), reference.transpose(1, 2), atol=1e-2)
+
+
+def test_attention_function_takes_arguments_in_the_order_transformers_uses():
+    # Wrappers (kvpress patches every registered attention function) pass dropout positionally after
+    # the mask, as transformers' own functions take it.
+    import inspect
+
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from polykv.runtime.attention import polykv_attention
+
+    ours = list(inspect.signature(polykv_attention).parameters)[:7]
+    assert ours == list(inspect.signature(sdpa_attention_forward).parameters)[:7]

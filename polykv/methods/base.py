@@ -77,6 +77,9 @@ class LayerView:
     rows: torch.Tensor | None = None
     column_sums: torch.Tensor | None = None
     newest: int | None = None  # the newest position (the runtime knows it; None: read it from `positions`)
+    # keys and values as one [2, b, h, n, d] tensor when they are the two halves of one block (static-shape
+    # decode): a merging method can then gather and write both with one operation each
+    kv: torch.Tensor | None = None
 
     @property
     def length(self) -> int:
@@ -89,7 +92,9 @@ class LayerView:
         KVCache-Factory map those scores onto the shared KV head.
         """
         b, qh = attention.shape[:2]
-        return attention.view(b, qh // self.num_kv_groups, self.num_kv_groups, *attention.shape[2:]).mean(2)
+        g = self.num_kv_groups
+        # the sum divided by g: the same numbers as .mean(2), at about half its cost on small decode rows
+        return attention.view(b, qh // g, g, *attention.shape[2:]).sum(2).div_(g)
 
 
 @dataclass

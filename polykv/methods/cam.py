@@ -100,18 +100,25 @@ class CaM(Method):
     def _merge_one(self, view: LayerView, acc: torch.Tensor, dropped: torch.Tensor) -> None:
         """`_merge` for the usual decode step, one evicted slot per head [b, h, 1], in fewer operations
         (the same numbers and the same draws)."""
+        # The evicted token is the oldest non-sink one, so every slot after it by position is eligible
+        # (sinks come before it); the targets are the `merge_budget` oldest of those.
         position = view.positions.gather(-1, dropped)
-        eligible = (view.positions >= self.params.sinks) & (view.positions > position)
-        targets, valid, count = self._targets(view, eligible)
+        k = min(self.params.merge_budget, view.length)
+        after = torch.where(view.positions > position, view.positions, _NO_TARGET).topk(k, dim=-1, largest=False)
+        targets, valid = after.indices, after.values < _NO_TARGET  # [b, h, k]
+        count = valid.sum(-1, keepdim=True)
         target_acc = (acc.gather(-1, targets) * valid).sum(-1, keepdim=True) / count
         p = torch.nan_to_num(acc.gather(-1, dropped) / target_acc, nan=0.0).clamp(0, 1)  # [b, h, 1]
         # Draw for every slot, as `_merge` does, so that the generator's stream stays the same.
         draws = self._draws(acc)
-        m = (draws.gather(-1, dropped) < p).to(view.values.dtype)
+        share = (draws.gather(-1, dropped) < p) / count * valid  # m / K for each target that exists [b, h, k]
         d = view.values.shape[-1]
         value = view.values.gather(2, dropped[..., None].expand(*dropped.shape, d))  # [b, h, 1, d]
-        merged = (m[..., None] * value).float() / count.unsqueeze(-1)  # m v_e / K
-        add = (merged * valid.unsqueeze(-1)).to(view.values.dtype)  # [b, h, k, d]
+        if value.dtype != torch.float32:
+            value = value.float()
+        add = share[..., None] * value  # m v_e / K, [b, h, k, d]
+        if add.dtype != view.values.dtype:
+            add = add.to(view.values.dtype)
         view.values.scatter_add_(2, targets.unsqueeze(-1).expand(*targets.shape, d), add)
 
     def _targets(self, view: LayerView, eligible: torch.Tensor):
@@ -129,6 +136,8 @@ class CaM(Method):
             self.generator = [
                 torch.Generator(device=acc.device).manual_seed(self.seed_for_layer()) for _ in range(acc.shape[0])
             ]
+        if len(self.generator) == 1:  # the same numbers as stacking one row's draws
+            return torch.rand(acc.shape, generator=self.generator[0], device=acc.device, dtype=acc.dtype)
         return torch.stack(
             [torch.rand(acc.shape[1:], generator=g, device=acc.device, dtype=acc.dtype) for g in self.generator]
         )
@@ -154,3 +163,6 @@ class CaM(Method):
     def seed_for_layer(self) -> int:
         """The generator's seed: `seed` mixed with the layer index, so layers draw independently."""
         return (self.params.seed * 1_000_003 + self.layer_idx) % (2**63)
+
+
+_NO_TARGET = 2**62  # a position no slot holds: ranks after every eligible slot

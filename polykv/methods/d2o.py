@@ -20,6 +20,7 @@ from polykv.methods.base import (
     split_total,
     tokens,
 )
+from polykv.methods.slots import slot_index
 from polykv.plan import Phase
 
 torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
@@ -128,10 +129,10 @@ class D2O(AccumulatedAttention):
         # tau is one number per layer and sequence (the mean over a batch row's heads and evicted tokens:
         # a sequence's merges never depend on the others in its batch), updated in float64 as a Python
         # float would be, and compared in the similarities' dtype; it stays on the device (no sync)
-        mean = similarity.mean(dim=(1, 2), keepdim=True).double()  # [b, 1, 1]
-        a = self.params.alpha
-        self.tau = mean if self.tau is None else a * self.tau + (1 - a) * mean
-        return similarity >= self.tau.to(similarity.dtype)
+        mean = similarity.mean(dim=(1, 2), keepdim=True, dtype=torch.float64)  # [b, 1, 1]
+        # tau <- alpha tau + (1 - alpha) mean, as one interpolation
+        self.tau = mean if self.tau is None else torch.lerp(self.tau, mean, 1 - self.params.alpha)
+        return similarity >= (self.tau if similarity.dtype == torch.float64 else self.tau.to(similarity.dtype))
 
     def _merge_one(self, view: LayerView, dropped: torch.Tensor) -> None:
         """The usual decode step: `_merge` for one evicted slot per head, in fewer operations. With one
@@ -140,18 +141,29 @@ class D2O(AccumulatedAttention):
         d = view.keys.shape[-1]
         unit = _unit(view.keys)  # [b, h, n, d]
         index = dropped[..., None].expand(b, h, 1, d)
-        cosine = unit.gather(2, index) @ unit.transpose(-1, -2)  # [b, h, 1, n]
+        n = unit.shape[2]
+        # [b, h, 1, n]; bmm directly (what matmul would call, without its reshaping)
+        cosine = torch.bmm(unit.gather(2, index).view(b * h, 1, d), unit.view(b * h, n, d).transpose(1, 2))
+        cosine = cosine.view(b, h, 1, n)
         cosine.scatter_(-1, dropped[..., None], float("-inf"))  # the evicted slot is no candidate
         best = cosine.max(dim=-1)
         similarity, target = best.values, best.indices  # [b, h, 1]
-        gate = self._update_tau(similarity)
-        weight = torch.where(gate, similarity, 0.0)
-        scale = 1.0 / (1.0 + gate.float())
-        target_index = target[..., None].expand(b, h, 1, d)
-        for tensor in (view.keys, view.values):
-            src = weight[..., None] * tensor.gather(2, index).float()
-            base = tensor.gather(2, target_index).float()
-            tensor.scatter_(2, target_index, ((base + src) * scale[..., None]).to(tensor.dtype))
+        gate = self._update_tau(similarity)[..., None]  # [b, h, 1, 1]
+        # (base + s src) / 2 if merged, else base; halving is exact in binary floating point, so
+        # 0.5 base + 0.5 s src gives the same numbers as the sum halved
+        src_weight = similarity[..., None] * gate * 0.5  # s / 2 if merged, else 0
+        base_weight = gate * -0.5 + 1.0  # 1 / 2 if merged, else 1
+        if view.kv is not None:  # keys and values in one block: both at once
+            pairs = [(view.kv, 3, slot_index(dropped, view.kv, 3), slot_index(target, view.kv, 3))]
+        else:
+            target_index = target[..., None].expand(b, h, 1, d)
+            pairs = [(view.keys, 2, index, target_index), (view.values, 2, index, target_index)]
+        for tensor, dim, src_index, target_index in pairs:
+            src, base = tensor.gather(dim, src_index), tensor.gather(dim, target_index)
+            if tensor.dtype != torch.float32:  # the sums in fp32, written back in the cache's dtype
+                src, base = src.float(), base.float()
+            merged = torch.addcmul(base * base_weight, src, src_weight)
+            tensor.scatter_(dim, target_index, merged if merged.dtype == tensor.dtype else merged.to(tensor.dtype))
 
     def _merge(self, view: LayerView, eviction: Eviction) -> None:
         """Merge the evicted slots into their most similar kept slots of view.keys/values, in place."""
@@ -201,7 +213,8 @@ def _nearest_kept(keys: torch.Tensor, evicted: torch.Tensor, kept: torch.Tensor)
 
 
 def _unit(vectors: torch.Tensor) -> torch.Tensor:
-    vectors = vectors.float()
+    if vectors.dtype != torch.float32:
+        vectors = vectors.float()
     return vectors / vectors.norm(dim=-1, keepdim=True).clamp_min(1e-12)
 
 

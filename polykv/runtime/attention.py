@@ -29,7 +29,7 @@ ATTN_IMPLEMENTATION = "polykv"
 _COLUMN_SUM_BLOCK = 1 << 24
 
 
-def polykv_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+def polykv_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     layer = take_updated_layer(module.layer_idx)
     if layer is None:  # no routed cache (e.g. use_cache=False): plain attention
         return sdpa_attention_forward(
@@ -111,6 +111,7 @@ def _layer_view(layer: RoutedLayer, module, key, value, q_len: int) -> LayerView
         num_new=q_len,
         num_kv_groups=module.num_key_value_groups,
         newest=layer.seen - 1,
+        kv=layer.kv_view() if layer.method.merges else None,
     )
 
 

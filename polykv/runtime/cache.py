@@ -102,6 +102,10 @@ class RoutedLayer(DynamicLayer):
             self.keys, self.values = self._keys.prefix(n + q), self._values.prefix(n + q)
         self._append_positions(n, q)
 
+    def kv_view(self) -> torch.Tensor | None:
+        """Keys and values as one [2, b, h, n, d] view when they live in one block, else None."""
+        return self._kv.prefix(self.retained) if self._holds_kv(self.retained) else None
+
     def _holds_kv(self, slots: int) -> bool:
         """Are keys and values prefix views of the block with room for `slots`? (A cut that gathers, or
         any other assignment, gives them storage of their own.)"""
