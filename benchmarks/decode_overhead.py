@@ -17,22 +17,18 @@ Set PYTHONPATH to an older copy of the package to measure it with the same scrip
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # after PYTHONPATH: an older package copy wins
-from runtime import Row, build_model, kv_bytes, nominal_bytes, nominal_slots  # noqa: E402
+from runtime import Row, build_model, kv_bytes, lockstep, nominal_bytes, nominal_slots  # noqa: E402
 
 from polykv.methods import REGISTRY  # noqa: E402
-from polykv.models import cache_argument_name, output_cache  # noqa: E402
 from polykv.plan import Phase, Plan  # noqa: E402
-from polykv.runtime import routed  # noqa: E402
 
 HOST_BOUND_CONFIG = dict(
     vocab_size=32000,
@@ -60,35 +56,6 @@ def rows_for(methods: list[str], capacity: int, layers: int, interval: int) -> l
     return rows
 
 
-@torch.no_grad()
-def lockstep(model, plan: Plan, ids: torch.Tensor, new_tokens: int):
-    """Vanilla Hugging Face and the plan side by side: both prefill the prompt, then they take their
-    greedy decode steps in turn (a vanilla step, the plan's step, ...), each timed alone. Load from
-    other processes drifts over milliseconds to seconds on a shared machine, so the two steps of a pair
-    see nearly the same load. Returns vanilla's and the plan's prefill seconds, their step seconds and
-    the plan's cache."""
-    name = cache_argument_name(model)
-    t0 = time.perf_counter()
-    out = model(ids, use_cache=True, logits_to_keep=1)
-    prefill = [time.perf_counter() - t0]
-    caches, tokens = [output_cache(out)], [out.logits[:, -1:].argmax(-1)]
-    with routed(model, plan) as session:
-        t0 = time.perf_counter()
-        out = model(ids, use_cache=True, logits_to_keep=1)
-        prefill.append(time.perf_counter() - t0)
-    caches.append(session.cache)
-    tokens.append(out.logits[:, -1:].argmax(-1))
-    steps: list[list[float]] = [[], []]
-    for _ in range(new_tokens):
-        for side in (0, 1):
-            with routed(model, plan) if side else contextlib.nullcontext():  # entered outside the timing
-                t0 = time.perf_counter()
-                out = model(tokens[side], use_cache=True, **{name: caches[side]})
-                tokens[side] = out.logits[:, -1:].argmax(-1)
-                steps[side].append(time.perf_counter() - t0)
-    return prefill[0], prefill[1], steps[0], steps[1], caches[1]
-
-
 def benchmark(model, rows: list[Row], prompt_len: int, new_tokens: int, reps: int) -> dict[str, dict[str, list]]:
     """Every configuration in lockstep with its own vanilla run (see `lockstep`); a repetition runs
     every configuration once. Decode ratios are per pair of steps, prefill ratios per pair of runs."""
@@ -99,7 +66,7 @@ def benchmark(model, rows: list[Row], prompt_len: int, new_tokens: int, reps: in
         out[row.label] = {"prefill_x": [], "step_x": [], "decode_ms": [], "fastest_x": [], "held_over_nominal": []}
     for _ in range(reps):
         for row in rows[1:]:
-            base_prefill, prefill, base_steps, steps, cache = lockstep(model, row.plan, ids, new_tokens)
+            base_prefill, prefill, base_steps, steps, _, cache = lockstep(model, row.plan, ids, new_tokens)
             slots = nominal_slots(row.plan, prompt_len, new_tokens) or [prompt_len + new_tokens] * len(cache.layers)
             r = out[row.label]
             r["prefill_x"].append(prefill / base_prefill)

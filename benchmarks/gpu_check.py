@@ -108,7 +108,7 @@ def main() -> None:
         report(
             rows,
             f"Llama-3.1-8B shape, random bf16 weights; prompt {args.prompt_len}, {args.new_tokens} new tokens; "
-            f"medians of {args.reps} interleaved runs; "
+            f"{args.reps} repetitions, each configuration in lockstep with vanilla; "
             f"peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB",
         )
     )

@@ -8,13 +8,16 @@ with the nominal size implied by the plan's capacities.
     python benchmarks/runtime.py                     # CPU-sized random Llama, 4096-token prompt
     python benchmarks/runtime.py --prompt-len 1024 --reps 2   # quicker
 
-Runs on 2-core machines vary by up to 2x; configurations are interleaved within every repetition and
-the medians are reported, so drifts hit all of them alike.
+Runs on 2-core machines vary by up to 2x. So every configuration runs in lockstep with its own vanilla
+run (`lockstep`: both prefill, then their decode steps alternate, each timed alone), and the ratios are
+medians over the pairs (prefill: per pair of runs; decode: per pair of steps); the seconds shown are
+medians too.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import statistics
 import time
@@ -49,6 +52,8 @@ class Row:
     decode_s: list[float] = field(default_factory=list)  # per token
     measured_bytes: list[int] = field(default_factory=list)
     nominal_bytes: list[int] = field(default_factory=list)
+    prefill_x: list[float] = field(default_factory=list)  # per pair of runs (see `lockstep`)
+    step_x: list[float] = field(default_factory=list)  # per pair of decode steps
 
 
 def build_model(config: dict, device: str, dtype: torch.dtype, seed: int = 0) -> LlamaForCausalLM:
@@ -169,21 +174,59 @@ def method_rows(num_layers: int, capacity: int, skip: tuple[str, ...] = ("full",
     return rows
 
 
+@torch.no_grad()
+def lockstep(model, plan: Plan, ids: torch.Tensor, new_tokens: int, device: str = "cpu"):
+    """Vanilla Hugging Face and the plan side by side: both prefill the prompt, then they take their
+    greedy decode steps in turn (a vanilla step, the plan's step, ...), each timed alone. Load from
+    other processes drifts over milliseconds to seconds on a shared machine, so the two steps of a pair
+    see nearly the same load. Returns vanilla's and the plan's prefill seconds, their step seconds and
+    their caches."""
+    name = cache_argument_name(model)
+    prefill, caches, tokens = [], [], []
+    for side in (0, 1):
+        with routed(model, plan) if side else contextlib.nullcontext():
+            _sync(device)
+            t0 = time.perf_counter()
+            out = model(ids, use_cache=True, logits_to_keep=1)
+            _sync(device)
+            prefill.append(time.perf_counter() - t0)
+        caches.append(output_cache(out))
+        tokens.append(out.logits[:, -1:].argmax(-1))
+    steps: list[list[float]] = [[], []]
+    for _ in range(new_tokens):
+        for side in (0, 1):
+            with routed(model, plan) if side else contextlib.nullcontext():  # entered outside the timing
+                _sync(device)
+                t0 = time.perf_counter()
+                out = model(tokens[side], use_cache=True, **{name: caches[side]})
+                tokens[side] = out.logits[:, -1:].argmax(-1)
+                _sync(device)
+                steps[side].append(time.perf_counter() - t0)
+    return prefill[0], prefill[1], steps[0], steps[1], caches[0], caches[1]
+
+
 def benchmark(model, rows: list[Row], prompt_len: int, new_tokens: int, reps: int, device: str, dtype, seed=0):
+    """Every configuration in lockstep with its own vanilla run (`lockstep`), each repetition running every
+    configuration once; rows[0] is vanilla and collects the vanilla side of every pair."""
     ids = torch.randint(3, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(seed)).to(
         device
     )
-    run_config(model, rows[0], ids[:, :256], 4, device)  # warm-up: kernels, allocator
+    lockstep(model, rows[1].plan, ids[:, :256], 4, device)  # warm-up: kernels, allocator
+    base = rows[0]
     for _ in range(reps):
-        for row in rows:
-            prefill, decode, cache, _ = run_config(model, row, ids, new_tokens, device)
-            row.prefill_s.append(prefill)
-            row.decode_s.append(decode)
-            total, _ = kv_bytes(cache)
-            row.measured_bytes.append(total)
-            slots = nominal_slots(row.plan, prompt_len, new_tokens) or [prompt_len + new_tokens] * len(cache.layers)
-            row.nominal_bytes.append(nominal_bytes(model, slots, dtype))
-            del cache
+        for row in rows[1:]:
+            base_prefill, prefill, base_steps, steps, base_cache, cache = lockstep(
+                model, row.plan, ids, new_tokens, device
+            )
+            for r, p, st, c in ((base, base_prefill, base_steps, base_cache), (row, prefill, steps, cache)):
+                r.prefill_s.append(p)
+                r.decode_s.append(statistics.median(st))
+                r.measured_bytes.append(kv_bytes(c)[0])
+                slots = nominal_slots(r.plan, prompt_len, new_tokens) or [prompt_len + new_tokens] * len(c.layers)
+                r.nominal_bytes.append(nominal_bytes(model, slots, dtype))
+            row.prefill_x.append(prefill / base_prefill)
+            row.step_x.extend(ours / theirs for ours, theirs in zip(steps, base_steps))
+            del cache, base_cache
     return rows
 
 
@@ -198,9 +241,12 @@ def report(rows: list[Row], title: str) -> str:
     for row in rows:
         prefill, decode = statistics.median(row.prefill_s), statistics.median(row.decode_s)
         held, nominal = statistics.median(row.measured_bytes), statistics.median(row.nominal_bytes)
+        # ratios of paired runs and steps (1 for vanilla itself)
+        prefill_x = statistics.median(row.prefill_x) if row.prefill_x else prefill / base_prefill
+        decode_x = statistics.median(row.step_x) if row.step_x else decode / base_decode
         lines.append(
-            f"{row.label:<26} {prefill:>10.3f} {prefill / base_prefill:>10.3f} {decode * 1e3:>14.2f} "
-            f"{decode / base_decode:>10.3f} {held / 2**20:>12.2f} {nominal / 2**20:>15.2f} {held / nominal:>13.4f}"
+            f"{row.label:<26} {prefill:>10.3f} {prefill_x:>10.3f} {decode * 1e3:>14.2f} "
+            f"{decode_x:>10.3f} {held / 2**20:>12.2f} {nominal / 2**20:>15.2f} {held / nominal:>13.4f}"
         )
     return "\n".join(lines)
 
@@ -226,7 +272,7 @@ def main() -> None:
         f"random Llama (hidden {cfg['hidden_size']}, {cfg['num_hidden_layers']} layers, "
         f"{cfg['num_attention_heads']} heads, {cfg['num_key_value_heads']} KV heads), fp32 CPU, "
         f"{torch.get_num_threads()} threads; prompt {args.prompt_len}, "
-        f"{args.new_tokens} new tokens; medians of {args.reps} interleaved runs"
+        f"{args.new_tokens} new tokens; {args.reps} repetitions, each configuration in lockstep with vanilla"
     )
     print(report(rows, title))
 
