@@ -137,9 +137,9 @@ def experiment_factorial(
     allocation: Annotated[str, typer.Option(help="entropy or ppl.")] = "entropy",
 ) -> None:
     """Routing x allocation at the same budget: four runs, effects, paired bootstrap."""
-    from polykv.eval.experiments import factorial
-
     loaded = _profile_for(profile_dir, options.model)
+    from polykv.eval.experiments import factorial  # torch and transformers: after the cheap checks
+
     with Progress() as bars:  # closed (the last bar finished) before the report prints
         report = factorial(options.runner(bars), loaded, scope, budget, baseline, statistic, allocation)
     _print_report(report)
@@ -154,11 +154,12 @@ def experiment_placement(
     statistic: str = "cosine",
 ) -> None:
     """The guided route vs K random placements with the same method counts: rank, p, Spearman."""
-    from polykv.eval.experiments import placement
-
     loaded = _profile_for(profile_dir, options.model)
+    guided = Plan.load(plan)
+    from polykv.eval.experiments import placement  # torch and transformers: after the cheap checks
+
     with Progress() as bars:
-        report = placement(options.runner(bars), loaded, Plan.load(plan), k, statistic)
+        report = placement(options.runner(bars), loaded, guided, k, statistic)
     _print_report(report)
 
 
@@ -183,7 +184,6 @@ def experiment_sweep(
     ] = None,
 ) -> None:
     """A fixed route across budgets vs every standalone baseline under its protocol, FullKV, the envelope, 2b."""
-    from polykv.eval.experiments import sweep, sweep_plans
     from polykv.eval.protocols import parse_overrides
 
     levels = _parse_budgets(budgets)
@@ -191,6 +191,8 @@ def experiment_sweep(
     names = [b.strip() for b in baselines.split(",")] if baselines else None
     route = Plan.load(plan)
     loaded = _profile_for(profile_dir, options.model) if profile_dir is not None else None
+    from polykv.eval.experiments import sweep, sweep_plans  # torch and transformers: after the cheap checks
+
     sweep_plans(route, levels, names, loaded, overrides)  # bad input fails before the model loads
     with Progress() as bars:
         report = sweep(options.runner(bars), route, levels, names, loaded, overrides)

@@ -88,7 +88,11 @@ class CaM(Method):
         if not self.over_capacity(view):
             return None
         # Positions are unique per head: the top `capacity` with sinks forced in are sinks + the most recent.
-        eviction = evict_lowest(view.positions.float(), self.capacity, protected=view.positions < self.params.sinks)
+        if view.length - self.capacity == 1:  # one slot goes: the oldest non-sink token
+            oldest = view.positions.masked_fill(view.positions < self.params.sinks, _NO_TARGET)
+            eviction = Eviction(dropped=oldest.argmin(dim=-1, keepdim=True))
+        else:
+            eviction = evict_lowest(view.positions.float(), self.capacity, protected=view.positions < self.params.sinks)
         if eviction.dropped is not None:
             self._merge_one(view, acc, eviction.dropped)
             return eviction
@@ -108,10 +112,11 @@ class CaM(Method):
         targets, valid = after.indices, after.values < _NO_TARGET  # [b, h, k]
         count = valid.sum(-1, keepdim=True)
         target_acc = (acc.gather(-1, targets) * valid).sum(-1, keepdim=True) / count
-        p = torch.nan_to_num(acc.gather(-1, dropped) / target_acc, nan=0.0).clamp(0, 1)  # [b, h, 1]
-        # Draw for every slot, as `_merge` does, so that the generator's stream stays the same.
+        ratio = acc.gather(-1, dropped) / target_acc  # [b, h, 1]
+        # Draw for every slot, as `_merge` does, so that the generator's stream stays the same. A draw u
+        # in [0, 1) is below p = clamp(ratio, 0, 1) (NaN -> 0) exactly when it is below the ratio itself.
         draws = self._draws(acc)
-        share = (draws.gather(-1, dropped) < p) / count * valid  # m / K for each target that exists [b, h, k]
+        share = (draws.gather(-1, dropped) < ratio) / count * valid  # m / K for each target that exists [b, h, k]
         d = view.values.shape[-1]
         value = view.values.gather(2, dropped[..., None].expand(*dropped.shape, d))  # [b, h, 1, d]
         if value.dtype != torch.float32:

@@ -129,7 +129,7 @@ class D2O(AccumulatedAttention):
         # tau is one number per layer and sequence (the mean over a batch row's heads and evicted tokens:
         # a sequence's merges never depend on the others in its batch), updated in float64 as a Python
         # float would be, and compared in the similarities' dtype; it stays on the device (no sync)
-        mean = similarity.mean(dim=(1, 2), keepdim=True, dtype=torch.float64)  # [b, 1, 1]
+        mean = similarity.reshape(similarity.shape[0], -1).mean(dim=1, dtype=torch.float64).view(-1, 1, 1)  # [b, 1, 1]
         # tau <- alpha tau + (1 - alpha) mean, as one interpolation
         self.tau = mean if self.tau is None else torch.lerp(self.tau, mean, 1 - self.params.alpha)
         return similarity >= (self.tau if similarity.dtype == torch.float64 else self.tau.to(similarity.dtype))

@@ -61,6 +61,7 @@ class RoutedLayer(DynamicLayer):
         self._keys: SlotBlock | None = None
         self._values: SlotBlock | None = None
         self._pos: SlotBlock | None = None
+        self._newest_last = False  # does the last slot hold the newest position (seen - 1)?
 
     # ---- Hugging Face cache-layer interface ---------------------------------------------------
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -81,6 +82,7 @@ class RoutedLayer(DynamicLayer):
                 self._positions = torch.cat([self._positions, new_pos], dim=-1)
         self.seen += q
         self.num_new = q
+        self._newest_last = True  # tokens are appended last: the last slot holds position seen - 1
         _handoff.layer = self
         return self.keys, self.values
 
@@ -203,6 +205,7 @@ class RoutedLayer(DynamicLayer):
     def _apply(self, eviction: Eviction | None) -> None:
         if eviction is None:
             return
+        newest_last, self._newest_last = self._newest_last, False  # slots move from here on
         n = self.retained
         if eviction.dropped is None and eviction.keep.shape[-1] == n - 1:
             eviction = Eviction(dropped=n * (n - 1) // 2 - eviction.keep.sum(dim=-1, keepdim=True))
@@ -213,7 +216,7 @@ class RoutedLayer(DynamicLayer):
                 f"layer {self.layer_idx}: {self.method.name} kept {kept} slots, over its capacity {capacity}"
             )
         if eviction.dropped is not None:
-            self._drop_one(eviction.dropped, n)
+            self._drop_one(eviction.dropped, n, newest_last)
             return
         select = lambda t: gather_slots(t, eviction.keep)  # noqa: E731
         self._positions = select(self.positions)
@@ -223,11 +226,15 @@ class RoutedLayer(DynamicLayer):
             for name, tensor in method.per_token.items():
                 method.per_token[name] = select(tensor)
 
-    def _drop_one(self, dropped: torch.Tensor, n: int) -> None:
+    def _drop_one(self, dropped: torch.Tensor, n: int, newest_last: bool) -> None:
         """The usual decode step drops one slot of each head: the newest (last) slot moves into it
         instead of the whole cache being copied (slots are unordered; positions say where each token
         was). In the blocks of static-shape decode this is one scatter for keys and values together."""
-        if self._pos is not None and self._pos.holds(self._positions):
+        if self._pos is not None and self._pos.holds(self._positions) and newest_last:
+            # the moved slot's position is known: scatter the number (no copy of the last slot first)
+            self._pos.prefix(n).scatter_(2, dropped, self.seen - 1)
+            self._positions = self._pos.prefix(n - 1)
+        elif self._pos is not None and self._pos.holds(self._positions):
             self._positions = self._pos.drop(dropped, n)
         else:  # materialized at the first eviction (writable storage, not an expanded arange)
             self._positions = drop_one_slot(self.positions.contiguous(), dropped)
