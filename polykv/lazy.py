@@ -9,6 +9,7 @@ module object, so the per-step path pays nothing. When torch is already imported
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 import threading
@@ -41,3 +42,15 @@ def load_now(name: str) -> ModuleType:
 
 
 __all__ = ["lazy_import", "load_now"]
+
+
+def no_grad(function):
+    """`torch.no_grad()` as a decorator that imports torch when the function runs, not when it is defined
+    (so modules whose settings the CLI checks before any tensor work import fast)."""
+
+    @functools.wraps(function)
+    def without_gradients(*args, **kwargs):
+        with lazy_import("torch").no_grad():
+            return function(*args, **kwargs)
+
+    return without_gradients

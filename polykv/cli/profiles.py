@@ -52,12 +52,13 @@ def profile(
     fresh: Annotated[bool, typer.Option(help="Recompute even if this profile exists.")] = False,
 ) -> None:
     """Profile every layer x method x scope against FullKV (cosine, dPPL) and each layer's entropy."""
-    from polykv.profile.build import build_profile
     from polykv.profile.corpus import CorpusSpec
 
     spec = CorpusSpec(
         sources=_corpus_sources(sources, model), num_sequences=sequences, max_tokens=max_tokens, seed=seed
     )
+    from polykv.profile.build import build_profile  # torch and transformers: after the cheap checks
+
     hf_model, tokenizer = _load_model(model, device)
     with Progress() as bars:  # a found profile draws no bar
         bars.start("profile")

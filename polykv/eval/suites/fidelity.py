@@ -37,12 +37,12 @@ import weakref
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
 
-import torch
-
+from polykv.lazy import lazy_import, no_grad
 from polykv.models import cache_argument_name, context_length, output_cache
 from polykv.plan import Plan
 from polykv.profile.corpus import CorpusSpec, build_corpus, model_source
-from polykv.runtime import routed
+
+torch = lazy_import("torch")  # loaded on first use: checking a suite's settings needs no tensor
 
 TASK_SOURCES = {
     "prose": "kjv",
@@ -135,7 +135,7 @@ def build_samples(tokenizer, model, settings: FidelitySettings, seed: int) -> li
     return out
 
 
-@torch.no_grad()
+@no_grad
 def score_sample(model, plan: Plan, ids: list[int], settings: FidelitySettings) -> dict[str, float]:
     device = next(model.parameters()).device
     tokens = torch.tensor([ids], device=device)
@@ -199,6 +199,8 @@ def _trace(model, plan: Plan | None, tokens: torch.Tensor, prompt: int, generate
     continuation."""
     if plan is None:
         return _teacher_forced(model, tokens, prompt), _greedy(model, tokens[:, :prompt], generate)
+    from polykv.runtime import routed  # torch and transformers: when a plan runs
+
     with routed(model, plan):
         return _teacher_forced(model, tokens, prompt), _greedy(model, tokens[:, :prompt], generate)
 

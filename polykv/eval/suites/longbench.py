@@ -54,12 +54,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from polykv.eval.metrics import longbench_sample_score
+from polykv.lazy import lazy_import, no_grad
 from polykv.models import context_length
 from polykv.plan import Plan
-from polykv.runtime import routed
+
+torch = lazy_import("torch")  # loaded on first use: checking a suite's settings needs no tensor
 
 #: ``LongBench/config/dataset2prompt.json`` — the official prompt template of each task (typos kept).
 TASK_PROMPTS: dict[str, str] = {
@@ -471,7 +471,7 @@ def build_samples(tokenizer, model, settings: LongBenchSettings, seed: int) -> l
     return out
 
 
-@torch.no_grad()
+@no_grad
 def generate(model, plan: Plan | None, payload: dict) -> str:
     """The greedy prediction for one sample, under the plan (None: the unmodified model)."""
     device = next(model.parameters()).device
@@ -493,6 +493,8 @@ def generate(model, plan: Plan | None, payload: dict) -> str:
     if plan is None:
         output = model.generate(ids, **kwargs)
     else:
+        from polykv.runtime import routed  # torch and transformers: when a plan runs
+
         with routed(model, plan):
             output = model.generate(ids, **kwargs)
     return tokenizer.decode(output[0, ids.shape[1] :], skip_special_tokens=True)

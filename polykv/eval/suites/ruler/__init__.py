@@ -71,12 +71,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import torch
-
 from polykv.eval.metrics import RULER_TASKS, ruler_metric, ruler_postprocess_pred
+from polykv.lazy import lazy_import, no_grad
 from polykv.models import context_length
 from polykv.plan import Plan
-from polykv.runtime import routed
 
 from .common import (
     NOISE,
@@ -116,6 +114,8 @@ from .word_extraction import (
     _CommonWords,
     _FreqWords,
 )
+
+torch = lazy_import("torch")  # loaded on first use: checking a suite's settings needs no tensor
 
 __all__ = [
     "CWE_ARGS",
@@ -288,7 +288,7 @@ def build_samples(tokenizer, model, settings: RulerSettings, seed: int) -> list[
     return out
 
 
-@torch.no_grad()
+@no_grad
 def score_sample(model, plan: Plan, payload: dict, settings: RulerSettings | None = None) -> dict[str, float]:
     """Greedy generation under the plan, decoded and scored as RULER scores it: {"score": 0..100}."""
     prediction = generate_answer(model, plan, payload)
@@ -304,6 +304,8 @@ def generate_answer(model, plan: Plan, payload: dict) -> str:
     pad = getattr(tokenizer, "pad_token_id", None)
     if pad is None:
         pad = getattr(tokenizer, "eos_token_id", None)
+    from polykv.runtime import routed  # torch and transformers: when a plan runs
+
     with routed(model, plan):
         out = model.generate(
             ids,
