@@ -111,3 +111,18 @@ def test_per_slot_state_grows_in_its_block_only_while_it_is_the_view_handed_out(
     method.per_token["score"] = again[:, :, [0, 1, 2, 3]]  # replaced (e.g. by a cut): a new block
     third = method.grow("score", 1)
     assert third.untyped_storage().data_ptr() != again.untyped_storage().data_ptr()
+
+
+def test_slot_block_hands_out_the_same_views_and_drops_one_slot_per_head():
+    from polykv.methods.slots import SlotBlock
+
+    block = SlotBlock.around(torch.arange(2 * 4.0).view(1, 2, 4), size=5)
+    assert block.prefix(4) is block.prefix(4)  # cached: a steady step creates no view objects
+    assert block.holds(block.prefix(4), room=5) and not block.holds(block.prefix(4), room=6)
+    assert not block.holds(block.prefix(4).clone())  # the same numbers elsewhere: not in the block
+    kept = block.drop(torch.tensor([[[1], [3]]]), 4)  # head 0 drops slot 1, head 1 its last slot
+    assert kept is block.prefix(3)
+    assert kept.tolist() == [[[0.0, 3.0, 2.0], [4.0, 5.0, 6.0]]]
+    kv = SlotBlock.around(torch.arange(2 * 2 * 3 * 2.0).view(2, 1, 2, 3, 2), size=4, dim=3)
+    kv.drop(torch.tensor([[[0], [1]]]), 3)  # keys and values move together, per head
+    assert kv.prefix(2)[:, 0, :, :, 0].tolist() == [[[4.0, 2.0], [6.0, 10.0]], [[16.0, 14.0], [18.0, 22.0]]]

@@ -1,11 +1,13 @@
 """PolyKV's attention function, registered with transformers as `attn_implementation="polykv"`.
 
-Outputs always come from SDPA on exactly the keys/values the layer holds, so a `full` plan is the
-vanilla computation. Attention probabilities are computed separately, and only for what the layer's
-methods asked for: the newest w queries' rows (SnapKV-style observation windows, the current query in
-decode) or column sums over all queries (H2O-style accumulation, in query chunks). Masks are built here
-from the true slot positions: transformers hands custom attention functions no mask, and its SDPA
-fallback would align a multi-token step top-left, which is wrong once the cache holds older tokens.
+Attention runs on exactly the keys/values the layer holds. Probabilities are computed only for what the
+layer's methods asked for: the newest w queries' rows (SnapKV-style observation windows, the current
+query in decode) or column sums over all queries (H2O-style accumulation). Where a method needs them,
+the output comes from the same pass: a decode step's single softmax row times the values, and a fresh
+prompt's chunked causal attention that also sums its columns. Everywhere else (a `full` layer, prefill
+windows) the output is SDPA's, so a `full` plan is the vanilla computation. Masks are built here from
+the true slot positions: transformers hands custom attention functions no mask, and its SDPA fallback
+would align a multi-token step top-left, which is wrong once the cache holds older tokens.
 """
 
 from __future__ import annotations
