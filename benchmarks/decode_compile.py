@@ -99,7 +99,12 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     for method in args.methods:
-        r = check(method, args.steps)
+        try:
+            r = check(method, args.steps)
+        except torch._dynamo.exc.BackendCompilerFailed as exc:  # say what blocks it, go on with the others
+            reason = next((line for line in str(exc).splitlines() if "Error" in line), str(exc).splitlines()[0])
+            print(f"{method}: compilation failed: {reason.strip()[:300]}")
+            continue
         print(
             f"{r['method']}: {r['graphs']} graph(s), {r['breaks']} graph break(s); "
             f"{r['compiled_graphs']} compiled over {args.steps} steps; "
