@@ -283,6 +283,9 @@ def _column_sums(query, key, query_pos, key_pos, scaling, window) -> torch.Tenso
 # ones issue fewer operations (the bound that matters on a GPU).
 _CAUSAL_CHUNK = {"cpu": 64}
 _CAUSAL_CHUNK_DEFAULT = 512
+# Accelerators get 8x the CPU's block bound (512 MiB of fp32 scores), so that long prompts still use
+# chunks of dozens of queries instead of thousands of tiny launches.
+_ACCELERATOR_BLOCK = 8 * _COLUMN_SUM_BLOCK
 
 
 def _causal_attention_and_column_sums(query, key, value, scaling) -> tuple[torch.Tensor, torch.Tensor]:
@@ -298,7 +301,8 @@ def _causal_attention_and_column_sums(query, key, value, scaling) -> tuple[torch
         query, key, value = query.float(), key.float(), value.float()
     keys_t = key.transpose(-1, -2)  # [b, h, d, n]
     chunk = _CAUSAL_CHUNK.get(query.device.type, _CAUSAL_CHUNK_DEFAULT)
-    chunk = max(1, min(chunk, _COLUMN_SUM_BLOCK // max(1, b * qh * n)))
+    block = _COLUMN_SUM_BLOCK if query.device.type == "cpu" else _ACCELERATOR_BLOCK
+    chunk = max(1, min(chunk, block // max(1, b * qh * n)))
     output = query.new_empty(b, n, h, g, dv)
     total = query.new_zeros(b, h, g, n)
     for start in range(0, n, chunk):
