@@ -314,10 +314,12 @@ def wait_until(condition: Callable[[], Any], timeout: float, describe: Callable[
 
 
 def wait_for_job(job, workspace: Path, until: Callable[[Any], bool] | None = None, timeout: float = 600):
-    """The job's state once `until(state)` holds (default: the job has ended); AssertionError with its
-    log as soon as the job ends without it, or if it never holds (see `wait_until`)."""
+    """The job's state once `until(state)` holds (default: the job has ended and its worker exited);
+    AssertionError with its log as soon as the job ends without it, or if it never holds (see
+    `wait_until`)."""
     from polykv import jobs
 
+    ended = until is None  # then also wait for the worker to exit: it writes its final state just before
     until = until or (lambda s: s.status in jobs.FINAL)
 
     def reached():
@@ -327,7 +329,13 @@ def wait_for_job(job, workspace: Path, until: Callable[[Any], bool] | None = Non
         assert state.status not in jobs.FINAL, f"the job ended first: {state}\n{jobs.log_tail(job, workspace)}"
         return None
 
-    return wait_until(reached, timeout, lambda: f"{jobs.state(job, workspace)}\n{jobs.log_tail(job, workspace)}")
+    def why():
+        return f"{jobs.state(job, workspace)}\n{jobs.log_tail(job, workspace)}"
+
+    state = wait_until(reached, timeout, why)
+    if ended:  # a loaded machine can take seconds to tear an interpreter down
+        wait_until(lambda: not jobs._alive(jobs.load_job(workspace, job.id), workspace), timeout, why)
+    return state
 
 
 def stop(*processes: subprocess.Popen) -> None:
