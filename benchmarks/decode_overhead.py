@@ -17,7 +17,7 @@ Set PYTHONPATH to an older copy of the package to measure it with the same scrip
 from __future__ import annotations
 
 import argparse
-import json
+import dataclasses
 import statistics
 import sys
 from pathlib import Path
@@ -25,19 +25,15 @@ from pathlib import Path
 import torch
 
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # after PYTHONPATH: an older package copy wins
-from runtime import Row, build_model, kv_bytes, lockstep, nominal_bytes, nominal_slots  # noqa: E402
+from runtime import CPU_CONFIG, Row, benchmark, build_model  # noqa: E402
 
+from polykv.files import atomic_write_json  # noqa: E402
 from polykv.methods import REGISTRY  # noqa: E402
 from polykv.plan import Phase, Plan  # noqa: E402
 
+# the compute-bound model's vocabulary and context, with 32 tiny layers
 HOST_BOUND_CONFIG = dict(
-    vocab_size=32000,
-    hidden_size=128,
-    intermediate_size=256,
-    num_hidden_layers=32,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=16384,
+    CPU_CONFIG, hidden_size=128, intermediate_size=256, num_hidden_layers=32, num_attention_heads=4
 )
 
 
@@ -56,44 +52,21 @@ def rows_for(methods: list[str], capacity: int, layers: int, interval: int) -> l
     return rows
 
 
-def benchmark(model, rows: list[Row], prompt_len: int, new_tokens: int, reps: int) -> dict[str, dict[str, list]]:
-    """Every configuration in lockstep with its own vanilla run (see `lockstep`); a repetition runs
-    every configuration once. Decode ratios are per pair of steps, prefill ratios per pair of runs."""
-    ids = torch.randint(3, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0))
-    lockstep(model, rows[1].plan, ids[:, :256], 4)  # warm-up
-    out: dict[str, dict[str, list]] = {"vanilla HF": {"decode_ms": []}}
-    for row in rows[1:]:
-        out[row.label] = {"prefill_x": [], "step_x": [], "decode_ms": [], "fastest_x": [], "held_over_nominal": []}
-    for _ in range(reps):
-        for row in rows[1:]:
-            base_prefill, prefill, base_steps, steps, _, cache = lockstep(model, row.plan, ids, new_tokens)
-            slots = nominal_slots(row.plan, prompt_len, new_tokens) or [prompt_len + new_tokens] * len(cache.layers)
-            r = out[row.label]
-            r["prefill_x"].append(prefill / base_prefill)
-            r["step_x"].extend(ours / theirs for ours, theirs in zip(steps, base_steps))
-            r["decode_ms"].append(statistics.median(steps) * 1e3)
-            r["fastest_x"].append(min(steps) / min(base_steps))
-            r["held_over_nominal"].append(kv_bytes(cache)[0] / nominal_bytes(model, slots, torch.float32))
-            out["vanilla HF"]["decode_ms"].append(statistics.median(base_steps) * 1e3)
-            del cache
-    return out
-
-
-def report(results: dict[str, dict[str, list]], title: str) -> str:
+def report(rows: list[Row], title: str) -> str:
+    """The table of `runtime.benchmark`'s rows (rows[0]: vanilla)."""
     lines = [
         title,
         f"{'configuration':<26} {'prefill x vanilla':>18} {'decode ms/tok':>14} {'decode x vanilla':>17} "
         f"{'(IQR of steps)':>15} {'fastest step x':>15} {'KV held/nominal':>16}",
     ]
     med = statistics.median
-    for label, r in results.items():
-        if label == "vanilla HF":
-            lines.append(f"{label:<26} {'1':>18} {med(r['decode_ms']):>14.2f} {'1':>17}")
-            continue
-        q1, _, q3 = statistics.quantiles(r["step_x"], n=4)
+    lines.append(f"{rows[0].label:<26} {'1':>18} {med(rows[0].decode_s) * 1e3:>14.2f} {'1':>17}")
+    for row in rows[1:]:
+        q1, _, q3 = statistics.quantiles(row.step_x, n=4)
+        held = med(h / n for h, n in zip(row.measured_bytes, row.nominal_bytes))
         lines.append(
-            f"{label:<26} {med(r['prefill_x']):>18.3f} {med(r['decode_ms']):>14.2f} {med(r['step_x']):>17.3f} "
-            f"{f'{q1:.2f}..{q3:.2f}':>15} {med(r['fastest_x']):>15.3f} {med(r['held_over_nominal']):>16.4f}"
+            f"{row.label:<26} {med(row.prefill_x):>18.3f} {med(row.decode_s) * 1e3:>14.2f} {med(row.step_x):>17.3f} "
+            f"{f'{q1:.2f}..{q3:.2f}':>15} {med(row.fastest_x):>15.3f} {held:>16.4f}"
         )
     return "\n".join(lines)
 
@@ -121,7 +94,7 @@ def main() -> None:
     cfg = HOST_BOUND_CONFIG
     model = build_model(cfg, "cpu", torch.float32)
     rows = rows_for(args.methods, args.capacity, cfg["num_hidden_layers"], args.interval)
-    results = benchmark(model, rows, args.prompt_len, args.new_tokens, args.reps)
+    benchmark(model, rows, args.prompt_len, args.new_tokens, args.reps, "cpu", torch.float32)
     title = (
         f"host-bound random Llama (hidden {cfg['hidden_size']}, {cfg['num_hidden_layers']} layers, "
         f"{cfg['num_attention_heads']} heads, {cfg['num_key_value_heads']} KV heads), fp32 CPU, "
@@ -129,9 +102,10 @@ def main() -> None:
         f"interval {args.interval}; {args.reps} repetitions, each configuration in lockstep with vanilla "
         "(median of per-step ratios)"
     )
-    print(report(results, title))
+    print(report(rows, title))
     if args.json:
-        Path(args.json).write_text(json.dumps({"title": title, "results": results}, indent=1))
+        measured = [{k: v for k, v in dataclasses.asdict(row).items() if k != "plan"} for row in rows]
+        atomic_write_json(args.json, {"title": title, "rows": measured})
 
 
 if __name__ == "__main__":

@@ -54,6 +54,7 @@ class Row:
     nominal_bytes: list[int] = field(default_factory=list)
     prefill_x: list[float] = field(default_factory=list)  # per pair of runs (see `lockstep`)
     step_x: list[float] = field(default_factory=list)  # per pair of decode steps
+    fastest_x: list[float] = field(default_factory=list)  # per pair of runs: fastest step / vanilla's fastest
 
 
 def build_model(config: dict, device: str, dtype: torch.dtype, seed: int = 0) -> LlamaForCausalLM:
@@ -226,6 +227,7 @@ def benchmark(model, rows: list[Row], prompt_len: int, new_tokens: int, reps: in
                 r.nominal_bytes.append(nominal_bytes(model, slots, dtype))
             row.prefill_x.append(prefill / base_prefill)
             row.step_x.extend(ours / theirs for ours, theirs in zip(steps, base_steps))
+            row.fastest_x.append(min(steps) / min(base_steps))
             del cache, base_cache
     return rows
 

@@ -54,8 +54,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.metadata
+import io
 import json
-import os
 import platform
 import statistics
 import subprocess
@@ -74,6 +74,7 @@ from gpu_check import LLAMA_31_8B  # noqa: E402
 from runtime import CPU_CONFIG, build_model, kv_bytes, nominal_bytes, nominal_slots, run_once  # noqa: E402
 
 from polykv.eval.protocols import baseline_methods, baseline_plan  # noqa: E402
+from polykv.files import atomic_write_bytes, atomic_write_json  # noqa: E402
 from polykv.plan import Phase, Plan, Scope  # noqa: E402
 from polykv.runtime import routed  # noqa: E402
 
@@ -436,18 +437,6 @@ def report(cells: list[Cell], cuda: bool) -> str:
     return "\n".join(lines)
 
 
-def replace_atomically(path: Path, write: Callable[[Path], None]) -> None:
-    """Write to a temporary file next to `path`, then rename it over `path`: never a half-written file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def plot(cells: list[Cell], cuda: bool, title: str, path: Path) -> bool:
     try:
         import matplotlib
@@ -494,7 +483,9 @@ def plot(cells: list[Cell], cuda: bool, title: str, path: Path) -> bool:
     fig.legend(handles, names, loc="lower center", ncol=4, fontsize=8)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout(rect=(0, 0.12, 1, 0.96))
-    replace_atomically(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
+    atomic_write_bytes(path, png.getvalue())
     plt.close(fig)
     return True
 
@@ -606,7 +597,7 @@ def main() -> None:
         "cells": [c.summary() for c in cells],
     }
     json_path = args.out / f"{stem}.json"
-    replace_atomically(json_path, lambda tmp: tmp.write_text(json.dumps(data, indent=1)))
+    atomic_write_json(json_path, data)
     png_path = args.out / f"{stem}.png"
     written = [json_path] + ([png_path] if plot(cells, cuda, title, png_path) else [])
     print("\nwrote " + ", ".join(map(str, written)))

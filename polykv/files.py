@@ -161,6 +161,11 @@ def writable_target(path: str | os.PathLike) -> Path:
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Write `text` to `path` (UTF-8) through a temporary file and a rename; returns `path`."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write `data` to `path` through a temporary file and a rename; returns `path`."""
     path = Path(path)
     target = writable_target(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -170,8 +175,8 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
         mode = 0o666 & ~_umask()
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, mode)
@@ -189,6 +194,7 @@ def atomic_write_json(path: str | os.PathLike, data: Any, indent: int | None = 1
 __all__ = [
     "MAX_DEPTH",
     "MAX_JSON_BYTES",
+    "atomic_write_bytes",
     "atomic_write_json",
     "atomic_write_text",
     "depth",

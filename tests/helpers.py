@@ -31,7 +31,7 @@ from transformers import (
 from polykv.eval.suites.fidelity import FidelitySettings
 from polykv.methods.base import Eviction, LayerView
 from polykv.models import cache_argument_name, output_cache
-from polykv.plan import Phase
+from polykv.plan import LayerPlan, Phase, PhaseAssignment, Plan, Scope
 from polykv.runtime import routed
 
 REPO = Path(__file__).resolve().parents[1]
@@ -449,3 +449,21 @@ def with_profile(workspace: Path, profile) -> Path:
 
     shutil.copytree(profile.path, Path(workspace) / "profiles" / profile.key)
     return Path(workspace)
+
+
+def plan_of(methods: list[str], capacities: list[int], scope: str = "decode") -> Plan:
+    """A validated plan with method[l] at capacity[l] in every phase of `scope` (parameters that fit)."""
+    from polykv.methods import params_that_fit, validate_plan
+
+    phases = Scope(scope).phases
+    layers = [
+        LayerPlan(**{p.value: PhaseAssignment(method=m, capacity=c, params=params_that_fit(m, c)) for p in phases})
+        for m, c in zip(methods, capacities)
+    ]
+    return validate_plan(Plan(name="-".join(methods), scope=scope, layers=layers))
+
+
+def random_sequences(n: int, length: int, vocab: int, seed: int = 1, bos: int = 1) -> list[list[int]]:
+    """n token sequences: `bos`, then length - 1 random ids in [2, vocab)."""
+    g = torch.Generator().manual_seed(seed)
+    return [[bos] + torch.randint(2, vocab, (length - 1,), generator=g).tolist() for _ in range(n)]

@@ -13,8 +13,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from polykv.methods import for_phase, params_that_fit, validate_plan
-from polykv.plan import LayerPlan, PhaseAssignment, Plan, Scope
+from polykv.methods import for_phase, validate_plan
+from polykv.plan import Plan, Scope
 from polykv.search import (
     Objective,
     SearchSettings,
@@ -28,21 +28,7 @@ from polykv.search import (
 from polykv.search.moves import Move, base_params, check_space
 from polykv.search.objective import plan_key
 from polykv.search.report import held_out_verdict, homogeneous_plans
-from tests.helpers import assert_one_line_error, tiny_model
-
-
-def plan_of(methods: list[str], capacities: list[int], scope: str = "decode") -> Plan:
-    phases = Scope(scope).phases
-    layers = [
-        LayerPlan(**{p.value: PhaseAssignment(method=m, capacity=c, params=params_that_fit(m, c)) for p in phases})
-        for m, c in zip(methods, capacities)
-    ]
-    return validate_plan(Plan(name="-".join(methods), scope=scope, layers=layers))
-
-
-def random_sequences(n: int, length: int, vocab: int, seed: int = 1, bos: int = 1) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return [[bos] + torch.randint(2, vocab, (length - 1,), generator=g).tolist() for _ in range(n)]
+from tests.helpers import assert_one_line_error, plan_of, random_sequences, tiny_model
 
 
 # ---- moves ------------------------------------------------------------------------------------------------

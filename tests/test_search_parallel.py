@@ -8,26 +8,10 @@ import os
 import pytest
 import torch
 
-from polykv.methods import params_that_fit, validate_plan
-from polykv.plan import LayerPlan, PhaseAssignment, Plan, Scope
 from polykv.search import Objective, SearchSettings, search
 from polykv.search.objective import BudgetExhausted, executing, plan_key
 from polykv.search.parallel import LocalExecutor, RayExecutor, executor
-from tests.helpers import tiny_model
-
-
-def plan_of(methods: list[str], capacities: list[int], scope: str = "decode") -> Plan:
-    phases = Scope(scope).phases
-    layers = [
-        LayerPlan(**{p.value: PhaseAssignment(method=m, capacity=c, params=params_that_fit(m, c)) for p in phases})
-        for m, c in zip(methods, capacities)
-    ]
-    return validate_plan(Plan(name="-".join(methods), scope=scope, layers=layers))
-
-
-def random_sequences(n: int, length: int, vocab: int, seed: int = 1) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return [[1] + torch.randint(2, vocab, (length - 1,), generator=g).tolist() for _ in range(n)]
+from tests.helpers import plan_of, random_sequences, tiny_model
 
 
 class Recording(LocalExecutor):

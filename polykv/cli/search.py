@@ -45,10 +45,9 @@ def _resolve_profile(value: str, workspace: Path, model: str, hf_model, tokenize
 def _profile_arg(value: str, workspace: Path, model: str):
     """A profile key in <workspace>/profiles, else a directory; it must be this model's (checked before any
     weights load)."""
-    from polykv.profile.store import find_profile, load_profile
+    from polykv.profile.store import profile_named
 
-    found = find_profile(workspace / "profiles", value) if "/" not in value and value not in ("", ".", "..") else None
-    profile = found if found is not None else load_profile(value)
+    profile = profile_named(value, workspace)
     profile.check_model(model, _num_layers(model))
     return profile
 

@@ -775,11 +775,9 @@ def launch_job(
 def profile_for_job(value: str, workspace: Path, model: str) -> Profile:
     """The profile a job names: a key in <workspace>/profiles, else a path; it must be `model`'s."""
     from polykv.errors import JobError
-    from polykv.profile.store import find_profile, load_profile
+    from polykv.profile.store import profile_named
 
-    root = Path(workspace) / "profiles"
-    found = find_profile(root, value) if "/" not in value and value not in ("", ".", "..") else None
-    profile = found if found is not None else load_profile(value)
+    profile = profile_named(value, workspace)
     if profile.meta.model != model:
         raise JobError(f"profile {profile.key} was measured on {profile.meta.model!r}, not on {model!r}")
     return profile

@@ -106,11 +106,7 @@ class CaM(Method):
         (the same numbers and the same draws)."""
         # The evicted token is the oldest non-sink one, so every slot after it by position is eligible
         # (sinks come before it); the targets are the `merge_budget` oldest of those.
-        position = view.positions.gather(-1, dropped)
-        k = min(self.params.merge_budget, view.length)
-        after = torch.where(view.positions > position, view.positions, _NO_TARGET).topk(k, dim=-1, largest=False)
-        targets, valid = after.indices, after.values < _NO_TARGET  # [b, h, k]
-        count = valid.sum(-1, keepdim=True)
+        targets, valid, count = self._targets(view, view.positions > view.positions.gather(-1, dropped))
         target_acc = (acc.gather(-1, targets) * valid).sum(-1, keepdim=True) / count
         ratio = acc.gather(-1, dropped) / target_acc  # [b, h, 1]
         # Draw for every slot, as `_merge` does, so that the generator's stream stays the same. A draw u
@@ -129,9 +125,8 @@ class CaM(Method):
     def _targets(self, view: LayerView, eligible: torch.Tensor):
         """The `merge_budget` oldest eligible slots [b, h, k], which of them exist, and how many (K)."""
         k = min(self.params.merge_budget, view.length)
-        order = torch.where(eligible, -view.positions.double(), float("-inf"))
-        top = order.topk(k, dim=-1)
-        targets, valid = top.indices, top.values.isfinite()  # [b, h, k]
+        oldest = torch.where(eligible, view.positions, _NO_TARGET).topk(k, dim=-1, largest=False)
+        targets, valid = oldest.indices, oldest.values < _NO_TARGET  # [b, h, k]
         return targets, valid, valid.sum(-1, keepdim=True)  # K per head (>= 1: sinks < capacity)
 
     def _draws(self, acc: torch.Tensor) -> torch.Tensor:

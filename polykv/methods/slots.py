@@ -52,13 +52,22 @@ class SlotBlock:
         n = tensor.shape[self.dim]
         return max(n, room) <= self.size and tensor is self._views.get((0, n))
 
-    def drop(self, dropped: torch.Tensor, n: int) -> torch.Tensor:
+    def drop(self, dropped: torch.Tensor, n: int, last: int | None = None) -> torch.Tensor:
         """Drop slot `dropped[b, h, 0]` of each head from the n-slot prefix: the last slot moves into it.
-        Returns the (n - 1)-slot prefix. (The moved slot is copied first: torch refuses a scatter from a
-        view of the tensor it writes for some layouts, even where no element is both read and written.)"""
+        Returns the (n - 1)-slot prefix. `last`: the last slot's value when the caller knows it (a
+        position), scattered as a number. (Otherwise the moved slot is copied first: torch refuses a
+        scatter from a view of the tensor it writes for some layouts, even where no element is both read
+        and written.)"""
         live = self.prefix(n)
-        live.scatter_(self.dim, slot_index(dropped, live, self.dim), self.span(n - 1, n).clone())
+        moved = self.span(n - 1, n).clone() if last is None else last
+        live.scatter_(self.dim, slot_index(dropped, live, self.dim), moved)
         return self.prefix(n - 1)
+
+
+def drop_one_slot(tensor: torch.Tensor, dropped: torch.Tensor) -> torch.Tensor:
+    """Remove slot `dropped[b, h, 0]` of each head of a [b, h, n, ...] tensor that lives in no block, in
+    place: the last slot moves into it."""
+    return SlotBlock(tensor).drop(dropped, tensor.shape[2])
 
 
 def slot_index(dropped: torch.Tensor, like: torch.Tensor, dim: int = 2) -> torch.Tensor:

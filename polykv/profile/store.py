@@ -332,3 +332,10 @@ def scan_profiles(root: str | os.PathLike) -> tuple[list[Profile], list[str]]:
 
 def find_profile(root: Path, key: str) -> Profile | None:
     return load_profile(root / key) if (root / key / "profile.json").is_file() else None
+
+
+def profile_named(value: str, workspace: str | os.PathLike) -> Profile:
+    """The profile `value` names: a profile key in <workspace>/profiles, else a profile directory."""
+    is_key = "/" not in value and value not in ("", ".", "..")
+    found = find_profile(Path(workspace) / "profiles", value) if is_key else None
+    return found if found is not None else load_profile(value)

@@ -19,7 +19,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 from polykv.errors import RoutedCacheError
 from polykv.methods import Method, base, make_method
 from polykv.methods.base import Eviction, LayerView, Needs
-from polykv.methods.slots import SlotBlock
+from polykv.methods.slots import SlotBlock, drop_one_slot
 from polykv.plan import Phase, Plan
 
 # The model calls `cache.update(...)` and then, in the same attention module, the attention function.
@@ -230,12 +230,9 @@ class RoutedLayer(DynamicLayer):
         """The usual decode step drops one slot of each head: the newest (last) slot moves into it
         instead of the whole cache being copied (slots are unordered; positions say where each token
         was). In the blocks of static-shape decode this is one scatter for keys and values together."""
-        if self._pos is not None and self._pos.holds(self._positions) and newest_last:
-            # the moved slot's position is known: scatter the number (no copy of the last slot first)
-            self._pos.prefix(n).scatter_(2, dropped, self.seen - 1)
-            self._positions = self._pos.prefix(n - 1)
-        elif self._pos is not None and self._pos.holds(self._positions):
-            self._positions = self._pos.drop(dropped, n)
+        if self._pos is not None and self._pos.holds(self._positions):
+            # right after an append the moved slot holds the newest position: scatter it as a number
+            self._positions = self._pos.drop(dropped, n, last=self.seen - 1 if newest_last else None)
         else:  # materialized at the first eviction (writable storage, not an expanded arange)
             self._positions = drop_one_slot(self.positions.contiguous(), dropped)
         if self._holds_kv(n):
@@ -291,12 +288,6 @@ def gather_slots(tensor: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     offsets = torch.arange(0, b * h * n, n, device=keep.device).view(b, h, 1)
     rows = tensor.reshape(b * h * n, *tensor.shape[3:]).index_select(0, (keep + offsets).reshape(-1))
     return rows.view(*keep.shape, *tensor.shape[3:])
-
-
-def drop_one_slot(tensor: torch.Tensor, dropped: torch.Tensor) -> torch.Tensor:
-    """Remove slot `dropped[b, h, 0]` of each head of a [b, h, n, ...] tensor in place: the last slot
-    moves into it."""
-    return SlotBlock(tensor).drop(dropped, tensor.shape[2])
 
 
 class RoutedCache(Cache):
