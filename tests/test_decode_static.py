@@ -126,3 +126,27 @@ def test_slot_block_hands_out_the_same_views_and_drops_one_slot_per_head():
     kv = SlotBlock.around(torch.arange(2 * 2 * 3 * 2.0).view(2, 1, 2, 3, 2), size=4, dim=3)
     kv.drop(torch.tensor([[[0], [1]]]), 3)  # keys and values move together, per head
     assert kv.prefix(2)[:, 0, :, :, 0].tolist() == [[[4.0, 2.0], [6.0, 10.0]], [[16.0, 14.0], [18.0, 22.0]]]
+
+
+@pytest.mark.parametrize("heads", [(1, 1), (1, 2), (2, 2)])
+@pytest.mark.parametrize("feature", [None, 3])
+def test_a_one_slot_drop_works_for_every_memory_layout(heads, feature):
+    # The last slot is scattered from its own view of the block unless torch would refuse that (both
+    # dense, e.g. one head of one sequence); every storage order of the dimensions, full or partial
+    # prefix, must give the plain per-head result.
+    import itertools
+
+    from polykv.methods.slots import SlotBlock
+
+    b, h = heads
+    shape = (b, h, 7) if feature is None else (b, h, 7, feature)
+    generator = torch.Generator().manual_seed(0)
+    for order in itertools.permutations(range(len(shape))):
+        stored = torch.arange(float(torch.tensor(shape).prod())).view([shape[i] for i in order])
+        tensor = stored.permute([order.index(i) for i in range(len(shape))])  # this shape, that memory order
+        for n in (7, 5):
+            expected = tensor.narrow(2, 0, n).clone()
+            dropped = torch.randint(0, n, (b, h, 1), generator=generator)
+            for i, j in itertools.product(range(b), range(h)):
+                expected[i, j, dropped[i, j, 0]] = expected[i, j, n - 1]
+            assert torch.equal(SlotBlock(tensor.clone().copy_(tensor)).drop(dropped, n), expected[:, :, : n - 1])

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from polykv.methods.cake import CAKE
-from polykv.models import cache_argument_name
+from polykv.models import cache_argument_name, output_cache
 from polykv.plan import Phase, Plan
 from polykv.runtime import routed
 from tests.helpers import decode_logits, kept, layer_view, tiny_model
@@ -120,3 +120,41 @@ def test_native_decode_only_plan_runs_within_its_budgets():
     assert sum(budgets) == 4 * 20 and len(set(budgets)) > 1  # the layer preferences split the total
     assert cache.retained_per_layer() == budgets
     assert [layer.retained_after_prefill for layer in cache.layers] == [PROMPT] * 4  # prefill kept everything
+
+
+@pytest.mark.parametrize("scope", ["decode", "both", "tova-prefill"])
+def test_the_one_argmin_step_chooses_what_the_masked_rule_chooses(model, monkeypatch, scope):
+    # Once the window holds only decode tokens they are all held and sort last, so the usual step takes
+    # one argmin over the others instead of masking the window: the same tokens go, step after step,
+    # also after a prefill method that evicted part of the prompt's window (TOVA here).
+    capacity, steps = 12, 3 * WINDOW
+    if scope == "tova-prefill":
+        data = Plan.homogeneous("cake", capacity, LAYERS, "both", {"window": WINDOW}).model_dump(mode="json")
+        for layer in data["layers"]:
+            layer["prefill"] = {"method": "tova", "capacity": capacity}
+        plan = Plan.model_validate(data)
+    else:
+        plan = Plan.homogeneous("cake", capacity, LAYERS, scope, {"window": WINDOW})
+
+    def run():
+        positions, logits = [], []
+        name = cache_argument_name(model)
+        with routed(model, plan), torch.no_grad():
+            out = model(_prompt(), use_cache=True)
+            cache = output_cache(out)
+            for _ in range(steps):
+                out = model(out.logits[:, -1:].argmax(-1), use_cache=True, **{name: cache})
+                logits.append(out.logits)
+                positions.append([layer.positions.sort(dim=-1).values.clone() for layer in cache.layers])
+        return positions, logits
+
+    calls = []
+    original = CAKE._window_is_last
+    monkeypatch.setattr(CAKE, "_window_is_last", lambda self, view: calls.append(original(self, view)) or calls[-1])
+    fast = run()
+    monkeypatch.setattr(CAKE, "_window_is_last", lambda self, view: False)
+    masked = run()
+    assert any(calls) and not all(calls)  # both paths ran in the first run
+    for fast_step, masked_step in zip(fast[0], masked[0]):
+        assert all(torch.equal(a, b) for a, b in zip(fast_step, masked_step))
+    assert all(torch.equal(a, b) for a, b in zip(fast[1], masked[1]))

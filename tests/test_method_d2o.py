@@ -170,3 +170,31 @@ def test_d2o_tokens_sharing_a_target_merge_together():
     assert max(merged_pairs.count(p) for p in merged_pairs) >= 2  # some slot takes two tokens at once
     assert torch.allclose(view.keys[0][kept].view(2, 4, 3), expected_k[kept].view(2, 4, 3), atol=1e-6)
     assert torch.allclose(view.values[0][kept].view(2, 4, 3), expected_v[kept].view(2, 4, 3), atol=1e-6)
+
+
+def test_d2o_sinks_stay_protected_in_every_sequence():
+    # The sinks' scores are set to +inf at a sequence's first eviction (no mask on later steps); a new
+    # sequence (or a forgotten state) must protect them again, though its scores start afresh.
+    method = D2O(capacity=4, params={"sinks": 1, "heavy_ratio": 0.5})  # 1 sink, 1 heavy, 2 recent
+    sums = [0.0, 5.0, 4.0, 3.0, 2.0, 1.0, 1.0]  # the sink scores lowest
+    assert kept(method.step(layer_view(7, column_sums=sums)), 7) == [[0, 1, 5, 6]] * 2
+    method.forget()
+    assert kept(method.step(layer_view(7, column_sums=sums)), 7) == [[0, 1, 5, 6]] * 2
+    method.observe_prefill(layer_view(6, phase=Phase.PREFILL, column_sums=sums[:6]))  # a new prompt
+    assert kept(method.step(layer_view(7, column_sums=[0.0] * 7)), 7) == [[0, 1, 5, 6]] * 2
+
+
+def test_d2o_one_slot_merge_with_values_wider_than_keys():
+    # Keys and values of different sizes live in separate tensors: the merge must index each by its own.
+    keys = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.9, 0.1], [-1.0, 0.0], [0.0, -1.0]])
+    values = torch.arange(15, dtype=torch.float32).view(5, 3)
+    method = D2O(capacity=4, params={"sinks": 0, "heavy_ratio": 0.5})  # 2 heavy, recent 3 and 4
+    view = layer_view(
+        keys=keys[None], values=values[None].clone(), positions=list(range(5)), column_sums=[5.0, 0.0, 4.0, 0.0, 0.0]
+    )
+    ev = method.step(view)
+    assert ev.dropped is not None and ev.dropped.item() == 1  # k1 goes; its nearest kept key is k2
+    s = cos(keys[1], keys[2])
+    assert method.threshold == pytest.approx(s)  # the first eviction: tau = s, so it merges
+    assert torch.allclose(view.values[0, 0, 2], (values[2] + s * values[1]) / 2)
+    assert torch.equal(view.values[0, 0, [0, 3, 4]], values[[0, 3, 4]])

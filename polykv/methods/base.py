@@ -62,6 +62,9 @@ class Needs:
 
 
 NOTHING = Needs()
+# The signals most steps ask for, made once: needs() runs for every layer at every step.
+ONE_ROW = Needs(rows=1)
+COLUMN_SUMS = Needs(column_sums=True)
 
 
 @dataclass
@@ -359,10 +362,10 @@ class AccumulatedAttention(Method):
     through `observe_prefill`); a new slot starts from the attention of its own step."""
 
     def needs(self, phase: Phase, length: int) -> Needs:
-        return Needs(column_sums=True)  # scores accumulate every step, evicting or not
+        return COLUMN_SUMS  # scores accumulate every step, evicting or not
 
     def needs_from_prefill(self, length: int) -> Needs:
-        return Needs(column_sums=True)
+        return COLUMN_SUMS
 
     def observe_prefill(self, view: LayerView) -> None:
         self.per_token["score"] = view.grouped(view.column_sums)
@@ -441,12 +444,13 @@ def split_total(weights: list[float], total: int, minimum: int = 1, maximum: int
     return out
 
 
-def recent_mask(view: LayerView, window: int) -> torch.Tensor:
-    """Slots among the `window` most recent positions of each head (by true position)."""
+def recent_mask(view: LayerView, window: int, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """Slots among the `window` most recent positions of each head (by true position). `positions`: the
+    view's positions in another order (e.g. sorted), for a mask in that order."""
+    positions = view.positions if positions is None else positions
     if view.newest is not None:  # every head holds the newest token: no reduction needed
-        return view.positions > view.newest - window
-    newest = view.positions.amax(dim=-1, keepdim=True)
-    return view.positions > newest - window
+        return positions > view.newest - window
+    return positions > positions.amax(dim=-1, keepdim=True) - window
 
 
 def _lower_bound(model: type[BaseModel], name: str) -> int:

@@ -10,6 +10,8 @@ import math
 
 from polykv.lazy import lazy_import
 from polykv.methods.base import (
+    NOTHING,
+    ONE_ROW,
     Eviction,
     LayerView,
     Method,
@@ -54,8 +56,9 @@ class CAKE(Method):
     prefix keys: the eviction indicator of prefix token j is I_j = mean_q A[q, j] + gamma * var_q A[q, j]
     (unbiased variance over the w queries), avg-pooled along the keys (kernel 5) and averaged over the
     query heads of each KV head; the window always stays. Decode: when a layer exceeds its capacity,
-    the current query's attention (pooled, group-averaged) scores the non-window tokens and the lowest
-    goes; the w most recent tokens stay (the authors' decode rule: no variance term, no accumulation).
+    the current query's attention (pooled along the held tokens in position order, group-averaged)
+    scores the non-window tokens and the lowest goes (of equal scores, the oldest); the w most recent
+    tokens stay (the authors' decode rule: no variance term, no accumulation).
     Decode-only (the prompt kept whole at prefill, e.g. a `full` prefill): the prompt is cut with the
     prefill rule, not with one query's attention. At prefill `observe_prefill` computes the indicator
     above for the prompt's slots (the prompt's last w tokens at +inf) and stores it; at the first
@@ -88,12 +91,13 @@ class CAKE(Method):
         super().__init__(capacity, params, layer_idx, interval)
         self.preference: float | None = None
         self.prompt_length: int | None = None  # slots the layer held when observe_prefill saw the prompt
+        self.prompt_newest: int | None = None
 
     def needs(self, phase: Phase, length: int) -> Needs:
         over = self.capacity is None or self.evicts(phase, length)
         if not over or (phase is Phase.DECODE and self._whole_prompt_score() is not None):
-            return Needs()  # the first decode cut of a whole prompt uses the stored prompt indicator
-        return Needs(rows=self.params.window if phase is Phase.PREFILL else 1)
+            return NOTHING  # the first decode cut of a whole prompt uses the stored prompt indicator
+        return Needs(rows=self.params.window) if phase is Phase.PREFILL else ONE_ROW
 
     def needs_from_prefill(self, length: int) -> Needs:
         return Needs(rows=self.params.window)  # preference and prompt indicator come from the prompt's window
@@ -101,6 +105,7 @@ class CAKE(Method):
     def observe_prefill(self, view: LayerView) -> None:
         self.preference = self._preference(view)
         self.prompt_length = view.length
+        self.prompt_newest = view.newest  # the prompt's last position (None: unknown)
         # Per slot, so the runtime gathers it with the cache (a prefill method may still evict).
         self.per_token[PROMPT_SCORE] = self._prefill_indicator(view)
 
@@ -121,13 +126,34 @@ class CAKE(Method):
             return self._cut_prompt(view, prompt_score)
         if view.rows is None:
             return None
-        # Averaging the group before pooling equals pooling first (both are linear), and lets the
-        # pooling follow each KV head's slot positions.
-        score = pool_votes(view.grouped(view.rows[:, :, -1, :]), self.params.kernel_size, "avg", view.positions)
-        return evict_lowest(score, self.capacity, protected=recent_mask(view, self.params.window))
+        # The pooling runs along each KV head's tokens in position order (freed slots are reused, so slot
+        # order is not position order): sort the slots by position once, pool and choose in that order,
+        # and map the choice back to slots. Averaging the group before pooling equals pooling first
+        # (both are linear).
+        positions, order = view.positions.sort(dim=-1)
+        score = pool_votes(view.grouped(view.rows[:, :, -1, :]).gather(-1, order), self.params.kernel_size, "avg")
+        n, w = view.length, self.params.window
+        if n - self.capacity == 1 and self._window_is_last(view):  # the usual step: one argmin, no mask
+            return Eviction(dropped=order.gather(-1, score[..., : n - w].argmin(dim=-1, keepdim=True)))
+        eviction = evict_lowest(score, self.capacity, protected=recent_mask(view, w, positions))
+        if eviction.dropped is not None:
+            return Eviction(dropped=order.gather(-1, eviction.dropped))
+        return Eviction(keep=order.gather(-1, eviction.keep).sort(dim=-1).values)
 
     def allocation_statistic(self) -> float | None:
         return self.preference
+
+    def _window_is_last(self, view: LayerView) -> bool:
+        """Are the window's w newest positions all held, hence the last w slots in position order? Yes
+        once they are all decode tokens: the decode rule keeps a token while it is in the window (with a
+        capacity above w). A prompt token in the window may have gone already (another prefill method)."""
+        w = self.params.window
+        return (
+            self.capacity > w
+            and view.newest is not None
+            and self.prompt_newest is not None
+            and view.newest - w >= self.prompt_newest
+        )
 
     def _whole_prompt_score(self) -> torch.Tensor | None:
         """The stored prompt indicator if the layer still holds every prompt slot (a prefill method

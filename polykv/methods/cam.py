@@ -10,6 +10,7 @@ from pydantic import Field
 
 from polykv.lazy import lazy_import
 from polykv.methods.base import (
+    COLUMN_SUMS,
     Eviction,
     LayerView,
     Method,
@@ -71,10 +72,10 @@ class CaM(Method):
         self.generator: list[torch.Generator] | None = None  # one per batch row
 
     def needs(self, phase: Phase, length: int) -> Needs:
-        return Needs(column_sums=True)  # the accumulation needs every step, evicting or not
+        return COLUMN_SUMS  # the accumulation needs every step, evicting or not
 
     def needs_from_prefill(self, length: int) -> Needs:
-        return Needs(column_sums=True)
+        return COLUMN_SUMS
 
     def observe_prefill(self, view: LayerView) -> None:
         self.per_token["acc"] = view.grouped(view.column_sums)
@@ -106,21 +107,31 @@ class CaM(Method):
         (the same numbers and the same draws)."""
         # The evicted token is the oldest non-sink one, so every slot after it by position is eligible
         # (sinks come before it); the targets are the `merge_budget` oldest of those.
-        targets, valid, count = self._targets(view, view.positions > view.positions.gather(-1, dropped))
-        target_acc = (acc.gather(-1, targets) * valid).sum(-1, keepdim=True) / count
-        ratio = acc.gather(-1, dropped) / target_acc  # [b, h, 1]
+        eligible = view.positions > view.positions.gather(-1, dropped)
         # Draw for every slot, as `_merge` does, so that the generator's stream stays the same. A draw u
         # in [0, 1) is below p = clamp(ratio, 0, 1) (NaN -> 0) exactly when it is below the ratio itself.
         draws = self._draws(acc)
-        share = (draws.gather(-1, dropped) < ratio) / count * valid  # m / K for each target that exists [b, h, k]
+        k = min(self.params.merge_budget, view.length)
         d = view.values.shape[-1]
+        if view.length - 1 - self.params.sinks >= k:
+            # At least k slots besides the evicted one and the sinks: every target exists and K = k, so
+            # the masks of which targets exist (all true) drop out, with the same numbers.
+            targets = torch.where(eligible, view.positions, _NO_TARGET).topk(k, dim=-1, largest=False).indices
+            ratio = acc.gather(-1, dropped) / (acc.gather(-1, targets).sum(-1, keepdim=True) / k)  # [b, h, 1]
+            share = (draws.gather(-1, dropped) < ratio) / k  # m / K, the same for every target [b, h, 1]
+            shape = targets.shape
+        else:
+            targets, valid, count = self._targets(view, eligible)
+            ratio = acc.gather(-1, dropped) / ((acc.gather(-1, targets) * valid).sum(-1, keepdim=True) / count)
+            share = (draws.gather(-1, dropped) < ratio) / count * valid  # m / K for each target that exists
+            shape = share.shape
         value = view.values.gather(2, dropped[..., None].expand(*dropped.shape, d))  # [b, h, 1, d]
         if value.dtype != torch.float32:
             value = value.float()
-        add = share[..., None] * value  # m v_e / K, [b, h, k, d]
+        add = share[..., None] * value  # m v_e / K, [b, h, 1 or k, d]
         if add.dtype != view.values.dtype:
             add = add.to(view.values.dtype)
-        view.values.scatter_add_(2, targets.unsqueeze(-1).expand(*targets.shape, d), add)
+        view.values.scatter_add_(2, targets.unsqueeze(-1).expand(*shape, d), add.expand(*shape, d))
 
     def _targets(self, view: LayerView, eligible: torch.Tensor):
         """The `merge_budget` oldest eligible slots [b, h, k], which of them exist, and how many (K)."""

@@ -20,7 +20,6 @@ from polykv.methods.base import (
     split_total,
     tokens,
 )
-from polykv.methods.slots import slot_index
 from polykv.plan import Phase
 
 torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
@@ -87,11 +86,17 @@ class D2O(AccumulatedAttention):
         # would stall the host until the device catches up
         self.tau: torch.Tensor | None = None
         self.sigma: float | None = None  # the layer's normalised attention variance (allocation)
+        self._sinks_marked = False  # do the sinks' scores hold +inf yet (see `step`)?
 
     def observe_prefill(self, view: LayerView) -> None:
         super().observe_prefill(view)  # the prompt's attention starts the scores
         self.tau = None  # a new sequence
+        self._sinks_marked = False
         self.sigma = _attention_variance(view.column_sums)
+
+    def forget(self) -> None:
+        super().forget()
+        self._sinks_marked = False
 
     @property
     def threshold(self) -> float | None:
@@ -116,8 +121,14 @@ class D2O(AccumulatedAttention):
         sinks = min(self.params.sinks, capacity)
         heavy = min(capacity, round(self.params.heavy_ratio * capacity))
         recent = max(0, min(capacity - heavy, capacity - sinks))
-        protected = recent_mask(view, recent) | (view.positions < sinks)
-        eviction = evict_lowest(score, capacity, protected=protected)
+        if not self._sinks_marked:
+            # The sinks score +inf from the first eviction on, as the authors force them among the
+            # candidates: they are never evicted, attention added to +inf stays +inf, and every later
+            # step is spared the mask. (Every position under `sinks` is held by then: the layer is over
+            # a capacity larger than `sinks`.)
+            score.masked_fill_(view.positions < sinks, float("inf"))
+            self._sinks_marked = True
+        eviction = evict_lowest(score, capacity, protected=recent_mask(view, recent))
         if eviction.dropped is not None:
             self._merge_one(view, eviction.dropped)
         else:
@@ -129,10 +140,12 @@ class D2O(AccumulatedAttention):
         # tau is one number per layer and sequence (the mean over a batch row's heads and evicted tokens:
         # a sequence's merges never depend on the others in its batch), updated in float64 as a Python
         # float would be, and compared in the similarities' dtype; it stays on the device (no sync)
-        mean = similarity.reshape(similarity.shape[0], -1).mean(dim=1, dtype=torch.float64).view(-1, 1, 1)  # [b, 1, 1]
+        b = similarity.shape[0]
+        mean = similarity.mean(dim=tuple(range(1, similarity.dim())), dtype=torch.float64)  # [b]
         # tau <- alpha tau + (1 - alpha) mean, as one interpolation
         self.tau = mean if self.tau is None else torch.lerp(self.tau, mean, 1 - self.params.alpha)
-        return similarity >= (self.tau if similarity.dtype == torch.float64 else self.tau.to(similarity.dtype))
+        tau = self.tau.view(b, *(1,) * (similarity.dim() - 1))  # each row's tau against its similarities
+        return similarity >= (tau if similarity.dtype == torch.float64 else tau.to(similarity.dtype))
 
     def _merge_one(self, view: LayerView, dropped: torch.Tensor) -> None:
         """The usual decode step: `_merge` for one evicted slot per head, in fewer operations. With one
@@ -140,29 +153,25 @@ class D2O(AccumulatedAttention):
         b, h, _ = dropped.shape
         d = view.keys.shape[-1]
         unit = _unit(view.keys)  # [b, h, n, d]
-        index = dropped[..., None].expand(b, h, 1, d)
-        n = unit.shape[2]
-        # [b, h, 1, n]; bmm directly (what matmul would call, without its reshaping)
-        cosine = torch.bmm(unit.gather(2, index).view(b * h, 1, d), unit.view(b * h, n, d).transpose(1, 2))
-        cosine = cosine.view(b, h, 1, n)
-        cosine.scatter_(-1, dropped[..., None], float("-inf"))  # the evicted slot is no candidate
-        best = cosine.max(dim=-1)
-        similarity, target = best.values, best.indices  # [b, h, 1]
-        gate = self._update_tau(similarity)[..., None]  # [b, h, 1, 1]
-        # (base + s src) / 2 if merged, else base; halving is exact in binary floating point, so
-        # 0.5 base + 0.5 s src gives the same numbers as the sum halved
-        src_weight = similarity[..., None] * gate * 0.5  # s / 2 if merged, else 0
-        base_weight = gate * -0.5 + 1.0  # 1 / 2 if merged, else 1
-        if view.kv is not None:  # keys and values in one block: both at once
-            pairs = [(view.kv, 3, slot_index(dropped, view.kv, 3), slot_index(target, view.kv, 3))]
-        else:
-            target_index = target[..., None].expand(b, h, 1, d)
-            pairs = [(view.keys, 2, index, target_index), (view.values, 2, index, target_index)]
+        evicted = dropped.view(b, h, 1, 1)  # shaped like every per-head result below: fewer reshapes
+        cosine = torch.matmul(unit.gather(2, evicted.expand(b, h, 1, d)), unit.mT)  # [b, h, 1, n]
+        cosine.scatter_(-1, evicted, float("-inf"))  # the evicted slot is no candidate
+        similarity, target = cosine.max(dim=-1, keepdim=True)  # [b, h, 1, 1]
+        gate = self._update_tau(similarity)
+        if view.kv is not None:  # keys and values in one block [2, b, h, n, d]: both at once
+            shape = (2, b, h, 1, view.kv.shape[-1])
+            pairs = [(view.kv, 3, evicted.expand(shape), target.expand(shape))]
+        else:  # (keys and values may differ in size)
+            pairs = [
+                (t, 2, evicted.expand(b, h, 1, t.shape[-1]), target.expand(b, h, 1, t.shape[-1]))
+                for t in (view.keys, view.values)
+            ]
         for tensor, dim, src_index, target_index in pairs:
             src, base = tensor.gather(dim, src_index), tensor.gather(dim, target_index)
             if tensor.dtype != torch.float32:  # the sums in fp32, written back in the cache's dtype
                 src, base = src.float(), base.float()
-            merged = torch.addcmul(base * base_weight, src, src_weight)
+            # (base + s src) / 2 where merged, base (unchanged) elsewhere
+            merged = torch.where(gate, torch.addcmul(base, src, similarity).mul_(0.5), base)
             tensor.scatter_(dim, target_index, merged if merged.dtype == tensor.dtype else merged.to(tensor.dtype))
 
     def _merge(self, view: LayerView, eviction: Eviction) -> None:
@@ -215,7 +224,8 @@ def _nearest_kept(keys: torch.Tensor, evicted: torch.Tensor, kept: torch.Tensor)
 def _unit(vectors: torch.Tensor) -> torch.Tensor:
     if vectors.dtype != torch.float32:
         vectors = vectors.float()
-    return vectors / vectors.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    # linalg.vector_norm directly: Tensor.norm's dispatch to it costs more than the norm on a decode step
+    return vectors / torch.linalg.vector_norm(vectors, dim=-1, keepdim=True).clamp_min_(1e-12)
 
 
 def _attention_variance(column_sums: torch.Tensor) -> float:

@@ -26,6 +26,8 @@ class SlotBlock:
         self.dim = dim
         self.size = storage.shape[dim]
         self._views: dict[tuple[int, int], torch.Tensor] = {}
+        self._prefixes: dict[int, torch.Tensor] = {}  # by length: the views asked for most
+        self._refused: dict[int, bool] = {}  # see `_overlap_refused`
 
     @classmethod
     def around(cls, tensor: torch.Tensor, size: int, dim: int = 2) -> SlotBlock:
@@ -43,25 +45,40 @@ class SlotBlock:
         return view
 
     def prefix(self, n: int) -> torch.Tensor:
-        return self.span(0, n)
+        view = self._prefixes.get(n)
+        if view is None:
+            view = self._prefixes[n] = self.span(0, n)
+        return view
 
     def holds(self, tensor: torch.Tensor | None, room: int = 0) -> bool:
         """Is `tensor` the prefix view this block handed out, with room for `room` slots in all?"""
-        if tensor is None:
+        if tensor is None or room > self.size:
             return False
-        n = tensor.shape[self.dim]
-        return max(n, room) <= self.size and tensor is self._views.get((0, n))
+        return tensor is self._prefixes.get(tensor.shape[self.dim])
 
     def drop(self, dropped: torch.Tensor, n: int, last: int | None = None) -> torch.Tensor:
         """Drop slot `dropped[b, h, 0]` of each head from the n-slot prefix: the last slot moves into it.
         Returns the (n - 1)-slot prefix. `last`: the last slot's value when the caller knows it (a
-        position), scattered as a number. (Otherwise the moved slot is copied first: torch refuses a
-        scatter from a view of the tensor it writes for some layouts, even where no element is both read
-        and written.)"""
+        position), scattered as a number.
+
+        The last slot is scattered straight from its view of the block: each head's element is read once
+        and written once, into another slot or (when the last slot itself goes) onto itself. Torch refuses
+        such a scatter when the source and the written tensor are both dense (its overlap check then
+        sees a partial overlap, e.g. one head of one sequence), so only then is the moved slot copied
+        first."""
         live = self.prefix(n)
-        moved = self.span(n - 1, n).clone() if last is None else last
+        moved = self.span(n - 1, n) if last is None else last
+        if last is None and self._overlap_refused(n):
+            moved = moved.clone()
         live.scatter_(self.dim, slot_index(dropped, live, self.dim), moved)
         return self.prefix(n - 1)
+
+    def _overlap_refused(self, n: int) -> bool:
+        """Would torch refuse to scatter the n-slot prefix's last slot into it? (Known per length.)"""
+        refused = self._refused.get(n)
+        if refused is None:
+            refused = self._refused[n] = _dense(self.prefix(n)) and _dense(self.span(n - 1, n))
+        return refused
 
 
 def drop_one_slot(tensor: torch.Tensor, dropped: torch.Tensor) -> torch.Tensor:
@@ -77,3 +94,15 @@ def slot_index(dropped: torch.Tensor, like: torch.Tensor, dim: int = 2) -> torch
         return dropped
     shape = (1,) * (dim - 2) + tuple(dropped.shape) + (1,) * (like.dim() - dim - 1)
     return dropped.view(shape).expand(*like.shape[:dim], 1, *like.shape[dim + 1 :])
+
+
+def _dense(tensor: torch.Tensor) -> bool:
+    """Does `tensor` cover its memory without gaps or overlaps, in some order of its dimensions? (What
+    torch's overlap check calls non-overlapping and dense: only between two such tensors does it compare
+    memory ranges, and refuse a partial overlap.)"""
+    expected = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(tensor.shape, tensor.stride()) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True

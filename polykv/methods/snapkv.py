@@ -82,4 +82,6 @@ def pool_votes(
     flat = votes.reshape(b * h, 1, m)
     pool = torch.nn.functional.max_pool1d if pooling == "max" else torch.nn.functional.avg_pool1d
     pooled = pool(flat, kernel_size=kernel_size, stride=1, padding=kernel_size // 2)
-    return pooled[..., :m].reshape(b, h, m)
+    if pooled.shape[-1] != m:  # an even kernel gives one more: the last one goes
+        pooled = pooled[..., :m]
+    return pooled.reshape(b, h, m)

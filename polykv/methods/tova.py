@@ -6,7 +6,7 @@ arXiv:2401.06104 (code: schwartz-lab-NLP/TOVA).
 
 from __future__ import annotations
 
-from polykv.methods.base import Eviction, LayerView, Method, Needs, evict_lowest
+from polykv.methods.base import NOTHING, ONE_ROW, Eviction, LayerView, Method, Needs, evict_lowest
 from polykv.plan import Phase
 
 
@@ -26,7 +26,7 @@ class TOVA(Method):
     phases = frozenset({Phase.PREFILL, Phase.DECODE})
 
     def needs(self, phase: Phase, length: int) -> Needs:
-        return Needs(rows=1) if self.evicts(phase, length) else Needs()
+        return ONE_ROW if self.evicts(phase, length) else NOTHING
 
     def step(self, view: LayerView) -> Eviction | None:
         if not self.over_capacity(view):

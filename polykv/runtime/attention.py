@@ -46,21 +46,21 @@ def polykv_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     window = kwargs.get("sliding_window")
     q_len = query.shape[2]
     needs = layer.needs()
-    explicit_mask = _needs_explicit_mask(layer, q_len, window)
+    recording = bool(_recorders or _entropy_recorders)
+    fusable = not layer.idle and _fusable(dropout, kwargs)
     # A single query with no window sees every held slot and needs no positions (the common decode step).
     plain_decode = q_len == 1 and window is None
-    if explicit_mask or (needs and not plain_decode) or _recorders or _entropy_recorders:
+    if plain_decode and needs and fusable and not recording:
+        # One query over every held slot: its attention row gives both the output and the signals
+        # the method needs, so SDPA is not run beside it. (Decided first: this runs for every layer
+        # at every decode step.)
+        return _decode_step(layer, module, query, key, value, scaling, needs)
+    explicit_mask = _needs_explicit_mask(layer, q_len, window)
+    if explicit_mask or (needs and not plain_decode) or recording:
         key_pos = layer.positions  # [b, h, n]
         query_pos = torch.arange(layer.seen - q_len, layer.seen, device=query.device)
     else:
         key_pos = query_pos = None
-
-    recording = bool(_recorders or _entropy_recorders)
-    fusable = not layer.idle and _fusable(dropout, kwargs)
-    if plain_decode and needs and fusable and not recording:
-        # One query over every held slot: its attention row gives both the output and the signals
-        # the method needs, so SDPA is not run beside it.
-        return _decode_step(layer, module, query, key, value, scaling, needs)
     # A prompt's causal attention (slot i = position i) whose column sums a method needs: one chunked
     # pass yields the output and the column sums.
     fresh_sums = needs.column_sums and layer.retained == q_len == layer.seen and (window is None or window >= q_len)
@@ -91,7 +91,7 @@ def polykv_attention(module, query, key, value, attention_mask, dropout=0.0, sca
 
     view = _layer_view(layer, module, key, value, q_len)
     if plain_decode and needs:
-        _give_row(view, needs, attention_probs(query, key, None, None, scaling))
+        _give_row(view, needs, attention_probs(query, key, None, None, scaling), *query.shape[:2])
     else:
         if needs.rows:
             w = min(needs.rows, q_len)
@@ -117,12 +117,14 @@ def _layer_view(layer: RoutedLayer, module, key, value, q_len: int) -> LayerView
     )
 
 
-def _give_row(view: LayerView, needs, row: torch.Tensor) -> None:
-    """A single query's attention row [b, h*g, 1, n] is also the step's column sums (the same numbers)."""
+def _give_row(view: LayerView, needs, row: torch.Tensor, b: int, qh: int) -> None:
+    """A single query's attention row (b * h*g * n probabilities: [b, h*g, 1, n] or [b*h, g, n]) is also
+    the step's column sums (the same numbers); each is viewed only if the method asked for it."""
+    n = row.shape[-1]
     if needs.rows:
-        view.rows = row
+        view.rows = row.view(b, qh, 1, n)
     if needs.column_sums:
-        view.column_sums = row.view(row.shape[0], row.shape[1], row.shape[3])
+        view.column_sums = row.view(b, qh, n)
 
 
 def _fusable(dropout: float, kwargs) -> bool:
@@ -141,7 +143,7 @@ def _decode_step(layer: RoutedLayer, module, query, key, value, scaling, needs):
     weights = probs if value.dtype == probs.dtype else probs.to(value.dtype)
     attn_output = torch.bmm(weights, value.reshape(b * h, n, value.shape[-1])).view(b, 1, qh, value.shape[-1])
     view = _layer_view(layer, module, key, value, 1)
-    _give_row(view, needs, probs.view(b, qh, 1, n))
+    _give_row(view, needs, probs, b, qh)
     layer.finish_step(view)
     return attn_output, None
 
