@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import string
 from types import SimpleNamespace
 
 import pandas as pd
@@ -231,8 +232,13 @@ def test_held_out_and_search_sequences_never_overlap(demo_model, tmp_path):
     assert not {tuple(s) for s in found.search} & {tuple(s) for s in found.held_out}
     assert found.search_corpus["spec"]["split"] == "calibration"
     assert found.held_out_corpus["spec"]["split"] == "evaluation"
-    text = tmp_path / "text.txt"  # a text source: the two splits draw from disjoint byte ranges
-    text.write_text("\n".join(f"line {i} of the story, with the word {i * 7919 % 1000}" for i in range(4000)))
+    # A text source: the two splits draw from disjoint byte ranges. The text must not repeat itself (a
+    # refrain in every line would give sequences of both splits the same scored tail now and then, which
+    # the check rightly refuses), so its words are random letters.
+    rng = random.Random(0)
+    words = ["".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 7))) for _ in range(40_000)]
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(" ".join(words[i : i + 10]) for i in range(0, len(words), 10)))
     texts = build_sequences(
         tokenizer, model, "demo", search=4, held_out=4, max_tokens=48, continuation=8, sources=[f"file:{text}"]
     )
