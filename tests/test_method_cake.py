@@ -90,6 +90,19 @@ def test_hand_made_prompt_indicator_beats_the_current_query():
     assert kept(ev, n + 1) == [[3, 5, 8, 9, 10]] * 2  # two best prompt tokens, the window, the new token
 
 
+def test_decode_pooling_follows_positions_when_slots_are_unordered():
+    # Slot 0 holds the newest token (position 7, the window); the others hold positions 0..6. By
+    # position the attention is [0.2, 0, 0.3, 0.3, 0.3, 0, 0, | 0.9], pooled (avg, kernel 3, zero padding)
+    # [0.07, 0.17, 0.2, 0.3, 0.2, 0.1, 0.3]: position 0 goes. Pooling in slot order instead would drop
+    # position 6 (slot 7, whose slot neighbours score 0).
+    by_position = [0.2, 0.0, 0.3, 0.3, 0.3, 0.0, 0.0, 0.9]
+    positions = [7, 0, 1, 2, 3, 4, 5, 6]
+    rows = torch.tensor([by_position[p] for p in positions]).expand(2, 1, 8)
+    method = CAKE(capacity=7, params={"window": 1, "kernel_size": 3})
+    ev = method.step(layer_view(positions=positions, rows=rows))
+    assert kept(ev, 8) == [[0, 2, 3, 4, 5, 6, 7]] * 2  # slot 1 (position 0) went
+
+
 def test_a_capacity_without_room_for_window_and_new_token_keeps_the_most_recent():
     # Native allocation may give a layer just its window (budget 0 + w): then the w most recent stay.
     n, w = 10, 3

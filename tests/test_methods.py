@@ -81,14 +81,6 @@ def test_snapkv_pooling_keeps_neighbours_of_a_voted_token():
     assert avg[0, 0, 0].item() == 0.0 and abs(avg[0, 0, 7].item() - 0.2 / 3) < 1e-7
 
 
-def test_pooling_follows_positions_when_slots_are_unordered():
-    votes = torch.tensor([[[0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.2]]])
-    positions = torch.tensor([[[7, 0, 1, 2, 3, 4, 5, 6]]])  # slot 0 holds the newest token
-    pooled = pool_votes(votes, kernel_size=3, pooling="max", positions=positions)
-    # by position: [0, 0, 1, 0, 0, 0, 0.2 (pos 6), 0 (pos 7)] -> neighbours of positions 2 and 6 rise
-    assert torch.allclose(pooled[0, 0], torch.tensor([0.2, 0.0, 1.0, 1.0, 1.0, 0.0, 0.2, 0.2]))
-
-
 def test_snapkv_is_prefill_only_and_checks_its_window():
     assert SnapKV.phases == {Phase.PREFILL}
     assert SnapKV.check({"window": 32}, 16) == [

@@ -64,20 +64,14 @@ class SnapKV(Method):
         return torch.cat([votes, votes.new_full((*votes.shape[:2], w), float("inf"))], dim=-1)
 
 
-def pool_votes(
-    votes: torch.Tensor, kernel_size: int, pooling: str, positions: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Smooth votes [b, h, m] along the sequence so neighbours of a voted token survive with it.
+def pool_votes(votes: torch.Tensor, kernel_size: int, pooling: str) -> torch.Tensor:
+    """Smooth votes [b, h, m], given in position order, so neighbours of a voted token survive with it.
 
-    Slots are in position order at the end of prefill; in decode they are not (freed slots are
-    reused), so pass `positions` there and pooling runs over position-sorted slots.
+    Slots are in position order at the end of prefill; in decode they are not (freed slots are reused),
+    so a decode rule sorts them first (see CAKE).
     """
     if kernel_size == 1 or votes.shape[-1] == 0:
         return votes
-    if positions is not None:
-        order = positions.argsort(dim=-1)
-        pooled = pool_votes(votes.gather(-1, order), kernel_size, pooling)
-        return torch.empty_like(pooled).scatter_(-1, order, pooled)
     b, h, m = votes.shape
     flat = votes.reshape(b * h, 1, m)
     pool = torch.nn.functional.max_pool1d if pooling == "max" else torch.nn.functional.avg_pool1d
