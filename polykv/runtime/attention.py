@@ -301,24 +301,30 @@ def _causal_attention_and_column_sums(query, key, value, scaling) -> tuple[torch
     g, dtype = qh // h, query.dtype
     if dtype != torch.float32:  # scores, softmax and output in fp32, as the methods score
         query, key, value = query.float(), key.float(), value.float()
-    keys_t = key.transpose(-1, -2)  # [b, h, d, n]
+    # One KV head's queries as rows ordered (position, query head), scaled once: a chunk of positions is
+    # then a contiguous block of rows, and its output block is written in place.
+    rows = (query.view(b, h, g, n, d).transpose(2, 3) * scaling).reshape(b * h, n * g, d)
+    keys_t = key.reshape(b * h, n, d).transpose(1, 2)
+    values = value.reshape(b * h, n, dv)
     chunk = _CAUSAL_CHUNK.get(query.device.type, _CAUSAL_CHUNK_DEFAULT)
     block = _COLUMN_SUM_BLOCK if query.device.type == "cpu" else _ACCELERATOR_BLOCK
-    chunk = max(1, min(chunk, block // max(1, b * qh * n)))
-    output = query.new_empty(b, n, h, g, dv)
-    total = query.new_zeros(b, h, g, n)
+    chunk = max(1, min(chunk, n, block // max(1, b * qh * n)))
+    # -inf on the keys after each query of a chunk, 0 elsewhere: adding it masks exactly as masked_fill
+    # would, in one dense operation
+    future = torch.ones(chunk, chunk, dtype=torch.bool, device=query.device).triu_(1)
+    bias = torch.zeros(chunk, g, chunk, device=query.device).masked_fill_(future[:, None], float("-inf"))
+    output = query.new_empty(b * h, n * g, dv)
+    total = query.new_zeros(b * h, g, n)
     for start in range(0, n, chunk):
         stop = min(n, start + chunk)
         w = stop - start
-        grouped_q = query[:, :, start:stop].reshape(b, h, g * w, d) * scaling
-        scores = torch.matmul(grouped_q, keys_t[..., :stop]).view(b, h, g, w, stop)
-        future = torch.ones(w, w, dtype=torch.bool, device=query.device).triu_(1)  # keys after each query
-        scores[..., start:].masked_fill_(future, float("-inf"))
+        scores = torch.bmm(rows[:, start * g : stop * g], keys_t[..., :stop]).view(b * h, w, g, stop)
+        scores[..., start:].add_(bias[:w, :, :w])
         probs = torch.softmax(scores, dim=-1)
-        total[..., :stop] += probs.sum(dim=3)
-        out = torch.matmul(probs.view(b, h, g * w, stop), value[:, :, :stop]).view(b, h, g, w, dv)
-        output[:, start:stop].copy_(out.permute(0, 3, 1, 2, 4))
-    return output.view(b, n, qh, dv).to(dtype), total.view(b, qh, n)
+        total[..., :stop] += probs.sum(dim=1)
+        torch.bmm(probs.view(b * h, w * g, stop), values[:, :stop], out=output[:, start * g : stop * g])
+    output = output.view(b, h, n, g, dv).permute(0, 2, 1, 3, 4).reshape(b, n, qh, dv)
+    return output.to(dtype), total.view(b, qh, n)
 
 
 def _repeat(kv: torch.Tensor, module) -> torch.Tensor:
