@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from polykv.methods.scissorhands import row_quantile
+from polykv.methods.scissorhands import row_quantile, visible_row_quantile
 
 
 @pytest.mark.parametrize("q", [0.9, 0.5, 0.1, 0.75, 0.95, 0.999, 1 / 3])
@@ -15,6 +15,25 @@ def test_row_quantile_equals_torch_quantile(q):
         rows = torch.rand(2, 3, 1, n, generator=g)
         rows[0, 0, 0, : n // 2] = 0.25  # ties
         assert torch.equal(row_quantile(rows, q), torch.quantile(rows, q, dim=-1, keepdim=True)), n
+
+
+@pytest.mark.parametrize("q", [0.9, 0.5, 0.1, 0.999, 1 / 3])
+def test_visible_row_quantile_equals_torch_nanquantile(q):
+    # Scissorhands' prompt history: each query row sees a different subset of the slots (causal, in
+    # any slot order, or arbitrary), with ties among the values
+    g = torch.Generator().manual_seed(3)
+    for n, w in [(1, 1), (2, 2), (7, 3), (100, 100), (257, 40), (1024, 100), (1500, 7)]:
+        for pattern in ("causal", "random"):
+            rows = torch.rand(2, 2, w, n, generator=g)
+            rows[0, 0] = (rows[0, 0] * 8).floor() / 8  # ties
+            if pattern == "causal":
+                positions = torch.randperm(n, generator=g).expand(2, 2, n)
+                visible = positions[:, :, None, :] <= (n - w + torch.arange(w))[:, None]
+            else:
+                visible = torch.rand(2, 2, w, n, generator=g) < 0.6
+                visible[..., 0] = True  # every row sees something (no NaN in the reference)
+            expected = torch.nanquantile(rows.masked_fill(~visible, float("nan")), q, dim=-1, keepdim=True)
+            assert torch.equal(visible_row_quantile(rows, visible, q), expected), (n, w, pattern)
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 7, 256])

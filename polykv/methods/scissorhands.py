@@ -146,8 +146,7 @@ class Scissorhands(Method):
         else:
             query_pos = view.positions.amax(-1, keepdim=True) - w + 1 + torch.arange(w, device=rows.device)
             visible = view.positions[:, :, None, :] <= query_pos[..., None]  # [b, h, w, n]
-            hidden = rows.masked_fill(~visible, float("nan"))  # the quantile is over visible tokens only
-            threshold = torch.nanquantile(hidden, self.params.importance_quantile, dim=-1, keepdim=True)
+            threshold = visible_row_quantile(rows, visible, self.params.importance_quantile)
             unimportant = (rows < threshold) & visible
         if w == 1:  # a plain index: no index tensor to build at every decode step
             self.per_token["unimportant"][..., self.cursor] = unimportant[:, :, 0]
@@ -170,6 +169,28 @@ def row_quantile(rows: torch.Tensor, q: float) -> torch.Tensor:
     top = rows.topk(n - below, dim=-1).values  # descending: the last is the value at `below`
     above = top[..., -2:-1] if n - below >= 2 else top[..., -1:]
     return top[..., -1:].lerp(above, weight)
+
+
+def visible_row_quantile(rows: torch.Tensor, visible: torch.Tensor, q: float) -> torch.Tensor:
+    """`torch.nanquantile(rows with the invisible entries as NaN, q, dim=-1, keepdim=True)`, the same
+    numbers for rows that see at least one entry, from one partial top-k instead of a sort of every row
+    (the prompt's history window: `history` rows over the whole prompt).
+
+    Row i with m_i visible entries needs its values at ascending ranks floor(r_i) and ceil(r_i),
+    r_i = q * (m_i - 1) in float32 as torch computes it; those are among its m_i - floor(r_i) largest,
+    a count that grows with m_i, so the top-k of the longest possible row holds them for every row."""
+    n = rows.shape[-1]
+    q32 = torch.tensor(_float32(q), dtype=torch.float32, device=rows.device)
+    count = visible.sum(-1, keepdim=True)  # m_i
+    rank = q32 * (count - 1).clamp_min_(0)  # float32, as torch.nanquantile
+    below = rank.long()
+    weight = rank - below
+    above = rank.ceil().long()
+    k = min(n, n - int(_float32(_float32(q) * (n - 1))) + 1)  # + 1: float32 rounding of the rank
+    top = rows.masked_fill(~visible, float("-inf")).topk(k, dim=-1).values  # descending
+    last = (count - 1).clamp_min_(0)  # descending index of ascending rank 0
+    at = lambda r: top.gather(-1, (last - r).clamp_(0, k - 1))  # noqa: E731  (ascending rank r)
+    return at(below).lerp_(at(above), weight)
 
 
 def _float32(x: float) -> float:
