@@ -7,8 +7,8 @@ prefill, prefill-only ones in prefill), 64 greedy steps. Each configuration runs
 vanilla Hugging Face run (their decode steps alternate, each timed alone), and the median of the
 per-step ratios over every step of every repetition is reported.
 
-    python benchmarks/decode_overhead.py                    # defaults above, 5 repetitions
-    python benchmarks/decode_overhead.py --methods tova h2o --reps 3
+    python benchmarks/decode_overhead.py                    # defaults above, 6 repetitions
+    python benchmarks/decode_overhead.py --methods tova h2o --reps 2
     python benchmarks/decode_overhead.py --interval 8       # every evicting layer with interval 8
 
 Set PYTHONPATH to an older copy of the package to measure it with the same script.
@@ -84,7 +84,7 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=1024)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--capacity", type=int, default=256)
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=6, help="repetitions (even: each order of a pair equally often)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--interval", type=int, default=1, help="eviction interval of every decode layer")
     parser.add_argument("--methods", nargs="*", default=list(REGISTRY), help="registry names (default: all)")

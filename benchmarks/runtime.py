@@ -176,26 +176,29 @@ def method_rows(num_layers: int, capacity: int, skip: tuple[str, ...] = ("full",
 
 
 @torch.no_grad()
-def lockstep(model, plan: Plan, ids: torch.Tensor, new_tokens: int, device: str = "cpu"):
+def lockstep(model, plan: Plan, ids: torch.Tensor, new_tokens: int, device: str = "cpu", plan_first: bool = False):
     """Vanilla Hugging Face and the plan side by side: both prefill the prompt, then they take their
     greedy decode steps in turn (a vanilla step, the plan's step, ...), each timed alone. Load from
     other processes drifts over milliseconds to seconds on a shared machine, so the two steps of a pair
-    see nearly the same load. Returns vanilla's and the plan's prefill seconds, their step seconds and
-    their caches."""
+    see nearly the same load. `plan_first`: the plan's prefill and steps go first in each pair (the
+    second of a pair runs beside the first one's cache, a bias of about 2% in prefill on this project's
+    CPU machine: `benchmark` alternates the order). Returns vanilla's and the plan's prefill seconds, their
+    step seconds and their caches."""
     name = cache_argument_name(model)
-    prefill, caches, tokens = [], [], []
-    for side in (0, 1):
+    order = (1, 0) if plan_first else (0, 1)
+    prefill, caches, tokens = [0.0, 0.0], [None, None], [None, None]
+    for side in order:
         with routed(model, plan) if side else contextlib.nullcontext():
             _sync(device)
             t0 = time.perf_counter()
             out = model(ids, use_cache=True, logits_to_keep=1)
             _sync(device)
-            prefill.append(time.perf_counter() - t0)
-        caches.append(output_cache(out))
-        tokens.append(out.logits[:, -1:].argmax(-1))
+            prefill[side] = time.perf_counter() - t0
+        caches[side] = output_cache(out)
+        tokens[side] = out.logits[:, -1:].argmax(-1)
     steps: list[list[float]] = [[], []]
     for _ in range(new_tokens):
-        for side in (0, 1):
+        for side in order:
             with routed(model, plan) if side else contextlib.nullcontext():  # entered outside the timing
                 _sync(device)
                 t0 = time.perf_counter()
@@ -208,16 +211,17 @@ def lockstep(model, plan: Plan, ids: torch.Tensor, new_tokens: int, device: str 
 
 def benchmark(model, rows: list[Row], prompt_len: int, new_tokens: int, reps: int, device: str, dtype, seed=0):
     """Every configuration in lockstep with its own vanilla run (`lockstep`), each repetition running every
-    configuration once; rows[0] is vanilla and collects the vanilla side of every pair."""
+    configuration once, the plan first in every other repetition; rows[0] is vanilla and collects the
+    vanilla side of every pair."""
     ids = torch.randint(3, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(seed)).to(
         device
     )
     lockstep(model, rows[1].plan, ids[:, :256], 4, device)  # warm-up: kernels, allocator
     base = rows[0]
-    for _ in range(reps):
+    for rep in range(reps):
         for row in rows[1:]:
             base_prefill, prefill, base_steps, steps, base_cache, cache = lockstep(
-                model, row.plan, ids, new_tokens, device
+                model, row.plan, ids, new_tokens, device, plan_first=rep % 2 == 1
             )
             for r, p, st, c in ((base, base_prefill, base_steps, base_cache), (row, prefill, steps, cache)):
                 r.prefill_s.append(p)
@@ -258,7 +262,7 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=4096)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--capacity", type=int, default=256)
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=6, help="repetitions (even: each order of a pair equally often)")
     parser.add_argument("--methods", action="store_true", help="add one row per method (decode-phase capacity)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = parser.parse_args()
