@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # after PYTHONPATH: an older package copy wins
-from runtime import CPU_CONFIG, Row, benchmark, build_model  # noqa: E402
+from runtime import CPU_CONFIG, Row, benchmark, build_model, cpu_name  # noqa: E402
 
 from polykv.files import atomic_write_json  # noqa: E402
 from polykv.methods import REGISTRY  # noqa: E402
@@ -97,7 +97,7 @@ def main() -> None:
     benchmark(model, rows, args.prompt_len, args.new_tokens, args.reps, "cpu", torch.float32)
     title = (
         f"host-bound random Llama (hidden {cfg['hidden_size']}, {cfg['num_hidden_layers']} layers, "
-        f"{cfg['num_attention_heads']} heads, {cfg['num_key_value_heads']} KV heads), fp32 CPU, "
+        f"{cfg['num_attention_heads']} heads, {cfg['num_key_value_heads']} KV heads), fp32 {cpu_name()}, "
         f"{torch.get_num_threads()} thread(s); prompt {args.prompt_len}, {args.new_tokens} new tokens, "
         f"interval {args.interval}; {args.reps} repetitions, each configuration in lockstep with vanilla "
         "(median of per-step ratios)"

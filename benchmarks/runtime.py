@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -64,6 +65,18 @@ def build_model(config: dict, device: str, dtype: torch.dtype, seed: int = 0) ->
             copy.deepcopy(LlamaConfig(**config)), attn_implementation="sdpa", dtype=dtype
         )
     return model.eval()
+
+
+def cpu_name() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo), for the tables: ratios differ between CPUs."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def _sync(device: str) -> None:
@@ -276,7 +289,7 @@ def main() -> None:
     cfg = CPU_CONFIG
     title = (
         f"random Llama (hidden {cfg['hidden_size']}, {cfg['num_hidden_layers']} layers, "
-        f"{cfg['num_attention_heads']} heads, {cfg['num_key_value_heads']} KV heads), fp32 CPU, "
+        f"{cfg['num_attention_heads']} heads, {cfg['num_key_value_heads']} KV heads), fp32 {cpu_name()}, "
         f"{torch.get_num_threads()} threads; prompt {args.prompt_len}, "
         f"{args.new_tokens} new tokens; {args.reps} repetitions, each configuration in lockstep with vanilla"
     )

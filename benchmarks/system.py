@@ -71,7 +71,7 @@ import torch
 
 sys.path.insert(1, str(Path(__file__).resolve().parent))
 from gpu_check import LLAMA_31_8B  # noqa: E402
-from runtime import CPU_CONFIG, build_model, kv_bytes, nominal_bytes, nominal_slots, run_once  # noqa: E402
+from runtime import CPU_CONFIG, build_model, cpu_name, kv_bytes, nominal_bytes, nominal_slots, run_once  # noqa: E402
 
 from polykv.eval.protocols import baseline_methods, baseline_plan  # noqa: E402
 from polykv.files import atomic_write_bytes, atomic_write_json  # noqa: E402
@@ -556,9 +556,7 @@ def main() -> None:
 
     cfg = args.model_config
     where = (
-        f"{torch.cuda.get_device_name()}, bf16"
-        if cuda
-        else f"{platform.processor() or platform.machine()} CPU, fp32, {torch.get_num_threads()} threads"
+        f"{torch.cuda.get_device_name()}, bf16" if cuda else f"{cpu_name()}, fp32, {torch.get_num_threads()} threads"
     )
     title = (
         f"{'Llama-3.1-8B shape' if cuda else 'random Llama'} (hidden {cfg['hidden_size']}, "
