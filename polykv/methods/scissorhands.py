@@ -181,14 +181,13 @@ def visible_row_quantile(rows: torch.Tensor, visible: torch.Tensor, q: float) ->
     a count that grows with m_i, so the top-k of the longest possible row holds them for every row."""
     n = rows.shape[-1]
     q32 = torch.tensor(_float32(q), dtype=torch.float32, device=rows.device)
-    count = visible.sum(-1, keepdim=True)  # m_i
-    rank = q32 * (count - 1).clamp_min_(0)  # float32, as torch.nanquantile
+    last = visible.sum(-1, keepdim=True).sub_(1).clamp_min_(0)  # m_i - 1: descending index of ascending rank 0
+    rank = q32 * last  # float32, as torch.nanquantile
     below = rank.long()
     weight = rank - below
     above = rank.ceil().long()
     k = min(n, n - int(_float32(_float32(q) * (n - 1))) + 1)  # + 1: float32 rounding of the rank
     top = rows.masked_fill(~visible, float("-inf")).topk(k, dim=-1).values  # descending
-    last = (count - 1).clamp_min_(0)  # descending index of ascending rank 0
     at = lambda r: top.gather(-1, (last - r).clamp_(0, k - 1))  # noqa: E731  (ascending rank r)
     return at(below).lerp_(at(above), weight)
 
