@@ -27,7 +27,10 @@ with st.sidebar:
     name, device = common.chosen_model()
     with st.form(state.MODEL_FORM):
         typed = st.text_input(
-            "Model", value=name, help="'demo' (the embedded stories260K), a Hugging Face id or a local path"
+            "Model",
+            value=name,
+            help="'demo' (the embedded stories260K), 'smollm2' (SmolLM2-135M-Instruct, 30 layers), a Hugging Face "
+            "id, a local model directory or a .gguf file",
         )
         devices = common.devices()
         chosen = st.selectbox("Device", devices, index=common.index_of(devices, device))

@@ -22,7 +22,7 @@ from polykv.plan import MAX_PLAN_BYTES, Plan, PlanError
 from polykv.workspace import default_workspace
 
 REPO = Path(__file__).resolve().parents[1]
-DEMO_PLAN = REPO / "plans" / "demo" / "mixed.json"
+SHIPPED_PLANS = REPO / "plans"  # plans/<embedded model>/mixed.json: where the designer starts for that model
 DEFAULT_MODEL = ("demo", "cpu")  # (name, device) until another model is loaded
 KEEP = "(keep)"  # the paint palette's "leave the method as it is"
 DESIGNER_PLAN = "(designer)"  # the Runs page's plan picker: the plan on the designer, not a saved file
@@ -206,7 +206,8 @@ def switch_model(name: str, device: str, carry: Plan | None = None) -> None:
 # ---- the plan being designed ------------------------------------------------------------------------
 def plan() -> Plan:
     """The designer's current plan (always valid for the current model): this session's draft for the
-    model (from memory, else from its draft file), else the demo plan or a fresh one."""
+    model (from memory, else from its draft file), else the model's shipped mixed plan (`plans/<name>/`, for
+    the embedded models) or a fresh one."""
     name, layers = current_model()[0], num_layers()
     text = st.session_state.get(state.PLAN_JSON)
     owner = st.session_state.get(state.PLAN_MODEL)
@@ -217,7 +218,8 @@ def plan() -> Plan:
         return Plan.from_json(text)
     draft = _read_draft(name)
     if draft is None or draft.plan.num_layers != layers:
-        start = Plan.load(DEMO_PLAN) if DEMO_PLAN.is_file() else None
+        shipped = SHIPPED_PLANS / name / "mixed.json"
+        start = Plan.load(shipped) if name in models.EMBEDDED_MODELS and shipped.is_file() else None
         if start is None or start.num_layers != layers:
             start = Plan.homogeneous("tova", 256, layers, "decode", name="new-plan")
         draft = drafts.Draft(start)

@@ -13,10 +13,12 @@ one keeps its mode.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -198,8 +200,25 @@ __all__ = [
     "atomic_write_json",
     "atomic_write_text",
     "depth",
+    "file_lock",
     "parse_json",
     "read_json",
     "read_text",
     "writable_target",
 ]
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock on ``path`` where the platform has flock (no-op elsewhere)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: the import is still atomic, only duplicated work is possible
+        yield
+        return
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -62,6 +62,31 @@ def demo_model(tmp_path_factory):
     patch.undo()
 
 
+# Where the user's models are cached, read before any test points POLYKV_HOME elsewhere: the converted
+# smollm2 (538 MB, about 40 s to convert) is made once per machine, not once per test session.
+from polykv.models import polykv_home  # noqa: E402
+
+USER_HOME = polykv_home()
+
+
+@pytest.fixture(scope="session")
+def smollm2_home():
+    """The POLYKV_HOME holding the converted smollm2 (converted first if it is not there)."""
+    from polykv.models.gguf import gguf_model_dir, smollm2_gguf_path
+
+    gguf_model_dir(smollm2_gguf_path(), USER_HOME)
+    return USER_HOME
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_home):
+    """SmolLM2-135M-Instruct (the embedded `smollm2`), loaded once per test session."""
+    from polykv.models import load_model
+    from polykv.models.gguf import gguf_model_dir, smollm2_gguf_path
+
+    return load_model(str(gguf_model_dir(smollm2_gguf_path(), smollm2_home)))
+
+
 @pytest.fixture
 def llama():
     return tiny_model("llama")

@@ -467,3 +467,62 @@ def random_sequences(n: int, length: int, vocab: int, seed: int = 1, bos: int = 
     """n token sequences: `bos`, then length - 1 random ids in [2, vocab)."""
     g = torch.Generator().manual_seed(seed)
     return [[bos] + torch.randint(2, vocab, (length - 1,), generator=g).tolist() for _ in range(n)]
+
+
+# ---- GGUF files ------------------------------------------------------------------------------------------
+def write_tiny_gguf(path: Path, architecture: str = "llama", layers: int = 2) -> Path:
+    """A tiny random-weight GGUF model file (float32 tensors, a byte-level BPE vocabulary and a chat template),
+    written with the `gguf` package the way llama.cpp lays one out."""
+    import gguf
+    import numpy as np
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    writer = gguf.GGUFWriter(str(path), architecture)
+    d, heads, kv, ff = 64, 4, 2, 128
+    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *bytes_to_unicode().values(), "Ġt", "he"]
+    writer.add_name("tiny-test")
+    writer.add_block_count(layers)
+    writer.add_context_length(512)
+    writer.add_embedding_length(d)
+    writer.add_feed_forward_length(ff)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(len(tokens))
+    writer.add_rope_dimension_count(d // heads)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3, 3, 3] + [1] * (len(tokens) - 3))
+    writer.add_token_merges(["Ġ t", "h e"])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_pad_token_id(2)
+    writer.add_chat_template(
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    rng = np.random.default_rng(0)
+
+    def tensor(name: str, *shape: int) -> None:
+        writer.add_tensor(name, (rng.standard_normal(shape) * 0.05).astype(np.float32))
+
+    tensor("token_embd.weight", len(tokens), d)
+    writer.add_tensor("output_norm.weight", np.ones(d, np.float32))
+    for i in range(layers):
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(d, np.float32))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(d, np.float32))
+        tensor(f"blk.{i}.attn_q.weight", d, d)
+        tensor(f"blk.{i}.attn_k.weight", kv * d // heads, d)
+        tensor(f"blk.{i}.attn_v.weight", kv * d // heads, d)
+        tensor(f"blk.{i}.attn_output.weight", d, d)
+        tensor(f"blk.{i}.ffn_gate.weight", ff, d)
+        tensor(f"blk.{i}.ffn_up.weight", ff, d)
+        tensor(f"blk.{i}.ffn_down.weight", d, ff)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -39,13 +39,17 @@ def test_methods_lists_every_method_with_phases_and_defaults(polykv):
     assert "snapkv" in result.stdout and "phases: prefill " in result.stdout and "window=32" in result.stdout
 
 
-@pytest.mark.parametrize("path", PLANS, ids=lambda p: p.name)
-def test_shipped_plans_are_valid_for_the_demo_model(path):
-    plan = validate_plan(Plan.load(path), 5)
+SHIPPED_LAYERS = {"demo": 5, "smollm2": 30}  # plans/<model>/: the model's layer count
+
+
+@pytest.mark.parametrize("path", PLANS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_shipped_plans_are_valid_for_their_model(path):
+    layers = SHIPPED_LAYERS[path.parent.name]
+    plan = validate_plan(Plan.load(path), layers, 8192 if layers == 30 else 512)
     assert plan.to_json() == path.read_text()  # canonical, as `plan save` writes it
     if plan.provenance.get("built_by") == "homogeneous":
         params = plan.layers[0][plan.scope.phases[0]].params
-        rebuilt = Plan.homogeneous(plan.provenance["method"], plan.provenance["capacity"], 5, plan.scope, params)
+        rebuilt = Plan.homogeneous(plan.provenance["method"], plan.provenance["capacity"], layers, plan.scope, params)
         assert rebuilt == plan
 
 

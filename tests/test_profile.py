@@ -289,3 +289,33 @@ def test_entropy_is_the_mean_over_every_prompt_query(family, overrides):
         attentions = model(torch.tensor(sequences)[:, :prompt], output_attentions=True).attentions
     direct = [float(-torch.special.xlogy(a.double(), a.double()).sum(-1).mean()) for a in attentions]
     assert result.entropy == pytest.approx(direct, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "family, overrides",
+    [
+        # SmolLM2's grouping: 9 query heads over 3 KV heads
+        ("llama", {"hidden_size": 72, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 8}),
+        ("mistral", {"sliding_window": 20}),  # the window cuts through the prompt: masked above layer l too
+        ("qwen3", {}),
+    ],
+)
+def test_the_shared_profile_is_the_naive_loop_for_every_method_and_scope(family, overrides):
+    # The fast profiler (one prompt pass per layer for every method, the cells as one batch, the layers
+    # above as a block over FullKV's prompt) against every layer run every time, token by token.
+    import torch
+
+    model = tiny_model(family, **overrides)
+    # distinct tokens within a sequence: no two keys with equal norms, whose order (Knorm) would be decided by
+    # the last bit of rounding, which a batch changes
+    g = torch.Generator().manual_seed(1)
+    sequences = [[1] + (torch.randperm(94, generator=g)[:63] + 2).tolist() for _ in range(3)]
+    fast = profile_methods(model, sequences, 12, continuation=8, batch_size=2)  # batches of 2 and 1
+    naive = profile_methods(model, sequences, 12, continuation=8, batch_size=2, reuse_prefix=False)
+    by_cell = lambda rows: {(r["layer"], r["scope"], r["method"], r["sequence"]): r for r in rows}  # noqa: E731
+    fast_cells, naive_cells = by_cell(fast.sequences), by_cell(naive.sequences)
+    assert fast_cells.keys() == naive_cells.keys() and len({k[2] for k in fast_cells}) >= 9
+    for key, row in fast_cells.items():
+        assert row["cosine"] == pytest.approx(naive_cells[key]["cosine"], abs=1e-6), key
+        assert row["nll"] == pytest.approx(naive_cells[key]["nll"], rel=1e-6), key
+    assert fast.reference_nll == naive.reference_nll and fast.entropy == naive.entropy

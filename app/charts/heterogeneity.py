@@ -115,5 +115,7 @@ def density_figure(density: np.ndarray) -> go.Figure:
         )
     )
     fig.update_xaxes(title_text="relative position in the input (bin centre)")
-    fig.update_yaxes(title_text="layer", autorange="reversed")
-    return layout(fig, "support density over the input (one input)", 380)
+    layers = density.shape[0]
+    fig.update_yaxes(title_text="layer", autorange="reversed", dtick=1 if layers <= 40 else None)
+    # a readable row per layer: 5 layers fit the base height, 30 need about 18 px each
+    return layout(fig, "support density over the input (one input)", max(380, min(900, 120 + 18 * layers)))

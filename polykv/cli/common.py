@@ -28,7 +28,12 @@ def _workspace(value: Path | None) -> Path:
     return value if value is not None else default_workspace()
 
 
-ModelOption = Annotated[str, typer.Option("--model", "-m", help="'demo', a local path or a Hugging Face id.")]
+ModelOption = Annotated[
+    str,
+    typer.Option(
+        "--model", "-m", help="'demo', 'smollm2', a local model directory or .gguf file, or a Hugging Face id."
+    ),
+]
 WorkspaceOption = Annotated[
     Path | None,
     typer.Option(

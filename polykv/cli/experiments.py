@@ -54,6 +54,13 @@ class ExperimentOptions:
     workspace: WorkspaceOption = DEFAULT_WORKSPACE
     backend: BackendOption = "local"
     settings_json: SettingsOption = None
+    batch: Annotated[
+        bool,
+        typer.Option(
+            help="Local backend: run the plans together, sample by sample, as one batch (one prompt pass for all; "
+            "equal to one at a time up to float rounding, several times faster)."
+        ),
+    ] = False
 
     def runner(self, bars: Progress):
         """An `ExperimentRunner` for these options, reporting its runs and samples to `bars`: the backend and
@@ -82,6 +89,7 @@ class ExperimentOptions:
             on_sample=bars.sample,  # the local backend's samples; ray runs report in the store only
             backend=self.backend,
             device=self.device,
+            batched=self.batch,
         )
 
 
@@ -225,10 +233,34 @@ def experiment_study(
     seed: int = 0,
     device: str = "cpu",
     backend: BackendOption = "local",
+    suite: Annotated[
+        str, typer.Option(help="The primary workload (factorial, sweeps): fidelity or ruler.")
+    ] = "fidelity",
+    settings_json: SettingsOption = None,
+    placement_suite: Annotated[
+        str | None, typer.Option(help="The suite scoring the placement control (default: the primary suite).")
+    ] = None,
+    placement_settings: Annotated[str | None, typer.Option(help="The placement suite's settings as JSON.")] = None,
+    placement_metric: Annotated[
+        str | None, typer.Option(help="The placement suite's metric (default: --metric).")
+    ] = None,
+    sweep_scopes: Annotated[
+        str | None, typer.Option(help="Also sweep the TopRank routes of these phases, e.g. prefill (comma-separated).")
+    ] = None,
+    calibration_sequences: Annotated[int, typer.Option(min=1, help="Calibration sequences of the profile.")] = 20,
+    calibration_tokens: Annotated[int, typer.Option(min=16, help="Tokens per calibration sequence.")] = 2048,
+    sources: Annotated[
+        str | None, typer.Option(help="Calibration sources, comma-separated (default: the model's own).")
+    ] = None,
+    b_cal: Annotated[int | None, typer.Option(min=1, help="Calibration capacity (default: 256, scaled down).")] = None,
+    batch: Annotated[
+        bool, typer.Option(help="Run a suite's plans together, sample by sample, as one batch (local backend).")
+    ] = True,
 ) -> None:
-    """The paper's study at demo scale: profile, TopRank route, factorial, placement (K), sweep; writes a report."""
+    """The paper's study: profile, TopRank routes, factorial, placement (K), sweeps; writes a report."""
     import shlex
 
+    from polykv.eval.settings import parse_settings_object
     from polykv.eval.study import StudySettings, run_study, write_report
 
     settings = StudySettings(
@@ -245,6 +277,17 @@ def experiment_study(
         seed=seed,
         backend=backend,
         device=device,
+        suite=suite,
+        suite_settings=parse_settings_object(settings_json, "--settings"),
+        placement_suite=placement_suite,
+        placement_settings=parse_settings_object(placement_settings, "--placement-settings"),
+        placement_metric=placement_metric,
+        sweep_scopes=tuple(x.strip() for x in sweep_scopes.split(",") if x.strip()) if sweep_scopes else None,
+        calibration_sequences=calibration_sequences,
+        calibration_tokens=calibration_tokens,
+        calibration_sources=tuple(x.strip() for x in sources.split(",") if x.strip()) if sources else None,
+        b_cal=b_cal,
+        batched=batch,
     )
     with Progress() as bars:
 

@@ -39,7 +39,7 @@ from typing import Any
 from polykv.eval.backends import backend
 from polykv.eval.compare import Paired, direction, direction_text, envelope, macro_average, paired, placement_summary
 from polykv.eval.protocols import baseline_methods, baseline_plan, protocol, protocol_lines
-from polykv.eval.runner import run_suite
+from polykv.eval.runner import run_suite, run_suites
 from polykv.eval.stats import spearman_permutation
 from polykv.eval.store import Store
 from polykv.eval.unit import Unit
@@ -87,12 +87,29 @@ class ExperimentRunner:
     on_sample: Callable[[int, int, str], None] | None = None
     backend: str = "local"  # "ray": the runs of an experiment execute in parallel as Ray tasks (`backends.backend`)
     device: str = "cpu"
+    # local backend: the runs of one call execute together, sample by sample, in one batch (`run_suites`;
+    # equal to one at a time up to float rounding); `progress` is then told once, with the runs' count
+    batched: bool = False
 
     def run(self, plan: Plan) -> str:
         return self.run_all([plan])[0]
 
     def run_all(self, plans: list[Plan]) -> list[str]:
         chosen = backend(self.backend, waiting=True)  # the scores are read next: a backend that waits for them
+        if chosen.name == "local" and self.batched and len(plans) > 1:
+            if self.progress is not None:
+                self.progress(f"{len(plans)} runs together")
+            return run_suites(
+                self.store,
+                self.model_name,
+                self.model,
+                self.tokenizer,
+                plans,
+                self.suite,
+                self.settings,
+                self.seed,
+                progress=self.on_sample,
+            )
         if chosen.name == "local":  # this process: the model already loaded, the settings as they are
             ids = []
             for plan in plans:  # one at a time, so that `progress` names the run that `on_sample` reports on

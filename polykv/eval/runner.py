@@ -67,50 +67,100 @@ def run_suite(
     seed: int = 0,
     progress: Callable[[int, int, str], None] | None = None,
 ) -> str:
-    """Execute (or resume, or find) a run; returns its id. Scores land in the store as they finish."""
+    """Execute (or resume, or find) a run; returns its id. Scores land in the store as they finish.
+    The plan runs alone (`routed` and `generate`): the reference `run_suites` is checked against."""
+    return _execute(store, model_name, model, tokenizer, [plan], suite, settings, seed, progress, batched=False)[0]
+
+
+def run_suites(
+    store: Store,
+    model_name: str,
+    model,
+    tokenizer,
+    plans: list[Plan],
+    suite: str = "fidelity",
+    settings=None,
+    seed: int = 0,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> list[str]:
+    """`run_suite` for several plans on the same samples, executed together: sample by sample, every
+    plan still missing it is scored in one batch (the suite's `score_samples`: one prompt pass for all,
+    their decode steps as one batch; `polykv.runtime.batch`). Equal to running each alone up to float
+    rounding. Each run is stored, resumed and found exactly as `run_suite`'s; a sample's time is the
+    batch's divided among its plans. `progress` sees (samples done, samples in all, where), samples
+    counted over the batch's sample list."""
+    return _execute(store, model_name, model, tokenizer, plans, suite, settings, seed, progress, batched=True)
+
+
+def _execute(store, model_name, model, tokenizer, plans, suite, settings, seed, progress, batched) -> list[str]:
     if suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r} (suites: {', '.join(SUITES)})")
     module = SUITES[suite]
     settings = settings or module.Settings()
-    validate_plan(plan, num_layers(model))
-    run_id = run_id_for(model_name, plan, suite, settings.to_dict(), seed)
-    existing = store.run(run_id)
-    if existing is not None and existing["status"] == "finished":
-        return run_id
+    layers = num_layers(model)
+    for plan in plans:
+        validate_plan(plan, layers)
+    ids = [run_id_for(model_name, plan, suite, settings.to_dict(), seed) for plan in plans]
+    pending = {}  # run id -> plan, for the runs not finished yet (a plan listed twice runs once)
+    for plan, run_id in zip(plans, ids):
+        existing = store.run(run_id)
+        if existing is None or existing["status"] != "finished":
+            pending[run_id] = plan
+    if not pending:
+        return ids
     samples = _samples(module, suite, tokenizer, model, settings, seed)
-    store.create_run(
-        run_id,
-        model=model_name,
-        plan_name=plan.name,
-        plan_hash=plan_hash(plan),
-        plan_json=plan.to_json(),
-        suite=suite,
-        settings=settings.to_dict(),
-        seed=seed,
-        total_samples=len(samples),
-        versions={
-            "polykv": __version__,
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "python": platform.python_version(),
-            "revisions": code_revisions(plan, suite),
-        },
-    )
-    store.set_running(run_id)  # this process is its worker now (a killed worker's run reads as "stopped")
-    done = store.done(run_id)
+    for run_id, plan in pending.items():
+        store.create_run(
+            run_id,
+            model=model_name,
+            plan_name=plan.name,
+            plan_hash=plan_hash(plan),
+            plan_json=plan.to_json(),
+            suite=suite,
+            settings=settings.to_dict(),
+            seed=seed,
+            total_samples=len(samples),
+            versions={
+                "polykv": __version__,
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+                "python": platform.python_version(),
+                "revisions": code_revisions(plan, suite),
+                **_prompt_format(module, tokenizer, settings),
+            },
+        )
+        store.set_running(run_id)  # this process is its worker now (a killed worker's run reads as "stopped")
+    done = {run_id: store.done(run_id) for run_id in pending}
+    score_many = getattr(module, "score_samples", None) if batched else None
     try:
-        for index, (task, sample, ids) in enumerate(samples):
-            if (task, sample) not in done:
+        for index, (task, sample, payload) in enumerate(samples):
+            todo = [run_id for run_id in pending if (task, sample) not in done[run_id]]
+            if todo:
                 started = time.perf_counter()
-                metrics = module.score_sample(model, plan, ids, settings)
-                store.add_sample(run_id, task, sample, metrics, time.perf_counter() - started)
+                chosen = [pending[run_id] for run_id in todo]
+                if score_many is not None:
+                    metrics = score_many(model, chosen, payload, settings)
+                else:
+                    metrics = [module.score_sample(model, plan, payload, settings) for plan in chosen]
+                seconds = (time.perf_counter() - started) / len(todo)
+                for run_id, values in zip(todo, metrics):
+                    store.add_sample(run_id, task, sample, values, seconds)
             if progress is not None:
                 progress(index + 1, len(samples), f"{task}/{sample}")
     except BaseException as exc:
-        store.set_status(run_id, "failed", f"{exc.__class__.__name__}: {exc}"[:500])
+        for run_id in pending:
+            store.set_status(run_id, "failed", f"{exc.__class__.__name__}: {exc}"[:500])
         raise
-    _finish(store, run_id)
-    return run_id
+    for run_id in pending:
+        _finish(store, run_id)
+    return ids
+
+
+def _prompt_format(module, tokenizer, settings) -> dict:
+    """{"chat_template": whether the run's prompts are in the tokenizer's chat template}, for the suites
+    that have the choice (their `use_chat_template` setting may say "auto")."""
+    uses = getattr(module, "uses_chat_template", None)
+    return {} if uses is None else {"chat_template": bool(uses(tokenizer, settings))}
 
 
 # A suite's samples depend only on the model, its tokenizer, the settings and the seed, but building them

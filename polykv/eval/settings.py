@@ -71,6 +71,17 @@ def _parse(suite: str, cls, settings: str | bytes | Mapping[str, Any] | None):
         raise SettingsError(f"{suite} settings: {first_line(exc)}") from None
 
 
+def parse_settings_object(text: str | None, what: str = "settings") -> dict | None:
+    """A JSON object given on the command line (None or empty: None); anything else is one line."""
+    if text is None or not text.strip():
+        return None
+    data = parse_json(text, what, error=SettingsError)
+    if not isinstance(data, dict):
+        kind = type(data).__name__
+        raise SettingsError(f'{what}: expected a JSON object such as {{"samples_per_task": 2}}, got {kind}')
+    return data
+
+
 def parse_budgets(text: str | None, what: str = "budgets") -> list[int]:
     """'128, 256,512' -> [128, 256, 512]: positive whole numbers separated by commas (empty: [])."""
     budgets = []
@@ -84,4 +95,4 @@ def parse_budgets(text: str | None, what: str = "budgets") -> list[int]:
     return budgets
 
 
-__all__ = ["SUITE_NAMES", "parse_budgets", "suite_module", "suite_settings"]
+__all__ = ["SUITE_NAMES", "parse_budgets", "parse_settings_object", "suite_module", "suite_settings"]

@@ -1,50 +1,60 @@
-"""The paper's study at demo scale, as one call: profile -> TopRank route -> factorial -> placement -> sweep,
-then a Markdown report with tables and figures.
+"""The paper's study as one call: profile -> TopRank routes -> factorial -> placement -> budget sweeps, then a
+Markdown report with tables and figures (`polykv.eval.study_report`).
 
 Every number in the report comes from a run in the study's results database (its id is printed beside
 it), and the report names the database, the profile directory and the exact settings, so anyone can
 trace a number back or rerun the study: finished runs are found again by their ids and not recomputed.
 
 The experiments themselves are `polykv.eval.experiments` (the same code as `polykv experiment ...`);
-this module only chooses their inputs, runs them in order and renders what they return.
+this module only chooses their inputs, runs them in order and hands what they return to the report.
+With `batched` (the default) the runs of one suite execute together, sample by sample, as one batch
+(`polykv.eval.runner.run_suites`): every plan of the factorial and the sweeps shares one prompt pass per
+sample, which is what makes a 30-layer model's study fit in an hour and a half on two CPU cores.
+
+Defaults are the demo study's (the embedded 5-layer model on the fidelity suite); a real model's study
+names its suite (RULER), the suite that scores the placement control (the fidelity KL suite when the
+primary suite is too slow for K runs), its calibration corpus and the phases whose routes are swept.
 """
 
 from __future__ import annotations
 
-import datetime
-import json
-import os
-import platform
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
-from polykv.files import atomic_write_text
 from polykv.plan import Phase, Plan, Scope
 
 
 @dataclass(frozen=True)
 class StudySettings:
-    """What the study runs. Defaults: the demo model, a decode-phase route at average capacity 64."""
+    """What the study runs. Defaults: the demo model, a decode-phase route at average capacity 64, fidelity."""
 
     model: str = "demo"
-    scope: str = "decode"  # the phase the route (and the placement control) acts in
-    budget: int = 64  # average capacity of the route, the factorial and the placement control
+    scope: str = "decode"  # the phase of the primary route (the factorial and the placement control)
+    budget: int = 64  # average capacity of the routes, the factorial and the placement control
     budgets: tuple[int, ...] = (16, 32, 64, 128, 256)  # the sweep's average capacities
     placements: int = 99  # K random count-matched placements
     statistic: str = "dppl"  # TopRank's profile statistic
     allocation: str = "ppl"  # the factorial's allocated arm (and the sweep's route-ppl row)
     baseline: str | None = None  # the factorial's homogeneous method; None: best mean profile score
-    metric: str = "kl"  # the fidelity metric that scores a run
-    samples_per_task: int = 3
+    metric: str = "kl"  # the primary suite's metric that scores a run
+    samples_per_task: int = 3  # fidelity samples per task, when `suite_settings` does not say
     calibration_sequences: int = 20
     seed: int = 0
     backend: str = "local"  # "ray": runs as Ray tasks on a local cluster (one per core)
     device: str = "cpu"
+    suite: str = "fidelity"  # the primary workload: the factorial and the sweeps
+    suite_settings: dict | None = None  # its settings (JSON object); None: the suite's defaults for the model
+    placement_suite: str | None = None  # the suite scoring the placement control; None: the primary suite
+    placement_settings: dict | None = None
+    placement_metric: str | None = None  # None: `metric`
+    sweep_scopes: tuple[str, ...] | None = None  # the phases whose TopRank routes are swept; None: (scope,)
+    calibration_tokens: int = 2048  # tokens per calibration sequence (clipped to the model's context)
+    calibration_sources: tuple[str, ...] | None = None  # None: the model's default sources
+    b_cal: int | None = None  # None: 256, scaled down for short contexts
+    batched: bool = True  # the runs of a suite execute together (local backend)
 
     def __post_init__(self):
         if Scope(self.scope) is Scope.BOTH:
@@ -53,20 +63,39 @@ class StudySettings:
             raise ValueError("budgets must be positive integers")
         if self.placements < 1:
             raise ValueError("placements must be at least 1")
+        for phase in self.swept:
+            if Scope(phase) is Scope.BOTH:
+                raise ValueError("each swept route routes one phase: prefill or decode")
+
+    @property
+    def swept(self) -> tuple[str, ...]:
+        """The phases whose routes the sweep runs, the primary one first."""
+        return tuple(dict.fromkeys((self.scope, *(self.sweep_scopes or ()))))
+
+    def to_dict(self) -> dict:
+        from dataclasses import asdict
+
+        data = asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in data.items()}
 
 
 @dataclass
 class StudyResult:
     settings: StudySettings
     profile: Any
-    route: Plan
+    route: Plan  # the primary route (the factorial, the placement control)
     baseline: str
     factorial: Any
     placement: Any
-    sweep: Any
+    sweep: Any  # the primary route's sweep
     seconds: dict[str, float] = field(default_factory=dict)
     store_path: Path | None = None
     suite_settings: dict = field(default_factory=dict)
+    routes: dict[str, Plan] = field(default_factory=dict)  # phase -> route, every swept phase
+    sweeps: dict[str, Any] = field(default_factory=dict)  # phase -> its route's sweep report
+    placement_settings: dict = field(default_factory=dict)
+    task_scores: dict[str, dict[str, float]] = field(default_factory=dict)  # run id -> task -> the metric
+    chat_template: bool | None = None  # whether the primary suite's prompts are in the chat template
 
 
 def best_mean_method(profile, phase: Phase, statistic: str) -> str:
@@ -77,6 +106,17 @@ def best_mean_method(profile, phase: Phase, statistic: str) -> str:
     rows = profile.table[(profile.table["scope"] == phase.value) & (profile.table["method"] != "full")]
     means = rows.groupby("method")[statistic].mean()
     return str((means * STATISTICS[statistic]).idxmax())
+
+
+def suite_settings_for(suite: str, given: dict | None, model: str, samples_per_task: int):
+    """A suite's settings: `given` (a JSON object) over its defaults, the fidelity suite's tasks defaulting to
+    the model's (and its samples to `samples_per_task`)."""
+    from polykv.eval.settings import suite_settings
+    from polykv.eval.suites.fidelity import default_tasks
+
+    if suite == "fidelity":
+        given = {"tasks": list(default_tasks(model)), "samples_per_task": samples_per_task, **(given or {})}
+    return suite_settings(suite, given)
 
 
 def run_study(
@@ -93,9 +133,9 @@ def run_study(
     `progress` is told each step (and `run <plan>` before each run unless `on_run` is given, which is then
     told the plan's name instead); `on_sample` is `ExperimentRunner.on_sample`, `on_profile` is
     `build_profile(progress=)`: for progress bars."""
-    from polykv.eval.experiments import ExperimentRunner, factorial, placement, sweep
+    from polykv.eval.experiments import ExperimentRunner, factorial, factorial_plans, placement, sweep, sweep_plans
+    from polykv.eval.runner import SUITES
     from polykv.eval.store import Store
-    from polykv.eval.suites.fidelity import FidelitySettings, default_tasks
     from polykv.models import load_model
     from polykv.profile.build import build_profile
     from polykv.profile.corpus import CorpusSpec, default_sources
@@ -104,13 +144,24 @@ def run_study(
     say = progress or (lambda message: None)
     seconds: dict[str, float] = {}
     workspace.mkdir(parents=True, exist_ok=True)
+    primary = suite_settings_for(settings.suite, settings.suite_settings, settings.model, settings.samples_per_task)
+    placement_suite = settings.placement_suite or settings.suite
+    placing = suite_settings_for(
+        placement_suite,
+        settings.placement_settings if settings.placement_suite else settings.suite_settings,
+        settings.model,
+        settings.samples_per_task,
+    )
     model, tokenizer = load_model(settings.model, device=settings.device)  # quiet: no progress bars
     phase = Phase(settings.scope)
 
     started = time.perf_counter()
     say("profile")
     spec = CorpusSpec(
-        sources=default_sources(settings.model), num_sequences=settings.calibration_sequences, seed=settings.seed
+        sources=settings.calibration_sources or default_sources(settings.model),
+        num_sequences=settings.calibration_sequences,
+        max_tokens=settings.calibration_tokens,
+        seed=settings.seed,
     )
     profile = build_profile(
         settings.model,
@@ -118,48 +169,69 @@ def run_study(
         tokenizer,
         workspace / "profiles",
         spec,
+        capacity=settings.b_cal,
         scopes=(Phase.PREFILL, Phase.DECODE),
         progress=on_profile,
     )
     seconds["profile"] = time.perf_counter() - started
 
-    route = plan_from_profile(profile, settings.scope, settings.budget, settings.statistic, "uniform")
+    routes = {s: plan_from_profile(profile, s, settings.budget, settings.statistic, "uniform") for s in settings.swept}
+    route = routes[settings.scope]
     baseline = settings.baseline or best_mean_method(profile, phase, settings.statistic)
-    suite_settings = FidelitySettings(tasks=default_tasks(settings.model), samples_per_task=settings.samples_per_task)
-    runner = ExperimentRunner(
-        Store(workspace / "results.sqlite"),
-        settings.model,
-        model,
-        tokenizer,
-        "fidelity",
-        suite_settings,
-        settings.seed,
-        settings.metric,
-        progress=on_run or (lambda name: say(f"run {name}")),
-        on_sample=on_sample,
-        backend=settings.backend,
-        device=settings.device,
-    )
+    store = Store(workspace / "results.sqlite")
+
+    def runner_for(suite: str, suite_settings, metric: str) -> ExperimentRunner:
+        return ExperimentRunner(
+            store,
+            settings.model,
+            model,
+            tokenizer,
+            suite,
+            suite_settings,
+            settings.seed,
+            metric,
+            progress=on_run or (lambda name: say(f"run {name}")),
+            on_sample=on_sample,
+            backend=settings.backend,
+            device=settings.device,
+            batched=settings.batched,
+        )
+
+    runner = runner_for(settings.suite, primary, settings.metric)
+    placement_runner = runner_for(placement_suite, placing, settings.placement_metric or settings.metric)
 
     # A short route may admit fewer distinct count-matched placements than asked for (5 layers with one
     # method twice: 59): then every one of them is run, which makes the control exhaustive, not sampled.
     placements = min(settings.placements, placement_count([layer[phase].method for layer in route.layers]))
     if placements < settings.placements:
         say(f"placement: the route admits only {placements} other placements; running all of them")
+    factorial_args = (profile, settings.scope, settings.budget, baseline, settings.statistic, settings.allocation)
+    sweep_args = {s: (routes[s], list(settings.budgets)) for s in settings.swept}
+    if settings.batched and settings.backend == "local":
+        # The factorial's and the sweeps' runs share the primary suite's samples: one batch for them all.
+        say(f"{settings.suite} runs (factorial and sweeps, together)")
+        started = time.perf_counter()
+        plans = list(factorial_plans(*factorial_args).values())
+        for s in settings.swept:
+            plans += list(sweep_plans(*sweep_args[s], profile=profile).values())
+        runner.run_all(list({plan.to_json(): plan for plan in plans}.values()))
+        seconds[f"{settings.suite} runs"] = time.perf_counter() - started
+    reports: dict[str, Any] = {}
     steps = {
-        "factorial": lambda: factorial(
-            runner, profile, settings.scope, settings.budget, baseline, settings.statistic, settings.allocation
-        ),
-        "placement": lambda: placement(runner, profile, route, placements, settings.statistic),
-        "sweep": lambda: sweep(runner, route, list(settings.budgets), profile=profile),
+        "factorial": lambda: factorial(runner, *factorial_args),
+        "placement": lambda: placement(placement_runner, profile, route, placements, settings.statistic),
+        **{f"sweep {s}": (lambda s=s: sweep(runner, *sweep_args[s], profile=profile)) for s in settings.swept},
     }
-    reports = {}
     for name, step in steps.items():
         say(name)
         started = time.perf_counter()
         reports[name] = step()
         seconds[name] = time.perf_counter() - started
-    runner.store.checkpoint()  # the database file alone then holds every run the report cites
+    store.checkpoint()  # the database file alone then holds every run the report cites
+    sweeps = {s: reports[f"sweep {s}"] for s in settings.swept}
+    cited = {run for report in sweeps.values() for series in report.data["runs"].values() for run in series.values()}
+    cited |= {report.data["full"]["run"] for report in sweeps.values()}
+    uses_chat = getattr(SUITES[settings.suite], "uses_chat_template", None)
     return StudyResult(
         settings,
         profile,
@@ -167,313 +239,20 @@ def run_study(
         baseline,
         reports["factorial"],
         reports["placement"],
-        reports["sweep"],
+        sweeps[settings.scope],
         seconds,
-        runner.store.path,
-        suite_settings.to_dict(),
+        store.path,
+        primary.to_dict(),
+        routes,
+        sweeps,
+        placing.to_dict(),
+        {run: runner.task_scores(run) for run in sorted(cited)},
+        None if uses_chat is None else bool(uses_chat(tokenizer, primary)),
     )
-
-
-# ---- the report ----------------------------------------------------------------------------------------
-def _md_table(frame: pd.DataFrame, floats: str = "{:.4f}") -> str:
-    """A Markdown table (pandas' to_markdown needs the `tabulate` package; this needs nothing)."""
-
-    def cell(value) -> str:
-        if isinstance(value, float):
-            return "" if value != value else floats.format(value)
-        return str(value).replace("|", "\\|")
-
-    head = "| " + " | ".join(map(str, frame.columns)) + " |"
-    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
-    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
-    return "\n".join([head, rule, *body])
-
-
-def _ci_text(contrast: dict, digits: int = 4) -> str:
-    return f"{contrast['difference']:+.{digits}f} [{contrast['low']:+.{digits}f}, {contrast['high']:+.{digits}f}]"
-
-
-def _better(contrast: dict, sign: int) -> str:
-    """'better' / 'worse' / 'no significant difference' for A - B, from the CI in the better direction."""
-    low, high = sorted((sign * contrast["low"], sign * contrast["high"]))
-    return "better" if low > 0 else "worse" if high < 0 else "no significant difference"
-
-
-def _figures(result: StudyResult, folder: Path) -> dict[str, str]:
-    """The report's PNG figures (matplotlib, no display); returns name -> file name."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    folder.mkdir(parents=True, exist_ok=True)
-    out: dict[str, str] = {}
-    metric = result.settings.metric
-
-    # Profile: dPPL (or the study's statistic) per layer and method, the TopRank winner outlined.
-    table = result.profile.table
-    scopes = [s for s in ("prefill", "decode") if s in set(table["scope"])]
-    fig, axes = plt.subplots(1, len(scopes), figsize=(5.2 * len(scopes), 3.2), squeeze=False)
-    statistic = result.settings.statistic
-    for ax, scope in zip(axes[0], scopes):
-        rows = table[(table["scope"] == scope) & (table["method"] != "full")]
-        grid = rows.pivot_table(index="layer", columns="method", values=statistic)
-        image = ax.imshow(grid.values, aspect="auto", cmap="RdBu_r" if statistic == "dppl" else "viridis")
-        if statistic == "dppl":
-            bound = max(abs(float(grid.values.min())), abs(float(grid.values.max()))) or 1.0
-            image.set_clim(-bound, bound)
-        ax.set_xticks(range(len(grid.columns)), grid.columns, rotation=45, ha="right", fontsize=8)
-        ax.set_yticks(range(len(grid.index)), [f"L{i}" for i in grid.index], fontsize=8)
-        best = (grid * (-1 if statistic == "dppl" else 1)).values.argmax(axis=1)
-        for layer, column in enumerate(best):
-            ax.add_patch(plt.Rectangle((column - 0.5, layer - 0.5), 1, 1, fill=False, lw=2, ec="black"))
-        ax.set_title(f"{scope}: {statistic} (TopRank pick outlined)", fontsize=9)
-        fig.colorbar(image, ax=ax, fraction=0.04)
-    fig.tight_layout()
-    out["profile"] = "profile.png"
-    fig.savefig(folder / out["profile"], dpi=130)
-    plt.close(fig)
-
-    # Placement control: the K random placements' scores, the guided one marked; S(rho) vs score (Figure 4).
-    data = result.placement.data
-    randoms = data["random"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.4))
-    left.hist([r["score"] for r in randoms], bins=20, color="#9aa7b8")
-    left.axvline(data["guided"]["score"], color="#c0392b", lw=2, label=f"guided (rank {data['guided_rank']})")
-    left.set_xlabel(f"suite {metric}")
-    left.set_ylabel("random placements")
-    left.legend(fontsize=8)
-    right.scatter([r["S"] for r in randoms], [r["score"] for r in randoms], s=14, color="#5b6b80", label="random")
-    right.scatter([data["guided"]["S"]], [data["guided"]["score"]], s=50, color="#c0392b", marker="*", label="guided")
-    right.set_xlabel(f"profile score S(rho) by {data['statistic']}")
-    right.set_ylabel(f"suite {metric}")
-    right.set_title(
-        f"Spearman over the random placements {data['spearman']:+.3f}, one-sided p {data['spearman_p']:.4f}", fontsize=9
-    )
-    right.legend(fontsize=8)
-    fig.tight_layout()
-    out["placement"] = "placement.png"
-    fig.savefig(folder / out["placement"], dpi=130)
-    plt.close(fig)
-
-    # Sweep: every series against the budget (log axis), the envelope and FullKV; route - envelope with CIs.
-    data = result.sweep.data
-    budgets = data["budgets"]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
-    for name in data["baselines"]:
-        top.plot(budgets, [data["scores"][name][b] for b in budgets], lw=0.9, alpha=0.6, marker=".", label=name)
-    top.plot(budgets, [data["envelope"][b]["score"] for b in budgets], "k--", lw=1.5, label="best baseline (envelope)")
-    for name, style in zip(data["routes"], ("#c0392b", "#e67e22")):
-        top.plot(budgets, [data["scores"][name][b] for b in budgets], color=style, lw=2.5, marker="o", label=name)
-    top.axhline(data["full"]["score"], color="#27ae60", lw=1, ls=":", label="FullKV")
-    top.set_xscale("log", base=2)
-    top.set_ylabel(f"suite {metric}")
-    top.legend(fontsize=7, ncol=3)
-    versus = data["versus_envelope"]
-    diffs = [versus[b]["difference"] for b in budgets]
-    errors = [
-        [versus[b]["difference"] - versus[b]["low"] for b in budgets],
-        [versus[b]["high"] - versus[b]["difference"] for b in budgets],
-    ]
-    bottom.errorbar(budgets, diffs, yerr=errors, fmt="o-", color="#c0392b", capsize=4)
-    bottom.axhline(0, color="black", lw=0.8)
-    bottom.set_xscale("log", base=2)
-    bottom.set_xticks(budgets, [str(b) for b in budgets])
-    bottom.set_xlabel("average capacity per layer (tokens)")
-    bottom.set_ylabel(f"route-uniform - envelope\n({metric}, 95% CI)")
-    fig.tight_layout()
-    out["sweep"] = "sweep.png"
-    fig.savefig(folder / out["sweep"], dpi=130)
-    plt.close(fig)
-    return out
-
-
-def _k_note(result: StudyResult) -> str:
-    k = result.placement.data["k"]
-    if k >= result.settings.placements:
-        return ""
-    return (
-        f" (asked for {result.settings.placements}; the route admits only {k} other count-matched placements on "
-        f"{result.route.num_layers} layers, so all of them run: an exhaustive control)"
-    )
-
-
-def findings(result: StudyResult) -> list[str]:
-    """What the numbers say, in sentences, whichever way they come out."""
-    metric, sign = result.settings.metric, (1 if result.factorial.data["direction"] > 0 else -1)
-    better = "higher" if sign > 0 else "lower"
-    f = result.factorial.data
-    primary = f["routing_uniform"]
-    lines = [
-        f"Routing under uniform allocation (TopRank route vs {result.baseline} in every layer, both at "
-        f"{f['budget']} tokens per layer): {metric} difference {_ci_text(primary)} ({better} is better): "
-        f"{_better(primary, sign)}; the route wins {primary['wins']} of {primary['tasks']} tasks, and "
-        f"{primary['loto_better']} of {len(primary['leave_one_out'])} leave-one-task-out values favour it.",
-        f"Allocation ({f['allocation']} vs uniform) under TopRank routing: {_ci_text(f['allocation_routed'])} "
-        f"({_better(f['allocation_routed'], sign)}); interaction {_ci_text(f['interaction'])} "
-        f"({_better(f['interaction'], sign)}).",
-    ]
-    p = result.placement.data
-    lines.append(
-        f"Placement control: over {p['k']} random count-matched placements the profile score S(rho) and the suite "
-        f"score correlate with Spearman {p['spearman']:+.3f} (one-sided permutation p = {p['spearman_p']:.4f}); "
-        f"the guided route ranks {p['guided_rank']} of {p['k'] + 1} (p = {p['guided_p']:.3f}), "
-        f"{p['guided_minus_mean']:+.4f} {metric} from the random mean."
-    )
-    s = result.sweep.data
-    verdicts = [
-        f"{b}: {_better(s['versus_envelope'][b], sign)} (vs {s['versus_envelope'][b]['baseline']})"
-        for b in s["budgets"]
-    ]
-    lines.append(
-        "Sweep, route-uniform against the best standalone baseline at each budget: " + "; ".join(verdicts) + "."
-    )
-    if s["double"]:
-        lines.append(
-            "Route at b vs the best baseline at 2b: "
-            + "; ".join(f"{b}: {d['verdict']} ({_ci_text(d)})" for b, d in s["double"].items())
-            + "."
-        )
-    return lines
 
 
 def write_report(result: StudyResult, path: Path, command: str = "") -> Path:
-    """Write the Markdown report at `path` and its figures in `<path without .md>/` (written, then renamed)."""
-    from polykv.routing import route_confidence
+    """Write the Markdown report at `path` and its figures beside it (see `polykv.eval.study_report`)."""
+    from polykv.eval.study_report import write_report as write
 
-    path = Path(path)
-    figures = _figures(result, path.with_suffix(""))
-    folder = path.with_suffix("").name
-    s, profile = result.settings, result.profile
-    meta, extra = profile.meta, profile.metadata  # typed fields; the rest (sequence_length, seconds, spec)
-    metric = s.metric
-    store = result.store_path
-    lines = [
-        "# PolyKV demo study: should every layer use the same KV eviction method?",
-        "",
-        f"The paper's protocol (profile, TopRank route, routing x allocation factorial, placement control with "
-        f"K = {result.placement.data['k']}{_k_note(result)}, budget sweep) at demo scale: the embedded "
-        f"{meta.num_layers}-layer model "
-        f"`{s.model}` on the fidelity suite (next-token agreement with FullKV on the model's own kind of text). "
-        f"Generated by a real run of",
-        "",
-        f"```bash\n{command or 'polykv experiment study'}\n```",
-        "",
-        f"on {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}, {platform.machine()}, "
-        f"{os.cpu_count()} CPU cores, backend `{s.backend}`. Wall time: "
-        + ", ".join(f"{k} {v / 60:.1f} min" for k, v in result.seconds.items())
-        + f"; total {sum(result.seconds.values()) / 60:.1f} min.",
-        "",
-        f"Every number below is a run in the results database `{store}` (SQLite; `polykv runs --workspace "
-        f"{store.parent}` lists them, `polykv compare RUN_A RUN_B --workspace {store.parent}` recomputes any "
-        f"contrast); "
-        f"run ids are printed beside the numbers. Metric: **{metric}** "
-        f"({'higher' if result.factorial.data['direction'] > 0 else 'lower'} is better), the macro-average over "
-        f"{len(result.suite_settings.get('tasks', []))} tasks of {s.samples_per_task} samples each; intervals are "
-        f"95% paired bootstrap intervals over tasks.",
-        "",
-        "Settings: "
-        + json.dumps({**asdict(s), "budgets": list(s.budgets)})
-        + "; suite: "
-        + json.dumps(result.suite_settings),
-        "",
-        "## What it shows",
-        "",
-        *[f"- {line}" for line in findings(result)],
-        "",
-        "## 1. Profile",
-        "",
-        f"Profile `{profile.key}` (`{profile.path}`): {meta.corpus.num_sequences} calibration "
-        f"sequences of {extra.get('sequence_length')} tokens from "
-        f"{', '.join(extra['corpus'].get('spec', {}).get('sources', []))}, "
-        f"b_cal = {meta.b_cal}, computed in {extra.get('seconds')} s. FullKV perplexity of the calibration "
-        f"text per source: " + ", ".join(f"{k} {v:.2f}" for k, v in meta.fullkv_ppl.items()) + ".",
-        "",
-        f"![profile]({folder}/{figures['profile']})",
-        "",
-    ]
-    for phase in (Phase.PREFILL, Phase.DECODE):
-        confidence = route_confidence(profile, phase, s.statistic)
-        lines += [
-            f"TopRank by {s.statistic} in {phase.value}, with the winner's margin over the runner-up and how often "
-            f"it still wins when the calibration sequences are resampled (1,000 bootstrap replicates):",
-            "",
-            _md_table(confidence),
-            "",
-        ]
-    route_methods = [layer[Phase(s.scope)].method for layer in result.route.layers]
-    lines += [
-        "## 2. The TopRank route",
-        "",
-        f"`{result.route.name}`: "
-        + ", ".join(f"L{i} {m}" for i, m in enumerate(route_methods))
-        + f" ({s.scope} phase; the other phase keeps everything).",
-        "",
-    ]
-    f = result.factorial
-    lines += [
-        "## 3. Routing x allocation factorial (Table 2)",
-        "",
-        _md_table(pd.DataFrame(f.rows)),
-        "",
-        *[f"- {line}" for line in f.lines],
-        "",
-    ]
-    p = result.placement
-    random_rows = pd.DataFrame(p.rows)
-    lines += [
-        "## 4. Placement control (Table 4, Figure 4)",
-        "",
-        *[f"- {line}" for line in p.lines],
-        "",
-        f"![placement]({folder}/{figures['placement']})",
-        "",
-        "<details><summary>All placements (plan, run, score, S(rho))</summary>",
-        "",
-        _md_table(random_rows),
-        "",
-        "</details>",
-        "",
-    ]
-    w = result.sweep
-    data = w.data
-    grid = pd.DataFrame(
-        [
-            {"series": name, **{str(b): data["scores"][name][b] for b in data["budgets"]}}
-            for name in data["routes"] + data["baselines"]
-        ]
-        + [
-            {"series": "envelope", **{str(b): data["envelope"][b]["score"] for b in data["budgets"]}},
-            {"series": "best baseline", **{str(b): data["envelope"][b]["baseline"] for b in data["budgets"]}},
-            {
-                "series": "route-uniform - envelope",
-                **{str(b): _ci_text(data["versus_envelope"][b]) for b in data["budgets"]},
-            },
-        ]
-    )
-    runs = pd.DataFrame(
-        [
-            {"series": name, **{str(b): data["runs"][name][b] for b in data["budgets"]}}
-            for name in data["routes"] + data["baselines"]
-        ]
-    )
-    lines += [
-        "## 5. Budget sweep (Table 5)",
-        "",
-        f"Suite {metric} per average capacity; FullKV (budget-independent, run `{data['full']['run']}`) scores "
-        f"{data['full']['score']:.4f}.",
-        "",
-        _md_table(grid),
-        "",
-        *[f"- {line}" for line in w.lines],
-        "",
-        f"![sweep]({folder}/{figures['sweep']})",
-        "",
-        "<details><summary>Run ids of the sweep</summary>",
-        "",
-        _md_table(runs),
-        "",
-        "</details>",
-        "",
-    ]
-    return atomic_write_text(path, "\n".join(lines) + "\n")
+    return write(result, path, command)

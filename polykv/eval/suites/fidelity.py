@@ -142,8 +142,58 @@ def score_sample(model, plan: Plan, ids: list[int], settings: FidelitySettings) 
     prompt = tokens.shape[1] - settings.continuation - 1
     ref_logits, ref_greedy = _reference(model, ids, tokens, prompt, settings)
     logits, greedy = _trace(model, plan, tokens, prompt, settings.generate)
-    logits = logits.double()
+    return _metrics(logits, greedy, ref_logits, ref_greedy, tokens[0, prompt + 1 :])
+
+
+@no_grad
+def score_samples(model, plans: list[Plan], ids: list[int], settings: FidelitySettings) -> list[dict[str, float]]:
+    """`score_sample` for several plans on one sample at once (`polykv.runtime.batch`): one prompt pass
+    prefills two copies of every plan, one teacher-forced over the continuation and one generating
+    greedily, all stepping as one batch."""
+    from polykv.runtime import batch  # torch and transformers: when a plan runs
+
+    if batch.unsupported(model):
+        return [score_sample(model, plan, ids, settings) for plan in plans]
+    device = next(model.parameters()).device
+    tokens = torch.tensor([ids], device=device)
+    prompt = tokens.shape[1] - settings.continuation - 1
+    ref_logits, ref_greedy = _reference(model, ids, tokens, prompt, settings)
+    count, forced, generate = len(plans), tokens[0, prompt:-1].tolist(), settings.generate
+    steps: list[list[torch.Tensor]] = [[] for _ in plans]  # each plan's teacher-forced logits
+    greedy: list[list[int]] = [[] for _ in plans]
+    with batch.many(model, list(plans) * 2) as session:
+        # rows [0, count): teacher-forced over the continuation; rows [count, 2 count): greedy. Each half
+        # leaves the batch once it is done.
+        rows, first = session.prefill(tokens[0, :prompt])
+        stop = sorted(batch.eos_ids(model))
+        forcing, generating = count, count  # rows of each half in the batch now
+        logits = first.unsqueeze(0).expand(2 * count, -1)
+        for t in range(max(len(forced), generate)):
+            if generating:  # the greedy rows' t-th tokens; end-of-sequence masked (min_new_tokens = generate)
+                scores = logits[forcing:].float().clone()
+                scores[:, stop] = float("-inf")
+                chosen = scores.argmax(dim=-1).tolist()
+                for plan_tokens, token in zip(greedy, chosen):
+                    plan_tokens.append(token)
+            next_forcing = count if t < len(forced) else 0
+            next_generating = count if t + 1 < generate else 0
+            if not next_forcing and not next_generating:
+                break
+            keep = list(range(next_forcing)) + list(range(forcing, forcing + next_generating))
+            if len(keep) < len(rows):
+                rows.select(keep)
+            inputs = ([forced[t]] * next_forcing if next_forcing else []) + (chosen if next_generating else [])
+            logits = rows.step(inputs)
+            for plan_steps, row in zip(steps[:next_forcing], logits):
+                plan_steps.append(row)
+            forcing, generating = next_forcing, next_generating
     targets = tokens[0, prompt + 1 :]
+    return [_metrics(torch.stack(steps[i]), greedy[i], ref_logits, ref_greedy, targets) for i in range(count)]
+
+
+def _metrics(logits, greedy: list[int], ref_logits, ref_greedy: list[int], targets) -> dict[str, float]:
+    """A sample's metrics from the plan's teacher-forced logits and greedy tokens and FullKV's."""
+    logits = logits.double()
     logp, ref_logp = torch.log_softmax(logits, -1), torch.log_softmax(ref_logits, -1)
     nll = -logp.gather(-1, targets[:, None]).mean().item()
     kl = (ref_logp.exp() * (ref_logp - logp)).sum(-1).clamp_min(0).mean().item()

@@ -59,6 +59,8 @@ from polykv.lazy import lazy_import, no_grad
 from polykv.models import context_length
 from polykv.plan import Plan
 
+from . import chat
+
 torch = lazy_import("torch")  # loaded on first use: checking a suite's settings needs no tensor
 
 #: ``LongBench/config/dataset2prompt.json`` — the official prompt template of each task (typos kept).
@@ -211,10 +213,7 @@ class LongBenchSettings:
             raise ValueError(f"LongBench max_length must be an integer >= 2, got {self.max_length!r}")
         if self.samples_per_task is not None and (isinstance(self.samples_per_task, bool) or self.samples_per_task < 1):
             raise ValueError(f"LongBench samples_per_task must be >= 1 or None (all), got {self.samples_per_task!r}")
-        if self.use_chat_template not in ("auto", True, False):
-            raise ValueError(
-                f"LongBench use_chat_template must be 'auto', True or False, got {self.use_chat_template!r}"
-            )
+        chat.check_choice(self.use_chat_template, "LongBench")
 
     def to_dict(self) -> dict:
         return {**asdict(self), "tasks": list(self.tasks)}
@@ -380,29 +379,12 @@ def truncate_middle(tokenizer, prompt: str, max_length: int) -> str:
         half = max(half, 1)
 
 
-def has_chat_template(tokenizer) -> bool:
-    return bool(getattr(tokenizer, "chat_template", None))
-
-
-def _resolve_chat(tokenizer, use_chat_template: bool | str) -> bool:
-    if use_chat_template is True and not has_chat_template(tokenizer):
-        raise ValueError("LongBench use_chat_template=True but the tokenizer has no chat template")
-    return use_chat_template is True or (use_chat_template == "auto" and has_chat_template(tokenizer))
-
-
-def _chat_ids(tokenizer, prompt: str) -> list[int]:
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-    )
-    return list(tokenizer(text, add_special_tokens=False).input_ids)
-
-
-def prompt_ids(tokenizer, task: str, record: dict, max_length: int, chat: bool = False) -> list[int]:
+def prompt_ids(tokenizer, task: str, record: dict, max_length: int, use_chat: bool = False) -> list[int]:
     """The token ids fed to the model: template, middle truncation, chat format (never for
     ``NO_CHAT_TASKS``), tokenization (with the tokenizer's special tokens when there is no chat format)."""
     prompt = truncate_middle(tokenizer, format_prompt(task, record), max_length)
-    if chat and task not in NO_CHAT_TASKS:
-        return _chat_ids(tokenizer, prompt)
+    if use_chat and task not in NO_CHAT_TASKS:
+        return chat.chat_ids(tokenizer, prompt)
     return list(tokenizer(prompt).input_ids)
 
 
@@ -419,6 +401,12 @@ def default_max_length(context: int | None, task: str, chat_overhead: int = 0) -
     return budget
 
 
+def uses_chat_template(tokenizer, settings: LongBenchSettings) -> bool:
+    """Does a run with these settings wrap its prompts in the tokenizer's chat template (the tasks of
+    ``NO_CHAT_TASKS`` never are)?"""
+    return chat.resolve(tokenizer, settings.use_chat_template, "LongBench")
+
+
 def _newline_id(tokenizer) -> int | None:
     ids = tokenizer.encode("\n", add_special_tokens=False)
     return ids[-1] if ids else None
@@ -433,8 +421,8 @@ def build_samples(tokenizer, model, settings: LongBenchSettings, seed: int) -> l
     """(task, sample id, payload) for every selected sample; payload: ``ids`` (prompt token ids),
     ``answers``, ``all_classes``, ``task``, ``max_new_tokens``, ``eos_token_id`` (samsum's stop list, else
     None) and the ``tokenizer`` that decodes the prediction."""
-    chat = _resolve_chat(tokenizer, settings.use_chat_template)
-    overhead = len(_chat_ids(tokenizer, "")) if chat else 0
+    chat_used = uses_chat_template(tokenizer, settings)
+    overhead = len(chat.chat_ids(tokenizer, "")) if chat_used else 0
     context = context_length(model)
     out = []
     for task in settings.tasks:
@@ -442,7 +430,7 @@ def build_samples(tokenizer, model, settings: LongBenchSettings, seed: int) -> l
         if settings.samples_per_task is not None and settings.samples_per_task < len(samples):
             rng = random.Random(f"longbench/{task}/{seed}")
             samples = [samples[i] for i in sorted(rng.sample(range(len(samples)), settings.samples_per_task))]
-        task_chat = chat and task not in NO_CHAT_TASKS
+        task_chat = chat_used and task not in NO_CHAT_TASKS
         max_new = TASK_MAX_NEW_TOKENS[task]
         if settings.max_length is None:
             max_length = default_max_length(context, task, overhead if task_chat else 0)
@@ -501,6 +489,24 @@ def generate(model, plan: Plan | None, payload: dict) -> str:
 
 
 def score_sample(model, plan: Plan, payload: dict, settings: LongBenchSettings) -> dict[str, float]:
-    prediction = generate(model, plan, payload)
+    return _score(payload, generate(model, plan, payload))
+
+
+def score_samples(model, plans: list[Plan], payload: dict, settings: LongBenchSettings) -> list[dict[str, float]]:
+    """`score_sample` for several plans on one sample at once (`polykv.runtime.batch`: one prompt pass,
+    the plans' generations as one batch); plan by plan when the model's generation needs `generate`."""
+    from polykv.runtime import batch  # torch and transformers: when a plan runs
+
+    if batch.unsupported(model):
+        return [score_sample(model, plan, payload, settings) for plan in plans]
+    stop = payload.get("eos_token_id")
+    generated = batch.generate_many(
+        model, plans, payload["ids"], payload["max_new_tokens"], stop or None, 1 if stop else 0
+    )
+    tokenizer = payload["tokenizer"]
+    return [_score(payload, tokenizer.decode(tokens, skip_special_tokens=True)) for tokens in generated]
+
+
+def _score(payload: dict, prediction: str) -> dict[str, float]:
     value = longbench_sample_score(payload["task"], prediction, payload["answers"], payload["all_classes"])
     return {"score": 100.0 * value}

@@ -63,7 +63,10 @@ Differences from the original, chosen on purpose:
     first questions in file order whatever the seed); SQuAD v1.1 files (no ``is_impossible``) work.
   * Randomness: one ``random.Random`` per (seed, task, sample), so a sample does not depend on the
     others (RULER uses one stream per task and re-seeds some shuffles with the fixed seed).
-  * The "base" template only (no chat template), newlines kept (RULER's defaults), no stop words.
+  * Model template: the tokenizer's own chat template when it has one (``use_chat_template`` "auto",
+    as RULER's ``hf-chat`` type does for instruct models: the task as one user message, the generation
+    prompt, then the answer prefix), else RULER's "base" template; newlines kept (RULER's default), no
+    stop words (generation ends at the model's end-of-turn token or the task's token count).
 """
 
 from __future__ import annotations
@@ -76,14 +79,15 @@ from polykv.lazy import lazy_import, no_grad
 from polykv.models import context_length
 from polykv.plan import Plan
 
+from .. import chat
 from .common import (
     NOISE,
     TOKENS_TO_GENERATE,
     RulerLengthError,
     _Builder,
-    _encode,
     _largest_fitting,
     _seed_int,
+    prompt_ids,
 )
 from .needle import (
     DEPTHS,
@@ -154,11 +158,13 @@ __all__ = [
     "ruler_metric",
     "ruler_postprocess_pred",
     "score_sample",
+    "score_samples",
+    "uses_chat_template",
 ]
 
 Settings = RulerSettings  # every suite module exposes Settings, build_samples and score_sample
 # Bump whenever samples or scoring change: run ids include it, so older results are never reused.
-REVISION = 2  # 2: variable-tracking chain lines placed as the official generator does
+REVISION = 3  # 2: vt chain lines placed as the official generator does; 3: the chat template (use_chat_template)
 
 
 # ---- samples ----------------------------------------------------------------------------------------
@@ -167,8 +173,8 @@ REVISION = 2  # 2: variable-tracking chain lines placed as the official generato
 @dataclass(frozen=True)
 class RulerSample:
     task: str
-    prompt: str  # the whole prompt text; it ends with RULER's answer prefix
-    prompt_ids: list[int]  # the prompt tokenized as the model gets it (special tokens included)
+    prompt: str  # the whole prompt text (without the chat template); it ends with RULER's answer prefix
+    prompt_ids: list[int]  # the prompt as the model gets it (special tokens or the chat template included)
     answers: list[str]  # RULER's `outputs`
     tokens_to_generate: int
     context: str  # what fills the template's {context}
@@ -188,12 +194,14 @@ def make_sample(
     depths: Sequence[float] | None = None,
     size: int | None = None,
     guess: int | None = None,
+    use_chat: bool = False,
 ) -> RulerSample:
     """Sample `index` of `task` for `seed`, as long as `length` allows (deterministic).
 
     ``depths``: niah only, one fraction in [0, 1] per needle (in the order of ``info["needles"]``)
     instead of seeded ones. ``size``: use this haystack size instead of fitting one (it may not fit).
     ``guess``: a haystack size to start the search from (the previous sample's, to save tokenizations).
+    ``use_chat``: the prompt in the tokenizer's chat template (see ``common.prompt_ids``); its tokens count.
     """
     if task not in RULER_TASKS:
         raise ValueError(f"unknown ruler task {task!r} (tasks: {', '.join(STANDARD_TASKS)})")
@@ -221,7 +229,7 @@ def make_sample(
 
     def count(n: int) -> int:
         if n not in counts:
-            counts[n] = len(_encode(tokenizer, builder.render(n)[0]))
+            counts[n] = len(prompt_ids(tokenizer, family, builder.render(n)[0], use_chat))
         return counts[n]
 
     budget = length - generate
@@ -238,7 +246,7 @@ def make_sample(
     return RulerSample(
         task=task,
         prompt=text,
-        prompt_ids=_encode(tokenizer, text),
+        prompt_ids=prompt_ids(tokenizer, family, text, use_chat),
         answers=list(answers),
         tokens_to_generate=generate,
         context=context,
@@ -254,6 +262,7 @@ def build_samples(tokenizer, model, settings: RulerSettings, seed: int) -> list[
     the settings list several lengths (tasks in order, each at every length, ascending).
     payload: ``prompt_ids``, ``answers``, ``task`` (the RULER task), ``length``, ``tokens_to_generate``
     and the ``tokenizer`` (to decode what the model generates)."""
+    use_chat = uses_chat_template(tokenizer, settings)
     context = context_length(model)
     longest = max(settings.lengths)
     if context is not None and longest > context:
@@ -274,6 +283,7 @@ def build_samples(tokenizer, model, settings: RulerSettings, seed: int) -> list[
                     squad_path=settings.squad_path,
                     hotpot_path=settings.hotpot_path,
                     guess=guess,
+                    use_chat=use_chat,
                 )
                 guess = sample.size
                 payload = {
@@ -288,10 +298,30 @@ def build_samples(tokenizer, model, settings: RulerSettings, seed: int) -> list[
     return out
 
 
+def uses_chat_template(tokenizer, settings: RulerSettings) -> bool:
+    """Does a run with these settings put its prompts in the tokenizer's chat template?"""
+    return chat.resolve(tokenizer, settings.use_chat_template, "ruler")
+
+
 @no_grad
 def score_sample(model, plan: Plan, payload: dict, settings: RulerSettings | None = None) -> dict[str, float]:
     """Greedy generation under the plan, decoded and scored as RULER scores it: {"score": 0..100}."""
-    prediction = generate_answer(model, plan, payload)
+    return _score(payload, generate_answer(model, plan, payload))
+
+
+def score_samples(model, plans: Sequence[Plan], payload: dict, settings: RulerSettings | None = None) -> list[dict]:
+    """`score_sample` for several plans on one sample at once (`polykv.runtime.batch`: one prompt pass,
+    the plans' generations as one batch); plan by plan when the model's generation needs `generate`."""
+    from polykv.runtime import batch  # torch and transformers: when a plan runs
+
+    if batch.unsupported(model):
+        return [score_sample(model, plan, payload, settings) for plan in plans]
+    tokenizer = payload["tokenizer"]
+    generated = batch.generate_many(model, plans, payload["prompt_ids"], payload["tokens_to_generate"])
+    return [_score(payload, tokenizer.decode(tokens, skip_special_tokens=True)) for tokens in generated]
+
+
+def _score(payload: dict, prediction: str) -> dict[str, float]:
     metric = ruler_metric(payload["task"])
     return {"score": float(metric([ruler_postprocess_pred(prediction)], [payload["answers"]]))}
 

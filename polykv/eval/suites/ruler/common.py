@@ -14,6 +14,8 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+from .. import chat
+
 #: scripts/data/synthetic/constants.py: tokens to generate per task family
 TOKENS_TO_GENERATE = {
     "niah": 128,
@@ -44,6 +46,34 @@ class _Builder:
 
 def _encode(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, verbose=False)["input_ids"])
+
+
+#: where each family's answer prefix starts: the prompt is the task text, then the prefix
+ANSWER_PREFIX_START = {
+    "niah": " The special magic",
+    "variable_tracking": " Answer:",
+    "common_words_extraction": " Answer:",
+    "freq_words_extraction": " Answer:",
+    "qa": " Answer:",
+}
+
+
+def split_answer_prefix(family: str, text: str) -> tuple[str, str]:
+    """(task text, answer prefix) of a rendered prompt: the prefix is its last part, from the family's marker."""
+    start = text.rfind(ANSWER_PREFIX_START[family])
+    if start < 0:
+        raise ValueError(f"a {family} prompt without its answer prefix")
+    return text[:start], text[start:]
+
+
+def prompt_ids(tokenizer, family: str, text: str, use_chat: bool) -> list[int]:
+    """The ids the model gets for a rendered prompt: plain (the tokenizer's special tokens added), or the
+    task in the chat template's user message with the answer prefix after the generation prompt (RULER's
+    ``model_template.format(task_template=...) + answer_prefix``)."""
+    if not use_chat:
+        return _encode(tokenizer, text)
+    task, prefix = split_answer_prefix(family, text)
+    return chat.chat_ids(tokenizer, task, prefix)
 
 
 def _largest_fitting(

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from polykv.eval.metrics import RULER_TASKS
 
+from .. import chat
+
 STANDARD_TASKS: tuple[str, ...] = tuple(RULER_TASKS)
 #: the setting naming each QA task's data file, and what the file is
 QA_FILES = {"qa_1": ("squad_path", "SQuAD"), "qa_2": ("hotpot_path", "HotpotQA")}
@@ -25,6 +27,9 @@ class RulerSettings:
     haystack; fwe's vocabulary and cwe's repeats depend on the length, as in RULER). A one-element list
     is the same settings as its single length, and the list is kept sorted.
     ``squad_path`` / ``hotpot_path``: the user's SQuAD / HotpotQA json.
+    ``use_chat_template``: "auto" (the default: when the tokenizer has one, as for instruct models),
+    True (required) or False (RULER's "base" template): the task in one user message of the tokenizer's
+    chat template, the answer prefix after the generation prompt (RULER's model templates, hf-chat).
     """
 
     tasks: tuple[str, ...] | None = None
@@ -32,8 +37,10 @@ class RulerSettings:
     samples_per_task: int = 4
     squad_path: str | None = None
     hotpot_path: str | None = None
+    use_chat_template: bool | str = "auto"
 
     def __post_init__(self):
+        chat.check_choice(self.use_chat_template, "ruler")
         for name in ("squad_path", "hotpot_path"):
             value = getattr(self, name)
             if value is not None:

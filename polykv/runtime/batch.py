@@ -1,0 +1,276 @@
+"""Many plans on one prompt: the prompt's pass once for all of them, then their decode steps as one batch.
+
+    with many(model, plans) as session:
+        batch, logits = session.prefill(prompt_ids)   # logits: the prompt's last position (FullKV's)
+        logits = batch.step(next_tokens)              # row i runs plans[i]; [P, vocab]
+        batch.select(rows_still_running)
+
+An experiment scores dozens of plans on the same samples. Two facts let them share most of the work:
+  * Prefill eviction happens after the prompt has attended in full (see the runtime), so the prompt's
+    pass is FullKV's whatever the plan: one pass serves every plan. In each layer, every plan's layer
+    takes the same keys and values and the attention signals its methods ask for (each distinct signal
+    computed once) and evicts as it would alone; the pass's own output is FullKV's (SDPA).
+  * A decode step of a small model on a CPU (and of any model at batch 1 on a GPU) is bound by reading
+    the weights, so P plans' next tokens as one batch of P rows cost little more than one. Each row's
+    attention runs on its own plan's layer: its own slots, positions and method state.
+The results are those of each plan run alone up to float rounding, not bit for bit: a layer whose method
+needs the prompt's column sums (H2O, D2O, CaM) takes its prompt output from the fused pass when it runs
+alone and SDPA's here (equal up to rounding), and a batch's matrix products round differently from a
+single row's. tests/test_batch.py checks the same greedy tokens and logits within 1e-4 for every method.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+from polykv.methods import make_method, validate_plan
+from polykv.models import cache_argument_name, context_length, num_layers
+from polykv.plan import FULL_ASSIGNMENT, Plan
+from polykv.runtime.attention import (
+    ATTN_IMPLEMENTATION,
+    _fresh_prompt,
+    _layer_view,
+    attend,
+    fill_signals,
+)
+from polykv.runtime.cache import RoutedCache, RoutedLayer, hand_over, take_updated_layer
+from polykv.runtime.routed import _set_attention
+
+# Generation settings under which greedy decoding is more than the argmax of the logits: the batched
+# loop does not apply them, so a model whose generation config sets one is run plan by plan instead.
+_PROCESSORS = {
+    "repetition_penalty": 1.0,
+    "encoder_repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0,
+    "bad_words_ids": None,
+    "suppress_tokens": None,
+    "begin_suppress_tokens": None,
+    "forced_bos_token_id": None,
+    "forced_eos_token_id": None,
+    "sequence_bias": None,
+    "exponential_decay_length_penalty": None,
+    "renormalize_logits": False,
+}
+
+
+def unsupported(model) -> str | None:
+    """Why greedy decoding of this model needs `generate` itself (a logits processor its generation config
+    turns on), or None when the batched loop decodes exactly as `generate(do_sample=False)` does."""
+    config = getattr(model, "generation_config", None)
+    for name, neutral in _PROCESSORS.items():
+        value = getattr(config, name, neutral)
+        if value not in (neutral, None):
+            return f"its generation config sets {name}={value!r}"
+    return None
+
+
+def eos_ids(model, override: int | Sequence[int] | None = None) -> set[int]:
+    """The tokens that end a greedy generation: `override`, else the generation config's eos_token_id."""
+    value = override if override is not None else getattr(model.generation_config, "eos_token_id", None)
+    if value is None:
+        return set()
+    return {int(value)} if isinstance(value, int) else {int(v) for v in value}
+
+
+@contextmanager
+def many(model, plans: Sequence[Plan]) -> Iterator[Many]:
+    """Inside the block the model runs PolyKV's attention; `prefill` starts the plans on one prompt."""
+    layers, context = num_layers(model), context_length(model)
+    for plan in plans:
+        validate_plan(plan, layers, context)
+    previous = model.config._attn_implementation
+    _set_attention(model, ATTN_IMPLEMENTATION)
+    try:
+        yield Many(model, list(plans))
+    finally:
+        _set_attention(model, previous)
+
+
+class Many:
+    def __init__(self, model, plans: list[Plan]):
+        self.model, self.plans = model, plans
+
+    def prefill(self, prompt_ids: Sequence[int] | torch.Tensor) -> tuple[PlanBatch, torch.Tensor]:
+        """One pass of the prompt (a batch of one) prefilling every plan's cache; returns the batch and the
+        logits at the prompt's last position [vocab] (FullKV's: eviction never changes the prompt's pass)."""
+        device = next(self.model.parameters()).device
+        ids = torch.as_tensor(prompt_ids, device=device).view(1, -1)
+        caches = [RoutedCache(plan) for plan in self.plans]
+        shared = Cache(layers=[SharedPrompt(i, [c.layers[i] for c in caches]) for i in range(len(caches[0].layers))])
+        logits = _forward(self.model, ids, None, shared)[0]
+        return PlanBatch(self.model, caches, ids.shape[1]), logits
+
+
+class PlanBatch:
+    """The caches of several plans after one shared prompt, stepping together: row i runs its plan."""
+
+    def __init__(self, model, caches: list[RoutedCache], seen: int):
+        self.model = model
+        self.caches = caches
+        self.seen = seen  # tokens every row has seen (they all advance together)
+        self._cache = self._rows_cache()
+
+    def __len__(self) -> int:
+        return len(self.caches)
+
+    def step(self, tokens: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        """Feed one token to each row (in row order); returns each row's next-token logits [rows, vocab]."""
+        device = next(self.model.parameters()).device
+        ids = torch.as_tensor(tokens, device=device).view(len(self.caches), 1)
+        positions = torch.full_like(ids, self.seen)
+        logits = _forward(self.model, ids, positions, self._cache)
+        self.seen += 1
+        return logits
+
+    def select(self, rows: Sequence[int]) -> None:
+        """Keep only these rows (e.g. the sequences still generating), in this order."""
+        self.caches = [self.caches[i] for i in rows]
+        self._cache = self._rows_cache()
+
+    def _rows_cache(self) -> Cache:
+        if not self.caches:
+            return Cache(layers=[])
+        layers = len(self.caches[0].layers)
+        return Cache(layers=[PlanRows(i, [c.layers[i] for c in self.caches]) for i in range(layers)])
+
+
+def greedy(batch: PlanBatch, logits: torch.Tensor, max_new_tokens: int, stop: set[int], min_new_tokens: int = 0):
+    """Each row's greedy continuation (as `generate(do_sample=False)`: the argmax of fp32 logits, end-of-
+    sequence tokens masked until `min_new_tokens`, a row stops after emitting a `stop` token, which is
+    kept). `logits`: the first step's [vocab] (shared) or [rows, vocab]. Returns one token list per row."""
+    rows = len(batch)
+    out: list[list[int]] = [[] for _ in range(rows)]
+    alive = list(range(rows))
+    banned = sorted(stop)
+    if logits.dim() == 1:
+        logits = logits.unsqueeze(0).expand(rows, -1)
+    for step in range(max_new_tokens):
+        scores = logits.float()
+        if step < min_new_tokens and banned:
+            scores = scores.clone()
+            scores[:, banned] = float("-inf")
+        chosen = scores.argmax(dim=-1).tolist()
+        keep = []
+        for i, (row, token) in enumerate(zip(alive, chosen)):
+            out[row].append(token)
+            if token not in stop:
+                keep.append(i)
+        if step == max_new_tokens - 1 or not keep:
+            break
+        if len(keep) < len(alive):
+            batch.select(keep)
+            alive = [alive[i] for i in keep]
+        logits = batch.step([chosen[i] for i in keep])
+    return out
+
+
+def _forward(model, ids: torch.Tensor, positions: torch.Tensor | None, cache: Cache) -> torch.Tensor:
+    """The model on `ids` with `cache`; the last position's logits [rows, vocab]."""
+    kwargs = {cache_argument_name(model): cache, "use_cache": True}
+    if positions is not None:
+        kwargs["position_ids"] = positions
+    if _keeps_logits(model):
+        kwargs["logits_to_keep"] = 1
+    return model(input_ids=ids, **kwargs).logits[:, -1]
+
+
+def _keeps_logits(model) -> bool:
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
+class SharedPrompt(DynamicLayer):
+    """One layer of the shared prompt pass: FullKV's layer computes the output; then every plan's layer
+    takes the same keys, values and signals and settles its prefill (see the module docstring)."""
+
+    def __init__(self, layer_idx: int, targets: list[RoutedLayer]):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.reference = RoutedLayer(layer_idx, make_method(FULL_ASSIGNMENT), make_method(FULL_ASSIGNMENT))
+        self.targets = targets
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        keys, values = self.reference.update(key_states, value_states)
+        hand_over(self)
+        return keys, values
+
+    def get_seq_length(self) -> int:
+        return self.reference.seen
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.reference.get_mask_sizes(query_length)
+
+    def attend(self, module, query, key, value, dropout: float, scaling: float, kwargs):
+        output = attend(self.reference, module, query, key, value, dropout, scaling, kwargs)
+        window, q_len = kwargs.get("sliding_window"), query.shape[2]
+        query_pos = torch.arange(q_len, device=query.device)
+        computed: dict = {}  # each signal once for all the plans
+        for target in self.targets:
+            target.update(key, value)
+            take_updated_layer(self.layer_idx)
+            if target.idle:
+                target.settle_prefill(None)
+                continue
+            view = _layer_view(target, module, key, value, q_len)
+            fresh = _fresh_prompt(target, q_len, window)
+            fill_signals(view, target.needs(), query, key, query_pos, scaling, window, computed, fresh)
+            target.finish_step(view)
+        return output
+
+
+class PlanRows(DynamicLayer):
+    """One layer of a step of several plans: rows [i * width, (i + 1) * width) of the batch are `layers[i]`,
+    plan i's layer (its own slots and methods; a plan may hold `width` sequences)."""
+
+    def __init__(self, layer_idx: int, layers: list[RoutedLayer], width: int = 1):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.layers = layers
+        self.width = width
+
+    def _rows(self, tensor: torch.Tensor, i: int) -> torch.Tensor:
+        return tensor[i * self.width : (i + 1) * self.width]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        for i, layer in enumerate(self.layers):
+            layer.update(self._rows(key_states, i), self._rows(value_states, i))
+        hand_over(self)
+        return key_states, value_states
+
+    def get_seq_length(self) -> int:
+        return self.layers[0].seen
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return max(layer.retained for layer in self.layers) + query_length, 0
+
+    def attend(self, module, query, key, value, dropout: float, scaling: float, kwargs):
+        outputs = [
+            attend(layer, module, self._rows(query, i), layer.keys, layer.values, dropout, scaling, kwargs)[0]
+            for i, layer in enumerate(self.layers)
+        ]
+        return torch.cat(outputs, dim=0), None
+
+
+@torch.no_grad()
+def generate_many(
+    model,
+    plans: Sequence[Plan],
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    eos_token_id: int | Sequence[int] | None = None,
+    min_new_tokens: int = 0,
+) -> list[list[int]]:
+    """Each plan's greedy continuation of one prompt (the new tokens, an ending end-of-sequence token
+    included), as `model.generate(do_sample=False)` under `routed(model, plan)` gives it, for all the
+    plans at once. `eos_token_id`: what ends a generation (default: the generation config's)."""
+    with many(model, plans) as session:
+        batch, logits = session.prefill(prompt_ids)
+        return greedy(batch, logits, max_new_tokens, eos_ids(model, eos_token_id), min_new_tokens)
+
+
+__all__ = ["Many", "PlanBatch", "PlanRows", "SharedPrompt", "eos_ids", "generate_many", "greedy", "many", "unsupported"]

@@ -1,0 +1,180 @@
+"""Many plans on one prompt (`polykv.runtime.batch`): each plan's row of the batch gives what the plan gives
+alone under `routed()`, for every method and phase (and native allocation), on every model family."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from polykv.eval.runner import run_suite, run_suites
+from polykv.eval.store import Store
+from polykv.eval.suites import fidelity, ruler
+from polykv.eval.suites.ruler import RulerSettings
+from polykv.methods import REGISTRY, params_that_fit
+from polykv.models import cache_argument_name
+from polykv.plan import Plan
+from polykv.runtime import routed
+from polykv.runtime.batch import eos_ids, generate_many, many, unsupported
+from tests.helpers import TINY_FIDELITY, tiny_model
+
+CAPACITY, PROMPT, STEPS = 16, 48, 12
+
+
+def every_plan(layers: int) -> list[Plan]:
+    """Every method in every phase it runs in, the native-allocation rules, FullKV, and a mixed plan."""
+    plans = [Plan.homogeneous("full", None, layers)]
+    for name, cls in REGISTRY.items():
+        for phase in sorted(cls.phases, key=str) if name != "full" else ():
+            plans.append(Plan.homogeneous(name, CAPACITY, layers, phase.value, params=params_that_fit(name, CAPACITY)))
+    for name, scope in (("pyramidkv", "prefill"), ("cake", "prefill"), ("d2o", "decode")):
+        params = params_that_fit(name, CAPACITY)
+        plans.append(Plan.homogeneous(name, CAPACITY, layers, scope, params=params, allocation="native"))
+    mixed = [
+        {"prefill": {"method": m, "capacity": CAPACITY, "params": params_that_fit(m, CAPACITY)}}
+        for m in ("snapkv", "h2o", "tova")
+    ]
+    plans.append(Plan.from_dict({"name": "mixed", "scope": "prefill", "layers": mixed[:layers]}))
+    return plans
+
+
+def distinct_tokens(model, count: int, seed: int = 0) -> torch.Tensor:
+    """Distinct token ids: no two slots with equal keys, so no method meets an exact tie (a tie is decided by
+    the last bit of rounding, which a batch changes)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randperm(model.config.vocab_size - 3, generator=g)[:count] + 3
+
+
+def alone(model, plan: Plan, tokens: torch.Tensor) -> list[torch.Tensor]:
+    """Teacher-forced logits under the plan alone: the prompt's last position, then after each later token."""
+    name = cache_argument_name(model)
+    with torch.no_grad(), routed(model, plan) as session:
+        out = model(tokens[None, :PROMPT], use_cache=True)
+        logits = [out.logits[0, -1]]
+        for t in range(PROMPT, len(tokens)):
+            logits.append(model(tokens[None, t : t + 1], use_cache=True, **{name: session.cache}).logits[0, -1])
+    return logits
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "mistral"])
+def test_every_plan_in_one_batch_gives_what_it_gives_alone(family):
+    model = tiny_model(family, max_position_embeddings=256, vocab_size=128)
+    plans = every_plan(model.config.num_hidden_layers)
+    tokens = distinct_tokens(model, PROMPT + STEPS)
+    with torch.no_grad(), many(model, plans) as session:
+        batch, first = session.prefill(tokens[:PROMPT])
+        together = [[first] * len(plans)]
+        for t in range(PROMPT, len(tokens)):
+            together.append(list(batch.step([int(tokens[t])] * len(plans))))
+    for i, plan in enumerate(plans):
+        reference = alone(model, plan, tokens)
+        worst = max((together[s][i] - reference[s]).abs().max().item() for s in range(len(reference)))
+        assert worst < 1e-4, f"{plan.name}: {worst}"
+
+
+def test_a_batch_keeps_each_plans_slots_and_positions_after_every_step():
+    model = tiny_model("llama", max_position_embeddings=256, vocab_size=128)
+    plans = every_plan(model.config.num_hidden_layers)
+    tokens = distinct_tokens(model, PROMPT + STEPS, seed=3)
+    with torch.no_grad(), many(model, plans) as session:
+        batch, _ = session.prefill(tokens[:PROMPT])
+        for t in range(PROMPT, len(tokens)):
+            batch.step([int(tokens[t])] * len(plans))
+        together = [[sorted(layer.positions[0, 0].tolist()) for layer in cache.layers] for cache in batch.caches]
+    for plan, held in zip(plans, together):
+        name = cache_argument_name(model)
+        with torch.no_grad(), routed(model, plan) as session:
+            model(tokens[None, :PROMPT], use_cache=True)
+            for t in range(PROMPT, len(tokens)):
+                model(tokens[None, t : t + 1], use_cache=True, **{name: session.cache})
+        assert held == [sorted(layer.positions[0, 0].tolist()) for layer in session.cache.layers], plan.name
+
+
+def test_generate_many_matches_generate_under_routed_and_rows_stop_at_their_own_end():
+    model = tiny_model("llama", max_position_embeddings=256, vocab_size=128)
+    plans = [p for p in every_plan(model.config.num_hidden_layers) if "knorm" not in p.name]
+    prompt = distinct_tokens(model, PROMPT, seed=1)  # a prompt after which some plans end (token 2) early
+    end = model.generation_config.eos_token_id
+    together = generate_many(model, plans, prompt.tolist(), 10)
+    for plan, tokens in zip(plans, together):
+        with torch.no_grad(), routed(model, plan):
+            out = model.generate(prompt[None], max_new_tokens=10, do_sample=False, pad_token_id=0)
+        expected = out[0, PROMPT:].tolist()
+        if end in expected:  # generate pads a finished row; its tokens end at the end token
+            expected = expected[: expected.index(end) + 1]
+        assert tokens == expected, plan.name
+    lengths = {len(tokens) for tokens in together}
+    assert 10 in lengths and min(lengths) < 10  # rows ended at their own step, the others ran on
+
+
+def test_min_new_tokens_masks_the_end_token():
+    model = tiny_model("llama", max_position_embeddings=256, vocab_size=128)
+    prompt = distinct_tokens(model, PROMPT, seed=5)
+    with torch.no_grad():
+        first = model(prompt[None]).logits[0, -1].argmax().item()
+    plans = [Plan.homogeneous("full", None, model.config.num_hidden_layers)]
+    assert generate_many(model, plans, prompt.tolist(), 4, eos_token_id=first)[0] == [first]
+    masked = generate_many(model, plans, prompt.tolist(), 4, eos_token_id=first, min_new_tokens=4)[0]
+    assert len(masked) == 4 and first not in masked
+
+
+def test_a_generation_config_with_logits_processors_is_run_plan_by_plan():
+    model = tiny_model("llama")
+    assert unsupported(model) is None and eos_ids(model, [5, 7]) == {5, 7}
+    model.generation_config.repetition_penalty = 1.3
+    assert "repetition_penalty" in unsupported(model)
+
+
+def test_run_suites_stores_each_run_as_run_suite_does(tmp_path, demo_model):
+    model, tokenizer = demo_model
+    plans = [Plan.homogeneous(m, 16, 5, "decode", params=params_that_fit(m, 16)) for m in ("h2o", "tova", "cam")]
+    plans.append(Plan.homogeneous("snapkv", 16, 5, "prefill", params=params_that_fit("snapkv", 16)))
+    plans.append(Plan.homogeneous("full", None, 5))
+    store = Store(tmp_path / "together.sqlite")
+    seen = []
+    ids = run_suites(
+        store, "demo", model, tokenizer, plans, "fidelity", TINY_FIDELITY, progress=lambda *a: seen.append(a)
+    )
+    alone_store = Store(tmp_path / "alone.sqlite")
+    for plan, run_id in zip(plans, ids):
+        assert run_suite(alone_store, "demo", model, tokenizer, plan, "fidelity", TINY_FIDELITY) == run_id
+        assert store.run(run_id)["status"] == "finished"
+        together, single = store.task_scores(run_id), alone_store.task_scores(run_id)
+        assert together.keys() == single.keys()
+        for task in together:
+            for metric in ("kl", "top1", "ppl", "rougeL"):
+                assert together[task][metric] == pytest.approx(single[task][metric], rel=1e-4, abs=1e-6), (
+                    plan.name,
+                    task,
+                    metric,
+                )
+    assert [s[:2] for s in seen] == [(i + 1, len(seen)) for i in range(len(seen))]
+    # asked again, every run is found finished: nothing is scored
+    assert run_suites(store, "demo", model, tokenizer, plans, "fidelity", TINY_FIDELITY) == ids
+
+
+def test_ruler_scores_the_same_together_and_alone(demo_model):
+    model, tokenizer = demo_model
+    settings = RulerSettings(tasks=("niah_single_1", "fwe"), length=512, samples_per_task=1)
+    plans = [Plan.homogeneous(m, 32, 5, "prefill", params=params_that_fit(m, 32)) for m in ("snapkv", "tova")]
+    plans += [Plan.homogeneous("h2o", 32, 5, "decode"), Plan.homogeneous("full", None, 5)]
+    for _, _, payload in ruler.build_samples(tokenizer, model, settings, seed=0):
+        assert ruler.score_samples(model, plans, payload, settings) == [
+            ruler.score_sample(model, plan, payload, settings) for plan in plans
+        ]
+
+
+def test_fidelity_scores_the_same_together_and_alone_with_unequal_lengths(demo_model):
+    # More greedy tokens than teacher-forced steps, and the other way round: each half leaves on its own.
+    model, tokenizer = demo_model
+    plans = [Plan.homogeneous("tova", 16, 5, "both"), Plan.homogeneous("d2o", 16, 5, "decode")]
+    for continuation, generate in ((4, 9), (9, 4)):
+        settings = fidelity.FidelitySettings(
+            tasks=("stories",), samples_per_task=1, prompt_tokens=80, continuation=continuation, generate=generate
+        )
+        (_, _, ids), *_ = fidelity.build_samples(tokenizer, model, settings, seed=0)
+        together = fidelity.score_samples(model, plans, ids, settings)
+        for plan, scores in zip(plans, together):
+            single = fidelity.score_sample(model, plan, ids, settings)
+            assert scores.keys() == single.keys()
+            for metric, value in scores.items():
+                assert value == pytest.approx(single[metric], rel=1e-4, abs=1e-6), (plan.name, metric)
