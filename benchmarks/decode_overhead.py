@@ -10,6 +10,7 @@ per-step ratios over every step of every repetition is reported.
     python benchmarks/decode_overhead.py                    # defaults above, 6 repetitions
     python benchmarks/decode_overhead.py --methods tova h2o --reps 2
     python benchmarks/decode_overhead.py --interval 8       # every evicting layer with interval 8
+    python benchmarks/decode_overhead.py --model smollm2 --threads 2   # a real model (30 layers, GQA 9/3)
 
 Set PYTHONPATH to an older copy of the package to measure it with the same script.
 """
@@ -89,14 +90,23 @@ def main() -> None:
     parser.add_argument("--interval", type=int, default=1, help="eviction interval of every decode layer")
     parser.add_argument("--methods", nargs="*", default=list(REGISTRY), help="registry names (default: all)")
     parser.add_argument("--json", help="also write every measurement to this JSON file")
+    parser.add_argument("--model", help="a real model ('smollm2', a directory, a .gguf file) instead of the random one")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    cfg = HOST_BOUND_CONFIG
-    model = build_model(cfg, "cpu", torch.float32)
+    if args.model:
+        from polykv.models import load_model
+
+        model = load_model(args.model)[0]
+        cfg = model.config.to_dict()
+        name = f"{args.model}"
+    else:
+        cfg = HOST_BOUND_CONFIG
+        model = build_model(cfg, "cpu", torch.float32)
+        name = "host-bound random Llama"
     rows = rows_for(args.methods, args.capacity, cfg["num_hidden_layers"], args.interval)
     benchmark(model, rows, args.prompt_len, args.new_tokens, args.reps, "cpu", torch.float32)
     title = (
-        f"host-bound random Llama (hidden {cfg['hidden_size']}, {cfg['num_hidden_layers']} layers, "
+        f"{name} (hidden {cfg['hidden_size']}, {cfg['num_hidden_layers']} layers, "
         f"{cfg['num_attention_heads']} heads, {cfg['num_key_value_heads']} KV heads), fp32 {cpu_name()}, "
         f"{torch.get_num_threads()} thread(s); prompt {args.prompt_len}, {args.new_tokens} new tokens, "
         f"interval {args.interval}; {args.reps} repetitions, each configuration in lockstep with vanilla "

@@ -398,7 +398,7 @@ def kvpress_cells(args: argparse.Namespace) -> tuple[list[Cell], dict[str, Any]]
         cmd = [str(python), __file__, "--kvpress-child", str(result), "--device", args.device]
         cmd += ["--lengths", *map(str, args.lengths), "--new-tokens", str(args.new_tokens)]
         cmd += ["--capacity", str(args.capacity), "--reps", str(args.reps), "--threads", str(args.threads)]
-        cmd += ["--layers", str(args.layers)]
+        cmd += ["--layers", str(args.layers)] + (["--model", args.model] if args.model else [])
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)  # stderr (progress) passes through
         if proc.returncode or not result.exists():
             print(f"kvpress: skipped (the kvpress run failed with exit status {proc.returncode})")
@@ -505,6 +505,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="smoke test: 2 layers, prompts 256 512, 8 tokens, 1 rep")
     parser.add_argument("--kvpress", action="store_true", help="add kvpress rows (own venv, created once)")
     parser.add_argument("--out", type=Path, default=Path("docs/system"), help="output folder")
+    parser.add_argument(
+        "--model", help="a real model ('smollm2', a directory, a .gguf file): its weights instead of random ones"
+    )
     parser.add_argument("--kvpress-child", type=Path, help=argparse.SUPPRESS)  # inside the kvpress venv
     parser.add_argument("--kvpress-check", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -514,15 +517,33 @@ def parse_args() -> argparse.Namespace:
     if args.quick:
         defaults = {"lengths": [256, 512], "new_tokens": 8, "capacity": 64, "reps": 1, "layers": 2}
     else:
-        lengths = [8192, 32768, 65536] if cuda else [1024, 4096, 8192]
+        lengths = [8192, 32768, 65536] if cuda else [1024, 2048, 4096, 8192] if args.model else [1024, 4096, 8192]
         defaults = {"lengths": lengths, "new_tokens": 32, "capacity": 1024 if cuda else 256, "reps": 3}
     for key, value in defaults.items():  # explicit arguments win over --quick
         if getattr(args, key) is None:
             setattr(args, key, value)
-    model_config = LLAMA_31_8B if cuda else CPU_CONFIG
+    if args.model:
+        from polykv.models import resolve_model_path
+
+        config = json.loads((Path(resolve_model_path(args.model)) / "config.json").read_text())
+        model_config = {k: config[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads")}
+        model_config["num_hidden_layers"] = config["num_hidden_layers"]
+        if args.layers not in (None, config["num_hidden_layers"]):
+            parser.error("--layers takes the random models only: a real model has its own")
+    else:
+        model_config = LLAMA_31_8B if cuda else CPU_CONFIG
     args.layers = args.layers or model_config["num_hidden_layers"]
     args.model_config = {**model_config, "num_hidden_layers": args.layers}
     return args
+
+
+def load(args, dtype):
+    """The model measured: the named one (its real weights), else a random one of the chosen shape."""
+    if not args.model:
+        return build_model(args.model_config, args.device, dtype)
+    from polykv.models import load_model
+
+    return load_model(args.model, device=args.device, dtype=dtype)[0]
 
 
 def main() -> None:
@@ -535,7 +556,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     cuda = args.device == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
-    model = build_model(args.model_config, args.device, dtype)
+    model = load(args, dtype)
 
     if args.kvpress_child:  # in the kvpress venv: its vanilla row and the kvpress rows
         configs = kvpress_configs(import_kvpress(), args.layers, args.capacity)
@@ -558,10 +579,12 @@ def main() -> None:
     where = (
         f"{torch.cuda.get_device_name()}, bf16" if cuda else f"{cpu_name()}, fp32, {torch.get_num_threads()} threads"
     )
+    shape = "Llama-3.1-8B shape" if cuda else "random Llama"
     title = (
-        f"{'Llama-3.1-8B shape' if cuda else 'random Llama'} (hidden {cfg['hidden_size']}, "
+        f"{args.model or shape} (hidden {cfg['hidden_size']}, "
         f"{cfg['num_hidden_layers']} layers, {cfg['num_attention_heads']} heads, {cfg['num_key_value_heads']} "
-        f"KV heads), random weights; {where}; capacity {args.capacity}, {args.new_tokens} new tokens; "
+        f"KV heads), {'its own' if args.model else 'random'} weights; {where}; capacity {args.capacity}, "
+        f"{args.new_tokens} new tokens; "
         f"medians of {args.reps} interleaved runs"
         + (
             f"; kvpress {kvpress_info['kvpress']} (transformers {kvpress_info['transformers']})"
@@ -573,7 +596,8 @@ def main() -> None:
     print(report(cells, cuda))
 
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"system-{args.device}{'-quick' if args.quick else ''}"
+    model_tag = f"-{Path(args.model).stem}" if args.model else ""
+    stem = f"system-{args.device}{model_tag}{'-quick' if args.quick else ''}"
     import transformers
 
     data = {

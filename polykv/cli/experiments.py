@@ -256,6 +256,9 @@ def experiment_study(
     batch: Annotated[
         bool, typer.Option(help="Run a suite's plans together, sample by sample, as one batch (local backend).")
     ] = True,
+    baselines: Annotated[
+        str | None, typer.Option(help="The sweep's baselines, comma-separated (default: every method's protocol).")
+    ] = None,
 ) -> None:
     """The paper's study: profile, TopRank routes, factorial, placement (K), sweeps; writes a report."""
     import shlex
@@ -288,6 +291,7 @@ def experiment_study(
         calibration_sources=tuple(x.strip() for x in sources.split(",") if x.strip()) if sources else None,
         b_cal=b_cal,
         batched=batch,
+        baselines=tuple(x.strip() for x in baselines.split(",") if x.strip()) if baselines else None,
     )
     with Progress() as bars:
 

@@ -54,6 +54,7 @@ class StudySettings:
     calibration_tokens: int = 2048  # tokens per calibration sequence (clipped to the model's context)
     calibration_sources: tuple[str, ...] | None = None  # None: the model's default sources
     b_cal: int | None = None  # None: 256, scaled down for short contexts
+    baselines: tuple[str, ...] | None = None  # the sweep's standalone baselines; None: every method with a protocol
     batched: bool = True  # the runs of a suite execute together (local backend)
 
     def __post_init__(self):
@@ -152,6 +153,10 @@ def run_study(
         settings.model,
         settings.samples_per_task,
     )
+    from polykv.eval.protocols import protocol
+
+    for name in settings.baselines or ():
+        protocol(name)  # an unknown baseline fails before the model loads
     model, tokenizer = load_model(settings.model, device=settings.device)  # quiet: no progress bars
     phase = Phase(settings.scope)
 
@@ -206,7 +211,8 @@ def run_study(
     if placements < settings.placements:
         say(f"placement: the route admits only {placements} other placements; running all of them")
     factorial_args = (profile, settings.scope, settings.budget, baseline, settings.statistic, settings.allocation)
-    sweep_args = {s: (routes[s], list(settings.budgets)) for s in settings.swept}
+    baselines = list(settings.baselines) if settings.baselines else None
+    sweep_args = {s: (routes[s], list(settings.budgets), baselines) for s in settings.swept}
     if settings.batched and settings.backend == "local":
         # The factorial's and the sweeps' runs share the primary suite's samples: one batch for them all.
         say(f"{settings.suite} runs (factorial and sweeps, together)")

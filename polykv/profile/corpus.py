@@ -64,6 +64,10 @@ CORPORA_ENV = "POLYKV_CORPORA"
 CORPUS_FILES = {"kjv": "kjv.txt", "jargon": "jargon.txt"}
 KNOWN_SOURCES = ("kjv", "jargon", "stdlib", "model")
 DEFAULT_SOURCES = ("kjv", "jargon", "stdlib", "model")
+# The embedded real model (smollm2) runs on a laptop's CPU, where sampling 2,048-token texts from it costs
+# minutes: its defaults are the public-domain texts alone, the stand-ins for the paper's calibration corpora
+# (PG-19: kjv; WikiText: jargon; CodeParrot: stdlib; C4 has none here).
+TEXT_SOURCES = ("kjv", "jargon", "stdlib")
 # The demo model (stories260K) knows only TinyStories: its own samples are the text it models well
 # (FullKV perplexity about 2-6 on each family, against about 90 on kjv and jargon, 600 on stdlib). The fidelity
 # suite's demo tasks draw the same families from the evaluation split.
@@ -139,10 +143,13 @@ def model_source(source: str) -> ModelSource | None:
 
 def default_sources(model_name: str | None) -> tuple[str, ...]:
     """A model's default calibration sources: ``DEMO_SOURCES`` (its own samples) for the demo model,
-    ``DEFAULT_SOURCES`` (public-domain prose, jargon, Python source and its own samples) for any other."""
-    from polykv.models import DEMO_MODEL
+    ``TEXT_SOURCES`` (the public-domain texts) for smollm2, ``DEFAULT_SOURCES`` (public-domain prose, jargon,
+    Python source and its own samples) for any other."""
+    from polykv.models import DEMO_MODEL, SMOLLM2_MODEL
 
-    return DEMO_SOURCES if model_name in (None, DEMO_MODEL) else DEFAULT_SOURCES
+    if model_name in (None, DEMO_MODEL):
+        return DEMO_SOURCES
+    return TEXT_SOURCES if model_name == SMOLLM2_MODEL else DEFAULT_SOURCES
 
 
 def _source_error(source: str) -> str | None:

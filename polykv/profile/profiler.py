@@ -17,14 +17,19 @@ Prefix reuse: layers before l never see the method, so their outputs equal FullK
 through layer l and above is FullKV's too (a method acts on layer l's cache only after the prompt has
 attended in full); and the layers above l are FullKV layers, whose input over the continuation is
 layer l's output. So one FullKV pass per batch keeps the hidden states entering every layer and the
-prompt's keys/values; then, per layer l, the prompt goes through layer l once and every method's
-layer-l cache is prefilled from that one pass (`polykv.runtime.batch`'s shared prompt: the same keys,
-values and attention signals a method alone would compute); per (l, r) the continuation goes through
-layer l (token by token in the decode scope, where the method evicts at every step; as one block in
-the prefill scope) and then through the layers above as one block, on FullKV's prompt cache. The numbers
-are the naive loop's up to float rounding (a block of queries rounds differently from single steps).
-`reuse_prefix=False` runs every layer every time, token by token (the naive loop, for the benchmark and
-the equivalence test).
+prompt's keys/values. Then, per layer l:
+  * the prompt goes through layer l once, and every (scope, method) cell's layer-l cache is prefilled
+    from that one pass (`polykv.runtime.batch.SharedPrompt`: the keys, values and attention signals the
+    method alone would compute);
+  * the continuation goes through layer l for all the cells of a scope as one batch, each on its own
+    cache (token by token in the decode scope, where the method evicts at every step; as one block in
+    the prefill scope);
+  * the layers above take every cell's layer-l output as one batch and one block (`_PrefixBlock`: each
+    row attends to FullKV's prompt keys and values, held once for all, and causally to its own
+    continuation).
+The numbers are the naive loop's up to float rounding (a batch and a block of queries round differently
+from single rows and steps; tests/test_profile.py). `reuse_prefix=False` runs every layer every time,
+token by token (the naive loop, for the benchmark and the equivalence test).
 """
 
 from __future__ import annotations

@@ -47,9 +47,14 @@ def polykv_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     return layer.attend(module, query, key, value, dropout, scaling, kwargs)  # many plans (runtime.batch)
 
 
-def attend(layer: RoutedLayer, module, query, key, value, dropout: float, scaling: float, kwargs):
+def attend(
+    layer: RoutedLayer, module, query, key, value, dropout: float, scaling: float, kwargs, row_when_idle: bool = False
+):
     """One routed layer's attention step: the output over the slots it holds, then the signals its
-    methods asked for and their eviction. (Many plans at once call it for each plan's layer.)"""
+    methods asked for and their eviction. (Many plans at once call it for each plan's layer, with
+    `row_when_idle`: a decode step of a layer that keeps everything takes its output from one softmax row
+    too, which spares SDPA's copy of the keys for every query head; alone, such a layer runs SDPA, so that
+    a `full` plan is the vanilla computation.)"""
     window = kwargs.get("sliding_window")
     q_len = query.shape[2]
     needs = layer.needs()
@@ -57,6 +62,9 @@ def attend(layer: RoutedLayer, module, query, key, value, dropout: float, scalin
     fusable = not layer.idle and _fusable(dropout, kwargs)
     # A single query with no window sees every held slot and needs no positions (the common decode step).
     plain_decode = q_len == 1 and window is None
+    if row_when_idle and plain_decode and layer.idle and layer.phase is Phase.DECODE and not recording:
+        if _fusable(dropout, kwargs):
+            return _decode_output(query, key, value, scaling)[0], None
     if plain_decode and needs and fusable and not recording:
         # One query over every held slot: its attention row gives both the output and the signals
         # the method needs, so SDPA is not run beside it. (Decided first: this runs for every layer
@@ -172,15 +180,21 @@ def _decode_step(layer: RoutedLayer, module, query, key, value, scaling, needs):
     """A decode step of one query over the held slots: the probabilities (fp32, as the methods score)
     times the values give the layer's output (in the values' dtype, as eager attention does), and the
     same row goes to the method."""
-    b, qh, _, d = query.shape
+    attn_output, probs = _decode_output(query, key, value, scaling)
+    view = _layer_view(layer, module, key, value, 1)
+    _give_row(view, needs, probs, *query.shape[:2])
+    layer.finish_step(view)
+    return attn_output, None
+
+
+def _decode_output(query, key, value, scaling) -> tuple[torch.Tensor, torch.Tensor]:
+    """One query's attention output [b, 1, h*g, dv] over every held slot, and its probabilities [b*h, g, n]."""
+    b, qh = query.shape[:2]
     h, n = key.shape[1], key.shape[2]
     probs = _decode_probs(query, key, scaling)  # [b*h, g, n]
     weights = probs if value.dtype == probs.dtype else probs.to(value.dtype)
     attn_output = torch.bmm(weights, value.reshape(b * h, n, value.shape[-1])).view(b, 1, qh, value.shape[-1])
-    view = _layer_view(layer, module, key, value, 1)
-    _give_row(view, needs, probs, b, qh)
-    layer.finish_step(view)
-    return attn_output, None
+    return attn_output, probs
 
 
 def _decode_probs(query, key, scaling) -> torch.Tensor:

@@ -128,6 +128,12 @@ class PlanBatch:
         self.seen += 1
         return logits
 
+    def reserve(self, steps: int) -> None:
+        """Room for `steps` more tokens in every layer that keeps everything (`RoutedLayer.reserve`)."""
+        for cache in self.caches:
+            for layer in cache.layers:
+                layer.reserve(steps)
+
     def select(self, rows: Sequence[int]) -> None:
         """Keep only these rows (e.g. the sequences still generating), in this order."""
         self.caches = [self.caches[i] for i in rows]
@@ -250,13 +256,13 @@ class PlanRows(DynamicLayer):
 
     def attend(self, module, query, key, value, dropout: float, scaling: float, kwargs):
         outputs = [
-            attend(layer, module, self._rows(query, i), layer.keys, layer.values, dropout, scaling, kwargs)[0]
+            attend(layer, module, self._rows(query, i), layer.keys, layer.values, dropout, scaling, kwargs, True)[0]
             for i, layer in enumerate(self.layers)
         ]
         return torch.cat(outputs, dim=0), None
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def generate_many(
     model,
     plans: Sequence[Plan],
@@ -270,6 +276,7 @@ def generate_many(
     plans at once. `eos_token_id`: what ends a generation (default: the generation config's)."""
     with many(model, plans) as session:
         batch, logits = session.prefill(prompt_ids)
+        batch.reserve(max_new_tokens)
         return greedy(batch, logits, max_new_tokens, eos_ids(model, eos_token_id), min_new_tokens)
 
 

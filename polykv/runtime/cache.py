@@ -78,8 +78,8 @@ class RoutedLayer(DynamicLayer):
         self.phase = Phase.PREFILL if self.seen == 0 else Phase.DECODE
         if self.seen == 0:
             self.keys, self.values = key_states, value_states
-        elif base.IN_PLACE_SLOTS and not self.methods[Phase.DECODE].passive:
-            self._write_in_place(key_states, value_states)
+        elif base.IN_PLACE_SLOTS and (not self.methods[Phase.DECODE].passive or self._holds_kv(self.retained + q)):
+            self._write_in_place(key_states, value_states)  # evicting, or keeping everything in reserved room
         else:  # a layer that keeps everything grows as Hugging Face's DynamicLayer does
             self.keys = torch.cat([self.keys, key_states], dim=-2)
             self.values = torch.cat([self.values, value_states], dim=-2)
@@ -110,6 +110,20 @@ class RoutedLayer(DynamicLayer):
             self._values.span(n, n + q).copy_(value_states)
             self.keys, self.values = self._keys.prefix(n + q), self._values.prefix(n + q)
         self._append_positions(n, q)
+
+    def reserve(self, slots: int) -> None:
+        """Room for `slots` more tokens in a layer that keeps everything in decode (an evicting layer has its
+        own), so that they are written in place instead of the cache being copied at every step. For many
+        plans decoding together (`polykv.runtime.batch`); a routed layer alone grows as Hugging Face's does."""
+        n = self.retained
+        if not self.methods[Phase.DECODE].passive or n == 0 or self.keys.shape[-1] != self.values.shape[-1]:
+            return
+        self._kv = SlotBlock.around(torch.stack([self.keys, self.values]), n + slots, dim=3)
+        self._keys, self._values = SlotBlock(self._kv.storage[0]), SlotBlock(self._kv.storage[1])
+        self.keys, self.values = self._keys.prefix(n), self._values.prefix(n)
+        if self._positions is not None:
+            self._pos = SlotBlock.around(self._positions, n + slots)
+            self._positions = self._pos.prefix(n)
 
     def kv_view(self) -> torch.Tensor | None:
         """Keys and values as one [2, b, h, n, d] view when they live in one block, else None."""

@@ -14,7 +14,8 @@ from; see polykv.profile.corpus for the sources):
   tale-sun      ... after "The sun was shining"
 `default_tasks(model_name)` gives a model's default tasks: the seven story tasks for the demo model
 (stories260K knows only TinyStories: FullKV perplexity about 2-6 on each of them, against hundreds on
-prose, jargon and code, where a plan's differences would be noise), `GENERAL_TASKS` for any other model.
+prose, jargon and code, where a plan's differences would be noise), `TEXT_TASKS` (the texts, nothing
+sampled) for smollm2, `GENERAL_TASKS` for any other model.
 `FidelitySettings()` keeps the model-independent `GENERAL_TASKS`; callers that know the model pass
 `tasks=default_tasks(model_name)`.
 
@@ -57,17 +58,20 @@ TASK_SOURCES = {
     "tale-sun": "model:The sun was shining",
 }
 GENERAL_TASKS = ("prose", "jargon", "code", "stories")
+TEXT_TASKS = ("prose", "jargon", "code")  # the held-out texts alone (corpus.TEXT_SOURCES)
 # The demo's tasks are the demo's calibration families (corpus.DEMO_SOURCES), drawn from the evaluation split.
 DEMO_TASKS = ("stories", "stories-t0.7", "stories-t1.2", "tale-park", "tale-dog", "tale-ball", "tale-sun")
 METRICS = ("ppl", "kl", "top1", "rougeL")
 
 
 def default_tasks(model_name: str | None) -> tuple[str, ...]:
-    """A model's default fidelity tasks: `DEMO_TASKS` (text it models well) for the demo model,
-    `GENERAL_TASKS` for any other."""
-    from polykv.models import DEMO_MODEL
+    """A model's default fidelity tasks: `DEMO_TASKS` (text it models well) for the demo model, `TEXT_TASKS`
+    (no sampling: a CPU model's sampled prompts cost minutes) for smollm2, `GENERAL_TASKS` for any other."""
+    from polykv.models import DEMO_MODEL, SMOLLM2_MODEL
 
-    return DEMO_TASKS if model_name in (None, DEMO_MODEL) else GENERAL_TASKS
+    if model_name in (None, DEMO_MODEL):
+        return DEMO_TASKS
+    return TEXT_TASKS if model_name == SMOLLM2_MODEL else GENERAL_TASKS
 
 
 @dataclass(frozen=True)
@@ -161,10 +165,11 @@ def score_samples(model, plans: list[Plan], ids: list[int], settings: FidelitySe
     count, forced, generate = len(plans), tokens[0, prompt:-1].tolist(), settings.generate
     steps: list[list[torch.Tensor]] = [[] for _ in plans]  # each plan's teacher-forced logits
     greedy: list[list[int]] = [[] for _ in plans]
-    with batch.many(model, list(plans) * 2) as session:
+    with torch.inference_mode(), batch.many(model, list(plans) * 2) as session:
         # rows [0, count): teacher-forced over the continuation; rows [count, 2 count): greedy. Each half
         # leaves the batch once it is done.
         rows, first = session.prefill(tokens[0, :prompt])
+        rows.reserve(max(len(forced), generate))
         stop = sorted(batch.eos_ids(model))
         forcing, generating = count, count  # rows of each half in the batch now
         logits = first.unsqueeze(0).expand(2 * count, -1)
@@ -187,8 +192,8 @@ def score_samples(model, plans: list[Plan], ids: list[int], settings: FidelitySe
             for plan_steps, row in zip(steps[:next_forcing], logits):
                 plan_steps.append(row)
             forcing, generating = next_forcing, next_generating
-    targets = tokens[0, prompt + 1 :]
-    return [_metrics(torch.stack(steps[i]), greedy[i], ref_logits, ref_greedy, targets) for i in range(count)]
+        targets = tokens[0, prompt + 1 :]
+        return [_metrics(torch.stack(steps[i]), greedy[i], ref_logits, ref_greedy, targets) for i in range(count)]
 
 
 def _metrics(logits, greedy: list[int], ref_logits, ref_greedy: list[int], targets) -> dict[str, float]:

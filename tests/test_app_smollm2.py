@@ -1,0 +1,78 @@
+"""The app's pages on the 30-layer smollm2, through Streamlit's AppTest: the designer starts on the shipped
+30-layer plan and paints all 30 layers; Profiles draws the study's profile with a row per layer and a
+winner per layer; Compare and Runs open on the study's runs. The workspace is a copy of the committed
+smollm2 study (docs/smollm2-study). Slow: the model loads once per app process (a few seconds)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from app import state
+from polykv.plan import Plan
+from tests.helpers import REPO, button, texts
+
+pytestmark = pytest.mark.slow
+
+STUDY = REPO / "docs" / "smollm2-study"
+
+
+@pytest.fixture
+def smollm2_app(app_env, smollm2_home, monkeypatch):
+    """The app's environment with the study's workspace, and smollm2 as the session's model."""
+    shutil.copytree(STUDY, app_env / "ws")
+    monkeypatch.setenv("POLYKV_HOME", str(smollm2_home))
+    return app_env
+
+
+def open_with_smollm2(page: str | None = None):
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(REPO / "app" / "app.py"), default_timeout=300)
+    at.session_state[state.MODEL] = ("smollm2", "cpu")
+    at.run()
+    if page:
+        at.switch_page(f"views/{page}.py")
+        at.run()
+    assert not at.exception, [(e.value, e.stack_trace) for e in at.exception]
+    return at
+
+
+def test_the_designer_starts_on_the_shipped_plan_and_paints_30_layers(smollm2_app):
+    at = open_with_smollm2()
+    assert "Model: **smollm2** on cpu, 30 layers" in texts(at.caption)
+    plan = Plan.from_json(at.session_state[state.PLAN_JSON])
+    assert plan.name == "mixed-smollm2" and plan.num_layers == 30
+    (figure,) = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    cells = [trace for trace in figure["data"] if trace.get("customdata")]
+    assert {layer for trace in cells for layer, *_ in trace["customdata"]} == set(range(30))
+    at.session_state[state.DESIGNER_LAYERS] = list(range(30))
+    at.radio(key=state.DESIGNER_PHASE).set_value("decode")
+    at.button(key="palette_tova").click()
+    at.run()
+    at.number_input(key=state.PAINT_CAPACITY).set_value(128)
+    button(at, "Paint selection").click()
+    at.run()
+    assert not at.exception and not at.error
+    painted = Plan.from_json(at.session_state[state.PLAN_JSON])
+    assert [(layer.decode.method, layer.decode.capacity) for layer in painted.layers] == [("tova", 128)] * 30
+
+
+def test_profiles_compare_and_runs_open_on_the_study(smollm2_app):
+    at = open_with_smollm2("profiles")
+    assert texts(at.title) == ["Method profiles"] and not at.error
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    for spec in specs[:2]:  # one decision chart per scope: a row per layer, a winner per layer
+        grid, stars = spec["data"][:2]
+        assert sorted(set(grid["y"])) == list(range(30)) and len(stars["x"]) == 30
+        assert spec["layout"]["height"] >= 30 * 20  # a readable row per layer
+    tables = at.dataframe[:2]
+    assert all(len(table.value) == 30 for table in tables)
+    at.switch_page("views/compare.py")
+    at.run()
+    assert not at.exception and not at.error and at.get("plotly_chart")
+    at.switch_page("views/runs.py")
+    at.run()
+    assert not at.exception and not at.error
