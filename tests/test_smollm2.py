@@ -39,7 +39,7 @@ def texts(smollm2):
     spec = CorpusSpec(sources=("kjv", "jargon", "stdlib"), num_sequences=3, max_tokens=256, split="evaluation")
     prompts = build_corpus(tokenizer, spec, model=model).sequences
     question = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Explain in a few sentences why the sky is blue. " * 12}],
+        [{"role": "user", "content": "Explain in a few sentences why the sky is blue. " * 30}],
         add_generation_prompt=True,
         tokenize=False,
     )
