@@ -4,6 +4,7 @@ hundred tokens costs this model about a second, a decode step about 0.1 s."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -70,8 +71,12 @@ def _room_for_everything(length: int) -> list[Plan]:
     for name, cls in REGISTRY.items():
         for phase in sorted(cls.phases, key=str) if name != "full" else ():
             plans.append(Plan.homogeneous(name, length, LAYERS, phase.value))
-    for name, scope in (("pyramidkv", "prefill"), ("cake", "prefill"), ("d2o", "decode")):
-        plans.append(Plan.homogeneous(name, length, LAYERS, scope, allocation="native"))
+    # PyramidKV and CAKE keep a prompt that fits the average budget whole, as their authors do. D2O splits
+    # the total in proportion to softmax(-sigma) over layers with sigma in [0, 1], so its smallest share is
+    # at least 1/e of the average: three times the length gives every layer room for everything.
+    native = (("pyramidkv", "prefill", length), ("cake", "prefill", length), ("d2o", "decode", 3 * length))
+    for name, scope, room in native:
+        plans.append(Plan.homogeneous(name, room, LAYERS, scope, allocation="native"))
     return plans
 
 
@@ -87,7 +92,10 @@ def test_every_method_with_room_for_everything_equals_fullkv(smollm2, texts):
                 out = model.generate(ids, return_dict_in_generate=True, **kwargs)
             assert torch.equal(out.sequences, reference.sequences), plan.name
             worst = max((a - b).abs().max().item() for a, b in zip(out.logits, reference.logits))
-            assert worst <= 1e-5, (plan.name, worst)
+            # nothing is evicted and the tokens are the same; a method that scores with attention weights
+            # computes its rows with an explicit softmax rather than the fused kernel, so 30 layers of float32
+            # rounding reach ~7e-5 on logits of magnitude ~20 (relative ~4e-6)
+            assert worst <= 2e-4, (plan.name, worst)
             assert session.cache.retained_per_layer() == [ids.shape[1] + steps - 1] * LAYERS, plan.name
 
 
@@ -130,6 +138,20 @@ def _top(scores: torch.Tensor, k: int) -> list[set[int]]:
     return [set(row.topk(k).indices.tolist()) for row in scores[0]]
 
 
+def _is_top(kept: set[int], scores: torch.Tensor, k: int) -> bool:
+    """Whether `kept` is a top-k of one row of scores. Max pooling spreads a peak over its neighbours, so
+    equal scores at the k-th place are common and either choice follows the rule; a score 1e-6 (relative)
+    apart counts as equal, for the float rounding of a grouped sum against a mean."""
+    if len(kept) != k:
+        return False
+    inside = scores[sorted(kept)].min()
+    outside = [i for i in range(scores.shape[-1]) if i not in kept]
+    if not outside:
+        return True
+    best_left_out = scores[outside].max()
+    return bool(inside >= best_left_out - 1e-6 * best_left_out.abs().clamp(min=1e-30))
+
+
 def _references(view: LayerView, capacity: int) -> dict[str, list[set[int]]]:
     """Each rule restated from its paper (and docstring), on the real signals: the kept positions per KV head."""
     n = view.length
@@ -142,11 +164,22 @@ def _references(view: LayerView, capacity: int) -> dict[str, list[set[int]]]:
     out["h2o"] = _top(sums, capacity)
     last = view.rows[:, :, -1, :].mean(dim=1, keepdim=True)  # one index set for every KV head
     out["tova"] = _top(last, capacity) * 3
-    for name, window in (("snapkv", 32), ("pyramidkv", 8)):
-        votes = _group_mean(view.rows[:, :, -window:, :].sum(dim=2))[..., : n - window]
-        pooled = torch.nn.functional.max_pool1d(votes.reshape(3, 1, -1), 7, stride=1, padding=3).reshape(1, 3, -1)
-        out[name] = [top | recent(window) for top in _top(pooled, capacity - window)]
     return out
+
+
+def _pooled_window_votes(view: LayerView, window: int) -> torch.Tensor:
+    """SnapKV's and PyramidKV's scores restated: the window's summed votes for the prefix, max-pooled
+    (kernel 7) along positions, per KV head [3, n - window]."""
+    votes = _group_mean(view.rows[:, :, -window:, :].sum(dim=2))[..., : view.length - window]
+    return torch.nn.functional.max_pool1d(votes.reshape(3, 1, -1), 7, stride=1, padding=3).reshape(3, -1)
+
+
+def _as_the_runtime_gives(method, view: LayerView) -> LayerView:
+    """The view with only the attention rows the method asks for (the newest queries), as the runtime
+    computes them: a window rule given all n rows would sum every query of the prompt."""
+    needs = method.needs(Phase.PREFILL, view.length)
+    rows = view.rows[:, :, view.length - needs.rows :, :] if needs.rows else None
+    return dataclasses.replace(view, rows=rows, column_sums=view.column_sums if needs.column_sums else None)
 
 
 def test_each_method_keeps_what_its_rule_keeps_on_real_layers(smollm2, texts):
@@ -159,13 +192,21 @@ def test_each_method_keeps_what_its_rule_keeps_on_real_layers(smollm2, texts):
         expected = _references(view, capacity)
         for name, reference in expected.items():
             method = REGISTRY[name](capacity, params_that_fit(name, capacity))
-            eviction = method.step(view)
+            eviction = method.step(_as_the_runtime_gives(method, view))
             kept = [set(row.tolist()) for row in eviction.keep[0]]
             assert kept == reference, (name, layer)
+        for name, window in (("snapkv", 32), ("pyramidkv", 8)):
+            method = REGISTRY[name](capacity, params_that_fit(name, capacity))
+            kept = [set(row.tolist()) for row in method.step(_as_the_runtime_gives(method, view)).keep[0]]
+            pooled = _pooled_window_votes(view, window)
+            window_slots = set(range(view.length - window, view.length))
+            for head, keep in enumerate(kept):
+                assert window_slots <= keep, (name, layer, head)
+                assert _is_top(keep - window_slots, pooled[head], capacity - window), (name, layer, head)
         # the other methods: the capacity, and what their rule always keeps
         for name in ("cake", "scissorhands"):
             method = REGISTRY[name](capacity, params_that_fit(name, capacity))
-            kept = [set(row.tolist()) for row in method.step(view).keep[0]]
+            kept = [set(row.tolist()) for row in method.step(_as_the_runtime_gives(method, view)).keep[0]]
             always = 32 if name == "cake" else 10  # CAKE's window, Scissorhands' recent tokens
             assert all(len(k) == capacity and set(range(200 - always, 200)) <= k for k in kept), (name, layer)
 
