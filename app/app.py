@@ -15,16 +15,16 @@ if _ROOT not in sys.path[:1]:
 
 import streamlit as st  # noqa: E402
 
-from app import common, state  # noqa: E402
+from app import common, designing, session, state  # noqa: E402
 
 # An emoji favicon is drawn in the browser; a ":material/...:" one would be fetched from a CDN.
 st.set_page_config(page_title="PolyKV", page_icon="🧩", layout="wide")
 
-common.session_id()  # first: a reload finds this session's model and drafts through the URL
+session.session_id()  # first: a reload finds this session's model and drafts through the URL
 
 with st.sidebar:
     st.markdown("### PolyKV")
-    name, device = common.chosen_model()
+    name, device = session.chosen_model()
     with st.form(state.MODEL_FORM):
         typed = st.text_input(
             "Model",
@@ -32,23 +32,23 @@ with st.sidebar:
             help="'demo' (the embedded stories260K), 'smollm2' (SmolLM2-135M-Instruct, 30 layers), a Hugging Face "
             "id, a local model directory or a .gguf file",
         )
-        devices = common.devices()
+        devices = session.devices()
         chosen = st.selectbox("Device", devices, index=common.index_of(devices, device))
         if st.form_submit_button("Load model"):
-            common.request_model(typed.strip(), chosen)
-    pending = common.pending_model()
+            designing.request_model(typed.strip(), chosen)
+    pending = designing.pending_model()
     if pending is not None:  # the plan does not fit the new model: ask before it leaves the designer
         st.warning(pending[2])
         switch, stay = st.columns(2)
-        switch.button("Switch", type="primary", on_click=common.answer_pending_model, args=(True,))
-        stay.button("Stay", on_click=common.answer_pending_model, args=(False,))
-    if common.model_error():
-        st.error(common.model_error())
+        switch.button("Switch", type="primary", on_click=designing.answer_pending_model, args=(True,))
+        stay.button("Stay", on_click=designing.answer_pending_model, args=(False,))
+    if session.model_error():
+        st.error(session.model_error())
     try:
-        loaded_name, loaded_device, model, _ = common.current_model()
-        st.caption(f"Model: **{loaded_name}** on {loaded_device}, {common.num_layers()} layers")
+        loaded_name, loaded_device, model, _ = session.current_model()
+        st.caption(f"Model: **{loaded_name}** on {loaded_device}, {session.num_layers()} layers")
     except Exception as exc:  # the last good model could not be reloaded: fall back to the demo
-        common.fall_back_to_demo()
+        designing.fall_back_to_demo()
         st.error(f"Model unavailable ({common.first_line(exc)}); using the demo model.")
     st.radio("Figure downloads (camera button)", ["png", "svg"], horizontal=True, key=state.FIGURE_FORMAT)
 
@@ -74,4 +74,4 @@ pages = [
 try:
     st.navigation(pages).run()
 except Exception as exc:  # Streamlit's own rerun/stop signals are not Exceptions: they pass through
-    common.show_failure(exc)
+    session.show_failure(exc)

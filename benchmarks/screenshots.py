@@ -36,7 +36,7 @@ SETTINGS = {"tasks": ["prose", "stories"], "samples_per_task": 2, "prompt_tokens
 def prepare(workspace: Path) -> None:
     """A profile of the demo model and a finished factorial on it, in `workspace`."""
     from polykv import jobs
-    from polykv.eval.experiments import launch_job
+    from polykv.jobs.experiment import launch_job
     from polykv.models import load_model
     from polykv.profile.build import build_profile
     from polykv.profile.corpus import CorpusSpec

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from polykv import jobs
-from polykv.eval.experiments import launch_job, read_report
+from polykv.jobs.experiment import launch_job, read_report
 from polykv.plan import Plan
 from tests.helpers import TINY_FIDELITY, button, open_app, texts, wait_for_job, with_profile
 

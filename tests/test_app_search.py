@@ -10,8 +10,8 @@ import pytest
 
 from polykv import jobs
 from polykv.errors import JobError
+from polykv.jobs.search import launch_search, live, read_search, start_problem
 from polykv.plan import Plan
-from polykv.search.job import launch_search, live, read_search, start_problem
 from tests.helpers import button, open_app, texts, wait_for_job, with_profile
 
 SMALL = {"evaluations": 40, "search_sequences": 2, "held_out": 2, "max_tokens": 96}

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from polykv.eval.backends import LocalBackend, RayBackend, SubprocessBackend
+from polykv.eval.backends import LocalBackend, RayBackend
 from polykv.eval.runner import clear_sample_cache
 from polykv.eval.store import Store
 from polykv.eval.suites.fidelity import clear_reference_cache
 from polykv.eval.unit import Unit
+from polykv.jobs.backend import SubprocessBackend
 from polykv.plan import Plan
 from tests.helpers import TINY_FIDELITY
 

@@ -11,9 +11,10 @@ import pytest
 
 from polykv import jobs
 from polykv.errors import JobError
-from polykv.eval.experiments import FACTORIAL_CELLS, ExperimentRunner, Report, factorial, launch_job, read_report
+from polykv.eval.experiments import FACTORIAL_CELLS, ExperimentRunner, Report, factorial
 from polykv.eval.store import Store
 from polykv.eval.unit import Unit
+from polykv.jobs.experiment import launch_job, read_report
 from polykv.plan import Plan
 from tests.helpers import SLOW_FIDELITY, TINY_FIDELITY, wait_for_job, with_profile
 
@@ -208,5 +209,5 @@ def test_the_jobs_worker_leaves_an_experiment_job_to_the_experiments_module(ws, 
     job = factorial_job(ws, small_profile)
     path = jobs.save_job(job, ws)
     assert jobs.main(["run", str(path), "--workspace", str(ws)]) == 2  # polykv.jobs cannot import the experiments
-    assert "runs with python -m polykv.eval.experiments" in capsys.readouterr().err
+    assert "runs with python -m polykv.jobs.experiment" in capsys.readouterr().err
     assert jobs.state(job, ws).status == "waiting"  # nothing ran

@@ -8,6 +8,7 @@ against the importing module's package. Only modules under polykv/ and app/ are 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -112,7 +113,7 @@ GRAPH = import_graph()
 def test_the_graph_sees_the_project():
     assert {"polykv.plan", "polykv.methods", "polykv.routing", "polykv.cli", "app.common"} <= set(GRAPH)
     assert "polykv.plan" in GRAPH["polykv.methods"]  # a top-level import
-    assert "polykv.eval.runner" in GRAPH["polykv.jobs"]  # one made inside a function
+    assert "polykv.eval.runner" in GRAPH["polykv.jobs.spec"]  # one made inside a function
     assert "polykv.models.llama2c" in GRAPH["polykv.models"]  # a relative one
 
 
@@ -140,6 +141,67 @@ def test_no_import_cycles():
 def test_layers_do_not_import_upward(layer, forbidden):
     bad = sorted(f"{m} -> {d}" for m, deps in _imports_of(GRAPH, layer).items() for d in deps if _under(d, forbidden))
     assert not bad, f"{layer} must not import {', '.join(forbidden)}: " + "; ".join(bad)
+
+
+# ---- the floors of CONTRIBUTING.md's map of the house ---------------------------------------------------
+def floors(text: str) -> dict[str, int]:
+    """{component: floor} from the map's table rows `| <floor> | `a`, `b` | ... |`."""
+    found: dict[str, int] = {}
+    for line in text.splitlines():
+        row = re.match(r"\|\s*(\d+)\s*\|([^|]*)\|", line)
+        if row:
+            for name in re.findall(r"`([\w.]+)`", row.group(2)):
+                found[name] = int(row.group(1))
+    return found
+
+
+FLOORS = floors((ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8"))
+
+
+def component(module: str, floors_of: dict[str, int]) -> str | None:
+    """The longest component of the map that `module` is or lies in."""
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in floors_of:
+            return ".".join(parts[:n])
+    return None
+
+
+def arrows_against_the_floors(graph: dict[str, set[str]], floors_of: dict[str, int]) -> list[str]:
+    """Every import from one component to another on the same or a higher floor."""
+    bad = []
+    for module, deps in sorted(graph.items()):
+        source = component(module, floors_of)
+        for dep in sorted(deps):
+            target = component(dep, floors_of)
+            if source != target and floors_of[target] >= floors_of[source]:
+                up = "up" if floors_of[target] > floors_of[source] else "sideways"
+                bad.append(f"{module} (floor {floors_of[source]}) -> {dep} (floor {floors_of[target]}, {up})")
+    return bad
+
+
+def test_the_map_places_every_module_on_a_floor():
+    assert FLOORS["app"] > FLOORS["polykv.cli"] > FLOORS["polykv.jobs"] > FLOORS["polykv.eval"] > FLOORS["polykv"]
+    assert not [m for m in GRAPH if component(m, FLOORS) is None]
+
+
+def test_every_import_points_down_the_floors():
+    bad = arrows_against_the_floors(GRAPH, FLOORS)
+    assert not bad, "imports against CONTRIBUTING.md's floors: " + "; ".join(bad)
+
+
+def test_an_upward_import_is_caught():
+    # what the rule sees when eval reaches up for jobs (the circle the jobs package removed), or plan for methods
+    graph = {**GRAPH, "polykv.eval.runner": GRAPH["polykv.eval.runner"] | {"polykv.jobs.spec"}}
+    graph["polykv.plan"] = GRAPH["polykv.plan"] | {"polykv.methods.h2o"}
+    assert arrows_against_the_floors(graph, FLOORS) == [
+        "polykv.eval.runner (floor 8) -> polykv.jobs.spec (floor 10, up)",
+        "polykv.plan (floor 2) -> polykv.methods.h2o (floor 3, up)",
+    ]
+    sideways = {**GRAPH, "polykv.models": GRAPH["polykv.models"] | {"polykv.workspace"}}
+    assert arrows_against_the_floors(sideways, FLOORS) == [
+        "polykv.models (floor 2) -> polykv.workspace (floor 2, sideways)"
+    ]
 
 
 def test_plan_imports_only_errors_and_files():

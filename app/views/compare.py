@@ -3,7 +3,7 @@ tags. Budget sweeps and placement controls are on the Experiments page."""
 
 import streamlit as st
 
-from app import charts, common, state
+from app import charts, common, session, state
 from polykv import jobs
 from polykv.errors import StoreError
 from polykv.eval.compare import (
@@ -22,7 +22,7 @@ from polykv.eval.compare import (
 from polykv.eval.store import Store
 
 st.title("Compare")
-workspace = common.workspace()
+workspace = session.workspace()
 try:  # read-only: opening the page never creates or changes the results database
     store = Store(workspace / "results.sqlite", readonly=True)
     every_run = list(reversed(store.runs()))  # newest first

@@ -1,12 +1,13 @@
 """Plan designer: select layers, paint methods and capacities, fine-tune in a table, save and load.
 
 One function per section, called top to bottom at the end. The page only draws: every decision is in
-`polykv.design` (the plan operations) or `app.common` (the session's glue); keys are in `app.state`.
+`polykv.design` (the plan operations) or the app's glue (`app.editing`: edits and selection,
+`app.designing`: the plan and its history); keys are in `app.state`.
 """
 
 import streamlit as st
 
-from app import charts, common, state
+from app import charts, common, designing, editing, session, state
 from polykv import design
 from polykv.plan import Phase, PlanError
 from polykv.routing import ALLOCATIONS, STATISTICS
@@ -14,11 +15,11 @@ from polykv.routing import ALLOCATIONS, STATISTICS
 
 def chart_selection(layers: int) -> None:
     """The chart's last selection feeds the layer list and the phase below."""
-    common.follow_chart_selection(layers)
+    editing.follow_chart_selection(layers)
 
 
 def chart_and_summary(plan) -> None:
-    figure = charts.plan_figure(plan, common.selected_layers(), common.shown_phases(), common.selection_boxes())
+    figure = charts.plan_figure(plan, editing.selected_layers(), editing.shown_phases(), editing.selection_boxes())
     common.show(figure, "plan", key=state.PLAN_CHART, on_select="rerun", selection_mode=("points", "box", "lasso"))
     st.text("\n".join(plan.summary().lines()))
 
@@ -37,8 +38,8 @@ def paint(plan, layers: int) -> None:
     with left:
         st.multiselect("Selected layers", list(range(layers)), key=state.DESIGNER_LAYERS)
         select_all, clear = st.columns(2)
-        select_all.button("Select all", on_click=common.select_layers, args=(range(layers),))
-        clear.button("Clear", on_click=common.select_layers, args=((),))
+        select_all.button("Select all", on_click=editing.select_layers, args=(range(layers),))
+        clear.button("Clear", on_click=editing.select_layers, args=((),))
     with middle:
         st.radio("Phase", design.PHASE_CHOICES, key=state.DESIGNER_PHASE, horizontal=True)
     with right:
@@ -52,8 +53,8 @@ def paint(plan, layers: int) -> None:
         clicked = st.button("Paint selection", type="primary")
     palette()
     if clicked:
-        chosen, phase, method, capacity = common.paint_request()
-        common.attempt(
+        chosen, phase, method, capacity = editing.paint_request()
+        editing.attempt(
             lambda: design.paint(plan, chosen, phase, method, capacity),
             design.paint_message(chosen, phase, method, capacity),
         )
@@ -62,19 +63,19 @@ def paint(plan, layers: int) -> None:
 def palette() -> None:
     """One button per method: the chosen one highlighted, those that cannot run in the phase greyed with
     the reason as their tooltip; each has a one-key shortcut (shown on the button)."""
-    entries = common.paint_palette()
+    entries = editing.paint_palette()
     keys = design.shortcuts([name for name, _ in entries])
-    chosen = common.chosen_method()
+    chosen = editing.chosen_method()
     with st.container(horizontal=True):
-        for name, why_not in [(common.KEEP, None), *entries]:
+        for name, why_not in [(editing.KEEP, None), *entries]:
             st.button(
                 name,
                 key=state.palette_button(name),
                 type="primary" if name == chosen else "secondary",
                 disabled=why_not is not None,
-                help=why_not or ("Leave each cell's method as it is" if name == common.KEEP else None),
-                shortcut=keys.get(name, "0" if name == common.KEEP else None),
-                on_click=common.choose_method,
+                help=why_not or ("Leave each cell's method as it is" if name == editing.KEEP else None),
+                shortcut=keys.get(name, "0" if name == editing.KEEP else None),
+                on_click=editing.choose_method,
                 args=(name,),
             )
     unavailable = [why for _, why in entries if why]
@@ -85,18 +86,18 @@ def palette() -> None:
 def tools(plan) -> None:
     """Undo, redo, rescale to a budget, build from a profile, reset to full."""
     undo, redo, rescale, build, reset = st.columns(5)
-    if undo.button("Undo", disabled=not common.can_undo(), shortcut="Ctrl+Z"):
-        common.undo()
+    if undo.button("Undo", disabled=not designing.can_undo(), shortcut="Ctrl+Z"):
+        designing.undo()
         st.rerun()
-    if redo.button("Redo", disabled=not common.can_redo(), shortcut="Ctrl+Shift+Z"):
-        common.redo()
+    if redo.button("Redo", disabled=not designing.can_redo(), shortcut="Ctrl+Shift+Z"):
+        designing.redo()
         st.rerun()
     with rescale.popover("Rescale to a budget"):
         rescale_to_budget(plan)
     with build.popover("Build from profile"):
         build_from_profile()
     if reset.button("Reset to full"):
-        common.commit(design.reset_to_full(plan))
+        editing.commit(design.reset_to_full(plan))
 
 
 def rescale_to_budget(plan) -> None:
@@ -104,7 +105,7 @@ def rescale_to_budget(plan) -> None:
         "Budget (average capacity per layer)", min_value=1.0, value=float(round(design.current_budget(plan))), step=1.0
     )
     if st.button("Rescale (keep the route)"):
-        common.attempt(
+        editing.attempt(
             lambda: design.rescale(plan, target), f"Rescaled to a budget of {target:g} (average capacity per layer)."
         )
 
@@ -122,7 +123,7 @@ def build_from_profile() -> None:
     statistic = st.radio("TopRank statistic", list(STATISTICS), horizontal=True, key=state.BUILD_STATISTIC)
     allocation = st.radio("Allocation", list(ALLOCATIONS), horizontal=True, key=state.BUILD_ALLOCATION)
     if st.button("Build plan"):
-        common.attempt(
+        editing.attempt(
             lambda: design.build_from_profile(picked, scope, budget, statistic, allocation),
             f"Built from profile {picked.key} ({statistic}, {allocation}).",
         )
@@ -143,7 +144,7 @@ def layer_table(plan) -> None:
     }
     edited = st.data_editor(
         design.to_table(plan),
-        key=state.plan_table(common.plan_version()),
+        key=state.plan_table(designing.plan_version()),
         hide_index=True,
         disabled=["layer"],
         column_config=columns,
@@ -153,16 +154,16 @@ def layer_table(plan) -> None:
     except PlanError as exc:
         st.error(f"Table: {exc}. The plan keeps its last valid state; fix the cell or press Undo edits.")
         if st.button("Undo edits"):
-            common.new_plan_version()
+            designing.new_plan_version()
             st.rerun()
         return
     if from_table != plan:
-        common.commit(from_table, "Table edit applied.")
+        editing.commit(from_table, "Table edit applied.")
 
 
 def files(plan) -> None:
     st.subheader("Save, load, compare")
-    saved = common.saved_plans()
+    saved = editing.saved_plans()
     save_col, load_col, diff_col = st.columns(3)
     with save_col:
         save(plan)
@@ -173,18 +174,18 @@ def files(plan) -> None:
 
 
 def save(plan) -> None:
-    name = st.text_input("Plan name", value=plan.name, key=state.plan_name(common.plan_version()))
+    name = st.text_input("Plan name", value=plan.name, key=state.plan_name(designing.plan_version()))
     overwrite = st.checkbox("Overwrite an existing file")
     if st.button("Save to plans/"):
         try:
-            outcome = design.save_plan(plan, common.plans_dir(), name, overwrite)
+            outcome = design.save_plan(plan, editing.plans_dir(), name, overwrite)
         except (PlanError, OSError) as exc:
             st.error(common.first_line(exc))
         else:
             if outcome.path is None:
                 st.warning(f"{outcome.message}: tick 'Overwrite' to replace it.")
             else:
-                common.commit(outcome.plan, outcome.message)
+                editing.commit(outcome.plan, outcome.message)
     st.download_button(
         "Download JSON", plan.to_json(), file_name=design.plan_filename(plan.name), mime="application/json"
     )
@@ -193,10 +194,10 @@ def save(plan) -> None:
 def load(saved) -> None:
     choice = st.selectbox("Saved plans", saved, index=None, placeholder="choose a plan file", format_func=str)
     if st.button("Load", disabled=choice is None):
-        common.attempt(lambda: common.read_plan_file(choice), f"Loaded {choice}.")
+        editing.attempt(lambda: editing.read_plan_file(choice), f"Loaded {choice}.")
     upload = st.file_uploader("Upload a plan (JSON)", type=["json"], key=state.PLAN_UPLOAD)
-    if common.new_upload(upload):
-        common.attempt(lambda: common.read_plan(upload.getvalue(), upload.name), f"Loaded {upload.name}.")
+    if editing.new_upload(upload):
+        editing.attempt(lambda: editing.read_plan(upload.getvalue(), upload.name), f"Loaded {upload.name}.")
 
 
 def diff(plan, saved) -> None:
@@ -206,7 +207,7 @@ def diff(plan, saved) -> None:
     if other is None:
         return
     try:
-        against = common.read_plan_file(other)
+        against = editing.read_plan_file(other)
     except PlanError as exc:
         st.error(str(exc))
         return
@@ -221,11 +222,11 @@ st.caption(
     "list below, then paint a method and/or a capacity onto them. Every edit is checked against the model "
     "at once and kept as this session's draft (the URL brings it back)."
 )
-current, num_layers = common.plan(), common.num_layers()
-common.show_flash(state.DESIGNER_FLASH)
-if common.draft_problem():
-    st.warning(common.draft_problem())
-common.phase_follows_scope(current)
+current, num_layers = designing.plan(), session.num_layers()
+editing.show_flash(state.DESIGNER_FLASH)
+if designing.draft_problem():
+    st.warning(designing.draft_problem())
+editing.phase_follows_scope(current)
 chart_selection(num_layers)
 chart_and_summary(current)
 provenance(current)

@@ -6,21 +6,22 @@ import json
 import pandas as pd
 import streamlit as st
 
-from app import charts, common, state
+from app import charts, common, designing, editing, session, state
 from polykv import jobs
 from polykv.errors import PolyKVError, StoreError
 from polykv.eval.compare import metrics_of, placement_summary, suite_score, sweep_table
-from polykv.eval.experiments import launch_job, read_report, suite_metrics
+from polykv.eval.experiments import suite_metrics
 from polykv.eval.protocols import baseline_methods
 from polykv.eval.runner import SUITES
 from polykv.eval.settings import parse_budgets, suite_settings
 from polykv.eval.store import Store
+from polykv.jobs.experiment import launch_job, read_report
 from polykv.plan import Plan, PlanError
 
 st.title("Experiments")
-name, device, _, _ = common.current_model()
-workspace = common.workspace()
-demo = name == common.DEFAULT_MODEL[0]
+name, device, _, _ = session.current_model()
+workspace = session.workspace()
+demo = name == session.DEFAULT_MODEL[0]
 
 # ---- launch ------------------------------------------------------------------------------------------------
 st.subheader("Launch an experiment")
@@ -93,7 +94,7 @@ else:
             ),
             state.EXPERIMENT_FLASH,
         )
-common.show_flash(state.EXPERIMENT_FLASH)
+editing.show_flash(state.EXPERIMENT_FLASH)
 
 # ---- experiment jobs (polled while any runs) ----------------------------------------------------------------
 st.subheader("Experiment jobs")
@@ -161,7 +162,7 @@ def show_placement(data: dict) -> None:
     st.markdown(f"Selected: **{entry['plan']}** · S(rho) {entry['S']:.4f} · {data['metric']} {entry['score']:.4f}")
     if st.button("Open in the designer", type="primary"):
         try:
-            common.set_plan(Plan.from_json(entry["plan_json"]))
+            designing.set_plan(Plan.from_json(entry["plan_json"]))
         except PlanError as exc:
             st.error(f"Not opened: {common.first_line(exc)}")
         else:

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from app import charts, common, state
+from app import charts, common, session, state
 from polykv.profile.corpus import default_sources
 
 st.title("Attention heterogeneity")
@@ -13,7 +13,7 @@ st.caption(
     "demo model, only its own samples: the text it models well)."
 )
 
-name, device, _, _ = common.current_model()
+name, device, _, _ = session.current_model()
 with st.form(state.HETEROGENEITY_FORM):
     cols = st.columns(5)
     inputs = cols[0].number_input("Inputs", min_value=1, max_value=64, value=8, step=1)

@@ -5,7 +5,7 @@ import itertools
 
 import streamlit as st
 
-from app import charts, common, state
+from app import charts, common, session, state
 from polykv import jobs
 from polykv.errors import PolyKVError
 from polykv.plan import Scope
@@ -19,8 +19,8 @@ st.caption(
     "the cosine of the layer's mean hidden state and the perplexity change (dPPL) against FullKV."
 )
 
-name, device, _, _ = common.current_model()
-workspace = common.workspace()
+name, device, _, _ = session.current_model()
+workspace = session.workspace()
 root = workspace / "profiles"
 
 # ---- compute one in the background --------------------------------------------------------------

@@ -3,7 +3,7 @@
 import pandas as pd
 import streamlit as st
 
-from app import common, state
+from app import common, designing, editing, session, state
 from polykv import jobs
 from polykv.errors import PolyKVError
 from polykv.eval.experiments import baseline_methods, plan_budget
@@ -11,12 +11,12 @@ from polykv.eval.runner import SUITES
 from polykv.eval.store import Store, StoreError
 
 st.title("Runs")
-name, device, _, _ = common.current_model()
-workspace = common.workspace()
+name, device, _, _ = session.current_model()
+workspace = session.workspace()
 
 
 # ---- launch --------------------------------------------------------------------------------------------
-choices = [common.DESIGNER_PLAN, *common.saved_plans()]
+choices = [common.DESIGNER_PLAN, *editing.saved_plans()]
 picked = st.selectbox(
     "Plan to evaluate",
     choices,
@@ -25,7 +25,7 @@ picked = st.selectbox(
     help="The plan on the designer, or a plan file saved under plans/",
 )
 try:
-    plan = common.plan() if picked == common.DESIGNER_PLAN else common.read_plan_file(picked)
+    plan = designing.plan() if picked == common.DESIGNER_PLAN else editing.read_plan_file(picked)
 except PolyKVError as exc:
     st.error(common.first_line(exc))
     st.stop()
@@ -63,7 +63,7 @@ if launched:
         state.RUNS_FLASH,
         refused="Not launched",
     )
-common.show_flash(state.RUNS_FLASH)
+editing.show_flash(state.RUNS_FLASH)
 
 # ---- jobs (polled while any runs) -----------------------------------------------------------------------
 # Cancel and Resume refuse with a JobError (or a FileError when the job file cannot be written)

@@ -5,12 +5,12 @@ plan live; read the held-out verdict; open the result in the designer. The work 
 import pandas as pd
 import streamlit as st
 
-from app import charts, common, state
+from app import charts, common, designing, editing, session, state
 from polykv import jobs
 from polykv.errors import PolyKVError
 from polykv.eval.experiments import plan_budget
+from polykv.jobs.search import launch_search, live, read_search, start_problem
 from polykv.plan import Plan, PlanError, Scope
-from polykv.search.job import launch_search, live, read_search, start_problem
 from polykv.search.report import difference_text
 
 st.title("Plan search")
@@ -20,10 +20,10 @@ st.caption(
     "searched plan with TopRank and the best homogeneous plan on separate held-out sequences (paired "
     "bootstrap over sequences)."
 )
-name, device, _, _ = common.current_model()
-workspace = common.workspace()
-plan = common.plan()
-demo = name == common.DEFAULT_MODEL[0]
+name, device, _, _ = session.current_model()
+workspace = session.workspace()
+plan = designing.plan()
+demo = name == session.DEFAULT_MODEL[0]
 
 # ---- launch ------------------------------------------------------------------------------------------------
 profiles = common.fitting_profiles()
@@ -72,7 +72,7 @@ else:
             ),
             state.SEARCH_FLASH,
         )
-common.show_flash(state.SEARCH_FLASH)
+editing.show_flash(state.SEARCH_FLASH)
 
 # ---- the searches (polled while one runs) -----------------------------------------------------------------------
 searches = common.jobs_of(jobs.list_jobs(workspace), "search", name, limit=10)
@@ -113,7 +113,7 @@ def verdict(job) -> None:
     st.caption(f"{len(moves)} moves taken: " + ("; ".join(moves) if moves else "none (the start was best)"))
     if st.button("Open the searched plan in the designer", type="primary"):
         try:
-            common.set_plan(Plan.from_dict(entry["plan"]))
+            designing.set_plan(Plan.from_dict(entry["plan"]))
         except PlanError as exc:
             st.error(common.first_line(exc))
         else:

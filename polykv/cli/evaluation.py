@@ -39,6 +39,7 @@ def evaluate(
     backend: Annotated[str, typer.Option(help="local, subprocess (detached, returns at once) or ray.")] = "local",
 ) -> None:
     """Evaluate a plan on a suite; results go to <workspace>/results.sqlite as they finish (resumable)."""
+    import polykv.jobs  # noqa: F401  registers the "subprocess" backend (jobs sit above eval)
     from polykv.eval.backends import backend as backend_named
     from polykv.eval.store import Store
     from polykv.eval.unit import Unit

@@ -3,8 +3,10 @@ seed); every backend writes to the same results store, so results and progress l
 ran them. `backend(name)` is the one place that knows them by name:
 
   local       in this process, one unit after another
-  subprocess  a detached background job (`polykv.jobs`) for the units: survives the caller (the app, a
-              CLI call that returns at once); `run` returns before the runs finish
+  subprocess  a detached background job for the units: survives the caller (the app, a CLI call that
+              returns at once); `run` returns before the runs finish. Jobs run evaluations, so this
+              backend lives above eval (`polykv.jobs.backend`) and is registered here when `polykv.jobs`
+              is imported.
   ray         a Ray task per unit (one GPU each when the model runs on CUDA); with a local cluster
               (`ray.init(address="local")`) units run in parallel on this machine. On a multi-node
               cluster the store's SQLite file must be on storage every node shares.
@@ -15,8 +17,7 @@ Each has `run(units, store_path) -> [run id]`; `detached` says whether it return
 from __future__ import annotations
 
 import os
-import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 
@@ -81,41 +82,7 @@ class RayBackend:
         return ray.get(futures)
 
 
-class SubprocessBackend:
-    """The units as one detached background job (`polykv.jobs`): the caller may exit; progress is in the
-    store (`polykv runs`) and in the job's files."""
-
-    name = "subprocess"
-    detached = True
-
-    def __init__(self) -> None:
-        self.process: subprocess.Popen | None = None  # the worker of the latest `run`
-
-    def start(self, units: Unit | Sequence[Unit], workspace: Path) -> subprocess.Popen:
-        """Start the job in `workspace` (results go to its results.sqlite); returns its worker process."""
-        return self._start(units, workspace)[1]
-
-    def run(self, units: list[Unit], store_path: Path) -> list[str]:
-        """Start the units and return their run ids at once (the runs finish in the background);
-        `store_path` is a workspace's results.sqlite, which the job writes to."""
-        store_path = Path(store_path)
-        if store_path.name != "results.sqlite":
-            raise SettingsError(f"the subprocess backend writes to a workspace's results.sqlite, not {store_path}")
-        job, self.process = self._start(units, store_path.parent)
-        return [r.run_id for r in job.runs]
-
-    def _start(self, units: Unit | Sequence[Unit], workspace: Path):
-        from polykv import jobs
-
-        units = [units] if isinstance(units, Unit) else list(units)
-        title = f"{Plan.from_json(units[0].plan_json).name} on {units[0].suite}" if units else ""
-        if len(units) > 1:
-            title += f" + {len(units) - 1} more"
-        job = jobs.eval_job([({}, unit) for unit in units], title=title)
-        return job, jobs.start(job, workspace)
-
-
-BACKENDS = {"local": LocalBackend, "subprocess": SubprocessBackend, "ray": RayBackend}
+BACKENDS = {"local": LocalBackend, "ray": RayBackend}  # + "subprocess", registered by polykv.jobs.backend
 
 
 def backend(name: str, *, waiting: bool = False, load: Load | None = None, progress: Progress | None = None):
@@ -131,4 +98,4 @@ def backend(name: str, *, waiting: bool = False, load: Load | None = None, progr
     return BACKENDS[name]()
 
 
-__all__ = ["BACKENDS", "LocalBackend", "RayBackend", "SubprocessBackend", "backend", "execute"]
+__all__ = ["BACKENDS", "LocalBackend", "RayBackend", "backend", "execute"]

@@ -91,6 +91,14 @@ class CaM(Method):
         # Positions are unique per head: the top `capacity` with sinks forced in are sinks + the most recent.
         if view.length - self.capacity == 1:  # one slot goes: the oldest non-sink token
             oldest = view.positions.masked_fill(view.positions < self.params.sinks, _NO_TARGET)
+            k = min(self.params.merge_budget, view.length)
+            if view.length - 1 - self.params.sinks >= k:
+                # more than k non-sinks: the k + 1 oldest of them are the evicted token and, after it, its k
+                # targets (positions are unique per head), in one ranking
+                ranked = oldest.topk(k + 1, dim=-1, largest=False).indices
+                dropped = ranked[..., :1]
+                self._merge_one(view, acc, dropped, targets=ranked[..., 1:])
+                return Eviction(dropped=dropped)
             eviction = Eviction(dropped=oldest.argmin(dim=-1, keepdim=True))
         else:
             eviction = evict_lowest(view.positions.float(), self.capacity, protected=view.positions < self.params.sinks)
@@ -102,25 +110,27 @@ class CaM(Method):
         self._merge(view, acc, evicted & (view.positions == newest))
         return eviction
 
-    def _merge_one(self, view: LayerView, acc: torch.Tensor, dropped: torch.Tensor) -> None:
+    def _merge_one(
+        self, view: LayerView, acc: torch.Tensor, dropped: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> None:
         """`_merge` for the usual decode step, one evicted slot per head [b, h, 1], in fewer operations
-        (the same numbers and the same draws)."""
-        # The evicted token is the oldest non-sink one, so every slot after it by position is eligible
-        # (sinks come before it); the targets are the `merge_budget` oldest of those.
-        eligible = view.positions > view.positions.gather(-1, dropped)
+        (the same numbers and the same draws). `targets`: the `merge_budget` oldest slots after the evicted
+        one, ascending by position, when the caller ranked them already (every target exists)."""
         # Draw for every slot, as `_merge` does, so that the generator's stream stays the same. A draw u
         # in [0, 1) is below p = clamp(ratio, 0, 1) (NaN -> 0) exactly when it is below the ratio itself.
         draws = self._draws(acc)
         k = min(self.params.merge_budget, view.length)
         d = view.values.shape[-1]
-        if view.length - 1 - self.params.sinks >= k:
+        if targets is not None:
             # At least k slots besides the evicted one and the sinks: every target exists and K = k, so
             # the masks of which targets exist (all true) drop out, with the same numbers.
-            targets = torch.where(eligible, view.positions, _NO_TARGET).topk(k, dim=-1, largest=False).indices
             ratio = acc.gather(-1, dropped) / (acc.gather(-1, targets).sum(-1, keepdim=True) / k)  # [b, h, 1]
             share = (draws.gather(-1, dropped) < ratio) / k  # m / K, the same for every target [b, h, 1]
             shape = targets.shape
         else:
+            # The evicted token is the oldest non-sink one, so every slot after it by position is eligible
+            # (sinks come before it); the targets are the `merge_budget` oldest of those.
+            eligible = view.positions > view.positions.gather(-1, dropped)
             targets, valid, count = self._targets(view, eligible)
             ratio = acc.gather(-1, dropped) / ((acc.gather(-1, targets) * valid).sum(-1, keepdim=True) / count)
             share = (draws.gather(-1, dropped) < ratio) / count * valid  # m / K for each target that exists

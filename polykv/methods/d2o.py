@@ -7,6 +7,8 @@ LLM_merge_new/LMEval_kv_token_merge/modeling_llama3_7b_13b_d2o.py and modeling_l
 
 from __future__ import annotations
 
+import functools
+
 from polykv.lazy import lazy_import
 from polykv.methods.base import (
     AccumulatedAttention,
@@ -154,7 +156,10 @@ class D2O(AccumulatedAttention):
         d = view.keys.shape[-1]
         unit = _unit(view.keys)  # [b, h, n, d]
         evicted = dropped.view(b, h, 1, 1)  # shaped like every per-head result below: fewer reshapes
-        cosine = torch.matmul(unit.gather(2, evicted.expand(b, h, 1, d)), unit.mT)  # [b, h, 1, n]
+        n = unit.shape[2]
+        # one bmm over the b * h heads (what matmul does for 4-d operands, without its reshapes)
+        picked = unit.gather(2, evicted.expand(b, h, 1, d)).view(b * h, 1, d)
+        cosine = torch.bmm(picked, unit.reshape(b * h, n, d).mT).view(b, h, 1, n)  # [b, h, 1, n]
         cosine.scatter_(-1, evicted, float("-inf"))  # the evicted slot is no candidate
         similarity, target = cosine.max(dim=-1, keepdim=True)  # [b, h, 1, 1]
         gate = self._update_tau(similarity)
@@ -171,7 +176,7 @@ class D2O(AccumulatedAttention):
             if tensor.dtype != torch.float32:  # the sums in fp32, written back in the cache's dtype
                 src, base = src.float(), base.float()
             # (base + s src) / 2 where merged, base (unchanged) elsewhere
-            merged = torch.where(gate, torch.addcmul(base, src, similarity).mul_(0.5), base)
+            merged = torch.where(gate, torch.addcmul(base, src, similarity).mul_(_half()), base)
             tensor.scatter_(dim, target_index, merged if merged.dtype == tensor.dtype else merged.to(tensor.dtype))
 
     def _merge(self, view: LayerView, eviction: Eviction) -> None:
@@ -204,6 +209,12 @@ class D2O(AccumulatedAttention):
             base = tensor.gather(2, index).float()
             result = (base + sums.gather(2, group[..., None].expand_as(src))) * scale[..., None]
             tensor.scatter_(2, index, result.to(tensor.dtype))  # duplicates carry the same value
+
+
+@functools.cache
+def _half() -> torch.Tensor:
+    """0.5 as a 0-d tensor: multiplying by it is the same as by the number, without wrapping a scalar each call."""
+    return torch.tensor(0.5)
 
 
 def _nearest_kept(keys: torch.Tensor, evicted: torch.Tensor, kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,8 +1,8 @@
-"""A plan search as a background job (`polykv.jobs`, kind "search"): what the app's Search page starts.
+"""A plan search as a background job (kind "search"): what the app's Search page starts.
 
 `launch_search` builds the job (not started) after checking what it names: the profile (this model's),
 the start plan (the designer's, when it is in the search space: `start_problem` says why not) and the
-settings. The worker (`python -m polykv.search.job run <job file> --workspace W`, started by
+settings. The worker (`python -m polykv.jobs.search run <job file> --workspace W`, started by
 `polykv.jobs.start`) runs `report.build_report` at the job's one budget; while it searches, the job's state
 holds the trace so far and the best plan so far (`live`), and at the end the report is saved next to the
 job (`polykv.jobs.report_path`) and read back by `read_search`.
@@ -15,9 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from polykv import jobs
 from polykv.errors import JobError
 from polykv.files import atomic_write_json, read_json
+from polykv.jobs import worker
+from polykv.jobs.experiment import profile_for_job
+from polykv.jobs.progress import JobState
+from polykv.jobs.spec import MAX_REPORT_BYTES, Job, report_path, search_job
 from polykv.plan import Plan, Scope
 from polykv.search.moves import check_space
 
@@ -52,11 +55,9 @@ def launch_search(
     candidates: int = 8,
     metric: str = "kl",
     statistic: str = "dppl",
-) -> jobs.Job:
+) -> Job:
     """The search job these arguments describe, checked (JobError or ValueError, one line); `start` is used
     only when it is in the search space (`start_problem`)."""
-    from polykv.eval.experiments import profile_for_job
-
     loaded = profile_for_job(profile, Path(workspace), model)
     if start is not None and start.num_layers != loaded.num_layers:
         raise JobError(f"the start plan has {start.num_layers} layers, the profile's model {loaded.num_layers}")
@@ -77,10 +78,10 @@ def launch_search(
     }
     origin = f"from {start.name}, " if use_start else ""
     title = f"search · {loaded.key} · {scope} b{budget} · {origin}{evaluations} executions"
-    return jobs.search_job(model, device, spec, title)
+    return search_job(model, device, spec, title)
 
 
-def live(state: jobs.JobState) -> tuple[list[dict[str, Any]], Plan | None]:
+def live(state: JobState) -> tuple[list[dict[str, Any]], Plan | None]:
     """(the trace so far, the best plan so far) of a search job, from its state."""
     best = state.result.get("best")
     try:
@@ -93,7 +94,6 @@ def live(state: jobs.JobState) -> tuple[list[dict[str, Any]], Plan | None]:
 
 def run_job(job, workspace: Path, store, report: Callable[..., dict], activate: Callable[[str | None], None]):
     """The work of a search job's worker (`polykv.jobs` keeps its state, log and cancel)."""
-    from polykv.eval.experiments import profile_for_job
     from polykv.models import load_model
     from polykv.search.objective import build_sequences
     from polykv.search.report import build_report
@@ -139,24 +139,24 @@ def run_job(job, workspace: Path, store, report: Callable[..., dict], activate: 
         on_step=on_step,
         on_trace=on_trace,
     )
-    path = atomic_write_json(jobs.report_path(workspace, job.id), found)
+    path = atomic_write_json(report_path(workspace, job.id), found)
     report(result={"trace": trace[-LIVE_TRACE:], "best": plans[0].to_json(), "report": str(path)}, message="done")
 
 
 def read_search(job, workspace: Path) -> dict[str, Any]:
     """The report a finished search job saved (`report.build_report`); JobError (one line) when it has none
     or it cannot be read."""
-    path = jobs.report_path(workspace, job.id)
+    path = report_path(workspace, job.id)
     if not path.exists():
         raise JobError(f"job {job.id} has no report yet")
-    data = read_json(path, "search report", max_bytes=jobs.MAX_REPORT_BYTES, error=JobError)
+    data = read_json(path, "search report", max_bytes=MAX_REPORT_BYTES, error=JobError)
     if not isinstance(data, dict) or not isinstance(data.get("budgets"), list) or not data["budgets"]:
         raise JobError(f"{path}: not a search report")
     return data
 
 
 def main(argv: list[str] | None = None) -> int:
-    return jobs.main(argv, experiment=run_job, prog="polykv.search.job")
+    return worker.main(argv, experiment=run_job, prog="polykv.jobs.search")
 
 
 if __name__ == "__main__":

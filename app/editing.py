@@ -1,0 +1,166 @@
+"""The designer's glue: one-time messages, committing an edit, the layer selection (from the chart or the
+list), the paint palette, and the plan files a user saves, loads or uploads."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import streamlit as st
+
+from app import charts, state
+from app.designing import REPO, plan, set_plan
+from app.session import current_model, num_layers
+from polykv import design
+from polykv.files import read_text
+from polykv.methods import validate_plan
+from polykv.plan import MAX_PLAN_BYTES, Plan, PlanError
+
+KEEP = "(keep)"  # the paint palette's "leave the method as it is"
+
+
+def plans_dir() -> Path:
+    """Where the designer saves and loads plans (`$POLYKV_PLANS`, default the repo's `plans/`)."""
+    return Path(os.environ.get("POLYKV_PLANS", REPO / "plans"))
+
+
+def flash(key: str, text: str, kind: str = "success") -> None:
+    """Show `text` (st.success, st.warning, ...) once, after the next rerun, where `show_flash(key)` is."""
+    st.session_state[key] = [(kind, text)]
+
+
+def show_flash(key: str) -> None:
+    for kind, text in st.session_state.pop(key, []):
+        getattr(st, kind)(text)
+
+
+def commit(new: Plan, message: str | None = None) -> None:
+    """Make `new` the plan and redraw the designer; a PlanError leaves the plan as it was and says why.
+    A change of the plan's scope is announced, whatever made it."""
+    before = plan()
+    try:
+        set_plan(new)
+    except PlanError as exc:
+        st.error(str(exc))
+        return
+    messages = [("success", message)] if message else []
+    changed = design.scope_change(before, new)
+    if changed:
+        messages.append(("warning", changed))
+    st.session_state[state.DESIGNER_FLASH] = messages
+    st.rerun()
+
+
+def attempt(build: Callable[[], Plan], message: str | None = None) -> None:
+    """`commit(build(), message)`, or the PlanError `build` raised, said in one line."""
+    try:
+        new = build()
+    except PlanError as exc:
+        st.error(str(exc))
+        return
+    commit(new, message)
+
+
+def follow_chart_selection(layers: int) -> None:
+    """Copy a new selection on the plan chart into the layer list and phase (once per selection: the
+    list stays editable), and drop selected layers the model does not have."""
+    chart = st.session_state.get(state.PLAN_CHART) or {}
+    picked = charts.selected_cells((chart.get("selection") or {}).get("points", []))
+    if picked != st.session_state.get(state.CHART_SEEN):
+        st.session_state[state.CHART_SEEN] = picked
+        chart_layers, chart_phases = picked
+        if chart_layers:
+            st.session_state[state.DESIGNER_LAYERS] = chart_layers
+            phase = design.phase_choice(chart_phases)
+            if phase is not None:
+                st.session_state[state.DESIGNER_PHASE] = phase
+    st.session_state[state.DESIGNER_LAYERS] = design.layers_in(st.session_state.get(state.DESIGNER_LAYERS, []), layers)
+
+
+def selection_boxes() -> list[dict]:
+    """The selection as boxes on the plan chart's strip (`charts.selection_boxes`), however it was made."""
+    return charts.selection_boxes(selected_layers(), shown_phases())
+
+
+def selected_layers() -> list[int]:
+    return list(st.session_state.get(state.DESIGNER_LAYERS, []))
+
+
+def select_layers(layers: Iterable[int]) -> None:
+    """A button's callback: make `layers` the selection."""
+    st.session_state[state.DESIGNER_LAYERS] = list(layers)
+
+
+def phase_follows_scope(current: Plan) -> None:
+    """The paint phase starts at the plan's scope, and follows it whenever the scope changes (a plan
+    loaded, built or painted), so painting a decode plan does not silently make it a "both" one."""
+    if st.session_state.get(state.SCOPE_SEEN) != current.scope.value:
+        st.session_state[state.SCOPE_SEEN] = current.scope.value
+        st.session_state[state.DESIGNER_PHASE] = current.scope.value
+
+
+def paint_palette() -> list[tuple[str, str | None]]:
+    """The palette for the chosen phase: every method with None or why it cannot be painted there. A chosen
+    method that cannot run in the phase is dropped (back to keeping the method)."""
+    entries = design.palette(st.session_state.get(state.DESIGNER_PHASE, design.PHASE_CHOICES[0]))
+    if dict(entries).get(st.session_state.get(state.PAINT_METHOD)) is not None:
+        st.session_state[state.PAINT_METHOD] = KEEP
+    return entries
+
+
+def choose_method(method: str) -> None:
+    """A palette button's callback."""
+    st.session_state[state.PAINT_METHOD] = method
+
+
+def chosen_method() -> str:
+    return st.session_state.get(state.PAINT_METHOD, KEEP)
+
+
+def shown_phases() -> tuple[str, ...]:
+    """The phases whose selected cells the chart outlines: those the phase choice names."""
+    return design.phase_values(st.session_state.get(state.DESIGNER_PHASE, design.PHASE_CHOICES[0]))
+
+
+def paint_request() -> tuple[list[int], str, str | None, int | None]:
+    """(layers, phase choice, method or None to keep it, capacity or None to keep it) from the palette."""
+    method = st.session_state.get(state.PAINT_METHOD, KEEP)
+    capacity = st.session_state.get(state.PAINT_CAPACITY)
+    return (
+        selected_layers(),
+        st.session_state.get(state.DESIGNER_PHASE, design.PHASE_CHOICES[0]),
+        None if method == KEEP else method,
+        None if capacity is None else int(capacity),
+    )
+
+
+def new_upload(upload) -> bool:
+    """Whether `upload` (a file uploader's file) is one not loaded yet; remembers it as loaded."""
+    if upload is None or st.session_state.get(state.UPLOAD_SEEN) == upload.file_id:
+        return False
+    st.session_state[state.UPLOAD_SEEN] = upload.file_id
+    return True
+
+
+def saved_plans() -> list[Path]:
+    """Plan files under the plans directory (regular files only), relative to it."""
+    root = plans_dir()
+    return sorted(p.relative_to(root) for p in root.rglob("*.json") if p.is_file()) if root.is_dir() else []
+
+
+def read_plan_file(relative: Path) -> Plan:
+    """A saved plan, read safely (a regular file of bounded size) and checked against the current model."""
+    return read_plan(read_text(plans_dir() / relative, "plan file", MAX_PLAN_BYTES, error=PlanError), str(relative))
+
+
+def read_plan(text: str | bytes, where: str) -> Plan:
+    """A plan from user-provided JSON, checked against the current model; PlanError (one line) if not."""
+    try:
+        loaded = Plan.from_json(text)
+    except PlanError as exc:
+        raise PlanError(f"{where}: {exc}") from None
+    try:
+        return validate_plan(loaded, num_layers())
+    except PlanError as exc:
+        raise PlanError(f"{where}: this plan does not fit {current_model()[0]!r}: {exc}") from None

@@ -1,0 +1,128 @@
+"""This browser session and its model: the session id (carried in the URL), the model loaded once per app
+process and chosen per session, the workspace, and the one-line message for a failure on a page."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import streamlit as st
+
+from app import state
+from polykv import drafts, models
+from polykv.errors import PolyKVError, debug, first_line
+from polykv.workspace import default_workspace
+
+DEFAULT_MODEL = ("demo", "cpu")  # (name, device) until another model is loaded
+
+
+def workspace() -> Path:
+    """Results database, profiles, jobs and logs: the library's one rule (`polykv.workspace`)."""
+    return default_workspace()
+
+
+@st.cache_resource(show_spinner="Loading the model (once per app process)...")
+def load_cached(name: str, device: str):
+    model, tokenizer = models.load_model(name, device=device)  # quiet: no download progress bars
+    if device == "cpu" and sum(p.numel() for p in model.parameters()) < 20_000_000:
+        import torch
+
+        # A tiny model's matmuls are too small to share: extra threads only add hand-offs, which stall
+        # badly when another process holds a core (measured: 4.2 s -> 1.1 s for the demo's inputs).
+        torch.set_num_threads(1)
+    return model, tokenizer
+
+
+def show_failure(exc: BaseException) -> None:
+    """One inline line for what escaped a page: the message of a user error (a bad file, a damaged
+    database, a read-only workspace); for anything else, that it is a bug (traceback: POLYKV_DEBUG=1)."""
+    if isinstance(exc, (PolyKVError, OSError, sqlite3.Error)):
+        st.error(first_line(exc))
+    elif debug():
+        raise exc
+    else:
+        st.error(
+            f"Internal error (a bug in PolyKV): {exc.__class__.__name__}: {first_line(exc)}. "
+            "Start the app with POLYKV_DEBUG=1 to see the traceback."
+        )
+
+
+def load_model(name: str, device: str, switch: bool = True) -> str | None:
+    """Load (name, device) and, with `switch`, make it the current model; returns an error message (and
+    keeps the old model) on failure."""
+    try:
+        load_cached(name, device)
+    except Exception as exc:  # any failure to load is the user's input: say it in one line
+        return f"Could not load model {name!r} on {device}: {first_line(exc)}"
+    if switch:
+        st.session_state[state.MODEL] = (name, device)
+    return None
+
+
+def chosen_model() -> tuple[str, str]:
+    """(name, device) of the model chosen in the sidebar (the demo model until another is loaded)."""
+    return st.session_state.get(state.MODEL, DEFAULT_MODEL)
+
+
+def set_model_error(problem: str | None) -> None:
+    """Remember the sidebar's model-loading error (None: the load succeeded, forget it)."""
+    if problem:
+        st.session_state[state.MODEL_ERROR] = problem
+    else:
+        st.session_state.pop(state.MODEL_ERROR, None)
+
+
+def model_error() -> str | None:
+    return st.session_state.get(state.MODEL_ERROR)
+
+
+def devices() -> list[str]:
+    """The devices a model can be loaded on here: the CPU, and CUDA when there is one."""
+    return ["cpu"] + (["cuda"] if cuda_available() else [])
+
+
+def current_model():
+    """(name, device, model, tokenizer) of the chosen model; the demo model until another is loaded."""
+    name, device = st.session_state.setdefault(state.MODEL, DEFAULT_MODEL)
+    model, tokenizer = load_cached(name, device)
+    return name, device, model, tokenizer
+
+
+def num_layers() -> int:
+    return models.num_layers(current_model()[2])
+
+
+def session_id() -> str:
+    """This browser session's id, carried in the URL (`?session=...`) so that a reload or an app restart
+    finds the session's drafts and model again; a new id when the URL has none (or a bad one)."""
+    sid = st.session_state.get(state.SESSION_ID)
+    if sid is None:
+        sid = drafts.valid_session_id(st.query_params.get("session")) or drafts.new_session_id()
+        st.session_state[state.SESSION_ID] = sid
+        _restore_model(sid)
+    if st.query_params.get("session") != sid:  # a page switch drops it from the URL: put it back
+        st.query_params["session"] = sid
+    return sid
+
+
+def _restore_model(sid: str) -> None:
+    """The model this session used last (a reload starts where it was); the demo model if it fails."""
+    remembered = drafts.load_session_model(workspace(), sid)
+    if remembered is None or remembered == DEFAULT_MODEL:
+        return
+    problem = load_model(*remembered)
+    if problem:
+        set_model_error(f"{problem}; using the demo model.")
+
+
+def remember_model(name: str, device: str) -> None:
+    try:
+        drafts.save_session_model(workspace(), session_id(), name, device)
+    except (PolyKVError, OSError) as exc:  # a read-only workspace: the session still works, unsaved
+        st.session_state[state.DRAFT_PROBLEM] = f"The session is not saved: {first_line(exc)}"
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

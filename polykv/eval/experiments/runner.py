@@ -1,0 +1,174 @@
+"""What every experiment shares: the `ExperimentRunner` that makes (or finds) the runs an experiment needs
+and reads their scores, the `Report` every experiment returns, and how a paired contrast is written down."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from polykv.eval.backends import backend
+from polykv.eval.compare import Paired, direction, macro_average
+from polykv.eval.runner import run_suite, run_suites
+from polykv.eval.store import Store
+from polykv.eval.unit import Unit
+from polykv.plan import FULL, Plan
+
+ROUTE_UNIFORM, ROUTE_PPL, FULLKV = "route-uniform", "route-ppl", FULL
+PERMUTATIONS = 10_000  # shuffles of the placement control's permutation test
+
+
+def suite_metrics(suite: str) -> tuple[str, ...]:
+    """The task metrics the runs of `suite` report, any of which can score an experiment (fidelity names its
+    own; the other suites report one `score`)."""
+    from polykv.eval.settings import suite_module
+
+    return tuple(getattr(suite_module(suite), "METRICS", ("score",)))
+
+
+@dataclass
+class ExperimentRunner:
+    """Everything an experiment needs to execute its runs: the model, the store, the suite and its settings.
+    (Executing one run is `polykv.eval.runner.run_suite`; where runs execute, `polykv.eval.backends`.)"""
+
+    store: Store
+    model_name: str
+    model: object
+    tokenizer: object
+    suite: str = "fidelity"
+    settings: object = None
+    seed: int = 0
+    metric: str = "top1"
+    progress: Callable[[str], None] | None = None  # told each plan's name before its run starts
+    # told (done, total, where) as samples finish within a run (local backend; the callback of `run_suite`)
+    on_sample: Callable[[int, int, str], None] | None = None
+    backend: str = "local"  # "ray": the runs of an experiment execute in parallel as Ray tasks (`backends.backend`)
+    device: str = "cpu"
+    # local backend: the runs of one call execute together, sample by sample, in one batch (`run_suites`;
+    # equal to one at a time up to float rounding); `progress` is then told once, with the runs' count
+    batched: bool = False
+
+    def run(self, plan: Plan) -> str:
+        return self.run_all([plan])[0]
+
+    def run_all(self, plans: list[Plan]) -> list[str]:
+        chosen = backend(self.backend, waiting=True)  # the scores are read next: a backend that waits for them
+        if chosen.name == "local" and self.batched and len(plans) > 1:
+            if self.progress is not None:
+                self.progress(f"{len(plans)} runs together")
+            return run_suites(
+                self.store,
+                self.model_name,
+                self.model,
+                self.tokenizer,
+                plans,
+                self.suite,
+                self.settings,
+                self.seed,
+                progress=self.on_sample,
+            )
+        if chosen.name == "local":  # this process: the model already loaded, the settings as they are
+            ids = []
+            for plan in plans:  # one at a time, so that `progress` names the run that `on_sample` reports on
+                if self.progress is not None:
+                    self.progress(plan.name)
+                ids.append(
+                    run_suite(
+                        self.store,
+                        self.model_name,
+                        self.model,
+                        self.tokenizer,
+                        plan,
+                        self.suite,
+                        self.settings,
+                        self.seed,
+                        progress=self.on_sample,
+                    )
+                )
+            return ids
+        if self.progress is not None:
+            for plan in plans:
+                self.progress(plan.name)
+        units = [Unit.of(self.model_name, plan, self.suite, self.settings, self.seed, self.device) for plan in plans]
+        return chosen.run(units, self.store.path)
+
+    def task_scores(self, run_id: str) -> dict[str, float]:
+        return {task: values[self.metric] for task, values in self.store.task_scores(run_id).items()}
+
+    def score(self, run_id: str) -> float:
+        return macro_average(self.task_scores(run_id))
+
+    @property
+    def sign(self) -> int:
+        return direction(self.metric)
+
+
+@dataclass
+class Report:
+    """What an experiment prints (`rows` as a table, then `lines`) and its numbers as plain data."""
+
+    title: str
+    rows: list[dict] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as strict JSON data: mapping keys become strings (a sweep's budgets: "16") and NaN
+        (an undefined statistic) becomes None, as `json.loads` of a saved report gives them back."""
+        return _plain({"title": self.title, "rows": self.rows, "lines": self.lines, "data": self.data}, json_ready=True)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Report:
+        """A report saved with `to_dict` (ValueError when it is not one)."""
+        if not isinstance(data, Mapping) or not isinstance(data.get("title"), str):
+            raise ValueError("not an experiment report (no title)")
+        rows, lines, numbers = data.get("rows", []), data.get("lines", []), data.get("data", {})
+        if not isinstance(rows, list) or not isinstance(lines, list) or not isinstance(numbers, dict):
+            raise ValueError("not an experiment report (rows, lines and data are a list, a list and an object)")
+        return cls(data["title"], list(rows), [str(line) for line in lines], dict(numbers))
+
+
+def _plain(value: Any, json_ready: bool = False) -> Any:
+    """`value` with numpy scalars and tuples turned into Python ones (so `json.dumps` takes it); with
+    `json_ready`, also string keys and None for NaN and infinities (strict JSON)."""
+    if isinstance(value, Mapping):
+        return {(str(k) if json_ready else k): _plain(v, json_ready) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, json_ready) for v in value]
+    if hasattr(value, "item") and callable(value.item) and not isinstance(value, (str, bytes)):
+        value = value.item()  # a numpy scalar (bool, int or float)
+    if json_ready and isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _contrast(result: Paired) -> dict[str, Any]:
+    """A paired comparison as plain data; `loto_better` counts leave-one-task-out values in the better
+    direction (sign x value > 0)."""
+    return {
+        "difference": result.difference,
+        "low": result.low,
+        "high": result.high,
+        "replicates": result.replicates,
+        "tasks": len(result.table),
+        "clusters": result.clusters,
+        "wins": result.wins,
+        "ties": result.ties,
+        "losses": result.losses,
+        "leave_one_out": dict(result.leave_one_out),
+        "loto_better": sum(1 for v in result.leave_one_out.values() if result.sign * v > 0),
+    }
+
+
+def _ci(result: Paired) -> str:
+    return (
+        f"{result.difference:+.4f} {result.metric}, 95% paired bootstrap CI [{result.low:+.4f}, {result.high:+.4f}] "
+        f"{result.resampling()}"
+    )
+
+
+def _better_interval(result: Paired) -> tuple[float, float]:
+    """The CI of A - B turned so that positive means A is better."""
+    low, high = sorted((result.sign * result.low, result.sign * result.high))
+    return low, high

@@ -1,0 +1,151 @@
+"""The worker's main loop: run one job file (an evaluation's units, a profile, or the work an experiment
+or search job's module hands it), writing the state file and the log as it goes, and recording a cancel
+(SIGTERM) or a failure before it exits."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from polykv.errors import JobError, first_line
+from polykv.eval.store import Store
+from polykv.eval.unit import Unit
+from polykv.files import atomic_write_json
+from polykv.jobs.process import WORKER_MODULES
+from polykv.jobs.progress import _eval_fraction, _run_progress
+from polykv.jobs.spec import Job, RunUnit, _job_from_file, _now, _spec_path
+from polykv.plan import Plan
+
+
+# ---- the worker ---------------------------------------------------------------------------------------
+class _Cancelled(SystemExit):
+    pass
+
+
+def _on_sigterm(signum, frame):
+    raise _Cancelled(128 + signal.SIGTERM)
+
+
+# What runs an experiment or search job's work (`polykv.eval.experiments.run_job`, `polykv.search.job.run_job`):
+# given the job, the workspace, the store, `report(**changes)` (updates the state file; returns the state so
+# far) and `activate(run_id)` (the run under way, marked cancelled if the job is), it loads the model, runs
+# and writes the report.
+JobWork = Callable[[Job, Path, Store, Callable[..., dict], Callable[[str | None], None]], None]
+
+
+def _run(job: Job, workspace: Path, experiment: JobWork | None = None) -> None:
+    state_path = _spec_path(workspace, job.id).with_suffix(".state.json")
+    current = {
+        "status": "running",
+        "fraction": 0.0,
+        "message": "loading the model",
+        "error": None,
+        "result": {},
+        "started": _now(),
+    }
+
+    def report(**changes: Any) -> dict[str, Any]:
+        current.update(changes, updated=_now())
+        atomic_write_json(state_path, current)
+        if "message" in changes:  # the log: one time-stamped line per step
+            print(f"{current['updated']} [{current['fraction']:6.1%}] {current['message']}", flush=True)
+        return current
+
+    if job.kind == "eval":  # a resumed job starts where it stopped: its ETA counts only this worker's pace
+        current["start_fraction"] = current["fraction"] = _eval_fraction(_run_progress(job, workspace))
+    report(message="loading the model")
+    store = Store(workspace / "results.sqlite")
+    active: str | None = None
+
+    def activate(run_id: str | None) -> None:
+        nonlocal active
+        active = run_id
+
+    try:
+        from polykv.models import load_model
+
+        if job.kind in WORKER_MODULES:
+            if experiment is None:
+                raise JobError(f"a {job.kind} job runs with python -m {WORKER_MODULES[job.kind]} run <job file>")
+            experiment(job, workspace, store, report, activate)
+        elif job.kind == "eval":
+            model, tokenizer = load_model(job.model, device=job.device)  # quiet: no progress bars in the log
+            from polykv.eval.runner import run_suite
+
+            for i, r in enumerate(job.runs):
+                unit = Unit(**r.unit)
+                active = r.run_id
+
+                def progress(done: int, total: int, where: str, i: int = i, r: RunUnit = r) -> None:
+                    report(
+                        fraction=(i + done / total) / len(job.runs),
+                        message=f"run {i + 1}/{len(job.runs)} {r.plan_name}: {done}/{total} {where}",
+                    )
+
+                report(message=f"run {i + 1}/{len(job.runs)} {r.plan_name}: building samples")
+                run_suite(
+                    store,
+                    unit.model,
+                    model,
+                    tokenizer,
+                    Plan.from_json(unit.plan_json),
+                    unit.suite,
+                    unit.settings(),
+                    unit.seed,
+                    progress=progress,
+                )
+            active = None
+        else:
+            model, tokenizer = load_model(job.model, device=job.device)
+            from polykv.plan import Phase
+            from polykv.profile.build import build_profile
+            from polykv.profile.corpus import CorpusSpec
+
+            spec = job.profile or {}
+            profile = build_profile(
+                job.model,
+                model,
+                tokenizer,
+                workspace / "profiles",
+                CorpusSpec.from_dict(spec["corpus"]),
+                spec.get("capacity"),
+                tuple(Phase(s) for s in spec["scopes"]),
+                progress=lambda fraction, message: report(fraction=fraction, message=message),
+            )
+            report(result={"profile": str(profile.path), "key": profile.key})
+        report(status="finished", fraction=1.0, message="finished")
+    except _Cancelled:
+        run = store.run(active) if active is not None else None
+        if run is not None and run["status"] != "finished":  # an experiment's run may have just finished
+            store.set_status(active, "cancelled")
+        report(status="cancelled", message="cancelled")
+        raise
+    except BaseException as exc:
+        report(status="failed", error=f"{exc.__class__.__name__}: {first_line(exc)}"[:500], message="failed")
+        raise
+
+
+def main(argv: list[str] | None = None, experiment: JobWork | None = None, prog: str = "polykv.jobs") -> int:
+    """The worker: run one job file (`experiment`: what runs experiment jobs, given by their module)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog=f"python -m {prog}", description="Run a PolyKV job file.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run")
+    run.add_argument("spec", type=Path)
+    run.add_argument("--workspace", type=Path, required=True)
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        job = _job_from_file(args.spec)
+    except JobError as exc:
+        print(f"error: {args.spec}: {exc}", file=sys.stderr)
+        return 2
+    if job.kind in WORKER_MODULES and experiment is None:
+        print(f"error: {args.spec}: a {job.kind} job runs with python -m {WORKER_MODULES[job.kind]}", file=sys.stderr)
+        return 2
+    _run(job, args.workspace, experiment)
+    return 0
