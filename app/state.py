@@ -8,7 +8,7 @@ widgets by them, so change a value only together with its tests.
 
 from __future__ import annotations
 
-# ---- the whole session (sidebar and app/common.py) ------------------------------------------------
+# ---- the whole session (sidebar and app/session.py) ------------------------------------------------
 MODEL = "model"  # (name, device) of the model the pages use; the demo model on CPU until another loads
 MODEL_ERROR = "model_error"  # the sidebar's last model-loading error, shown until a load succeeds
 FIGURE_FORMAT = "figure_format"  # radio: the camera button's download format, "png" or "svg"
@@ -17,7 +17,7 @@ SESSION_ID = "session_id"  # this browser session's id, also in the URL (?sessio
 PENDING_MODEL = "pending_model"  # (name, device, question): a model switch that waits for Switch or Stay
 DRAFT_PROBLEM = "draft_problem"  # why the plan or the session could not be saved or reopened (shown once)
 
-# ---- the plan being designed (app/common.py) ------------------------------------------------------
+# ---- the plan being designed (app/designing.py, app/editing.py) ------------------------------------------------------
 PLAN_JSON = "plan_json"  # the designer's current plan, as JSON (valid for the current model)
 UNDO = "undo"  # earlier plans, as JSON, newest last (at most 50): what Undo restores
 REDO = "redo"  # undone plans, as JSON, newest last: what Redo restores (emptied by a new edit)

@@ -299,7 +299,7 @@ def experiment_job(model: str, device: str, experiment: dict[str, Any], title: s
 
 def search_job(model: str, device: str, search: dict[str, Any], title: str) -> Job:
     """A job that runs a plan search (`_SearchFile`); JobError (one line) when it is not a valid description.
-    `polykv.search.job.launch_search` builds one and checks the profile and the start plan first."""
+    `polykv.jobs.search.launch_search` builds one and checks the profile and the start plan first."""
     try:
         spec = _SearchFile.model_validate(search).model_dump()
     except ValidationError as exc:

@@ -29,7 +29,7 @@ def _on_sigterm(signum, frame):
     raise _Cancelled(128 + signal.SIGTERM)
 
 
-# What runs an experiment or search job's work (`polykv.eval.experiments.run_job`, `polykv.search.job.run_job`):
+# What runs an experiment or search job's work (`polykv.jobs.experiment.run_job`, `polykv.jobs.search.run_job`):
 # given the job, the workspace, the store, `report(**changes)` (updates the state file; returns the state so
 # far) and `activate(run_id)` (the run under way, marked cancelled if the job is), it loads the model, runs
 # and writes the report.
