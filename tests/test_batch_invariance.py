@@ -22,7 +22,7 @@ def _plans(layers: int):
     for name, cls in REGISTRY.items():
         if name == "full":
             continue
-        for phase in cls.phases:
+        for phase in sorted(cls.phases, key=lambda phase: phase.value):  # a set: one order in every process
             yield (
                 f"{name}-{phase.value}",
                 Plan.homogeneous(name, CAPACITY, layers, phase.value, params_that_fit(name, CAPACITY)),

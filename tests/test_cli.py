@@ -17,6 +17,7 @@ from tests.helpers import MIXED, REPO, assert_one_line_error, run_cli
 PLANS = sorted((REPO / "plans").rglob("*.json"))
 
 
+@pytest.mark.slow  # a real process that loads torch and the demo model
 def test_generate_with_the_default_mixed_plan_on_the_demo_model(tmp_path):
     # The real console script in a fresh process: entry point, imports, exit code.
     env = {**os.environ, "POLYKV_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"}
@@ -103,6 +104,7 @@ def test_malformed_json_and_missing_files(tmp_path, polykv):
     assert_one_line_error(polykv("generate", "--model", str(tmp_path / "no-model")), "model path does not exist")
 
 
+@pytest.mark.slow  # a real process that loads torch
 def test_missing_demo_checkpoint_is_one_line(tmp_path):
     # A real process: a user error must leave no traceback on the terminal.
     env = {**os.environ, "POLYKV_HOME": str(tmp_path / "home"), "POLYKV_DEMO_CHECKPOINT": str(tmp_path / "none")}

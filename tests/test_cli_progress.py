@@ -138,6 +138,7 @@ def test_progress_disabled_draws_nothing_even_on_a_terminal(monkeypatch):
     assert stream.getvalue() == ""
 
 
+@pytest.mark.slow  # a real CLI process evaluating the demo model
 def test_eval_in_a_pipe_prints_no_bar(tmp_path, demo_model):
     # A real process with stderr captured (a pipe): results on stdout, nothing drawn on stderr.
     result = run_cli("eval", "--plan", str(MIXED), *TINY_EVAL, "-w", str(tmp_path), cwd=REPO, timeout=300)

@@ -417,7 +417,19 @@ def cli(args: list[str], cwd: Path, **kwargs) -> subprocess.CompletedProcess:
     return run_cli(*args, cwd=cwd, env=env, timeout=120, stdin=subprocess.DEVNULL, **kwargs)
 
 
-@pytest.mark.parametrize("name", sorted(CLI_CASES))
+def fast_loop_first(names: list[str], per_family: int = 2) -> list:
+    """`names` as parameters, the first `per_family` of each family (the name up to its first dash) in
+    the fast loop and the rest under `slow`: each case is a real process (about a second)."""
+    seen: dict[str, int] = {}
+    params = []
+    for name in names:
+        family = name.split("-")[0]
+        seen[family] = seen.get(family, 0) + 1
+        params.append(name if seen[family] <= per_family else pytest.param(name, marks=pytest.mark.slow))
+    return params
+
+
+@pytest.mark.parametrize("name", fast_loop_first(sorted(CLI_CASES)))
 def test_the_cli_answers_hostile_input_with_one_line_and_writes_nothing(name, tmp_path, demo_model):
     case = CLI_CASES[name]
     args = case.args(tmp_path) if callable(case.args) else list(case.args)

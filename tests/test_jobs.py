@@ -17,6 +17,7 @@ from polykv.plan import Plan, PlanError
 from tests.helpers import SLOW_FIDELITY, TINY_FIDELITY, assert_one_line_error, wait_for_job
 
 
+@pytest.mark.slow  # runs an eval job's units on the demo model
 def test_an_eval_job_runs_its_units_in_order_and_reports_progress_per_run(workspace):
     units = [
         ({"series": "tova"}, Unit.of("demo", Plan.homogeneous("tova", 24, 5), "fidelity", TINY_FIDELITY)),

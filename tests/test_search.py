@@ -99,6 +99,7 @@ def run_search(model, sequences, starts, **settings):
     return objective, search(objective, starts, SearchSettings(**options))
 
 
+@pytest.mark.slow  # runs the search twice over the tiny model
 def test_search_is_never_worse_than_its_start_and_the_trace_only_falls(tiny):
     model, sequences = tiny
     starts = [plan_of(["streamingllm"] * 3, [8] * 3), plan_of(["knorm"] * 3, [8] * 3)]
@@ -114,6 +115,7 @@ def test_search_is_never_worse_than_its_start_and_the_trace_only_falls(tiny):
     json.dumps(result.to_dict())  # plain data
 
 
+@pytest.mark.slow  # runs the search twice
 def test_the_same_seed_gives_the_same_plan(tiny):
     model, sequences = tiny
     starts = [plan_of(["tova"] * 3, [8] * 3)]
@@ -214,6 +216,7 @@ def test_the_plant_holds_knorm_alone_is_harmless_in_layer_1(planted):
     assert objective.value(plan_of(["tova", "knorm", "h2o"], [12] * 3)) == pytest.approx(kl["knorm"], abs=1e-9)
 
 
+@pytest.mark.slow  # a whole search over the planted model
 def test_the_search_finds_the_planted_best_plan(planted):
     model, sequences = planted
     starts = [plan_of(["streamingllm"] * 3, [12] * 3), plan_of(["tova"] * 3, [12] * 3)]

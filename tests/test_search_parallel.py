@@ -48,6 +48,7 @@ def run_both(model, sequences, starts, **settings):
     )
 
 
+@pytest.mark.slow  # runs the search twice (sequential and batched)
 def test_rungs_go_to_the_executor_as_batches_with_the_sequential_result(tiny):
     model, sequences = tiny
     starts = [plan_of(["streamingllm"] * 3, [8] * 3), plan_of(["knorm"] * 3, [8] * 3)]

@@ -346,6 +346,7 @@ print("RESULT " + json.dumps(out))
 """
 
 
+@pytest.mark.slow  # AppTest pages over a workspace of real runs
 def test_the_runs_and_compare_pages_read_a_read_only_workspace(readonly_workspace):
     ws, box = readonly_workspace, sandbox()
     before = snapshot(ws.path)
