@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from transformers import (
     LlamaConfig,
@@ -241,6 +242,23 @@ def run_cli(
         check=False,
         **kwargs,
     )
+
+
+# ---- the fast loop ----------------------------------------------------------------------------------
+def slow_after(values: Sequence, keep: int = 1, family: Callable[[Any], str] | None = None) -> list:
+    """Parameters for `pytest.mark.parametrize`: the first `keep` values (of each family, when `family`
+    names one per value) run in the fast loop, the others under `slow` (CI runs them all). For
+    parametrized tests whose every case takes seconds (a real process, an app page)."""
+    seen: dict[str, int] = {}
+    params = []
+    for value in values:
+        group = family(value) if family is not None else ""
+        seen[group] = seen.get(group, 0) + 1
+        if seen[group] <= keep:
+            params.append(value)
+        else:
+            params.append(pytest.param(*(value if isinstance(value, tuple) else (value,)), marks=pytest.mark.slow))
+    return params
 
 
 # ---- the web app through Streamlit's AppTest --------------------------------------------------------

@@ -412,6 +412,7 @@ def test_a_model_switch_asks_before_it_replaces_the_plan_and_keeps_the_old_one_a
     assert current_plan(at) == edited  # the demo model's draft came back, edits and all
 
 
+@pytest.mark.slow  # a designer session saved, then reloaded in a new AppTest
 def test_the_edited_plan_survives_a_reload_through_the_session_in_the_url(app_env):
     at = open_app()
     paint_selection(at, [1, 2], "decode", "h2o", 40)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from streamlit.proto.Metric_pb2 import Metric as MetricProto
 
 from app import charts
@@ -40,6 +41,7 @@ def scores(kl: float, ppl: float) -> dict:
     return {t: {"kl": kl, "ppl": ppl, "top1": 0.5, "rougeL": 0.5} for t in TINY_FIDELITY.tasks}
 
 
+@pytest.mark.slow  # a page over a workspace of many runs
 def test_compare_starts_on_the_route_and_its_best_baseline_and_colours_by_direction(app_env, demo_model):
     model, tokenizer = demo_model
     ws = app_env / "ws"

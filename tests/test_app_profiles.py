@@ -40,6 +40,7 @@ def scope_charts(at, profile) -> dict[str, dict]:
     return dict(zip(profile.meta.scopes, specs))
 
 
+@pytest.mark.slow  # the page in every view
 def test_profiles_page_marks_winners_shows_the_winner_table_and_switches_views(profile):
     at = open_app("profiles")
     assert texts(at.title) == ["Method profiles"] and not at.error

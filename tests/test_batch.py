@@ -152,6 +152,7 @@ def test_run_suites_stores_each_run_as_run_suite_does(tmp_path, demo_model):
     assert run_suites(store, "demo", model, tokenizer, plans, "fidelity", TINY_FIDELITY) == ids
 
 
+@pytest.mark.slow  # RULER on the demo model, batched and alone
 def test_ruler_scores_the_same_together_and_alone(demo_model):
     model, tokenizer = demo_model
     settings = RulerSettings(tasks=("niah_single_1", "fwe"), length=512, samples_per_task=1)

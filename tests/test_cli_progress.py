@@ -147,6 +147,7 @@ def test_eval_in_a_pipe_prints_no_bar(tmp_path, demo_model):
     assert not any(mark in result.stderr for mark in BAR_MARKS), result.stderr
 
 
+@pytest.mark.slow  # evaluates the demo model twice
 def test_eval_on_a_terminal_draws_its_bar_and_no_progress_turns_it_off(tmp_path, tty_cli):
     result = tty_cli("eval", "--plan", str(MIXED), *TINY_EVAL, "-w", str(tmp_path / "a"))
     assert result.returncode == 0, result.stderr
@@ -160,6 +161,7 @@ def test_eval_on_a_terminal_draws_its_bar_and_no_progress_turns_it_off(tmp_path,
     assert quiet.stdout.splitlines()[1:] == result.stdout.splitlines()[1:]  # the same scores either way
 
 
+@pytest.mark.slow  # a sweep on the demo model, twice
 def test_experiment_sweep_draws_a_bar_per_run_on_a_terminal_and_one_line_per_run_elsewhere(tmp_path, tty_cli, polykv):
     common = ("--plan", str(MIXED), "--budgets", "16", "--baselines", "tova", "--metric", "kl", "-w", str(tmp_path))
     settings = ("--settings", json.dumps(TINY_FIDELITY.to_dict()))

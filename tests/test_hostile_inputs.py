@@ -22,7 +22,7 @@ import pytest
 
 from polykv.errors import FileError, PolyKVError, SettingsError
 from polykv.plan import Plan, PlanError
-from tests.helpers import MIXED, REPO, assert_one_line_error, button, open_app, run_cli
+from tests.helpers import MIXED, REPO, assert_one_line_error, button, open_app, run_cli, slow_after
 
 REAL_PROFILE = next((REPO / "docs" / "demo-study" / "profiles").iterdir())
 
@@ -417,19 +417,8 @@ def cli(args: list[str], cwd: Path, **kwargs) -> subprocess.CompletedProcess:
     return run_cli(*args, cwd=cwd, env=env, timeout=120, stdin=subprocess.DEVNULL, **kwargs)
 
 
-def fast_loop_first(names: list[str], per_family: int = 2) -> list:
-    """`names` as parameters, the first `per_family` of each family (the name up to its first dash) in
-    the fast loop and the rest under `slow`: each case is a real process (about a second)."""
-    seen: dict[str, int] = {}
-    params = []
-    for name in names:
-        family = name.split("-")[0]
-        seen[family] = seen.get(family, 0) + 1
-        params.append(name if seen[family] <= per_family else pytest.param(name, marks=pytest.mark.slow))
-    return params
-
-
-@pytest.mark.parametrize("name", fast_loop_first(sorted(CLI_CASES)))
+# each case is a real process (about a second): two of each family (the name up to its first dash) in the fast loop
+@pytest.mark.parametrize("name", slow_after(sorted(CLI_CASES), keep=2, family=lambda name: name.split("-")[0]))
 def test_the_cli_answers_hostile_input_with_one_line_and_writes_nothing(name, tmp_path, demo_model):
     case = CLI_CASES[name]
     args = case.args(tmp_path) if callable(case.args) else list(case.args)
@@ -634,7 +623,7 @@ def damage_profiles(ws: Path) -> None:
     (root / "no-key" / "profile.json").write_text(json.dumps(meta))
 
 
-@pytest.mark.parametrize("page", ["designer", "profiles"])
+@pytest.mark.parametrize("page", slow_after(["designer", "profiles"]))
 def test_pages_list_damaged_profiles_without_failing(app_env, page):
     damage_profiles(app_env / "ws")
     at = open_app(page)
@@ -647,7 +636,7 @@ def test_pages_list_damaged_profiles_without_failing(app_env, page):
         assert [t.value for t in at.title] == ["Plan designer"]
 
 
-@pytest.mark.parametrize("name", ["план", "...", "日本語"])
+@pytest.mark.parametrize("name", slow_after(["план", "...", "日本語"]))
 def test_the_designer_offers_a_download_for_a_plan_named_without_ascii_letters(app_env, name):
     at = open_app()
     at.session_state["plan_json"] = Plan.load(MIXED).model_copy(update={"name": name}).to_json()
@@ -674,12 +663,14 @@ def test_the_designer_says_why_a_saved_plan_that_nests_too_deep_cannot_load(app_
 
 @pytest.mark.parametrize(
     ("settings", "message"),
-    [
-        ("[1]", "expected a JSON object"),
-        ('{"samples_per_task": "2"}', "samples_per_task"),
-        ("{{", "malformed JSON"),
-        (nested(5000), "nested more than"),
-    ],
+    slow_after(
+        [
+            ("[1]", "expected a JSON object"),
+            ('{"samples_per_task": "2"}', "samples_per_task"),
+            ("{{", "malformed JSON"),
+            (nested(5000), "nested more than"),
+        ]
+    ),
 )
 def test_the_runs_page_refuses_settings_that_are_not_settings_inline(app_env, settings, message):
     at = open_app("runs")

@@ -13,7 +13,7 @@ from polykv.plan import Plan
 from polykv.profile.corpus import CorpusSpec, build_corpus
 from polykv.profile.profiler import profile_methods
 from polykv.profile.store import ProfileError, load_profile
-from tests.helpers import assert_one_line_error, tiny_model
+from tests.helpers import assert_one_line_error, slow_after, tiny_model
 
 SMALL = ["--sequences", "4", "--max-tokens", "160"]
 
@@ -293,12 +293,14 @@ def test_entropy_is_the_mean_over_every_prompt_query(family, overrides):
 
 @pytest.mark.parametrize(
     "family, overrides",
-    [
-        # SmolLM2's grouping: 9 query heads over 3 KV heads
-        ("llama", {"hidden_size": 72, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 8}),
-        ("mistral", {"sliding_window": 20}),  # the window cuts through the prompt: masked above layer l too
-        ("qwen3", {}),
-    ],
+    slow_after(
+        [
+            # SmolLM2's grouping: 9 query heads over 3 KV heads
+            ("llama", {"hidden_size": 72, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 8}),
+            ("mistral", {"sliding_window": 20}),  # the window cuts through the prompt: masked above layer l too
+            ("qwen3", {}),
+        ]
+    ),
 )
 def test_the_shared_profile_is_the_naive_loop_for_every_method_and_scope(family, overrides):
     # The fast profiler (one prompt pass per layer for every method, the cells as one batch, the layers

@@ -66,6 +66,7 @@ def test_rungs_go_to_the_executor_as_batches_with_the_sequential_result(tiny):
     assert any(len({k for k, _ in batch}) > 1 for batch in recorder.batches[1:])  # a rung: several candidates
 
 
+@pytest.mark.slow  # runs the search twice
 def test_a_batch_that_crosses_the_budget_stops_where_the_sequential_loop_would(tiny):
     model, sequences = tiny
     starts = [plan_of(["h2o"] * 3, [8] * 3)]

@@ -38,7 +38,7 @@ from polykv.eval.store import SCHEMA_VERSION, Store, Worker, process_start_time
 from polykv.eval.suites.fidelity import FidelitySettings
 from polykv.eval.unit import Unit
 from polykv.plan import Plan
-from tests.helpers import APP, assert_one_line_error, fake_run, open_app
+from tests.helpers import APP, assert_one_line_error, fake_run, open_app, slow_after
 
 TINY = FidelitySettings(tasks=("prose",), samples_per_task=3, prompt_tokens=48, continuation=2, generate=2)
 SIDECARS = ("results.sqlite-wal", "results.sqlite-shm")
@@ -307,6 +307,7 @@ def test_every_connection_of_a_reader_is_a_read_only_uri(tmp_path, monkeypatch):
 
 
 # ---- (b) a read-only workspace --------------------------------------------------------------------------------
+@pytest.mark.slow  # every read command as a real process
 def test_the_cli_reads_a_read_only_workspace_and_changes_nothing(readonly_workspace):
     ws, box = readonly_workspace, sandbox()
     before = snapshot(ws.path)
@@ -460,7 +461,7 @@ def _pages(at: AppTest) -> dict[str, dict[str, list[str]]]:
     return out
 
 
-@pytest.mark.parametrize("case", ["random bytes", "foreign", "empty file", "newer schema"])
+@pytest.mark.parametrize("case", slow_after(["foreign", "random bytes", "empty file", "newer schema"]))
 def test_a_bad_database_is_an_inline_error_on_the_runs_and_compare_pages(case, app_env):
     make, message = BAD[case]
     (app_env / "ws").mkdir()
