@@ -17,6 +17,7 @@ medians too.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import copy
 import platform
@@ -137,13 +138,16 @@ def run_config(model, row: Row, ids, new_tokens, device, **kwargs):
 
 
 def kv_bytes(cache) -> tuple[int, list[int]]:
-    """Bytes of storage the cache's keys and values really hold, in total and per layer (a storage that
-    keys and values share is counted once)."""
-    per_layer = []
-    for layer in cache.layers:
-        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in (layer.keys, layer.values)}
-        per_layer.append(sum(storages.values()))
-    return sum(per_layer), per_layer
+    """Bytes of storage the cache's keys and values really hold, in total and per layer: a storage that
+    keys and values share is counted once, and one that layers share (layers merging together, see
+    `polykv.runtime.merges`) once in the total and in equal parts per layer."""
+    layers = [
+        {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in (layer.keys, layer.values)}
+        for layer in cache.layers
+    ]
+    sharers = collections.Counter(ptr for storages in layers for ptr in storages)
+    per_layer = [round(sum(size / sharers[ptr] for ptr, size in storages.items())) for storages in layers]
+    return sum({ptr: size for storages in layers for ptr, size in storages.items()}.values()), per_layer
 
 
 def nominal_slots(plan: Plan | None, prompt_len: int, new_tokens: int) -> list[int]:

@@ -12,7 +12,10 @@ Shapes (b = batch, h = KV heads, g = query heads per KV head, q = new tokens, n 
 Methods keep per-slot state in `self.per_token` ({name: [b, h, n, ...] tensor}); the runtime gathers
 it with the cache, so scores and slots never drift apart. Merging methods (CaM, D2O) write merged
 contents into kept slots of `view.keys` / `view.values` in place before returning their eviction: the
-step's attention output is already computed, and those tensors are the layer's cache.
+step's attention output is already computed, and those tensors are the layer's cache. A merging method
+that sets `merges_together` (D2O) may instead leave a one-slot step's merge to the runtime, which then
+merges every layer of the same method, parameters and capacity at once after the step's last of them
+(`merge_together`, `polykv.runtime.merges`); the view's `defer_merge` says when.
 
 Decode steps (see the runtime): an evicting layer holds its slots in storage of capacity + interval
 slots and writes each new token into a slot the last eviction freed, so a step reallocates nothing;
@@ -83,6 +86,9 @@ class LayerView:
     # keys and values as one [2, b, h, n, d] tensor when they are the two halves of one block (static-shape
     # decode): a merging method can then gather and write both with one operation each
     kv: torch.Tensor | None = None
+    # the runtime will merge this step's one-slot eviction together with other layers' (`merge_together`):
+    # a method that `merges_together` returns the eviction without merging
+    defer_merge: bool = False
 
     @property
     def length(self) -> int:
@@ -193,6 +199,7 @@ class Method:
     phases: ClassVar[frozenset[Phase]]
     Params: ClassVar[type[BaseModel]] = NoParams
     merges: ClassVar[bool] = False  # rewrites retained keys/values (CaM, D2O)
+    merges_together: ClassVar[bool] = False  # its one-slot merges can run for many layers at once (`merge_together`)
     native_allocation: ClassVar[bool] = False  # has its own layer-budget rule (`allocate`)
     below_capacity: ClassVar[tuple[str, ...]] = ()  # parameters that must stay under the capacity (windows)
     passive: ClassVar[bool] = False  # never needs signals nor evicts (`full`): the runtime skips it
@@ -341,6 +348,14 @@ class Method:
         if score is None or self.capacity is None or score.shape[-1] <= self.capacity:
             return None
         return evict_lowest(score, self.capacity)
+
+    @classmethod
+    def merge_together(cls, methods: list[Method], kv: torch.Tensor, dropped: torch.Tensor) -> None:
+        """The merges of one-slot steps that layers left to the runtime (`LayerView.defer_merge`), all at
+        once, with the numbers of each layer merging alone: layer i (`methods[i]`, all with the same
+        parameters and capacity) holds keys and values kv[:, i] ([2, L, b, h, n, d], merged in place) and
+        evicts slot dropped[i, b, h, 0] ([L, b, h, 1]; the runtime moves the slots afterwards)."""
+        raise NotImplementedError(f"{cls.name} merges each layer alone")
 
     # ---- native allocation ----------------------------------------------------------------------
     def allocation_statistic(self) -> float | None:

@@ -80,6 +80,7 @@ class D2O(AccumulatedAttention):
     Params = D2OParams
     below_capacity = ("sinks",)
     merges = True
+    merges_together = True
     native_allocation = True
 
     def __init__(self, capacity, params=None, layer_idx=0, interval=1):
@@ -132,52 +133,29 @@ class D2O(AccumulatedAttention):
             self._sinks_marked = True
         eviction = evict_lowest(score, capacity, protected=recent_mask(view, recent))
         if eviction.dropped is not None:
-            self._merge_one(view, eviction.dropped)
+            if not view.defer_merge:  # else the runtime merges it with other layers' (`merge_together`)
+                self._merge_one(view, eviction.dropped)
         else:
             self._merge(view, eviction)
         return eviction
 
-    def _update_tau(self, similarity: torch.Tensor) -> torch.Tensor:
-        """Update tau with this step's similarities; returns the merge gate (s_i >= tau)."""
-        # tau is one number per layer and sequence (the mean over a batch row's heads and evicted tokens:
-        # a sequence's merges never depend on the others in its batch), updated in float64 as a Python
-        # float would be, and compared in the similarities' dtype; it stays on the device (no sync)
-        b = similarity.shape[0]
-        mean = similarity.mean(dim=tuple(range(1, similarity.dim())), dtype=torch.float64)  # [b]
-        # tau <- alpha tau + (1 - alpha) mean, as one interpolation
-        self.tau = mean if self.tau is None else torch.lerp(self.tau, mean, 1 - self.params.alpha)
-        tau = self.tau.view(b, *(1,) * (similarity.dim() - 1))  # each row's tau against its similarities
-        return similarity >= (tau if similarity.dtype == torch.float64 else tau.to(similarity.dtype))
-
     def _merge_one(self, view: LayerView, dropped: torch.Tensor) -> None:
-        """The usual decode step: `_merge` for one evicted slot per head, in fewer operations. With one
-        token there is no grouping: its target j* becomes (k_j* + s k_i) / 2 if s >= tau."""
-        b, h, _ = dropped.shape
-        d = view.keys.shape[-1]
-        unit = _unit(view.keys)  # [b, h, n, d]
-        evicted = dropped.view(b, h, 1, 1)  # shaped like every per-head result below: fewer reshapes
-        n = unit.shape[2]
-        # one bmm over the b * h heads (what matmul does for 4-d operands, without its reshapes)
-        picked = unit.gather(2, evicted.expand(b, h, 1, d)).view(b * h, 1, d)
-        cosine = torch.bmm(picked, unit.reshape(b * h, n, d).mT).view(b, h, 1, n)  # [b, h, 1, n]
-        cosine.scatter_(-1, evicted, float("-inf"))  # the evicted slot is no candidate
-        similarity, target = cosine.max(dim=-1, keepdim=True)  # [b, h, 1, 1]
-        gate = self._update_tau(similarity)
-        if view.kv is not None:  # keys and values in one block [2, b, h, n, d]: both at once
-            shape = (2, b, h, 1, view.kv.shape[-1])
-            pairs = [(view.kv, 3, evicted.expand(shape), target.expand(shape))]
-        else:  # (keys and values may differ in size)
-            pairs = [
-                (t, 2, evicted.expand(b, h, 1, t.shape[-1]), target.expand(b, h, 1, t.shape[-1]))
-                for t in (view.keys, view.values)
-            ]
-        for tensor, dim, src_index, target_index in pairs:
-            src, base = tensor.gather(dim, src_index), tensor.gather(dim, target_index)
-            if tensor.dtype != torch.float32:  # the sums in fp32, written back in the cache's dtype
-                src, base = src.float(), base.float()
-            # (base + s src) / 2 where merged, base (unchanged) elsewhere
-            merged = torch.where(gate, torch.addcmul(base, src, similarity).mul_(_half()), base)
-            tensor.scatter_(dim, target_index, merged if merged.dtype == tensor.dtype else merged.to(tensor.dtype))
+        """`_merge` for one evicted slot per head, in fewer operations (`_merge_evicted_slot`)."""
+        # keys and values in one block [2, b, h, n, d] gather and scatter both at once
+        tensors = [view.kv] if view.kv is not None else [view.keys, view.values]
+        self.tau = _merge_evicted_slot(view.keys, tensors, dropped, self.tau, self.params.alpha)
+
+    @classmethod
+    def merge_together(cls, methods: list[D2O], kv: torch.Tensor, dropped: torch.Tensor) -> None:
+        taus = [method.tau for method in methods]
+        if any(tau is None for tau in taus) and not all(tau is None for tau in taus):
+            for i, method in enumerate(methods):  # some layers' first eviction: each alone
+                method.tau = _merge_evicted_slot(kv[0, i], [kv[:, i]], dropped[i], method.tau, method.params.alpha)
+            return
+        tau = None if taus[0] is None else torch.stack(taus)  # [L, b]
+        tau = _merge_evicted_slot(kv[0], [kv], dropped, tau, methods[0].params.alpha)
+        for method, layer_tau in zip(methods, tau.unbind(0)):
+            method.tau = layer_tau
 
     def _merge(self, view: LayerView, eviction: Eviction) -> None:
         """Merge the evicted slots into their most similar kept slots of view.keys/values, in place."""
@@ -188,7 +166,7 @@ class D2O(AccumulatedAttention):
         evicted, survivors = order[..., :num_evicted], order[..., num_evicted:]  # [b, h, e], [b, h, c]
         similarity, target = _nearest_kept(view.keys, evicted, survivors)
 
-        gate = self._update_tau(similarity)
+        self.tau, gate = _threshold_gate(similarity, self.tau, self.params.alpha, rows=1)
         weight = torch.where(gate, similarity, 0.0)
 
         # Several evicted tokens may share a target: group them under the first one (in evicted
@@ -209,6 +187,53 @@ class D2O(AccumulatedAttention):
             base = tensor.gather(2, index).float()
             result = (base + sums.gather(2, group[..., None].expand_as(src))) * scale[..., None]
             tensor.scatter_(2, index, result.to(tensor.dtype))  # duplicates carry the same value
+
+
+def _threshold_gate(
+    similarity: torch.Tensor, tau: torch.Tensor | None, alpha: float, rows: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """tau updated with this step's similarities (before gating, as the code does), and the merge gate
+    s_i >= tau. The first `rows` dimensions of `similarity` (batch rows; layers before them) each have a
+    tau [rows...]: one number per layer and sequence, the mean over a sequence's heads and evicted tokens
+    (a sequence's merges never depend on the others in its batch), updated in float64 as a Python float
+    would be, compared in the similarities' dtype, and kept on the device (no sync)."""
+    mean = similarity.mean(dim=tuple(range(rows, similarity.dim())), dtype=torch.float64)
+    # tau <- alpha tau + (1 - alpha) mean, as one interpolation
+    tau = mean if tau is None else torch.lerp(tau, mean, 1 - alpha)
+    threshold = tau.view(*tau.shape, *(1,) * (similarity.dim() - rows))  # each row's tau against its similarities
+    return tau, similarity >= (threshold if similarity.dtype == torch.float64 else threshold.to(similarity.dtype))
+
+
+def _merge_evicted_slot(
+    keys: torch.Tensor, tensors: list[torch.Tensor], dropped: torch.Tensor, tau: torch.Tensor | None, alpha: float
+) -> torch.Tensor:
+    """D2O's merge when one slot of each head goes, for one layer or many at once; returns the new tau.
+
+    keys [..., b, h, n, d]; dropped [..., b, h, 1] (the leading dimensions, if any, are layers); tau
+    [..., b] or None; `tensors` are merged in place, each with its slots second to last, broadcasting
+    against the keys from the left (the keys and the values, or one [2, ..., b, h, n, d] block of both).
+    With one token there is no grouping: its target j* becomes (k_j* + s k_i) / 2 if s >= tau. Every
+    number of a layer is the same whether it merges alone or with others."""
+    *heads, _ = dropped.shape  # [..., b, h]
+    n, d = keys.shape[-2:]
+    unit = _unit(keys)
+    evicted = dropped.unsqueeze(-1)  # [..., b, h, 1, 1], shaped like every per-head result below
+    # one bmm over all heads (what matmul does for 4-d operands, without its reshapes)
+    picked = unit.gather(-2, evicted.expand(*heads, 1, d)).view(-1, 1, d)
+    cosine = torch.bmm(picked, unit.reshape(-1, n, d).mT).view(*heads, 1, n)
+    cosine.scatter_(-1, evicted, float("-inf"))  # the evicted slot is no candidate
+    similarity, target = cosine.max(dim=-1, keepdim=True)  # [..., b, h, 1, 1]
+    tau, gate = _threshold_gate(similarity, tau, alpha, rows=len(heads) - 1)
+    for tensor in tensors:
+        shape = (*tensor.shape[:-2], 1, tensor.shape[-1])
+        target_index = target.expand(shape)
+        src, base = tensor.gather(-2, evicted.expand(shape)), tensor.gather(-2, target_index)
+        if tensor.dtype != torch.float32:  # the sums in fp32, written back in the cache's dtype
+            src, base = src.float(), base.float()
+        # (base + s src) / 2 where merged, base (unchanged) elsewhere
+        merged = torch.where(gate, torch.addcmul(base, src, similarity).mul_(_half()), base)
+        tensor.scatter_(-2, target_index, merged if merged.dtype == tensor.dtype else merged.to(tensor.dtype))
+    return tau
 
 
 @functools.cache

@@ -57,7 +57,7 @@ class SlotBlock:
         return tensor is self._prefixes.get(tensor.shape[self.dim])
 
     def drop(self, dropped: torch.Tensor, n: int, last: int | None = None) -> torch.Tensor:
-        """Drop slot `dropped[b, h, 0]` of each head from the n-slot prefix: the last slot moves into it.
+        """Drop slot `dropped[..., b, h, 0]` of each head from the n-slot prefix: the last slot moves into it.
         Returns the (n - 1)-slot prefix. `last`: the last slot's value when the caller knows it (a
         position), scattered as a number.
 
@@ -88,11 +88,12 @@ def drop_one_slot(tensor: torch.Tensor, dropped: torch.Tensor) -> torch.Tensor:
 
 
 def slot_index(dropped: torch.Tensor, like: torch.Tensor, dim: int = 2) -> torch.Tensor:
-    """The [b, h, 1] slot indices `dropped`, shaped as a scatter index into `like` along `dim` (batch and
-    heads are the two dimensions before `dim`)."""
+    """The [..., b, h, 1] slot indices `dropped`, shaped as a scatter index into `like` along `dim` (the
+    dimensions of `dropped` but its last are those just before `dim`: batch and heads, and layers for a
+    block of many layers)."""
     if like.dim() == 3 and dim == 2:
         return dropped
-    shape = (1,) * (dim - 2) + tuple(dropped.shape) + (1,) * (like.dim() - dim - 1)
+    shape = (1,) * (dim + 1 - dropped.dim()) + tuple(dropped.shape) + (1,) * (like.dim() - dim - 1)
     return dropped.view(shape).expand(*like.shape[:dim], 1, *like.shape[dim + 1 :])
 
 

@@ -157,6 +157,7 @@ def _layer_view(layer: RoutedLayer, module, key, value, q_len: int) -> LayerView
         num_kv_groups=module.num_key_value_groups,
         newest=layer.seen - 1,
         kv=layer.kv_view() if layer.method.merges else None,
+        defer_merge=layer.defers_merge,
     )
 
 

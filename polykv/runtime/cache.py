@@ -21,6 +21,7 @@ from polykv.methods import Method, base, make_method
 from polykv.methods.base import Eviction, LayerView, Needs
 from polykv.methods.slots import SlotBlock, drop_one_slot
 from polykv.plan import Phase, Plan
+from polykv.runtime.merges import MergeGroup, MergeGroups
 
 # The model calls `cache.update(...)` and then, in the same attention module, the attention function.
 # The layer that was just updated is parked here so that the attention function can find it.
@@ -69,12 +70,18 @@ class RoutedLayer(DynamicLayer):
         self._values: SlotBlock | None = None
         self._pos: SlotBlock | None = None
         self._newest_last = False  # does the last slot hold the newest position (seen - 1)?
+        # Layers that merge together (`polykv.runtime.merges`): the cache's groups, and the group whose
+        # block holds this layer's keys and values (None: a block of its own, or none)
+        self.merges: MergeGroups | None = None
+        self._group: MergeGroup | None = None
 
     # ---- Hugging Face cache-layer interface ---------------------------------------------------
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         q = key_states.shape[-2]
+        if self._group is not None and self._group.waits_for(self):  # the last forward pass stopped halfway
+            self._group.flush()
         self.phase = Phase.PREFILL if self.seen == 0 else Phase.DECODE
         if self.seen == 0:
             self.keys, self.values = key_states, value_states
@@ -104,12 +111,29 @@ class RoutedLayer(DynamicLayer):
             self.values = torch.cat([self.values, value_states], dim=-2)
         else:
             if not self._holds_kv(n + q):  # once after a cut, which gives keys and values new storage
-                self._kv = SlotBlock.around(torch.stack([self.keys, self.values]), self._kv_slots(n + q), dim=3)
-                self._keys, self._values = SlotBlock(self._kv.storage[0]), SlotBlock(self._kv.storage[1])
+                self._new_kv_block(self._kv_slots(n + q))
             self._keys.span(n, n + q).copy_(key_states)
             self._values.span(n, n + q).copy_(value_states)
             self.keys, self.values = self._keys.prefix(n + q), self._values.prefix(n + q)
         self._append_positions(n, q)
+
+    def _new_kv_block(self, slots: int) -> None:
+        """Keys and values into a new block of `slots` slots: a slice of the block of the layer's merge
+        group when it has one, else a block of its own."""
+        handed = None if self.merges is None else self.merges.block_for(self, slots)
+        if handed is None:
+            self._kv = SlotBlock.around(torch.stack([self.keys, self.values]), slots, dim=3)
+        else:
+            self._kv, self._group = handed
+            held = self._kv.prefix(self.retained)
+            held[0].copy_(self.keys)
+            held[1].copy_(self.values)
+        self._keys, self._values = SlotBlock(self._kv.storage[0]), SlotBlock(self._kv.storage[1])
+
+    @property
+    def defers_merge(self) -> bool:
+        """Will this decode step's one-slot merge run with the merge group's others (see `merges`)?"""
+        return self._group is not None and self.phase is Phase.DECODE and self._holds_kv(self.retained)
 
     def reserve(self, slots: int) -> None:
         """Room for `slots` more tokens in a layer that keeps everything in decode (an evicting layer has its
@@ -159,6 +183,8 @@ class RoutedLayer(DynamicLayer):
         super().reset()
         self.seen, self._positions = 0, None
         self._free_blocks()
+        if self.merges is not None:
+            self.merges.forget()
         for method in self.methods.values():
             method.forget()
 
@@ -209,7 +235,12 @@ class RoutedLayer(DynamicLayer):
     def finish_step(self, view: LayerView) -> None:
         """After attention: let the phase's method evict (and, in prefill, brief the decode method)."""
         if self.phase is Phase.DECODE:
-            self._apply(self.method.step(view))
+            eviction = self.method.step(view)
+            # the method left a one-slot merge to the runtime: the group does it after its last layer
+            deferred = view.defer_merge and eviction is not None and eviction.dropped is not None
+            self._apply(eviction, deferred)
+            if self.merges is not None and self.merges.pending:
+                self.merges.layer_done(self)
             return
         self.methods[Phase.DECODE].observe_prefill(view)
         eviction = self.method.step(view)
@@ -223,7 +254,9 @@ class RoutedLayer(DynamicLayer):
         self._apply(eviction)
         self.retained_after_prefill = self.retained
 
-    def _apply(self, eviction: Eviction | None) -> None:
+    def _apply(self, eviction: Eviction | None, deferred: bool = False) -> None:
+        """Keep what the eviction keeps. `deferred`: a one-slot eviction whose merge and key/value slot
+        move the merge group does later (`polykv.runtime.merges`)."""
         if eviction is None:
             return
         newest_last, self._newest_last = self._newest_last, False  # slots move from here on
@@ -237,7 +270,7 @@ class RoutedLayer(DynamicLayer):
                 f"layer {self.layer_idx}: {self.method.name} kept {kept} slots, over its capacity {capacity}"
             )
         if eviction.dropped is not None:
-            self._drop_one(eviction.dropped, n, newest_last)
+            self._drop_one(eviction.dropped, n, newest_last, deferred)
             return
         select = lambda t: gather_slots(t, eviction.keep)  # noqa: E731
         self._positions = select(self.positions)
@@ -247,18 +280,25 @@ class RoutedLayer(DynamicLayer):
             for name, tensor in method.per_token.items():
                 method.per_token[name] = select(tensor)
 
-    def _drop_one(self, dropped: torch.Tensor, n: int, newest_last: bool) -> None:
+    def _drop_one(self, dropped: torch.Tensor, n: int, newest_last: bool, deferred: bool = False) -> None:
         """The usual decode step drops one slot of each head: the newest (last) slot moves into it
         instead of the whole cache being copied (slots are unordered; positions say where each token
-        was). In the blocks of static-shape decode this is one scatter for keys and values together."""
+        was). In the blocks of static-shape decode this is one scatter for keys and values together;
+        `deferred`: the merge group does it, after the merge (keys and values are the n - 1 slot prefix
+        already, the dropped slot's contents until then)."""
         if self._pos is not None and self._pos.holds(self._positions):
             # right after an append the moved slot holds the newest position: scatter it as a number
             self._positions = self._pos.drop(dropped, n, last=self.seen - 1 if newest_last else None)
         else:  # materialized at the first eviction (writable storage, not an expanded arange)
             self._positions = drop_one_slot(self.positions.contiguous(), dropped)
         if self._holds_kv(n):
-            self._kv.drop(dropped, n)
+            if deferred:
+                self._group.defer(self, dropped, n)
+            else:
+                self._kv.drop(dropped, n)
             self.keys, self.values = self._keys.prefix(n - 1), self._values.prefix(n - 1)
+        elif deferred:
+            raise RoutedCacheError(f"layer {self.layer_idx}: a merge was deferred by a layer without its group's block")
         else:
             self.keys, self.values = drop_one_slot(self.keys, dropped), drop_one_slot(self.values, dropped)
         for method in self.methods.values():
@@ -267,6 +307,7 @@ class RoutedLayer(DynamicLayer):
 
     def _free_blocks(self) -> None:
         self._kv = self._keys = self._values = self._pos = None
+        self._group = None
 
     def adopt(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Take over keys/values already computed for a prefix, as if prefilled here (nothing evicted).
@@ -321,6 +362,9 @@ class RoutedCache(Cache):
         ]
         super().__init__(layers=layers)
         self.plan = plan
+        merges = MergeGroups(layers)
+        for layer in layers:
+            layer.merges = merges
         self.native_totals: dict[Phase, int] = {}
         if plan.allocation == "native":
             for phase in plan.scope.phases:

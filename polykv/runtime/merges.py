@@ -1,0 +1,126 @@
+"""Merges done together: the layers of a routed cache that run one merging method with the same parameters
+and capacity share one block of slot storage and merge, in one set of operations, once per decode step.
+
+A merging method's one-slot decode step (D2O's) is a few dozen small operations, the same in every layer,
+and on a decode step bound by host-side work they cost more than the layer's attention. So the keys and
+values of such layers are the slices [:, i] of one [2, L, b, h, capacity + 1, d] block, and each layer's
+step decides its eviction as usual but leaves two things pending: its merge, and the move of its last
+key/value slot into the dropped one (its positions and method state move at once, as in any layer). Once
+the last of the group's layers has run its step, the group merges every layer at once
+(`Method.merge_together`, over the whole block) and then moves every layer's slot with one scatter. In
+between, nothing reads a pending layer's keys or values (each later layer attends to its own), so every
+number is the one the layer would produce merging alone, bit for bit. The pending work is done before
+the step ends: between two forward passes nothing is pending.
+
+A group merges together only when each of its layers left a merge over the same number of slots;
+otherwise each pending merge runs alone (the same numbers, one layer at a time).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from polykv.methods.slots import SlotBlock
+from polykv.plan import Phase
+
+# False: every layer merges alone, at its own step (the previous path, kept to check that both give the
+# same numbers)
+TOGETHER = True
+
+
+class MergeGroup:
+    """Layers that merge together: their block, which of them hold their slice, and the pending merges."""
+
+    def __init__(self, cache: MergeGroups, members: list, storage: torch.Tensor):
+        self.cache = cache
+        self.members = members
+        self.methods = [layer.methods[Phase.DECODE] for layer in members]
+        self.index = {layer: i for i, layer in enumerate(members)}
+        self.block = SlotBlock(storage, dim=4)  # [2, L, b, h, S, d]: slots are dimension 4
+        self.last_layer = max(layer.layer_idx for layer in members)
+        self.slices: dict[int, SlotBlock] = {}  # member -> its slice, once handed out
+        self.pending: dict[int, tuple[torch.Tensor, int]] = {}  # member -> (dropped slots [b, h, 1], slots n)
+
+    def hand_out(self, layer) -> SlotBlock:
+        """The member's slice of the block: its keys and values [2, b, h, S, d]."""
+        i = self.index[layer]
+        self.slices[i] = SlotBlock(self.block.storage[:, i], dim=3)
+        return self.slices[i]
+
+    def handed(self, layer) -> bool:
+        return self.index.get(layer) in self.slices
+
+    def defer(self, layer, dropped: torch.Tensor, n: int) -> None:
+        """Layer `layer`, holding n slots, evicts `dropped`: merge and move its slot later (`flush`)."""
+        if not self.pending:
+            self.cache.pending.append(self)
+        self.pending[self.index[layer]] = (dropped, n)
+
+    def waits_for(self, layer) -> bool:
+        """Is a merge of this layer pending?"""
+        return bool(self.pending) and self.index[layer] in self.pending
+
+    def flush(self) -> None:
+        """Do every pending merge and slot move: together when every member waits over the same slots."""
+        pending, self.pending = self.pending, {}
+        if self in self.cache.pending:
+            self.cache.pending.remove(self)
+        sizes = {n for _, n in pending.values()}
+        if len(pending) == len(self.members) and len(sizes) == 1:
+            n = sizes.pop()
+            dropped = torch.stack([pending[i][0] for i in range(len(self.members))])  # [L, b, h, 1]
+            type(self.methods[0]).merge_together(self.methods, self.block.prefix(n), dropped)
+            self.block.drop(dropped, n)
+            return
+        for i, (dropped, n) in pending.items():  # each alone
+            kv = self.slices[i].prefix(n).unsqueeze(1)  # [2, 1, b, h, n, d]
+            type(self.methods[i]).merge_together([self.methods[i]], kv, dropped.unsqueeze(0))
+            self.slices[i].drop(dropped, n)
+
+
+class MergeGroups:
+    """The merge groups of one routed cache, made when a layer first asks for a decode block."""
+
+    def __init__(self, layers: list):
+        self.layers = layers
+        self.groups: dict[tuple, MergeGroup] = {}
+        self.pending: list[MergeGroup] = []  # groups with merges waiting
+
+    def block_for(self, layer, slots: int) -> tuple[SlotBlock, MergeGroup] | None:
+        """A slice of the block of the layer's group, for keys and values of `slots` slots each, or None
+        when the layer merges alone (another method, an interval, a group of one, or not the steady
+        block of capacity + 1 slots: the block after a long prompt would hold the whole prompt)."""
+        key = _group_key(layer) if TOGETHER else None
+        if key is None or slots != layer.methods[Phase.DECODE].capacity + 1:
+            return None
+        group = self.groups.get(key)
+        # a member that asks again (a new sequence, new storage) starts a new block for the group
+        if group is None or layer not in group.index or group.handed(layer):
+            members = [other for other in self.layers if _group_key(other) == key]
+            if len(members) < 2:
+                return None
+            storage = layer.keys.new_empty(2, len(members), *layer.keys.shape[:2], slots, layer.keys.shape[-1])
+            group = self.groups[key] = MergeGroup(self, members, storage)
+        return group.hand_out(layer), group
+
+    def layer_done(self, layer) -> None:
+        """After a layer's step: flush the groups whose last layer it is."""
+        for group in [g for g in self.pending if layer.layer_idx >= g.last_layer]:
+            group.flush()
+
+    def forget(self) -> None:
+        """A new sequence: no group, nothing pending."""
+        self.groups.clear()
+        self.pending.clear()
+
+
+def _group_key(layer) -> tuple | None:
+    """What layers merging together share: method, parameters and capacity (interval 1), and the shape,
+    dtype and device of their keys and values; None for a layer that merges alone."""
+    method = layer.methods[Phase.DECODE]
+    if not method.merges_together or method.interval != 1 or method.capacity is None or not layer.retained:
+        return None
+    keys, values = layer.keys, layer.values
+    if keys.shape[-1] != values.shape[-1] or keys.dtype != values.dtype:
+        return None  # keys and values live apart (`RoutedLayer._write_in_place`)
+    return (type(method), method.params, method.capacity, *keys.shape[:2], keys.shape[-1], keys.dtype, keys.device)

@@ -1,0 +1,195 @@
+"""Layers that merge together (`polykv.runtime.merges`): D2O's one-slot merges of every layer of the same
+parameters and capacity, done at once after the step's last of them, give the numbers of each layer
+merging alone, bit for bit. The reference is the previous path, still reachable with
+`polykv.runtime.merges.TOGETHER = False`: each layer merges at its own step."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+
+from polykv.methods.d2o import D2O
+from polykv.models import cache_argument_name
+from polykv.plan import Phase, Plan
+from polykv.runtime import merges, routed
+from polykv.runtime.batch import generate_many
+from tests.helpers import decode_logits, plan_of, prompt, tiny_model
+
+LAYERS, PROMPT, STEPS = 4, 40, 20
+
+
+def _with_prefill(plan: Plan, prefill: list[tuple[str, int]]) -> Plan:
+    """`plan` with these prefill methods (each layer then enters decode with its own number of slots)."""
+    data = plan.model_dump(mode="json")
+    data["scope"] = "both"
+    for layer, (method, capacity) in zip(data["layers"], prefill):
+        layer["prefill"] = {"method": method, "capacity": capacity, "params": {"window": 4}}
+    return Plan.model_validate(data)
+
+
+PLANS = {
+    "homogeneous": Plan.homogeneous("d2o", 12, LAYERS, scope="decode"),
+    # one slot over the capacity after the prompt: the first eviction is a one-slot step, with no tau yet
+    "first-eviction-one-slot": Plan.homogeneous("d2o", PROMPT, LAYERS, scope="decode"),
+    "two-capacities-and-h2o": plan_of(["d2o", "h2o", "d2o", "d2o"], [12, 12, 16, 12]),
+    "prefill-differs": _with_prefill(
+        Plan.homogeneous("d2o", 20, LAYERS, scope="decode"),
+        [("snapkv", 14), ("snapkv", 30), ("snapkv", 18), ("snapkv", 25)],
+    ),
+    "native": Plan.homogeneous("d2o", 12, LAYERS, scope="decode", allocation="native"),
+}
+
+
+def _state(cache) -> list[torch.Tensor]:
+    """Every number a later step could depend on: slots, positions, keys, values and method state."""
+    out = []
+    for layer in cache.layers:
+        method = layer.methods[Phase.DECODE]
+        out += [layer.positions, layer.keys, layer.values, *method.per_token.values()]
+        if getattr(method, "tau", None) is not None:
+            out.append(method.tau)
+    return [t.clone() for t in out]
+
+
+def _run(model, plan, ids, steps=STEPS):
+    """Logits of every step and the state after each; and how many layers each merge_together call had."""
+    sizes = collections.Counter()
+    original = D2O.merge_together.__func__
+
+    def counting(cls, methods, kv, dropped):
+        sizes[len(methods)] += 1
+        return original(cls, methods, kv, dropped)
+
+    name = cache_argument_name(model)
+    with pytest.MonkeyPatch.context() as patch, routed(model, plan) as session, torch.no_grad():
+        patch.setattr(D2O, "merge_together", classmethod(counting))
+        out = model(ids, use_cache=True)
+        logits, states = [out.logits], []
+        for _ in range(steps):
+            out = model(out.logits[:, -1:].argmax(-1), use_cache=True, **{name: session.cache})
+            logits.append(out.logits)
+            states.append(_state(session.cache))
+            assert not session.cache.layers[0].merges.pending  # nothing waits between forward passes
+    return logits + [t for state in states for t in state], sizes
+
+
+def _identical(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(
+        x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y) for x, y in zip(a, b)
+    )
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("label", sorted(PLANS))
+def test_merging_together_gives_the_numbers_of_each_layer_alone(label, batch, monkeypatch):
+    model = tiny_model("llama", num_hidden_layers=LAYERS)
+    ids = prompt(model, PROMPT, batch=batch)
+    together, sizes = _run(model, PLANS[label], ids)
+    monkeypatch.setattr(merges, "TOGETHER", False)
+    alone, sizes_alone = _run(model, PLANS[label], ids)
+    assert _identical(together, alone)
+    assert set(sizes_alone) <= {1}  # the reference really merged layer by layer
+    if label != "native":  # native allocation gives each layer its own capacity: no group
+        assert max(sizes) >= 2, f"no layers merged together: {dict(sizes)}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kv_heads", [1, 4])
+def test_merge_together_equals_each_layer_merging_alone(kv_heads, dtype):
+    torch.manual_seed(0)
+    layers, b, n, d = 5, 2, 9, 8
+    kv = torch.randn(2, layers, b, kv_heads, n, d).to(dtype)
+    dropped = torch.randint(0, n, (layers, b, kv_heads, 1))
+    for first in (True, False):  # the first eviction (no tau yet) and a later one
+        alone = [D2O(n - 1, layer_idx=i) for i in range(layers)]
+        together = [D2O(n - 1, layer_idx=i) for i in range(layers)]
+        if not first:
+            for a, t in zip(alone, together):
+                a.tau = torch.rand(b, dtype=torch.float64)
+                t.tau = a.tau.clone()
+        expected = kv.clone()
+        for i, method in enumerate(alone):
+            block = expected[:, i]
+            D2O.merge_together([method], block.unsqueeze(1), dropped[i].unsqueeze(0))
+        merged = kv.clone()
+        D2O.merge_together(together, merged, dropped)
+        assert torch.equal(merged, expected)
+        assert all(torch.equal(a.tau, t.tau) and t.tau.shape == (b,) for a, t in zip(alone, together))
+        assert not torch.equal(merged, kv)  # something merged
+
+
+def test_merge_together_with_some_layers_before_their_first_eviction():
+    torch.manual_seed(1)
+    kv, dropped = torch.randn(2, 3, 1, 2, 7, 4), torch.randint(0, 7, (3, 1, 2, 1))
+    methods = [D2O(6, layer_idx=i) for i in range(3)]
+    methods[1].tau = torch.tensor([0.25], dtype=torch.float64)
+    expected, references = kv.clone(), [D2O(6, layer_idx=i) for i in range(3)]
+    references[1].tau = methods[1].tau.clone()
+    for i, method in enumerate(references):
+        D2O.merge_together([method], expected[:, i].unsqueeze(1), dropped[i].unsqueeze(0))
+    D2O.merge_together(methods, kv, dropped)
+    assert torch.equal(kv, expected)
+    assert all(torch.equal(m.tau, r.tau) for m, r in zip(methods, references))
+
+
+def test_layers_of_one_method_and_capacity_share_one_block():
+    model = tiny_model("llama", num_hidden_layers=LAYERS)
+    plan = plan_of(["d2o", "d2o", "h2o", "d2o"], [12, 16, 12, 12])
+    with routed(model, plan) as session, torch.no_grad():
+        decode_logits(model, prompt(model, PROMPT), 4, cache_argument_name(model))
+    storage = [layer.keys.untyped_storage() for layer in session.cache.layers]
+    assert storage[0].data_ptr() == storage[3].data_ptr()  # d2o at 12: one block of both
+    assert len({s.data_ptr() for s in storage}) == 3  # d2o at 16 and h2o each their own
+    slot = session.cache.layers[0].keys[:, :, :1].nbytes
+    assert storage[0].nbytes() == 2 * 2 * 13 * slot  # 2 layers x keys and values x capacity + 1 slots
+
+
+def test_a_new_sequence_in_the_same_cache_gets_a_new_block_and_the_same_numbers(monkeypatch):
+    model = tiny_model("llama", num_hidden_layers=LAYERS)
+    plan, name = PLANS["homogeneous"], cache_argument_name(model)
+
+    def two_sequences():
+        with routed(model, plan), torch.no_grad():
+            first, cache = decode_logits(model, prompt(model, PROMPT), 12, name)
+            held = [layer.keys for layer in cache.layers]
+            before = [t.clone() for t in held]
+            cache.reset()
+            second, cache = decode_logits(model, prompt(model, PROMPT + 4, seed=5), 12, name, cache=cache)
+            assert all(torch.equal(t, b) for t, b in zip(held, before))  # the old sequence's keys untouched
+        return first + second + _state(cache)
+
+    together = two_sequences()
+    monkeypatch.setattr(merges, "TOGETHER", False)
+    assert _identical(together, two_sequences())
+
+
+def test_plans_decoding_as_one_batch_merge_as_alone(monkeypatch):
+    model = tiny_model("llama", num_hidden_layers=LAYERS)
+    ids = prompt(model, PROMPT)[0].tolist()
+    plans = [Plan.homogeneous("d2o", c, LAYERS, scope="decode") for c in (8, 12, 30)]
+    together = generate_many(model, plans, ids, 20, min_new_tokens=20)
+    monkeypatch.setattr(merges, "TOGETHER", False)
+    assert together == generate_many(model, plans, ids, 20, min_new_tokens=20)
+
+
+def test_a_forward_pass_stopped_halfway_merges_before_the_layer_runs_again():
+    model = tiny_model("llama", num_hidden_layers=LAYERS)
+    name = cache_argument_name(model)
+    last = model.model.layers[-1]
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("stopped")
+
+    with routed(model, PLANS["homogeneous"]) as session, torch.no_grad():
+        decode_logits(model, prompt(model, PROMPT), 3, name)
+        cache = session.cache
+        handle = last.register_forward_pre_hook(fail)
+        with pytest.raises(RuntimeError, match="stopped"):
+            model(torch.tensor([[5]]), use_cache=True, **{name: cache})
+        handle.remove()
+        group = cache.layers[0].merges.pending[0]
+        assert group.waits_for(cache.layers[0])  # layers 0-2 stepped; the last never did
+        cache.layers[0].update(cache.layers[0].keys[:, :, :1].clone(), cache.layers[0].values[:, :, :1].clone())
+        assert not cache.layers[0].merges.pending
