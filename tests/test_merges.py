@@ -1,6 +1,6 @@
-"""Layers that merge together (`polykv.runtime.merges`): D2O's one-slot merges of every layer of the same
-parameters and capacity, done at once after the step's last of them, give the numbers of each layer
-merging alone, bit for bit. The reference is the previous path, still reachable with
+"""Layers that merge together (`polykv.runtime.merges`): the one-slot merges of D2O and CaM in every layer of
+the same parameters and capacity, done at once after the step's last of them, give the numbers of each
+layer merging alone, bit for bit. The reference is the previous path, still reachable with
 `polykv.runtime.merges.TOGETHER = False`: each layer merges at its own step."""
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import collections
 import pytest
 import torch
 
+from polykv.methods import REGISTRY
+from polykv.methods.cam import CaM
 from polykv.methods.d2o import D2O
 from polykv.models import cache_argument_name
 from polykv.plan import Phase, Plan
@@ -29,17 +31,24 @@ def _with_prefill(plan: Plan, prefill: list[tuple[str, int]]) -> Plan:
     return Plan.model_validate(data)
 
 
-PLANS = {
-    "homogeneous": Plan.homogeneous("d2o", 12, LAYERS, scope="decode"),
-    # one slot over the capacity after the prompt: the first eviction is a one-slot step, with no tau yet
-    "first-eviction-one-slot": Plan.homogeneous("d2o", PROMPT, LAYERS, scope="decode"),
-    "two-capacities-and-h2o": plan_of(["d2o", "h2o", "d2o", "d2o"], [12, 12, 16, 12]),
-    "prefill-differs": _with_prefill(
-        Plan.homogeneous("d2o", 20, LAYERS, scope="decode"),
-        [("snapkv", 14), ("snapkv", 30), ("snapkv", 18), ("snapkv", 25)],
-    ),
-    "native": Plan.homogeneous("d2o", 12, LAYERS, scope="decode", allocation="native"),
-}
+def _plans(method: str) -> dict[str, Plan]:
+    # capacities over CaM's sinks + merge budget, so that its steps take the path that merges together
+    plans = {
+        "homogeneous": Plan.homogeneous(method, 24, LAYERS, scope="decode"),
+        # one slot over the capacity after the prompt: the first eviction is a one-slot step (D2O: no tau yet)
+        "first-eviction-one-slot": Plan.homogeneous(method, PROMPT, LAYERS, scope="decode"),
+        "two-capacities-and-h2o": plan_of([method, "h2o", method, method], [24, 24, 28, 24]),
+        "prefill-differs": _with_prefill(
+            Plan.homogeneous(method, 24, LAYERS, scope="decode"), [("snapkv", c) for c in (14, 30, 22, 28)]
+        ),
+    }
+    if REGISTRY[method].native_allocation:
+        plans["native"] = Plan.homogeneous(method, 24, LAYERS, scope="decode", allocation="native")
+    return plans
+
+
+CASES = [(method, label) for method in ("d2o", "cam") for label in sorted(_plans(method))]
+PLANS = _plans("d2o")
 
 
 def _state(cache) -> list[torch.Tensor]:
@@ -56,7 +65,8 @@ def _state(cache) -> list[torch.Tensor]:
 def _run(model, plan, ids, steps=STEPS):
     """Logits of every step and the state after each; and how many layers each merge_together call had."""
     sizes = collections.Counter()
-    original = D2O.merge_together.__func__
+    method = REGISTRY[plan.layers[0].decode.method]
+    original = method.merge_together.__func__
 
     def counting(cls, methods, kv, dropped):
         sizes[len(methods)] += 1
@@ -64,7 +74,7 @@ def _run(model, plan, ids, steps=STEPS):
 
     name = cache_argument_name(model)
     with pytest.MonkeyPatch.context() as patch, routed(model, plan) as session, torch.no_grad():
-        patch.setattr(D2O, "merge_together", classmethod(counting))
+        patch.setattr(method, "merge_together", classmethod(counting))
         out = model(ids, use_cache=True)
         logits, states = [out.logits], []
         for _ in range(steps):
@@ -82,13 +92,14 @@ def _identical(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 
 
 @pytest.mark.parametrize("batch", [1, 2])
-@pytest.mark.parametrize("label", sorted(PLANS))
-def test_merging_together_gives_the_numbers_of_each_layer_alone(label, batch, monkeypatch):
+@pytest.mark.parametrize(("method", "label"), CASES)
+def test_merging_together_gives_the_numbers_of_each_layer_alone(method, label, batch, monkeypatch):
     model = tiny_model("llama", num_hidden_layers=LAYERS)
     ids = prompt(model, PROMPT, batch=batch)
-    together, sizes = _run(model, PLANS[label], ids)
+    plan = _plans(method)[label]
+    together, sizes = _run(model, plan, ids)
     monkeypatch.setattr(merges, "TOGETHER", False)
-    alone, sizes_alone = _run(model, PLANS[label], ids)
+    alone, sizes_alone = _run(model, plan, ids)
     assert _identical(together, alone)
     assert set(sizes_alone) <= {1}  # the reference really merged layer by layer
     if label != "native":  # native allocation gives each layer its own capacity: no group
@@ -118,6 +129,32 @@ def test_merge_together_equals_each_layer_merging_alone(kv_heads, dtype):
         assert torch.equal(merged, expected)
         assert all(torch.equal(a.tau, t.tau) and t.tau.shape == (b,) for a, t in zip(alone, together))
         assert not torch.equal(merged, kv)  # something merged
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cam_merge_together_equals_each_layer_merging_alone(dtype):
+    torch.manual_seed(2)
+    layers, b, h, n, d, k = 4, 2, 2, 24, 8, 16
+
+    def methods():
+        made = [CaM(n - 1, layer_idx=i) for i in range(layers)]
+        for i, method in enumerate(made):
+            method.per_token["acc"] = acc[i].clone()
+            method.deferred_targets = targets[i]
+        return made
+
+    kv = torch.randn(2, layers, b, h, n, d).to(dtype)
+    acc = torch.rand(layers, b, h, n)
+    ranked = torch.rand(layers, b, h, n).argsort(dim=-1)  # distinct slots per head
+    dropped, targets = ranked[..., :1], ranked[..., 1 : k + 1]
+    expected = kv.clone()
+    for i, method in enumerate(methods()):
+        CaM.merge_together([method], expected[:, i].unsqueeze(1), dropped[i].unsqueeze(0))
+    merged = kv.clone()
+    CaM.merge_together(methods(), merged, dropped)
+    assert torch.equal(merged, expected)
+    assert torch.equal(merged[0], kv[0])  # keys never change
+    assert not torch.equal(merged, kv)  # some value merged
 
 
 def test_merge_together_with_some_layers_before_their_first_eviction():

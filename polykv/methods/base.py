@@ -15,7 +15,8 @@ contents into kept slots of `view.keys` / `view.values` in place before returnin
 step's attention output is already computed, and those tensors are the layer's cache. A merging method
 that sets `merges_together` (D2O) may instead leave a one-slot step's merge to the runtime, which then
 merges every layer of the same method, parameters and capacity at once after the step's last of them
-(`merge_together`, `polykv.runtime.merges`); the view's `defer_merge` says when.
+(`merge_together`, `polykv.runtime.merges`): the view's `defer_merge` says when it may, the eviction's
+`merge_deferred` that it did.
 
 Decode steps (see the runtime): an evicting layer holds its slots in storage of capacity + interval
 slots and writes each new token into a slot the last eviction freed, so a step reallocates nothing;
@@ -86,8 +87,8 @@ class LayerView:
     # keys and values as one [2, b, h, n, d] tensor when they are the two halves of one block (static-shape
     # decode): a merging method can then gather and write both with one operation each
     kv: torch.Tensor | None = None
-    # the runtime will merge this step's one-slot eviction together with other layers' (`merge_together`):
-    # a method that `merges_together` returns the eviction without merging
+    # the runtime may merge this step's one-slot eviction together with other layers' (`merge_together`):
+    # a method that `merges_together` may then return it unmerged, marked `merge_deferred`
     defer_merge: bool = False
 
     @property
@@ -114,6 +115,9 @@ class Eviction:
 
     keep: torch.Tensor | None = None  # [b, h, k] int64
     dropped: torch.Tensor | None = None  # [b, h, 1] int64: the single slot evicted (the usual decode step)
+    # the method left this one-slot eviction's merge to the runtime, as `LayerView.defer_merge` allowed
+    # (`Method.merge_together`); the slots and the method's per-slot state then move after that merge
+    merge_deferred: bool = False
 
     def kept_mask(self, length: int) -> torch.Tensor:
         """Boolean [b, h, n]: which slots stay."""
@@ -354,7 +358,8 @@ class Method:
         """The merges of one-slot steps that layers left to the runtime (`LayerView.defer_merge`), all at
         once, with the numbers of each layer merging alone: layer i (`methods[i]`, all with the same
         parameters and capacity) holds keys and values kv[:, i] ([2, L, b, h, n, d], merged in place) and
-        evicts slot dropped[i, b, h, 0] ([L, b, h, 1]; the runtime moves the slots afterwards)."""
+        evicts slot dropped[i, b, h, 0] ([L, b, h, 1]); its per-slot state is still that of its step (the
+        runtime moves the slots and the state afterwards)."""
         raise NotImplementedError(f"{cls.name} merges each layer alone")
 
     # ---- native allocation ----------------------------------------------------------------------

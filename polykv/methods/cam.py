@@ -66,10 +66,12 @@ class CaM(Method):
     Params = CaMParams
     below_capacity = ("sinks",)
     merges = True
+    merges_together = True
 
     def __init__(self, capacity, params=None, layer_idx=0, interval=1):
         super().__init__(capacity, params, layer_idx, interval)
         self.generator: list[torch.Generator] | None = None  # one per batch row
+        self.deferred_targets: torch.Tensor | None = None  # the targets of a merge left to the runtime
 
     def needs(self, phase: Phase, length: int) -> Needs:
         return COLUMN_SUMS  # the accumulation needs every step, evicting or not
@@ -97,6 +99,9 @@ class CaM(Method):
                 # targets (positions are unique per head), in one ranking
                 ranked = oldest.topk(k + 1, dim=-1, largest=False).indices
                 dropped = ranked[..., :1]
+                if view.defer_merge:  # the runtime merges it with other layers' (`merge_together`)
+                    self.deferred_targets = ranked[..., 1:]
+                    return Eviction(dropped=dropped, merge_deferred=True)
                 self._merge_one(view, acc, dropped, targets=ranked[..., 1:])
                 return Eviction(dropped=dropped)
             eviction = Eviction(dropped=oldest.argmin(dim=-1, keepdim=True))
@@ -119,29 +124,26 @@ class CaM(Method):
         # Draw for every slot, as `_merge` does, so that the generator's stream stays the same. A draw u
         # in [0, 1) is below p = clamp(ratio, 0, 1) (NaN -> 0) exactly when it is below the ratio itself.
         draws = self._draws(acc)
-        k = min(self.params.merge_budget, view.length)
-        d = view.values.shape[-1]
         if targets is not None:
-            # At least k slots besides the evicted one and the sinks: every target exists and K = k, so
-            # the masks of which targets exist (all true) drop out, with the same numbers.
-            ratio = acc.gather(-1, dropped) / (acc.gather(-1, targets).sum(-1, keepdim=True) / k)  # [b, h, 1]
-            share = (draws.gather(-1, dropped) < ratio) / k  # m / K, the same for every target [b, h, 1]
-            shape = targets.shape
-        else:
-            # The evicted token is the oldest non-sink one, so every slot after it by position is eligible
-            # (sinks come before it); the targets are the `merge_budget` oldest of those.
-            eligible = view.positions > view.positions.gather(-1, dropped)
-            targets, valid, count = self._targets(view, eligible)
-            ratio = acc.gather(-1, dropped) / ((acc.gather(-1, targets) * valid).sum(-1, keepdim=True) / count)
-            share = (draws.gather(-1, dropped) < ratio) / count * valid  # m / K for each target that exists
-            shape = share.shape
-        value = view.values.gather(2, dropped[..., None].expand(*dropped.shape, d))  # [b, h, 1, d]
-        if value.dtype != torch.float32:
-            value = value.float()
-        add = share[..., None] * value  # m v_e / K, [b, h, 1 or k, d]
-        if add.dtype != view.values.dtype:
-            add = add.to(view.values.dtype)
-        view.values.scatter_add_(2, targets.unsqueeze(-1).expand(*shape, d), add.expand(*shape, d))
+            _merge_into_targets(view.values, acc, draws, dropped, targets)
+            return
+        # The evicted token is the oldest non-sink one, so every slot after it by position is eligible
+        # (sinks come before it); the targets are the `merge_budget` oldest of those.
+        eligible = view.positions > view.positions.gather(-1, dropped)
+        targets, valid, count = self._targets(view, eligible)
+        ratio = acc.gather(-1, dropped) / ((acc.gather(-1, targets) * valid).sum(-1, keepdim=True) / count)
+        share = (draws.gather(-1, dropped) < ratio) / count * valid  # m / K for each target that exists
+        _add_shares(view.values, dropped, targets, share)
+
+    @classmethod
+    def merge_together(cls, methods: list[CaM], kv: torch.Tensor, dropped: torch.Tensor) -> None:
+        # each layer draws from its own generators, over its state before the slots move
+        states = [method.per_token["acc"] for method in methods]
+        draws = torch.stack([method._draws(acc) for method, acc in zip(methods, states)])
+        targets = torch.stack([method.deferred_targets for method in methods])  # [L, b, h, k]
+        _merge_into_targets(kv[1], torch.stack(states), draws, dropped, targets)
+        for method in methods:
+            method.deferred_targets = None
 
     def _targets(self, view: LayerView, eligible: torch.Tensor):
         """The `merge_budget` oldest eligible slots [b, h, k], which of them exist, and how many (K)."""
@@ -184,6 +186,32 @@ class CaM(Method):
     def seed_for_layer(self) -> int:
         """The generator's seed: `seed` mixed with the layer index, so layers draw independently."""
         return (self.params.seed * 1_000_003 + self.layer_idx) % (2**63)
+
+
+def _merge_into_targets(
+    values: torch.Tensor, acc: torch.Tensor, draws: torch.Tensor, dropped: torch.Tensor, targets: torch.Tensor
+) -> None:
+    """The merge when every one of the k targets exists (at least k slots besides the evicted one and the
+    sinks), for one layer or many at once: K = k, so the masks of which targets exist (all true) drop out,
+    with the same numbers. values [..., b, h, n, d]; acc and draws [..., b, h, n]; dropped [..., b, h, 1];
+    targets [..., b, h, k] (the leading dimensions, if any, are layers)."""
+    k = targets.shape[-1]
+    ratio = acc.gather(-1, dropped) / (acc.gather(-1, targets).sum(-1, keepdim=True) / k)  # [..., b, h, 1]
+    share = (draws.gather(-1, dropped) < ratio) / k  # m / K, the same for every target [..., b, h, 1]
+    _add_shares(values, dropped, targets, share)
+
+
+def _add_shares(values: torch.Tensor, dropped: torch.Tensor, targets: torch.Tensor, share: torch.Tensor) -> None:
+    """values[target] += share * values[dropped] for each target of each head (in place; the products in
+    fp32, added in the cache's dtype); share [..., b, h, 1 or k]."""
+    d = values.shape[-1]
+    value = values.gather(-2, dropped.unsqueeze(-1).expand(*dropped.shape, d))  # [..., b, h, 1, d]
+    if value.dtype != torch.float32:
+        value = value.float()
+    add = share.unsqueeze(-1) * value  # m v_e / K, [..., b, h, 1 or k, d]
+    if add.dtype != values.dtype:
+        add = add.to(values.dtype)
+    values.scatter_add_(-2, targets.unsqueeze(-1).expand(*targets.shape, d), add.expand(*targets.shape, d))
 
 
 _NO_TARGET = 2**62  # a position no slot holds: ranks after every eligible slot

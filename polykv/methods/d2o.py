@@ -133,7 +133,9 @@ class D2O(AccumulatedAttention):
             self._sinks_marked = True
         eviction = evict_lowest(score, capacity, protected=recent_mask(view, recent))
         if eviction.dropped is not None:
-            if not view.defer_merge:  # else the runtime merges it with other layers' (`merge_together`)
+            if view.defer_merge:  # the runtime merges it with other layers' (`merge_together`)
+                eviction.merge_deferred = True
+            else:
                 self._merge_one(view, eviction.dropped)
         else:
             self._merge(view, eviction)

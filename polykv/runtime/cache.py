@@ -237,7 +237,9 @@ class RoutedLayer(DynamicLayer):
         if self.phase is Phase.DECODE:
             eviction = self.method.step(view)
             # the method left a one-slot merge to the runtime: the group does it after its last layer
-            deferred = view.defer_merge and eviction is not None and eviction.dropped is not None
+            deferred = eviction is not None and eviction.merge_deferred
+            if deferred and not (view.defer_merge and eviction.dropped is not None):
+                raise RoutedCacheError(f"layer {self.layer_idx}: {self.method.name} deferred a merge it could not")
             self._apply(eviction, deferred)
             if self.merges is not None and self.merges.pending:
                 self.merges.layer_done(self)
@@ -284,8 +286,8 @@ class RoutedLayer(DynamicLayer):
         """The usual decode step drops one slot of each head: the newest (last) slot moves into it
         instead of the whole cache being copied (slots are unordered; positions say where each token
         was). In the blocks of static-shape decode this is one scatter for keys and values together;
-        `deferred`: the merge group does it, after the merge (keys and values are the n - 1 slot prefix
-        already, the dropped slot's contents until then)."""
+        `deferred`: the merge group moves the key/value slot and the methods' state after the merge (keys
+        and values are the n - 1 slot prefix already, the dropped slot's contents until then)."""
         if self._pos is not None and self._pos.holds(self._positions):
             # right after an append the moved slot holds the newest position: scatter it as a number
             self._positions = self._pos.drop(dropped, n, last=self.seen - 1 if newest_last else None)
@@ -294,13 +296,18 @@ class RoutedLayer(DynamicLayer):
         if self._holds_kv(n):
             if deferred:
                 self._group.defer(self, dropped, n)
-            else:
-                self._kv.drop(dropped, n)
+                self.keys, self.values = self._keys.prefix(n - 1), self._values.prefix(n - 1)
+                return
+            self._kv.drop(dropped, n)
             self.keys, self.values = self._keys.prefix(n - 1), self._values.prefix(n - 1)
         elif deferred:
             raise RoutedCacheError(f"layer {self.layer_idx}: a merge was deferred by a layer without its group's block")
         else:
             self.keys, self.values = drop_one_slot(self.keys, dropped), drop_one_slot(self.values, dropped)
+        self.drop_method_states(dropped)
+
+    def drop_method_states(self, dropped: torch.Tensor) -> None:
+        """Every method's per-slot state follows a one-slot drop."""
         for method in self.methods.values():
             for name in method.per_token:
                 method.drop_slot(name, dropped)

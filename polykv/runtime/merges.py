@@ -4,11 +4,11 @@ and capacity share one block of slot storage and merge, in one set of operations
 A merging method's one-slot decode step (D2O's) is a few dozen small operations, the same in every layer,
 and on a decode step bound by host-side work they cost more than the layer's attention. So the keys and
 values of such layers are the slices [:, i] of one [2, L, b, h, capacity + 1, d] block, and each layer's
-step decides its eviction as usual but leaves two things pending: its merge, and the move of its last
-key/value slot into the dropped one (its positions and method state move at once, as in any layer). Once
-the last of the group's layers has run its step, the group merges every layer at once
-(`Method.merge_together`, over the whole block) and then moves every layer's slot with one scatter. In
-between, nothing reads a pending layer's keys or values (each later layer attends to its own), so every
+step decides its eviction as usual but leaves its merge pending, and with it the move of its last
+key/value slot and method state into the dropped slot (its positions move at once). Once the last of the
+group's layers has run its step, the group merges every layer at once (`Method.merge_together`, over the
+whole block), moves every layer's key/value slot with one scatter, and each layer's state. In between,
+nothing reads a pending layer's keys, values or state (each later layer attends to its own), so every
 number is the one the layer would produce merging alone, bit for bit. The pending work is done before
 the step ends: between two forward passes nothing is pending.
 
@@ -71,11 +71,14 @@ class MergeGroup:
             dropped = torch.stack([pending[i][0] for i in range(len(self.members))])  # [L, b, h, 1]
             type(self.methods[0]).merge_together(self.methods, self.block.prefix(n), dropped)
             self.block.drop(dropped, n)
+            for i, layer in enumerate(self.members):
+                layer.drop_method_states(pending[i][0])
             return
         for i, (dropped, n) in pending.items():  # each alone
             kv = self.slices[i].prefix(n).unsqueeze(1)  # [2, 1, b, h, n, d]
             type(self.methods[i]).merge_together([self.methods[i]], kv, dropped.unsqueeze(0))
             self.slices[i].drop(dropped, n)
+            self.members[i].drop_method_states(dropped)
 
 
 class MergeGroups:
