@@ -13,7 +13,7 @@ Methods keep per-slot state in `self.per_token` ({name: [b, h, n, ...] tensor});
 it with the cache, so scores and slots never drift apart. Merging methods (CaM, D2O) write merged
 contents into kept slots of `view.keys` / `view.values` in place before returning their eviction: the
 step's attention output is already computed, and those tensors are the layer's cache. A merging method
-that sets `merges_together` (D2O) may instead leave a one-slot step's merge to the runtime, which then
+that sets `merges_together` (D2O, CaM) may instead leave a one-slot step's merge to the runtime, which then
 merges every layer of the same method, parameters and capacity at once after the step's last of them
 (`merge_together`, `polykv.runtime.merges`): the view's `defer_merge` says when it may, the eviction's
 `merge_deferred` that it did.

@@ -1,16 +1,16 @@
 """Merges done together: the layers of a routed cache that run one merging method with the same parameters
 and capacity share one block of slot storage and merge, in one set of operations, once per decode step.
 
-A merging method's one-slot decode step (D2O's) is a few dozen small operations, the same in every layer,
-and on a decode step bound by host-side work they cost more than the layer's attention. So the keys and
-values of such layers are the slices [:, i] of one [2, L, b, h, capacity + 1, d] block, and each layer's
-step decides its eviction as usual but leaves its merge pending, and with it the move of its last
+A merging method's one-slot decode step (D2O's, CaM's) is a dozen or more small operations, the same in
+every layer, and on a decode step bound by host-side work they cost more than the layer's attention. So the
+keys and values of such layers are the slices [:, i] of one [2, L, b, h, capacity + 1, d] block, and each
+layer's step decides its eviction as usual but leaves its merge pending, and with it the move of its last
 key/value slot and method state into the dropped slot (its positions move at once). Once the last of the
 group's layers has run its step, the group merges every layer at once (`Method.merge_together`, over the
 whole block), moves every layer's key/value slot with one scatter, and each layer's state. In between,
-nothing reads a pending layer's keys, values or state (each later layer attends to its own), so every
-number is the one the layer would produce merging alone, bit for bit. The pending work is done before
-the step ends: between two forward passes nothing is pending.
+nothing reads a pending layer's keys, values or state (each later layer attends to its own), so every number
+is the one the layer would produce merging alone, bit for bit. The pending work is done before the step
+ends: between two forward passes nothing is pending.
 
 A group merges together only when each of its layers left a merge over the same number of slots;
 otherwise each pending merge runs alone (the same numbers, one layer at a time).
