@@ -81,7 +81,7 @@ def _run(model, plan, ids, steps=STEPS):
             out = model(out.logits[:, -1:].argmax(-1), use_cache=True, **{name: session.cache})
             logits.append(out.logits)
             states.append(_state(session.cache))
-            assert not session.cache.layers[0].merges.pending  # nothing waits between forward passes
+            assert not session.cache.layers[0].merge_groups.pending  # nothing waits between forward passes
     return logits + [t for state in states for t in state], sizes
 
 
@@ -226,7 +226,7 @@ def test_a_forward_pass_stopped_halfway_merges_before_the_layer_runs_again():
         with pytest.raises(RuntimeError, match="stopped"):
             model(torch.tensor([[5]]), use_cache=True, **{name: cache})
         handle.remove()
-        group = cache.layers[0].merges.pending[0]
+        group = cache.layers[0].merge_groups.pending[0]
         assert group.waits_for(cache.layers[0])  # layers 0-2 stepped; the last never did
         cache.layers[0].update(cache.layers[0].keys[:, :, :1].clone(), cache.layers[0].values[:, :, :1].clone())
-        assert not cache.layers[0].merges.pending
+        assert not cache.layers[0].merge_groups.pending

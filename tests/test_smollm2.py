@@ -14,6 +14,7 @@ from polykv.eval.suites import ruler
 from polykv.methods import REGISTRY, params_that_fit
 from polykv.methods.base import LayerView
 from polykv.methods.snapkv import pool_votes
+from polykv.models import cache_argument_name
 from polykv.plan import Phase, Plan
 from polykv.profile.corpus import CorpusSpec, build_corpus
 from polykv.runtime import routed
@@ -109,7 +110,7 @@ def _real_views(model, ids: torch.Tensor, layers: tuple[int, ...]) -> dict[int, 
     try:
         with torch.no_grad():
             cache = DynamicCache(config=model.config)
-            out = model(ids, past_key_values=cache, use_cache=True, output_attentions=True)
+            out = model(ids, use_cache=True, output_attentions=True, **{cache_argument_name(model): cache})
     finally:
         model.set_attn_implementation("sdpa")
     views = {}

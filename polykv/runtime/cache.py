@@ -72,7 +72,7 @@ class RoutedLayer(DynamicLayer):
         self._newest_last = False  # does the last slot hold the newest position (seen - 1)?
         # Layers that merge together (`polykv.runtime.merges`): the cache's groups, and the group whose
         # block holds this layer's keys and values (None: a block of its own, or none)
-        self.merges: MergeGroups | None = None
+        self.merge_groups: MergeGroups | None = None
         self._group: MergeGroup | None = None
 
     # ---- Hugging Face cache-layer interface ---------------------------------------------------
@@ -120,7 +120,7 @@ class RoutedLayer(DynamicLayer):
     def _new_kv_block(self, slots: int) -> None:
         """Keys and values into a new block of `slots` slots: a slice of the block of the layer's merge
         group when it has one, else a block of its own."""
-        handed = None if self.merges is None else self.merges.block_for(self, slots)
+        handed = None if self.merge_groups is None else self.merge_groups.block_for(self, slots)
         if handed is None:
             self._kv = SlotBlock.around(torch.stack([self.keys, self.values]), slots, dim=3)
         else:
@@ -132,7 +132,7 @@ class RoutedLayer(DynamicLayer):
 
     @property
     def defers_merge(self) -> bool:
-        """Will this decode step's one-slot merge run with the merge group's others (see `merges`)?"""
+        """Will this decode step's one-slot merge run with the merge group's others (`polykv.runtime.merges`)?"""
         return self._group is not None and self.phase is Phase.DECODE and self._holds_kv(self.retained)
 
     def reserve(self, slots: int) -> None:
@@ -183,8 +183,8 @@ class RoutedLayer(DynamicLayer):
         super().reset()
         self.seen, self._positions = 0, None
         self._free_blocks()
-        if self.merges is not None:
-            self.merges.forget()
+        if self.merge_groups is not None:
+            self.merge_groups.forget()
         for method in self.methods.values():
             method.forget()
 
@@ -241,8 +241,8 @@ class RoutedLayer(DynamicLayer):
             if deferred and not (view.defer_merge and eviction.dropped is not None):
                 raise RoutedCacheError(f"layer {self.layer_idx}: {self.method.name} deferred a merge it could not")
             self._apply(eviction, deferred)
-            if self.merges is not None and self.merges.pending:
-                self.merges.layer_done(self)
+            if self.merge_groups is not None and self.merge_groups.pending:
+                self.merge_groups.layer_done(self)
             return
         self.methods[Phase.DECODE].observe_prefill(view)
         eviction = self.method.step(view)
@@ -369,9 +369,9 @@ class RoutedCache(Cache):
         ]
         super().__init__(layers=layers)
         self.plan = plan
-        merges = MergeGroups(layers)
+        merge_groups = MergeGroups(layers)
         for layer in layers:
-            layer.merges = merges
+            layer.merge_groups = merge_groups
         self.native_totals: dict[Phase, int] = {}
         if plan.allocation == "native":
             for phase in plan.scope.phases:

@@ -31,8 +31,8 @@ TOGETHER = True
 class MergeGroup:
     """Layers that merge together: their block, which of them hold their slice, and the pending merges."""
 
-    def __init__(self, cache: MergeGroups, members: list, storage: torch.Tensor):
-        self.cache = cache
+    def __init__(self, owner: MergeGroups, members: list, storage: torch.Tensor):
+        self.owner = owner  # the cache's groups, which list the groups with pending merges
         self.members = members
         self.methods = [layer.methods[Phase.DECODE] for layer in members]
         self.index = {layer: i for i, layer in enumerate(members)}
@@ -53,7 +53,7 @@ class MergeGroup:
     def defer(self, layer, dropped: torch.Tensor, n: int) -> None:
         """Layer `layer`, holding n slots, evicts `dropped`: merge and move its slot later (`flush`)."""
         if not self.pending:
-            self.cache.pending.append(self)
+            self.owner.pending.append(self)
         self.pending[self.index[layer]] = (dropped, n)
 
     def waits_for(self, layer) -> bool:
@@ -63,8 +63,8 @@ class MergeGroup:
     def flush(self) -> None:
         """Do every pending merge and slot move: together when every member waits over the same slots."""
         pending, self.pending = self.pending, {}
-        if self in self.cache.pending:
-            self.cache.pending.remove(self)
+        if self in self.owner.pending:
+            self.owner.pending.remove(self)
         sizes = {n for _, n in pending.values()}
         if len(pending) == len(self.members) and len(sizes) == 1:
             n = sizes.pop()
