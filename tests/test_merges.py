@@ -101,9 +101,9 @@ def test_merging_together_gives_the_numbers_of_each_layer_alone(method, label, b
     monkeypatch.setattr(merges, "TOGETHER", False)
     alone, sizes_alone = _run(model, plan, ids)
     assert _identical(together, alone)
-    assert set(sizes_alone) <= {1}  # the reference really merged layer by layer
+    assert not sizes_alone  # the reference merged each layer at its own step
     if label != "native":  # native allocation gives each layer its own capacity: no group
-        assert max(sizes) >= 2, f"no layers merged together: {dict(sizes)}"
+        assert max(sizes, default=0) >= 2, f"no layers merged together: {dict(sizes)}"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -286,25 +286,26 @@ class RoutedLayer(DynamicLayer):
         """The usual decode step drops one slot of each head: the newest (last) slot moves into it
         instead of the whole cache being copied (slots are unordered; positions say where each token
         was). In the blocks of static-shape decode this is one scatter for keys and values together;
-        `deferred`: the merge group moves the key/value slot and the methods' state after the merge (keys
-        and values are the n - 1 slot prefix already, the dropped slot's contents until then)."""
+        `deferred`: the merge group moves the key/value slot and the methods' state after the merge (until
+        then keys and values are already the n - 1 slot prefix, whose dropped slot still holds the evicted
+        token)."""
         if self._pos is not None and self._pos.holds(self._positions):
             # right after an append the moved slot holds the newest position: scatter it as a number
             self._positions = self._pos.drop(dropped, n, last=self.seen - 1 if newest_last else None)
         else:  # materialized at the first eviction (writable storage, not an expanded arange)
             self._positions = drop_one_slot(self.positions.contiguous(), dropped)
         if self._holds_kv(n):
-            if deferred:
+            if deferred:  # the group moves the slot, and the methods' state, after the merge
                 self._group.defer(self, dropped, n)
-                self.keys, self.values = self._keys.prefix(n - 1), self._values.prefix(n - 1)
-                return
-            self._kv.drop(dropped, n)
+            else:
+                self._kv.drop(dropped, n)
             self.keys, self.values = self._keys.prefix(n - 1), self._values.prefix(n - 1)
         elif deferred:
             raise RoutedCacheError(f"layer {self.layer_idx}: a merge was deferred by a layer without its group's block")
         else:
             self.keys, self.values = drop_one_slot(self.keys, dropped), drop_one_slot(self.values, dropped)
-        self.drop_method_states(dropped)
+        if not deferred:
+            self.drop_method_states(dropped)
 
     def drop_method_states(self, dropped: torch.Tensor) -> None:
         """Every method's per-slot state follows a one-slot drop."""
