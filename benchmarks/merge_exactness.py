@@ -19,12 +19,14 @@ from pathlib import Path
 
 import torch
 
-sys.path.append(str(Path(__file__).resolve().parents[1]))  # after PYTHONPATH: the test helpers
-from polykv.models import cache_argument_name  # noqa: E402
-from polykv.plan import Phase, Plan  # noqa: E402
-from polykv.runtime import routed  # noqa: E402
-from polykv.runtime.batch import generate_many  # noqa: E402
-from tests.helpers import decode_logits, plan_of, prompt, tiny_model  # noqa: E402
+from polykv.models import cache_argument_name
+from polykv.plan import Plan
+from polykv.runtime import routed
+from polykv.runtime.batch import generate_many
+
+# The package is imported (from PYTHONPATH or the install); the test helpers come from this checkout
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.helpers import cache_state, decode_logits, identical, plan_of, prompt, tiny_model  # noqa: E402
 
 # capacities and parameters per method: CaM's usual step needs more than sinks + merge budget slots
 SETTINGS = {
@@ -43,21 +45,10 @@ SETTINGS = {
 }
 
 
-def _state(cache) -> list[torch.Tensor]:
-    out = []
-    for layer in cache.layers:
-        method = layer.methods[Phase.DECODE]
-        out += [layer.positions.clone(), layer.keys.clone(), layer.values.clone()]
-        if getattr(method, "tau", None) is not None:
-            out.append(method.tau.clone())
-        out += [v.clone() for _, v in sorted(method.per_token.items())]
-    return out
-
-
 def _run(model, plan, ids, steps) -> list[torch.Tensor]:
     with routed(model, plan):
         logits, cache = decode_logits(model, ids, steps, cache_argument_name(model))
-    return [t.clone() for t in logits] + _state(cache)
+    return [t.clone() for t in logits] + cache_state(cache)
 
 
 def _edit(plan: Plan, edit) -> Plan:
@@ -132,10 +123,10 @@ def configurations(method: str) -> dict:
         name = cache_argument_name(model)
         with routed(model, Plan.homogeneous(method, small, 4, scope="decode")):
             first, cache = decode_logits(model, prompt(model, length=40), 20, name)
-            state = _state(cache)
+            state = cache_state(cache)
             cache.reset()
             second, cache = decode_logits(model, prompt(model, length=44, seed=5), 20, name, cache=cache)
-        return first + state + second + _state(cache)
+        return first + state + second + cache_state(cache)
 
     runs["reset"] = reset
 
@@ -143,7 +134,7 @@ def configurations(method: str) -> dict:
         model = tiny_model("llama", num_hidden_layers=4)
         with routed(model, Plan.homogeneous(method, small, 4, scope="decode")) as session:
             out = model.generate(prompt(model, length=40), max_new_tokens=24, do_sample=False, min_new_tokens=24)
-        return [out] + _state(session.cache)
+        return [out] + cache_state(session.cache)
 
     runs["generate"] = generate
 
@@ -170,12 +161,7 @@ def main() -> None:
         print(f"recorded {len(results)} configurations")
         return
     recorded = torch.load(args.path)
-    same = lambda a, b: a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)  # noqa: E731
-    differ = [
-        name
-        for name, tensors in results.items()
-        if len(recorded[name]) != len(tensors) or not all(same(a, b) for a, b in zip(recorded[name], tensors))
-    ]
+    differ = [name for name, tensors in results.items() if not identical(recorded[name], tensors)]
     for name in differ:
         print("differs:", name)
     print(f"{len(results) - len(differ)}/{len(results)} identical")

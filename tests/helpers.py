@@ -100,6 +100,24 @@ def decode_logits(model, ids: torch.Tensor, steps: int, cache_name: str, cache=N
     return logits, cache
 
 
+def cache_state(cache) -> list[torch.Tensor]:
+    """Copies of every number a later decode step could depend on, layer by layer: positions, keys, values,
+    the decode method's per-slot state and its merge threshold (D2O's tau) when it has one."""
+    out = []
+    for layer in cache.layers:
+        method = layer.methods[Phase.DECODE]
+        out += [layer.positions, layer.keys, layer.values, *(t for _, t in sorted(method.per_token.items()))]
+        if getattr(method, "tau", None) is not None:
+            out.append(method.tau)
+    return [t.clone() for t in out]
+
+
+def identical(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    """The same tensors, bit for bit (dtypes and shapes included)."""
+    same = lambda x, y: x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y)  # noqa: E731
+    return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+
+
 def max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     assert len(a) == len(b)
     return max((x - y).abs().max().item() for x, y in zip(a, b))

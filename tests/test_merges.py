@@ -14,10 +14,10 @@ from polykv.methods import REGISTRY
 from polykv.methods.cam import CaM
 from polykv.methods.d2o import D2O
 from polykv.models import cache_argument_name
-from polykv.plan import Phase, Plan
+from polykv.plan import Plan
 from polykv.runtime import merges, routed
 from polykv.runtime.batch import generate_many
-from tests.helpers import decode_logits, plan_of, prompt, tiny_model
+from tests.helpers import cache_state, decode_logits, identical, plan_of, prompt, tiny_model
 
 LAYERS, PROMPT, STEPS = 4, 40, 20
 
@@ -51,17 +51,6 @@ CASES = [(method, label) for method in ("d2o", "cam") for label in sorted(_plans
 PLANS = _plans("d2o")
 
 
-def _state(cache) -> list[torch.Tensor]:
-    """Every number a later step could depend on: slots, positions, keys, values and method state."""
-    out = []
-    for layer in cache.layers:
-        method = layer.methods[Phase.DECODE]
-        out += [layer.positions, layer.keys, layer.values, *method.per_token.values()]
-        if getattr(method, "tau", None) is not None:
-            out.append(method.tau)
-    return [t.clone() for t in out]
-
-
 def _run(model, plan, ids, steps=STEPS):
     """Logits of every step and the state after each; and how many layers each merge_together call had."""
     sizes = collections.Counter()
@@ -80,15 +69,9 @@ def _run(model, plan, ids, steps=STEPS):
         for _ in range(steps):
             out = model(out.logits[:, -1:].argmax(-1), use_cache=True, **{name: session.cache})
             logits.append(out.logits)
-            states.append(_state(session.cache))
+            states.append(cache_state(session.cache))
             assert not session.cache.layers[0].merge_groups.pending  # nothing waits between forward passes
     return logits + [t for state in states for t in state], sizes
-
-
-def _identical(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
-    return len(a) == len(b) and all(
-        x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y) for x, y in zip(a, b)
-    )
 
 
 @pytest.mark.parametrize("batch", [1, 2])
@@ -100,7 +83,7 @@ def test_merging_together_gives_the_numbers_of_each_layer_alone(method, label, b
     together, sizes = _run(model, plan, ids)
     monkeypatch.setattr(merges, "TOGETHER", False)
     alone, sizes_alone = _run(model, plan, ids)
-    assert _identical(together, alone)
+    assert identical(together, alone)
     assert not sizes_alone  # the reference merged each layer at its own step
     if label != "native":  # native allocation gives each layer its own capacity: no group
         assert max(sizes, default=0) >= 2, f"no layers merged together: {dict(sizes)}"
@@ -195,11 +178,11 @@ def test_a_new_sequence_in_the_same_cache_gets_a_new_block_and_the_same_numbers(
             cache.reset()
             second, cache = decode_logits(model, prompt(model, PROMPT + 4, seed=5), 12, name, cache=cache)
             assert all(torch.equal(t, b) for t, b in zip(held, before))  # the old sequence's keys untouched
-        return first + second + _state(cache)
+        return first + second + cache_state(cache)
 
     together = two_sequences()
     monkeypatch.setattr(merges, "TOGETHER", False)
-    assert _identical(together, two_sequences())
+    assert identical(together, two_sequences())
 
 
 def test_plans_decoding_as_one_batch_merge_as_alone(monkeypatch):

@@ -300,8 +300,6 @@ class RoutedLayer(DynamicLayer):
             else:
                 self._kv.drop(dropped, n)
             self.keys, self.values = self._keys.prefix(n - 1), self._values.prefix(n - 1)
-        elif deferred:
-            raise RoutedCacheError(f"layer {self.layer_idx}: a merge was deferred by a layer without its group's block")
         else:
             self.keys, self.values = drop_one_slot(self.keys, dropped), drop_one_slot(self.values, dropped)
         if not deferred:
