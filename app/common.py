@@ -233,6 +233,39 @@ def placement_runs(job, finished: set[str]):
     return guided, [r for r in job.runs if r.label.get("series") == "placement" and r.run_id in finished]
 
 
+def clicked_task(chart, tasks: list[str]) -> str | None:
+    """The task of the bar a plotly chart's selection points at (its x), if it is one of `tasks`."""
+    selection = getattr(chart, "selection", None) or (chart.get("selection") if isinstance(chart, dict) else None)
+    points = (selection or {}).get("points") or []
+    for point in points:
+        if point.get("x") in tasks:
+            return point["x"]
+    return None
+
+
+def samples_frame(rows: list[dict]):
+    """A task's samples side by side as the page shows them: gold, A, B (with their metrics) and FullKV."""
+    import pandas as pd
+
+    from polykv.eval.sample_view import metrics_text, one_line
+
+    with_full = any(row["FullKV"] is not None for row in rows)
+    return pd.DataFrame(
+        [
+            {
+                "sample": row["sample"],
+                "gold": one_line(row["gold"], 200),
+                "A": one_line(row["A"], 400),
+                "A metrics": metrics_text(row["A metrics"]),
+                "B": one_line(row["B"], 400),
+                "B metrics": metrics_text(row["B metrics"]),
+                **({"FullKV": one_line(row["FullKV"], 400)} if with_full else {}),
+            }
+            for row in rows
+        ]
+    )
+
+
 def show(fig, name: str, **kwargs):
     """A plotly figure whose camera button downloads it as PNG or SVG (the sidebar's choice)."""
     fmt = st.session_state.get(state.FIGURE_FORMAT, "png")

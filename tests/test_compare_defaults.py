@@ -13,14 +13,13 @@ from app import charts
 from polykv.eval.compare import (
     can_log,
     compare_runs,
-    default_pair,
     interval_text,
     outcome,
     paired,
     preferred_metric,
-    runs_table,
     signed,
 )
+from polykv.eval.compare_defaults import default_pair, runs_table
 from polykv.eval.stats import paired_bootstrap
 from polykv.eval.store import Store
 from tests.helpers import fake_run

@@ -14,6 +14,7 @@ from polykv.eval import runner
 from polykv.eval.metrics import LONGBENCH_METRICS
 from polykv.eval.runner import run_suite
 from polykv.eval.store import Store
+from polykv.eval.suites import answers
 from polykv.eval.suites import longbench as lb
 from polykv.plan import Plan
 
@@ -349,11 +350,10 @@ def test_build_samples_payloads_default_max_length_and_subsets(demo_model, tmp_p
         )
 
 
-def test_score_sample_applies_the_official_scoring(monkeypatch, demo_model, data_dir):
+def test_score_sample_applies_the_official_scoring(demo_model, data_dir):
     model, tokenizer = demo_model
     settings = lb.LongBenchSettings(tasks=("hotpotqa", "trec", "passage_count"), data_dir=str(data_dir))
     samples = {(t, s): p for t, s, p in lb.build_samples(tokenizer, model, settings, 0)}
-    plan = Plan.homogeneous("full", None, 5)
     cases = [  # (task, sample, prediction, score)
         ("hotpotqa", "00001", "Lily.", 100.0),
         ("hotpotqa", "00001", "the girl Lily", 100 * 2 * (1 / 2) * 1 / (1 / 2 + 1)),
@@ -363,8 +363,7 @@ def test_score_sample_applies_the_official_scoring(monkeypatch, demo_model, data
         ("passage_count", "00002", "3 or 4", 50.0),
     ]
     for task, sample, prediction, expected in cases:
-        monkeypatch.setattr(lb, "generate", lambda model, plan, payload, p=prediction: p)
-        assert lb.score_sample(model, plan, samples[(task, sample)], settings) == {"score": pytest.approx(expected)}
+        assert lb._score(samples[(task, sample)], prediction) == {"score": pytest.approx(expected)}
 
 
 def test_end_to_end_run_on_the_demo_model_stores_a_score_per_task(demo_model, data_dir, tmp_path):
@@ -380,7 +379,11 @@ def test_end_to_end_run_on_the_demo_model_stores_a_score_per_task(demo_model, da
     scores = store.task_scores(run_id)
     assert set(scores) == {"hotpotqa", "trec", "passage_count", "lcc"}
     for values in scores.values():
-        assert set(values) == {"score"} and 0.0 <= values["score"] <= 100.0
+        assert set(values) == {"score", "agreement"} and 0.0 <= values["score"] <= 100.0
+        assert values["agreement"] == 1.0  # FullKV agrees with itself
     # the routed full plan predicts exactly what the unmodified model does
     payload = lb.build_samples(tokenizer, model, settings, 0)[0][2]
-    assert lb.generate(model, plan, payload) == lb.generate(model, None, payload)
+    question = lb._question(payload)
+    routed = answers.answer_alone(model, plan, question, "generate", lb._pad(tokenizer)).tokens
+    answers.clear_reference_cache()
+    assert routed == answers.fullkv_answer(model, question, lb._pad(tokenizer))

@@ -314,8 +314,7 @@ def test_lengths_too_small_are_refused(demo_model):
 # ---- scoring ----------------------------------------------------------------------------------------
 
 
-def test_scores_use_ruler_postprocessing_and_metrics(monkeypatch):
-    plan = Plan.homogeneous("full", None, 5)
+def test_scores_use_ruler_postprocessing_and_metrics():
     cases = [
         ("niah_multivalue", ["1234567", "7654321"], " 1234567 and\n7654321.", 100.0),
         ("niah_multivalue", ["1234567", "7654321"], "1234567", 50.0),
@@ -324,9 +323,8 @@ def test_scores_use_ruler_postprocessing_and_metrics(monkeypatch):
         ("qa_2", ["Paris"], "London", 0.0),
     ]
     for task, answers, prediction, expected in cases:
-        monkeypatch.setattr(ruler, "generate_answer", lambda model, plan, payload, p=prediction: p)
         payload = {"task": task, "answers": answers, "prompt_ids": [1], "tokens_to_generate": 4, "tokenizer": None}
-        assert ruler.score_sample(None, plan, payload, None) == {"score": expected}
+        assert ruler._score(payload, prediction) == {"score": expected}
 
 
 def test_the_suite_runs_end_to_end(demo_model, tmp_path):
@@ -336,8 +334,12 @@ def test_the_suite_runs_end_to_end(demo_model, tmp_path):
     run_id = run_suite(store, "demo", model, tokenizer, Plan.homogeneous("full", None, 5), "ruler", settings)
     scores = store.task_scores(run_id)
     assert set(scores) == {"niah_single_1", "fwe"}
-    assert all(set(v) == {"score"} and 0.0 <= v["score"] <= 100.0 for v in scores.values())
-    assert store.run(run_id)["status"] == "finished" and len(store.samples(run_id)) == 2
+    # generating: RULER's score, and agreement with FullKV's answer (1: this plan is FullKV)
+    assert all(set(v) == {"score", "agreement"} and 0.0 <= v["score"] <= 100.0 for v in scores.values())
+    assert all(v["agreement"] == 1.0 for v in scores.values())
+    rows = store.samples(run_id)
+    assert store.run(run_id)["status"] == "finished" and len(rows) == 2
+    assert all(isinstance(row["prediction"], str) and row["gold"] and row["prompt"]["sha256"] for row in rows)
 
 
 # ---- variable tracking: where the chain lines go ----------------------------------------------------
@@ -422,6 +424,7 @@ def test_several_lengths_name_tasks_by_length_and_fit_each_length(demo_model):
         "tasks": ["fwe"],
         "length": 400,
         "samples_per_task": 1,
+        "mode": "generate",
         "squad_path": None,
         "hotpot_path": None,
         "use_chat_template": "auto",

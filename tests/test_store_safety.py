@@ -33,8 +33,9 @@ from streamlit.testing.v1 import AppTest
 
 from polykv import jobs
 from polykv.errors import StoreError
+from polykv.eval.run_workers import Worker, process_start_time
 from polykv.eval.runner import run_suite
-from polykv.eval.store import SCHEMA_VERSION, Store, Worker, process_start_time
+from polykv.eval.store import SCHEMA_VERSION, Store
 from polykv.eval.suites.fidelity import FidelitySettings
 from polykv.eval.unit import Unit
 from polykv.plan import Plan
@@ -275,7 +276,7 @@ def test_a_new_database_is_created_whole_and_has_the_current_schema(tmp_path):
     store = Store(tmp_path / "ws" / "results.sqlite")
     assert sorted(p.name for p in (tmp_path / "ws").iterdir()) == ["results.sqlite"]  # no leftover temp file
     with sqlite3.connect(store.path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         columns = {row[1] for row in db.execute("PRAGMA table_info(runs)")}
     assert {"worker_pid", "worker_host", "worker_started"} <= columns

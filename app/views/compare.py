@@ -6,19 +6,19 @@ import streamlit as st
 from app import charts, common, session, state
 from polykv import jobs
 from polykv.errors import StoreError
+from polykv.eval import sample_view
 from polykv.eval.compare import (
     can_log,
     compare_runs,
-    default_pair,
     direction,
     interval_text,
     metrics_of,
     preferred_metric,
     ratio_text,
-    runs_table,
     signed,
     suite_score,
 )
+from polykv.eval.compare_defaults import default_pair, runs_table
 from polykv.eval.store import Store
 
 st.title("Compare")
@@ -96,9 +96,12 @@ else:
         )
         summary[4].metric("A wins / ties / losses", f"{result.wins} / {result.ties} / {result.losses}")
         st.caption(" · ".join(result.lines()))
-        common.show(
+        chart = common.show(
             charts.difference_figure(result.table, result.difference, result.low, result.high, metric, log=log),
             "difference",
+            key=state.COMPARE_CHART,
+            on_select="rerun",
+            selection_mode="points",
         )
         left, right = st.columns(2)
         left.dataframe(result.report_table(), hide_index=True, width="stretch")
@@ -111,5 +114,24 @@ else:
             )
         if result.only_in_a or result.only_in_b:
             st.caption(f"Left out (not in both runs): {', '.join(result.only_in_a + result.only_in_b)}")
+
+        # ---- the samples behind a task: click its bar, or pick it ----
+        tasks = list(result.table["task"])
+        clicked = common.clicked_task(chart, tasks)
+        if clicked != st.session_state.get(state.COMPARE_CLICKED):  # a new click (the selection outlives reruns)
+            st.session_state[state.COMPARE_CLICKED] = clicked
+            if clicked is not None:
+                st.session_state[state.COMPARE_TASK] = clicked
+        st.subheader("Samples of a task, side by side")
+        pick = st.columns([3, 2])
+        task = pick[0].selectbox("Task (or click its bar above)", tasks, key=state.COMPARE_TASK)
+        only = pick[1].toggle("Only where A and B differ", value=False, key=state.COMPARE_DIFFERING)
+        rows = sample_view.side_by_side(store, run_a, run_b, task, only_differing=only)
+        if not rows:
+            st.info("No sample of this task to show" + (" where A and B differ." if only else "."))
+        else:
+            if all(row["A"] is None and row["B"] is None for row in rows):
+                st.caption("These runs scored the gold answer without generating (mode score): no answers to show.")
+            st.dataframe(common.samples_frame(rows), hide_index=True, width="stretch")
 
 show_runs()

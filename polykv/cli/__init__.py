@@ -26,6 +26,9 @@ app = typer.Typer(
 plan_app = typer.Typer(no_args_is_help=True, help="Inspect, check and build plan files.")
 experiment_app = typer.Typer(no_args_is_help=True, help="Controlled experiments: factorial, placement, sweep.")
 jobs_app = typer.Typer(no_args_is_help=True, help="Background jobs (what the web app starts): list, cancel, resume.")
+runs_app = typer.Typer(
+    invoke_without_command=True, help="Runs in the results database: list them, or `show` one's samples."
+)
 
 COMMANDS = (  # (app, name, function), in the order `--help` lists them
     (app, "methods", plans.methods),
@@ -34,13 +37,13 @@ COMMANDS = (  # (app, name, function), in the order `--help` lists them
     (app, "heterogeneity", profiles.heterogeneity),
     (app, "route", profiles.route),
     (app, "eval", evaluation.evaluate),
-    (app, "runs", evaluation.runs),
     (app, "compare", evaluation.compare),
     (app, "search", search.search),
     (app, "import-llama2c", plans.import_llama2c_command),
     (plan_app, "show", plans.plan_show),
     (plan_app, "validate", plans.plan_validate),
     (plan_app, "homogeneous", plans.plan_homogeneous),
+    (runs_app, "show", evaluation.runs_show),
     (experiment_app, "factorial", experiments.experiment_factorial),
     (experiment_app, "placement", experiments.experiment_placement),
     (experiment_app, "sweep", experiments.experiment_sweep),
@@ -62,6 +65,8 @@ def _global_options(
     progress.ENABLED = not no_progress  # set on every invocation, so an in-process caller never inherits it
 
 
+runs_app.callback()(evaluation.runs)
+app.add_typer(runs_app, name="runs")
 app.add_typer(plan_app, name="plan")
 app.add_typer(experiment_app, name="experiment")
 app.add_typer(jobs_app, name="jobs")

@@ -52,7 +52,10 @@ TasksOption = Annotated[
 ]
 MetricOption = Annotated[
     str,
-    typer.Option(help="Task metric that scores a run (fidelity: top1, rougeL, kl, ppl; ruler and longbench: score)."),
+    typer.Option(
+        help="Task metric that scores a run (fidelity: top1, rougeL, kl, ppl; ruler and longbench: score, agreement "
+        "and answer_nll, as their mode setting reports them)."
+    ),
 ]
 BackendOption = Annotated[str, typer.Option(help="local (in this process) or ray (a Ray task per run).")]
 SettingsOption = Annotated[

@@ -65,10 +65,12 @@ def evaluate(
     )
 
 
-def runs(workspace: WorkspaceOption = DEFAULT_WORKSPACE) -> None:
-    """List the runs in the workspace's results database with their progress."""
+def runs(ctx: typer.Context, workspace: WorkspaceOption = DEFAULT_WORKSPACE) -> None:
+    """List the runs in the workspace's results database with their progress (`runs show RUN`: its samples)."""
     from polykv.eval.store import Store
 
+    if ctx.invoked_subcommand is not None:
+        return
     store = Store(workspace / "results.sqlite", readonly=True)
     rows = [
         (
@@ -85,27 +87,68 @@ def runs(workspace: WorkspaceOption = DEFAULT_WORKSPACE) -> None:
     _table(("run", "plan", "suite", "model", "status", "samples", "created"), rows)
 
 
+def runs_show(
+    run: Annotated[str, typer.Argument(help="Run id (or a unique prefix).")],
+    task: Annotated[str | None, typer.Option(help="Only this task's samples.")] = None,
+    failed: Annotated[
+        bool, typer.Option("--failed", help="Only the samples it got wrong (score under 100; else agreement 0).")
+    ] = False,
+    width: Annotated[int, typer.Option(min=10, help="Characters shown of each answer.")] = 60,
+    workspace: WorkspaceOption = DEFAULT_WORKSPACE,
+) -> None:
+    """A run's samples: task, sample, metrics, the gold answer(s) and what the model answered."""
+    from polykv.eval import sample_view
+    from polykv.eval.store import Store
+
+    store = Store(workspace / "results.sqlite", readonly=True)
+    run_id = sample_view.resolve_run(store, run, str(workspace))
+    rows = sample_view.samples(store, run_id, task, failed)
+    info = store.run(run_id)
+    typer.echo(
+        f"run {run_id} ({sample_view.one_line(info['plan_name'], 60)} on {info['suite']}, "
+        f"{sample_view.one_line(info['model'], 60)}): {len(rows)} samples shown"
+    )
+    _table(
+        ("task", "sample", "metrics", "gold", "answer"),
+        [
+            (
+                row["task"],
+                row["sample"],
+                sample_view.metrics_text(row["metrics"]),
+                sample_view.one_line(row["gold"], width // 2),
+                sample_view.one_line(row["prediction"], width),
+            )
+            for row in rows
+        ],
+    )
+
+
 def compare(
     run_a: Annotated[str, typer.Argument(help="Run id (or a unique prefix).")],
     run_b: Annotated[str, typer.Argument(help="Run id (or a unique prefix).")],
-    metric: Annotated[str, typer.Option(help="Task metric to compare (fidelity: top1, rougeL, kl, ppl).")] = "top1",
+    metric: Annotated[
+        str,
+        typer.Option(
+            help="Task metric to compare (fidelity: top1, rougeL, kl, ppl; ruler and longbench: score, agreement, "
+            "answer_nll)."
+        ),
+    ] = "top1",
     workspace: WorkspaceOption = DEFAULT_WORKSPACE,
     seed: int = 0,
+    samples: Annotated[
+        bool, typer.Option("--samples", help="Also show, per task, the samples where the two runs' answers differ.")
+    ] = False,
+    width: Annotated[int, typer.Option(min=10, help="--samples: characters shown of each answer.")] = 40,
 ) -> None:
-    """Paired comparison of two runs over their tasks: bootstrap CI, wins/ties/losses, leave-one-task-out."""
+    """Paired comparison of two runs: over tasks (bootstrap CI, wins/ties/losses, leave-one-task-out) and over
+    samples (sign-flip test, minimal detectable difference); `--samples` lists where their answers differ."""
+    from polykv.eval import sample_view
     from polykv.eval.compare import compare_runs
     from polykv.eval.store import Store
 
     store = Store(workspace / "results.sqlite", readonly=True)
-    ids = [r["id"] for r in store.runs()]
-
-    def resolve(prefix: str) -> str:
-        found = [i for i in ids if i.startswith(prefix)]
-        if len(found) != 1:
-            raise ValueError(f"run {prefix!r}: {'no run' if not found else 'several runs'} with that id in {workspace}")
-        return found[0]
-
-    a_id, b_id = resolve(run_a), resolve(run_b)
+    a_id = sample_view.resolve_run(store, run_a, str(workspace))
+    b_id = sample_view.resolve_run(store, run_b, str(workspace))
     result = compare_runs(store, a_id, b_id, metric, seed)
     name = {r["id"]: r["plan_name"] for r in store.runs()}
     typer.echo(
@@ -118,3 +161,29 @@ def compare(
     )
     for line in result.lines():
         typer.echo(line)
+    if samples:
+        _differing_samples(store, a_id, b_id, width)
+
+
+def _differing_samples(store, a_id: str, b_id: str, width: int) -> None:
+    from polykv.eval import sample_view
+
+    for task, rows in sample_view.differing(store, a_id, b_id).items():
+        typer.echo(f"\n{task}: {len(rows)} samples differ")
+        if not rows:
+            continue
+        with_full = any(row["FullKV"] is not None for row in rows)
+        header = ("sample", "gold", "A", "B") + (("FullKV",) if with_full else ())
+        _table(
+            header,
+            [
+                (
+                    row["sample"],
+                    sample_view.one_line(row["gold"], width),
+                    sample_view.one_line(row["A"], width) + f" [{sample_view.metrics_text(row['A metrics'])}]",
+                    sample_view.one_line(row["B"], width) + f" [{sample_view.metrics_text(row['B metrics'])}]",
+                )
+                + ((sample_view.one_line(row["FullKV"], width),) if with_full else ())
+                for row in rows
+            ],
+        )

@@ -125,6 +125,12 @@ def _print_report(report) -> None:
         typer.echo(line)
 
 
+def _samples(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise typer.BadParameter(f"a positive number or auto, got {text!r}", param_hint="--samples")
+    return int(text)
+
+
 def _parse_budgets(budgets: str) -> list[int]:
     from polykv.eval.settings import parse_budgets
 
@@ -226,10 +232,41 @@ def experiment_study(
     statistic: str = "dppl",
     allocation: Annotated[str, typer.Option(help="The factorial's allocated arm: entropy or ppl.")] = "ppl",
     baseline: Annotated[
-        str | None, typer.Option(help="The factorial's homogeneous method (default: best mean profile score).")
-    ] = None,
+        str,
+        typer.Option(
+            help="The factorial's homogeneous anchor: paper (TOVA for a decode route, the route's majority method for "
+            "a prefill route), strongest (the best method alone at the budget on calibration samples of the suite) or "
+            "a method."
+        ),
+    ] = "paper",
     metric: MetricOption = "kl",
-    samples: SamplesOption = 3,
+    samples: Annotated[
+        str | None,
+        typer.Option(
+            help="Samples per task of the primary suite: a number, or auto (a ruler/longbench pilot picks them to "
+            "reach --mde within --time-limit). Default: the suite settings' (fidelity: 3)."
+        ),
+    ] = None,
+    mde: Annotated[
+        float | None, typer.Option(help="--samples auto: the minimal detectable difference to reach (metric units).")
+    ] = None,
+    time_limit: Annotated[
+        float | None, typer.Option(help="--samples auto: minutes the primary runs may take (measured per sample).")
+    ] = None,
+    min_samples: Annotated[int, typer.Option(min=2, help="--samples auto: at least this many per task.")] = 2,
+    pilot_samples: Annotated[
+        int, typer.Option(min=2, help="ruler/longbench: pilot samples per task (competence, the anchor's spread).")
+    ] = 10,
+    competence: Annotated[
+        float, typer.Option(help="ruler/longbench: FullKV accuracy (%) under which a task leaves the macro-average.")
+    ] = 20.0,
+    accuracy_samples: Annotated[
+        int | None,
+        typer.Option(min=1, help="With --metric answer_nll: also generate on this many samples per task (accuracy)."),
+    ] = None,
+    placement_samples: Annotated[
+        int | None, typer.Option(min=1, help="Placement control on the primary suite: its samples per task.")
+    ] = None,
     seed: int = 0,
     device: str = "cpu",
     backend: BackendOption = "local",
@@ -276,7 +313,15 @@ def experiment_study(
         allocation=allocation,
         baseline=baseline,
         metric=metric,
-        samples_per_task=samples,
+        samples_per_task=None if samples in (None, "auto") else _samples(samples),
+        auto_samples=samples == "auto",
+        mde=mde,
+        time_limit=time_limit,
+        min_samples=min_samples,
+        pilot_samples=pilot_samples,
+        competence_threshold=competence,
+        accuracy_samples=accuracy_samples,
+        placement_samples=placement_samples,
         seed=seed,
         backend=backend,
         device=device,

@@ -4,6 +4,11 @@ The statistics see "higher is better": a lower-is-better metric (KL, perplexity)
 bootstrap, wins/ties/losses and leave-one-task-out, and the numbers are reported back in the metric's
 own units and sign (A - B). The CLI's `compare` and the web app's Compare page both call these.
 
+Beside the paper's bootstrap over tasks, a comparison of two runs in the store is tested at the sample
+level (`polykv.eval.paired_samples`: a sign-flip permutation test and a within-task bootstrap over the
+samples both runs scored) and states the minimal detectable difference of both tests; its verdict
+("better", "worse", "no significant difference") rests on the sample-level test and names it.
+
 Tasks named `<task>@<length>` (RULER at several lengths) are one task measured several times: the
 bootstrap resamples the clusters `task_cluster` names (all lengths of a task together); wins/ties/losses
 and leave-one-task-out stay per task name.
@@ -18,19 +23,21 @@ from typing import Any
 
 import pandas as pd
 
+from polykv.eval.paired_samples import SampleScores, SampleTest, sample_test, task_mde
 from polykv.eval.stats import leave_one_task_out, paired_bootstrap, rank_among, wins_ties_losses
 from polykv.eval.store import Store
 
 # +1: higher is better; -1: lower is better. Metrics not listed are taken as higher-is-better.
-METRIC_DIRECTION = {"top1": 1, "rougeL": 1, "kl": -1, "ppl": -1, "score": 1}
+METRIC_DIRECTION = {"top1": 1, "rougeL": 1, "kl": -1, "ppl": -1, "score": 1, "agreement": 1, "answer_nll": -1}
 
 
 # Perplexity-like metrics: multiplicative, heavy-tailed (one task's ppl can be 1000 while another's is 5), so
 # they can be compared as log(metric): the difference is then a log-ratio and exp of it a geometric-mean ratio.
 LOG_METRICS = ("ppl",)
 # The metric a comparison starts on, the first of these a pair of runs reports (else the first reported):
-# KL is the fidelity suite's most sensitive metric, "score" the only one of the task suites.
-PREFERRED_METRICS = ("kl", "score", "top1", "rougeL", "ppl")
+# KL is the fidelity suite's most sensitive metric, answer_nll the question suites' (dense, where "score"
+# flips whole samples).
+PREFERRED_METRICS = ("kl", "answer_nll", "score", "agreement", "top1", "rougeL", "ppl")
 OUTCOMES = ("A better", "B better", "tie")
 
 
@@ -70,6 +77,15 @@ def task_scores(store: Store, run_id: str, metric: str) -> dict[str, float]:
     if not scores:
         raise ValueError(f"run {run_id} has no finished task with metric {metric!r}")
     return scores
+
+
+def sample_scores(store: Store, run_id: str, metric: str) -> dict[str, dict[str, float]]:
+    """One run's per-sample `metric`: {task: {sample id: value}} (samples without it are left out)."""
+    out: dict[str, dict[str, float]] = {}
+    for row in store.samples(run_id):
+        if metric in row["metrics"]:
+            out.setdefault(row["task"], {})[row["sample"]] = row["metrics"][metric]
+    return out
 
 
 def log_scores(scores: Mapping[str, float], metric: str, run: str = "") -> dict[str, float]:
@@ -117,6 +133,8 @@ class Paired:
     only_in_b: tuple[str, ...]
     clusters: int = 0  # task clusters the bootstrap resampled (0: tasks one by one)
     log: bool = False  # compared as log(metric): the table, difference and interval are in log units
+    samples: SampleTest | None = None  # the sample-level test (when the per-sample scores were given)
+    task_mde: float = math.nan  # minimal detectable difference of a test over the tasks (80% power)
 
     @property
     def label(self) -> str:
@@ -133,6 +151,25 @@ class Paired:
     def outcome(self) -> str:
         """ "A better", "B better" or "tie" by the macro-average difference and the metric's direction."""
         return outcome(self.difference, self.metric)
+
+    def verdict(self) -> str:
+        """ "better", "worse" (A against B, in the metric's direction) or "no significant difference", by the
+        sample-level test when there is one (else by whether the task bootstrap interval excludes 0)."""
+        if self.samples is not None:
+            if not self.samples.significant():
+                return "no significant difference"
+            return "better" if self.sign * self.samples.difference > 0 else "worse"
+        low, high = sorted((self.sign * self.low, self.sign * self.high))
+        return "better" if low > 0 else "worse" if high < 0 else "no significant difference"
+
+    def verdict_text(self) -> str:
+        """The verdict with the test it rests on and the smallest difference that test could have detected."""
+        if self.samples is not None:
+            mde = self.samples.mde
+            power = "no sample differs" if mde != mde else f"it detects {mde:.3g} {self.label} with 80% power"
+            return f"{self.verdict()} ({self.samples.describe()}; {power})"
+        tasks = f"; it detects {self.task_mde:.3g} with 80% power" if self.task_mde == self.task_mde else ""
+        return f"{self.verdict()} (95% paired bootstrap over {len(self.table)} tasks{tasks})"
 
     def outcomes(self) -> list[str]:
         """Per task (the table's rows, in order): "A better", "B better" or "tie" (as wins/ties/losses)."""
@@ -169,17 +206,46 @@ class Paired:
             out.append(
                 "leave one task out (A - B): " + ", ".join(f"{t} {d:+.4f}" for t, d in self.leave_one_out.items())
             )
+        if self.samples is not None:
+            test = self.samples
+            out.append(
+                f"sample level: A - B {test.difference:+.4f}, 95% CI [{test.low:+.4f}, {test.high:+.4f}] "
+                f"(bootstrap of samples within tasks, {test.replicates} replicates); {test.describe()}"
+            )
+        mdes = [f"{_detectable(self.task_mde)} over tasks"]
+        if self.samples is not None:
+            mdes.insert(0, f"{_detectable(self.samples.mde)} over samples")
+        out.append(f"minimal detectable difference (80% power, two-sided 5%): {', '.join(mdes)} ({self.label})")
+        verdict = self.verdict_text()
+        out.append(f"verdict: A {verdict}" if verdict.startswith(("better", "worse")) else f"verdict: {verdict}")
         return out
 
 
-def paired(a: Mapping[str, float], b: Mapping[str, float], metric: str, seed: int = 0, log: bool = False) -> Paired:
+def _detectable(mde: float) -> str:
+    return "undefined (no difference varies)" if mde != mde else f"{mde:.4g}"
+
+
+def paired(
+    a: Mapping[str, float],
+    b: Mapping[str, float],
+    metric: str,
+    seed: int = 0,
+    log: bool = False,
+    samples: tuple[SampleScores, SampleScores] | None = None,
+) -> Paired:
     """A vs B task by task. When a shared task's name contains "@", the bootstrap resamples the task
     clusters of `task_cluster` (every length of a task together) instead of single tasks. `log`: compare
-    log(score) per task (a perplexity-like metric, `can_log`), so differences are log-ratios."""
+    log(score) per task (a perplexity-like metric, `can_log`), so differences are log-ratios. `samples`:
+    both runs' per-sample scores ({task: {sample: value}}), for the sample-level test."""
     if log:
         if not can_log(metric):
             raise ValueError(f"metric {metric} is not compared on a log scale (only {', '.join(LOG_METRICS)})")
         a, b = log_scores(a, metric, "A"), log_scores(b, metric, "B")
+        if samples is not None:
+            samples = tuple(
+                {t: log_scores(values, metric, run) for t, values in side.items()}
+                for side, run in zip(samples, ("A", "B"))
+            )
     sign = direction(metric)
     better_a, better_b = ({t: sign * v for t, v in s.items()} for s in (a, b))
     shared = set(a) & set(b)
@@ -192,6 +258,7 @@ def paired(a: Mapping[str, float], b: Mapping[str, float], metric: str, seed: in
         columns=["task", "A", "B", "A - B"],
     )
     loto = leave_one_task_out(better_a, better_b) if len(boot.tasks) > 1 else {}
+    test = sample_test(*samples, seed=seed) if samples is not None else None
     return Paired(
         metric,
         sign,
@@ -208,11 +275,15 @@ def paired(a: Mapping[str, float], b: Mapping[str, float], metric: str, seed: in
         boot.only_in_b,
         boot.clusters,
         log,
+        test,
+        task_mde(table["A - B"]),
     )
 
 
 def compare_runs(store: Store, run_a: str, run_b: str, metric: str, seed: int = 0, log: bool = False) -> Paired:
-    return paired(task_scores(store, run_a, metric), task_scores(store, run_b, metric), metric, seed, log)
+    """Two runs of the store, task by task and sample by sample."""
+    samples = (sample_scores(store, run_a, metric), sample_scores(store, run_b, metric))
+    return paired(task_scores(store, run_a, metric), task_scores(store, run_b, metric), metric, seed, log, samples)
 
 
 # ---- numbers as the page prints them --------------------------------------------------------------------
@@ -246,121 +317,6 @@ def interval_text(low: float, high: float) -> str:
 def ratio_text(ratio: float) -> str:
     """A ratio A / B as "×1.12" (3 significant digits)."""
     return f"×{ratio:.3g}"
-
-
-# ---- which runs the Compare page starts on, and what each run is -------------------------------------
-@dataclass(frozen=True)
-class DefaultPair:
-    """The pair of runs a comparison starts on and why (one line, for a caption)."""
-
-    a: str
-    b: str
-    reason: str
-
-
-def _labels(jobs: Sequence[Any]) -> dict[str, tuple[Any, Mapping[str, Any]]]:
-    """run id -> (the newest job that launched it, its label there). `jobs` newest first."""
-    found: dict[str, tuple[Any, Mapping[str, Any]]] = {}
-    for job in jobs:
-        for r in getattr(job, "runs", []):
-            found.setdefault(r.run_id, (job, r.label))
-    return found
-
-
-def is_baseline(label: Mapping[str, Any]) -> bool:
-    return label.get("series") not in ("route", "placement", None)
-
-
-def _route_vs_baseline(finished: set[str], jobs: Sequence[Any], store: Store, metric: str | None) -> DefaultPair | None:
-    """The route against its best baseline at the route's budget, from the newest job that has both
-    finished (several budgets: the first the job lists). The baselines are ranked on `metric`, else on
-    the `preferred_metric` they all share with the route; a baseline without that metric is passed over."""
-    for job in jobs:
-        runs = [r for r in getattr(job, "runs", []) if r.run_id in finished and "budget" in r.label]
-        for route in (r for r in runs if r.label.get("series") == "route"):
-            rivals = [r for r in runs if is_baseline(r.label) and r.label["budget"] == route.label["budget"]]
-            if not rivals:
-                continue
-            chosen = metric or preferred_metric(metrics_of(store, [route.run_id, *(r.run_id for r in rivals)]))
-            shared = [r for r in rivals if chosen in metrics_of(store, [route.run_id, r.run_id])]
-            if not shared:
-                continue
-            best = max(shared, key=lambda r: direction(chosen) * suite_score(store, r.run_id, chosen))
-            reason = (
-                f"the route vs its best baseline at budget {route.label['budget']} ({best.label['series']} "
-                f"by {chosen}), from job {job.title} · {job.id}"
-            )
-            return DefaultPair(route.run_id, best.run_id, reason)
-    return None
-
-
-def default_pair(
-    finished_runs: Sequence[Mapping[str, Any]], jobs: Sequence[Any], store: Store, metric: str | None = None
-) -> DefaultPair | None:
-    """The pair of finished runs a comparison starts on (None when no run has finished):
-
-    1. the route against its best baseline (by `metric`, else the `preferred_metric` the route and its
-       baselines share) at the route's budget, from the newest job with a finished route and a finished
-       baseline at its budget;
-    2. else A = the newest finished run that is not a random placement (the newest run when all are) and
-       B = the newest other finished run, preferring one of A's suite and model (so they share metrics)
-       that is not a placement: two random placements say little about each other;
-    3. a single finished run is compared with itself.
-    `finished_runs`: store rows (with "id", "suite", "model"), newest first; `jobs`: newest first, each with
-    `runs` of (run_id, label), `title` and `id` (`polykv.jobs.Job`)."""
-    if not finished_runs:
-        return None
-    ids = [r["id"] for r in finished_runs]
-    found = _route_vs_baseline(set(ids), jobs, store, metric)
-    if found is not None:
-        return found
-    labels = _labels(jobs)
-
-    def placement(run_id: str) -> bool:
-        return labels.get(run_id, (None, {}))[1].get("series") == "placement"
-
-    first = next((r for r in finished_runs if not placement(r["id"])), finished_runs[0])
-    others = [r for r in finished_runs if r["id"] != first["id"]]
-    if not others:
-        return DefaultPair(first["id"], first["id"], "the only finished run")
-
-    def rank(item: tuple[int, Mapping[str, Any]]) -> tuple[bool, bool, int]:
-        index, row = item
-        alike = row.get("suite") == first.get("suite") and row.get("model") == first.get("model")
-        return (not alike, placement(row["id"]), index)
-
-    second = min(enumerate(others), key=rank)[1]
-    return DefaultPair(
-        first["id"], second["id"], "the two newest finished runs (no job with a finished route and baseline)"
-    )
-
-
-def runs_table(runs: Sequence[Mapping[str, Any]], jobs: Sequence[Any]) -> pd.DataFrame:
-    """One row per run (store rows, in their order) with what it is and its tags: the label of the newest
-    job that launched it (series, budget, role) and that job's title and id."""
-    labels = _labels(jobs)
-    rows = []
-    for run in runs:
-        job, label = labels.get(run["id"], (None, {}))
-        budget = label.get("budget")
-        rows.append(
-            {
-                "run": run["id"],
-                "plan": run["plan_name"],
-                "suite": run["suite"],
-                "model": run["model"],
-                "status": run["status"],
-                "created": str(run["created"])[:19],
-                "series": label.get("series"),
-                "budget": int(budget) if isinstance(budget, (int, float)) and not isinstance(budget, bool) else None,
-                "role": label.get("role"),
-                "job": f"{job.title} · {job.id}" if job is not None else None,
-            }
-        )
-    columns = ["run", "plan", "suite", "model", "status", "created", "series", "budget", "role", "job"]
-    frame = pd.DataFrame(rows, columns=columns)
-    frame["budget"] = frame["budget"].astype("Int64")  # sorts as numbers, empty where a run has no budget
-    return frame
 
 
 def envelope(rows: list[dict[str, Any]], baselines: Sequence[str], metric: str) -> list[dict[str, Any]]:
@@ -421,17 +377,14 @@ __all__ = [
     "METRIC_DIRECTION",
     "OUTCOMES",
     "PREFERRED_METRICS",
-    "DefaultPair",
     "Paired",
     "Placement",
     "can_log",
     "compare_runs",
-    "default_pair",
     "direction",
     "direction_text",
     "envelope",
     "interval_text",
-    "is_baseline",
     "log_scores",
     "macro_average",
     "metrics_of",
@@ -440,7 +393,7 @@ __all__ = [
     "placement_summary",
     "preferred_metric",
     "ratio_text",
-    "runs_table",
+    "sample_scores",
     "signed",
     "suite_score",
     "sweep_table",

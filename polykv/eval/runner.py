@@ -1,8 +1,11 @@
 """Runs: (model, plan, suite, settings, seed) executed sample by sample into the store, resumable.
 
 A suite is a module with `Settings` (a frozen dataclass with `to_dict()`), `build_samples(tokenizer,
-model, settings, seed) -> [(task, sample id, payload)]` and `score_sample(model, plan, payload,
-settings) -> {metric: value}`; task scores are the means of the sample metrics.
+model, settings, seed) -> [(task, sample id, payload)]`, `score_sample(model, plan, payload, settings)`
+and `prompt_tokens(payload)` (the token ids whose hash names the sample's prompt in the store). A sample
+scores as {metric: value}, or as an `answers.Scored` that also carries the model's answer and the gold
+answers (the question suites), which the store keeps beside the metrics with the prompt's id ({"task",
+"sample", "seed", "sha256"}: not the prompt). Task scores are the means of the sample metrics.
 
 A run's id is a hash of what determines its results, so asking for the same run again finds it:
 finished samples are skipped (a killed run resumes where it stopped) and a finished run returns at
@@ -25,8 +28,9 @@ import torch
 import transformers
 
 from polykv import __version__
-from polykv.eval.store import Store
+from polykv.eval.store import SampleRecord, Store
 from polykv.eval.suites import fidelity, longbench, ruler
+from polykv.eval.suites.answers import Scored
 from polykv.methods import REGISTRY, validate_plan
 from polykv.models import num_layers
 from polykv.plan import Phase, Plan
@@ -143,8 +147,10 @@ def _execute(store, model_name, model, tokenizer, plans, suite, settings, seed, 
                 else:
                     metrics = [module.score_sample(model, plan, payload, settings) for plan in chosen]
                 seconds = (time.perf_counter() - started) / len(todo)
+                prompt = prompt_id(module, task, sample, seed, payload)
                 for run_id, values in zip(todo, metrics):
-                    store.add_sample(run_id, task, sample, values, seconds)
+                    scores, record = _record(values, prompt)
+                    store.add_sample(run_id, task, sample, scores, seconds, record)
             if progress is not None:
                 progress(index + 1, len(samples), f"{task}/{sample}")
     except BaseException as exc:
@@ -154,6 +160,19 @@ def _execute(store, model_name, model, tokenizer, plans, suite, settings, seed, 
     for run_id in pending:
         _finish(store, run_id)
     return ids
+
+
+def prompt_id(module, task: str, sample: str, seed: int, payload) -> dict:
+    """What names a sample's prompt in the store: task, sample id, seed and the sha256 of its token ids."""
+    tokens = json.dumps([int(t) for t in module.prompt_tokens(payload)])
+    return {"task": task, "sample": sample, "seed": seed, "sha256": hashlib.sha256(tokens.encode()).hexdigest()[:16]}
+
+
+def _record(values, prompt: dict) -> tuple[dict[str, float], SampleRecord]:
+    """A scored sample as (metrics, what the store keeps beside them)."""
+    if isinstance(values, Scored):
+        return values.metrics, SampleRecord(values.prediction, values.gold, prompt)
+    return values, SampleRecord(prompt=prompt)
 
 
 def _prompt_format(module, tokenizer, settings) -> dict:

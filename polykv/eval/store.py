@@ -25,7 +25,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import socket
 import sqlite3
 import uuid
 from collections.abc import Iterator
@@ -34,10 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from polykv import processes
 from polykv.errors import StoreError, first_line
+from polykv.eval.run_workers import Worker, reported
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -66,6 +65,9 @@ CREATE TABLE IF NOT EXISTS samples (
     metrics TEXT NOT NULL,
     seconds REAL NOT NULL,
     created TEXT NOT NULL,
+    prediction TEXT,
+    gold TEXT,
+    prompt TEXT,
     PRIMARY KEY (run_id, task, sample)
 );
 CREATE TABLE IF NOT EXISTS task_scores (
@@ -84,8 +86,12 @@ MIGRATIONS = (
     (2, "runs", "worker_pid", "INTEGER"),
     (2, "runs", "worker_host", "TEXT"),
     (2, "runs", "worker_started", "TEXT"),
+    # 3: what the model answered, the gold answer(s) (JSON list) and the prompt's id (JSON: task, sample,
+    # seed, sha256 of its token ids), for the samples of question suites; NULL in older rows
+    (3, "samples", "prediction", "TEXT"),
+    (3, "samples", "gold", "TEXT"),
+    (3, "samples", "prompt", "TEXT"),
 )
-WORKER_FIELDS = ("worker_pid", "worker_host", "worker_started")
 # Columns a runs table must have to be read as PolyKV's (a foreign table of the same name is refused).
 _RUN_COLUMNS = ("id", "plan_name", "suite", "model", "status", "total_samples", "created")
 
@@ -96,45 +102,23 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
 
 
-# ---- workers ----------------------------------------------------------------------------------------
-def process_start_time(pid: int) -> str | None:
-    """When process `pid` started (clock ticks since boot, as text for the database), or None where
-    there is no /proc (not Linux) or no such process. With the pid it names one process."""
-    ticks = processes.start_time(pid)
-    return None if ticks is None else str(ticks)
-
-
 @dataclass(frozen=True)
-class Worker:
-    """The process that executes a run."""
+class SampleRecord:
+    """What a question suite keeps of one sample besides its metrics: the model's answer, the gold
+    answer(s) and an id of the prompt ({"task", "sample", "seed", "sha256"}: not the prompt itself)."""
 
-    pid: int
-    host: str
-    started: str | None  # process_start_time(pid); None where it cannot be read
-
-    @classmethod
-    def current(cls) -> Worker:
-        return cls(os.getpid(), socket.gethostname(), process_start_time(os.getpid()))
-
-    def alive(self) -> bool | None:
-        """True or False for a worker on this host; None (cannot tell) for one on another host."""
-        if self.host != socket.gethostname():
-            return None
-        if processes.have_proc():
-            state = processes.proc_state(self.pid)
-            return processes.running(state) and (self.started is None or str(state[1]) == self.started)
-        return processes.pid_exists(self.pid)
+    prediction: str | None = None
+    gold: tuple[str, ...] | list[str] | None = None
+    prompt: dict[str, Any] | None = None
 
 
-def _reported(row: dict[str, Any]) -> dict[str, Any]:
-    """The row as readers see it: worker fields present (None for a version-1 database) and a "running"
-    run whose worker on this host is gone reported as "stopped" (legacy rows without a worker stay as stored)."""
-    for field in WORKER_FIELDS:
-        row.setdefault(field, None)
-    if row.get("status") == "running" and row["worker_pid"] is not None and row["worker_host"] is not None:
-        worker = Worker(int(row["worker_pid"]), str(row["worker_host"]), row["worker_started"])
-        if worker.alive() is False:
-            row["status"] = "stopped"
+def _sample_row(row: dict[str, Any]) -> dict[str, Any]:
+    row["metrics"] = json.loads(row["metrics"])
+    for field in ("prediction", "gold", "prompt"):
+        row.setdefault(field, None)  # a version-2 database read as it is has no such columns
+    for field in ("gold", "prompt"):
+        if row[field] is not None:
+            row[field] = json.loads(row[field])
     return row
 
 
@@ -382,7 +366,7 @@ class Store:
             return None
         with self._connect() as db:
             row = db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
-        return None if row is None else _reported(dict(row))
+        return None if row is None else reported(dict(row))
 
     def runs(self) -> list[dict[str, Any]]:
         if not self._check_readable():
@@ -392,7 +376,7 @@ class Store:
                 "SELECT r.*, (SELECT COUNT(*) FROM samples s WHERE s.run_id = r.id) AS done_samples "
                 "FROM runs r ORDER BY created"
             ).fetchall()
-        return [_reported(dict(r)) for r in rows]
+        return [reported(dict(r)) for r in rows]
 
     def progress(self, run_ids: list[str]) -> dict[str, tuple[int, int, str]]:
         """(finished samples, total samples, status) of each of `run_ids` that exists."""
@@ -407,7 +391,7 @@ class Store:
             ).fetchall()
         out = {}
         for row in rows:
-            run = _reported(dict(row))
+            run = reported(dict(row))
             out[run["id"]] = (run["done"], run["total_samples"], run["status"])
         return out
 
@@ -427,20 +411,43 @@ class Store:
             rows = db.execute("SELECT task, sample FROM samples WHERE run_id = ?", (run_id,)).fetchall()
         return {(r["task"], r["sample"]) for r in rows}
 
-    def add_sample(self, run_id: str, task: str, sample: str, metrics: dict[str, float], seconds: float) -> None:
+    def add_sample(
+        self,
+        run_id: str,
+        task: str,
+        sample: str,
+        metrics: dict[str, float],
+        seconds: float,
+        record: SampleRecord | None = None,
+    ) -> None:
+        """One finished sample: its metrics and, for a question suite, what the model answered (`record`)."""
         self._writing("add a sample")
+        record = record or SampleRecord()
         with self._connect() as db:
             db.execute(
-                "INSERT OR IGNORE INTO samples VALUES (?, ?, ?, ?, ?, ?)",
-                (run_id, task, sample, json.dumps(metrics), seconds, _now()),
+                "INSERT OR IGNORE INTO samples (run_id, task, sample, metrics, seconds, created, prediction, gold, "
+                "prompt) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    run_id,
+                    task,
+                    sample,
+                    json.dumps(metrics),
+                    seconds,
+                    _now(),
+                    record.prediction,
+                    None if record.gold is None else json.dumps(list(record.gold)),
+                    None if record.prompt is None else json.dumps(record.prompt, sort_keys=True),
+                ),
             )
 
     def samples(self, run_id: str) -> list[dict[str, Any]]:
+        """A run's finished samples in (task, sample) order: task, sample, metrics, seconds, created and the
+        record (prediction, gold: a list, prompt: a dict; None where a suite or an older database has none)."""
         if not self._check_readable():
             return []
         with self._connect() as db:
             rows = db.execute("SELECT * FROM samples WHERE run_id = ? ORDER BY task, sample", (run_id,)).fetchall()
-        return [{**dict(r), "metrics": json.loads(r["metrics"])} for r in rows]
+        return [_sample_row(dict(r)) for r in rows]
 
     def set_task_scores(self, run_id: str, scores: dict[str, dict[str, float]], counts: dict[str, int]) -> None:
         self._writing("write task scores")

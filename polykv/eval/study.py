@@ -1,30 +1,38 @@
-"""The paper's study as one call: profile -> TopRank routes -> factorial -> placement -> budget sweeps, then a
-Markdown report with tables and figures (`polykv.eval.study_report`).
+"""The paper's study as one call: profile -> TopRank routes -> (workload check) -> factorial -> placement ->
+budget sweeps, then a Markdown report with tables and figures (`polykv.eval.study_report`).
 
 Every number in the report comes from a run in the study's results database (its id is printed beside
-it), and the report names the database, the profile directory and the exact settings, so anyone can
-trace a number back or rerun the study: finished runs are found again by their ids and not recomputed.
+it), and the report names the database, the profile directory and what ran, so anyone can trace a number
+back or rerun the study: finished runs are found again by their ids and not recomputed.
+
+On a question suite (RULER, LongBench) the study first checks the workload, before any plan is judged
+(`polykv.eval.workload`): FullKV runs a pilot of every task, and tasks where FullKV's accuracy is under the
+competence threshold leave the macro-average; with `auto_samples` the pilot (FullKV and the homogeneous
+anchor) also gives the spread of paired differences from which the samples per task are chosen, to reach
+a minimal detectable difference within a time allowance measured on the study's own batch of plans. The
+primary metric may be the dense `answer_nll` (the suite then runs in "score" mode, no generation), with
+accuracy beside it from a generating pass over fewer samples (`accuracy_samples`).
 
 The experiments themselves are `polykv.eval.experiments` (the same code as `polykv experiment ...`);
 this module only chooses their inputs, runs them in order and hands what they return to the report.
 With `batched` (the default) the runs of one suite execute together, sample by sample, as one batch
-(`polykv.eval.runner.run_suites`): every plan of the factorial and the sweeps shares one prompt pass per
-sample, which is what makes a 30-layer model's study fit in an hour and a half on two CPU cores.
-
-Defaults are the demo study's (the embedded 5-layer model on the fidelity suite); a real model's study
-names its suite (RULER), the suite that scores the placement control (the fidelity KL suite when the
-primary suite is too slow for K runs), its calibration corpus and the phases whose routes are swept.
+(`polykv.eval.runner.run_suites`): every plan shares one prompt pass per sample.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from polykv.eval.study_steps import CALIBRATION_SEED
+from polykv.eval.workload import COMPETENCE_THRESHOLD, QUESTION_SUITES, Competence, SamplePlan
 from polykv.plan import Phase, Plan, Scope
+
+ANCHOR_RULES = ("paper", "strongest")
 
 
 @dataclass(frozen=True)
@@ -38,9 +46,12 @@ class StudySettings:
     placements: int = 99  # K random count-matched placements
     statistic: str = "dppl"  # TopRank's profile statistic
     allocation: str = "ppl"  # the factorial's allocated arm (and the sweep's route-ppl row)
-    baseline: str | None = None  # the factorial's homogeneous method; None: best mean profile score
+    # the factorial's homogeneous anchor: "paper" (TOVA for a decode route, the route's majority method for a
+    # prefill route, as the paper chose), "strongest" (the best method alone at the budget on calibration
+    # samples of the suite) or a method's name
+    baseline: str = "paper"
     metric: str = "kl"  # the primary suite's metric that scores a run
-    samples_per_task: int = 3  # fidelity samples per task, when `suite_settings` does not say
+    samples_per_task: int | None = None  # the primary suite's samples per task (None: its settings', fidelity 3)
     calibration_sequences: int = 20
     seed: int = 0
     backend: str = "local"  # "ray": runs as Ray tasks on a local cluster (one per core)
@@ -56,6 +67,15 @@ class StudySettings:
     b_cal: int | None = None  # None: 256, scaled down for short contexts
     baselines: tuple[str, ...] | None = None  # the sweep's standalone baselines; None: every method with a protocol
     batched: bool = True  # the runs of a suite execute together (local backend)
+    # question suites: the workload check before any plan runs
+    competence_threshold: float = COMPETENCE_THRESHOLD  # FullKV accuracy (%) a task needs to stay in the macro
+    pilot_samples: int = 10  # samples per task of the pilot (FullKV's competence; the anchor's spread)
+    auto_samples: bool = False  # choose samples_per_task from the pilot: `mde` within `time_limit`
+    mde: float | None = None  # target minimal detectable difference, in the primary metric's units
+    time_limit: float | None = None  # minutes the primary runs may take (auto_samples)
+    min_samples: int = 1  # auto_samples: at least this many per task (the time limit wins)
+    accuracy_samples: int | None = None  # answer_nll primary: also generate on this many samples per task
+    placement_samples: int | None = None  # placement control on the primary suite: its samples per task
 
     def __post_init__(self):
         if Scope(self.scope) is Scope.BOTH:
@@ -67,6 +87,24 @@ class StudySettings:
         for phase in self.swept:
             if Scope(phase) is Scope.BOTH:
                 raise ValueError("each swept route routes one phase: prefill or decode")
+        if self.auto_samples and self.mde is None and self.time_limit is None:
+            raise ValueError("automatic samples need a target (--mde) or a time limit (--time-limit)")
+        if self.auto_samples and self.suite not in QUESTION_SUITES:
+            raise ValueError("automatic samples need a question suite (ruler, longbench): its pilot sets them")
+        if self.mde is not None and not self.mde > 0:
+            raise ValueError(f"--mde must be positive, got {self.mde}")
+        if self.time_limit is not None and not self.time_limit > 0:
+            raise ValueError(f"--time-limit must be positive minutes, got {self.time_limit}")
+        if self.baseline not in ANCHOR_RULES:
+            from polykv.methods import REGISTRY
+
+            if self.baseline not in REGISTRY or self.baseline == "full":
+                methods = ", ".join(m for m in REGISTRY if m != "full")
+                raise ValueError(
+                    f"--baseline must be {', '.join(ANCHOR_RULES)} or a method ({methods}), got {self.baseline!r}"
+                )
+        if not 0 <= self.competence_threshold <= 100:
+            raise ValueError(f"the competence threshold is a percentage, got {self.competence_threshold}")
 
     @property
     def swept(self) -> tuple[str, ...]:
@@ -74,9 +112,7 @@ class StudySettings:
         return tuple(dict.fromkeys((self.scope, *(self.sweep_scopes or ()))))
 
     def to_dict(self) -> dict:
-        from dataclasses import asdict
-
-        data = asdict(self)
+        data = dataclasses.asdict(self)
         return {k: list(v) if isinstance(v, tuple) else v for k, v in data.items()}
 
 
@@ -85,23 +121,51 @@ class StudyResult:
     settings: StudySettings
     profile: Any
     route: Plan  # the primary route (the factorial, the placement control)
-    baseline: str
+    baseline: str  # the factorial's homogeneous anchor
     factorial: Any
     placement: Any
     sweep: Any  # the primary route's sweep
     seconds: dict[str, float] = field(default_factory=dict)
     store_path: Path | None = None
-    suite_settings: dict = field(default_factory=dict)
+    suite_settings: dict = field(default_factory=dict)  # the primary suite's settings as they ran
     routes: dict[str, Plan] = field(default_factory=dict)  # phase -> route, every swept phase
     sweeps: dict[str, Any] = field(default_factory=dict)  # phase -> its route's sweep report
     placement_settings: dict = field(default_factory=dict)
     task_scores: dict[str, dict[str, float]] = field(default_factory=dict)  # run id -> task -> the metric
     chat_template: bool | None = None  # whether the primary suite's prompts are in the chat template
+    anchor_rule: str = ""  # how the anchor was chosen
+    competence: Competence | None = None  # question suites: the workload check
+    sample_plan: SamplePlan | None = None  # auto_samples: how the samples per task were chosen
+    accuracy: dict[str, Any] = field(default_factory=dict)  # "factorial" and "sweep <phase>" in accuracy
+    accuracy_settings: dict = field(default_factory=dict)
+
+
+def anchor_for(rule: str, route: Plan, phase: Phase) -> str | None:
+    """The factorial's anchor under the paper's rule: homogeneous TOVA for a decode route (its LongBench
+    factorial), the route's dominant method for a prefill route (its RULER factorial: "homogeneous SnapKV as
+    the dominant-method ablation anchor"); a method's name as given; None for "strongest" (measured)."""
+    from polykv.eval.experiments.placement import majority_method
+
+    if rule == "paper":
+        return "tova" if phase is Phase.DECODE else majority_method([layer[phase].method for layer in route.layers])
+    return None if rule == "strongest" else rule
+
+
+def anchor_text(rule: str, anchor: str, phase: Phase) -> str:
+    if rule == "paper":
+        why = (
+            "the paper's decode anchor (homogeneous decode-only TOVA, its Table 2)"
+            if phase is Phase.DECODE
+            else "the paper's prefill anchor: the route's dominant method (its RULER factorial)"
+        )
+        return f"{anchor}: {why}"
+    if rule == "strongest":
+        return f"{anchor}: the strongest method alone at the budget on calibration samples (seed + {CALIBRATION_SEED})"
+    return f"{anchor}: given"
 
 
 def best_mean_method(profile, phase: Phase, statistic: str) -> str:
-    """The method with the best profile statistic averaged over layers (the factorial's homogeneous arm
-    when none is given): the strongest single method by the same evidence TopRank uses."""
+    """The method with the best profile statistic averaged over layers."""
     from polykv.profile.store import STATISTICS
 
     rows = profile.table[(profile.table["scope"] == phase.value) & (profile.table["method"] != "full")]
@@ -109,15 +173,28 @@ def best_mean_method(profile, phase: Phase, statistic: str) -> str:
     return str((means * STATISTICS[statistic]).idxmax())
 
 
-def suite_settings_for(suite: str, given: dict | None, model: str, samples_per_task: int):
+def suite_settings_for(suite: str, given: dict | None, model: str, samples_per_task: int | None):
     """A suite's settings: `given` (a JSON object) over its defaults, the fidelity suite's tasks defaulting to
-    the model's (and its samples to `samples_per_task`)."""
+    the model's (and its samples to `samples_per_task`, else 3); `samples_per_task` also sets a question
+    suite's samples when given."""
     from polykv.eval.settings import suite_settings
     from polykv.eval.suites.fidelity import default_tasks
 
     if suite == "fidelity":
-        given = {"tasks": list(default_tasks(model)), "samples_per_task": samples_per_task, **(given or {})}
+        given = {"tasks": list(default_tasks(model)), "samples_per_task": samples_per_task or 3, **(given or {})}
+    elif samples_per_task is not None:
+        given = {**(given or {}), "samples_per_task": samples_per_task}
     return suite_settings(suite, given)
+
+
+def mode_for(metric: str, given: dict | None) -> str:
+    """A question suite's mode for a study scored by `metric`: the one given, else the cheapest that reports it."""
+    from polykv.eval.suites.answers import MODE_METRICS
+
+    mode = (given or {}).get("mode") or ("score" if metric == "answer_nll" else "generate")
+    if metric not in MODE_METRICS.get(mode, ()):
+        raise ValueError(f"metric {metric} is not reported in {mode} mode (it reports {', '.join(MODE_METRICS[mode])})")
+    return mode
 
 
 def run_study(
@@ -134,115 +211,127 @@ def run_study(
     `progress` is told each step (and `run <plan>` before each run unless `on_run` is given, which is then
     told the plan's name instead); `on_sample` is `ExperimentRunner.on_sample`, `on_profile` is
     `build_profile(progress=)`: for progress bars."""
-    from polykv.eval.experiments import ExperimentRunner, factorial, factorial_plans, placement, sweep, sweep_plans
-    from polykv.eval.runner import SUITES
+    from polykv.eval import study_steps as steps
+    from polykv.eval.experiments import factorial, factorial_plans, placement, sweep, sweep_plans
+    from polykv.eval.protocols import protocol
     from polykv.eval.store import Store
-    from polykv.models import load_model
-    from polykv.profile.build import build_profile
-    from polykv.profile.corpus import CorpusSpec, default_sources
     from polykv.routing import placement_count, plan_from_profile
 
     say = progress or (lambda message: None)
     seconds: dict[str, float] = {}
     workspace.mkdir(parents=True, exist_ok=True)
-    primary = suite_settings_for(settings.suite, settings.suite_settings, settings.model, settings.samples_per_task)
-    placement_suite = settings.placement_suite or settings.suite
-    placing = suite_settings_for(
-        placement_suite,
-        settings.placement_settings if settings.placement_suite else settings.suite_settings,
-        settings.model,
-        settings.samples_per_task,
-    )
-    from polykv.eval.protocols import protocol
-
+    questions = settings.suite in QUESTION_SUITES
+    given = dict(settings.suite_settings or {})
+    if questions:
+        given["mode"] = mode_for(settings.metric, given)
+    primary = suite_settings_for(settings.suite, given, settings.model, settings.samples_per_task)
     for name in settings.baselines or ():
         protocol(name)  # an unknown baseline fails before the model loads
-    model, tokenizer = load_model(settings.model, device=settings.device)  # quiet: no progress bars
     phase = Phase(settings.scope)
+    context = steps.StudyContext(settings, workspace, say, on_run, on_sample)  # loads the model
 
     started = time.perf_counter()
     say("profile")
-    spec = CorpusSpec(
-        sources=settings.calibration_sources or default_sources(settings.model),
-        num_sequences=settings.calibration_sequences,
-        max_tokens=settings.calibration_tokens,
-        seed=settings.seed,
-    )
-    profile = build_profile(
-        settings.model,
-        model,
-        tokenizer,
-        workspace / "profiles",
-        spec,
-        capacity=settings.b_cal,
-        scopes=(Phase.PREFILL, Phase.DECODE),
-        progress=on_profile,
-    )
+    profile = steps.profile(context, on_profile)
     seconds["profile"] = time.perf_counter() - started
 
     routes = {s: plan_from_profile(profile, s, settings.budget, settings.statistic, "uniform") for s in settings.swept}
     route = routes[settings.scope]
-    baseline = settings.baseline or best_mean_method(profile, phase, settings.statistic)
     store = Store(workspace / "results.sqlite")
+    context.store = store
+    baselines = list(settings.baselines) if settings.baselines else None
 
-    def runner_for(suite: str, suite_settings, metric: str) -> ExperimentRunner:
-        return ExperimentRunner(
-            store,
-            settings.model,
-            model,
-            tokenizer,
-            suite,
-            suite_settings,
-            settings.seed,
-            metric,
-            progress=on_run or (lambda name: say(f"run {name}")),
-            on_sample=on_sample,
-            backend=settings.backend,
-            device=settings.device,
-            batched=settings.batched,
+    def cells(anchor: str) -> dict[str, Plan]:
+        return factorial_plans(
+            profile, settings.scope, settings.budget, anchor, settings.statistic, settings.allocation
         )
 
-    runner = runner_for(settings.suite, primary, settings.metric)
-    placement_runner = runner_for(placement_suite, placing, settings.placement_metric or settings.metric)
-
+    anchor = anchor_for(settings.baseline, route, phase)
+    competence = sample_plan = pilot = None
+    if anchor is None:  # "strongest": measured on calibration samples of the suite
+        started = time.perf_counter()
+        say("anchor: every method alone on calibration samples")
+        anchor = steps.strongest_anchor(context, primary, profile, settings)
+        seconds["anchor"] = time.perf_counter() - started
+    if questions:
+        started = time.perf_counter()
+        say("pilot: FullKV and the anchor on every task")
+        competence, pilot = steps.pilot(context, primary, cells(anchor)["homogeneous-uniform"])
+        if not competence.kept:
+            raise ValueError(
+                f"FullKV is under {competence.threshold:g}% on every task of the pilot ({competence.excluded_text()}): "
+                "nothing to compare plans on"
+            )
+        primary = dataclasses.replace(primary, tasks=competence.kept)
+        seconds["pilot"] = time.perf_counter() - started
+    placement_suite = settings.placement_suite or settings.suite
+    if settings.placement_suite:
+        placing = suite_settings_for(placement_suite, settings.placement_settings, settings.model, None)
+    else:
+        placing = primary
+    factorial_args = (profile, settings.scope, settings.budget, anchor, settings.statistic, settings.allocation)
+    sweep_args = {s: (routes[s], list(settings.budgets), baselines) for s in settings.swept}
+    main = list(factorial_plans(*factorial_args).values())
+    for s in settings.swept:
+        main += list(sweep_plans(*sweep_args[s], profile=profile).values())
+    main = list({plan.to_json(): plan for plan in main}.values())
     # A short route may admit fewer distinct count-matched placements than asked for (5 layers with one
     # method twice: 59): then every one of them is run, which makes the control exhaustive, not sampled.
     placements = min(settings.placements, placement_count([layer[phase].method for layer in route.layers]))
     if placements < settings.placements:
         say(f"placement: the route admits only {placements} other placements; running all of them")
-    factorial_args = (profile, settings.scope, settings.budget, baseline, settings.statistic, settings.allocation)
-    baselines = list(settings.baselines) if settings.baselines else None
-    sweep_args = {s: (routes[s], list(settings.budgets), baselines) for s in settings.swept}
+    if settings.auto_samples:
+        started = time.perf_counter()
+        say("samples: timing one sample of every task with the study's plans")
+        sample_plan = steps.choose_samples(context, primary, main, pilot)
+        primary = dataclasses.replace(primary, samples_per_task=sample_plan.samples_per_task)
+        seconds["samples"] = time.perf_counter() - started
+    if not settings.placement_suite:
+        placing = primary
+        if settings.placement_samples is not None:
+            placing = dataclasses.replace(primary, samples_per_task=settings.placement_samples)
+
+    runner = steps.runner(context, settings.suite, primary, settings.metric)
+    placement_runner = steps.runner(context, placement_suite, placing, settings.placement_metric or settings.metric)
     if settings.batched and settings.backend == "local":
         # The factorial's and the sweeps' runs share the primary suite's samples: one batch for them all.
         say(f"{settings.suite} runs (factorial and sweeps, together)")
         started = time.perf_counter()
-        plans = list(factorial_plans(*factorial_args).values())
-        for s in settings.swept:
-            plans += list(sweep_plans(*sweep_args[s], profile=profile).values())
-        runner.run_all(list({plan.to_json(): plan for plan in plans}.values()))
+        runner.run_all(main)
         seconds[f"{settings.suite} runs"] = time.perf_counter() - started
     reports: dict[str, Any] = {}
-    steps = {
+    named = {
         "factorial": lambda: factorial(runner, *factorial_args),
         "placement": lambda: placement(placement_runner, profile, route, placements, settings.statistic),
         **{f"sweep {s}": (lambda s=s: sweep(runner, *sweep_args[s], profile=profile)) for s in settings.swept},
     }
-    for name, step in steps.items():
+    for name, step in named.items():
         say(name)
         started = time.perf_counter()
         reports[name] = step()
         seconds[name] = time.perf_counter() - started
+    accuracy, accuracy_settings = {}, {}
+    if questions and settings.accuracy_samples and settings.metric != "score":
+        started = time.perf_counter()
+        say("accuracy: the factorial's and the sweeps' plans, generating")
+        measured = dataclasses.replace(primary, mode="generate", samples_per_task=settings.accuracy_samples)
+        accuracy_runner = steps.runner(context, settings.suite, measured, "score")
+        if settings.batched and settings.backend == "local":
+            accuracy_runner.run_all(main)
+        accuracy["factorial"] = factorial(accuracy_runner, *factorial_args)
+        for s in settings.swept:
+            accuracy[f"sweep {s}"] = sweep(accuracy_runner, *sweep_args[s], profile=profile)
+        accuracy_settings = measured.to_dict()
+        seconds["accuracy"] = time.perf_counter() - started
     store.checkpoint()  # the database file alone then holds every run the report cites
     sweeps = {s: reports[f"sweep {s}"] for s in settings.swept}
     cited = {run for report in sweeps.values() for series in report.data["runs"].values() for run in series.values()}
     cited |= {report.data["full"]["run"] for report in sweeps.values()}
-    uses_chat = getattr(SUITES[settings.suite], "uses_chat_template", None)
     return StudyResult(
         settings,
         profile,
         route,
-        baseline,
+        anchor,
         reports["factorial"],
         reports["placement"],
         sweeps[settings.scope],
@@ -253,7 +342,12 @@ def run_study(
         sweeps,
         placing.to_dict(),
         {run: runner.task_scores(run) for run in sorted(cited)},
-        None if uses_chat is None else bool(uses_chat(tokenizer, primary)),
+        steps.chat_template(context, settings.suite, primary),
+        anchor_text(settings.baseline, anchor, phase),
+        competence,
+        sample_plan,
+        accuracy,
+        accuracy_settings,
     )
 
 

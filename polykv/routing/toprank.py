@@ -11,7 +11,9 @@ An offline profile is a pandas DataFrame `table` with one row per (layer, scope,
 `toprank` picks, per layer, the method with the best statistic among the methods that run in the phase
 (`polykv.methods.for_phase`: never `full`; ties go to the earlier method in the registry).
 `route_score` is the profile score S(rho) = sum_l sign * (score(l, rho_l) - score(l, ref)), sign +1 for
-cosine and -1 for dppl (`STATISTICS`): higher is better and the reference route scores 0.
+cosine and -1 for dppl (`STATISTICS`): higher is better and the reference route scores 0. With `ref` the
+route's majority method it is the paper's S(rho) of a placement (the sum over the layers given another
+method of C(that method) - C(majority)), which the placement control uses.
 """
 
 from __future__ import annotations

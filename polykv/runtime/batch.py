@@ -22,7 +22,7 @@ single row's. tests/test_batch.py checks the same greedy tokens and logits withi
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -150,29 +150,54 @@ def greedy(batch: PlanBatch, logits: torch.Tensor, max_new_tokens: int, stop: se
     """Each row's greedy continuation (as `generate(do_sample=False)`: the argmax of fp32 logits, end-of-
     sequence tokens masked until `min_new_tokens`, a row stops after emitting a `stop` token, which is
     kept). `logits`: the first step's [vocab] (shared) or [rows, vocab]. Returns one token list per row."""
+    return force_and_generate(batch, logits, max_new_tokens=max_new_tokens, stop=stop, min_new_tokens=min_new_tokens)
+
+
+def force_and_generate(
+    batch: PlanBatch,
+    logits: torch.Tensor,
+    *,
+    forced: int = 0,
+    feed: Sequence[int] = (),
+    on_forced: Callable[[int, torch.Tensor], None] | None = None,
+    max_new_tokens: int = 0,
+    stop: set[int] | frozenset[int] = frozenset(),
+    min_new_tokens: int = 0,
+) -> list[list[int]]:
+    """Step two groups of rows together. Rows [0, forced) are teacher-forced: step t feeds them `feed[t]`
+    and hands their next-token logits [forced, vocab] to `on_forced(t, logits)`. The other rows continue
+    greedily as `greedy` says. Each group leaves the batch once it is done. `logits`: the first step's
+    [vocab] (shared by every row) or [rows, vocab]. Returns the greedy rows' tokens, one list per row."""
     rows = len(batch)
-    out: list[list[int]] = [[] for _ in range(rows)]
-    alive = list(range(rows))
+    out: list[list[int]] = [[] for _ in range(rows - forced)]
+    alive = list(range(rows - forced))  # the greedy rows still generating, by their index in `out`
+    forcing = forced  # forced rows in the batch now (they come first)
     banned = sorted(stop)
     if logits.dim() == 1:
         logits = logits.unsqueeze(0).expand(rows, -1)
-    for step in range(max_new_tokens):
-        scores = logits.float()
-        if step < min_new_tokens and banned:
-            scores = scores.clone()
-            scores[:, banned] = float("-inf")
-        chosen = scores.argmax(dim=-1).tolist()
-        keep = []
-        for i, (row, token) in enumerate(zip(alive, chosen)):
-            out[row].append(token)
-            if token not in stop:
-                keep.append(i)
-        if step == max_new_tokens - 1 or not keep:
+    for step in range(max(len(feed), max_new_tokens)):
+        chosen: list[int] = []
+        keep: list[int] = []  # positions in `alive` of the greedy rows that go on
+        if alive:
+            scores = logits[forcing:].float()
+            if step < min_new_tokens and banned:
+                scores = scores.clone()
+                scores[:, banned] = float("-inf")
+            chosen = scores.argmax(dim=-1).tolist()
+            for i, (row, token) in enumerate(zip(alive, chosen)):
+                out[row].append(token)
+                if token not in stop and step < max_new_tokens - 1:
+                    keep.append(i)
+        next_forcing = forced if step < len(feed) else 0
+        if not next_forcing and not keep:
             break
-        if len(keep) < len(alive):
-            batch.select(keep)
-            alive = [alive[i] for i in keep]
-        logits = batch.step([chosen[i] for i in keep])
+        if next_forcing + len(keep) < forcing + len(alive):
+            batch.select(list(range(next_forcing)) + [forcing + i for i in keep])
+        alive = [alive[i] for i in keep]
+        logits = batch.step(([feed[step]] * next_forcing if next_forcing else []) + [chosen[i] for i in keep])
+        if next_forcing and on_forced is not None:
+            on_forced(step, logits[:next_forcing])
+        forcing = next_forcing
     return out
 
 
@@ -280,4 +305,15 @@ def generate_many(
         return greedy(batch, logits, max_new_tokens, eos_ids(model, eos_token_id), min_new_tokens)
 
 
-__all__ = ["Many", "PlanBatch", "PlanRows", "SharedPrompt", "eos_ids", "generate_many", "greedy", "many", "unsupported"]
+__all__ = [
+    "Many",
+    "PlanBatch",
+    "PlanRows",
+    "SharedPrompt",
+    "eos_ids",
+    "force_and_generate",
+    "generate_many",
+    "greedy",
+    "many",
+    "unsupported",
+]

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from polykv.eval.compare import direction, direction_text, macro_average, paired
-from polykv.eval.experiments.runner import ExperimentRunner, Report, _ci, _contrast, _plain
+from polykv.eval.compare import direction, direction_text, macro_average
+from polykv.eval.experiments.runner import ExperimentRunner, Report, _ci, _contrast, _plain, contrast
 from polykv.methods import REGISTRY, params_that_fit
 from polykv.plan import FULL, Phase, Plan, Scope
 from polykv.profile.store import Profile
@@ -70,10 +70,10 @@ def factorial(
     scope = Scope(scope)
     cells = factorial_plans(profile, scope, budget, baseline, statistic, allocation)
     ids = dict(zip(cells, runner.run_all(list(cells.values()))))
-    tasks = {cell: runner.task_scores(run_id) for cell, run_id in ids.items()}
-    score = {cell: macro_average(t) for cell, t in tasks.items()}
+    scores = {cell: runner.scores(run_id) for cell, run_id in ids.items()}
+    score = {cell: macro_average(s.tasks) for cell, s in scores.items()}
     metric, seed = runner.metric, runner.seed
-    h_u, h_a, r_u, r_a = (tasks[c] for c in FACTORIAL_CELLS)
+    h_u, h_a, r_u, r_a = (scores[c] for c in FACTORIAL_CELLS)
 
     report = Report(
         f"factorial: routing x allocation ({allocation}) in the {scope.value} phase at average capacity "
@@ -91,11 +91,10 @@ def factorial(
             }
         )
 
-    routing_uniform = paired(r_u, h_u, metric, seed)
-    allocation_homogeneous = paired(h_a, h_u, metric, seed)
-    allocation_routed = paired(r_a, r_u, metric, seed)
-    shared = sorted(set(h_u) & set(h_a) & set(r_u) & set(r_a))
-    interaction = paired({t: r_a[t] - r_u[t] for t in shared}, {t: h_a[t] - h_u[t] for t in shared}, metric, seed)
+    routing_uniform = contrast(r_u, h_u, metric, seed)
+    allocation_homogeneous = contrast(h_a, h_u, metric, seed)
+    allocation_routed = contrast(r_a, r_u, metric, seed)
+    interaction = contrast(r_a.minus(r_u), h_a.minus(h_u), metric, seed)
 
     primary = _contrast(routing_uniform)
     loto = ", ".join(f"{t} {v:+.4f}" for t, v in routing_uniform.leave_one_out.items()) or "none (one task)"

@@ -3,8 +3,11 @@ placements of its methods over the layers."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 from polykv.eval.compare import direction, direction_text, placement_summary
 from polykv.eval.experiments.runner import PERMUTATIONS, ExperimentRunner, Report, _plain
+from polykv.eval.paired_samples import sample_test
 from polykv.eval.stats import spearman_permutation
 from polykv.plan import LayerPlan, Phase, Plan, Scope
 from polykv.profile.store import Profile
@@ -34,19 +37,25 @@ def placement(
 ) -> Report:
     """The guided plan's route vs k unique random count-matched placements of it.
 
-    Primary: rho = tie-aware Spearman between the profile score S(rho) (`route_score` by `statistic`)
-    and the suite score turned so that higher is better, over the k random placements only (the guided
-    assignment is excluded), with the one-sided permutation p = (1 + #{rho_perm >= rho_obs}) / (N + 1)
-    over N = `permutations` shuffles (seed: the runner's). Secondary, descriptive: the guided route's
-    rank among the k + 1 routes (ties count against it), its corrected Monte Carlo p = rank / (k + 1),
-    and guided - random mean in the metric's units. `report.data` holds every number."""
+    Primary: rho = tie-aware Spearman between the profile score S(rho) and the suite score turned so that
+    higher is better, over the k random placements only (the guided assignment is excluded), with the
+    one-sided permutation p = (1 + #{rho_perm >= rho_obs}) / (N + 1) over N = `permutations` shuffles
+    (seed: the runner's). S(rho) is the paper's: the sum, over the layers a placement gives a method other
+    than the route's majority method, of that method's profile `statistic` minus the majority method's
+    (`majority_method`; sign-turned so that higher is better). Secondary, descriptive: the guided route's
+    rank among the k + 1 routes (ties count against it), its corrected Monte Carlo p = rank / (k + 1), and
+    guided - random mean in the metric's units, with a sample-level test of it (each sample's guided score
+    against the mean of the random placements' scores on that sample). `report.data` holds every number."""
     phase = _active_phase(guided)
     plans = placement_plans(guided, k, runner.seed)
     ids = runner.run_all(plans)
     scores = [runner.score(run_id) for run_id in ids]
+    majority = majority_method([lay[phase].method for lay in guided.layers])
     profile_scores = [
-        route_score([lay[phase].method for lay in plan.layers], profile.table, phase, statistic) for plan in plans
+        route_score([lay[phase].method for lay in plan.layers], profile.table, phase, statistic, majority)
+        for plan in plans
     ]
+    versus_mean = _versus_random_mean([runner.sample_scores(run_id) for run_id in ids], runner.seed)
     metric = runner.metric
     control = placement_summary(scores[0], scores[1:], metric)
     random_mean = sum(scores[1:]) / k
@@ -69,8 +78,9 @@ def placement(
     report.lines += [
         direction_text(metric),
         f"protocol: {k} unique random placements of the guided route's methods over its layers (same method counts, "
-        f"per-layer capacities and parameters; the guided assignment excluded); S(rho) by {statistic} from profile "
-        f"{profile.key}",
+        f"per-layer capacities and parameters; the guided assignment excluded); S(rho) = sum over the layers "
+        f"given a method other than the majority method {majority} of {statistic}(method) - {statistic}"
+        f"({majority}), from profile {profile.key}",
     ]
     if rho == rho:  # not NaN
         report.lines.append(
@@ -86,12 +96,19 @@ def placement(
         f"rank / (K + 1) = {control.p_value:.4f} (ties count against it); guided - random mean = "
         f"{scores[0] - random_mean:+.4f} {metric}"
     )
+    if versus_mean is not None:
+        report.lines.append(
+            f"guided - random mean at the sample level: {versus_mean.difference:+.4f} {metric}, 95% CI "
+            f"[{versus_mean.low:+.4f}, {versus_mean.high:+.4f}] (bootstrap of samples within tasks); "
+            f"{versus_mean.describe()}; minimal detectable difference {versus_mean.mde:.4g}"
+        )
     report.data = {
         "experiment": "placement",
         "metric": metric,
         "direction": direction(metric),
         "phase": phase.value,
         "statistic": statistic,
+        "majority": majority,
         "k": k,
         "permutations": permutations,
         # each placement's plan as JSON too, so that a page can open the one a reader picks
@@ -112,9 +129,39 @@ def placement(
         "guided_p": control.p_value,
         "random_mean": random_mean,
         "guided_minus_mean": scores[0] - random_mean,
+        "guided_minus_mean_sample": None
+        if versus_mean is None
+        else {
+            "difference": versus_mean.difference,
+            "low": versus_mean.low,
+            "high": versus_mean.high,
+            "p": versus_mean.p_value,
+            "mde": versus_mean.mde,
+            "samples": versus_mean.samples,
+        },
     }
     report.data = _plain(report.data)
     return report
+
+
+def majority_method(route: list[str]) -> str:
+    """The route's most frequent method (ties: the first in alphabetical order), S(rho)'s reference."""
+    counts = Counter(route)
+    return min(counts, key=lambda method: (-counts[method], method))
+
+
+def _versus_random_mean(samples: list[dict[str, dict[str, float]]], seed: int):
+    """The guided run's per-sample scores against the mean of the random placements' on each sample they all
+    have (None when they share none)."""
+    guided, randoms = samples[0], samples[1:]
+    mean = {}
+    for task, values in guided.items():
+        shared = [s for s in values if all(s in r.get(task, {}) for r in randoms)]
+        mean[task] = {s: sum(r[task][s] for r in randoms) / len(randoms) for s in shared}
+    try:
+        return sample_test(guided, mean, seed=seed)
+    except ValueError:
+        return None
 
 
 def _active_phase(plan: Plan) -> Phase:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from polykv.eval.backends import backend
-from polykv.eval.compare import Paired, direction, macro_average
+from polykv.eval.compare import Paired, direction, macro_average, paired, sample_scores
 from polykv.eval.runner import run_suite, run_suites
 from polykv.eval.store import Store
 from polykv.eval.unit import Unit
@@ -96,12 +96,49 @@ class ExperimentRunner:
     def task_scores(self, run_id: str) -> dict[str, float]:
         return {task: values[self.metric] for task, values in self.store.task_scores(run_id).items()}
 
+    def sample_scores(self, run_id: str) -> dict[str, dict[str, float]]:
+        """{task: {sample id: the metric}}: what the sample-level tests pair."""
+        return sample_scores(self.store, run_id, self.metric)
+
+    def scores(self, run_id: str) -> Scores:
+        return Scores(self.task_scores(run_id), self.sample_scores(run_id))
+
     def score(self, run_id: str) -> float:
         return macro_average(self.task_scores(run_id))
 
     @property
     def sign(self) -> int:
         return direction(self.metric)
+
+
+@dataclass(frozen=True)
+class Scores:
+    """A run's scores in one metric: per task, and per task and sample."""
+
+    tasks: dict[str, float]
+    samples: dict[str, dict[str, float]]
+
+    def minus(self, other: Scores) -> Scores:
+        """Per task and per sample, self - other (on what both have): the per-task contrast of an interaction."""
+        shared = sorted(set(self.tasks) & set(other.tasks))
+        return Scores(
+            {t: self.tasks[t] - other.tasks[t] for t in shared},
+            {
+                t: {
+                    s: v - other.samples[t][s]
+                    for s, v in self.samples.get(t, {}).items()
+                    if s in other.samples.get(t, {})
+                }
+                for t in shared
+            },
+        )
+
+
+def contrast(a: Scores, b: Scores, metric: str, seed: int) -> Paired:
+    """a vs b: the paper's paired bootstrap over tasks and, when both runs kept per-sample scores of the same
+    samples, the sample-level test (`compare.paired`)."""
+    shared = any(set(a.samples.get(t, {})) & set(b.samples.get(t, {})) for t in a.samples)
+    return paired(a.tasks, b.tasks, metric, seed, samples=(a.samples, b.samples) if shared else None)
 
 
 @dataclass
@@ -145,7 +182,21 @@ def _plain(value: Any, json_ready: bool = False) -> Any:
 
 def _contrast(result: Paired) -> dict[str, Any]:
     """A paired comparison as plain data; `loto_better` counts leave-one-task-out values in the better
-    direction (sign x value > 0)."""
+    direction (sign x value > 0); `sample` is the sample-level test (None without per-sample scores) and
+    `verdict` / `verdict_text` what it concludes and on which test."""
+    test = result.samples
+    sample = None
+    if test is not None:
+        sample = {
+            "difference": test.difference,
+            "low": test.low,
+            "high": test.high,
+            "p": test.p_value,
+            "mde": test.mde,
+            "samples": test.samples,
+            "differing": test.differing,
+            "permutations": test.permutations,
+        }
     return {
         "difference": result.difference,
         "low": result.low,
@@ -158,17 +209,22 @@ def _contrast(result: Paired) -> dict[str, Any]:
         "losses": result.losses,
         "leave_one_out": dict(result.leave_one_out),
         "loto_better": sum(1 for v in result.leave_one_out.values() if result.sign * v > 0),
+        "task_mde": result.task_mde,
+        "sample": sample,
+        "verdict": result.verdict(),
+        "verdict_text": result.verdict_text(),
     }
 
 
 def _ci(result: Paired) -> str:
-    return (
+    text = (
         f"{result.difference:+.4f} {result.metric}, 95% paired bootstrap CI [{result.low:+.4f}, {result.high:+.4f}] "
         f"{result.resampling()}"
     )
-
-
-def _better_interval(result: Paired) -> tuple[float, float]:
-    """The CI of A - B turned so that positive means A is better."""
-    low, high = sorted((result.sign * result.low, result.sign * result.high))
-    return low, high
+    if result.samples is not None:
+        test = result.samples
+        text += (
+            f"; sample level 95% CI [{test.low:+.4f}, {test.high:+.4f}], sign-flip p = {test.p_value:.4f} over "
+            f"{test.samples} paired samples ({test.differing} differ), minimal detectable difference {test.mde:.4g}"
+        )
+    return text + f"; {result.verdict()}"

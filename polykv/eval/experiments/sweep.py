@@ -6,17 +6,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from polykv.eval.compare import Paired, direction, direction_text, envelope, macro_average, paired
+from polykv.eval.compare import direction, direction_text, envelope, macro_average
 from polykv.eval.experiments.runner import (
     FULLKV,
     ROUTE_PPL,
     ROUTE_UNIFORM,
     ExperimentRunner,
     Report,
-    _better_interval,
     _ci,
     _contrast,
     _plain,
+    contrast,
 )
 from polykv.eval.protocols import baseline_methods, baseline_plan, protocol, protocol_lines
 from polykv.methods import REGISTRY, validate_plan
@@ -114,8 +114,8 @@ def sweep(
     routes = [ROUTE_UNIFORM] + ([ROUTE_PPL] if profile is not None else [])
     metric, seed = runner.metric, runner.seed
     ids = dict(zip(plans, runner.run_all(list(plans.values()))))
-    tasks = {key: runner.task_scores(run_id) for key, run_id in ids.items()}
-    score = {key: macro_average(t) for key, t in tasks.items()}
+    scores = {key: runner.scores(run_id) for key, run_id in ids.items()}
+    score = {key: macro_average(s.tasks) for key, s in scores.items()}
 
     rows = envelope(
         [{"budget": b, **{label: score[(b, label)] for label in routes + names}} for b in budgets], names, metric
@@ -137,26 +137,26 @@ def sweep(
         b, best = row["budget"], row["best baseline"]
         row = dict(row)
         for label in routes:
-            result = paired(tasks[(b, label)], tasks[(b, best)], metric, seed)
+            result = contrast(scores[(b, label)], scores[(b, best)], metric, seed)
             (versus if label == ROUTE_UNIFORM else versus_ppl)[b] = {"baseline": best, **_contrast(result)}
             row[f"{label} - envelope"] = result.difference
             report.lines.append(
                 f"budget {b}: {label} {score[(b, label)]:.4f} - best baseline {best} {row['envelope']:.4f} "
-                f"= {_ci(result)} ({_verdict(result)})"
+                f"= {_ci(result)}"
             )
         report.rows.append(row)
     pairs = [b for b in budgets if 2 * b in budgets]
     report.lines.append(
-        "2b comparison: route-uniform at b vs the best baseline at 2b; matches when the 95% CI's upper "
-        "end in the better direction is >= 0 (the route at b is not significantly worse)"
-        + ("" if pairs else "; no budget b has 2b in the sweep")
+        "2b comparison: route-uniform at b vs the best baseline at 2b; matches when the route at b is not "
+        "significantly worse (the sample-level test; the minimal detectable difference says how much worse it "
+        "could be unseen)" + ("" if pairs else "; no budget b has 2b in the sweep")
     )
     for b in pairs:
         best = next(r["best baseline"] for r in rows if r["budget"] == 2 * b)
-        result = paired(tasks[(b, ROUTE_UNIFORM)], tasks[(2 * b, best)], metric, seed)
-        verdict = "matches" if _better_interval(result)[1] >= 0 else "falls short"
-        double[b] = {"baseline": best, "verdict": verdict, **_contrast(result)}
-        report.lines.append(f"2b: route-uniform at {b} - best baseline at {2 * b} ({best}) = {_ci(result)}: {verdict}")
+        result = contrast(scores[(b, ROUTE_UNIFORM)], scores[(2 * b, best)], metric, seed)
+        match = "falls short" if result.verdict() == "worse" else "matches"
+        double[b] = {"baseline": best, "match": match, **_contrast(result)}
+        report.lines.append(f"2b: route-uniform at {b} - best baseline at {2 * b} ({best}) = {_ci(result)}: {match}")
     report.data = {
         "experiment": "sweep",
         "metric": metric,
@@ -182,11 +182,6 @@ def sweep(
 def _protocol_data(method: str, overrides: Mapping[str, Scope | str] | None) -> dict[str, Any]:
     row = protocol(method, overrides)
     return {"scope": row.scope.value, "allocation": row.allocation, "params": dict(row.params), "source": row.source}
-
-
-def _verdict(result: Paired) -> str:
-    low, high = _better_interval(result)
-    return "route better" if low > 0 else "route worse" if high < 0 else "no significant difference"
 
 
 def _check_budgets(budgets: Sequence[int]) -> list[int]:

@@ -139,6 +139,11 @@ def build_samples(tokenizer, model, settings: FidelitySettings, seed: int) -> li
     return out
 
 
+def prompt_tokens(ids: list[int]) -> list[int]:
+    """The tokens a sample's id hashes: the whole text (prompt, continuation and the one token after)."""
+    return ids
+
+
 @no_grad
 def score_sample(model, plan: Plan, ids: list[int], settings: FidelitySettings) -> dict[str, float]:
     device = next(model.parameters()).device
@@ -162,36 +167,28 @@ def score_samples(model, plans: list[Plan], ids: list[int], settings: FidelitySe
     tokens = torch.tensor([ids], device=device)
     prompt = tokens.shape[1] - settings.continuation - 1
     ref_logits, ref_greedy = _reference(model, ids, tokens, prompt, settings)
-    count, forced, generate = len(plans), tokens[0, prompt:-1].tolist(), settings.generate
+    count = len(plans)
     steps: list[list[torch.Tensor]] = [[] for _ in plans]  # each plan's teacher-forced logits
-    greedy: list[list[int]] = [[] for _ in plans]
+
+    def keep(step: int, logits: torch.Tensor) -> None:
+        for plan_steps, row in zip(steps, logits):
+            plan_steps.append(row)
+
     with torch.inference_mode(), batch.many(model, list(plans) * 2) as session:
-        # rows [0, count): teacher-forced over the continuation; rows [count, 2 count): greedy. Each half
-        # leaves the batch once it is done.
+        # rows [0, count): teacher-forced over the continuation; rows [count, 2 count): greedy, end-of-sequence
+        # masked throughout (min_new_tokens = generate)
         rows, first = session.prefill(tokens[0, :prompt])
-        rows.reserve(max(len(forced), generate))
-        stop = sorted(batch.eos_ids(model))
-        forcing, generating = count, count  # rows of each half in the batch now
-        logits = first.unsqueeze(0).expand(2 * count, -1)
-        for t in range(max(len(forced), generate)):
-            if generating:  # the greedy rows' t-th tokens; end-of-sequence masked (min_new_tokens = generate)
-                scores = logits[forcing:].float().clone()
-                scores[:, stop] = float("-inf")
-                chosen = scores.argmax(dim=-1).tolist()
-                for plan_tokens, token in zip(greedy, chosen):
-                    plan_tokens.append(token)
-            next_forcing = count if t < len(forced) else 0
-            next_generating = count if t + 1 < generate else 0
-            if not next_forcing and not next_generating:
-                break
-            keep = list(range(next_forcing)) + list(range(forcing, forcing + next_generating))
-            if len(keep) < len(rows):
-                rows.select(keep)
-            inputs = ([forced[t]] * next_forcing if next_forcing else []) + (chosen if next_generating else [])
-            logits = rows.step(inputs)
-            for plan_steps, row in zip(steps[:next_forcing], logits):
-                plan_steps.append(row)
-            forcing, generating = next_forcing, next_generating
+        rows.reserve(max(settings.continuation, settings.generate))
+        greedy = batch.force_and_generate(
+            rows,
+            first,
+            forced=count,
+            feed=tokens[0, prompt:-1].tolist(),
+            on_forced=keep,
+            max_new_tokens=settings.generate,
+            stop=batch.eos_ids(model),
+            min_new_tokens=settings.generate,
+        )
         targets = tokens[0, prompt + 1 :]
         return [_metrics(torch.stack(steps[i]), greedy[i], ref_logits, ref_greedy, targets) for i in range(count)]
 

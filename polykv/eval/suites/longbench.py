@@ -20,6 +20,9 @@ Per sample, as ``pred.py`` does it:
   5. the sample scores ``100 * longbench_sample_score(...)`` (max over the ground truths; trec,
      triviaqa, samsum and lsht predictions cut at their first line). A task's score is the mean over
      its samples: LongBench's ``round(100 * mean, 2)`` without the rounding.
+The ``mode`` setting adds or chooses the dense ``answer_nll`` and FullKV ``agreement``
+(``polykv.eval.suites.answers``); the gold answer of ``answer_nll`` is the sample's first answer (the
+others are alternatives LongBench accepts too), at most the task's generation length.
 
 Differences from the original:
   * Chat format: the original hard-codes a format per model name (``build_chat``); here the
@@ -55,12 +58,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from polykv.eval.metrics import longbench_sample_score
+from polykv.eval.metrics import LONGBENCH_FIRST_LINE_TASKS, longbench_sample_score
 from polykv.lazy import lazy_import, no_grad
 from polykv.models import context_length
 from polykv.plan import Plan
 
-from . import chat
+from . import answers, chat
 from .longbench_tasks import CLASSIFICATION_TASKS, NO_CHAT_TASKS, TASK_MAX_NEW_TOKENS, TASK_PROMPTS, TASKS
 
 torch = lazy_import("torch")  # loaded on first use: checking a suite's settings needs no tensor
@@ -76,6 +79,7 @@ class LongBenchSettings:
     max_length: int | None = None  # prompt tokens; None: the model's context - generation length - chat overhead
     samples_per_task: int | None = None  # None: every sample; N: a seeded random subset of N
     use_chat_template: bool | str = "auto"  # "auto": when the tokenizer has one; True: required; False: never
+    mode: str = "generate"  # "generate" (score, agreement), "score" (answer_nll) or "both" (`answers`)
 
     def __post_init__(self):
         tasks = (self.tasks,) if isinstance(self.tasks, str) else tuple(self.tasks)
@@ -92,6 +96,7 @@ class LongBenchSettings:
         if self.samples_per_task is not None and (isinstance(self.samples_per_task, bool) or self.samples_per_task < 1):
             raise ValueError(f"LongBench samples_per_task must be >= 1 or None (all), got {self.samples_per_task!r}")
         chat.check_choice(self.use_chat_template, "LongBench")
+        answers.check_mode(self.mode, "LongBench")
 
     def to_dict(self) -> dict:
         return {**asdict(self), "tasks": list(self.tasks)}
@@ -115,7 +120,8 @@ def check_settings(settings: LongBenchSettings) -> None:
 
 Settings = LongBenchSettings  # every suite module exposes Settings, build_samples and score_sample
 # Bump whenever samples or scoring change: run ids include it, so older results are never reused.
-REVISION = 1
+REVISION = 2  # 2: the mode setting (answer_nll, agreement) and every sample's answer stored
+METRICS = answers.MODE_METRICS["both"]  # what a run may report (its mode says which)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -297,8 +303,9 @@ def _newline_id(tokenizer) -> int | None:
 
 def build_samples(tokenizer, model, settings: LongBenchSettings, seed: int) -> list[tuple[str, str, dict]]:
     """(task, sample id, payload) for every selected sample; payload: ``ids`` (prompt token ids),
-    ``answers``, ``all_classes``, ``task``, ``max_new_tokens``, ``eos_token_id`` (samsum's stop list, else
-    None) and the ``tokenizer`` that decodes the prediction."""
+    ``answers``, ``answer_ids`` (the first answer's tokens, ``answers.gold_ids``), ``all_classes``, ``task``,
+    ``max_new_tokens``, ``eos_token_id`` (samsum's stop list, else None) and the ``tokenizer`` that decodes
+    the prediction."""
     chat_used = uses_chat_template(tokenizer, settings)
     overhead = len(chat.chat_ids(tokenizer, "")) if chat_used else 0
     context = context_length(model)
@@ -324,10 +331,12 @@ def build_samples(tokenizer, model, settings: LongBenchSettings, seed: int) -> l
         if task == "samsum":  # pred.py: stop at a newline too (the model otherwise repeats "\nDialogue")
             eos = [i for i in (tokenizer.eos_token_id, _newline_id(tokenizer)) if i is not None] or None
         for sample_id, record in samples:
+            ids = prompt_ids(tokenizer, task, record, max_length, task_chat)
             payload = {
                 "task": task,
-                "ids": prompt_ids(tokenizer, task, record, max_length, task_chat),
+                "ids": ids,
                 "answers": list(record["answers"]),
+                "answer_ids": answers.gold_ids(tokenizer, ids, str(record["answers"][0]), max_new),
                 "all_classes": record.get("all_classes"),
                 "max_new_tokens": max_new,
                 "eos_token_id": eos,
@@ -337,52 +346,63 @@ def build_samples(tokenizer, model, settings: LongBenchSettings, seed: int) -> l
     return out
 
 
+def prompt_tokens(payload: dict) -> list[int]:
+    """The prompt a sample's id hashes (the runner stores the hash, not the prompt)."""
+    return payload["ids"]
+
+
+def _question(payload: dict) -> answers.Question:
+    stop = payload.get("eos_token_id")
+    return answers.Question(
+        payload["ids"],
+        payload["answer_ids"],
+        payload["max_new_tokens"],
+        tuple(stop) if stop else None,
+        1 if stop else 0,
+    )
+
+
+def _judge(payload: dict):
+    """(metrics, prediction) of generated tokens: LongBench's score of the decoded text, and whether it is
+    FullKV's answer (both cut at the first line where LongBench cuts, and stripped)."""
+    tokenizer, task = payload["tokenizer"], payload["task"]
+
+    def answer_text(tokens: list[int]) -> str:
+        text = tokenizer.decode(tokens, skip_special_tokens=True)
+        return (text.lstrip("\n").split("\n")[0] if task in LONGBENCH_FIRST_LINE_TASKS else text).strip()
+
+    def judge(tokens: list[int], reference: list[int]) -> tuple[dict[str, float], str]:
+        prediction = tokenizer.decode(tokens, skip_special_tokens=True)
+        metrics = _score(payload, prediction)
+        metrics["agreement"] = float(answer_text(tokens) == answer_text(reference))
+        return metrics, prediction
+
+    return judge
+
+
+def _pad(tokenizer) -> int | None:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
 @no_grad
-def generate(model, plan: Plan | None, payload: dict) -> str:
-    """The greedy prediction for one sample, under the plan (None: the unmodified model)."""
-    device = next(model.parameters()).device
-    ids = torch.tensor([payload["ids"]], device=device)
-    kwargs: dict[str, Any] = {
-        "attention_mask": torch.ones_like(ids),
-        "max_new_tokens": payload["max_new_tokens"],
-        "do_sample": False,
-        "num_beams": 1,
-    }
-    tokenizer = payload["tokenizer"]
-    if payload.get("eos_token_id"):
-        kwargs["eos_token_id"] = payload["eos_token_id"]
-        kwargs["min_new_tokens"] = 1  # pred.py's min_length=context_length+1
-    if model.generation_config.pad_token_id is None:
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        if pad is not None:
-            kwargs["pad_token_id"] = pad
-    if plan is None:
-        output = model.generate(ids, **kwargs)
-    else:
-        from polykv.runtime import routed  # torch and transformers: when a plan runs
-
-        with routed(model, plan):
-            output = model.generate(ids, **kwargs)
-    return tokenizer.decode(output[0, ids.shape[1] :], skip_special_tokens=True)
+def score_sample(model, plan: Plan, payload: dict, settings: LongBenchSettings) -> answers.Scored:
+    """One plan alone (`routed` and `generate`), in the settings' mode (see `polykv.eval.suites.answers`)."""
+    scored = answers.score_alone(
+        model, plan, _question(payload), settings.mode, _judge(payload), _pad(payload["tokenizer"])
+    )
+    return answers.Scored(scored.metrics, scored.prediction, list(payload["answers"]))
 
 
-def score_sample(model, plan: Plan, payload: dict, settings: LongBenchSettings) -> dict[str, float]:
-    return _score(payload, generate(model, plan, payload))
-
-
-def score_samples(model, plans: list[Plan], payload: dict, settings: LongBenchSettings) -> list[dict[str, float]]:
+def score_samples(model, plans: list[Plan], payload: dict, settings: LongBenchSettings) -> list[answers.Scored]:
     """`score_sample` for several plans on one sample at once (`polykv.runtime.batch`: one prompt pass,
-    the plans' generations as one batch); plan by plan when the model's generation needs `generate`."""
+    the plans' generations and teacher-forced answers as one batch); plan by plan when the model's
+    generation needs `generate`."""
     from polykv.runtime import batch  # torch and transformers: when a plan runs
 
     if batch.unsupported(model):
         return [score_sample(model, plan, payload, settings) for plan in plans]
-    stop = payload.get("eos_token_id")
-    generated = batch.generate_many(
-        model, plans, payload["ids"], payload["max_new_tokens"], stop or None, 1 if stop else 0
-    )
-    tokenizer = payload["tokenizer"]
-    return [_score(payload, tokenizer.decode(tokens, skip_special_tokens=True)) for tokens in generated]
+    scored = answers.score_many(model, plans, _question(payload), settings.mode, _judge(payload))
+    return [answers.Scored(s.metrics, s.prediction, list(payload["answers"])) for s in scored]
 
 
 def _score(payload: dict, prediction: str) -> dict[str, float]:

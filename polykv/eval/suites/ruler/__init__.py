@@ -33,7 +33,10 @@ Tasks (``length`` counts tokens of the evaluated model's tokenizer; prompt + gen
         json, e.g. the dev "distractor" set); without it the default task list leaves the task out.
 Each prompt ends with RULER's answer prefix (the model continues it); ``tokens_to_generate`` new tokens
 are generated greedily under the plan, decoded, post-processed as RULER does and scored on that one
-sample with the task's RULER metric (string_match_all, or string_match_part for qa): 0-100.
+sample with the task's RULER metric (string_match_all, or string_match_part for qa): 0-100. The
+``mode`` setting adds or chooses the dense ``answer_nll`` (``polykv.eval.suites.answers``): the gold
+answer is RULER's ``outputs`` in gold order joined by ", " (one text even when a task has several
+answers; the model may list them in another order or format, which costs every plan alike).
 
 Differences from the original, chosen on purpose:
   * Text haystack: the King James Bible (public domain; the evaluation part of ``kjv.txt``, the last
@@ -79,7 +82,7 @@ from polykv.lazy import lazy_import, no_grad
 from polykv.models import context_length
 from polykv.plan import Plan
 
-from .. import chat
+from .. import answers, chat
 from .common import (
     NOISE,
     TOKENS_TO_GENERATE,
@@ -150,11 +153,12 @@ __all__ = [
     "NiahConfig",
     "RulerLengthError",
     "RulerSample",
+    "METRICS",
     "RulerSettings",
     "Settings",
     "build_samples",
-    "generate_answer",
     "make_sample",
+    "prompt_tokens",
     "ruler_metric",
     "ruler_postprocess_pred",
     "score_sample",
@@ -164,7 +168,10 @@ __all__ = [
 
 Settings = RulerSettings  # every suite module exposes Settings, build_samples and score_sample
 # Bump whenever samples or scoring change: run ids include it, so older results are never reused.
-REVISION = 3  # 2: vt chain lines placed as the official generator does; 3: the chat template (use_chat_template)
+# 2: vt chain lines placed as the official generator does; 3: the chat template (use_chat_template); 4: the
+# mode setting (answer_nll, agreement) and every sample's answer stored
+REVISION = 4
+METRICS = answers.MODE_METRICS["both"]  # what a run may report (its mode says which)
 
 
 # ---- samples ----------------------------------------------------------------------------------------
@@ -260,8 +267,9 @@ def build_samples(tokenizer, model, settings: RulerSettings, seed: int) -> list[
 
     The task of a row is ``settings.task_name(task, length)``: the RULER task, with ``@<length>`` when
     the settings list several lengths (tasks in order, each at every length, ascending).
-    payload: ``prompt_ids``, ``answers``, ``task`` (the RULER task), ``length``, ``tokens_to_generate``
-    and the ``tokenizer`` (to decode what the model generates)."""
+    payload: ``prompt_ids``, ``answers``, ``answer_ids`` (the gold answer's tokens, ``answers.gold_ids``),
+    ``task`` (the RULER task), ``length``, ``tokens_to_generate`` and the ``tokenizer`` (to decode what the
+    model generates)."""
     use_chat = uses_chat_template(tokenizer, settings)
     context = context_length(model)
     longest = max(settings.lengths)
@@ -291,6 +299,9 @@ def build_samples(tokenizer, model, settings: RulerSettings, seed: int) -> list[
                     "length": length,
                     "prompt_ids": sample.prompt_ids,
                     "answers": sample.answers,
+                    "answer_ids": answers.gold_ids(
+                        tokenizer, sample.prompt_ids, ", ".join(sample.answers), sample.tokens_to_generate
+                    ),
                     "tokens_to_generate": sample.tokens_to_generate,
                     "tokenizer": tokenizer,
                 }
@@ -303,45 +314,59 @@ def uses_chat_template(tokenizer, settings: RulerSettings) -> bool:
     return chat.resolve(tokenizer, settings.use_chat_template, "ruler")
 
 
+def prompt_tokens(payload: dict) -> list[int]:
+    """The prompt a sample's id hashes (the runner stores the hash, not the prompt)."""
+    return payload["prompt_ids"]
+
+
+def _question(payload: dict) -> answers.Question:
+    return answers.Question(payload["prompt_ids"], payload["answer_ids"], payload["tokens_to_generate"])
+
+
+def _judge(payload: dict):
+    """(metrics, prediction) of generated tokens: RULER's score of the decoded text, and whether it is FullKV's
+    answer once both are post-processed as RULER does."""
+    tokenizer = payload["tokenizer"]
+
+    def judge(tokens: list[int], reference: list[int]) -> tuple[dict[str, float], str]:
+        prediction = tokenizer.decode(tokens, skip_special_tokens=True)
+        fullkv = tokenizer.decode(reference, skip_special_tokens=True)
+        metrics = _score(payload, prediction)
+        metrics["agreement"] = float(ruler_postprocess_pred(prediction) == ruler_postprocess_pred(fullkv))
+        return metrics, prediction
+
+    return judge
+
+
 @no_grad
-def score_sample(model, plan: Plan, payload: dict, settings: RulerSettings | None = None) -> dict[str, float]:
-    """Greedy generation under the plan, decoded and scored as RULER scores it: {"score": 0..100}."""
-    return _score(payload, generate_answer(model, plan, payload))
+def score_sample(model, plan: Plan, payload: dict, settings: RulerSettings | None = None) -> answers.Scored:
+    """One plan alone (`routed` and `generate`), in the settings' mode: RULER's {"score": 0..100} and FullKV
+    "agreement" when generating, "answer_nll" when scoring; with the prediction and the gold answers."""
+    mode = (settings or RulerSettings()).mode
+    scored = answers.score_alone(model, plan, _question(payload), mode, _judge(payload), _pad(payload["tokenizer"]))
+    return answers.Scored(scored.metrics, scored.prediction, list(payload["answers"]))
 
 
-def score_samples(model, plans: Sequence[Plan], payload: dict, settings: RulerSettings | None = None) -> list[dict]:
+def score_samples(
+    model, plans: Sequence[Plan], payload: dict, settings: RulerSettings | None = None
+) -> list[answers.Scored]:
     """`score_sample` for several plans on one sample at once (`polykv.runtime.batch`: one prompt pass,
-    the plans' generations as one batch); plan by plan when the model's generation needs `generate`."""
+    the plans' generations and teacher-forced answers as one batch); plan by plan when the model's
+    generation needs `generate`."""
     from polykv.runtime import batch  # torch and transformers: when a plan runs
 
     if batch.unsupported(model):
         return [score_sample(model, plan, payload, settings) for plan in plans]
-    tokenizer = payload["tokenizer"]
-    generated = batch.generate_many(model, plans, payload["prompt_ids"], payload["tokens_to_generate"])
-    return [_score(payload, tokenizer.decode(tokens, skip_special_tokens=True)) for tokens in generated]
+    mode = (settings or RulerSettings()).mode
+    scored = answers.score_many(model, plans, _question(payload), mode, _judge(payload))
+    return [answers.Scored(s.metrics, s.prediction, list(payload["answers"])) for s in scored]
+
+
+def _pad(tokenizer) -> int | None:
+    pad = getattr(tokenizer, "pad_token_id", None)
+    return pad if pad is not None else getattr(tokenizer, "eos_token_id", None)
 
 
 def _score(payload: dict, prediction: str) -> dict[str, float]:
     metric = ruler_metric(payload["task"])
     return {"score": float(metric([ruler_postprocess_pred(prediction)], [payload["answers"]]))}
-
-
-def generate_answer(model, plan: Plan, payload: dict) -> str:
-    """The text the model generates after the prompt (greedy, ``tokens_to_generate`` tokens at most)."""
-    device = next(model.parameters()).device
-    ids = torch.tensor([payload["prompt_ids"]], device=device)
-    tokenizer = payload["tokenizer"]
-    pad = getattr(tokenizer, "pad_token_id", None)
-    if pad is None:
-        pad = getattr(tokenizer, "eos_token_id", None)
-    from polykv.runtime import routed  # torch and transformers: when a plan runs
-
-    with routed(model, plan):
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=payload["tokens_to_generate"],
-            do_sample=False,
-            pad_token_id=pad,
-        )
-    return tokenizer.decode(out[0, ids.shape[1] :].tolist(), skip_special_tokens=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from polykv.eval.metrics import RULER_TASKS
 
-from .. import chat
+from .. import answers, chat
 
 STANDARD_TASKS: tuple[str, ...] = tuple(RULER_TASKS)
 #: the setting naming each QA task's data file, and what the file is
@@ -30,6 +30,8 @@ class RulerSettings:
     ``use_chat_template``: "auto" (the default: when the tokenizer has one, as for instruct models),
     True (required) or False (RULER's "base" template): the task in one user message of the tokenizer's
     chat template, the answer prefix after the generation prompt (RULER's model templates, hf-chat).
+    ``mode``: "generate" (RULER's protocol: the string-match ``score`` and FullKV ``agreement``), "score"
+    (``answer_nll``, the gold answer's likelihood, no generation) or "both" (``polykv.eval.suites.answers``).
     """
 
     tasks: tuple[str, ...] | None = None
@@ -38,9 +40,11 @@ class RulerSettings:
     squad_path: str | None = None
     hotpot_path: str | None = None
     use_chat_template: bool | str = "auto"
+    mode: str = "generate"
 
     def __post_init__(self):
         chat.check_choice(self.use_chat_template, "ruler")
+        answers.check_mode(self.mode, "ruler")
         for name in ("squad_path", "hotpot_path"):
             value = getattr(self, name)
             if value is not None:

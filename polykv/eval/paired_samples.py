@@ -1,0 +1,242 @@
+"""Paired comparisons at the sample level, and how large a difference a comparison can detect.
+
+The paper's interval resamples tasks (`stats.paired_bootstrap`): it asks whether a difference would hold on
+other tasks. With few tasks, most of them tied, it says little, and a handful of flipped samples can make
+it look significant. The tests here hold the tasks fixed and ask whether the difference is more than the
+noise of the samples drawn within them: two runs scored the same samples, so each sample gives a paired
+difference d = a - b.
+
+The statistic is the one a report prints, the macro-average difference: the mean over tasks of each task's
+mean paired difference (every task weighs the same, whatever its sample count).
+
+  sign_flip_p         two-sided permutation p-value: under "no difference" each sample's d is as likely to
+                      be -d, so every sign is flipped at random (independently), N times;
+                      p = (1 + #{|T*| >= |T|}) / (N + 1)
+  within_task_interval percentile interval of a bootstrap that resamples samples within each task
+  macro_standard_error sqrt(sum_t s_t^2 / n_t) / T, s_t the standard deviation of task t's differences
+  minimal_detectable_difference
+                      (t_{df}(1 - alpha/2) + t_{df}(power)) x SE: the smallest true difference a two-sided
+                      level-alpha test detects with probability `power` (normal approximation with a t
+                      quantile; df = sum_t (n_t - 1) for samples, T - 1 for tasks)
+  samples_for         the samples per task that bring the minimal detectable difference down to a target
+  sample_test         all of the above for two runs' per-sample scores
+
+Every random function takes a `seed` and draws only from `numpy.random.default_rng(seed)`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+# Per task, per sample id, a score: {task: {sample: value}}.
+SampleScores = Mapping[str, Mapping[str, float]]
+
+ALPHA, POWER = 0.05, 0.80
+PERMUTATIONS = REPLICATES = 10_000
+_BLOCK_ELEMENTS = 1 << 21  # random signs / indices drawn in blocks of about this many numbers
+
+
+@dataclass(frozen=True)
+class SampleTest:
+    """Two runs compared sample by sample (a - b, in the metric's own units)."""
+
+    difference: float  # the macro-average of the per-task mean paired differences
+    low: float  # percentile interval of the within-task bootstrap
+    high: float
+    p_value: float  # two-sided sign-flip permutation p
+    mde: float  # minimal detectable |difference| at `power`, two-sided `alpha`
+    samples: int  # paired samples
+    differing: int  # paired samples whose difference is not 0
+    tasks: int
+    permutations: int
+    replicates: int
+    alpha: float = ALPHA
+    power: float = POWER
+
+    def significant(self) -> bool:
+        return self.p_value < self.alpha
+
+    def describe(self) -> str:
+        """The test in words, for a sentence that rests on it."""
+        return (
+            f"sign-flip permutation test over {self.samples} paired samples in {self.tasks} tasks "
+            f"({self.differing} differ), p = {self.p_value:.4f}"
+        )
+
+
+def paired_differences(a: SampleScores, b: SampleScores) -> dict[str, np.ndarray]:
+    """Per task both runs have, the differences a - b over the samples both have (sorted by task, then sample);
+    a ValueError when they share no sample."""
+    out = {}
+    for task in sorted(set(a) & set(b)):
+        shared = sorted(set(a[task]) & set(b[task]))
+        if shared:
+            out[task] = np.array([float(a[task][s]) - float(b[task][s]) for s in shared], dtype=float)
+    if not out:
+        raise ValueError("the runs share no sample")
+    for task, d in out.items():
+        if not np.all(np.isfinite(d)):
+            raise ValueError(f"task {task}: sample scores must be finite numbers")
+    return out
+
+
+def macro_difference(diffs: Mapping[str, np.ndarray]) -> float:
+    return float(np.mean([d.mean() for d in diffs.values()]))
+
+
+def _weights(diffs: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """All differences in one vector, each weighted 1 / (T n_t): their weighted sum is the macro difference."""
+    count = len(diffs)
+    values = np.concatenate([d for d in diffs.values()])
+    weights = np.concatenate([np.full(len(d), 1.0 / (count * len(d))) for d in diffs.values()])
+    return values, weights
+
+
+def sign_flip_p(diffs: Mapping[str, np.ndarray], permutations: int = PERMUTATIONS, seed: int = 0) -> float:
+    """Two-sided sign-flip permutation p of the macro-average difference (module docstring)."""
+    if permutations < 1:
+        raise ValueError(f"permutations must be >= 1, got {permutations}")
+    values, weights = _weights(diffs)
+    weighted = values * weights
+    observed = abs(float(weighted.sum()))
+    # |T*| >= |T| allows rounding: a permutation that gives the same sum may add it in another order
+    threshold = observed - 1e-12 * max(1.0, float(np.abs(weighted).sum()))
+    rng = np.random.default_rng(seed)
+    block = max(1, _BLOCK_ELEMENTS // len(values))
+    extreme = 0
+    for start in range(0, permutations, block):
+        rows = min(block, permutations - start)
+        signs = rng.integers(0, 2, size=(rows, len(values)), dtype=np.int8) * 2 - 1
+        extreme += int(np.sum(np.abs(signs @ weighted) >= threshold))
+    return (extreme + 1) / (permutations + 1)
+
+
+def within_task_interval(
+    diffs: Mapping[str, np.ndarray], replicates: int = REPLICATES, seed: int = 0, level: float = 0.95
+) -> tuple[float, float]:
+    """Percentile interval of the macro difference when each task's samples are resampled with replacement."""
+    if replicates < 1:
+        raise ValueError(f"replicates must be >= 1, got {replicates}")
+    rng = np.random.default_rng(seed)
+    total = np.zeros(replicates)
+    for d in diffs.values():  # sorted task order: the seed gives the same draws for the same data
+        n = len(d)
+        block = max(1, _BLOCK_ELEMENTS // n)
+        for start in range(0, replicates, block):
+            stop = min(replicates, start + block)
+            total[start:stop] += d[rng.integers(0, n, size=(stop - start, n))].mean(axis=1)
+    means = total / len(diffs)
+    low, high = np.quantile(means, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
+    return float(low), float(high)
+
+
+def macro_standard_error(diffs: Mapping[str, np.ndarray]) -> float:
+    """The standard error of the macro difference with the tasks fixed: sqrt(sum_t s_t^2 / n_t) / T (a task
+    with one sample contributes no variance estimate: 0)."""
+    variances = [float(np.var(d, ddof=1)) / len(d) if len(d) > 1 else 0.0 for d in diffs.values()]
+    return math.sqrt(sum(variances)) / len(diffs)
+
+
+def minimal_detectable_difference(
+    standard_error: float, df: float, alpha: float = ALPHA, power: float = POWER
+) -> float:
+    """(t_df(1 - alpha/2) + t_df(power)) x SE; NaN without degrees of freedom."""
+    from scipy.stats import t
+
+    if not df >= 1 or not math.isfinite(standard_error):
+        return math.nan
+    return float((t.ppf(1.0 - alpha / 2.0, df) + t.ppf(power, df)) * standard_error)
+
+
+def sample_mde(diffs: Mapping[str, np.ndarray], alpha: float = ALPHA, power: float = POWER) -> float:
+    df = sum(len(d) - 1 for d in diffs.values())
+    return minimal_detectable_difference(macro_standard_error(diffs), df, alpha, power)
+
+
+def task_mde(task_differences: Sequence[float], alpha: float = ALPHA, power: float = POWER) -> float:
+    """The minimal detectable difference of a test over T task-level differences (T - 1 degrees of freedom)."""
+    d = np.asarray(task_differences, dtype=float)
+    if len(d) < 2:
+        return math.nan
+    return minimal_detectable_difference(float(np.std(d, ddof=1)) / math.sqrt(len(d)), len(d) - 1, alpha, power)
+
+
+def samples_for(
+    standard_deviations: Sequence[float], target: float, alpha: float = ALPHA, power: float = POWER, most: int = 100_000
+) -> int:
+    """The smallest n such that n samples in every task (per-task SDs of the paired differences as given)
+    bring the minimal detectable macro difference down to `target`; `most` when even that does not."""
+    if not target > 0:
+        raise ValueError(f"the target difference must be positive, got {target}")
+    sds = np.asarray(standard_deviations, dtype=float)
+    count = len(sds)
+
+    def mde(n: int) -> float:
+        se = math.sqrt(float(np.sum(sds**2)) / n) / count
+        return minimal_detectable_difference(se, count * (n - 1), alpha, power)
+
+    if mde(most) > target:
+        return most
+    low, high = 2, most  # mde falls with n: the smallest n with mde(n) <= target
+    while low < high:
+        middle = (low + high) // 2
+        if mde(middle) <= target:
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+def sample_test(
+    a: SampleScores,
+    b: SampleScores,
+    seed: int = 0,
+    permutations: int = PERMUTATIONS,
+    replicates: int = REPLICATES,
+    alpha: float = ALPHA,
+    power: float = POWER,
+) -> SampleTest:
+    """a vs b sample by sample over the samples both have (module docstring)."""
+    diffs = paired_differences(a, b)
+    low, high = within_task_interval(diffs, replicates, seed, 1.0 - alpha)
+    values = np.concatenate(list(diffs.values()))
+    differing = int(np.count_nonzero(values))
+    return SampleTest(
+        difference=macro_difference(diffs),
+        low=low,
+        high=high,
+        p_value=sign_flip_p(diffs, permutations, seed),
+        # no sample differs: no spread to measure power with (the SE estimate would be 0)
+        mde=sample_mde(diffs, alpha, power) if differing else math.nan,
+        samples=len(values),
+        differing=differing,
+        tasks=len(diffs),
+        permutations=permutations,
+        replicates=replicates,
+        alpha=alpha,
+        power=power,
+    )
+
+
+__all__ = [
+    "ALPHA",
+    "PERMUTATIONS",
+    "POWER",
+    "REPLICATES",
+    "SampleScores",
+    "SampleTest",
+    "macro_difference",
+    "macro_standard_error",
+    "minimal_detectable_difference",
+    "paired_differences",
+    "sample_mde",
+    "sample_test",
+    "samples_for",
+    "sign_flip_p",
+    "task_mde",
+    "within_task_interval",
+]

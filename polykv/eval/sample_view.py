@@ -1,0 +1,141 @@
+"""A run's samples as a reader looks at them: what the model answered beside the gold answer, the samples it
+failed, and where two runs' answers differ (with FullKV's answer when the store has a FullKV run of the same
+settings). The CLI's `runs show` and `compare --samples` and the app's Compare page read them from here."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from polykv.eval.store import Store
+
+PERFECT = 100.0  # the question suites' score of a fully right answer
+
+
+def resolve_run(store: Store, prefix: str, where: str = "") -> str:
+    """The id of the one run whose id starts with `prefix` (a ValueError, one line, otherwise)."""
+    found = [run["id"] for run in store.runs() if run["id"].startswith(prefix)]
+    if len(found) != 1:
+        place = f" in {where}" if where else ""
+        raise ValueError(f"run {prefix!r}: {'no run' if not found else 'several runs'} with that id{place}")
+    return found[0]
+
+
+def failed(row: Mapping[str, Any]) -> bool:
+    """A sample the plan got wrong: its score below full marks (100), or, without a score, an answer that is
+    not FullKV's (agreement 0)."""
+    metrics = row["metrics"]
+    if "score" in metrics:
+        return metrics["score"] < PERFECT
+    return metrics.get("agreement", 1.0) < 1.0
+
+
+def samples(store: Store, run_id: str, task: str | None = None, only_failed: bool = False) -> list[dict[str, Any]]:
+    """A run's samples (store rows, in task and sample order), of one task and / or only the failed ones."""
+    rows = store.samples(run_id)
+    if task is not None:
+        tasks = sorted({row["task"] for row in rows})
+        if task not in tasks:
+            raise ValueError(f"run {run_id} has no task {task!r} (tasks: {', '.join(tasks) or 'none'})")
+        rows = [row for row in rows if row["task"] == task]
+    if only_failed:
+        if not any("score" in row["metrics"] or "agreement" in row["metrics"] for row in rows):
+            raise ValueError(f"run {run_id}'s samples have no score or agreement to tell a failed one by")
+        rows = [row for row in rows if failed(row)]
+    return rows
+
+
+def fullkv_twin(store: Store, run: Mapping[str, Any]) -> str | None:
+    """A finished FullKV run of the same model, suite and settings as `run` (a store row), or None."""
+    settings = _settings(run)
+    for other in store.runs():
+        if other["model"] != run["model"] or other["suite"] != run["suite"] or other["status"] != "finished":
+            continue
+        if _settings(other) == settings and _keeps_everything(other["plan_json"]):
+            return other["id"]
+    return None
+
+
+def _keeps_everything(plan_json: str) -> bool:
+    """Is a stored plan FullKV? (A plan the store holds but this version cannot read is not.)"""
+    from polykv.errors import PolyKVError
+    from polykv.eval.suites.answers import keeps_everything
+    from polykv.plan import Plan
+
+    try:
+        return keeps_everything(Plan.from_json(plan_json))
+    except (PolyKVError, ValueError):
+        return False
+
+
+def _settings(run: Mapping[str, Any]) -> dict:
+    value = run.get("settings")
+    return json.loads(value) if isinstance(value, str) else dict(value or {})
+
+
+def side_by_side(store: Store, run_a: str, run_b: str, task: str, only_differing: bool = False) -> list[dict[str, Any]]:
+    """One task's samples of two runs side by side: sample, gold, A's and B's answers and metrics, and FullKV's
+    answer when the store has a FullKV run of A's settings. `only_differing`: the samples whose answers or
+    metrics differ."""
+    run = store.run(run_a)
+    if run is None:
+        raise ValueError(f"no run {run_a}")
+    a = {row["sample"]: row for row in store.samples(run_a) if row["task"] == task}
+    b = {row["sample"]: row for row in store.samples(run_b) if row["task"] == task}
+    twin = fullkv_twin(store, run)
+    full = {row["sample"]: row for row in store.samples(twin) if row["task"] == task} if twin else {}
+    out = []
+    for sample in sorted(set(a) & set(b)):
+        left, right = a[sample], b[sample]
+        differ = left["prediction"] != right["prediction"] or left["metrics"] != right["metrics"]
+        if only_differing and not differ:
+            continue
+        out.append(
+            {
+                "sample": sample,
+                "gold": left["gold"],
+                "A": left["prediction"],
+                "B": right["prediction"],
+                "FullKV": full[sample]["prediction"] if sample in full else None,
+                "A metrics": left["metrics"],
+                "B metrics": right["metrics"],
+                "differ": differ,
+            }
+        )
+    return out
+
+
+def differing(store: Store, run_a: str, run_b: str) -> dict[str, list[dict[str, Any]]]:
+    """Per task both runs have, the samples where their answers or metrics differ (`side_by_side`)."""
+    tasks_a = {row["task"] for row in store.samples(run_a)}
+    tasks_b = {row["task"] for row in store.samples(run_b)}
+    return {task: side_by_side(store, run_a, run_b, task, only_differing=True) for task in sorted(tasks_a & tasks_b)}
+
+
+def one_line(text: str | Sequence[str] | None, width: int = 80) -> str:
+    """Text as one printable line: a list joined by " | ", control characters escaped (a newline reads \\n, an
+    escape sequence cannot reach the terminal), cut to `width` characters with an ellipsis."""
+    if text is None:
+        return "-"
+    if not isinstance(text, str):
+        text = " | ".join(str(item) for item in text)
+    shown = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+    return shown if len(shown) <= width else shown[: max(1, width - 1)] + "…"
+
+
+def metrics_text(metrics: Mapping[str, float]) -> str:
+    return " ".join(f"{name}={value:.4g}" for name, value in sorted(metrics.items()))
+
+
+__all__ = [
+    "PERFECT",
+    "differing",
+    "failed",
+    "fullkv_twin",
+    "metrics_text",
+    "one_line",
+    "resolve_run",
+    "samples",
+    "side_by_side",
+]

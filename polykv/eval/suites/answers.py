@@ -1,0 +1,294 @@
+"""The answers of the question suites (RULER, LongBench): generated, scored by their gold likelihood, or both.
+
+A question suite's `mode` setting chooses what a sample costs and reports:
+  generate  greedy generation under the plan (the official protocol), scored by the suite's string metric
+            (`score`, 0-100), and `agreement`: 1 when the plan's answer is FullKV's greedy answer on the same
+            prompt (after the suite's post-processing), else 0;
+  score     `answer_nll` alone, no generation: the mean negative log-likelihood (nats per token) of the gold
+            answer's tokens, teacher-forced after the prompt with the plan's prefill compression applied and
+            its decode-phase eviction active while the answer tokens are fed (one decode step per token, as a
+            generation of that answer would run). Lower is better; dense: it moves before an exact string
+            match flips;
+  both      all three (the teacher-forced and the generating copies of each plan step as one batch).
+
+The gold answer is one text per sample (`Question.answer_ids`; the suites define it: RULER's answers in
+gold order joined by ", ", LongBench's first answer), preceded by a space unless the prompt ends in
+whitespace, and cut to the suite's generation length. Its first token is predicted from the prompt's pass,
+which eviction never changes (the prompt attends in full), so every plan shares that term; the plans differ
+from the second token on.
+
+FullKV's greedy answer (for `agreement`) is computed once per process, model and prompt: alone with
+`model.generate` when one plan runs, else as one more row of the batch (or the batch's own FullKV plan).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from polykv.lazy import lazy_import
+from polykv.plan import FULL, Phase, Plan
+
+torch = lazy_import("torch")
+
+MODES = ("generate", "score", "both")
+MODE_METRICS = {
+    "generate": ("score", "agreement"),
+    "score": ("answer_nll",),
+    "both": ("score", "agreement", "answer_nll"),
+}
+
+
+def check_mode(mode: str, suite: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"{suite} mode must be one of {', '.join(MODES)}, got {mode!r}")
+
+
+def generates(mode: str) -> bool:
+    return mode in ("generate", "both")
+
+
+def scores_answer(mode: str) -> bool:
+    return mode in ("score", "both")
+
+
+@dataclass(frozen=True)
+class Question:
+    """One sample as the answer machinery sees it."""
+
+    prompt_ids: list[int]
+    answer_ids: list[int]  # the gold answer's tokens, teacher-forced for answer_nll (at least one)
+    max_new_tokens: int
+    stop: tuple[int, ...] | None = None  # what ends a generation (None: the model's end of sequence)
+    min_new_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What one plan gave on one question: its greedy tokens (when generating) and the gold answer's NLL
+    (when scoring)."""
+
+    tokens: list[int] | None = None
+    nll: float | None = None
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A scored sample: its metrics and what the runner stores beside them (the answer and the gold)."""
+
+    metrics: dict[str, float]
+    prediction: str | None = None
+    gold: list[str] | None = None
+
+
+def gold_ids(tokenizer, prompt_ids: Sequence[int], text: str, limit: int) -> list[int]:
+    """The tokens of a gold answer `text` as the model would continue the prompt: a space in front unless the
+    prompt ends in whitespace (a chat template's assistant header, RULER's vt prefix), at most `limit` tokens."""
+    end = tokenizer.decode(list(prompt_ids[-1:]))
+    spaced = text if not end or end[-1].isspace() else " " + text
+    ids = list(tokenizer(spaced, add_special_tokens=False).input_ids)[:limit]
+    if not ids:
+        raise ValueError(f"empty gold answer {text!r}: answer_nll needs at least one answer token")
+    return ids
+
+
+def keeps_everything(plan: Plan) -> bool:
+    return all(layer[phase].method == FULL for layer in plan.layers for phase in Phase)
+
+
+def _nll(logits, target: int) -> float:
+    """-log p(target) under one row of next-token logits, in float64."""
+    return float(-torch.log_softmax(logits.double(), dim=-1)[target])
+
+
+# ---- one plan alone (the reference path: `routed` and `generate`) ---------------------------------------------
+def answer_alone(model, plan: Plan, question: Question, mode: str, pad_token_id: int | None = None) -> Answer:
+    """One plan's answer as `routed(model, plan)` gives it: `model.generate` for the tokens and a prefill then
+    one decode step per answer token for the NLL, each from an empty cache."""
+    from polykv.runtime import routed  # torch and transformers: when a plan runs
+
+    with torch.no_grad(), routed(model, plan):
+        tokens = _generate(model, question, pad_token_id) if generates(mode) else None
+        nll = teacher_forced_nll(model, question) if scores_answer(mode) else None
+    return Answer(tokens, nll)
+
+
+def teacher_forced_nll(model, question: Question) -> float:
+    """The gold answer's mean NLL with the model as it is set up (under `routed`, the plan's cache): the prompt
+    in one pass, then the answer token by token through the cache."""
+    from polykv.models import cache_argument_name, output_cache
+
+    device = next(model.parameters()).device
+    prompt = torch.tensor([question.prompt_ids], device=device)
+    out = model(prompt, use_cache=True, logits_to_keep=1)
+    cache, answer = output_cache(out), question.answer_ids
+    total = _nll(out.logits[0, -1], answer[0])
+    for fed, target in zip(answer[:-1], answer[1:]):
+        out = model(torch.tensor([[fed]], device=device), use_cache=True, **{cache_argument_name(model): cache})
+        total += _nll(out.logits[0, -1], target)
+    return total / len(answer)
+
+
+def _generate(model, question: Question, pad_token_id: int | None) -> list[int]:
+    device = next(model.parameters()).device
+    ids = torch.tensor([question.prompt_ids], device=device)
+    kwargs = {"max_new_tokens": question.max_new_tokens, "do_sample": False, "num_beams": 1}
+    if question.stop:
+        kwargs["eos_token_id"] = list(question.stop)
+    if question.min_new_tokens:
+        kwargs["min_new_tokens"] = question.min_new_tokens
+    if pad_token_id is not None and model.generation_config.pad_token_id is None:
+        kwargs["pad_token_id"] = pad_token_id
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+    return out[0, ids.shape[1] :].tolist()
+
+
+# ---- many plans on one prompt (`polykv.runtime.batch`) ------------------------------------------------------
+def answer_many(model, plans: Sequence[Plan], question: Question, mode: str, with_fullkv: bool = False) -> list[Answer]:
+    """Every plan's answer from one prompt pass: the plans' teacher-forced rows and (when generating) their
+    greedy rows step as one batch. `with_fullkv`: add a FullKV row when generating (its answer comes last)."""
+    from polykv.runtime import batch  # torch and transformers: when a plan runs
+
+    plans = list(plans) + ([Plan.homogeneous(FULL, None, plans[0].num_layers)] if with_fullkv else [])
+    count = len(plans)
+    forced = count if scores_answer(mode) else 0
+    answer = question.answer_ids
+    nll = [[0.0] * len(answer) for _ in range(forced)]
+
+    def take(step: int, logits) -> None:  # logits after feeding answer[step] predict answer[step + 1]
+        logp = torch.log_softmax(logits.double(), dim=-1)[:, answer[step + 1]]
+        for row, value in enumerate(logp.tolist()):
+            nll[row][step + 1] = -value
+
+    rows = (list(plans) if forced else []) + (list(plans) if generates(mode) else [])
+    with torch.inference_mode(), batch.many(model, rows) as session:
+        stepping, first = session.prefill(question.prompt_ids)
+        max_new = question.max_new_tokens if generates(mode) else 0
+        stepping.reserve(max(len(answer) - 1, max_new))
+        first_nll = _nll(first, answer[0])
+        for row in nll:
+            row[0] = first_nll
+        tokens = batch.force_and_generate(
+            stepping,
+            first,
+            forced=forced,
+            feed=answer[:-1],
+            on_forced=take,
+            max_new_tokens=max_new,
+            stop=set(question.stop) if question.stop else batch.eos_ids(model),
+            min_new_tokens=question.min_new_tokens,
+        )
+    return [
+        Answer(tokens[i] if generates(mode) else None, math.fsum(nll[i]) / len(answer) if forced else None)
+        for i in range(count)
+    ]
+
+
+# ---- FullKV's greedy answer, once per (model, prompt) in this process ------------------------------------------
+_REFERENCES = 4096
+_reference_cache: OrderedDict[tuple, tuple[weakref.ref, list[int]]] = OrderedDict()
+_reference_lock = threading.Lock()
+
+
+def _reference_key(model, question: Question) -> tuple:
+    parameter = next(model.parameters())
+    return (
+        id(model),
+        str(parameter.device),
+        str(parameter.dtype),
+        tuple(question.prompt_ids),
+        question.max_new_tokens,
+        question.stop,
+        question.min_new_tokens,
+    )
+
+
+def cached_reference(model, question: Question) -> list[int] | None:
+    with _reference_lock:
+        entry = _reference_cache.get(_reference_key(model, question))
+        if entry is not None and entry[0]() is model:
+            return list(entry[1])
+    return None
+
+
+def remember_reference(model, question: Question, tokens: list[int]) -> list[int]:
+    """Keep FullKV's answer to `question` (the first one computed stays: every plan compares with the same)."""
+    key = _reference_key(model, question)
+    with _reference_lock:
+        entry = _reference_cache.get(key)
+        if entry is not None and entry[0]() is model:
+            return list(entry[1])
+        _reference_cache[key] = (weakref.ref(model), list(tokens))
+        while len(_reference_cache) > _REFERENCES:
+            _reference_cache.popitem(last=False)
+    return list(tokens)
+
+
+def clear_reference_cache() -> None:
+    with _reference_lock:
+        _reference_cache.clear()
+
+
+def fullkv_answer(model, question: Question, pad_token_id: int | None = None) -> list[int]:
+    """FullKV's greedy answer to `question` (cached; computed alone with `model.generate` when missing)."""
+    cached = cached_reference(model, question)
+    if cached is not None:
+        return cached
+    with torch.no_grad():
+        return remember_reference(model, question, _generate(model, question, pad_token_id))
+
+
+# ---- a suite's samples scored in any mode -------------------------------------------------------------------
+def score_alone(model, plan: Plan, question: Question, mode: str, judge, pad_token_id: int | None = None) -> Scored:
+    """One plan on one question, the reference path. `judge(prediction tokens, FullKV's tokens)` turns the
+    generated tokens into the suite's metrics and its prediction text ((metrics, prediction))."""
+    answer = answer_alone(model, plan, question, mode, pad_token_id)
+    reference = fullkv_answer(model, question, pad_token_id) if generates(mode) else None
+    return _scored(answer, reference, judge)
+
+
+def score_many(model, plans: Sequence[Plan], question: Question, mode: str, judge) -> list[Scored]:
+    """Several plans on one question from one prompt pass (`answer_many`); FullKV's answer for `agreement` is
+    the cached one, else the batch's own FullKV plan, else one more row."""
+    reference = cached_reference(model, question) if generates(mode) else None
+    full_row = next((i for i, plan in enumerate(plans) if keeps_everything(plan)), None)
+    extra = generates(mode) and reference is None and full_row is None
+    answers = answer_many(model, plans, question, mode, with_fullkv=extra)
+    if generates(mode) and reference is None:
+        reference = remember_reference(model, question, answers[-1 if extra else full_row].tokens)
+    return [_scored(answer, reference, judge) for answer in answers[: len(plans)]]
+
+
+def _scored(answer: Answer, reference: list[int] | None, judge) -> Scored:
+    metrics: dict[str, float] = {}
+    prediction = None
+    if answer.tokens is not None:
+        metrics, prediction = judge(answer.tokens, reference)
+    if answer.nll is not None:
+        metrics = {**metrics, "answer_nll": answer.nll}
+    return Scored(metrics, prediction)
+
+
+__all__ = [
+    "MODES",
+    "MODE_METRICS",
+    "Answer",
+    "Question",
+    "Scored",
+    "answer_alone",
+    "answer_many",
+    "check_mode",
+    "clear_reference_cache",
+    "fullkv_answer",
+    "generates",
+    "gold_ids",
+    "keeps_everything",
+    "score_alone",
+    "score_many",
+    "scores_answer",
+    "teacher_forced_nll",
+]

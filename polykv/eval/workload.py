@@ -1,0 +1,149 @@
+"""Before any plan is judged on a workload: which tasks the model can do at all, and how many samples a study
+needs to see the differences it asks about.
+
+Competence. A task the model fails with its whole cache (FullKV) cannot tell eviction plans apart: every
+plan scores 0 there, and the macro-average only shrinks. The rule, fixed before any plan runs: a task whose
+FullKV accuracy is under `threshold` (default 20%) is left out of the macro-average (and listed, with its
+FullKV score). `floor_tasks` applies the same rule to any run of the store, for the pages that show runs.
+
+Samples. The minimal detectable difference of a paired comparison falls as 1 / sqrt(samples); a pilot of
+FullKV and the homogeneous anchor gives the spread of paired per-sample differences in each task, from
+which `plan_samples` picks the samples per task that reach a target difference, within a time allowance
+measured on the study's own batch of plans (`polykv.eval.paired_samples.samples_for`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from polykv.eval.paired_samples import minimal_detectable_difference, samples_for
+
+COMPETENCE_THRESHOLD = 20.0  # FullKV accuracy (0-100) under which a task is at the floor
+QUESTION_SUITES = ("ruler", "longbench")  # suites whose `score` is an accuracy a model can fail at
+
+
+@dataclass(frozen=True)
+class Competence:
+    """The competence rule applied to FullKV's pilot: which tasks stay in the macro-average."""
+
+    threshold: float
+    fullkv: dict[str, float]  # task -> FullKV accuracy (0-100)
+    kept: tuple[str, ...]
+    excluded: tuple[str, ...]
+    samples: int  # pilot samples per task
+    run: str  # the FullKV pilot run
+
+    def rule(self) -> str:
+        return (
+            f"a task whose FullKV accuracy is under {self.threshold:g}% on the pilot ({self.samples} samples per "
+            f"task, run {self.run}) is left out of the macro-average; the rule was fixed before any plan ran"
+        )
+
+    def excluded_text(self) -> str:
+        if not self.excluded:
+            return "none"
+        return ", ".join(f"{task} (FullKV {self.fullkv[task]:.1f})" for task in self.excluded)
+
+
+def competent_tasks(
+    fullkv: Mapping[str, float], threshold: float = COMPETENCE_THRESHOLD
+) -> tuple[list[str], list[str]]:
+    """(kept, excluded) tasks, each in the given order: kept when FullKV's accuracy is at least `threshold`."""
+    kept = [task for task, value in fullkv.items() if value >= threshold]
+    return kept, [task for task in fullkv if task not in kept]
+
+
+def floor_tasks(store, run: Mapping, threshold: float = COMPETENCE_THRESHOLD) -> dict[str, float]:
+    """The tasks of a question-suite run at which FullKV, on the same model, suite and settings, scores under
+    `threshold`: {task: FullKV's accuracy}. Empty when the store holds no such finished FullKV run."""
+    from polykv.eval.sample_view import fullkv_twin
+
+    if run.get("suite") not in QUESTION_SUITES:
+        return {}
+    fullkv = fullkv_twin(store, run)
+    if fullkv is None:
+        return {}
+    scores = {task: values["score"] for task, values in store.task_scores(fullkv).items() if "score" in values}
+    return {task: value for task, value in sorted(scores.items()) if value < threshold}
+
+
+# ---- how many samples ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SamplePlan:
+    """The samples per task a study uses, and why."""
+
+    samples_per_task: int
+    expected_mde: float  # minimal detectable macro difference at that count, from the pilot's spread
+    target_mde: float | None  # what was asked for (None: no target)
+    for_target: int | None  # the count the target needs
+    for_time: int | None  # the most the time allowance affords
+    seconds_per_sample: float | None  # one sample with all the study's plans, measured (mean over tasks)
+    pilot_sd: dict[str, float]  # per task, the SD of the pilot's paired differences
+    reason: str
+
+
+def expected_mde(sds: Sequence[float], samples_per_task: int) -> float:
+    """The minimal detectable macro difference with `samples_per_task` samples in each task of these SDs."""
+    count = len(sds)
+    se = math.sqrt(float(np.sum(np.square(sds))) / samples_per_task) / count
+    return minimal_detectable_difference(se, count * (samples_per_task - 1))
+
+
+def plan_samples(
+    pilot: Mapping[str, Sequence[float]],
+    target: float | None,
+    seconds_per_sample: float | None,
+    seconds_allowed: float | None,
+    minimum: int = 1,
+    maximum: int = 10_000,
+) -> SamplePlan:
+    """Samples per task from the pilot's paired differences (task -> differences): enough to bring the minimal
+    detectable difference down to `target`, at least `minimum`, and no more than `seconds_allowed` affords at
+    `seconds_per_sample` (one sample, every plan; the mean over tasks); the time bound wins over the target and the
+    minimum, and the report says so."""
+    sds = {task: float(np.std(np.asarray(d, dtype=float), ddof=1)) if len(d) > 1 else 0.0 for task, d in pilot.items()}
+    if not sds:
+        raise ValueError("the pilot has no task to plan samples for")
+    spreads = list(sds.values())
+    # a task whose pilot differences are all equal gives no spread: the others' decide
+    for_target = samples_for(spreads, target, most=maximum) if target is not None and any(spreads) else None
+    for_time = None
+    if seconds_allowed is not None and seconds_per_sample:
+        for_time = max(2, int(seconds_allowed // (seconds_per_sample * len(sds))))
+    wanted = max(minimum, for_target if for_target is not None else minimum)
+    chosen = min(wanted, for_time) if for_time is not None else wanted
+    chosen = max(2, min(chosen, maximum))
+    if for_time is not None and for_time < wanted:
+        reason = f"the time allowance affords {for_time} samples per task (wanted {wanted})"
+    elif for_target is not None and for_target >= minimum:
+        reason = f"{for_target} samples per task reach the target minimal detectable difference {target:g}"
+    else:
+        reason = f"the minimum of {minimum} samples per task" + (
+            f" (the target {target:g} needs only {for_target})" if for_target is not None else ""
+        )
+    return SamplePlan(
+        chosen,
+        expected_mde(spreads, chosen),
+        target,
+        for_target,
+        for_time,
+        seconds_per_sample,
+        sds,
+        reason,
+    )
+
+
+__all__ = [
+    "COMPETENCE_THRESHOLD",
+    "QUESTION_SUITES",
+    "Competence",
+    "SamplePlan",
+    "competent_tasks",
+    "expected_mde",
+    "floor_tasks",
+    "plan_samples",
+]
