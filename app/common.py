@@ -6,6 +6,7 @@ designer's edits `app.editing`; session-state keys come from `app.state`."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -243,8 +244,17 @@ def clicked_task(chart, tasks: list[str]) -> str | None:
     return None
 
 
+_MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$])")
+
+
+def literal(text: str) -> str:
+    """Text that a markdown cell shows as it is (st.table renders markdown: "8094927." would start a list)."""
+    return _MARKDOWN.sub(r"\\\1", text)
+
+
 def samples_frame(rows: list[dict]):
-    """A task's samples side by side as the page shows them: gold, A, B (with their metrics) and FullKV."""
+    """A task's samples side by side as the page shows them: gold, A, B (with their metrics) and FullKV, each
+    answer on one line (control characters escaped) and shown literally."""
     import pandas as pd
 
     from polykv.eval.sample_view import metrics_text, one_line
@@ -254,12 +264,12 @@ def samples_frame(rows: list[dict]):
         [
             {
                 "sample": row["sample"],
-                "gold": one_line(row["gold"], 200),
-                "A": one_line(row["A"], 400),
+                "gold": literal(one_line(row["gold"], 200)),
+                "A": literal(one_line(row["A"], 400)),
                 "A metrics": metrics_text(row["A metrics"]),
-                "B": one_line(row["B"], 400),
+                "B": literal(one_line(row["B"], 400)),
                 "B metrics": metrics_text(row["B metrics"]),
-                **({"FullKV": one_line(row["FullKV"], 400)} if with_full else {}),
+                **({"FullKV": literal(one_line(row["FullKV"], 400))} if with_full else {}),
             }
             for row in rows
         ]

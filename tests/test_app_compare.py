@@ -133,3 +133,60 @@ def test_compare_with_only_unfinished_runs_still_lists_them(app_env):
     at = open_app("compare")
     assert any("No finished run yet" in i for i in texts(at.info))
     assert list(at.dataframe[0].value["run"]) == ["waiting"]
+
+
+def _answered_runs(store) -> None:
+    """Three RULER-like runs (tova, h2o, FullKV) of the same settings whose samples keep their answers."""
+    from polykv.eval.store import SampleRecord
+
+    answers = {
+        "tova-run": {"000": (" 8094927.", 100.0), "001": (" 1234567.", 0.0)},
+        "h2o-run": {"000": (" 8094927.", 100.0), "001": (" 8530575.", 100.0)},
+        "full-run": {"000": (" 8094927.", 100.0), "001": (" 8530575.", 100.0)},
+    }
+    plans = {"tova-run": Plan.homogeneous("tova", 8, 5), "h2o-run": Plan.homogeneous("h2o", 8, 5)}
+    plans["full-run"] = Plan.homogeneous("full", None, 5)
+    gold = {"000": ["8094927"], "001": ["8530575"]}
+    for run_id, samples in answers.items():
+        store.create_run(
+            run_id, model="demo", plan_name=plans[run_id].name, plan_hash="h", plan_json=plans[run_id].to_json(),
+            suite="ruler", settings={"tasks": ["niah_single_1", "vt"], "mode": "generate"}, seed=0,
+            total_samples=3, versions={},
+        )  # fmt: skip
+        for sample, (prediction, score) in samples.items():
+            record = SampleRecord(prediction, gold[sample], {"task": "niah_single_1", "sample": sample})
+            store.add_sample(run_id, "niah_single_1", sample, {"score": score}, 0.1, record)
+        store.add_sample(run_id, "vt", "000", {"score": 0.0}, 0.1, SampleRecord("no idea", ["AB"], None))
+        mean = sum(score for _, score in samples.values()) / 2
+        store.set_task_scores(
+            run_id, {"niah_single_1": {"score": mean}, "vt": {"score": 0.0}}, {"niah_single_1": 2, "vt": 1}
+        )
+        store.set_status(run_id, "finished")
+
+
+def test_a_tasks_samples_open_side_by_side_with_gold_and_fullkvs_answer(app_env):
+    ws = app_env / "ws"
+    ws.mkdir()
+    _answered_runs(Store(ws / "results.sqlite"))
+    at = open_app("compare")
+    at.selectbox(key="compare_a").select("tova-run").run()
+    at.selectbox(key="compare_b").select("h2o-run").run()
+    at.selectbox(key="compare_task").select("niah_single_1").run()
+    assert not at.exception
+    (samples,) = at.table
+    table = samples.value.reset_index().replace(r"\\(.)", r"\1", regex=True)  # shown literally: markdown escaped
+    assert list(table.columns) == ["sample", "gold", "A", "A metrics", "B", "B metrics", "FullKV"]
+    assert table["gold"].tolist() == ["8094927", "8530575"]
+    assert table["A"].tolist() == [" 8094927.", " 1234567."] and table["B"].tolist() == [" 8094927.", " 8530575."]
+    assert table["FullKV"].tolist() == [" 8094927.", " 8530575."]
+    at.toggle(key="compare_differing").set_value(True).run()
+    assert at.table[0].value.index.tolist() == ["001"]  # only where A and B differ
+
+
+def test_the_runs_page_warns_when_fullkv_is_at_the_floor_of_a_task(app_env):
+    ws = app_env / "ws"
+    ws.mkdir()
+    _answered_runs(Store(ws / "results.sqlite"))
+    at = open_app("runs")
+    warnings = [w for w in texts(at.warning) if "FullKV run full-run scores under 20% on vt (0%)" in w]
+    assert warnings and "3 runs share these settings" in warnings[0]

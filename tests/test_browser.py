@@ -489,3 +489,69 @@ def test_no_page_makes_a_request_beyond_this_machine(app, page):
     outside = [u for u, parts in hosts.items() if parts.scheme not in ("data", "blob") and parts.hostname not in LOCAL]
     assert not outside, f"requests beyond this machine: {outside}"
     assert page.evaluate("document.querySelector(\"link[rel='shortcut icon']\").href").startswith("data:")
+
+
+def click_on(page, element) -> None:
+    """A click where the element is drawn (plotly takes clicks through its drag layer, above the bars)."""
+    box = element.bounding_box()
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+
+
+def _seed_answered_runs(store: Store) -> dict[str, str]:
+    """Two RULER-like runs and FullKV's, of the same settings, whose samples keep what the model answered;
+    returns each run's label as the Compare page lists it."""
+    from polykv.eval.store import SampleRecord
+
+    answers = {  # run -> task -> (prediction, score) of sample 000
+        "answers-tova": {"niah_single_1": (" 8094927.", 100.0), "fwe": (" sxttmk, vppicw", 66.67)},
+        "answers-h2o": {"niah_single_1": (" 1111111.", 0.0), "fwe": (" sxttmk, axffnj", 66.67)},
+        "answers-full": {"niah_single_1": (" 8094927.", 100.0), "fwe": (" sxttmk, vppicw, axffnj", 100.0)},
+    }
+    gold = {"niah_single_1": ["8094927"], "fwe": ["sxttmk", "vppicw", "axffnj"]}
+    labels = {}
+    for run_id, by_task in answers.items():
+        plan = Plan.homogeneous("full", None, 5) if run_id == "answers-full" else Plan.homogeneous("tova", 8, 5)
+        plan = plan.model_copy(update={"name": run_id})
+        store.create_run(
+            run_id, model="demo", plan_name=run_id, plan_hash="h", plan_json=plan.to_json(), suite="ruler",
+            settings={"tasks": ["niah_single_1", "fwe"], "mode": "generate"}, seed=0, total_samples=2, versions={},
+        )  # fmt: skip
+        for task, (prediction, score) in by_task.items():
+            prompt = {"task": task, "sample": "000", "seed": 0, "sha256": "0"}
+            store.add_sample(run_id, task, "000", {"score": score}, 0.1, SampleRecord(prediction, gold[task], prompt))
+        store.set_task_scores(run_id, {t: {"score": s} for t, (_, s) in by_task.items()}, {t: 1 for t in by_task})
+        store.set_status(run_id, "finished")
+        labels[run_id] = f"{run_id} · ruler · demo · {run_id[:8]}"
+    return labels
+
+
+@pytest.mark.slow
+def test_clicking_a_tasks_bar_on_compare_opens_its_samples_with_the_answers(app, page):
+    """On the Compare page, a click on a task's bar in the per-task chart shows that task's samples side by side:
+    the gold answer, what run A and run B answered, and FullKV's answer (a FullKV run of the same settings)."""
+    url, root = app
+    labels = _seed_answered_runs(Store(root / "ws" / "results.sqlite"))
+    page.goto(url + "/compare")
+    expect(page.get_by_role("heading", name="Compare", level=1)).to_be_visible(timeout=MODEL_WAIT)
+    settle(page)
+    for box, run_id in (("A", "answers-tova"), ("B", "answers-h2o")):
+        page.get_by_test_id("stSelectbox").filter(has_text=box).first.click()
+        page.get_by_role("option", name=labels[run_id], exact=True).click()
+        settle(page)
+    chart = page.locator(".js-plotly-plot").first
+    expect(chart.locator(".xtick text")).to_have_text(["fwe", "niah_single_1"], timeout=WAIT)
+    bars = chart.locator(".barlayer .trace").first.locator(".point path")  # the per-task bars (not the legend's)
+    expect(bars).to_have_count(2)
+    click_on(page, bars.nth(1))  # niah_single_1: A found the needle, B did not
+    settle(page)
+    table = page.get_by_test_id("stTable")
+    shoot(page, "compare-samples")
+    expect(table).to_contain_text("8094927", timeout=WAIT)  # the gold
+    expect(table).to_contain_text("1111111.")  # B's wrong answer
+    expect(table.locator("th").filter(has_text="FullKV")).to_have_count(1)
+    shoot(page, "compare-samples")
+    fwe = chart.locator(".xtick text").first.bounding_box()  # a tie: its bar has no height; click its column
+    area = chart.locator(".nsewdrag").first.bounding_box()
+    page.mouse.click(fwe["x"] + fwe["width"] / 2, area["y"] + area["height"] / 2)
+    settle(page)
+    expect(page.get_by_test_id("stTable")).to_contain_text("sxttmk | vppicw | axffnj", timeout=WAIT)

@@ -35,7 +35,7 @@ from polykv import jobs
 from polykv.errors import StoreError
 from polykv.eval.run_workers import Worker, process_start_time
 from polykv.eval.runner import run_suite
-from polykv.eval.store import SCHEMA_VERSION, Store
+from polykv.eval.store import SCHEMA_VERSION, SampleRecord, Store
 from polykv.eval.suites.fidelity import FidelitySettings
 from polykv.eval.unit import Unit
 from polykv.plan import Plan
@@ -624,9 +624,18 @@ def test_a_version_1_database_is_read_as_it_is_and_migrated_when_opened_for_writ
     with sqlite3.connect(db) as conn:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         columns = [row[1] for row in conn.execute("PRAGMA table_info(runs)")]
+        samples = [row[1] for row in conn.execute("PRAGMA table_info(samples)")]
     conn.close()
     assert columns[-3:] == ["worker_pid", "worker_host", "worker_started"]
+    assert samples[-3:] == ["prediction", "gold", "prompt"]  # version 3: what a question suite's model answered
     assert writer.run("old")["plan_name"] == "old-plan" and writer.samples("old")[0]["metrics"] == {"kl": 0.25}
+    old = writer.samples("old")[0]
+    assert (old["prediction"], old["gold"], old["prompt"]) == (None, None, None)  # an older row keeps no answer
+    writer.add_sample(
+        "old", "t", "1", {"score": 100.0}, 0.1, SampleRecord(" 42.", ["42"], {"task": "t", "sha256": "ab"})
+    )
+    new = writer.samples("old")[1]
+    assert (new["prediction"], new["gold"], new["prompt"]) == (" 42.", ["42"], {"task": "t", "sha256": "ab"})
     assert writer.set_running("old") and writer.run("old")["worker_pid"] == os.getpid()
     Store(db)  # opening the migrated database again changes nothing
     assert Store(db, readonly=True).run("old")["status"] == "running"

@@ -60,5 +60,7 @@ def difference_figure(
     )
     fig.add_hline(y=0, line_color="#444", line_width=1)
     fig.update_yaxes(title_text=f"{name}: A - B")
-    fig.update_layout(barmode="overlay")  # grouped, the empty legend traces would take room beside each bar
+    # grouped, the empty legend traces would take room beside each bar; hovermode "x": a click anywhere in a task's
+    # column picks its bar, even one of height 0 (a task where A and B tie)
+    fig.update_layout(barmode="overlay", hovermode="x")
     return layout(fig, f"{name} difference per task (A - B)", 380)

@@ -132,6 +132,6 @@ else:
         else:
             if all(row["A"] is None and row["B"] is None for row in rows):
                 st.caption("These runs scored the gold answer without generating (mode score): no answers to show.")
-            st.dataframe(common.samples_frame(rows), hide_index=True, width="stretch")
+            st.table(common.samples_frame(rows).set_index("sample"))  # HTML: long answers wrap and can be read
 
 show_runs()

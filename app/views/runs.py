@@ -9,6 +9,7 @@ from polykv.errors import PolyKVError
 from polykv.eval.experiments import baseline_methods, plan_budget
 from polykv.eval.runner import SUITES
 from polykv.eval.store import Store, StoreError
+from polykv.eval.workload import floor_warnings
 
 st.title("Runs")
 name, device, _, _ = session.current_model()
@@ -111,5 +112,7 @@ except StoreError as exc:
 if rows:
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
     st.caption("Scores are macro-averages over tasks; compare runs task by task on the Compare page.")
+    for warning in floor_warnings(store):  # tasks the model fails with its whole cache
+        st.warning(warning)
 else:
     st.info(f"No runs in {store.path} yet.")

@@ -48,16 +48,16 @@ def samples(store: Store, run_id: str, task: str | None = None, only_failed: boo
 
 def fullkv_twin(store: Store, run: Mapping[str, Any]) -> str | None:
     """A finished FullKV run of the same model, suite and settings as `run` (a store row), or None."""
-    settings = _settings(run)
+    settings = settings_of(run)
     for other in store.runs():
         if other["model"] != run["model"] or other["suite"] != run["suite"] or other["status"] != "finished":
             continue
-        if _settings(other) == settings and _keeps_everything(other["plan_json"]):
+        if settings_of(other) == settings and is_fullkv(other["plan_json"]):
             return other["id"]
     return None
 
 
-def _keeps_everything(plan_json: str) -> bool:
+def is_fullkv(plan_json: str) -> bool:
     """Is a stored plan FullKV? (A plan the store holds but this version cannot read is not.)"""
     from polykv.errors import PolyKVError
     from polykv.eval.suites.answers import keeps_everything
@@ -69,7 +69,7 @@ def _keeps_everything(plan_json: str) -> bool:
         return False
 
 
-def _settings(run: Mapping[str, Any]) -> dict:
+def settings_of(run: Mapping[str, Any]) -> dict:
     value = run.get("settings")
     return json.loads(value) if isinstance(value, str) else dict(value or {})
 
@@ -133,9 +133,11 @@ __all__ = [
     "differing",
     "failed",
     "fullkv_twin",
+    "is_fullkv",
     "metrics_text",
     "one_line",
     "resolve_run",
     "samples",
+    "settings_of",
     "side_by_side",
 ]

@@ -14,6 +14,7 @@ measured on the study's own batch of plans (`polykv.eval.paired_samples.samples_
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -69,6 +70,29 @@ def floor_tasks(store, run: Mapping, threshold: float = COMPETENCE_THRESHOLD) ->
         return {}
     scores = {task: values["score"] for task, values in store.task_scores(fullkv).items() if "score" in values}
     return {task: value for task, value in sorted(scores.items()) if value < threshold}
+
+
+def floor_warnings(store, threshold: float = COMPETENCE_THRESHOLD) -> list[str]:
+    """One line per FullKV run of a question suite with tasks at the floor: which tasks, FullKV's accuracy
+    there, and how many finished runs of the same model, suite and settings they weigh on."""
+    from polykv.eval.sample_view import is_fullkv, settings_of
+
+    groups: dict[tuple, list[dict]] = {}
+    for run in store.runs():
+        if run["status"] == "finished" and run["suite"] in QUESTION_SUITES:
+            key = (run["model"], run["suite"], json.dumps(settings_of(run), sort_keys=True))
+            groups.setdefault(key, []).append(run)
+    out = []
+    for members in groups.values():
+        full = next((run for run in members if is_fullkv(run["plan_json"])), None)
+        floor = floor_tasks(store, full, threshold) if full is not None else {}
+        if floor:
+            tasks = ", ".join(f"{task} ({value:.0f}%)" for task, value in floor.items())
+            out.append(
+                f"FullKV run {full['id']} scores under {threshold:g}% on {tasks}: at the floor, those tasks cannot "
+                f"tell plans apart; leave them out of comparisons ({len(members)} runs share these settings)"
+            )
+    return out
 
 
 # ---- how many samples ----------------------------------------------------------------------------------------
@@ -145,5 +169,6 @@ __all__ = [
     "competent_tasks",
     "expected_mde",
     "floor_tasks",
+    "floor_warnings",
     "plan_samples",
 ]

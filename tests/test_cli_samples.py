@@ -1,0 +1,90 @@
+"""Reading what the model answered: `polykv runs show RUN` (--task, --failed) and `polykv compare A B --samples`,
+over a results database holding RULER-like samples with predictions, gold answers and prompt ids."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from polykv.eval.store import SampleRecord, Store
+from polykv.plan import Plan
+from tests.helpers import assert_one_line_error
+
+SETTINGS = {"tasks": ["niah_single_1", "vt"], "mode": "generate"}
+GOLD = {"niah_single_1": ["8094927"], "vt": ["QSOZV", "JVSSA"]}
+ANSWERS = {  # run -> (task, sample) -> (prediction, score)
+    "aaaa1111": {("niah_single_1", "000"): (" 8094927.", 100.0), ("niah_single_1", "001"): (" 1234567.", 0.0),
+                 ("vt", "000"): (" QSOZV, JVSSA", 100.0)},
+    "bbbb2222": {("niah_single_1", "000"): (" 8094927.", 100.0), ("niah_single_1", "001"): (" 8530575.", 100.0),
+                 ("vt", "000"): ("\nThe grass is green.\x1b[31m", 0.0)},
+    "ffff0000": {("niah_single_1", "000"): (" 8094927.", 100.0), ("niah_single_1", "001"): (" 8530575.", 100.0),
+                 ("vt", "000"): (" QSOZV, JVSSA", 100.0)},
+}  # fmt: skip
+
+
+@pytest.fixture
+def workspace(tmp_path):
+    store = Store(tmp_path / "ws" / "results.sqlite")
+    plans = {"aaaa1111": Plan.homogeneous("tova", 8, 5), "bbbb2222": Plan.homogeneous("h2o", 8, 5)}
+    plans["ffff0000"] = Plan.homogeneous("full", None, 5)
+    for run_id, samples in ANSWERS.items():
+        store.create_run(
+            run_id, model="demo", plan_name=plans[run_id].name, plan_hash="h", plan_json=plans[run_id].to_json(),
+            suite="ruler", settings=SETTINGS, seed=0, total_samples=3, versions={},
+        )  # fmt: skip
+        by_task: dict[str, list[float]] = {}
+        for (task, sample), (prediction, score) in samples.items():
+            prompt = {"task": task, "sample": sample, "seed": 0, "sha256": f"{hash((task, sample)) & 0xFFFF:04x}"}
+            metrics = {"score": score, "agreement": float(prediction == ANSWERS["ffff0000"][(task, sample)][0])}
+            store.add_sample(run_id, task, sample, metrics, 0.1, SampleRecord(prediction, GOLD[task], prompt))
+            by_task.setdefault(task, []).append(score)
+        scores = {t: {"score": sum(v) / len(v)} for t, v in by_task.items()}
+        store.set_task_scores(run_id, scores, {t: len(v) for t, v in by_task.items()})
+        store.set_status(run_id, "finished")
+    return tmp_path / "ws"
+
+
+def test_runs_show_lists_every_sample_with_its_gold_and_answer(polykv, workspace):
+    result = polykv("runs", "show", "aaaa", "-w", str(workspace))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("run aaaa1111 (tova-both-8 on ruler, demo): 3 samples shown")
+    assert lines[1].split() == ["task", "sample", "metrics", "gold", "answer"]
+    assert any("niah_single_1" in line and "8094927" in line and "1234567." in line for line in lines)
+    assert any("vt" in line and "QSOZV | JVSSA" in line for line in lines)  # several gold answers, one cell
+
+
+def test_runs_show_keeps_one_task_or_only_the_failed_samples(polykv, workspace):
+    failed = polykv("runs", "show", "aaaa", "--failed", "-w", str(workspace))
+    rows = failed.stdout.splitlines()[2:]
+    assert len(rows) == 1 and "001" in rows[0] and "score=0" in rows[0]
+    one_task = polykv("runs", "show", "bbbb", "--task", "vt", "-w", str(workspace))
+    rows = one_task.stdout.splitlines()[2:]
+    assert len(rows) == 1 and rows[0].startswith("vt")
+    assert "\\n" in rows[0] and "\x1b" not in one_task.stdout  # a newline and an escape shown, not obeyed
+    assert_one_line_error(polykv("runs", "show", "aaaa", "--task", "cwe", "-w", str(workspace)), "has no task 'cwe'")
+    assert_one_line_error(polykv("runs", "show", "zzzz", "-w", str(workspace)), "no run with that id")
+
+
+def test_compare_samples_shows_where_two_runs_differ_gold_and_fullkv_beside(polykv, workspace):
+    result = polykv("compare", "aaaa", "bbbb", "--metric", "score", "--samples", "-w", str(workspace))
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "sign-flip permutation test over 3 paired samples" in out and "minimal detectable difference" in out
+    niah = out[out.index("niah_single_1: 1 samples differ") :]
+    header = niah.splitlines()[1].split()
+    assert header == ["sample", "gold", "A", "B", "FullKV"]
+    row = niah.splitlines()[2]
+    assert row.startswith("001") and "1234567." in row and "8530575." in row  # A wrong, B and FullKV right
+    assert "vt: 1 samples differ" in out
+    same = polykv("compare", "aaaa", "aaaa", "--metric", "score", "--samples", "-w", str(workspace))
+    assert "niah_single_1: 0 samples differ" in same.stdout
+
+
+def test_the_settings_of_a_stored_run_are_what_a_twin_must_match(workspace):
+    from polykv.eval.sample_view import fullkv_twin
+
+    store = Store(workspace / "results.sqlite", readonly=True)
+    assert fullkv_twin(store, store.run("aaaa1111")) == "ffff0000"
+    assert json.loads(store.run("aaaa1111")["settings"]) == SETTINGS

@@ -1,0 +1,115 @@
+"""The sample-level test and the minimal detectable difference (polykv.eval.paired_samples), checked against
+direct computations on synthetic paired data with a known effect; the samples a target asks for."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from polykv.eval import paired_samples as ps
+
+
+def scores(values_by_task: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    return {task: {f"{i:03d}": v for i, v in enumerate(values)} for task, values in values_by_task.items()}
+
+
+def exact_sign_flip_p(diffs: dict[str, np.ndarray]) -> float:
+    """Every one of the 2^n sign assignments: the exact two-sided p of the macro difference."""
+    values, weights = ps._weights(diffs)
+    observed = abs(float(values @ weights))
+    hits = sum(
+        abs(float((values * signs) @ weights)) >= observed - 1e-12
+        for signs in itertools.product((1, -1), repeat=len(values))
+    )
+    return hits / 2 ** len(values)
+
+
+def test_the_sign_flip_p_value_is_the_exact_permutation_p_within_monte_carlo_error():
+    rng = np.random.default_rng(7)
+    diffs = {"a": rng.normal(0.3, 1.0, 6), "b": rng.normal(0.3, 1.0, 5), "c": rng.normal(0.3, 1.0, 4)}
+    exact = exact_sign_flip_p(diffs)  # 2^15 assignments
+    estimate = ps.sign_flip_p(diffs, permutations=40_000, seed=1)
+    # (1 + hits) / (N + 1) has a binomial standard error of about sqrt(p (1 - p) / N) <= 0.0025
+    assert estimate == pytest.approx(exact, abs=0.01)
+    assert ps.sign_flip_p(diffs, permutations=2000, seed=3) == ps.sign_flip_p(diffs, permutations=2000, seed=3)
+
+
+def test_the_statistic_is_the_macro_average_every_task_weighing_the_same():
+    a = scores({"big": [1.0] * 10, "small": [5.0, 5.0]})
+    b = scores({"big": [0.0] * 10, "small": [0.0, 1.0]})
+    test = ps.sample_test(a, b, permutations=200, replicates=200)
+    assert test.difference == pytest.approx((1.0 + 4.5) / 2)  # not the mean of the 12 differences
+    assert (test.samples, test.differing, test.tasks) == (12, 12, 2)
+
+
+def test_the_minimal_detectable_difference_is_the_power_formula_on_the_observed_spread():
+    rng = np.random.default_rng(11)
+    tasks, n, sd = 4, 50, 2.0
+    diffs = {f"t{i}": rng.normal(0.0, sd, n) for i in range(tasks)}
+    se = math.sqrt(sum(float(np.var(d, ddof=1)) / n for d in diffs.values())) / tasks
+    df = tasks * (n - 1)
+    assert ps.macro_standard_error(diffs) == pytest.approx(se)
+    direct = (stats.t.ppf(0.975, df) + stats.t.ppf(0.8, df)) * se
+    assert ps.sample_mde(diffs) == pytest.approx(direct)
+    assert direct == pytest.approx(2.80 * sd / math.sqrt(tasks * n), rel=0.08)  # the textbook 2.8 sigma / sqrt(N)
+    # over tasks: T - 1 degrees of freedom
+    task_diffs = [0.1, -0.3, 0.5, 0.2, 0.0]
+    expected = (stats.t.ppf(0.975, 4) + stats.t.ppf(0.8, 4)) * np.std(task_diffs, ddof=1) / math.sqrt(5)
+    assert ps.task_mde(task_diffs) == pytest.approx(expected)
+    assert math.isnan(ps.task_mde([0.3]))
+
+
+def test_a_true_difference_of_one_mde_is_detected_about_80_percent_of_the_time():
+    # Synthetic paired data with a known effect: 3 tasks of 40 samples, SD 1.5; the effect is the MDE computed
+    # from the known SD. The sign-flip test at 5% should reject in about 80% of 300 replications.
+    tasks, n, sd = 3, 40, 1.5
+    effect = (stats.t.ppf(0.975, tasks * (n - 1)) + stats.t.ppf(0.8, tasks * (n - 1))) * sd / math.sqrt(tasks * n)
+    rng = np.random.default_rng(5)
+    rejections = 0
+    for r in range(300):
+        diffs = {f"t{i}": rng.normal(effect, sd, n) for i in range(tasks)}
+        rejections += ps.sign_flip_p(diffs, permutations=1000, seed=r) < 0.05
+    assert 0.72 <= rejections / 300 <= 0.88
+    # and with no effect it rejects about 5% of the time
+    false = sum(
+        ps.sign_flip_p({f"t{i}": rng.normal(0.0, sd, n) for i in range(tasks)}, permutations=1000, seed=r) < 0.05
+        for r in range(300)
+    )
+    assert false / 300 <= 0.09
+
+
+def test_the_within_task_interval_is_the_normal_interval_for_large_samples():
+    rng = np.random.default_rng(2)
+    diffs = {f"t{i}": rng.normal(0.5, 1.0, 400) for i in range(3)}
+    low, high = ps.within_task_interval(diffs, replicates=4000, seed=0)
+    mean, se = ps.macro_difference(diffs), ps.macro_standard_error(diffs)
+    assert low == pytest.approx(mean - 1.96 * se, abs=0.01) and high == pytest.approx(mean + 1.96 * se, abs=0.01)
+
+
+def test_samples_for_is_the_smallest_count_reaching_the_target():
+    sds = [1.0, 2.0, 0.5]
+    n = ps.samples_for(sds, 0.3)
+
+    def mde(count: int) -> float:
+        se = math.sqrt(sum(s * s for s in sds) / count) / len(sds)
+        return ps.minimal_detectable_difference(se, len(sds) * (count - 1))
+
+    assert mde(n) <= 0.3 < mde(n - 1)
+    assert ps.samples_for(sds, 1e-6, most=500) == 500  # unreachable: the most it may take
+    with pytest.raises(ValueError, match="positive"):
+        ps.samples_for(sds, 0.0)
+
+
+def test_samples_missing_on_one_side_are_left_out_and_nothing_shared_is_an_error():
+    a = scores({"t": [1.0, 2.0, 3.0]})
+    b = {"t": {"000": 0.0, "002": 1.0}}
+    diffs = ps.paired_differences(a, b)
+    assert list(diffs["t"]) == [1.0, 2.0]
+    with pytest.raises(ValueError, match="share no sample"):
+        ps.paired_differences(a, {"u": {"000": 1.0}})
+    test = ps.sample_test(a, a, permutations=100, replicates=100)
+    assert test.p_value == 1.0 and test.differing == 0 and math.isnan(test.mde)  # nothing varies: no power to state
