@@ -428,6 +428,7 @@ def test_several_lengths_name_tasks_by_length_and_fit_each_length(demo_model):
         "squad_path": None,
         "hotpot_path": None,
         "use_chat_template": "auto",
+        "answer_tokens": None,
     }
     assert [t for t, _, _ in build_samples(tokenizer, model, single, seed=0)] == ["fwe"]
     assert json.loads(json.dumps(settings.to_dict()))["length"] == [400, 512]

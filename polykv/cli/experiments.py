@@ -296,6 +296,12 @@ def experiment_study(
     baselines: Annotated[
         str | None, typer.Option(help="The sweep's baselines, comma-separated (default: every method's protocol).")
     ] = None,
+    workers: Annotated[
+        int, typer.Option(min=1, help="With --batch: share each suite's samples out over this many processes.")
+    ] = 1,
+    sweep_ppl: Annotated[
+        bool, typer.Option(help="The sweep's route-ppl row (the route with the profile's PPL capacities).")
+    ] = True,
 ) -> None:
     """The paper's study: profile, TopRank routes, factorial, placement (K), sweeps; writes a report."""
     import shlex
@@ -337,6 +343,8 @@ def experiment_study(
         b_cal=b_cal,
         batched=batch,
         baselines=tuple(x.strip() for x in baselines.split(",") if x.strip()) if baselines else None,
+        workers=workers,
+        sweep_ppl=sweep_ppl,
     )
     with Progress() as bars:
 

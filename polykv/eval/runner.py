@@ -86,17 +86,19 @@ def run_suites(
     settings=None,
     seed: int = 0,
     progress: Callable[[int, int, str], None] | None = None,
+    shard: tuple[int, int] | None = None,
 ) -> list[str]:
     """`run_suite` for several plans on the same samples, executed together: sample by sample, every
     plan still missing it is scored in one batch (the suite's `score_samples`: one prompt pass for all,
     their decode steps as one batch; `polykv.runtime.batch`). Equal to running each alone up to float
     rounding. Each run is stored, resumed and found exactly as `run_suite`'s; a sample's time is the
     batch's divided among its plans. `progress` sees (samples done, samples in all, where), samples
-    counted over the batch's sample list."""
-    return _execute(store, model_name, model, tokenizer, plans, suite, settings, seed, progress, batched=True)
+    counted over the batch's sample list. `shard` (k, n): only the samples whose index is k modulo n, and the
+    runs are left unfinished (`polykv.eval.shards` runs n shards in parallel processes, then finishes them)."""
+    return _execute(store, model_name, model, tokenizer, plans, suite, settings, seed, progress, True, shard)
 
 
-def _execute(store, model_name, model, tokenizer, plans, suite, settings, seed, progress, batched) -> list[str]:
+def _execute(store, model_name, model, tokenizer, plans, suite, settings, seed, progress, batched, shard=None):
     if suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r} (suites: {', '.join(SUITES)})")
     module = SUITES[suite]
@@ -138,6 +140,8 @@ def _execute(store, model_name, model, tokenizer, plans, suite, settings, seed, 
     score_many = getattr(module, "score_samples", None) if batched else None
     try:
         for index, (task, sample, payload) in enumerate(samples):
+            if shard is not None and index % shard[1] != shard[0]:
+                continue
             todo = [run_id for run_id in pending if (task, sample) not in done[run_id]]
             if todo:
                 started = time.perf_counter()
@@ -157,8 +161,9 @@ def _execute(store, model_name, model, tokenizer, plans, suite, settings, seed, 
         for run_id in pending:
             store.set_status(run_id, "failed", f"{exc.__class__.__name__}: {exc}"[:500])
         raise
-    for run_id in pending:
-        _finish(store, run_id)
+    if shard is None:
+        for run_id in pending:
+            _finish(store, run_id)
     return ids
 
 

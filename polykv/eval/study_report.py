@@ -140,8 +140,13 @@ def what_ran(result) -> list[str]:
     if result.accuracy_settings:
         acc = result.accuracy_settings
         lines.append(
-            f"Accuracy beside the primary metric: the factorial's and the sweeps' plans generating on the first "
-            f"{acc['samples_per_task']} samples of each task (RULER's string-match score)."
+            f"Accuracy beside the primary metric: the factorial's plans, the routes, FullKV and the envelope's "
+            f"baselines generating on the first {acc['samples_per_task']} samples of each task (RULER's string-match "
+            "score)."
+        )
+    if not s.sweep_ppl:
+        lines.append(
+            "The sweep has no route-ppl row (--no-sweep-ppl): its PPL allocation is measured in the factorial."
         )
     return lines
 

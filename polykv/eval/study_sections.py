@@ -251,9 +251,10 @@ def accuracy_section(result) -> list[str]:
     lines = [
         "## Accuracy beside it",
         "",
-        f"The same plans generating (RULER's string-match score, 0-100, higher is better) on the first "
-        f"{acc['samples_per_task']} samples of each task kept: fewer samples than the primary metric (generation costs "
-        "more than scoring the gold answer), so the minimal detectable differences are larger.",
+        f"The factorial's plans, the route at every budget, FullKV and the baselines that make the primary metric's "
+        f"envelope at some budget, generating (RULER's string-match score, 0-100, higher is better) on the first "
+        f"{acc['samples_per_task']} samples of each task kept: fewer plans and samples than the primary metric "
+        "(generation costs far more than scoring the gold answer), so the minimal detectable differences are larger.",
         "",
     ]
     factorial = result.accuracy.get("factorial")

@@ -81,6 +81,7 @@ def runner(context: StudyContext, suite: str, suite_settings, metric: str, seed:
         backend=s.backend,
         device=s.device,
         batched=s.batched,
+        workers=s.workers,
     )
 
 
@@ -159,6 +160,8 @@ def pilot(context: StudyContext, primary, anchor_plan: Plan) -> tuple[Competence
 def choose_samples(context: StudyContext, primary, plans: list[Plan], pilot_diffs: dict[str, np.ndarray]) -> SamplePlan:
     """Samples per task for the primary runs: the pilot's spread against the target minimal detectable
     difference, within the time limit at the measured time of one sample with every plan of the study."""
+    import torch
+
     from polykv.eval.runner import SUITES
 
     s = context.settings
@@ -166,12 +169,18 @@ def choose_samples(context: StudyContext, primary, plans: list[Plan], pilot_diff
     one = dataclasses.replace(primary, samples_per_task=1)
     samples = module.build_samples(context.tokenizer, context.model, one, s.seed)
     times = []
-    for _, _, payload in samples:  # not stored: these runs are not the study's (their sample count differs)
-        started = time.perf_counter()
-        module.score_samples(context.model, plans, payload, one)
-        times.append(time.perf_counter() - started)
+    threads = torch.get_num_threads()
+    if s.workers > 1:  # timed as a worker runs (one thread); the workers then take samples in parallel
+        torch.set_num_threads(1)
+    try:
+        for _, _, payload in samples:  # not stored: these runs are not the study's (their sample count differs)
+            started = time.perf_counter()
+            module.score_samples(context.model, plans, payload, one)
+            times.append(time.perf_counter() - started)
+    finally:
+        torch.set_num_threads(threads)
     allowed = None if s.time_limit is None else s.time_limit * 60.0
-    return plan_samples(pilot_diffs, s.mde, float(np.mean(times)), allowed, s.min_samples)
+    return plan_samples(pilot_diffs, s.mde, float(np.mean(times)) / s.workers, allowed, s.min_samples)
 
 
 __all__ = ["StudyContext", "chat_template", "choose_samples", "pilot", "profile", "runner", "strongest_anchor"]

@@ -48,15 +48,35 @@ class ExperimentRunner:
     # local backend: the runs of one call execute together, sample by sample, in one batch (`run_suites`;
     # equal to one at a time up to float rounding); `progress` is then told once, with the runs' count
     batched: bool = False
+    # batched, local: share the samples out over this many processes (`polykv.eval.shards`; 1: this process)
+    workers: int = 1
 
     def run(self, plan: Plan) -> str:
         return self.run_all([plan])[0]
 
     def run_all(self, plans: list[Plan]) -> list[str]:
         chosen = backend(self.backend, waiting=True)  # the scores are read next: a backend that waits for them
-        if chosen.name == "local" and self.batched and len(plans) > 1:
+        if chosen.name == "local" and self.batched and (len(plans) > 1 or self.workers > 1):
             if self.progress is not None:
-                self.progress(f"{len(plans)} runs together")
+                self.progress(
+                    f"{len(plans)} runs together" + (f", {self.workers} processes" if self.workers > 1 else "")
+                )
+            if self.workers > 1:
+                from polykv.eval.shards import run_sharded
+
+                return run_sharded(
+                    self.store,
+                    self.model_name,
+                    self.model,
+                    self.tokenizer,
+                    plans,
+                    self.suite,
+                    self.settings,
+                    self.seed,
+                    workers=self.workers,
+                    device=self.device,
+                    progress=self.on_sample,
+                )
             return run_suites(
                 self.store,
                 self.model_name,

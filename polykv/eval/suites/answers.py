@@ -13,9 +13,10 @@ A question suite's `mode` setting chooses what a sample costs and reports:
 
 The gold answer is one text per sample (`Question.answer_ids`; the suites define it: RULER's answers in
 gold order joined by ", ", LongBench's first answer), preceded by a space unless the prompt ends in
-whitespace, and cut to the suite's generation length. Its first token is predicted from the prompt's pass,
-which eviction never changes (the prompt attends in full), so every plan shares that term; the plans differ
-from the second token on.
+whitespace, and cut to the suite's generation length (or to the `answer_tokens` setting, a cost cut for
+long answers such as uuids or several values: the first tokens then carry the retrieval). Its first token
+is predicted from the prompt's pass, which eviction never changes (the prompt attends in full), so every
+plan shares that term; the plans differ from the second token on.
 
 FullKV's greedy answer (for `agreement`) is computed once per process, model and prompt: alone with
 `model.generate` when one plan runs, else as one more row of the batch (or the batch's own FullKV plan).
@@ -46,6 +47,16 @@ MODE_METRICS = {
 def check_mode(mode: str, suite: str) -> None:
     if mode not in MODES:
         raise ValueError(f"{suite} mode must be one of {', '.join(MODES)}, got {mode!r}")
+
+
+def check_answer_tokens(value: int | None, suite: str) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{suite} answer_tokens must be a positive whole number or null (all), got {value!r}")
+
+
+def answer_limit(max_new_tokens: int, answer_tokens: int | None) -> int:
+    """How many gold tokens answer_nll scores: the generation length, or fewer when `answer_tokens` says."""
+    return max_new_tokens if answer_tokens is None else min(max_new_tokens, answer_tokens)
 
 
 def generates(mode: str) -> bool:
@@ -281,6 +292,8 @@ __all__ = [
     "Scored",
     "answer_alone",
     "answer_many",
+    "answer_limit",
+    "check_answer_tokens",
     "check_mode",
     "clear_reference_cache",
     "fullkv_answer",

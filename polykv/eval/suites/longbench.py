@@ -80,6 +80,7 @@ class LongBenchSettings:
     samples_per_task: int | None = None  # None: every sample; N: a seeded random subset of N
     use_chat_template: bool | str = "auto"  # "auto": when the tokenizer has one; True: required; False: never
     mode: str = "generate"  # "generate" (score, agreement), "score" (answer_nll) or "both" (`answers`)
+    answer_tokens: int | None = None  # answer_nll over at most this many gold tokens (None: all, up to max_new)
 
     def __post_init__(self):
         tasks = (self.tasks,) if isinstance(self.tasks, str) else tuple(self.tasks)
@@ -97,6 +98,7 @@ class LongBenchSettings:
             raise ValueError(f"LongBench samples_per_task must be >= 1 or None (all), got {self.samples_per_task!r}")
         chat.check_choice(self.use_chat_template, "LongBench")
         answers.check_mode(self.mode, "LongBench")
+        answers.check_answer_tokens(self.answer_tokens, "LongBench")
 
     def to_dict(self) -> dict:
         return {**asdict(self), "tasks": list(self.tasks)}
@@ -336,7 +338,9 @@ def build_samples(tokenizer, model, settings: LongBenchSettings, seed: int) -> l
                 "task": task,
                 "ids": ids,
                 "answers": list(record["answers"]),
-                "answer_ids": answers.gold_ids(tokenizer, ids, str(record["answers"][0]), max_new),
+                "answer_ids": answers.gold_ids(
+                    tokenizer, ids, str(record["answers"][0]), answers.answer_limit(max_new, settings.answer_tokens)
+                ),
                 "all_classes": record.get("all_classes"),
                 "max_new_tokens": max_new,
                 "eos_token_id": eos,

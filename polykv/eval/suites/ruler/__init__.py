@@ -300,7 +300,10 @@ def build_samples(tokenizer, model, settings: RulerSettings, seed: int) -> list[
                     "prompt_ids": sample.prompt_ids,
                     "answers": sample.answers,
                     "answer_ids": answers.gold_ids(
-                        tokenizer, sample.prompt_ids, ", ".join(sample.answers), sample.tokens_to_generate
+                        tokenizer,
+                        sample.prompt_ids,
+                        ", ".join(sample.answers),
+                        answers.answer_limit(sample.tokens_to_generate, settings.answer_tokens),
                     ),
                     "tokens_to_generate": sample.tokens_to_generate,
                     "tokenizer": tokenizer,

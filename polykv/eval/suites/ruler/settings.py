@@ -32,6 +32,9 @@ class RulerSettings:
     chat template, the answer prefix after the generation prompt (RULER's model templates, hf-chat).
     ``mode``: "generate" (RULER's protocol: the string-match ``score`` and FullKV ``agreement``), "score"
     (``answer_nll``, the gold answer's likelihood, no generation) or "both" (``polykv.eval.suites.answers``).
+    ``answer_tokens``: answer_nll over at most this many tokens of the gold answer (None: all of them, up to
+    the task's generation length); a cost cut for long answers (uuids, several values), said in the run's
+    settings.
     """
 
     tasks: tuple[str, ...] | None = None
@@ -41,10 +44,12 @@ class RulerSettings:
     hotpot_path: str | None = None
     use_chat_template: bool | str = "auto"
     mode: str = "generate"
+    answer_tokens: int | None = None
 
     def __post_init__(self):
         chat.check_choice(self.use_chat_template, "ruler")
         answers.check_mode(self.mode, "ruler")
+        answers.check_answer_tokens(self.answer_tokens, "ruler")
         for name in ("squad_path", "hotpot_path"):
             value = getattr(self, name)
             if value is not None:
