@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import pandas as pd
 
 from polykv.errors import first_line
+from polykv.files import parse_json
 from polykv.methods import REGISTRY, for_phase, params_that_fit, validate_plan
 from polykv.plan import FULL, Phase, Plan, PlanError, Scope
 
@@ -182,9 +183,9 @@ def _cell_params(value: Any, where: str) -> dict[str, Any]:
     if value is None or (not isinstance(value, str) and pd.isna(value)) or not str(value).strip():
         return {}
     try:
-        params = json.loads(value)
-    except json.JSONDecodeError:
-        raise PlanError(f'{where}, params: not JSON (write e.g. {{"window": 16}})') from None
+        params = parse_json(str(value), error=PlanError)
+    except PlanError as exc:
+        raise PlanError(f'{where}, params: not JSON (write e.g. {{"window": 16}}): {exc}') from None
     if not isinstance(params, dict):
         raise PlanError(f'{where}, params: expected a JSON object such as {{"window": 16}}')
     return params

@@ -6,13 +6,14 @@ Nothing here imports torch or transformers at module level: the commands that to
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from polykv.errors import FileError
+from polykv.files import parse_json
 from polykv.plan import Plan
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -128,7 +129,7 @@ def _parse_params(items: list[str]) -> dict:
         if not sep or not name:
             raise ValueError(f"--param {item!r}: expected NAME=VALUE, e.g. --param window=16")
         try:
-            params[name] = json.loads(value)
-        except json.JSONDecodeError:
+            params[name] = parse_json(value)
+        except FileError:
             params[name] = value  # a bare string such as pooling=avg
     return params
