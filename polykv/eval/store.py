@@ -36,6 +36,7 @@ from typing import Any
 
 from polykv import processes
 from polykv.errors import StoreError, first_line
+from polykv.files import refuse_special_file
 
 SCHEMA_VERSION = 2
 
@@ -148,6 +149,8 @@ class Store:
     def __init__(self, path: str | Path, readonly: bool = False):
         self.path = Path(path)
         self.readonly = bool(readonly)
+        for file in (self.path, *(self.path.with_name(self.path.name + s) for s in ("-wal", "-shm", "-journal"))):
+            refuse_special_file(file, "results database file", StoreError)  # SQLite would hang on a FIFO
         self._immutable = False  # read-only and SQLite could not create the -shm file: opened immutable
         self._ready = False  # the file exists and was checked (and, writable, initialised or migrated)
         if self.readonly:
