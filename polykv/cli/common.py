@@ -15,6 +15,7 @@ import typer
 from polykv.errors import FileError
 from polykv.files import parse_json
 from polykv.plan import Plan
+from polykv.text import printable
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PLANS_DIR = REPO_ROOT / "plans"
@@ -75,7 +76,7 @@ def _checked_plan(path: Path, model: str) -> Plan:
     from polykv.models import config_dimensions
 
     dims = config_dimensions(model)
-    return validate_plan(Plan.load(path), dims.num_layers, dims.context_length)
+    return validate_plan(Plan.load(path), dims.num_layers, dims.context_length, within_context=True)
 
 
 def _profile_for(profile_dir: Path, model: str):
@@ -117,6 +118,8 @@ def _suite_settings(
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    """Rows under a header, in aligned columns; every cell escaped (it may come from a database or a file)."""
+    rows = [tuple(printable(str(cell)) for cell in row) for row in rows]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         typer.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())

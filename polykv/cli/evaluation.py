@@ -21,6 +21,7 @@ from polykv.cli.common import (
     _table,
 )
 from polykv.cli.progress import Progress
+from polykv.text import printable
 
 
 def evaluate(
@@ -107,7 +108,7 @@ def compare(
 
     a_id, b_id = resolve(run_a), resolve(run_b)
     result = compare_runs(store, a_id, b_id, metric, seed)
-    name = {r["id"]: r["plan_name"] for r in store.runs()}
+    name = {r["id"]: printable(r["plan_name"]) for r in store.runs()}
     typer.echo(
         f"A = {a_id} ({name[a_id]}), B = {b_id} ({name[b_id]}); metric {metric} "
         f"({'higher' if result.sign > 0 else 'lower'} is better)"
@@ -117,4 +118,4 @@ def compare(
         [(task, f"{a:.4f}", f"{b:.4f}", f"{d:+.4f}") for task, a, b, d in result.table.itertuples(index=False)],
     )
     for line in result.lines():
-        typer.echo(line)
+        typer.echo(printable(line))
