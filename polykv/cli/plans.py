@@ -94,7 +94,7 @@ def plan_validate(
     loaded = Plan.load(path)
     dims = config_dimensions(model) if model and layers is None else None
     num_layers = layers if layers is not None else (dims.num_layers if dims else None)
-    validate_plan(loaded, num_layers, dims.context_length if dims else None)
+    validate_plan(loaded, num_layers, dims.context_length if dims else None, within_context=True)
     against = f" for a {num_layers}-layer model" if num_layers is not None else ""
     typer.echo(f"ok: {path} is a valid plan{against} ({loaded.num_layers} layers, scope {loaded.scope.value})")
 
