@@ -73,6 +73,38 @@ def fifo(folder: Path, name: str) -> str:
     return name
 
 
+BERT_CONFIG = {  # a real architecture that PolyKV does not run (transformers would load it as a causal LM)
+    "architectures": ["BertForMaskedLM"],
+    "model_type": "bert",
+    "hidden_size": 64,
+    "num_hidden_layers": 5,
+    "num_attention_heads": 4,
+    "intermediate_size": 128,
+    "vocab_size": 512,
+    "max_position_embeddings": 512,
+}
+# A Llama config whose weights no machine holds (hidden_size 10^9: about 4e18 bytes).
+HUGE_CONFIG = {**BERT_CONFIG, "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 10**9}
+
+
+def special_database(sidecar: str = "", device: bool = False, command: tuple[str, ...] = ("runs",)):
+    """A workspace whose results database is a FIFO, or a link to /dev/zero (`device`), or a real database
+    with a FIFO as its `sidecar` ("-wal", "-shm"); then `command` on it."""
+
+    def setup(folder: Path) -> list[str]:
+        ws = folder / "ws"
+        ws.mkdir()
+        if sidecar:
+            write(ws, "results.sqlite", b"")
+        if device:
+            os.symlink("/dev/zero", ws / "results.sqlite")
+        else:
+            fifo(ws, "results.sqlite" + sidecar)
+        return [*command, "-w", "ws"]
+
+    return setup
+
+
 def nested(levels: int) -> str:
     return "[" * levels + "]" * levels
 
@@ -199,6 +231,27 @@ CLI_CASES: dict[str, Case] = {
         plan_file(MIXED.read_text().replace('"capacity": 48', '"capacity": NaN', 1)), "NaN is not a number"
     ),
     "plan-huge-integer": Case(plan_file(HUGE_INT), "limit"),
+    "plan-duplicate-key": Case(
+        plan_file(MIXED.read_text().replace('"layers": [', '"layers": [], "layers": [', 1)),
+        'key "layers" appears twice in one object',
+    ),
+    "plan-capacity-over-context": Case(
+        plan_file(with_layer(1, "decode", method="tova", capacity=1_048_576)),
+        "layer 1, decode, capacity: 1048576 is more than the model's context (512 tokens)",
+    ),
+    "plan-interval-over-context": Case(
+        plan_file(with_layer(1, "decode", method="tova", capacity=48, interval=600)),
+        "layer 1, decode, interval: 600 is more than the model's context (512 tokens)",
+    ),
+    "plan-capacity-over-context-in-generate": Case(
+        plan_file(with_layer(1, "decode", method="tova", capacity=1_048_576), ("generate", "--plan"), ()),
+        "capacity: 1048576 is more than the model's context",
+    ),
+    "plan-name-escape": Case(
+        plan_file(mixed(name="red\x1b[31m")), "name: must not hold control characters (found U+001B)"
+    ),
+    "plan-name-right-to-left": Case(plan_file(mixed(name="plan\u202egpj.exe")), "found U+202E"),
+    "plan-description-escape": Case(plan_file(mixed(description="a\nb\x1b]0;x\x07")), "description: must not hold"),
     "plan-unknown-field": Case(plan_file(mixed(colour="red")), "colour: unknown field"),
     "plan-missing-name": Case(
         plan_file({k: v for k, v in mixed().items() if k != "name"}), "name: required field is missing"
@@ -346,6 +399,33 @@ CLI_CASES: dict[str, Case] = {
         lambda f: ["plan", "validate", str(MIXED), "--model", model_dir(f, {"num_hidden_layers": "5"})],
         "no num_hidden_layers",
     ),
+    "model-config-duplicate-key": Case(
+        lambda f: [
+            "plan",
+            "validate",
+            str(MIXED),
+            "--model",
+            model_dir(f, '{"num_hidden_layers": 5, "num_hidden_layers": 9}'),
+        ],
+        'key "num_hidden_layers" appears twice',
+    ),
+    "model-bert-in-generate": Case(
+        lambda f: ["generate", "--model", model_dir(f, BERT_CONFIG)],
+        "model_type 'bert'; PolyKV runs Llama, Mistral, Qwen2 and Qwen3 models",
+    ),
+    "model-bert-in-profile": Case(
+        lambda f: ["profile", "--model", model_dir(f, BERT_CONFIG)], "PolyKV runs Llama, Mistral, Qwen2 and Qwen3"
+    ),
+    "model-bert-in-validate": Case(
+        lambda f: ["plan", "validate", str(MIXED), "--model", model_dir(f, BERT_CONFIG)], "model_type 'bert'"
+    ),
+    "model-hidden-size-1e9": Case(
+        lambda f: ["generate", "--model", model_dir(f, HUGE_CONFIG)], "GiB, the device (cpu) has"
+    ),
+    "model-hub-id-offline": Case(
+        ["plan", "validate", str(MIXED), "--model", "org/model"],
+        "model 'org/model' is not in the local Hugging Face cache and offline mode is on",
+    ),
     "corpus-file-missing": Case(["profile", "--sources", "file:/no/such.txt"], "no such file /no/such.txt"),
     "corpus-file-fifo": Case(
         lambda f: ["profile", "--sources", f"file:{f / fifo(f, 'c.txt')}"], "is not a regular file"
@@ -371,7 +451,14 @@ CLI_CASES: dict[str, Case] = {
     "store-text-file": Case(damaged_database(b"hello, this is not a database\n" * 10), "damaged results database"),
     "store-foreign-database": Case(damaged_database(foreign=True), "not a PolyKV results database"),
     "store-newer-schema": Case(damaged_database(version=999), "newer PolyKV"),
+    "store-a-fifo": Case(special_database(), "ws/results.sqlite: a FIFO, not a results database file"),
+    "store-wal-a-fifo": Case(special_database("-wal"), "ws/results.sqlite-wal: a FIFO, not a results database file"),
+    "store-shm-a-fifo": Case(special_database("-shm"), "ws/results.sqlite-shm: a FIFO"),
+    "store-a-device": Case(special_database(device=True), "a device, not a results database file"),
     "compare-unknown-runs": Case(["compare", "aaa", "bbb", "-w", "ws"], "no run"),
+    "compare-a-fifo": Case(
+        special_database(command=("compare", "aaa", "bbb")), "ws/results.sqlite: a FIFO, not a results database"
+    ),
     # ---- jobs
     "job-id-with-slash": Case(["jobs", "cancel", "../../etc/passwd", "-w", "ws"], "job id"),
     "job-id-dotdot": Case(["jobs", "resume", "..", "-w", "ws"], "job id"),
