@@ -49,6 +49,21 @@ SLOW_FIDELITY = FidelitySettings(
 )
 
 
+# ---- model configs PolyKV refuses ------------------------------------------------------------------------
+BERT_CONFIG = {  # a real architecture that PolyKV does not run (transformers would load it as a causal LM)
+    "architectures": ["BertForMaskedLM"],
+    "model_type": "bert",
+    "hidden_size": 64,
+    "num_hidden_layers": 5,
+    "num_attention_heads": 4,
+    "intermediate_size": 128,
+    "vocab_size": 512,
+    "max_position_embeddings": 512,
+}
+# A Llama config whose weights no machine holds (hidden_size 10^9: about 4e18 bytes).
+HUGE_CONFIG = {**BERT_CONFIG, "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 10**9}
+
+
 # ---- tiny random-weight models of every supported family -----------------------------------------
 _COMMON = dict(
     vocab_size=96,

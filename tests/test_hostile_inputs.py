@@ -21,8 +21,20 @@ from pathlib import Path
 import pytest
 
 from polykv.errors import FileError, PolyKVError, SettingsError
+from polykv.eval.store import Store
 from polykv.plan import Plan, PlanError
-from tests.helpers import MIXED, REPO, assert_one_line_error, button, open_app, run_cli, slow_after
+from tests.helpers import (
+    BERT_CONFIG,
+    HUGE_CONFIG,
+    MIXED,
+    REPO,
+    assert_one_line_error,
+    button,
+    fake_run,
+    open_app,
+    run_cli,
+    slow_after,
+)
 
 REAL_PROFILE = next((REPO / "docs" / "demo-study" / "profiles").iterdir())
 
@@ -71,20 +83,6 @@ def model_dir(folder: Path, config) -> str:
 def fifo(folder: Path, name: str) -> str:
     os.mkfifo(folder / name)
     return name
-
-
-BERT_CONFIG = {  # a real architecture that PolyKV does not run (transformers would load it as a causal LM)
-    "architectures": ["BertForMaskedLM"],
-    "model_type": "bert",
-    "hidden_size": 64,
-    "num_hidden_layers": 5,
-    "num_attention_heads": 4,
-    "intermediate_size": 128,
-    "vocab_size": 512,
-    "max_position_embeddings": 512,
-}
-# A Llama config whose weights no machine holds (hidden_size 10^9: about 4e18 bytes).
-HUGE_CONFIG = {**BERT_CONFIG, "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 10**9}
 
 
 def special_database(sidecar: str = "", device: bool = False, command: tuple[str, ...] = ("runs",)):
@@ -619,11 +617,38 @@ def test_a_bug_is_reported_in_one_line_and_its_traceback_only_under_polykv_debug
     assert loud.returncode == 1 and "Traceback" in loud.stderr and "simulated bug" in loud.stderr
 
 
+def test_runs_escapes_what_it_prints_from_the_database(tmp_path):
+    store = Store(tmp_path / "ws" / "results.sqlite")
+    fake_run(store, "r1", {"t": {"kl": 0.1}}, plan_name="evil\nr2  forged  fidelity", model="\x1b[31mred\u202e")
+    result = cli(["runs", "-w", "ws"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2 and lines[1].startswith("r1 ")  # the header and one row: no forged line
+    assert "evil\\nr2  forged" in lines[1] and "\\x1b[31mred\\u202e" in lines[1]
+    assert not any(c in result.stdout for c in "\x1b\u202e")
+
+
 # ---- the Python API ----------------------------------------------------------------------------------
 def test_the_api_refuses_a_plan_with_millions_of_layers_before_validating_them():
     data = {"name": "huge", "scope": "decode", "layers": [{"decode": {"method": "tova", "capacity": 8}}] * 1_800_000}
     with pytest.raises(PlanError, match="layers"):
         Plan.from_dict(data)
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('{"a": 1, "a": 2}', "a"),
+        ('[{"x": {"b": 1, "b": 1}}]', "b"),
+        ('{"name": "x", "layers": [], "layers": []}', "layers"),
+    ],
+)
+def test_the_api_refuses_json_with_a_key_twice_in_one_object(text, key):
+    from polykv.files import parse_json
+
+    with pytest.raises(FileError, match=f'what: key "{key}" appears twice in one object'):
+        parse_json(text, "what")
+    assert parse_json('{"a": {"b": 1}, "b": {"a": 2}}') == {"a": {"b": 1}, "b": {"a": 2}}  # once per object is fine
 
 
 def test_the_api_refuses_bytes_that_are_not_text_and_json_that_nests_too_deep():

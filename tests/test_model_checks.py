@@ -21,8 +21,17 @@ from polykv.models import (
     output_cache,
     support,
 )
-from tests.helpers import FAMILIES, MIXED, REPO, assert_one_line_error, run_cli, slow_after, tiny_model
-from tests.test_hostile_inputs import BERT_CONFIG, HUGE_CONFIG
+from tests.helpers import (
+    BERT_CONFIG,
+    FAMILIES,
+    HUGE_CONFIG,
+    MIXED,
+    REPO,
+    assert_one_line_error,
+    run_cli,
+    slow_after,
+    tiny_model,
+)
 
 GIB = 1 << 30
 
