@@ -417,6 +417,9 @@ CLI_CASES: dict[str, Case] = {
     "model-bert-in-validate": Case(
         lambda f: ["plan", "validate", str(MIXED), "--model", model_dir(f, BERT_CONFIG)], "model_type 'bert'"
     ),
+    "model-hidden-size-1e9-in-eval": Case(  # refused before the results database is created
+        lambda f: ["eval", "--model", model_dir(f, HUGE_CONFIG)], "GiB, the device (cpu) has"
+    ),
     "model-hidden-size-1e9": Case(
         lambda f: ["generate", "--model", model_dir(f, HUGE_CONFIG)], "GiB, the device (cpu) has"
     ),

@@ -70,12 +70,13 @@ def _num_layers(model: str) -> int:
     return config_dimensions(model).num_layers
 
 
-def _checked_plan(path: Path, model: str) -> Plan:
-    """A plan file checked against the model's config (layers, context) before any weights load."""
+def _checked_plan(path: Path, model: str, device: str | None = None) -> Plan:
+    """A plan file checked against the model's config (layers, context; with `device`, the memory the
+    model needs there) before any weights load."""
     from polykv.methods import validate_plan
     from polykv.models import config_dimensions
 
-    dims = config_dimensions(model)
+    dims = config_dimensions(model, device)
     return validate_plan(Plan.load(path), dims.num_layers, dims.context_length, within_context=True)
 
 

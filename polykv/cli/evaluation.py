@@ -47,7 +47,7 @@ def evaluate(
 
     bars = Progress()  # the local backend reports every sample here; the others report in the store
     runs_on = backend_named(backend, load=_load_model, progress=bars.sample)  # an unknown name fails first
-    loaded = _checked_plan(plan, model)  # bad input fails before anything is written
+    loaded = _checked_plan(plan, model, device)  # bad input fails before anything is written
     settings = _suite_settings(suite, samples, tasks, prompt_tokens, settings_json, model)
     store = Store(workspace / "results.sqlite")
     unit = Unit.of(model, loaded, suite, settings, seed, device)

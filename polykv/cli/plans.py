@@ -46,7 +46,7 @@ def generate(
     from polykv.models import num_layers
     from polykv.runtime import routed
 
-    routed_plan = _checked_plan(plan, model)  # bad input fails before the weights load
+    routed_plan = _checked_plan(plan, model, device)  # bad input fails before the weights load
     hf_model, tokenizer = _load_model(model, device)
     ids = tokenizer(prompt, return_tensors="pt").input_ids.to(device)
     torch.manual_seed(seed)

@@ -48,7 +48,6 @@ __all__ = [
     "ModelConfigError",
     "ModelTooLargeError",
     "UnsupportedModelError",
-    "check_model",
     "model_config",
     "cache_argument_name",
     "config_dimensions",
@@ -222,31 +221,31 @@ def model_config(source: str, local_only: bool = False) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def config_dimensions(name_or_path: str | os.PathLike | None) -> ConfigDimensions:
+def config_dimensions(name_or_path: str | os.PathLike | None, device: str | None = None) -> ConfigDimensions:
     """Layer count and context length from the model's config alone, its architecture checked: no
     weights, and for a local directory (the demo model included) not even transformers, so plan checks
-    stay fast."""
+    stay fast. With `device`, also refuse a model that cannot fit that device's memory (see `support`)."""
     source = resolve_model_path(name_or_path)
-    data = model_config(source, _hub_files_only(source))
+    return _checked_config(source, _hub_files_only(source), device)
+
+
+def _checked_config(source: str, local_only: bool, device: str | None, dtype=None) -> ConfigDimensions:
+    """What PolyKV checks of a model before any weight is allocated (one line for each failure): its
+    layers, its architecture and, for a `device`, the memory its weights and KV cache need there."""
+    data = model_config(source, local_only)
     text = data.get("text_config") if isinstance(data.get("text_config"), dict) else data
     layers = text.get("num_hidden_layers")
     if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
         raise ModelConfigError(f"{source}: no num_hidden_layers (a positive integer) in the model's config")
     check_architecture(data, source)
+    if device is not None:
+        from transformers import AutoConfig
+
+        with quiet_transformers():
+            config = AutoConfig.for_model(**data)  # its class's defaults stand in for what the file leaves out
+        check_fits(memory_needed(config, dtype_bytes(dtype, config)), device, f"model {source}")
     context = text.get("max_position_embeddings")
     return ConfigDimensions(layers, context if isinstance(context, int) and not isinstance(context, bool) else None)
-
-
-def check_model(source: str, device: str, dtype=None, local_only: bool = False) -> None:
-    """Refuse, in one line and before any weight is allocated, a model PolyKV does not run or one whose
-    weights and KV cache (as its config implies) need more memory than `device` has available."""
-    data = model_config(source, local_only)
-    check_architecture(data, source)
-    from transformers import AutoConfig
-
-    with quiet_transformers():
-        config = AutoConfig.for_model(**data)  # its class's defaults stand in for what the file leaves out
-    check_fits(memory_needed(config, dtype_bytes(dtype, config)), device, f"model {source}")
 
 
 def _hub_files_only(source: str) -> bool:
@@ -276,7 +275,7 @@ def load_model(
         transformers_logging.disable_progress_bar()
     source = resolve_model_path(name_or_path)
     local_only = _hub_files_only(source)
-    check_model(source, device, dtype, local_only)
+    _checked_config(source, local_only, device, dtype)  # before any weight is allocated
     kwargs = {"attn_implementation": attn_implementation, "local_files_only": local_only}
     if dtype is not None:
         kwargs["dtype"] = dtype
