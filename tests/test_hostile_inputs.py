@@ -407,20 +407,20 @@ CLI_CASES: dict[str, Case] = {
         ],
         'key "num_hidden_layers" appears twice',
     ),
-    "model-bert-in-generate": Case(
+    "model-generate-bert": Case(
         lambda f: ["generate", "--model", model_dir(f, BERT_CONFIG)],
         "model_type 'bert'; PolyKV runs Llama, Mistral, Qwen2 and Qwen3 models",
     ),
-    "model-bert-in-profile": Case(
+    "model-profile-bert": Case(
         lambda f: ["profile", "--model", model_dir(f, BERT_CONFIG)], "PolyKV runs Llama, Mistral, Qwen2 and Qwen3"
     ),
-    "model-bert-in-validate": Case(
+    "model-bert-directory": Case(
         lambda f: ["plan", "validate", str(MIXED), "--model", model_dir(f, BERT_CONFIG)], "model_type 'bert'"
     ),
-    "model-hidden-size-1e9-in-eval": Case(  # refused before the results database is created
+    "model-huge-in-eval": Case(  # refused before the results database is created
         lambda f: ["eval", "--model", model_dir(f, HUGE_CONFIG)], "GiB, the device (cpu) has"
     ),
-    "model-hidden-size-1e9": Case(
+    "model-huge-in-generate": Case(
         lambda f: ["generate", "--model", model_dir(f, HUGE_CONFIG)], "GiB, the device (cpu) has"
     ),
     "model-hub-id-offline": Case(

@@ -165,7 +165,8 @@ def test_a_hub_id_in_offline_mode_is_one_line():
 def _no_network(home: Path) -> dict[str, str]:
     """An environment in which the hub is unreachable: its address and every proxy are a closed local port."""
     closed = "http://127.0.0.1:9"
-    env = {k: v for k, v in os.environ.items() if k.upper() not in ("NO_PROXY", "HF_HUB_OFFLINE", "POLYKV_DEBUG")}
+    dropped = ("NO_PROXY", "POLYKV_DEBUG")  # and every *_OFFLINE switch (HF_HUB_, TRANSFORMERS_): the probe must run
+    env = {k: v for k, v in os.environ.items() if k.upper() not in dropped and not k.upper().endswith("_OFFLINE")}
     env.update(
         HF_ENDPOINT=closed,
         HTTP_PROXY=closed,
