@@ -4,8 +4,11 @@ line at once), and transformers kept quiet unless POLYKV_DEBUG=1."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,7 @@ from polykv.models import (
     ModelTooLargeError,
     UnsupportedModelError,
     config_dimensions,
+    hub,
     load_model,
     output_cache,
     support,
@@ -160,6 +164,41 @@ def test_a_hub_id_in_offline_mode_is_one_line():
         HubUnreachableError, match="'org/model' is not in the local Hugging Face cache and offline mode"
     ):
         config_dimensions("org/model")
+
+
+@pytest.fixture
+def local_hub(monkeypatch):
+    """A hub address on this machine (offline mode off): `answers` says whether it answers a request."""
+    from huggingface_hub import constants
+
+    class Hub(http.server.BaseHTTPRequestHandler):
+        answers = True
+
+        def do_HEAD(self):
+            if not Hub.answers:
+                time.sleep(5)  # connected, silent: a hub that does not answer in time
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    yield Hub
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_hub_is_used_only_when_it_answers_in_time(local_hub):
+    assert hub.hub_reachable(timeout=2)
+    local_hub.answers = False
+    assert not hub.hub_reachable(timeout=0.5)
 
 
 def _no_network(home: Path) -> dict[str, str]:

@@ -9,6 +9,7 @@ kept off the terminal while PolyKV loads a model, unless `POLYKV_DEBUG=1`.
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,14 +25,25 @@ class HubUnreachableError(PolyKVError):
 
 def hub_reachable(timeout: float = PROBE_SECONDS) -> bool:
     """Whether the hub answers within `timeout` seconds (never, in offline mode). The probe goes through
-    the hub client's own session, so it takes the same proxies and certificates as a download would."""
+    the hub client's own session, so it takes the same proxies and certificates as a download would; it
+    runs in a thread that is not waited for past the timeout, since a name lookup with no network can
+    take longer than any connection timeout bounds."""
     from huggingface_hub import constants
-    from huggingface_hub.utils import get_session
 
     if constants.HF_HUB_OFFLINE:
         return False
+    answered: list[bool] = []
+    probe = threading.Thread(target=lambda: answered.append(_probe(constants.ENDPOINT, timeout)), daemon=True)
+    probe.start()
+    probe.join(timeout)
+    return answered == [True]
+
+
+def _probe(endpoint: str, timeout: float) -> bool:
+    from huggingface_hub.utils import get_session
+
     try:
-        get_session().head(constants.ENDPOINT, timeout=timeout)
+        get_session().head(endpoint, timeout=timeout)
     except Exception:  # noqa: BLE001 - any failure to connect (refused, DNS, timeout, proxy, TLS) means no hub
         return False
     return True
