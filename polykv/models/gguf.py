@@ -29,6 +29,7 @@ from pathlib import Path
 from polykv.errors import PolyKVError
 from polykv.files import file_lock
 
+from .gguf_layout import LayoutError, read_layout
 from .hub import quiet_transformers
 from .llama2c import read_source_record, sha256_file
 from .staging import lock_path, remove_abandoned, staged
@@ -87,39 +88,33 @@ def smollm2_gguf_path() -> Path:
 def gguf_info(path: Path) -> GGUFInfo:
     """Check that `path` is a whole GGUF file of an architecture we run, without converting anything:
     the header, the tensor table and where its tensors lie against the file's length. Only the header and
-    the table are read (the tensor data is mapped, never read), so this is quick for a file of any size.
+    the table are read (see `gguf_layout`), so this is quick for a file of any size.
 
     A file that is not GGUF, is cut short, has data after its last tensor, is damaged, or holds another
     architecture is a GGUFError with one line that says which."""
     path = Path(path)
     _check_magic(path)
     try:
-        from gguf import GGUFReader
+        layout = read_layout(path)
     except ImportError:
         raise GGUFError("reading GGUF files needs the gguf package (bash .ci/setup installs it)") from None
-    try:
-        reader = GGUFReader(str(path))
-        fields = reader.fields
-        architecture = _string_field(fields, "general.architecture")
-        name = _string_field(fields, "general.name", required=False)
-        end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
-        count = len(reader.tensors)
-        parameters = sum(int(t.n_elements) for t in reader.tensors)
-        alignment = int(reader.alignment)
-    except GGUFError:
-        raise
-    except Exception as exc:  # the reader's own errors (numpy reshapes, index and struct errors) mean damage
-        raise GGUFError(f"{path}: not a complete GGUF file (truncated or damaged: {type(exc).__name__})") from None
+    except (LayoutError, OSError) as exc:
+        raise GGUFError(f"{path}: not a complete GGUF file (truncated or damaged: {exc})") from None
     size = path.stat().st_size
-    if count == 0 or end > size:
+    if layout.tensors == 0 or layout.data_end > size:
         raise GGUFError(f"{path}: not a complete GGUF file (its tensors end past the end of the file)")
-    if size - end >= alignment:  # a writer pads the last tensor to the alignment, and writes nothing after it
-        raise GGUFError(f"{path}: not a GGUF file PolyKV reads ({size - end:,} bytes follow its last tensor)")
+    if size - layout.data_end >= layout.alignment:  # a writer pads the last tensor, then writes nothing more
+        raise GGUFError(
+            f"{path}: not a GGUF file PolyKV reads ({size - layout.data_end:,} bytes follow its last tensor)"
+        )
+    architecture = layout.strings.get("general.architecture")
+    if architecture is None:
+        raise GGUFError(f"{path}: not a usable GGUF model file: no general.architecture in its metadata")
     if architecture not in ARCHITECTURES:
         raise GGUFError(
             f"{path}: GGUF architecture {architecture!r} is not supported (supported: {', '.join(ARCHITECTURES)})"
         )
-    return GGUFInfo(architecture, name, count, parameters)
+    return GGUFInfo(architecture, layout.strings.get("general.name"), layout.tensors, layout.parameters)
 
 
 def _check_magic(path: Path) -> None:
@@ -132,15 +127,6 @@ def _check_magic(path: Path) -> None:
     (version,) = struct.unpack("<I", head[4:8])
     if version not in (2, 3):
         raise GGUFError(f"{path}: GGUF version {version} is not supported (versions 2 and 3 are)")
-
-
-def _string_field(fields, key: str, required: bool = True) -> str | None:
-    field = fields.get(key)
-    if field is None:
-        if required:
-            raise GGUFError(f"not a usable GGUF model file: no {key} in its metadata")
-        return None
-    return bytes(field.parts[field.data[0]]).decode("utf-8", errors="replace")
 
 
 # ---- the conversion --------------------------------------------------------------------------------
