@@ -4,7 +4,10 @@ transformers reads a GGUF file itself (``from_pretrained(folder, gguf_file=name)
 package), dequantizing every tensor to float32, which takes tens of seconds. So a GGUF file is converted
 once into an ordinary safetensors directory under ``$POLYKV_HOME/models/gguf-<sha256[:16]>`` (keyed by the
 file's contents, written beside the target and renamed into place, under a lock so that two processes
-starting at once convert it once), and every later load is a plain ``from_pretrained(dir)``.
+starting at once convert it once, and what a conversion killed midway left is removed by the next; see
+``staging``), and every later load is a plain ``from_pretrained(dir)``. The file's structure is checked
+from its header before anything else (see ``gguf_layout``), and a file whose weights are not finite once
+dequantized is refused before anything is cached.
 
 The conversion keeps the weights exactly as transformers dequantizes them (float32), the tokenizer
 transformers builds from the file's vocabulary, its chat template, and a generation config with the
