@@ -242,6 +242,7 @@ def test_a_hub_id_with_no_network_fails_in_one_line(tmp_path, command):
     )
 
 
+@pytest.mark.slow  # a real process; the no-network test above keeps one in the fast loop
 def test_a_cached_hub_model_is_read_from_the_cache_when_the_hub_is_unreachable(tmp_path):
     env = _no_network(tmp_path)
     config = {**HUGE_CONFIG, "hidden_size": 64}
