@@ -10,6 +10,7 @@ import streamlit as st
 from app import state
 from app.session import (
     DEFAULT_MODEL,
+    check_plan,
     current_model,
     load_cached,
     load_model,
@@ -49,7 +50,7 @@ def request_model(name: str, device: str) -> None:
         return
     current, model = plan(), load_cached(name, device)[0]
     try:
-        validate_plan(current, models.num_layers(model), models.context_length(model))
+        validate_plan(current, models.num_layers(model), models.context_length(model), within_context=True)
     except PlanError as exc:
         st.session_state[state.PENDING_MODEL] = (
             name,
@@ -156,7 +157,7 @@ def new_plan_version() -> None:
 def set_plan(new: Plan) -> None:
     """Make `new` the current plan (validated for the model), keeping the old one for undo; saved as the
     session's draft."""
-    validate_plan(new, num_layers())
+    check_plan(new)
     old = plan().to_json()
     if old != new.to_json():
         _push(state.UNDO, old)

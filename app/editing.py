@@ -11,10 +11,9 @@ import streamlit as st
 
 from app import charts, state
 from app.designing import REPO, plan, set_plan
-from app.session import current_model, num_layers
+from app.session import check_plan, current_model
 from polykv import design
 from polykv.files import read_text
-from polykv.methods import validate_plan
 from polykv.plan import MAX_PLAN_BYTES, Plan, PlanError
 
 KEEP = "(keep)"  # the paint palette's "leave the method as it is"
@@ -161,6 +160,6 @@ def read_plan(text: str | bytes, where: str) -> Plan:
     except PlanError as exc:
         raise PlanError(f"{where}: {exc}") from None
     try:
-        return validate_plan(loaded, num_layers())
+        return check_plan(loaded)
     except PlanError as exc:
         raise PlanError(f"{where}: this plan does not fit {current_model()[0]!r}: {exc}") from None

@@ -11,6 +11,8 @@ import streamlit as st
 from app import state
 from polykv import drafts, models
 from polykv.errors import PolyKVError, debug, first_line
+from polykv.methods import validate_plan
+from polykv.plan import Plan
 from polykv.workspace import default_workspace
 
 DEFAULT_MODEL = ("demo", "cpu")  # (name, device) until another model is loaded
@@ -90,6 +92,13 @@ def current_model():
 
 def num_layers() -> int:
     return models.num_layers(current_model()[2])
+
+
+def check_plan(plan: Plan) -> Plan:
+    """`plan` if it fits the current model (its layers, and its context for every token count, capacities
+    included); PlanError (one line) otherwise."""
+    model = current_model()[2]
+    return validate_plan(plan, models.num_layers(model), models.context_length(model), within_context=True)
 
 
 def session_id() -> str:

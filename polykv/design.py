@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import pandas as pd
 
 from polykv.errors import first_line
+from polykv.files import parse_json
 from polykv.methods import REGISTRY, for_phase, params_that_fit, validate_plan
 from polykv.plan import FULL, Phase, Plan, PlanError, Scope
+from polykv.text import check_text
 
 if TYPE_CHECKING:
     from polykv.profile.store import Profile
@@ -182,9 +184,9 @@ def _cell_params(value: Any, where: str) -> dict[str, Any]:
     if value is None or (not isinstance(value, str) and pd.isna(value)) or not str(value).strip():
         return {}
     try:
-        params = json.loads(value)
-    except json.JSONDecodeError:
-        raise PlanError(f'{where}, params: not JSON (write e.g. {{"window": 16}})') from None
+        params = parse_json(str(value), error=PlanError)
+    except PlanError as exc:
+        raise PlanError(f'{where}, params: not JSON (write e.g. {{"window": 16}}): {exc}') from None
     if not isinstance(params, dict):
         raise PlanError(f'{where}, params: expected a JSON object such as {{"window": 16}}')
     return params
@@ -261,6 +263,10 @@ def plan_filename(name: str) -> str:
     with no ASCII letter or digit (e.g. 'план', '...') gets a stable generated one, `plan-<hash>.json`."""
     if not name.strip():
         raise PlanError("plan name: give the plan a name")
+    try:
+        check_text(name)
+    except ValueError as exc:
+        raise PlanError(f"plan name: {exc}") from None
     stem = _UNSAFE.sub("-", name.strip()).strip(".-")[:80]
     if not re.search(r"[A-Za-z0-9]", stem):
         stem = f"plan-{hashlib.sha256(name.strip().encode()).hexdigest()[:10]}"

@@ -2,7 +2,8 @@
 
 Reading: only regular files (a device such as /dev/zero, a FIFO or a directory is refused before it is
 opened, so nothing hangs or fills memory), at most `max_bytes`, UTF-8, and for JSON at most `max_depth`
-levels of nesting and no NaN/Infinity unless asked for.
+levels of nesting, no key twice in one object (JSON leaves that undefined; Python would keep the last)
+and no NaN/Infinity unless asked for.
 
 Writing: write to a temporary file beside the target, then rename it into place, so a reader never
 sees half a file and a crash leaves the old one. Only regular files or new paths are written (a
@@ -40,19 +41,33 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
+def refuse_special_file(path: str | os.PathLike, what: str, error: type[PolyKVError] = FileError) -> None:
+    """`error` (one line) when `path` exists and is not a regular file: opening a FIFO blocks until a writer
+    comes, and a device can be endless. A missing path passes (the caller decides what that means)."""
+    _regular_or_missing(Path(path), what, error)
+
+
+def _regular_or_missing(path: Path, what: str, error: type[PolyKVError]) -> os.stat_result | None:
+    """`path`'s stat (None: missing); `error` for anything but a regular file or a missing path."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise error(f"{path}: cannot read {what} ({exc.strerror or exc.__class__.__name__})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise error(f"{path}: {_kind(info.st_mode)}, not a {what}")
+    return info
+
+
 def read_text(
     path: str | os.PathLike, what: str = "file", max_bytes: int = MAX_JSON_BYTES, error: type[PolyKVError] = FileError
 ) -> str:
     """The UTF-8 text of a regular file of at most `max_bytes`; `error` (one line) otherwise."""
     path = Path(path)
-    try:
-        info = os.stat(path)
-    except FileNotFoundError:
-        raise error(f"{path}: no such {what}") from None
-    except OSError as exc:
-        raise error(f"{path}: cannot read {what} ({exc.strerror or exc.__class__.__name__})") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise error(f"{path}: {_kind(info.st_mode)}, not a {what}")
+    info = _regular_or_missing(path, what, error)
+    if info is None:
+        raise error(f"{path}: no such {what}")
     if info.st_size > max_bytes:
         raise error(f"{path}: {what} is {info.st_size:,} bytes, more than the {max_bytes:,} PolyKV reads")
     try:
@@ -76,6 +91,15 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number JSON allows")
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    data = {}
+    for key, value in pairs:
+        if key in data:
+            raise ValueError(f"key {json.dumps(key)[:60]} appears twice in one object")
+        data[key] = value
+    return data
+
+
 def parse_json(
     text: str | bytes,
     what: str | None = None,
@@ -84,21 +108,21 @@ def parse_json(
     error: type[PolyKVError] = FileError,
 ) -> Any:
     """Parse JSON text; `error` (one line, starting with `what` when given) for malformed, too deeply
-    nested or (unless allowed) NaN input."""
+    nested, duplicate-key or (unless allowed) NaN input."""
     at = f"{what}: " if what else ""
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError:
             raise error(f"{at}not UTF-8 text") from None
-    kwargs = {} if allow_nan else {"parse_constant": _reject_constant}
+    kwargs = {"object_pairs_hook": _unique_keys} | ({} if allow_nan else {"parse_constant": _reject_constant})
     try:
         data = json.loads(text, **kwargs)
     except json.JSONDecodeError as exc:
         raise error(f"{at}malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
     except RecursionError:
         raise error(f"{at}nested more than {max_depth} levels deep") from None
-    except ValueError as exc:  # NaN / Infinity, or an integer with too many digits
+    except ValueError as exc:  # NaN / Infinity, a duplicate key, or an integer with too many digits
         raise error(f"{at}{first_line(exc)}") from None
     if depth(data) > max_depth:
         raise error(f"{at}nested more than {max_depth} levels deep")
@@ -204,6 +228,8 @@ __all__ = [
     "parse_json",
     "read_json",
     "read_text",
+    "refuse_special_file",
+    "try_file_lock",
     "writable_target",
 ]
 
@@ -220,5 +246,27 @@ def file_lock(path: Path) -> Iterator[None]:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def try_file_lock(path: Path) -> Iterator[bool]:
+    """The lock of `file_lock` if it is free now (yields True, held until the block ends), else False at
+    once; True where the platform has no flock. A process that dies releases its locks, so a free lock
+    means that no live process holds it."""
+    try:
+        import fcntl
+    except ImportError:
+        yield True
+        return
+    with path.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)

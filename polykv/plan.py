@@ -20,10 +20,11 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
 from polykv.errors import PolyKVError, describe_error
 from polykv.files import atomic_write_text, parse_json, read_text
+from polykv.text import check_text
 
 FORMAT = "polykv.plan"
 VERSION = 1
@@ -111,6 +112,17 @@ class Plan(BaseModel):
     allocation: Literal["fixed", "native"] = "fixed"
     provenance: dict[str, Any] = Field(default_factory=dict)
     layers: list[LayerPlan] = Field(min_length=1)
+
+    # Names and descriptions are printed in tables and on terminals: no escape sequences, no forged lines.
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, value: str) -> str:
+        return check_text(value)
+
+    @field_validator("description")
+    @classmethod
+    def _plain_description(cls, value: str) -> str:
+        return check_text(value, allowed="\n\t")
 
     @property
     def num_layers(self) -> int:
@@ -209,9 +221,14 @@ class Plan(BaseModel):
         num_layers: int | None,
         catalog: Mapping[str, MethodInfo],
         context_length: int | None = None,
+        within_context: bool = False,
     ) -> list[str]:
         """Every way this plan does not fit a model with `num_layers` layers and a context of
         `context_length` tokens (None: not checked), and the known methods.
+
+        `within_context`: capacities and intervals above the context are problems too. That is for a plan
+        a user hands PolyKV for a known model; a budget sweep may go past the context on purpose (such a
+        layer never evicts: it runs as FullKV), so runs leave it off.
 
         A plan with the wrong number of layers (or more than MAX_LAYERS) gets that one problem only:
         its layers are not worth checking one by one."""
@@ -254,6 +271,8 @@ class Plan(BaseModel):
                         f"{where}, interval: an eviction interval applies to the decode phase only (prefill "
                         f"evicts once, at the end of the prompt); leave it out or set 1 (got {a.interval})"
                     )
+                if within_context and context_length is not None:
+                    found.extend(f"{where}, {p}" for p in _over_context(a, context_length))
                 key = (a.method, _params_key(a.params), a.capacity)
                 if key not in checked:
                     checked[key] = _check(info, a.params, a.capacity, context_length)
@@ -300,8 +319,9 @@ class Plan(BaseModel):
         num_layers: int | None,
         catalog: Mapping[str, MethodInfo],
         context_length: int | None = None,
+        within_context: bool = False,
     ) -> Plan:
-        found = self.problems(num_layers, catalog, context_length)
+        found = self.problems(num_layers, catalog, context_length, within_context)
         if found:
             raise PlanError(found)
         return self
@@ -386,6 +406,16 @@ def _check(info: MethodInfo, params: Mapping[str, Any], capacity: int | None, co
     if context_length is None:
         return list(info.check(params, capacity))
     return list(info.check(params, capacity, context_length))
+
+
+def _over_context(a: PhaseAssignment, context_length: int) -> list[str]:
+    """A capacity or an interval longer than the model's context: such a layer never evicts, and its
+    slots are memory held for tokens that cannot come."""
+    return [
+        f"{name}: {value} is more than the model's context ({context_length} tokens)"
+        for name, value in (("capacity", a.capacity), ("interval", a.interval))
+        if value is not None and value > context_length
+    ]
 
 
 def _params_key(params: Mapping[str, Any]) -> str:

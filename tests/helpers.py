@@ -49,6 +49,21 @@ SLOW_FIDELITY = FidelitySettings(
 )
 
 
+# ---- model configs PolyKV refuses ------------------------------------------------------------------------
+BERT_CONFIG = {  # a real architecture that PolyKV does not run (transformers would load it as a causal LM)
+    "architectures": ["BertForMaskedLM"],
+    "model_type": "bert",
+    "hidden_size": 64,
+    "num_hidden_layers": 5,
+    "num_attention_heads": 4,
+    "intermediate_size": 128,
+    "vocab_size": 512,
+    "max_position_embeddings": 512,
+}
+# A Llama config whose weights no machine holds (hidden_size 10^9: about 4e18 bytes).
+HUGE_CONFIG = {**BERT_CONFIG, "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 10**9}
+
+
 # ---- tiny random-weight models of every supported family -----------------------------------------
 _COMMON = dict(
     vocab_size=96,
@@ -506,9 +521,10 @@ def random_sequences(n: int, length: int, vocab: int, seed: int = 1, bos: int = 
 
 
 # ---- GGUF files ------------------------------------------------------------------------------------------
-def write_tiny_gguf(path: Path, architecture: str = "llama", layers: int = 2) -> Path:
+def write_tiny_gguf(path: Path, architecture: str = "llama", layers: int = 2, random_bytes: bool = False) -> Path:
     """A tiny random-weight GGUF model file (float32 tensors, a byte-level BPE vocabulary and a chat template),
-    written with the `gguf` package the way llama.cpp lays one out."""
+    written with the `gguf` package the way llama.cpp lays one out. `random_bytes`: the header and the
+    tensor table are real, the tensor data random bytes (NaN and infinities among them), as in a damaged file."""
     import gguf
     import numpy as np
     from transformers.convert_slow_tokenizer import bytes_to_unicode
@@ -543,7 +559,10 @@ def write_tiny_gguf(path: Path, architecture: str = "llama", layers: int = 2) ->
     rng = np.random.default_rng(0)
 
     def tensor(name: str, *shape: int) -> None:
-        writer.add_tensor(name, (rng.standard_normal(shape) * 0.05).astype(np.float32))
+        if random_bytes:
+            writer.add_tensor(name, np.frombuffer(rng.bytes(4 * int(np.prod(shape))), np.float32).reshape(shape))
+        else:
+            writer.add_tensor(name, (rng.standard_normal(shape) * 0.05).astype(np.float32))
 
     tensor("token_embd.weight", len(tokens), d)
     writer.add_tensor("output_norm.weight", np.ones(d, np.float32))

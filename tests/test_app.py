@@ -23,7 +23,17 @@ from polykv.eval.compare import macro_average
 from polykv.eval.store import Store
 from polykv.methods import REGISTRY
 from polykv.plan import Plan
-from tests.helpers import MIXED, REPO, button, fake_run, open_app, texts, wait_for_job
+from tests.helpers import (
+    BERT_CONFIG,
+    HUGE_CONFIG,
+    MIXED,
+    REPO,
+    button,
+    fake_run,
+    open_app,
+    texts,
+    wait_for_job,
+)
 
 TINY_SETTINGS = {
     "tasks": ["prose", "stories"],
@@ -233,6 +243,33 @@ def test_a_model_path_that_does_not_exist_is_reported_and_the_demo_model_stays(a
     assert "Model: **demo** on cpu, 5 layers" in texts(at.sidebar.caption)
     assert current_plan(at) == before
     assert texts(at.title) == ["Plan designer"]
+
+
+@pytest.mark.parametrize(
+    ("config", "reason"),
+    [
+        (BERT_CONFIG, "model_type 'bert'; PolyKV runs Llama, Mistral, Qwen2 and Qwen3 models"),
+        (HUGE_CONFIG, "GiB, the device (cpu) has"),
+    ],
+)
+def test_the_model_field_refuses_a_model_polykv_cannot_run_and_the_demo_model_stays(app_env, config, reason):
+    (app_env / "m").mkdir()
+    (app_env / "m" / "config.json").write_text(json.dumps(config))
+    at = open_app()
+    before = current_plan(at)
+    load_in_sidebar(at, str(app_env / "m"))
+    assert not at.exception
+    (error,) = texts(at.sidebar.error)
+    assert error.startswith(f"Could not load model '{app_env / 'm'}' on cpu: ") and reason in error, error
+    assert at.session_state["model"] == ("demo", "cpu") and current_plan(at) == before
+
+
+def test_a_capacity_past_the_models_context_is_refused_in_the_designer(app_env):
+    at = open_app()
+    before = current_plan(at)
+    paint_selection(at, [1], "decode", "h2o", 1_048_576)
+    assert any("capacity: 1048576 is more than the model's context (512 tokens)" in e for e in texts(at.error))
+    assert current_plan(at) == before
 
 
 def test_heterogeneity_page_draws_support_sizes_and_density(app_env):

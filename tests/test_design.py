@@ -177,6 +177,13 @@ def test_save_plan_writes_a_safe_file_and_overwrites_only_when_told(mixed, tmp_p
         design.save_plan(mixed, tmp_path, "  ")
 
 
+@pytest.mark.parametrize("name", ["red\x1b[31m", "two\nlines", "txt\u202egpj.exe"])
+def test_save_plan_refuses_a_name_with_control_characters_and_writes_nothing(mixed, tmp_path, name):
+    with pytest.raises(PlanError, match=r"plan name: must not hold control characters \(found U\+"):
+        design.save_plan(mixed, tmp_path, name)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_phase_choices_name_phases_and_a_selection_names_a_choice():
     assert design.PHASE_CHOICES == ("both", "prefill", "decode")
     assert design.phase_values("both") == ("prefill", "decode")

@@ -1,21 +1,30 @@
 """GGUF files as models: `--model file.gguf` and the embedded `smollm2` (converted once into a cached Hugging
 Face directory), and the one-line errors for a missing package, a file that is not (a whole) GGUF and an
-architecture PolyKV does not run. The files here are tiny GGUF models written by the test."""
+architecture PolyKV does not run; hostile files (a sparse tail, random tensor data) refused before they cost
+anything, and a conversion killed midway cleaned up by the next. The files here are tiny GGUF models
+written by the test."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import struct
+import subprocess
+import sys
 import threading
 from importlib import metadata
 
 import pytest
 import torch
 
-from polykv.models import config_dimensions, load_model, resolve_model_path
+from polykv.files import file_lock
+from polykv.models import config_dimensions, load_model, resolve_model_path, support
 from polykv.models import gguf as gguf_module
+from polykv.models.gguf_layout import read_layout
 from polykv.plan import Plan
 from polykv.runtime import routed
-from tests.helpers import assert_one_line_error, write_tiny_gguf
+from tests.helpers import REPO, assert_one_line_error, run_cli, stop, write_tiny_gguf
 
 
 @pytest.fixture
@@ -98,3 +107,104 @@ def test_bad_gguf_files_are_one_line(polykv, tmp_path):
     assert not (tmp_path / "home" / "models").exists() or not any(
         "gguf-" in p.name and not p.name.startswith(".") for p in (tmp_path / "home" / "models").iterdir()
     )  # nothing was converted
+
+
+# ---- hostile GGUF files ----------------------------------------------------------------------------------
+def cached(home) -> list[str]:
+    """What the model cache holds besides lock files."""
+    models = home / "models"
+    return sorted(p.name for p in models.iterdir() if not p.name.endswith(".lock")) if models.exists() else []
+
+
+def test_a_sparse_tail_is_refused_from_the_structure_before_the_file_is_hashed(tmp_path, home, monkeypatch):
+    path = write_tiny_gguf(tmp_path / "tail.gguf")
+    os.truncate(path, 200 * 2**30)  # a real header and tensors, then 200 GB of holes: hashing it would take minutes
+
+    def never(path):
+        raise AssertionError("hashed before its structure was checked")
+
+    monkeypatch.setattr(gguf_module, "_sha256", never)
+    with pytest.raises(gguf_module.GGUFError, match="bytes follow its last tensor"):
+        resolve_model_path(str(path))
+    # the CLI as a real process: a hang (the file hashed) fails the test by the timeout
+    env = {**os.environ, "POLYKV_HOME": str(home), "HF_HUB_OFFLINE": "1"}
+    result = run_cli("plan", "validate", "plans/demo/full.json", "--model", str(path), cwd=REPO, env=env, timeout=60)
+    assert_one_line_error(result, f"{path}: not a GGUF file PolyKV reads", "bytes follow its last tensor")
+    assert cached(home) == []
+
+
+def test_tensor_data_that_is_not_finite_is_refused_and_nothing_is_cached(tmp_path, home, polykv):
+    path = write_tiny_gguf(tmp_path / "random.gguf", random_bytes=True)  # the real header, random tensor data
+    result = polykv("plan", "validate", "plans/demo/full.json", "--model", str(path))
+    assert_one_line_error(result, f"{path}: tensor ", "holds NaN or infinite values once dequantized")
+    assert cached(home) == []  # no converted directory, no partial one
+
+
+def test_a_conversion_that_cannot_fit_in_memory_is_refused_before_it_starts(tmp_path, home, monkeypatch):
+    path = write_tiny_gguf(tmp_path / "tiny.gguf")
+    monkeypatch.setattr(support, "device_memory", lambda device: 1000)
+    with pytest.raises(support.ModelTooLargeError, match=r"weights in float32\) needs about 0\.0 GiB, the device"):
+        resolve_model_path(str(path))
+    assert cached(home) == []
+
+
+def test_the_dequantization_bar_is_drawn_only_on_a_terminal(tmp_path, home, capfd):
+    resolve_model_path(str(write_tiny_gguf(tmp_path / "tiny.gguf", layers=3)))
+    assert "GGUF tensors" not in capfd.readouterr().err  # stderr is not a terminal here
+
+
+KILLED_CONVERSION = """
+import os, sys, time
+from polykv.models import gguf, resolve_model_path
+
+def write_then_hang(path, out, info, digest):
+    (out / "model.safetensors").write_bytes(b"half written")
+    print("converting", flush=True)
+    time.sleep(600)
+
+gguf._write_converted = write_then_hang
+resolve_model_path(sys.argv[1])
+"""
+
+
+def test_a_conversion_killed_midway_leaves_a_clean_cache_on_the_next_run(tmp_path, home):
+    path = write_tiny_gguf(tmp_path / "tiny.gguf")
+    env = {**os.environ, "POLYKV_HOME": str(home)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED_CONVERSION, str(path)], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout.readline().strip() == "converting"
+        child.send_signal(signal.SIGKILL)  # as kill -9: no clean-up runs
+        child.wait(timeout=60)
+    finally:
+        stop(child)
+    (partial,) = [name for name in cached(home) if ".partial-" in name]
+    # another conversion still in progress (its lock held) is left alone
+    busy = home / "models" / ".gguf-0123456789abcdef.partial-xyz"
+    busy.mkdir()
+    with file_lock(home / "models" / ".gguf-0123456789abcdef.lock"):
+        directory = resolve_model_path(str(path))
+        assert cached(home) == sorted([busy.name, gguf_module.Path(directory).name])
+    assert partial not in cached(home)
+
+
+def test_the_layout_read_from_the_header_is_what_the_gguf_reader_finds(tmp_path):
+    from gguf import GGUFReader
+
+    for path in (write_tiny_gguf(tmp_path / "a.gguf"), write_tiny_gguf(tmp_path / "b.gguf", "qwen3", layers=3)):
+        reader, layout = GGUFReader(str(path)), read_layout(path)
+        assert layout.tensors == len(reader.tensors) and layout.alignment == reader.alignment
+        assert layout.data_end == max(int(t.data_offset) + int(t.n_bytes) for t in reader.tensors)
+        assert layout.parameters == sum(int(t.n_elements) for t in reader.tensors)
+        assert layout.strings["general.name"] == "tiny-test"
+
+
+def test_a_header_that_claims_absurd_counts_is_refused_at_once(tmp_path):
+    data = bytearray(write_tiny_gguf(tmp_path / "tiny.gguf").read_bytes())
+    for at, what in ((8, "tensors"), (16, "metadata keys")):
+        damaged = tmp_path / f"{what}.gguf"
+        damaged.write_bytes(data[:at] + struct.pack("<Q", 2**62) + data[at + 8 :])
+        os.truncate(damaged, 200 * 2**30)  # what the counts would have it read: a long, empty tail
+        with pytest.raises(gguf_module.GGUFError, match=f"not a complete GGUF file .*{what}"):
+            gguf_module.gguf_info(damaged)

@@ -21,8 +21,20 @@ from pathlib import Path
 import pytest
 
 from polykv.errors import FileError, PolyKVError, SettingsError
+from polykv.eval.store import Store
 from polykv.plan import Plan, PlanError
-from tests.helpers import MIXED, REPO, assert_one_line_error, button, open_app, run_cli, slow_after
+from tests.helpers import (
+    BERT_CONFIG,
+    HUGE_CONFIG,
+    MIXED,
+    REPO,
+    assert_one_line_error,
+    button,
+    fake_run,
+    open_app,
+    run_cli,
+    slow_after,
+)
 
 REAL_PROFILE = next((REPO / "docs" / "demo-study" / "profiles").iterdir())
 
@@ -71,6 +83,24 @@ def model_dir(folder: Path, config) -> str:
 def fifo(folder: Path, name: str) -> str:
     os.mkfifo(folder / name)
     return name
+
+
+def special_database(sidecar: str = "", device: bool = False, command: tuple[str, ...] = ("runs",)):
+    """A workspace whose results database is a FIFO, or a link to /dev/zero (`device`), or a real database
+    with a FIFO as its `sidecar` ("-wal", "-shm"); then `command` on it."""
+
+    def setup(folder: Path) -> list[str]:
+        ws = folder / "ws"
+        ws.mkdir()
+        if sidecar:
+            write(ws, "results.sqlite", b"")
+        if device:
+            os.symlink("/dev/zero", ws / "results.sqlite")
+        else:
+            fifo(ws, "results.sqlite" + sidecar)
+        return [*command, "-w", "ws"]
+
+    return setup
 
 
 def nested(levels: int) -> str:
@@ -199,6 +229,27 @@ CLI_CASES: dict[str, Case] = {
         plan_file(MIXED.read_text().replace('"capacity": 48', '"capacity": NaN', 1)), "NaN is not a number"
     ),
     "plan-huge-integer": Case(plan_file(HUGE_INT), "limit"),
+    "plan-duplicate-key": Case(
+        plan_file(MIXED.read_text().replace('"layers": [', '"layers": [], "layers": [', 1)),
+        'key "layers" appears twice in one object',
+    ),
+    "plan-capacity-over-context": Case(
+        plan_file(with_layer(1, "decode", method="tova", capacity=1_048_576)),
+        "layer 1, decode, capacity: 1048576 is more than the model's context (512 tokens)",
+    ),
+    "plan-interval-over-context": Case(
+        plan_file(with_layer(1, "decode", method="tova", capacity=48, interval=600)),
+        "layer 1, decode, interval: 600 is more than the model's context (512 tokens)",
+    ),
+    "plan-capacity-over-context-in-generate": Case(
+        plan_file(with_layer(1, "decode", method="tova", capacity=1_048_576), ("generate", "--plan"), ()),
+        "capacity: 1048576 is more than the model's context",
+    ),
+    "plan-name-escape": Case(
+        plan_file(mixed(name="red\x1b[31m")), "name: must not hold control characters (found U+001B)"
+    ),
+    "plan-name-right-to-left": Case(plan_file(mixed(name="plan\u202egpj.exe")), "found U+202E"),
+    "plan-description-escape": Case(plan_file(mixed(description="a\nb\x1b]0;x\x07")), "description: must not hold"),
     "plan-unknown-field": Case(plan_file(mixed(colour="red")), "colour: unknown field"),
     "plan-missing-name": Case(
         plan_file({k: v for k, v in mixed().items() if k != "name"}), "name: required field is missing"
@@ -346,6 +397,36 @@ CLI_CASES: dict[str, Case] = {
         lambda f: ["plan", "validate", str(MIXED), "--model", model_dir(f, {"num_hidden_layers": "5"})],
         "no num_hidden_layers",
     ),
+    "model-config-duplicate-key": Case(
+        lambda f: [
+            "plan",
+            "validate",
+            str(MIXED),
+            "--model",
+            model_dir(f, '{"num_hidden_layers": 5, "num_hidden_layers": 9}'),
+        ],
+        'key "num_hidden_layers" appears twice',
+    ),
+    "model-generate-bert": Case(
+        lambda f: ["generate", "--model", model_dir(f, BERT_CONFIG)],
+        "model_type 'bert'; PolyKV runs Llama, Mistral, Qwen2 and Qwen3 models",
+    ),
+    "model-profile-bert": Case(
+        lambda f: ["profile", "--model", model_dir(f, BERT_CONFIG)], "PolyKV runs Llama, Mistral, Qwen2 and Qwen3"
+    ),
+    "model-bert-directory": Case(
+        lambda f: ["plan", "validate", str(MIXED), "--model", model_dir(f, BERT_CONFIG)], "model_type 'bert'"
+    ),
+    "model-huge-in-eval": Case(  # refused before the results database is created
+        lambda f: ["eval", "--model", model_dir(f, HUGE_CONFIG)], "GiB, the device (cpu) has"
+    ),
+    "model-huge-in-generate": Case(
+        lambda f: ["generate", "--model", model_dir(f, HUGE_CONFIG)], "GiB, the device (cpu) has"
+    ),
+    "model-hub-id-offline": Case(
+        ["plan", "validate", str(MIXED), "--model", "org/model"],
+        "model 'org/model' is not in the local Hugging Face cache and offline mode is on",
+    ),
     "corpus-file-missing": Case(["profile", "--sources", "file:/no/such.txt"], "no such file /no/such.txt"),
     "corpus-file-fifo": Case(
         lambda f: ["profile", "--sources", f"file:{f / fifo(f, 'c.txt')}"], "is not a regular file"
@@ -371,7 +452,14 @@ CLI_CASES: dict[str, Case] = {
     "store-text-file": Case(damaged_database(b"hello, this is not a database\n" * 10), "damaged results database"),
     "store-foreign-database": Case(damaged_database(foreign=True), "not a PolyKV results database"),
     "store-newer-schema": Case(damaged_database(version=999), "newer PolyKV"),
+    "store-a-fifo": Case(special_database(), "ws/results.sqlite: a FIFO, not a results database file"),
+    "store-wal-a-fifo": Case(special_database("-wal"), "ws/results.sqlite-wal: a FIFO, not a results database file"),
+    "store-shm-a-fifo": Case(special_database("-shm"), "ws/results.sqlite-shm: a FIFO"),
+    "store-a-device": Case(special_database(device=True), "a device, not a results database file"),
     "compare-unknown-runs": Case(["compare", "aaa", "bbb", "-w", "ws"], "no run"),
+    "compare-a-fifo": Case(
+        special_database(command=("compare", "aaa", "bbb")), "ws/results.sqlite: a FIFO, not a results database"
+    ),
     # ---- jobs
     "job-id-with-slash": Case(["jobs", "cancel", "../../etc/passwd", "-w", "ws"], "job id"),
     "job-id-dotdot": Case(["jobs", "resume", "..", "-w", "ws"], "job id"),
@@ -532,11 +620,38 @@ def test_a_bug_is_reported_in_one_line_and_its_traceback_only_under_polykv_debug
     assert loud.returncode == 1 and "Traceback" in loud.stderr and "simulated bug" in loud.stderr
 
 
+def test_runs_escapes_what_it_prints_from_the_database(tmp_path):
+    store = Store(tmp_path / "ws" / "results.sqlite")
+    fake_run(store, "r1", {"t": {"kl": 0.1}}, plan_name="evil\nr2  forged  fidelity", model="\x1b[31mred\u202e")
+    result = cli(["runs", "-w", "ws"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2 and lines[1].startswith("r1 ")  # the header and one row: no forged line
+    assert "evil\\nr2  forged" in lines[1] and "\\x1b[31mred\\u202e" in lines[1]
+    assert not any(c in result.stdout for c in "\x1b\u202e")
+
+
 # ---- the Python API ----------------------------------------------------------------------------------
 def test_the_api_refuses_a_plan_with_millions_of_layers_before_validating_them():
     data = {"name": "huge", "scope": "decode", "layers": [{"decode": {"method": "tova", "capacity": 8}}] * 1_800_000}
     with pytest.raises(PlanError, match="layers"):
         Plan.from_dict(data)
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('{"a": 1, "a": 2}', "a"),
+        ('[{"x": {"b": 1, "b": 1}}]', "b"),
+        ('{"name": "x", "layers": [], "layers": []}', "layers"),
+    ],
+)
+def test_the_api_refuses_json_with_a_key_twice_in_one_object(text, key):
+    from polykv.files import parse_json
+
+    with pytest.raises(FileError, match=f'what: key "{key}" appears twice in one object'):
+        parse_json(text, "what")
+    assert parse_json('{"a": {"b": 1}, "b": {"a": 2}}') == {"a": {"b": 1}, "b": {"a": 2}}  # once per object is fine
 
 
 def test_the_api_refuses_bytes_that_are_not_text_and_json_that_nests_too_deep():

@@ -204,5 +204,5 @@ def test_an_upward_import_is_caught():
     ]
 
 
-def test_plan_imports_only_errors_and_files():
-    assert GRAPH["polykv.plan"] <= {"polykv.errors", "polykv.files"}, sorted(GRAPH["polykv.plan"])
+def test_plan_imports_only_errors_files_and_text():
+    assert GRAPH["polykv.plan"] <= {"polykv.errors", "polykv.files", "polykv.text"}, sorted(GRAPH["polykv.plan"])

@@ -271,6 +271,19 @@ def test_capacity_is_at_most_max_tokens_and_may_exceed_the_models_context():
     assert validate_plan(plan, 2, 4096) is plan and validate_plan(plan, 2, context_length=2048) is plan
 
 
+def test_a_plan_for_a_known_model_keeps_capacities_and_intervals_within_its_context():
+    plan = Plan.homogeneous("h2o", 4096, 2)
+    with pytest.raises(
+        PlanError, match=r"layer 0, prefill, capacity: 4096 is more than the model's context \(2048 tokens\)"
+    ):
+        validate_plan(plan, 2, 2048, within_context=True)
+    assert validate_plan(plan, 2, 4096, within_context=True) is plan  # the whole context is allowed
+    data = Plan.homogeneous("tova", 64, 2, "decode").to_dict()
+    data["layers"][1]["decode"]["interval"] = 3000
+    with pytest.raises(PlanError, match="layer 1, decode, interval: 3000 is more than the model's context"):
+        validate_plan(Plan.from_dict(data), 2, 2048, within_context=True)
+
+
 def test_context_check_reaches_every_token_parameter_through_validate_plan():
     plan = Plan.homogeneous("snapkv", 512, 2, "prefill", params={"window": 300, "kernel_size": 301})
     assert validate_plan(plan, 2) is plan and validate_plan(plan, 2, 512) is plan

@@ -1,7 +1,9 @@
-"""The results database is safe to read: a read-only store creates and changes nothing (also in a
-read-only workspace, for the CLI and the app), a damaged, foreign or newer database is one line of error,
-a run whose worker was killed reads as "stopped" and resumes, and a version-1 database is read as it is
-and migrated when opened for writing.
+"""The results database is safe to read: a read-only store changes nothing and creates nothing in a
+read-only workspace (for the CLI and the app; in a writable one only SQLite's empty sidecars, which the
+next writer removes), a damaged, foreign or newer database is one line of error, a FIFO or a device in
+its place is refused before SQLite opens it (by readers and writers alike), a run whose worker was killed
+reads as "stopped" and resumes, and a version-1 database is read as it is and migrated when opened for
+writing.
 
 A read-only workspace must be read-only for real. As root, file permissions do not bind, so the CLI and
 the app run in a child process without root's power over files: as user 65534 where that user can run
@@ -479,6 +481,76 @@ def test_the_pages_on_a_missing_workspace_create_nothing(app_env):
     assert any("No runs in" in i for i in pages["runs"]["info"])
     assert pages["compare"]["exceptions"] == [] and any("No finished run yet" in i for i in pages["compare"]["info"])
     assert not (app_env / "ws").exists()
+
+
+# ---- FIFOs and devices: SQLite would block on opening a FIFO, so each runs in a child process under a timeout --
+_OPEN_EACH_WAY = """
+import sys
+from polykv.eval.store import Store
+from polykv.errors import StoreError
+for readonly in (True, False):
+    try:
+        Store(sys.argv[1], readonly=readonly).runs()
+        print("opened")
+    except StoreError as exc:
+        print("StoreError:", exc)
+"""
+
+
+@pytest.mark.parametrize("special", ["results.sqlite", "results.sqlite-wal", "results.sqlite-shm", "device"])
+def test_a_fifo_or_device_is_refused_before_sqlite_opens_it_by_readers_and_writers(tmp_path, special):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    if special == "device":
+        os.symlink("/dev/zero", ws / "results.sqlite")
+    else:
+        if special != "results.sqlite":
+            fake_run(Store(ws / "results.sqlite"), "r", {"t": {"kl": 0.1}})  # a real database beside it
+        os.mkfifo(ws / special)
+    before = sorted(p.name for p in ws.iterdir())
+    result = subprocess.run(
+        [sys.executable, "-c", _OPEN_EACH_WAY, str(ws / "results.sqlite")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    kind = "a device" if special == "device" else "a FIFO"
+    where = ws / ("results.sqlite" if special == "device" else special)
+    assert result.stdout.splitlines() == [f"StoreError: {where}: {kind}, not a results database file"] * 2, result
+    assert sorted(p.name for p in ws.iterdir()) == before
+
+
+@pytest.mark.slow  # the app's pages in a child process (under a timeout: a hang fails the test)
+def test_the_runs_and_compare_pages_refuse_a_fifo_database_inline(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    os.mkfifo(ws / "results.sqlite")
+    env = {**os.environ, "POLYKV_WORKSPACE": str(ws), "POLYKV_PLANS": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", _APP_DRIVER, APP], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400
+    )
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    assert result.returncode == 0 and lines, result.stdout[-3000:] + result.stderr[-3000:]
+    for page, shown in json.loads(lines[-1][len("RESULT ") :]).items():
+        assert shown["exceptions"] == [], (page, shown)
+        assert f"{ws / 'results.sqlite'}: a FIFO, not a results database file" in shown["errors"], (page, shown)
+
+
+# ---- what a reader leaves in a writable workspace (README: Files, workspace and errors) ------------------------
+def test_a_reader_in_a_writable_workspace_leaves_only_sqlites_empty_sidecars_which_the_next_writer_removes(
+    tmp_path, polykv
+):
+    ws = tmp_path / "ws"
+    fake_run(Store(ws / "results.sqlite"), "r", {"t": {"kl": 0.1}})
+    assert sorted(p.name for p in ws.iterdir()) == ["results.sqlite"]  # the writer folded its log in
+    data = (ws / "results.sqlite").read_bytes()
+    assert polykv("runs", "-w", str(ws)).returncode == 0
+    # SQLite's read-only reader of a WAL database needs the log's index; it cannot remove it after itself
+    assert sorted(p.name for p in ws.iterdir()) == sorted(["results.sqlite", *SIDECARS])
+    assert (ws / "results.sqlite").read_bytes() == data and (ws / "results.sqlite-wal").stat().st_size == 0
+    fake_run(Store(ws / "results.sqlite"), "r2", {"t": {"kl": 0.2}})
+    assert sorted(p.name for p in ws.iterdir()) == ["results.sqlite"]
 
 
 # ---- (d) workers ---------------------------------------------------------------------------------------------

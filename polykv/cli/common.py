@@ -6,14 +6,16 @@ Nothing here imports torch or transformers at module level: the commands that to
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from polykv.errors import FileError
+from polykv.files import parse_json
 from polykv.plan import Plan
+from polykv.text import printable
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PLANS_DIR = REPO_ROOT / "plans"
@@ -71,13 +73,14 @@ def _num_layers(model: str) -> int:
     return config_dimensions(model).num_layers
 
 
-def _checked_plan(path: Path, model: str) -> Plan:
-    """A plan file checked against the model's config (layers, context) before any weights load."""
+def _checked_plan(path: Path, model: str, device: str | None = None) -> Plan:
+    """A plan file checked against the model's config (layers, context; with `device`, the memory the
+    model needs there) before any weights load."""
     from polykv.methods import validate_plan
     from polykv.models import config_dimensions
 
-    dims = config_dimensions(model)
-    return validate_plan(Plan.load(path), dims.num_layers, dims.context_length)
+    dims = config_dimensions(model, device)
+    return validate_plan(Plan.load(path), dims.num_layers, dims.context_length, within_context=True)
 
 
 def _profile_for(profile_dir: Path, model: str):
@@ -119,6 +122,8 @@ def _suite_settings(
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    """Rows under a header, in aligned columns; every cell escaped (it may come from a database or a file)."""
+    rows = [tuple(printable(str(cell)) for cell in row) for row in rows]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         typer.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
@@ -131,7 +136,7 @@ def _parse_params(items: list[str]) -> dict:
         if not sep or not name:
             raise ValueError(f"--param {item!r}: expected NAME=VALUE, e.g. --param window=16")
         try:
-            params[name] = json.loads(value)
-        except json.JSONDecodeError:
+            params[name] = parse_json(value)
+        except FileError:
             params[name] = value  # a bare string such as pooling=avg
     return params

@@ -21,6 +21,7 @@ from polykv.cli.common import (
     _table,
 )
 from polykv.cli.progress import Progress
+from polykv.text import printable
 
 
 def evaluate(
@@ -46,7 +47,7 @@ def evaluate(
 
     bars = Progress()  # the local backend reports every sample here; the others report in the store
     runs_on = backend_named(backend, load=_load_model, progress=bars.sample)  # an unknown name fails first
-    loaded = _checked_plan(plan, model)  # bad input fails before anything is written
+    loaded = _checked_plan(plan, model, device)  # bad input fails before anything is written
     settings = _suite_settings(suite, samples, tasks, prompt_tokens, settings_json, model)
     store = Store(workspace / "results.sqlite")
     unit = Unit.of(model, loaded, suite, settings, seed, device)
@@ -150,7 +151,7 @@ def compare(
     a_id = sample_view.resolve_run(store, run_a, str(workspace))
     b_id = sample_view.resolve_run(store, run_b, str(workspace))
     result = compare_runs(store, a_id, b_id, metric, seed)
-    name = {r["id"]: r["plan_name"] for r in store.runs()}
+    name = {r["id"]: printable(r["plan_name"]) for r in store.runs()}
     typer.echo(
         f"A = {a_id} ({name[a_id]}), B = {b_id} ({name[b_id]}); metric {metric} "
         f"({'higher' if result.sign > 0 else 'lower'} is better)"
@@ -160,7 +161,7 @@ def compare(
         [(task, f"{a:.4f}", f"{b:.4f}", f"{d:+.4f}") for task, a, b, d in result.table.itertuples(index=False)],
     )
     for line in result.lines():
-        typer.echo(line)
+        typer.echo(printable(line))
     if samples:
         _differing_samples(store, a_id, b_id, width)
 

@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from polykv.cli.common import DEFAULT_WORKSPACE, WorkspaceOption, _table
+from polykv.text import printable
 
 
 def jobs_list(workspace: WorkspaceOption = DEFAULT_WORKSPACE) -> None:
@@ -20,7 +21,7 @@ def jobs_list(workspace: WorkspaceOption = DEFAULT_WORKSPACE) -> None:
         rows.append((job.id, job.kind, job.title, state.status, f"{state.fraction:.0%}", job.created[:19]))
     _table(("job", "kind", "title", "status", "done", "created"), rows)
     for bad in damaged:  # one line each; the valid jobs above are listed all the same
-        typer.echo(f"damaged: {bad.path}: {bad.reason}")
+        typer.echo(printable(f"damaged: {bad.path}: {bad.reason}"))
 
 
 def jobs_cancel(

@@ -46,7 +46,7 @@ def generate(
     from polykv.models import num_layers
     from polykv.runtime import routed
 
-    routed_plan = _checked_plan(plan, model)  # bad input fails before the weights load
+    routed_plan = _checked_plan(plan, model, device)  # bad input fails before the weights load
     hf_model, tokenizer = _load_model(model, device)
     ids = tokenizer(prompt, return_tensors="pt").input_ids.to(device)
     torch.manual_seed(seed)
@@ -94,7 +94,7 @@ def plan_validate(
     loaded = Plan.load(path)
     dims = config_dimensions(model) if model and layers is None else None
     num_layers = layers if layers is not None else (dims.num_layers if dims else None)
-    validate_plan(loaded, num_layers, dims.context_length if dims else None)
+    validate_plan(loaded, num_layers, dims.context_length if dims else None, within_context=True)
     against = f" for a {num_layers}-layer model" if num_layers is not None else ""
     typer.echo(f"ok: {path} is a valid plan{against} ({loaded.num_layers} layers, scope {loaded.scope.value})")
 

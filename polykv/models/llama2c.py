@@ -20,15 +20,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import struct
-import tempfile
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from polykv.errors import PolyKVError
+from polykv.files import read_json
+
+from .staging import staged
 from .tokenizer import SPECIAL_IDS, save_hf_tokenizer
 
 HEADER = struct.Struct("<7i")
@@ -240,15 +241,8 @@ def import_llama2c(checkpoint: Path, tokenizer: Path, out_dir: Path) -> Path:
     if out_dir.exists() and any(out_dir.iterdir()) and read_source_record(out_dir) is None:
         # The old directory is deleted on success: never do that to something we did not create.
         raise FileExistsError(f"{out_dir}: exists and is not a previous llama2.c import; choose another out_dir")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
-    try:
-        os.chmod(staging, 0o755)  # mkdtemp makes it private; the result is an ordinary directory
+    with staged(out_dir) as staging:
         _write_model_dir(staging, checkpoint, tokenizer, config, weights)
-        _replace_dir(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return out_dir
 
 
@@ -279,24 +273,9 @@ def _write_model_dir(
         os.chmod(file, 0o644)  # safetensors writes its file owner-only; keep the directory uniform
 
 
-def _replace_dir(new: Path, target: Path) -> None:
-    """Rename ``new`` to ``target``; an existing ``target`` is moved aside first, then deleted."""
-    if not target.exists():
-        os.rename(new, target)
-        return
-    old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
-    os.rename(target, old)
-    try:
-        os.rename(new, target)
-    except BaseException:
-        os.rename(old, target)  # put the previous import back
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def read_source_record(model_dir: Path) -> dict | None:
     """The ``polykv_source.json`` of an imported directory, or None if absent or unreadable."""
     try:
-        return json.loads((Path(model_dir) / SOURCE_RECORD).read_text())
-    except (OSError, ValueError):
+        return read_json(Path(model_dir) / SOURCE_RECORD, "source record")
+    except PolyKVError:
         return None

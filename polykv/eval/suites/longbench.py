@@ -51,14 +51,15 @@ Differences from the original:
 
 from __future__ import annotations
 
-import json
 import random
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from polykv.errors import FileError
 from polykv.eval.metrics import LONGBENCH_FIRST_LINE_TASKS, longbench_sample_score
+from polykv.files import parse_json
 from polykv.lazy import lazy_import, no_grad
 from polykv.models import context_length
 from polykv.plan import Plan
@@ -186,8 +187,8 @@ def read_task_file(task: str, path: str | Path) -> list[tuple[str, dict]]:
                 text = raw.decode("utf-8")
                 if not text.strip():
                     continue
-                record = json.loads(text)
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                record = parse_json(text)
+            except (UnicodeDecodeError, FileError) as exc:
                 warnings.warn(f"LongBench: skipped {where}: malformed JSON ({exc})", stacklevel=2)
                 continue
             if _keep(task, record, where):

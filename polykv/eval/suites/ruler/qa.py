@@ -7,12 +7,13 @@ Follows NVIDIA/RULER @ c3f5e3b4, ``scripts/data/synthetic/constants.py`` and
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+
+from polykv.files import parse_json
 
 from .common import _Builder, _seed_int
 from .settings import QA_FILES
@@ -48,7 +49,7 @@ def _load_qa(task: str, path: str) -> _QAData:
 @lru_cache(maxsize=4)
 def _read_qa(task: str, path: str, mtime_ns: int, size: int) -> _QAData:
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = parse_json(Path(path).read_text(encoding="utf-8"))
         data = _read_squad(data) if task == "qa_1" else _read_hotpot(data)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         kind = QA_FILES[task][1]
