@@ -165,3 +165,17 @@ class _Letters:
 def test_a_mode_the_suites_do_not_know_is_refused():
     with pytest.raises(ValueError, match="mode must be one of generate, score, both"):
         RulerSettings(mode="guess")
+
+
+def test_an_experiments_metric_chooses_the_question_suites_mode_unless_settings_name_one():
+    from polykv.cli.common import _suite_settings
+    from polykv.errors import SettingsError
+
+    ruler_json = '{"tasks": ["niah_single_1"], "samples_per_task": 1}'
+    assert _suite_settings("ruler", 1, None, 0, ruler_json, "demo", "answer_nll").mode == "score"
+    assert _suite_settings("ruler", 1, None, 0, ruler_json, "demo", "agreement").mode == "generate"
+    both = '{"tasks": ["niah_single_1"], "mode": "both"}'
+    assert _suite_settings("ruler", 1, None, 0, both, "demo", "answer_nll").mode == "both"  # named: kept
+    with pytest.raises(SettingsError, match="metric answer_nll is not reported in generate mode"):
+        _suite_settings("ruler", 1, None, 0, '{"mode": "generate"}', "demo", "answer_nll")
+    assert _suite_settings("ruler", 1, None, 0, ruler_json, "demo").mode == RulerSettings().mode  # no metric

@@ -130,3 +130,16 @@ def test_the_factorial_table_is_routing_by_allocation_and_the_primary_contrast_c
     assert contrasts["contrast"][0].startswith("primary: routing under uniform allocation")
     assert contrasts["difference"].tolist() == [0.1, 0.3, 0.1, 0.1]
     assert contrasts["wins / ties / losses"][0] == "2 / 0 / 1"
+
+
+def test_the_factorial_contrasts_carry_the_sample_level_test_and_what_it_could_detect():
+    tested = {"difference": 0.1, "low": 0.0, "high": 0.2, "wins": 2, "ties": 0, "losses": 1, "tasks": 3}
+    tested |= {"sample": {"p": 0.004, "mde": 0.05}, "task_mde": 0.3, "verdict": "better"}
+    old = {"difference": 0.1, "low": 0.0, "high": 0.2, "wins": 2, "ties": 0, "losses": 1, "tasks": 3}
+    data = {"routing_uniform": tested, "allocation_homogeneous": old, "allocation_routed": old, "interaction": old}
+    contrasts = charts.factorial_contrasts(data)
+    first = contrasts.iloc[0]
+    assert (first["sign-flip p (samples)"], first["detectable (80% power)"]) == (0.004, 0.05)
+    assert first["verdict"] == "better"
+    assert contrasts["verdict"].tolist()[1:] == ["", "", ""]  # a report from before samples were paired
+    assert contrasts["sign-flip p (samples)"].isna().tolist() == [False, True, True, True]

@@ -239,7 +239,7 @@ def test_ruler_niah_single_1_at_1k_with_fullkv_scores_at_least_90(smollm2):
     assert ruler.uses_chat_template(tokenizer, settings) and len(samples) == 10
     assert all(payload["prompt_ids"][0] == tokenizer.convert_tokens_to_ids("<|im_start|>") for _, _, payload in samples)
     full = Plan.homogeneous("full", None, LAYERS)
-    scores = [ruler.score_sample(model, full, payload, settings)["score"] for _, _, payload in samples]
+    scores = [ruler.score_sample(model, full, payload, settings).metrics["score"] for _, _, payload in samples]
     assert sum(scores) / len(scores) >= 90, scores
 
 

@@ -5,6 +5,7 @@ too), through the CLI command that writes the report."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -19,21 +20,30 @@ CALIBRATION = ["--calibration-sequences", "2", "--calibration-tokens", "128", "-
 
 
 def test_the_ruler_study_writes_a_report_traceable_to_its_runs(polykv, tmp_path):
+    """RULER as the primary workload scored by answer_nll (score mode, no generation), its samples per task
+    chosen by the pilot, accuracy generated beside it, the placement control on the fidelity KL suite and the
+    prefill route swept too. The demo model answers no RULER question, so the competence threshold is 0 here
+    (every task stays); the rule itself is the next test's."""
     out, workspace = tmp_path / "study.md", tmp_path / "ws"
-    ruler = {"tasks": ["niah_single_1", "niah_multikey_2", "fwe"], "length": 400, "samples_per_task": 1}
+    ruler = {"tasks": ["niah_single_1", "niah_multikey_2", "fwe"], "length": 400}
     result = polykv(
         "experiment", "study", "-o", str(out), "-w", str(workspace), "--suite", "ruler",
-        "--settings", json.dumps(ruler), "--metric", "score", "--placement-suite", "fidelity",
-        "--placement-settings", json.dumps(TINY), "--placement-metric", "kl", "--sweep-scopes", "prefill",
-        "--budget", "32", "--budgets", "16,32", "--k", "3", "--statistic", "cosine", *CALIBRATION,
+        "--settings", json.dumps(ruler), "--metric", "answer_nll", "--competence", "0", "--pilot-samples", "2",
+        "--samples", "auto", "--mde", "0.5", "--min-samples", "2", "--time-limit", "5", "--accuracy-samples", "1",
+        "--placement-suite", "fidelity", "--placement-settings", json.dumps(TINY), "--placement-metric", "kl",
+        "--sweep-scopes", "prefill", "--budget", "32", "--budgets", "16,32", "--k", "3", "--statistic", "cosine",
+        *CALIBRATION,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     text = out.read_text()
-    headings = ("Routing x allocation factorial", "Placement control", "Budget sweep of the decode route")
-    headings += ("Budget sweep of the prefill route", "Needles by method and budget", "Beside the paper")
+    headings = ("The workload, checked before any plan ran", "Routing x allocation factorial", "Placement control")
+    headings += ("Budget sweep of the decode route", "Budget sweep of the prefill route", "Accuracy beside it")
+    headings += ("Needles by method and budget", "Beside the paper", "The paper's Table 2", "The paper's Table 5")
     for heading in headings:
         assert heading in text, heading
     assert "niah_single_1, niah_multikey_2, fwe at 400 tokens" in text and "Wall time: profile" in text
+    assert "metric **answer_nll**" in text and "sign-flip permutation test over" in text
+    assert "with 80% power" in text and "abstract" not in text
     for figure in ("profile.png", "placement.png", "sweep-decode.png", "sweep-prefill.png", "niah.png"):
         assert (tmp_path / "study" / figure).stat().st_size > 1000, figure
     store = Store(workspace / "results.sqlite", readonly=True)
@@ -43,6 +53,42 @@ def test_the_ruler_study_writes_a_report_traceable_to_its_runs(polykv, tmp_path)
     suites = {runs[r]["suite"] for r in runs}
     assert suites == {"ruler", "fidelity"}  # the placements on the fidelity suite, the rest on RULER
     assert sum(runs[r]["suite"] == "fidelity" for r in runs) == 4  # the guided route and 3 placements
+    modes = {}
+    for run in runs.values():
+        if run["suite"] == "ruler":
+            settings = json.loads(run["settings"])
+            modes.setdefault(settings["mode"], []).append(run)
+    assert set(modes) == {"both", "score", "generate"}  # the FullKV pilot; the primary runs; accuracy
+    (pilot,) = modes["both"]
+    assert pilot["plan_name"] == "full-both" and json.loads(pilot["settings"])["samples_per_task"] == 2
+    for run in modes["score"] + modes["generate"]:
+        rows = store.samples(run["id"])
+        assert rows and all(row["gold"] and row["prompt"]["sha256"] for row in rows)
+        generated = json.loads(run["settings"])["mode"] == "generate"
+        assert all((row["prediction"] is not None) == generated for row in rows), run["plan_name"]
+        assert all(("answer_nll" in row["metrics"]) != generated for row in rows)
+    chosen = int(re.search(r"Samples per task: (\d+)", text).group(1))
+    assert chosen >= 2  # at least --min-samples
+    per_task = [json.loads(r["settings"])["samples_per_task"] for r in modes["score"]]
+    assert per_task.count(2) >= 1 and set(per_task) == {2, chosen}  # the anchor's pilot, then the chosen count
+
+
+def test_a_workload_fullkv_cannot_do_stops_the_study_before_any_other_plan_runs(polykv, tmp_path):
+    """The competence rule: the demo model's FullKV answers no RULER question, so at the default threshold
+    (20%) every task leaves the macro and the study stops with one line, having run FullKV's pilot alone."""
+    out, workspace = tmp_path / "study.md", tmp_path / "ws"
+    ruler = {"tasks": ["niah_single_1", "fwe"], "length": 400}
+    result = polykv(
+        "experiment", "study", "-o", str(out), "-w", str(workspace), "--suite", "ruler",
+        "--settings", json.dumps(ruler), "--metric", "answer_nll", "--pilot-samples", "2",
+        "--budget", "32", "--budgets", "16,32", "--k", "2", *CALIBRATION,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: FullKV is under 20% on every task of the pilot (niah_single_1 (FullKV 0.0)")
+    assert "Traceback" not in result.stderr and not out.exists()
+    runs = Store(workspace / "results.sqlite", readonly=True).runs()
+    assert [run["plan_name"] for run in runs] == ["full-both"]
 
 
 def test_the_fidelity_study_is_the_demo_study(polykv, tmp_path):
@@ -72,3 +118,14 @@ def test_study_settings_refuse_a_two_phase_route():
     with pytest.raises(ValueError, match="one phase"):
         StudySettings(sweep_scopes=("both",))
     assert StudySettings(scope="decode", sweep_scopes=("prefill", "decode")).swept == ("decode", "prefill")
+
+
+def test_study_settings_refuse_what_cannot_be_planned():
+    with pytest.raises(ValueError, match="automatic samples need a target"):
+        StudySettings(suite="ruler", auto_samples=True)
+    with pytest.raises(ValueError, match="automatic samples need a question suite"):
+        StudySettings(suite="fidelity", auto_samples=True, mde=0.1)
+    with pytest.raises(ValueError, match="competence threshold is a percentage"):
+        StudySettings(suite="ruler", competence_threshold=120)
+    with pytest.raises(ValueError, match="workers must be at least 1"):
+        StudySettings(workers=0)

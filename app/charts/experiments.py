@@ -246,17 +246,24 @@ FACTORIAL_CONTRASTS = {
 
 
 def factorial_contrasts(data: Mapping[str, Any]) -> pd.DataFrame:
-    """One row per contrast of a factorial report (primary first): difference, 95% CI, wins/ties/losses."""
-    return pd.DataFrame(
-        [
+    """One row per contrast of a factorial report (primary first): difference, 95% CI, wins/ties/losses, and
+    the sample-level test's p, the difference it could detect at 80% power and the verdict it gives (empty
+    for reports made before samples were paired)."""
+    rows = []
+    for key, label in FACTORIAL_CONTRASTS.items():
+        contrast = data[key]
+        sample = contrast.get("sample") or {}
+        rows.append(
             {
                 "contrast": label,
-                "difference": data[key]["difference"],
-                "95% CI low": data[key]["low"],
-                "95% CI high": data[key]["high"],
-                "wins / ties / losses": f"{data[key]['wins']} / {data[key]['ties']} / {data[key]['losses']}",
-                "tasks": data[key]["tasks"],
+                "difference": contrast["difference"],
+                "95% CI low": contrast["low"],
+                "95% CI high": contrast["high"],
+                "wins / ties / losses": f"{contrast['wins']} / {contrast['ties']} / {contrast['losses']}",
+                "tasks": contrast["tasks"],
+                "sign-flip p (samples)": sample.get("p"),
+                "detectable (80% power)": sample.get("mde", contrast.get("task_mde")),
+                "verdict": contrast.get("verdict", ""),
             }
-            for key, label in FACTORIAL_CONTRASTS.items()
-        ]
-    )
+        )
+    return pd.DataFrame(rows)

@@ -129,6 +129,8 @@ def show_factorial(data: dict) -> None:
     cols[0].metric("Primary: routed-uniform - homogeneous-uniform", f"{primary['difference']:+.4f}")
     cols[1].metric("95% paired bootstrap CI", f"[{primary['low']:+.4f}, {primary['high']:+.4f}]")
     cols[2].metric("Wins / ties / losses", f"{primary['wins']} / {primary['ties']} / {primary['losses']}")
+    if primary.get("verdict_text"):  # reports made before samples were paired have none
+        st.caption(common.literal(f"Primary: {primary['verdict_text']}"))
     st.dataframe(charts.factorial_contrasts(data), hide_index=True, width="stretch")
 
 

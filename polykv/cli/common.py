@@ -6,13 +6,14 @@ Nothing here imports torch or transformers at module level: the commands that to
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from polykv.errors import FileError
+from polykv.errors import FileError, SettingsError
 from polykv.files import parse_json
 from polykv.plan import Plan
 from polykv.text import printable
@@ -109,14 +110,21 @@ def _suite_settings(
     prompt_tokens: int,
     settings_json: str | None,
     model: str | None = None,
+    metric: str | None = None,
 ):
     """A suite's settings: from --settings JSON, from the fidelity options (no --tasks: the model's default
-    tasks), or the suite's defaults."""
+    tasks), or the suite's defaults. A question suite scored by `metric` (an experiment's) runs in the mode
+    that reports it when --settings names none (answer_nll: score, no generation)."""
     from polykv.eval.settings import suite_settings
+    from polykv.eval.suites.answers import MODE_METRICS, mode_for
     from polykv.eval.suites.fidelity import default_tasks
 
     if settings_json is not None or suite != "fidelity":
-        return suite_settings(suite, settings_json)
+        settings = suite_settings(suite, settings_json)
+        if metric in MODE_METRICS["both"] and hasattr(settings, "mode"):  # other metrics: the runner refuses them
+            given = parse_json(settings_json, "--settings", error=SettingsError) if settings_json else {}
+            settings = dataclasses.replace(settings, mode=mode_for(metric, given.get("mode")))
+        return settings
     chosen = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else list(default_tasks(model))
     return suite_settings(suite, {"tasks": chosen, "samples_per_task": samples, "prompt_tokens": prompt_tokens})
 

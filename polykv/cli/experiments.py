@@ -73,7 +73,7 @@ class ExperimentOptions:
             self.backend, waiting=True
         )  # an experiment reads its runs' scores: local or ray; checked before loading
         settings = _suite_settings(
-            self.suite, self.samples, self.tasks, self.prompt_tokens, self.settings_json, self.model
+            self.suite, self.samples, self.tasks, self.prompt_tokens, self.settings_json, self.model, self.metric
         )
         hf_model, tokenizer = _load_model(self.model, self.device)
         return ExperimentRunner(

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from polykv.eval.study_steps import CALIBRATION_SEED
+from polykv.eval.suites.answers import mode_for
 from polykv.eval.workload import COMPETENCE_THRESHOLD, QUESTION_SUITES, Competence, SamplePlan
 from polykv.plan import Phase, Plan, Scope
 
@@ -191,16 +192,6 @@ def suite_settings_for(suite: str, given: dict | None, model: str, samples_per_t
     return suite_settings(suite, given)
 
 
-def mode_for(metric: str, given: dict | None) -> str:
-    """A question suite's mode for a study scored by `metric`: the one given, else the cheapest that reports it."""
-    from polykv.eval.suites.answers import MODE_METRICS
-
-    mode = (given or {}).get("mode") or ("score" if metric == "answer_nll" else "generate")
-    if metric not in MODE_METRICS.get(mode, ()):
-        raise ValueError(f"metric {metric} is not reported in {mode} mode (it reports {', '.join(MODE_METRICS[mode])})")
-    return mode
-
-
 def run_study(
     settings: StudySettings,
     workspace: Path,
@@ -227,7 +218,7 @@ def run_study(
     questions = settings.suite in QUESTION_SUITES
     given = dict(settings.suite_settings or {})
     if questions:
-        given["mode"] = mode_for(settings.metric, given)
+        given["mode"] = mode_for(settings.metric, given.get("mode"))
     primary = suite_settings_for(settings.suite, given, settings.model, settings.samples_per_task)
     for name in settings.baselines or ():
         protocol(name)  # an unknown baseline fails before the model loads
@@ -259,13 +250,8 @@ def run_study(
         seconds["anchor"] = time.perf_counter() - started
     if questions:
         started = time.perf_counter()
-        say("pilot: FullKV and the anchor on every task")
+        say("pilot: FullKV on every task, then the anchor on those it can do")
         competence, pilot = steps.pilot(context, primary, cells(anchor)["homogeneous-uniform"])
-        if not competence.kept:
-            raise ValueError(
-                f"FullKV is under {competence.threshold:g}% on every task of the pilot ({competence.excluded_text()}): "
-                "nothing to compare plans on"
-            )
         primary = dataclasses.replace(primary, tasks=competence.kept)
         seconds["pilot"] = time.perf_counter() - started
     placement_suite = settings.placement_suite or settings.suite

@@ -133,27 +133,33 @@ def _refuse_overlap(context: StudyContext, suite: str, calibration, seed: int, e
 
 
 def pilot(context: StudyContext, primary, anchor_plan: Plan) -> tuple[Competence, dict[str, np.ndarray]]:
-    """FullKV (generating and scoring) and the anchor (in the primary mode) on `pilot_samples` samples of every
-    task: FullKV's accuracy decides which tasks stay (`workload.competent_tasks`); the paired differences
+    """FullKV (generating and scoring) on `pilot_samples` samples of every task: its accuracy decides which
+    tasks stay (`workload.competent_tasks`), and when none does the study stops here (ValueError), before any
+    other plan runs. Then the anchor (in the primary mode) on the kept tasks: the paired differences
     anchor - FullKV in the primary metric, per kept task, are the spread `choose_samples` plans with."""
     from polykv.eval.compare import sample_scores
 
     s = context.settings
-    layers = anchor_plan.num_layers
-    fullkv = Plan.homogeneous(FULL, None, layers)
+    fullkv = Plan.homogeneous(FULL, None, anchor_plan.num_layers)
     piloted = dataclasses.replace(primary, samples_per_task=s.pilot_samples)
     (full_run,) = runner(context, s.suite, dataclasses.replace(piloted, mode="both"), "score").run_all([fullkv])
-    (anchor_run,) = runner(context, s.suite, piloted, s.metric).run_all([anchor_plan])
     accuracy = {task: values["score"] for task, values in context.store.task_scores(full_run).items()}
     ordered = {task: accuracy[task] for task in sorted(accuracy, key=list(piloted.tasks).index)}
     kept, excluded = competent_tasks(ordered, s.competence_threshold)
+    competence = Competence(s.competence_threshold, ordered, tuple(kept), tuple(excluded), s.pilot_samples, full_run)
+    if not kept:
+        raise ValueError(
+            f"FullKV is under {s.competence_threshold:g}% on every task of the pilot ({competence.excluded_text()}): "
+            "nothing to compare plans on"
+        )
+    on_kept = dataclasses.replace(piloted, tasks=tuple(kept))
+    (anchor_run,) = runner(context, s.suite, on_kept, s.metric).run_all([anchor_plan])
     full_samples = sample_scores(context.store, full_run, s.metric)
     anchor_samples = sample_scores(context.store, anchor_run, s.metric)
     diffs = {
         task: np.array([anchor_samples[task][k] - full_samples[task][k] for k in sorted(anchor_samples[task])])
         for task in kept
     }
-    competence = Competence(s.competence_threshold, ordered, tuple(kept), tuple(excluded), s.pilot_samples, full_run)
     return competence, diffs
 
 

@@ -10,7 +10,8 @@ from typing import Any
 
 from polykv.eval.backends import backend
 from polykv.eval.compare import Paired, direction, macro_average, paired, sample_scores
-from polykv.eval.runner import run_suite, run_suites
+from polykv.eval.runner import run_suite
+from polykv.eval.shards import run_sharded
 from polykv.eval.store import Store
 from polykv.eval.unit import Unit
 from polykv.plan import FULL, Plan
@@ -61,23 +62,7 @@ class ExperimentRunner:
                 self.progress(
                     f"{len(plans)} runs together" + (f", {self.workers} processes" if self.workers > 1 else "")
                 )
-            if self.workers > 1:
-                from polykv.eval.shards import run_sharded
-
-                return run_sharded(
-                    self.store,
-                    self.model_name,
-                    self.model,
-                    self.tokenizer,
-                    plans,
-                    self.suite,
-                    self.settings,
-                    self.seed,
-                    workers=self.workers,
-                    device=self.device,
-                    progress=self.on_sample,
-                )
-            return run_suites(
+            return run_sharded(  # one worker: run_suites in this process
                 self.store,
                 self.model_name,
                 self.model,
@@ -86,6 +71,8 @@ class ExperimentRunner:
                 self.suite,
                 self.settings,
                 self.seed,
+                workers=self.workers,
+                device=self.device,
                 progress=self.on_sample,
             )
         if chosen.name == "local":  # this process: the model already loaded, the settings as they are

@@ -31,6 +31,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from polykv.errors import SettingsError
 from polykv.lazy import lazy_import
 from polykv.plan import FULL, Phase, Plan
 
@@ -47,6 +48,17 @@ MODE_METRICS = {
 def check_mode(mode: str, suite: str) -> None:
     if mode not in MODES:
         raise ValueError(f"{suite} mode must be one of {', '.join(MODES)}, got {mode!r}")
+
+
+def mode_for(metric: str, given: str | None = None) -> str:
+    """A question suite's mode for an evaluation scored by `metric`: the one `given`, else the cheapest that
+    reports it (answer_nll: score, no generation; score and agreement: generate)."""
+    mode = given or ("score" if metric == "answer_nll" else "generate")
+    check_mode(mode, "the suite's")
+    if metric not in MODE_METRICS[mode]:
+        reported = ", ".join(MODE_METRICS[mode])
+        raise SettingsError(f"metric {metric} is not reported in {mode} mode (it reports {reported})")
+    return mode
 
 
 def check_answer_tokens(value: int | None, suite: str) -> None:
