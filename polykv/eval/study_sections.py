@@ -291,8 +291,8 @@ def beside_the_paper(result) -> list[str]:
         "",
         f"- Routing under uniform allocation: the paper {t2['routing']['difference']:+.4f} "
         f"[{t2['routing']['low']:+.4f}, "
-        f"{t2['routing']['high']:+.4f}] over 21 tasks (excludes 0, narrowly); ours {f['routing_uniform']['verdict']}: "
-        f"{f['routing_uniform']['verdict_text']}.",
+        f"{t2['routing']['high']:+.4f}] over 21 tasks (excludes 0, narrowly); ours "
+        f"{f['routing_uniform']['difference']:+.4f} {f['metric']}: {f['routing_uniform']['verdict_text']}.",
         f"- Placement: the paper's guided route ranks {t4['guided_rank']} (p_MC = {t4['monte_carlo_p']:.3f}) and the "
         f"profile score correlates with the score (Spearman {t4['spearman']:+.3f}, p = {t4['spearman_p']:.4f}); ours "
         f"ranks {result.placement.data['guided_rank']}/{result.placement.data['k'] + 1} with Spearman "
