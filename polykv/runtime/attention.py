@@ -12,6 +12,7 @@ would align a multi-token step top-left, which is wrong once the cache holds old
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -58,7 +59,7 @@ def attend(
     window = kwargs.get("sliding_window")
     q_len = query.shape[2]
     needs = layer.needs()
-    recording = bool(_recorders or _entropy_recorders)
+    recording = bool(_here.attention or _here.entropy)
     fusable = not layer.idle and _fusable(dropout, kwargs)
     # A single query with no window sees every held slot and needs no positions (the common decode step).
     plain_decode = q_len == 1 and window is None
@@ -95,9 +96,9 @@ def attend(
         attn_output, _ = sdpa_attention_forward(
             module, query, key, value, None, dropout=dropout, scaling=scaling, **kwargs
         )
-    for recorder in _recorders:
+    for recorder in _here.attention:
         recorder.record(layer, attention_probs(query[:, :, -1:], key, query_pos[-1:], key_pos, scaling, window))
-    for entropy_recorder in _entropy_recorders:
+    for entropy_recorder in _here.entropy:
         entropy_recorder.record(layer.layer_idx, _entropy_sums(query, key, query_pos, key_pos, scaling, window), q_len)
     if layer.idle:
         if layer.phase is Phase.PREFILL:
@@ -222,18 +223,27 @@ class AttentionRecorder:
         self.positions[layer.layer_idx] = layer.positions
 
 
-_recorders: list[AttentionRecorder] = []
+class _ThreadRecorders(threading.local):
+    """The recorders the current thread opened: a forward records only into its own thread's (a shared model
+    runs other threads' forwards too, as the hand-over of layers to this function is per thread)."""
+
+    def __init__(self):
+        self.attention: list[AttentionRecorder] = []
+        self.entropy: list[EntropyRecorder] = []
+
+
+_here = _ThreadRecorders()
 
 
 @contextmanager
 def record_attention() -> Iterator[AttentionRecorder]:
-    """Inside the block, every routed forward records each layer's newest-query attention (profiling)."""
+    """Inside the block, every routed forward of this thread records each layer's newest-query attention."""
     recorder = AttentionRecorder()
-    _recorders.append(recorder)
+    _here.attention.append(recorder)
     try:
         yield recorder
     finally:
-        _recorders.remove(recorder)
+        _here.attention.remove(recorder)
 
 
 class EntropyRecorder:
@@ -249,18 +259,15 @@ class EntropyRecorder:
         self.queries[layer_idx] = self.queries.get(layer_idx, 0) + num_queries
 
 
-_entropy_recorders: list[EntropyRecorder] = []
-
-
 @contextmanager
 def record_entropy() -> Iterator[EntropyRecorder]:
-    """Inside the block, every routed forward adds each layer's per-query attention entropies (profiling)."""
+    """Inside the block, every routed forward of this thread adds each layer's per-query attention entropies."""
     recorder = EntropyRecorder()
-    _entropy_recorders.append(recorder)
+    _here.entropy.append(recorder)
     try:
         yield recorder
     finally:
-        _entropy_recorders.remove(recorder)
+        _here.entropy.remove(recorder)
 
 
 def _entropy_sums(query, key, query_pos, key_pos, scaling, window) -> torch.Tensor:

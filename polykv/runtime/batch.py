@@ -39,7 +39,7 @@ from polykv.runtime.attention import (
     fill_signals,
 )
 from polykv.runtime.cache import RoutedCache, RoutedLayer, hand_over, take_updated_layer
-from polykv.runtime.routed import _set_attention
+from polykv.runtime.routed import _set_attention, model_lock
 
 # Generation settings under which greedy decoding is more than the argmax of the logits: the batched
 # loop does not apply them, so a model whose generation config sets one is run plan by plan instead.
@@ -84,12 +84,13 @@ def many(model, plans: Sequence[Plan]) -> Iterator[Many]:
     layers, context = num_layers(model), context_length(model)
     for plan in plans:
         validate_plan(plan, layers, context)
-    previous = model.config._attn_implementation
-    _set_attention(model, ATTN_IMPLEMENTATION)
-    try:
-        yield Many(model, list(plans))
-    finally:
-        _set_attention(model, previous)
+    with model_lock(model):  # as routed(): one block at a time on a shared model
+        previous = model.config._attn_implementation
+        _set_attention(model, ATTN_IMPLEMENTATION)
+        try:
+            yield Many(model, list(plans))
+        finally:
+            _set_attention(model, previous)
 
 
 class Many:

@@ -7,10 +7,17 @@
 Inside the block the model uses PolyKV's attention function and every forward that starts from an
 empty cache gets a fresh `RoutedCache` for the plan (generate() passes its own empty cache; it is
 swapped). On exit the model is exactly as before.
+
+A model may be shared by threads (the app caches one model for every browser session). A routed block
+belongs to the thread that opened it: blocks on one model run one after another (`model_lock`), the cache
+swap applies to the opening thread's forwards only, and another thread's plain forward meanwhile is the
+vanilla computation (PolyKV's attention without a routed cache is SDPA).
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -37,13 +44,34 @@ class RoutedSession:
         return self.cache
 
 
+_model_locks: weakref.WeakKeyDictionary[torch.nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
+_model_locks_guard = threading.Lock()
+
+
+def model_lock(model: torch.nn.Module) -> threading.RLock:
+    """The lock a routed block holds on its model (re-entrant: a block may open another in the same thread)."""
+    with _model_locks_guard:
+        lock = _model_locks.get(model)
+        if lock is None:
+            lock = _model_locks[model] = threading.RLock()
+        return lock
+
+
 @contextmanager
 def routed(model: torch.nn.Module, plan: Plan) -> Iterator[RoutedSession]:
     validate_plan(plan, num_layers(model), context_length(model))
+    with model_lock(model):
+        yield from _routed(model, plan)
+
+
+def _routed(model: torch.nn.Module, plan: Plan) -> Iterator[RoutedSession]:
     session = RoutedSession(model, plan)
     cache_name = cache_argument_name(model)
+    owner = threading.get_ident()
 
     def swap_in_routed_cache(module, args, kwargs):
+        if threading.get_ident() != owner:  # another thread's forward: not this session's
+            return None
         name = next((k for k in ("cache", "past_key_values") if kwargs.get(k) is not None), cache_name)
         cache = kwargs.get(name)
         if isinstance(cache, RoutedCache) or kwargs.get("use_cache") is False:
