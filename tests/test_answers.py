@@ -102,7 +102,8 @@ def test_gold_answers_get_a_space_unless_the_prompt_ends_in_whitespace(demo_mode
     _, tokenizer = demo_model
     plain = tokenizer("The answer is", add_special_tokens=False).input_ids
     spaced = tokenizer("The answer is ", add_special_tokens=False).input_ids
-    assert answers.gold_ids(tokenizer, plain, "42", 10) == tokenizer(" 42", add_special_tokens=False).input_ids
+    natural = tokenizer("The answer is 42", add_special_tokens=False).input_ids[len(plain) :]
+    assert answers.gold_ids(tokenizer, plain, "42", 10) == natural  # the prompt's continuation, one space
     if tokenizer.decode(spaced[-1:]).endswith(" "):
         assert answers.gold_ids(tokenizer, spaced, "42", 10) == tokenizer("42", add_special_tokens=False).input_ids
     assert len(answers.gold_ids(tokenizer, plain, "one two three four five six", 2)) == 2  # cut to the limit
@@ -179,3 +180,21 @@ def test_an_experiments_metric_chooses_the_question_suites_mode_unless_settings_
     with pytest.raises(SettingsError, match="metric answer_nll is not reported in generate mode"):
         _suite_settings("ruler", 1, None, 0, '{"mode": "generate"}', "demo", "answer_nll")
     assert _suite_settings("ruler", 1, None, 0, ruler_json, "demo").mode == RulerSettings().mode  # no metric
+
+
+def test_the_gold_answer_is_tokenized_as_the_prompts_continuation_with_a_dummy_prefix_tokenizer():
+    """A llama2.c-style tokenizer puts a word's leading space inside its first token (" 42"): the gold answer
+    after "is" is that token, not a lone space and then "42" (tokenizing " 42" alone gives both spaces)."""
+    from transformers import PreTrainedTokenizerFast
+
+    from polykv.models.tokenizer import Llama2cVocab, build_tokenizer
+
+    words = [" ", "4", "2", "i", "s", " i", " is", "42", " 4", " 42", "  "]
+    pieces = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), *words]
+    scores = [0.0] * 259 + [-float(k) for k in range(len(words))]
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=build_tokenizer(Llama2cVocab(pieces, scores, 3)))
+    prompt_ids = tokenizer("is", add_special_tokens=False).input_ids
+    natural = tokenizer("is 42", add_special_tokens=False).input_ids[len(prompt_ids) :]
+    assert tokenizer.convert_ids_to_tokens(natural) == [" 42"]
+    assert answers.gold_ids(tokenizer, prompt_ids, "42", 10) == natural
+    assert len(tokenizer(" 42", add_special_tokens=False).input_ids) == 2  # what tokenizing it alone gives

@@ -88,3 +88,25 @@ def test_the_settings_of_a_stored_run_are_what_a_twin_must_match(workspace):
     store = Store(workspace / "results.sqlite", readonly=True)
     assert fullkv_twin(store, store.run("aaaa1111")) == "ffff0000"
     assert json.loads(store.run("aaaa1111")["settings"]) == SETTINGS
+
+
+def test_samples_pair_only_when_they_asked_the_same_prompt(tmp_path):
+    """Runs of two seeds share sample ids, not prompts: compared over tasks alone, not as paired samples."""
+    from polykv.eval.compare import compare_runs
+
+    store = Store(tmp_path / "results.sqlite")
+    plan = Plan.homogeneous("tova", 8, 5)
+    for run_id, seed, scores in (("seed0a", 0, [1.0, 2.0]), ("seed0b", 0, [0.5, 1.0]), ("seed1", 1, [0.0, 0.0])):
+        store.create_run(
+            run_id, model="demo", plan_name=run_id, plan_hash="h", plan_json=plan.to_json(), suite="ruler",
+            settings=SETTINGS, seed=seed, total_samples=2, versions={},
+        )  # fmt: skip
+        for k, value in enumerate(scores):
+            prompt = {"task": "vt", "sample": f"{k:03d}", "seed": seed, "sha256": f"{seed:04x}{k:012x}"}
+            store.add_sample(run_id, "vt", f"{k:03d}", {"answer_nll": value}, 0.1, SampleRecord(None, ["x"], prompt))
+        store.set_task_scores(run_id, {"vt": {"answer_nll": sum(scores) / 2}}, {"vt": 2})
+        store.set_status(run_id, "finished")
+    same = compare_runs(store, "seed0a", "seed0b", "answer_nll")
+    assert same.samples is not None and same.samples.samples == 2
+    other = compare_runs(store, "seed0a", "seed1", "answer_nll")
+    assert other.samples is None and other.difference == pytest.approx(1.5)  # A - B over the one task

@@ -113,3 +113,18 @@ def test_samples_missing_on_one_side_are_left_out_and_nothing_shared_is_an_error
         ps.paired_differences(a, {"u": {"000": 1.0}})
     test = ps.sample_test(a, a, permutations=100, replicates=100)
     assert test.p_value == 1.0 and test.differing == 0 and math.isnan(test.mde)  # nothing varies: no power to state
+
+
+def test_no_detectable_difference_is_stated_when_too_few_samples_differ_or_none_varies():
+    """With k samples differing the smallest two-sided sign-flip p is 2 / 2^k: at k <= 5 nothing can be
+    significant at 5%, so no minimal detectable difference is stated; nor when every difference is equal."""
+    five = scores({"t": [100.0] * 5 + [0.0] * 47})  # a 0/100 score that flips on 5 of 52 samples
+    zeros = scores({"t": [0.0] * 52})
+    test = ps.sample_test(five, zeros, permutations=2000, replicates=200)
+    assert test.differing == 5 and math.isnan(test.mde) and test.p_value > 0.05
+    assert 2 / 2**5 > 0.05 > 2 / 2**6  # why 6 is the least that can reach 5%
+    six = ps.sample_test(scores({"t": [100.0] * 6 + [0.0] * 46}), zeros, permutations=2000, replicates=200)
+    assert six.differing == 6 and six.mde > 0
+    constant = ps.sample_test(scores({"t": [1.0] * 10}), scores({"t": [0.0] * 10}), permutations=200, replicates=50)
+    assert constant.differing == 10 and math.isnan(constant.mde)  # SD 0: no spread to measure power with
+    assert ps.detectable(math.nan) == ps.NOT_ESTIMABLE and ps.detectable(0.25) == "0.25"

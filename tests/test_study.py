@@ -12,6 +12,7 @@ import pytest
 from polykv.eval.store import Store
 from polykv.eval.study import StudySettings
 from polykv.eval.study_report import gap_recovery
+from polykv.eval.study_steps import CALIBRATION_SEED
 
 pytestmark = pytest.mark.slow
 
@@ -89,6 +90,28 @@ def test_a_workload_fullkv_cannot_do_stops_the_study_before_any_other_plan_runs(
     assert "Traceback" not in result.stderr and not out.exists()
     runs = Store(workspace / "results.sqlite", readonly=True).runs()
     assert [run["plan_name"] for run in runs] == ["full-both"]
+
+
+def test_the_strongest_anchor_is_chosen_on_calibration_samples_of_the_kept_tasks_after_fullkvs_pilot(polykv, tmp_path):
+    out, workspace = tmp_path / "study.md", tmp_path / "ws"
+    ruler = {"tasks": ["niah_single_1", "fwe"], "length": 400}
+    result = polykv(
+        "experiment", "study", "-o", str(out), "-w", str(workspace), "--suite", "ruler", "--settings",
+        json.dumps(ruler), "--metric", "answer_nll", "--competence", "0", "--pilot-samples", "2", "--samples", "2",
+        "--baseline", "strongest", "--budget", "32", "--budgets", "32", "--k", "2", "--baselines", "tova,h2o",
+        *CALIBRATION,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    text = out.read_text()
+    anchor = re.search(r"Anchor of the factorial: (\w+): the strongest method alone at the budget", text)
+    assert anchor is not None, text[:2000]
+    store = Store(workspace / "results.sqlite", readonly=True)
+    runs = sorted(store.runs(), key=lambda run: run["created"])
+    assert runs[0]["plan_name"] == "full-both"  # FullKV's pilot ran before anything else
+    calibration = [run for run in runs if run["seed"] == CALIBRATION_SEED]
+    assert len(calibration) >= 2 and all(run["created"] >= runs[0]["created"] for run in calibration)
+    assert all(json.loads(run["settings"])["tasks"] == ["niah_single_1", "fwe"] for run in calibration)
+    assert anchor.group(1) in {run["plan_name"].split("-")[0] for run in calibration}
 
 
 def test_the_fidelity_study_is_the_demo_study(polykv, tmp_path):

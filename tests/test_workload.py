@@ -40,6 +40,21 @@ def test_the_samples_reach_the_target_unless_the_time_says_otherwise():
     assert floor.samples_per_task == 50 and "minimum of 50" in floor.reason
 
 
+def test_without_a_target_the_time_allowance_sets_the_samples_and_an_unreachable_target_is_said():
+    rng = np.random.default_rng(0)
+    pilot = {t: rng.normal(0.0, 0.4, 10) for t in ("a", "b", "c")}
+    timed = workload.plan_samples(pilot, target=None, seconds_per_sample=1.0, seconds_allowed=600.0, minimum=2)
+    assert (
+        timed.samples_per_task == 200
+        and timed.reason == "the time allowance affords 200 samples per task (no target given)"
+    )
+    far = workload.plan_samples(pilot, target=1e-4, seconds_per_sample=None, seconds_allowed=None, maximum=50)
+    assert far.samples_per_task == 50 and far.expected_mde > 1e-4
+    assert far.reason == "50 samples per task, the most allowed, do not reach the target 0.0001"
+    short = workload.plan_samples(pilot, target=0.05, seconds_per_sample=100.0, seconds_allowed=60.0)
+    assert short.samples_per_task == 2 and "exceed the time allowance (it affords 0)" in short.reason
+
+
 def test_the_expected_mde_is_the_power_formula():
     sds = [0.5, 1.0]
     se = np.sqrt((0.25 + 1.0) / 40) / 2

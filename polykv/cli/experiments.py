@@ -67,11 +67,13 @@ class ExperimentOptions:
         the suite's settings are checked before the model loads."""
         from polykv.eval.backends import backend as backend_named
         from polykv.eval.experiments import ExperimentRunner
+        from polykv.eval.experiments.runner import check_metric
         from polykv.eval.store import Store
 
         backend_named(
             self.backend, waiting=True
         )  # an experiment reads its runs' scores: local or ray; checked before loading
+        check_metric(self.suite, self.metric)
         settings = _suite_settings(
             self.suite, self.samples, self.tasks, self.prompt_tokens, self.settings_json, self.model, self.metric
         )

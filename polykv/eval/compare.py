@@ -23,7 +23,15 @@ from typing import Any
 
 import pandas as pd
 
-from polykv.eval.paired_samples import SampleScores, SampleTest, sample_test, task_mde
+from polykv.eval.paired_samples import (
+    NOT_ESTIMABLE,
+    SampleScores,
+    SampleTest,
+    detectable,
+    sample_test,
+    shares_samples,
+    task_mde,
+)
 from polykv.eval.stats import leave_one_task_out, paired_bootstrap, rank_among, wins_ties_losses
 from polykv.eval.store import Store
 
@@ -80,11 +88,15 @@ def task_scores(store: Store, run_id: str, metric: str) -> dict[str, float]:
 
 
 def sample_scores(store: Store, run_id: str, metric: str) -> dict[str, dict[str, float]]:
-    """One run's per-sample `metric`: {task: {sample id: value}} (samples without it are left out)."""
+    """One run's per-sample `metric`: {task: {sample key: value}} (samples without it are left out). The key is
+    the sample id, with the hash of its prompt where the run stored one: two runs' samples pair only when they
+    asked the same prompt (runs of other seeds share ids, not prompts)."""
     out: dict[str, dict[str, float]] = {}
     for row in store.samples(run_id):
         if metric in row["metrics"]:
-            out.setdefault(row["task"], {})[row["sample"]] = row["metrics"][metric]
+            digest = (row.get("prompt") or {}).get("sha256")
+            key = row["sample"] if digest is None else f"{row['sample']}#{digest}"
+            out.setdefault(row["task"], {})[key] = row["metrics"][metric]
     return out
 
 
@@ -166,7 +178,9 @@ class Paired:
         """The verdict with the test it rests on and the smallest difference that test could have detected."""
         if self.samples is not None:
             mde = self.samples.mde
-            power = "no sample differs" if mde != mde else f"it detects {mde:.3g} {self.label} with 80% power"
+            power = f"it detects {mde:.3g} {self.label} with 80% power"
+            if mde != mde:
+                power = f"detectable difference {NOT_ESTIMABLE}"
             return f"{self.verdict()} ({self.samples.describe()}; {power})"
         tasks = f"; it detects {self.task_mde:.3g} with 80% power" if self.task_mde == self.task_mde else ""
         return f"{self.verdict()} (95% paired bootstrap over {len(self.table)} tasks{tasks})"
@@ -214,7 +228,7 @@ class Paired:
             )
         mdes = [f"{_detectable(self.task_mde)} over tasks"]
         if self.samples is not None:
-            mdes.insert(0, f"{_detectable(self.samples.mde)} over samples")
+            mdes.insert(0, f"{detectable(self.samples.mde, '.4g')} over samples")
         out.append(f"minimal detectable difference (80% power, two-sided 5%): {', '.join(mdes)} ({self.label})")
         verdict = self.verdict_text()
         out.append(f"verdict: A {verdict}" if verdict.startswith(("better", "worse")) else f"verdict: {verdict}")
@@ -222,7 +236,7 @@ class Paired:
 
 
 def _detectable(mde: float) -> str:
-    return "undefined (no difference varies)" if mde != mde else f"{mde:.4g}"
+    return "undefined (fewer than 2 tasks, or no difference varies)" if mde != mde else f"{mde:.4g}"
 
 
 def paired(
@@ -258,7 +272,8 @@ def paired(
         columns=["task", "A", "B", "A - B"],
     )
     loto = leave_one_task_out(better_a, better_b) if len(boot.tasks) > 1 else {}
-    test = sample_test(*samples, seed=seed) if samples is not None else None
+    # runs that share no sample (other seeds, or samples stored before prompts were) compare over tasks alone
+    test = sample_test(*samples, seed=seed) if samples is not None and shares_samples(*samples) else None
     return Paired(
         metric,
         sign,

@@ -68,6 +68,11 @@ class SampleTest:
         )
 
 
+def shares_samples(a: SampleScores, b: SampleScores) -> bool:
+    """Do the two runs have a sample in common (a task and a sample key both have)?"""
+    return any(set(a[task]) & set(b[task]) for task in set(a) & set(b))
+
+
 def paired_differences(a: SampleScores, b: SampleScores) -> dict[str, np.ndarray]:
     """Per task both runs have, the differences a - b over the samples both have (sorted by task, then sample);
     a ValueError when they share no sample."""
@@ -191,6 +196,18 @@ def samples_for(
     return low
 
 
+# With k samples differing, the sign-flip test's smallest two-sided p is 2 / 2^k: below 6 no difference can be
+# significant at 5%, and so few non-zero differences (a 0/100 score flipping on a handful of samples) are far from
+# the normal approximation the minimal detectable difference rests on. Then there is no MDE to state.
+MIN_DIFFERING = 6
+NOT_ESTIMABLE = f"not estimable (fewer than {MIN_DIFFERING} samples differ, or their differences do not vary)"
+
+
+def detectable(mde: float, spec: str = ".3g") -> str:
+    """A minimal detectable difference as text: the number, or why there is none."""
+    return NOT_ESTIMABLE if mde != mde else format(mde, spec)
+
+
 def sample_test(
     a: SampleScores,
     b: SampleScores,
@@ -210,8 +227,7 @@ def sample_test(
         low=low,
         high=high,
         p_value=sign_flip_p(diffs, permutations, seed),
-        # no sample differs: no spread to measure power with (the SE estimate would be 0)
-        mde=sample_mde(diffs, alpha, power) if differing else math.nan,
+        mde=_estimable(sample_mde(diffs, alpha, power)) if differing >= MIN_DIFFERING else math.nan,
         samples=len(values),
         differing=differing,
         tasks=len(diffs),
@@ -222,8 +238,16 @@ def sample_test(
     )
 
 
+def _estimable(mde: float) -> float:
+    return mde if mde > 0 else math.nan  # differences that never vary give SE 0: no power to speak of
+
+
 __all__ = [
     "ALPHA",
+    "MIN_DIFFERING",
+    "NOT_ESTIMABLE",
+    "detectable",
+    "shares_samples",
     "PERMUTATIONS",
     "POWER",
     "REPLICATES",

@@ -9,7 +9,9 @@ On a question suite (RULER, LongBench) the study first checks the workload, befo
 (`polykv.eval.workload`): FullKV runs a pilot of every task, and tasks where FullKV's accuracy is under the
 competence threshold leave the macro-average; with `auto_samples` the pilot (FullKV and the homogeneous
 anchor) also gives the spread of paired differences from which the samples per task are chosen, to reach
-a minimal detectable difference within a time allowance measured on the study's own batch of plans. The
+a minimal detectable difference within a time allowance measured on the study's own batch of plans (those that
+run at the chosen count: the factorial's, the sweeps' and, on the primary suite without placement_samples, the
+placement control's; the accuracy pass comes on top). The
 primary metric may be the dense `answer_nll` (the suite then runs in "score" mode, no generation), with
 accuracy beside it from a generating pass over fewer samples (`accuracy_samples`).
 
@@ -207,21 +209,27 @@ def run_study(
     told the plan's name instead); `on_sample` is `ExperimentRunner.on_sample`, `on_profile` is
     `build_profile(progress=)`: for progress bars."""
     from polykv.eval import study_steps as steps
-    from polykv.eval.experiments import factorial, factorial_plans, placement, sweep, sweep_plans
+    from polykv.eval.experiments import factorial, factorial_plans, placement, placement_plans, sweep, sweep_plans
+    from polykv.eval.experiments.runner import check_metric
     from polykv.eval.protocols import protocol
     from polykv.eval.store import Store
     from polykv.routing import placement_count, plan_from_profile
 
     say = progress or (lambda message: None)
     seconds: dict[str, float] = {}
-    workspace.mkdir(parents=True, exist_ok=True)
     questions = settings.suite in QUESTION_SUITES
+    check_metric(settings.suite, settings.metric)  # what fails here fails before the model loads
+    check_metric(settings.placement_suite or settings.suite, settings.placement_metric or settings.metric)
     given = dict(settings.suite_settings or {})
     if questions:
         given["mode"] = mode_for(settings.metric, given.get("mode"))
     primary = suite_settings_for(settings.suite, given, settings.model, settings.samples_per_task)
+    if len(getattr(primary, "lengths", ())) > 1:
+        lengths = ", ".join(str(n) for n in primary.lengths)
+        raise ValueError(f"the study runs one {settings.suite} length at a time; give one length (got {lengths})")
     for name in settings.baselines or ():
         protocol(name)  # an unknown baseline fails before the model loads
+    workspace.mkdir(parents=True, exist_ok=True)
     phase = Phase(settings.scope)
     context = steps.StudyContext(settings, workspace, say, on_run, on_sample)  # loads the model
 
@@ -241,19 +249,24 @@ def run_study(
             profile, settings.scope, settings.budget, anchor, settings.statistic, settings.allocation
         )
 
-    anchor = anchor_for(settings.baseline, route, phase)
     competence = sample_plan = pilot = None
-    if anchor is None:  # "strongest": measured on calibration samples of the suite
+    if questions:  # the workload first: FullKV's pilot decides the tasks before any other plan runs
+        started = time.perf_counter()
+        say("pilot: FullKV on every task")
+        competence = steps.competence_pilot(context, primary, route.num_layers)
+        primary = dataclasses.replace(primary, tasks=competence.kept)
+        seconds["pilot"] = time.perf_counter() - started
+    anchor = anchor_for(settings.baseline, route, phase)
+    if anchor is None:  # "strongest": measured on calibration samples of the (kept) tasks
         started = time.perf_counter()
         say("anchor: every method alone on calibration samples")
         anchor = steps.strongest_anchor(context, primary, profile, settings)
         seconds["anchor"] = time.perf_counter() - started
     if questions:
         started = time.perf_counter()
-        say("pilot: FullKV on every task, then the anchor on those it can do")
-        competence, pilot = steps.pilot(context, primary, cells(anchor)["homogeneous-uniform"])
-        primary = dataclasses.replace(primary, tasks=competence.kept)
-        seconds["pilot"] = time.perf_counter() - started
+        say("pilot: the anchor on the tasks FullKV can do")
+        pilot = steps.anchor_spread(context, primary, cells(anchor)["homogeneous-uniform"], competence)
+        seconds["pilot"] += time.perf_counter() - started
     placement_suite = settings.placement_suite or settings.suite
     if settings.placement_suite:
         placing = suite_settings_for(placement_suite, settings.placement_settings, settings.model, None)
@@ -273,8 +286,11 @@ def run_study(
         say(f"placement: the route admits only {placements} other placements; running all of them")
     if settings.auto_samples:
         started = time.perf_counter()
-        say("samples: timing one sample of every task with the study's plans")
-        sample_plan = steps.choose_samples(context, primary, main, pilot)
+        timed = main
+        if not settings.placement_suite and settings.placement_samples is None:  # it runs at the chosen count too
+            timed = main + placement_plans(route, placements, settings.seed)
+        say(f"samples: timing one sample of every task with the {len(timed)} plans that run at the chosen count")
+        sample_plan = steps.choose_samples(context, primary, timed, pilot)
         primary = dataclasses.replace(primary, samples_per_task=sample_plan.samples_per_task)
         seconds["samples"] = time.perf_counter() - started
     if not settings.placement_suite:

@@ -20,6 +20,7 @@ from pathlib import Path
 from polykv.eval.study_figures import figures, niah_curves
 from polykv.eval.study_sections import (
     accuracy_section,
+    accuracy_words,
     beside_the_paper,
     direction_word,
     evidence,
@@ -126,8 +127,8 @@ def what_ran(result) -> list[str]:
         target = f"target {plan.target_mde:g}" if plan.target_mde is not None else "no target"
         lines.append(
             f"Samples per task chosen from the pilot: {plan.samples_per_task} ({plan.reason}; {target}; one sample "
-            "with "
-            f"every plan takes {plan.seconds_per_sample:.1f} s here); expected minimal detectable macro difference "
+            f"with every plan that runs at this count takes {plan.seconds_per_sample:.1f} s here, counting "
+            f"{result.settings.workers} worker process(es) in parallel); expected minimal detectable macro difference "
             f"{plan.expected_mde:.4g}."
         )
     placing = result.placement_settings
@@ -141,8 +142,7 @@ def what_ran(result) -> list[str]:
         acc = result.accuracy_settings
         lines.append(
             f"Accuracy beside the primary metric: the factorial's plans, the routes, FullKV and the envelope's "
-            f"baselines generating on the first {acc['samples_per_task']} samples of each task (RULER's string-match "
-            "score)."
+            f"baselines generating on {acc['samples_per_task']} samples of each task ({accuracy_words(s.suite)})."
         )
     if not s.sweep_ppl:
         lines.append(

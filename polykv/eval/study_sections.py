@@ -4,9 +4,12 @@ and a summary beside the paper. `polykv.eval.study_report` assembles them with t
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from polykv.eval import paper
+from polykv.eval.paired_samples import detectable
 
 
 def md_table(frame: pd.DataFrame, floats: str = "{:.4f}") -> str:
@@ -57,8 +60,15 @@ def sample_p_text(contrast: dict) -> str:
     return f"p = {sample['p']:.4f}, detects {mde_text(sample['mde'])}"
 
 
+def accuracy_words(suite: str) -> str:
+    """What a question suite's generated answers are scored by, and which samples a smaller count takes."""
+    if suite == "longbench":
+        return "LongBench's metric per task; a smaller count is another random subset"
+    return "RULER's string-match score; a smaller count is the first samples"
+
+
 def mde_text(value) -> str:
-    return "nothing: no sample differs" if value is None or value != value else f"{value:.3g}"
+    return detectable(math.nan if value is None else value)
 
 
 def workload_section(result) -> list[str]:
@@ -252,7 +262,7 @@ def accuracy_section(result) -> list[str]:
         "## Accuracy beside it",
         "",
         f"The factorial's plans, the route at every budget, FullKV and the baselines that make the primary metric's "
-        f"envelope at some budget, generating (RULER's string-match score, 0-100, higher is better) on the first "
+        f"envelope at some budget, generating ({accuracy_words(result.settings.suite)}, 0-100, higher is better) on "
         f"{acc['samples_per_task']} samples of each task kept: fewer plans and samples than the primary metric "
         "(generation costs far more than scoring the gold answer), so the minimal detectable differences are larger.",
         "",

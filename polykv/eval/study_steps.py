@@ -132,15 +132,12 @@ def _refuse_overlap(context: StudyContext, suite: str, calibration, seed: int, e
         raise ValueError("a calibration sample of the anchor is also an evaluation sample: choose another seed")
 
 
-def pilot(context: StudyContext, primary, anchor_plan: Plan) -> tuple[Competence, dict[str, np.ndarray]]:
+def competence_pilot(context: StudyContext, primary, layers: int) -> Competence:
     """FullKV (generating and scoring) on `pilot_samples` samples of every task: its accuracy decides which
     tasks stay (`workload.competent_tasks`), and when none does the study stops here (ValueError), before any
-    other plan runs. Then the anchor (in the primary mode) on the kept tasks: the paired differences
-    anchor - FullKV in the primary metric, per kept task, are the spread `choose_samples` plans with."""
-    from polykv.eval.compare import sample_scores
-
+    other plan runs."""
     s = context.settings
-    fullkv = Plan.homogeneous(FULL, None, anchor_plan.num_layers)
+    fullkv = Plan.homogeneous(FULL, None, layers)
     piloted = dataclasses.replace(primary, samples_per_task=s.pilot_samples)
     (full_run,) = runner(context, s.suite, dataclasses.replace(piloted, mode="both"), "score").run_all([fullkv])
     accuracy = {task: values["score"] for task, values in context.store.task_scores(full_run).items()}
@@ -152,15 +149,24 @@ def pilot(context: StudyContext, primary, anchor_plan: Plan) -> tuple[Competence
             f"FullKV is under {s.competence_threshold:g}% on every task of the pilot ({competence.excluded_text()}): "
             "nothing to compare plans on"
         )
-    on_kept = dataclasses.replace(piloted, tasks=tuple(kept))
-    (anchor_run,) = runner(context, s.suite, on_kept, s.metric).run_all([anchor_plan])
-    full_samples = sample_scores(context.store, full_run, s.metric)
+    return competence
+
+
+def anchor_spread(context: StudyContext, kept, anchor_plan: Plan, competence: Competence) -> dict[str, np.ndarray]:
+    """The anchor (in the primary mode) on the pilot's samples of the kept tasks (`kept`: the primary settings
+    on those tasks): the paired differences anchor - FullKV in the primary metric, per task, are the spread
+    `choose_samples` plans with."""
+    from polykv.eval.compare import sample_scores
+
+    s = context.settings
+    piloted = dataclasses.replace(kept, samples_per_task=s.pilot_samples)
+    (anchor_run,) = runner(context, s.suite, piloted, s.metric).run_all([anchor_plan])
+    full_samples = sample_scores(context.store, competence.run, s.metric)
     anchor_samples = sample_scores(context.store, anchor_run, s.metric)
-    diffs = {
+    return {
         task: np.array([anchor_samples[task][k] - full_samples[task][k] for k in sorted(anchor_samples[task])])
-        for task in kept
+        for task in competence.kept
     }
-    return competence, diffs
 
 
 def choose_samples(context: StudyContext, primary, plans: list[Plan], pilot_diffs: dict[str, np.ndarray]) -> SamplePlan:
@@ -189,4 +195,13 @@ def choose_samples(context: StudyContext, primary, plans: list[Plan], pilot_diff
     return plan_samples(pilot_diffs, s.mde, float(np.mean(times)) / s.workers, allowed, s.min_samples)
 
 
-__all__ = ["StudyContext", "chat_template", "choose_samples", "pilot", "profile", "runner", "strongest_anchor"]
+__all__ = [
+    "StudyContext",
+    "anchor_spread",
+    "chat_template",
+    "choose_samples",
+    "competence_pilot",
+    "profile",
+    "runner",
+    "strongest_anchor",
+]

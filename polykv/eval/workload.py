@@ -135,14 +135,28 @@ def plan_samples(
     spreads = list(sds.values())
     # a task whose pilot differences are all equal gives no spread: the others' decide
     for_target = samples_for(spreads, target, most=maximum) if target is not None and any(spreads) else None
-    for_time = None
+    for_time = affordable = None
     if seconds_allowed is not None and seconds_per_sample:
-        for_time = max(2, int(seconds_allowed // (seconds_per_sample * len(sds))))
-    wanted = max(minimum, for_target if for_target is not None else minimum)
-    chosen = min(wanted, for_time) if for_time is not None else wanted
-    chosen = max(2, min(chosen, maximum))
-    if for_time is not None and for_time < wanted:
+        affordable = int(seconds_allowed // (seconds_per_sample * len(sds)))
+        for_time = max(2, affordable)  # a paired test needs 2 samples a task, even past the allowance
+    if for_target is not None:
+        wanted = max(minimum, for_target)
+    else:  # no target (or no spread to plan with): as many as the time affords, else the minimum
+        wanted = max(minimum, for_time) if for_time is not None else minimum
+    chosen = max(2, min(min(wanted, for_time) if for_time is not None else wanted, maximum))
+    mde = expected_mde(spreads, chosen)
+    if affordable is not None and affordable < 2:
+        reason = (
+            f"2 samples per task, the least a paired test needs, exceed the time allowance (it affords {affordable})"
+        )
+    elif for_time is not None and for_time < wanted:
         reason = f"the time allowance affords {for_time} samples per task (wanted {wanted})"
+    elif for_target is None and for_time is not None:
+        reason = f"the time allowance affords {for_time} samples per task" + (
+            " (no target given)" if target is None else " (the pilot shows no spread to plan a target with)"
+        )
+    elif for_target is not None and not mde <= target:
+        reason = f"{chosen} samples per task, the most allowed, do not reach the target {target:g}"
     elif for_target is not None and for_target >= minimum:
         reason = f"{for_target} samples per task reach the target minimal detectable difference {target:g}"
     else:
@@ -151,7 +165,7 @@ def plan_samples(
         )
     return SamplePlan(
         chosen,
-        expected_mde(spreads, chosen),
+        mde,
         target,
         for_target,
         for_time,

@@ -7,7 +7,7 @@ from collections import Counter
 
 from polykv.eval.compare import direction, direction_text, placement_summary
 from polykv.eval.experiments.runner import PERMUTATIONS, ExperimentRunner, Report, _plain
-from polykv.eval.paired_samples import sample_test
+from polykv.eval.paired_samples import detectable, sample_test
 from polykv.eval.stats import spearman_permutation
 from polykv.plan import LayerPlan, Phase, Plan, Scope
 from polykv.profile.store import Profile
@@ -100,7 +100,7 @@ def placement(
         report.lines.append(
             f"guided - random mean at the sample level: {versus_mean.difference:+.4f} {metric}, 95% CI "
             f"[{versus_mean.low:+.4f}, {versus_mean.high:+.4f}] (bootstrap of samples within tasks); "
-            f"{versus_mean.describe()}; minimal detectable difference {versus_mean.mde:.4g}"
+            f"{versus_mean.describe()}; minimal detectable difference {detectable(versus_mean.mde, '.4g')}"
         )
     report.data = {
         "experiment": "placement",

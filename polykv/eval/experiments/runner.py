@@ -10,6 +10,7 @@ from typing import Any
 
 from polykv.eval.backends import backend
 from polykv.eval.compare import Paired, direction, macro_average, paired, sample_scores
+from polykv.eval.paired_samples import detectable
 from polykv.eval.runner import run_suite
 from polykv.eval.shards import run_sharded
 from polykv.eval.store import Store
@@ -26,6 +27,15 @@ def suite_metrics(suite: str) -> tuple[str, ...]:
     from polykv.eval.settings import suite_module
 
     return tuple(getattr(suite_module(suite), "METRICS", ("score",)))
+
+
+def check_metric(suite: str, metric: str) -> None:
+    """One line (SettingsError) when `suite`'s runs do not report `metric`: checked before a model loads."""
+    from polykv.errors import SettingsError
+
+    reported = suite_metrics(suite)
+    if metric not in reported:
+        raise SettingsError(f"the {suite} suite does not report {metric} (it reports {', '.join(reported)})")
 
 
 @dataclass
@@ -232,6 +242,7 @@ def _ci(result: Paired) -> str:
         test = result.samples
         text += (
             f"; sample level 95% CI [{test.low:+.4f}, {test.high:+.4f}], sign-flip p = {test.p_value:.4f} over "
-            f"{test.samples} paired samples ({test.differing} differ), minimal detectable difference {test.mde:.4g}"
+            f"{test.samples} paired samples ({test.differing} differ), "
+            f"minimal detectable difference {detectable(test.mde, '.4g')}"
         )
     return text + f"; {result.verdict()}"

@@ -110,13 +110,28 @@ class Scored:
 
 def gold_ids(tokenizer, prompt_ids: Sequence[int], text: str, limit: int) -> list[int]:
     """The tokens of a gold answer `text` as the model would continue the prompt: a space in front unless the
-    prompt ends in whitespace (a chat template's assistant header, RULER's vt prefix), at most `limit` tokens."""
-    end = tokenizer.decode(list(prompt_ids[-1:]))
-    spaced = text if not end or end[-1].isspace() else " " + text
-    ids = list(tokenizer(spaced, add_special_tokens=False).input_ids)[:limit]
+    prompt ends in whitespace (a chat template's assistant header, RULER's vt prefix), at most `limit` tokens.
+
+    The answer is tokenized after the prompt's last tokens and the tokens they give alone are cut off, so a
+    tokenizer that marks a word's leading space inside its first token (SentencePiece's dummy prefix, as in
+    llama2.c and Llama 2 / Mistral tokenizers) gives that token, not a lone space before it. When the joint
+    tokenization changes the prompt's own tokens, the answer is tokenized alone."""
+    tail_ids = list(prompt_ids[-_TAIL:])
+    tail = tokenizer.decode(tail_ids)
+    spaced = text if not tail or tail[-1].isspace() else " " + text
+    alone = list(tokenizer(tail, add_special_tokens=False).input_ids)
+    joint = list(tokenizer(tail + spaced, add_special_tokens=False).input_ids)
+    if alone and joint[: len(alone)] == alone and len(joint) > len(alone):
+        ids = joint[len(alone) :]
+    else:
+        ids = list(tokenizer(spaced, add_special_tokens=False).input_ids)
+    ids = ids[:limit]
     if not ids:
         raise ValueError(f"empty gold answer {text!r}: answer_nll needs at least one answer token")
     return ids
+
+
+_TAIL = 8  # prompt tokens the answer is tokenized after (enough for any merge across the boundary to show)
 
 
 def keeps_everything(plan: Plan) -> bool:

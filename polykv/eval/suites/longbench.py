@@ -123,7 +123,9 @@ def check_settings(settings: LongBenchSettings) -> None:
 
 Settings = LongBenchSettings  # every suite module exposes Settings, build_samples and score_sample
 # Bump whenever samples or scoring change: run ids include it, so older results are never reused.
-REVISION = 2  # 2: the mode setting (answer_nll, agreement) and every sample's answer stored
+# 2: the mode setting (answer_nll, agreement) and every sample's answer stored; 3: the gold answer tokenized as the
+# prompt's continuation (`answers.gold_ids`)
+REVISION = 3
 METRICS = answers.MODE_METRICS["both"]  # what a run may report (its mode says which)
 
 

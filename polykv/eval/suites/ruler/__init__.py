@@ -169,8 +169,9 @@ __all__ = [
 Settings = RulerSettings  # every suite module exposes Settings, build_samples and score_sample
 # Bump whenever samples or scoring change: run ids include it, so older results are never reused.
 # 2: vt chain lines placed as the official generator does; 3: the chat template (use_chat_template); 4: the
-# mode setting (answer_nll, agreement) and every sample's answer stored
-REVISION = 4
+# mode setting (answer_nll, agreement) and every sample's answer stored; 5: the gold answer tokenized as the
+# prompt's continuation (no lone space token before it with a dummy-prefix tokenizer; smollm2's are unchanged)
+REVISION = 5
 METRICS = answers.MODE_METRICS["both"]  # what a run may report (its mode says which)
 
 
