@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 import torch
@@ -66,6 +67,20 @@ def test_the_conversion_is_made_once_and_reused(tmp_path, home, monkeypatch):
     assert not [p for p in (home / "models").iterdir() if ".partial-" in p.name]  # nothing half-written left
     path.write_bytes(write_tiny_gguf(tmp_path / "other.gguf", layers=3).read_bytes())  # new contents: new copy
     assert resolve_model_path(str(path)) != first and len(calls) == 2
+
+
+def test_a_conversion_made_by_another_transformers_version_is_made_again(tmp_path, home, monkeypatch):
+    path = write_tiny_gguf(tmp_path / "tiny.gguf")
+    calls = []
+    convert = gguf_module._write_converted
+    monkeypatch.setattr(gguf_module, "_write_converted", lambda *a: (calls.append(a), convert(*a))[1])
+    target = resolve_model_path(str(path))
+    record_path = Path(target) / "polykv_source.json"
+    record = json.loads(record_path.read_text())
+    assert record["transformers"] == metadata.version("transformers") and len(calls) == 1
+    record_path.write_text(json.dumps({**record, "transformers": "4.0.0"}))  # as an older install left it
+    assert resolve_model_path(str(path)) == target and len(calls) == 2
+    assert json.loads(record_path.read_text())["transformers"] == metadata.version("transformers")
 
 
 def test_smollm2_is_found_through_the_installed_distribution():

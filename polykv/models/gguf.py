@@ -159,8 +159,14 @@ def gguf_model_dir(path: str | os.PathLike, home: Path) -> Path:
 
 
 def _is_current(model_dir: Path, digest: str) -> bool:
+    """Is the cached conversion this file's, by this converter and the installed transformers (whose dequantizing
+    and tokenizer building made it: an upgrade converts again)?"""
+    from importlib.metadata import version  # not `import transformers`: commands that load no model stay fast
+
     record = read_source_record(model_dir)
     if not record or record.get("converter_version") != CONVERTER_VERSION:
+        return False
+    if record.get("transformers") != version("transformers"):
         return False
     if record.get("gguf", {}).get("sha256") != digest:
         return False
