@@ -63,13 +63,16 @@ def test_the_designer_starts_on_the_shipped_plan_and_paints_30_layers(smollm2_ap
 def test_profiles_compare_and_runs_open_on_the_study(smollm2_app):
     at = open_with_smollm2("profiles")
     assert texts(at.title) == ["Method profiles"] and not at.error
+    (profile_file,) = STUDY.glob("profiles/*/profile.json")
+    scopes = len(json.loads(profile_file.read_text())["scopes"])  # the study profiles the phases it routes
     specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
-    for spec in specs[:2]:  # one decision chart per scope: a row per layer, a winner per layer
+    assert len(specs) >= scopes
+    for spec in specs[:scopes]:  # one decision chart per scope: a row per layer, a winner per layer
         grid, stars = spec["data"][:2]
         assert sorted(set(grid["y"])) == list(range(30)) and len(stars["x"]) == 30
         assert spec["layout"]["height"] >= 30 * 20  # a readable row per layer
-    tables = at.dataframe[:2]
-    assert all(len(table.value) == 30 for table in tables)
+    tables = at.dataframe[:scopes]
+    assert len(tables) == scopes and all(len(table.value) == 30 for table in tables)
     at.switch_page("views/compare.py")
     at.run()
     assert not at.exception and not at.error and at.get("plotly_chart")

@@ -8,12 +8,14 @@ import threading
 
 import torch
 
+from polykv.models import cache_argument_name
 from polykv.plan import Plan
 from polykv.runtime import routed
 from polykv.runtime.attention import record_attention
 from tests.helpers import decode_logits, prompt, tiny_model
 
 STEPS = 6
+CACHE = cache_argument_name(tiny_model("llama"))  # the forward's cache argument in this transformers
 WAIT = 1.0  # how long the first thread holds its block open for the other to act inside it (seconds)
 
 
@@ -24,9 +26,9 @@ def _model():
 
 def _alone(model, plan: Plan | None, ids) -> list[torch.Tensor]:
     if plan is None:
-        return decode_logits(model, ids, STEPS, "past_key_values")[0]
+        return decode_logits(model, ids, STEPS, CACHE)[0]
     with routed(model, plan):
-        return decode_logits(model, ids, STEPS, "past_key_values")[0]
+        return decode_logits(model, ids, STEPS, CACHE)[0]
 
 
 def _run_threads(*targets) -> None:
@@ -59,12 +61,12 @@ def test_a_second_threads_plan_runs_as_its_own_while_the_first_holds_its_block()
         with routed(model, first):
             inside.set()
             second_done.wait(WAIT)  # the other thread's run would fall inside this block if nothing kept it out
-            got["first"] = decode_logits(model, ids, STEPS, "past_key_values")[0]
+            got["first"] = decode_logits(model, ids, STEPS, CACHE)[0]
 
     def run_second():
         inside.wait(10)
         with routed(model, second):
-            got["second"] = decode_logits(model, ids, STEPS, "past_key_values")[0]
+            got["second"] = decode_logits(model, ids, STEPS, CACHE)[0]
         second_done.set()
 
     _run_threads(run_first, run_second)
@@ -88,7 +90,7 @@ def test_another_threads_plain_forward_is_vanilla_while_a_routed_block_is_open()
 
     def run_plain():
         inside.wait(10)
-        got.extend(decode_logits(model, ids, STEPS, "past_key_values")[0])
+        got.extend(decode_logits(model, ids, STEPS, CACHE)[0])
         plain_done.set()
 
     _run_threads(run_routed, run_plain)
@@ -109,7 +111,7 @@ def test_two_threads_recording_attention_on_one_model_keep_their_own_rows():
         with routed(model, plans[name]), record_attention() as recorder:
             if hold is not None:
                 hold.set()
-            decode_logits(model, inputs[name], 1, "past_key_values")
+            decode_logits(model, inputs[name], 1, CACHE)
         return {layer: rows.shape for layer, rows in recorder.rows.items()}, recorder
 
     alone = {name: record(name)[0] for name in plans}
