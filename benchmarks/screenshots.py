@@ -21,6 +21,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+# Debian's chromium, headless, offline and sandbox-free (as tests/test_browser.py launches it too).
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",

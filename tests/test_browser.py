@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
+from benchmarks.screenshots import CHROMIUM_ARGS  # one list of the flags this machine's chromium needs
 from polykv import design
 from polykv.eval.store import Store
 from polykv.plan import Plan
@@ -29,15 +30,6 @@ from tests.helpers import MIXED, REPO, wait_until
 
 ARTIFACTS = REPO / "tests" / "artifacts"
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 # Streamlit scrolls an inner container, so a screenshot holds only the viewport: make it tall.
 VIEWPORT = {"width": 1400, "height": 2600}
 WAIT = 60_000  # ms for one rerun; CI machines have two slow cores

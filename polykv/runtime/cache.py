@@ -264,6 +264,8 @@ class RoutedLayer(DynamicLayer):
         newest_last, self._newest_last = self._newest_last, False  # slots move from here on
         n = self.retained
         if eviction.dropped is None and eviction.keep.shape[-1] == n - 1:
+            # Keeping n - 1 distinct slots of 0..n-1 drops exactly one, per head: the slots sum to n(n-1)/2,
+            # so the dropped slot is that sum minus the kept ones' (no search, no mask).
             eviction = Eviction(dropped=n * (n - 1) // 2 - eviction.keep.sum(dim=-1, keepdim=True))
         kept = n - 1 if eviction.dropped is not None else eviction.keep.shape[-1]
         capacity = self.method.capacity
