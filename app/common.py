@@ -197,6 +197,11 @@ def finished_run_rows(store) -> list[dict[str, Any]]:
     return [r for r in reversed(store.runs()) if r["status"] == "finished"]
 
 
+def label_text(label: dict[str, Any]) -> str:
+    """A job run's label as the Runs page prints it: "series route, budget 64" (fields without a value left out)."""
+    return ", ".join(f"{key} {value}" for key, value in label.items() if value is not None)
+
+
 def run_label(run: dict[str, Any]) -> str:
     """A run as the Compare page lists it."""
     return f"{run['plan_name']} · {run['suite']} · {run['model']} · {run['id'][:8]}"

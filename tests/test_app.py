@@ -676,3 +676,8 @@ def test_compare_finds_sweeps_and_placements_in_the_jobs_that_launched_them():
     runs = SimpleNamespace(runs=lambda: [*older, finished])
     assert [r["id"] for r in common.finished_run_rows(runs)] == ["r2", "r1"]  # newest first
     assert common.run_label({**finished, "id": "0123456789"}) == "p · fidelity · demo · 01234567"
+
+
+def test_a_job_runs_label_leaves_out_fields_without_a_value():
+    assert common.label_text({"series": "route", "budget": 64, "role": None}) == "series route, budget 64"
+    assert common.label_text({}) == ""

@@ -694,6 +694,15 @@ def test_the_api_parses_suite_settings_strictly(suite, text, message):
         suite_settings(suite, text)
 
 
+@pytest.mark.parametrize("text", ['{"tasks": []}', '{"length": [512, 512]}', '{"samples_per_task": 0}'])
+def test_a_suites_own_check_names_its_settings_once(text):
+    from polykv.eval.settings import suite_settings
+
+    with pytest.raises(SettingsError) as refused:
+        suite_settings("ruler", text)
+    assert str(refused.value).startswith("ruler settings: ") and str(refused.value).count("ruler settings") == 1
+
+
 @pytest.mark.parametrize("text", ["0", "1.5", "x", "1,,-2", "9" * 12])
 def test_the_api_refuses_budget_lists_that_are_not_positive_whole_numbers(text):
     from polykv.eval.settings import parse_budgets

@@ -89,7 +89,7 @@ def job_list():
             st.progress(min(1.0, progress.fraction), text=f"{progress.summary()} · {progress.message}")
             for run in progress.runs:
                 total = run.total or 0
-                label = ", ".join(f"{k} {v}" for k, v in run.label.items())
+                label = common.label_text(run.label)
                 st.progress(
                     run.done / total if total else 0.0,
                     text=f"{run.plan_name} ({label}) · {run.done}/{total or '?'} samples · {run.status}",
