@@ -341,3 +341,22 @@ def test_scale_budget_of_a_native_plan_keeps_one_capacity_so_it_stays_valid():
     assert {layer.prefill.capacity for layer in scaled.layers} == {round(50.5)}
     assert scaled.allocation == "native"
     validate_plan(scaled, 4)  # unequal capacities would be refused for a native plan
+
+
+def test_a_toprank_budget_under_a_routed_methods_window_names_the_method_and_the_window():
+    """The smollm2 study's decode route has CAKE (window 32) in some layers: every layer needs at least 33."""
+    from pathlib import Path
+
+    from polykv.profile.store import profile_named
+    from polykv.routing import plan_from_profile
+
+    study = Path(__file__).resolve().parents[1] / "docs" / "smollm2-study"
+    (folder,) = (study / "profiles").iterdir()
+    loaded = profile_named(str(folder), study)
+    with pytest.raises(ValueError) as refused:
+        plan_from_profile(loaded, "decode", 32)
+    assert str(refused.value) == (
+        "budget 32 is below 33, the least capacity cake can run at in the decode route (its window (32) must fit "
+        "under it): choose a budget of at least 33"
+    )
+    assert plan_from_profile(loaded, "decode", 33).summary().phases[Phase.DECODE].total_capacity == 30 * 33

@@ -108,6 +108,17 @@ def window_floor(assignment: PhaseAssignment) -> int:
     return 1 + max((int(getattr(params, name)) for name in cls.below_capacity), default=0)
 
 
+def floor_words(method: str, params: dict) -> str:
+    """What sets `window_floor` of a method with these parameters, in words, e.g. "its window (32)"."""
+    cls = REGISTRY[method]
+    given = cls.Params(**params)
+    values = {name: int(getattr(given, name)) for name in cls.below_capacity}
+    if not values:
+        return "one token"
+    name = max(values, key=values.get)
+    return f"its {name} ({values[name]})"
+
+
 def scale_budget(
     plan: Plan,
     average: float,

@@ -15,7 +15,7 @@ from typing import Any
 from polykv.methods import validate_plan
 from polykv.plan import FULL, Phase, PhaseAssignment, Plan, Scope
 from polykv.profile.store import Profile
-from polykv.routing.allocation import allocate_entropy, allocate_ppl, allocate_uniform, window_floor
+from polykv.routing.allocation import allocate_entropy, allocate_ppl, allocate_uniform, floor_words, window_floor
 from polykv.routing.toprank import route_score, toprank
 
 ALLOCATIONS = ("uniform", "entropy", "ppl")  # how plan_from_profile splits the budget over the layers
@@ -87,7 +87,15 @@ def plan_from_profile(
     routes, capacities, scores = {}, {}, {}
     for phase in scope.phases:
         route = toprank(profile.table, phase, statistic, layers)
-        minimum = max(window_floor(PhaseAssignment(method=m, capacity=budget, params=params.get(m, {}))) for m in route)
+        floors = {m: window_floor(PhaseAssignment(method=m, capacity=budget, params=params.get(m, {}))) for m in route}
+        minimum = max(floors.values())
+        if minimum > budget:  # say where the floor comes from (the split itself would only name the numbers)
+            method = max(floors, key=floors.get)
+            raise ValueError(
+                f"budget {budget} is below {minimum}, the least capacity {method} can run at in the {phase.value} "
+                f"route ({floor_words(method, params.get(method, {}))} must fit under it): choose a budget of at "
+                f"least {minimum}"
+            )
         if allocation == "uniform":
             caps = allocate_uniform(layers, budget, minimum)
         elif allocation == "entropy":
