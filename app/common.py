@@ -87,16 +87,22 @@ def eval_job(
     baselines: Sequence[str],
     placements: int,
     seed: int,
+    loaded: tuple[Any, Any] | None = None,
 ):
     """The evaluation job the Runs page's form describes (not started): the plan at each budget, the
-    baselines and the random placements. PolyKVError or ValueError with one line when the form is wrong."""
+    baselines and the random placements. PolyKVError or ValueError with one line when the form is wrong, or
+    when `loaded` (the model and tokenizer) cannot run it (`polykv.eval.fit`: a length past the context, a
+    task whose shortest prompt does not fit, a capacity past the context)."""
     from polykv.eval.experiments import launch_plans
+    from polykv.eval.fit import check_fits
     from polykv.eval.settings import parse_budgets, suite_settings
     from polykv.eval.unit import Unit
 
     budgets = parse_budgets(budgets_text)
     settings = suite_settings(suite, settings_text)
     labelled = launch_plans(plan, budgets, list(baselines), int(placements), int(seed))
+    if loaded is not None:
+        check_fits(suite, settings, *loaded, [p for _, p in labelled], int(seed))
     units = [(label, Unit.of(model_name, p, suite, settings, int(seed), device)) for label, p in labelled]
     more = f" + {len(units) - 1} more" if len(units) > 1 else ""
     return jobs.eval_job(units, f"{plan.name} on {suite}{more}")

@@ -12,7 +12,7 @@ from polykv.eval.store import Store, StoreError
 from polykv.eval.workload import floor_warnings
 
 st.title("Runs")
-name, device, _, _ = session.current_model()
+name, device, model, tokenizer = session.current_model()
 workspace = session.workspace()
 
 
@@ -60,7 +60,9 @@ with st.form(state.LAUNCH_FORM):
 
 if launched:
     common.start_job(
-        lambda: common.eval_job(name, device, plan, suite, settings_text, budgets_text, baselines, placements, seed),
+        lambda: common.eval_job(
+            name, device, plan, suite, settings_text, budgets_text, baselines, placements, seed, (model, tokenizer)
+        ),
         state.RUNS_FLASH,
         refused="Not launched",
     )

@@ -42,13 +42,22 @@ def evaluate(
     """Evaluate a plan on a suite; results go to <workspace>/results.sqlite as they finish (resumable)."""
     import polykv.jobs  # noqa: F401  registers the "subprocess" backend (jobs sit above eval)
     from polykv.eval.backends import backend as backend_named
+    from polykv.eval.fit import check_fits
     from polykv.eval.store import Store
     from polykv.eval.unit import Unit
 
+    models: dict[tuple[str, str], tuple] = {}
+
+    def load(name: str, on: str):  # once: the fit check's model is the one the local backend runs
+        if (name, on) not in models:
+            models[(name, on)] = _load_model(name, on)
+        return models[(name, on)]
+
     bars = Progress()  # the local backend reports every sample here; the others report in the store
-    runs_on = backend_named(backend, load=_load_model, progress=bars.sample)  # an unknown name fails first
+    runs_on = backend_named(backend, load=load, progress=bars.sample)  # an unknown name fails first
     loaded = _checked_plan(plan, model, device)  # bad input fails before anything is written
     settings = _suite_settings(suite, samples, tasks, prompt_tokens, settings_json, model)
+    check_fits(suite, settings, *load(model, device), [loaded], seed)  # what cannot run is not started
     store = Store(workspace / "results.sqlite")
     unit = Unit.of(model, loaded, suite, settings, seed, device)
     if runs_on.detached:  # this command returns at once; `polykv runs` shows progress

@@ -211,6 +211,7 @@ def run_study(
     from polykv.eval import study_steps as steps
     from polykv.eval.experiments import factorial, factorial_plans, placement, placement_plans, sweep, sweep_plans
     from polykv.eval.experiments.runner import check_metric
+    from polykv.eval.fit import check_fits
     from polykv.eval.protocols import protocol
     from polykv.eval.store import Store
     from polykv.routing import placement_count, plan_from_profile
@@ -229,9 +230,13 @@ def run_study(
         raise ValueError(f"the study runs one {settings.suite} length at a time; give one length (got {lengths})")
     for name in settings.baselines or ():
         protocol(name)  # an unknown baseline fails before the model loads
-    workspace.mkdir(parents=True, exist_ok=True)
     phase = Phase(settings.scope)
     context = steps.StudyContext(settings, workspace, say, on_run, on_sample)  # loads the model
+    check_fits(settings.suite, primary, context.model, context.tokenizer, seed=settings.seed)  # before the profile
+    if settings.placement_suite:
+        placing = suite_settings_for(settings.placement_suite, settings.placement_settings, settings.model, None)
+        check_fits(settings.placement_suite, placing, context.model, context.tokenizer, seed=settings.seed)
+    workspace.mkdir(parents=True, exist_ok=True)
 
     started = time.perf_counter()
     say("profile")

@@ -1,0 +1,39 @@
+"""Can these runs start on this model? Checked before anything is written or launched.
+
+A run that cannot start fails the same way at every sample: a RULER length past the model's context, a task
+whose shortest prompt does not fit the length, a plan whose capacities exceed the context. A job launched
+with such settings failed seconds later in the background and stayed listed with a Resume that could not
+succeed; `check_fits` says it at once, in one line, as the first sample of each task would. The CLI (`eval`,
+the study) and the app's Runs page call it before they create a job, a run or a results database.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from polykv.errors import PolyKVError, SettingsError, first_line
+from polykv.plan import Plan
+
+
+def check_fits(suite: str, settings, model, tokenizer, plans: Sequence[Plan] = (), seed: int = 0) -> None:
+    """SettingsError (one line) when the plans or the suite's first sample of a task cannot run on `model`."""
+    from polykv.eval.settings import suite_module
+    from polykv.methods import validate_plan
+    from polykv.models import context_length, num_layers
+
+    layers, context = num_layers(model), context_length(model)
+    for plan in plans:
+        try:
+            validate_plan(plan, layers, context, within_context=True)
+        except (PolyKVError, ValueError) as exc:
+            raise SettingsError(f"plan {plan.name}: {first_line(exc)}") from None
+    one = dataclasses.replace(settings, samples_per_task=1) if hasattr(settings, "samples_per_task") else settings
+    try:
+        suite_module(suite).build_samples(tokenizer, model, one, seed)  # what every run builds first
+    except (PolyKVError, OSError, ValueError) as exc:
+        problem = first_line(exc)
+        raise SettingsError(problem if problem.startswith(f"{suite} ") else f"{suite} settings: {problem}") from None
+
+
+__all__ = ["check_fits"]

@@ -1,0 +1,63 @@
+"""Runs that cannot start on the model are refused before anything starts: a RULER length past the context,
+a task whose shortest prompt does not fit the length, a capacity past the context (`polykv.eval.fit`), in the
+library, the CLI (no workspace written, no background job) and the app's Runs page (inline, no job)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from polykv import jobs
+from polykv.errors import SettingsError
+from polykv.eval.fit import check_fits
+from polykv.eval.settings import suite_settings
+from polykv.plan import Plan
+from tests.helpers import assert_one_line_error, button, open_app, texts
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({"length": 4096}, "ruler length 4096 exceeds the model's context (512 tokens); pass a length of at most 512"),
+        ({"length": 512}, "ruler length 512 is too small for task niah_multiquery: its shortest prompt is"),
+    ],
+)
+def test_ruler_settings_that_cannot_run_on_the_model_are_refused(demo_model, settings, expected):
+    model, tokenizer = demo_model
+    with pytest.raises(SettingsError) as refused:
+        check_fits("ruler", suite_settings("ruler", settings), model, tokenizer)
+    assert str(refused.value).startswith(expected) and "\n" not in str(refused.value)
+
+
+def test_a_capacity_past_the_context_is_refused_and_what_fits_passes(demo_model):
+    model, tokenizer = demo_model
+    settings = suite_settings("ruler", {"length": 512, "tasks": ["niah_single_1"]})
+    check_fits("ruler", settings, model, tokenizer, [Plan.homogeneous("tova", 64, 5)])  # nothing to say
+    with pytest.raises(SettingsError, match="plan tova-both-100000: layer 0, prefill, capacity: 100000 is more than"):
+        check_fits("ruler", settings, model, tokenizer, [Plan.homogeneous("tova", 100_000, 5)])
+
+
+def test_eval_in_the_background_refuses_what_cannot_run_before_starting(polykv, tmp_path):
+    plan = tmp_path / "full.json"
+    plan.write_text(Plan.homogeneous("full", None, 5).to_json())
+    workspace = tmp_path / "ws"
+    result = polykv(
+        "eval", "--model", "demo", "--plan", str(plan), "--suite", "ruler", "--settings", json.dumps({"length": 4096}),
+        "--backend", "subprocess", "-w", str(workspace),
+    )  # fmt: skip
+    assert_one_line_error(result, "ruler length 4096 exceeds the model's context (512 tokens)")
+    assert not workspace.exists()
+
+
+def test_the_runs_page_refuses_what_cannot_run_inline_and_starts_no_job(app_env):
+    at = open_app("runs")
+    at.selectbox(key="run_suite").select("ruler")
+    at.run()
+    at.text_area(key="settings_ruler").set_value(json.dumps({"length": 4096}))
+    button(at, "Launch").click()
+    at.run()
+    assert not at.exception
+    refusal = "Not launched: ruler length 4096 exceeds the model's context (512 tokens); pass a length of at most 512"
+    assert refusal in texts(at.error)
+    assert jobs.list_jobs(app_env / "ws") == []
