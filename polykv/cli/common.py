@@ -120,10 +120,11 @@ def _suite_settings(
     from polykv.eval.suites.fidelity import default_tasks
 
     if settings_json is not None or suite != "fidelity":
-        settings = suite_settings(suite, settings_json)
+        text = (settings_json or "").strip()
+        given = parse_json(text, f"{suite} settings", error=SettingsError) if text else None
+        settings = suite_settings(suite, given)  # refuses what is not a JSON object of its fields
         if metric in MODE_METRICS["both"] and hasattr(settings, "mode"):  # other metrics: the runner refuses them
-            given = parse_json(settings_json, "--settings", error=SettingsError) if settings_json else {}
-            settings = dataclasses.replace(settings, mode=mode_for(metric, given.get("mode")))
+            settings = dataclasses.replace(settings, mode=mode_for(metric, (given or {}).get("mode")))
         return settings
     chosen = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else list(default_tasks(model))
     return suite_settings(suite, {"tasks": chosen, "samples_per_task": samples, "prompt_tokens": prompt_tokens})

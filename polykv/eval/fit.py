@@ -18,7 +18,7 @@ from polykv.plan import Plan
 
 def check_fits(suite: str, settings, model, tokenizer, plans: Sequence[Plan] = (), seed: int = 0) -> None:
     """SettingsError (one line) when the plans or the suite's first sample of a task cannot run on `model`."""
-    from polykv.eval.settings import suite_module
+    from polykv.eval.settings import about_settings, suite_module
     from polykv.methods import validate_plan
     from polykv.models import context_length, num_layers
 
@@ -32,8 +32,7 @@ def check_fits(suite: str, settings, model, tokenizer, plans: Sequence[Plan] = (
     try:
         suite_module(suite).build_samples(tokenizer, model, one, seed)  # what every run builds first
     except (PolyKVError, OSError, ValueError) as exc:
-        problem = first_line(exc)
-        raise SettingsError(problem if problem.startswith(f"{suite} ") else f"{suite} settings: {problem}") from None
+        raise SettingsError(about_settings(suite, first_line(exc))) from None
 
 
 __all__ = ["check_fits"]

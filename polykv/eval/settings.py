@@ -39,7 +39,7 @@ def suite_settings(suite: str, settings: str | bytes | Mapping[str, Any] | None 
         try:
             check(parsed)
         except (PolyKVError, OSError, ValueError) as exc:
-            raise SettingsError(_about(suite, first_line(exc))) from None
+            raise SettingsError(about_settings(suite, first_line(exc))) from None
     return parsed
 
 
@@ -66,15 +66,15 @@ def _parse(suite: str, cls, settings: str | bytes | Mapping[str, Any] | None):
     try:
         return TypeAdapter(cls).validate_json(json.dumps(dict(data)), strict=True)
     except ValidationError as exc:
-        raise SettingsError(_about(suite, validation_line(exc))) from None
+        raise SettingsError(about_settings(suite, validation_line(exc))) from None
     except (PolyKVError, OSError, ValueError, TypeError) as exc:  # a suite's own check outside pydantic
-        raise SettingsError(_about(suite, first_line(exc))) from None
+        raise SettingsError(about_settings(suite, first_line(exc))) from None
 
 
-def _about(suite: str, problem: str) -> str:
-    """The problem, said once to be about this suite's settings (a suite's own checks may say so already)."""
-    prefix = f"{suite} settings: "
-    return problem if problem.startswith(prefix) else prefix + problem
+def about_settings(suite: str, problem: str) -> str:
+    """The problem, said once to be about this suite's settings ("ruler settings: ..."); a suite's own checks
+    may name the suite already ("ruler settings: ...", "ruler length 4096 exceeds ...")."""
+    return problem if problem.startswith(f"{suite} ") else f"{suite} settings: {problem}"
 
 
 def parse_settings_object(text: str | None, what: str = "settings") -> dict | None:

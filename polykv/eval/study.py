@@ -273,10 +273,6 @@ def run_study(
         pilot = steps.anchor_spread(context, primary, cells(anchor)["homogeneous-uniform"], competence)
         seconds["pilot"] += time.perf_counter() - started
     placement_suite = settings.placement_suite or settings.suite
-    if settings.placement_suite:
-        placing = suite_settings_for(placement_suite, settings.placement_settings, settings.model, None)
-    else:
-        placing = primary
     factorial_args = (profile, settings.scope, settings.budget, anchor, settings.statistic, settings.allocation)
     sweep_args = {s: (routes[s], list(settings.budgets), baselines) for s in settings.swept}
     sweep_profile = profile if settings.sweep_ppl else None  # the sweep's route-ppl row needs the profile
@@ -298,7 +294,7 @@ def run_study(
         sample_plan = steps.choose_samples(context, primary, timed, pilot)
         primary = dataclasses.replace(primary, samples_per_task=sample_plan.samples_per_task)
         seconds["samples"] = time.perf_counter() - started
-    if not settings.placement_suite:
+    if not settings.placement_suite:  # on the primary suite: its settings as chosen (a separate one's: above)
         placing = primary
         if settings.placement_samples is not None:
             placing = dataclasses.replace(primary, samples_per_task=settings.placement_samples)

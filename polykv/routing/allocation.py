@@ -99,20 +99,23 @@ def _split_with_floors(weights: Sequence[float], total: int, floors: Sequence[in
         pinned.update(under)
 
 
+def _below_capacity(method: str, params: dict) -> dict[str, int]:
+    """The method's parameters that must stay under its capacity (windows, sinks), with these values."""
+    cls = REGISTRY.get(method)
+    if cls is None:
+        raise ValueError(f"unknown method {method!r} (known: {', '.join(REGISTRY)})")
+    given = cls.Params(**params)
+    return {name: int(getattr(given, name)) for name in cls.below_capacity}
+
+
 def window_floor(assignment: PhaseAssignment) -> int:
     """1 + the largest parameter that must stay under the capacity (so windows and sinks still fit)."""
-    cls = REGISTRY.get(assignment.method)
-    if cls is None:
-        raise ValueError(f"unknown method {assignment.method!r} (known: {', '.join(REGISTRY)})")
-    params = cls.Params(**assignment.params)
-    return 1 + max((int(getattr(params, name)) for name in cls.below_capacity), default=0)
+    return 1 + max(_below_capacity(assignment.method, assignment.params).values(), default=0)
 
 
 def floor_words(method: str, params: dict) -> str:
     """What sets `window_floor` of a method with these parameters, in words, e.g. "its window (32)"."""
-    cls = REGISTRY[method]
-    given = cls.Params(**params)
-    values = {name: int(getattr(given, name)) for name in cls.below_capacity}
+    values = _below_capacity(method, params)
     if not values:
         return "one token"
     name = max(values, key=values.get)

@@ -60,11 +60,6 @@ def model_lock(model: torch.nn.Module) -> threading.RLock:
 @contextmanager
 def routed(model: torch.nn.Module, plan: Plan) -> Iterator[RoutedSession]:
     validate_plan(plan, num_layers(model), context_length(model))
-    with model_lock(model):
-        yield from _routed(model, plan)
-
-
-def _routed(model: torch.nn.Module, plan: Plan) -> Iterator[RoutedSession]:
     session = RoutedSession(model, plan)
     cache_name = cache_argument_name(model)
     owner = threading.get_ident()
@@ -85,14 +80,15 @@ def _routed(model: torch.nn.Module, plan: Plan) -> Iterator[RoutedSession]:
         kwargs[name] = session.new_cache()
         return args, kwargs
 
-    previous = model.config._attn_implementation
-    handle = model.register_forward_pre_hook(swap_in_routed_cache, with_kwargs=True)
-    _set_attention(model, ATTN_IMPLEMENTATION)
-    try:
-        yield session
-    finally:
-        handle.remove()
-        _set_attention(model, previous)
+    with model_lock(model):
+        previous = model.config._attn_implementation
+        handle = model.register_forward_pre_hook(swap_in_routed_cache, with_kwargs=True)
+        _set_attention(model, ATTN_IMPLEMENTATION)
+        try:
+            yield session
+        finally:
+            handle.remove()
+            _set_attention(model, previous)
 
 
 def _refuse_padding(attention_mask: torch.Tensor | None) -> None:
