@@ -45,6 +45,8 @@ def test_the_ruler_study_writes_a_report_traceable_to_its_runs(polykv, tmp_path)
     assert "niah_single_1, niah_multikey_2, fwe at 400 tokens" in text and "Wall time: profile" in text
     assert "metric **answer_nll**" in text and "sign-flip permutation test over" in text
     assert "with 80% power" in text and "abstract" not in text
+    beside = text[text.index("## Beside the paper") :]
+    assert "- Sweep: the paper's route-only" in beside and "paired samples, detects" in beside  # test, n and MDE
     for figure in ("profile.png", "placement.png", "sweep-decode.png", "sweep-prefill.png", "niah.png"):
         assert (tmp_path / "study" / figure).stat().st_size > 1000, figure
     store = Store(workspace / "results.sqlite", readonly=True)

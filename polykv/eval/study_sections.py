@@ -57,7 +57,7 @@ def sample_p_text(contrast: dict) -> str:
     sample = contrast.get("sample")
     if not sample:
         return f"task bootstrap {ci_text(contrast)}"
-    return f"p = {sample['p']:.4f}, detects {mde_text(sample['mde'])}"
+    return f"p = {sample['p']:.4f} over {sample['samples']} paired samples, detects {mde_text(sample['mde'])}"
 
 
 def accuracy_words(suite: str) -> str:
@@ -312,7 +312,8 @@ def beside_the_paper(result) -> list[str]:
         + "); ours: "
         + "; ".join(
             f"{b}: vs {result.sweep.data['versus_envelope'][b]['baseline']}, "
-            f"{result.sweep.data['versus_envelope'][b]['verdict']}"
+            f"{result.sweep.data['versus_envelope'][b]['verdict']} "
+            f"({sample_p_text(result.sweep.data['versus_envelope'][b])})"
             for b in result.sweep.data["budgets"]
         )
         + ".",
