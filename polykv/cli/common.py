@@ -149,3 +149,13 @@ def _parse_params(items: list[str]) -> dict:
         except FileError:
             params[name] = value  # a bare string such as pooling=avg
     return params
+
+
+def _profile_arg(value: str, workspace: Path, model: str):
+    """A profile key in <workspace>/profiles, else a directory; it must be this model's (checked before any
+    weights load)."""
+    from polykv.profile.store import profile_named
+
+    profile = profile_named(value, workspace)
+    profile.check_model(model, _num_layers(model))
+    return profile

@@ -13,43 +13,42 @@ from typing import Annotated
 
 import typer
 
-from polykv.cli.common import DEFAULT_WORKSPACE, ModelOption, WorkspaceOption, _load_model, _num_layers, _table
+from polykv.cli.common import DEFAULT_WORKSPACE, ModelOption, WorkspaceOption, _load_model, _profile_arg, _table
 from polykv.cli.progress import Progress
 from polykv.plan import Scope
 
 PROFILE_HELP = (
     "The profile that ranks the moves and gives TopRank: a key in <workspace>/profiles, a profile directory, or "
-    "'auto' (the model's default profile, computed once and reused)."
+    "'auto' (the searched scope on 8 text sequences of --max-tokens; with --sources, the workload's own "
+    "calibration samples), computed once and reused."
+)
+SOURCES_HELP = (
+    "With --objective answer_nll: the workload, comma-separated ruler:TASK[@LENGTH] (one length) or "
+    "longbench:PATH/<task>.jsonl; the search scores its calibration samples and the verdict its held-out ones."
 )
 
 
-def _resolve_profile(value: str, workspace: Path, model: str, hf_model, tokenizer, bars: Progress):
-    from polykv.plan import Phase
+AUTO_PROFILE_SEQUENCES = 8  # a search's own text profile: enough to rank moves, minutes on a laptop
+
+
+def _resolve_profile(value: str, workspace: Path, model: str, hf_model, tokenizer, bars: Progress, scope, max_tokens):
+    """The profile that ranks the moves: the one named, or ('auto') a profile of the searched scope only, on
+    AUTO_PROFILE_SEQUENCES text sequences of the search's length (computed once and reused)."""
     from polykv.profile.build import build_profile
     from polykv.profile.corpus import CorpusSpec, default_sources
 
-    if value == "auto":  # what `polykv profile --model M` computes (both scopes), reused when it exists
-        bars.start("profile")
-        return build_profile(
-            model,
-            hf_model,
-            tokenizer,
-            workspace / "profiles",
-            CorpusSpec(sources=default_sources(model)),
-            scopes=(Phase.PREFILL, Phase.DECODE),
-            progress=bars.fraction,
-        )
-    return _profile_arg(value, workspace, model)
-
-
-def _profile_arg(value: str, workspace: Path, model: str):
-    """A profile key in <workspace>/profiles, else a directory; it must be this model's (checked before any
-    weights load)."""
-    from polykv.profile.store import profile_named
-
-    profile = profile_named(value, workspace)
-    profile.check_model(model, _num_layers(model))
-    return profile
+    if value != "auto":
+        return _profile_arg(value, workspace, model)
+    bars.start("profile")
+    return build_profile(
+        model,
+        hf_model,
+        tokenizer,
+        workspace / "profiles",
+        CorpusSpec(sources=default_sources(model), num_sequences=AUTO_PROFILE_SEQUENCES, max_tokens=max_tokens),
+        scopes=tuple(Scope(scope).phases),
+        progress=bars.fraction,
+    )
 
 
 def search(
@@ -68,7 +67,37 @@ def search(
     held_out: Annotated[int, typer.Option(min=2, help="Held-out sequences of the verdict.")] = 48,
     max_tokens: Annotated[int, typer.Option(min=16, help="Tokens per sequence (clipped to the context).")] = 512,
     candidates: Annotated[int, typer.Option(min=1, help="Neighbours tried per round.")] = 8,
-    metric: Annotated[str, typer.Option(help="Objective: kl (KL(FullKV || plan)) or dppl.")] = "kl",
+    metric: Annotated[
+        str,
+        typer.Option(
+            "--objective",
+            "--metric",
+            help="What the search minimises: kl (KL(FullKV || plan)) or dppl on text, or answer_nll on a workload "
+            "(--sources).",
+        ),
+    ] = "kl",
+    sources: Annotated[str | None, typer.Option(help=SOURCES_HELP)] = None,
+    transfer: Annotated[
+        str | None,
+        typer.Option(
+            help="Workload tasks judged but never searched on (same suite and length), e.g. ruler:vt,ruler:fwe."
+        ),
+    ] = None,
+    text_profile: Annotated[
+        str | None,
+        typer.Option(help="With a workload: a text profile (key or directory) whose TopRank plan joins the verdict."),
+    ] = None,
+    b_cal: Annotated[
+        int | None, typer.Option("--b-cal", min=1, help="The workload profile's calibration capacity.")
+    ] = (None),
+    workers: Annotated[int, typer.Option(min=1, help="Processes sharing the verdict's samples.")] = 1,
+    accuracy_samples: Annotated[
+        int | None,
+        typer.Option(min=1, help="With a workload: held-out samples per task that also generate (default: all)."),
+    ] = None,
+    report: Annotated[Path | None, typer.Option(help="Where the Markdown report goes (default: <out>/report.md).")] = (
+        None
+    ),
     statistic: Annotated[str, typer.Option(help="Profile statistic that ranks moves and TopRank: dppl or cosine.")] = (
         "dppl"
     ),
@@ -86,6 +115,8 @@ def search(
     and the best homogeneous plan; compare on held-out text with paired bootstrap intervals."""
     from polykv.errors import SettingsError
     from polykv.files import atomic_write_json, atomic_write_text
+
+    report_path = report
     from polykv.models import config_dimensions
     from polykv.profile.store import STATISTICS
     from polykv.search.objective import METRICS
@@ -98,8 +129,26 @@ def search(
 
         if importlib.util.find_spec("ray") is None:
             raise SettingsError("--backend ray needs Ray: pip install 'polykv[ray]'")
+    if metric == "answer_nll" or sources is not None:
+        import inspect
+
+        from polykv.cli.search_workload import search_workload
+
+        given = locals()
+        return search_workload(**{name: given[name] for name in inspect.signature(search_workload).parameters})
     if metric not in METRICS:
-        raise SettingsError(f"--metric must be one of {', '.join(METRICS)} (got {metric!r})")
+        raise SettingsError(
+            f"--objective (--metric) must be one of {', '.join(METRICS)} or answer_nll (got {metric!r})"
+        )
+    workload_only = (
+        ("--transfer", transfer),
+        ("--text-profile", text_profile),
+        ("--b-cal", b_cal),
+        ("--accuracy-samples", accuracy_samples),
+    )
+    for name, value in workload_only:
+        if value is not None:
+            raise SettingsError(f"{name} belongs to a workload search (--objective answer_nll --sources ...)")
     if statistic not in STATISTICS:
         raise SettingsError(f"--statistic must be one of {', '.join(STATISTICS)} (got {statistic!r})")
     if len(set(budget)) < len(budget):
@@ -121,7 +170,12 @@ def search(
     args = sys.argv[1:]
     command = "polykv " + " ".join(shlex.quote(a) for a in args) if "search" in args else ""
     with Progress() as bars:
-        loaded = _resolve_profile(profile, workspace, model, hf_model, tokenizer, bars)
+        bars.note(
+            f"search: {'the searched scope profiled first, then ' if profile == 'auto' else ''}TopRank and "
+            f"the homogeneous plans on {search_sequences} search sequences, then up to {evaluations} executions "
+            f"per budget, then the verdict on {held_out} held-out sequences"
+        )
+        loaded = _resolve_profile(profile, workspace, model, hf_model, tokenizer, bars, scope, max_tokens)
         sequences = build_sequences(
             tokenizer, hf_model, model, search=search_sequences, held_out=held_out, max_tokens=max_tokens, seed=seed
         )
@@ -162,7 +216,7 @@ def search(
     for plan in plans:
         plan.save(out / f"{plan.name}.json")
     atomic_write_json(out / "report.json", report)
-    atomic_write_text(out / "report.md", markdown(report))
+    atomic_write_text(report_path or out / "report.md", markdown(report))
     for entry in report["budgets"]:
         verdict = entry["verdict"]
         typer.echo(

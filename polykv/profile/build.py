@@ -15,8 +15,8 @@ from polykv import __version__
 from polykv.methods import for_phase
 from polykv.models import num_layers
 from polykv.plan import Phase
-from polykv.profile.confidence import LEVEL, REPLICATES, cell_intervals, fullkv_perplexity
-from polykv.profile.corpus import CorpusSpec, build_corpus
+from polykv.profile.confidence import LEVEL, REPLICATES, cell_intervals, danswer_means, fullkv_perplexity
+from polykv.profile.corpus import CorpusSpec, WorkloadCorpus, build_corpus
 from polykv.profile.profiler import (
     CONTINUATION,
     PROFILE_REVISION,
@@ -37,21 +37,41 @@ def build_profile(
     capacity: int | None = None,
     scopes: tuple[Phase, ...] = (Phase.PREFILL, Phase.DECODE),
     continuation: int = CONTINUATION,
-    batch_size: int = 20,
+    batch_size: int = 4,
     reuse: bool = True,
     progress: Callable[[float, str], None] | None = None,
+    workload: WorkloadCorpus | None = None,
 ) -> Profile:
-    """Profile `model` on the calibration corpus at b_cal = `capacity` (default: scaled to the context)."""
-    texts = build_corpus(tokenizer, corpus, model=model)  # sequences no longer than the model's context
-    length = len(texts.sequences[0])
-    prompt = length - 1 - continuation
+    """Profile `model` on the calibration corpus at b_cal = `capacity` (default: scaled to the context).
+
+    A workload corpus spec (sources ruler:..., longbench:...) comes with its sequences built by
+    `polykv.eval.calibration.workload_corpus` (`workload`): each scores its gold answer, and the profile
+    measures danswer beside cosine and dPPL."""
+    if corpus.is_workload != (workload is not None):
+        raise ValueError(
+            "a workload corpus spec needs its sequences (polykv.eval.calibration.workload_corpus)"
+            if workload is None
+            else "workload sequences need a corpus spec of workload sources"
+        )
+    if workload is None:
+        texts = build_corpus(tokenizer, corpus, model=model)  # sequences no longer than the model's context
+        sequences, continuations, answer_tokens = texts.sequences, [continuation] * len(texts.sequences), None
+        records, corpus_data = texts.records, texts.to_dict()
+    else:
+        sequences, continuations, answer_tokens = workload.sequences, workload.continuations, workload.answer_tokens
+        records, corpus_data = workload.records, workload.to_dict(corpus)
+        continuation = max(continuations)
+    length = max(len(s) for s in sequences)
+    prompt = min(len(s) - 1 - c for s, c in zip(sequences, continuations))
     capacity = capacity if capacity is not None else default_calibration_capacity(prompt)
     if capacity >= prompt:
         raise ProfileError(
             f"b_cal ({capacity}) must be smaller than the calibration prompts ({prompt} tokens: sequences of "
             f"{length} minus a {continuation}-token continuation); lower b_cal or raise --max-tokens"
         )
-    settings = {"corpus": texts.spec.to_dict(), "scopes": [s.value for s in scopes], "continuation": continuation}
+    settings = {"corpus": corpus.to_dict(), "scopes": [s.value for s in scopes], "continuation": continuation}
+    if workload is not None:
+        settings["workload"] = {"answer_tokens": max(answer_tokens), "sequences": len(sequences)}
     methods = profiled_methods(scopes)
     key = profile_key(model_name, settings, capacity, corpus.seed, methods, PROFILE_REVISION)
     existing = find_profile(root, key)
@@ -59,9 +79,16 @@ def build_profile(
         return existing
 
     result = profile_methods(
-        model, texts.sequences, capacity, scopes, continuation=continuation, batch_size=batch_size, progress=progress
+        model,
+        sequences,
+        capacity,
+        scopes,
+        continuation=continuation,
+        batch_size=batch_size,
+        progress=progress,
+        continuations=None if workload is None else continuations,
     )
-    sources = [record["source"] for record in texts.records]  # sequence k's calibration source
+    sources = [record["source"] for record in records]  # sequence k's calibration source
     metadata = {
         "key": key,
         "model": model_name,
@@ -71,12 +98,13 @@ def build_profile(
         "scopes": settings["scopes"],
         "continuation": continuation,
         "sequence_length": length,
+        **({"workload": settings["workload"]} if workload is not None else {}),
         "method_params": {m: calibration_params(m, capacity) for phase in scopes for m in for_phase(phase)},
         "methods": methods,
         "profile_revision": PROFILE_REVISION,
-        "corpus": texts.to_dict(),
+        "corpus": corpus_data,
         "entropy": "mean attention entropy over all prompt queries, heads and sequences (nats)",
-        "fullkv_ppl": fullkv_perplexity(result.reference_nll, sources, continuation),
+        "fullkv_ppl": fullkv_perplexity(result.reference_nll, sources, continuations),
         "intervals": {
             "level": LEVEL,
             "replicates": REPLICATES,
@@ -92,11 +120,17 @@ def build_profile(
             "python": platform.python_version(),
         },
     }
-    sequences = pd.DataFrame(result.sequences)
-    intervals = cell_intervals(sequences, result.reference_nll, continuation, REPLICATES, seed=0)
-    table = pd.DataFrame(result.rows).merge(intervals, on=["layer", "scope", "method"], how="left")
+    per_sequence = pd.DataFrame(result.sequences)
+    cells = ["layer", "scope", "method"]
+    intervals = cell_intervals(per_sequence, result.reference_nll, continuations, REPLICATES, 0, answer_tokens)
+    table = pd.DataFrame(result.rows)
+    if answer_tokens is not None:
+        table = table.merge(danswer_means(per_sequence, result.reference_nll, answer_tokens), on=cells, how="left")
+    table = table.merge(intervals, on=cells, how="left")
     layers = pd.DataFrame({"layer": range(len(result.entropy)), "entropy": result.entropy})
     reference = pd.DataFrame({"sequence": range(len(sources)), "source": sources, "nll": result.reference_nll})
-    profile = Profile(metadata=metadata, table=table, layers=layers, sequences=sequences, reference=reference)
+    if answer_tokens is not None:
+        reference["tokens"], reference["answer_tokens"] = continuations, answer_tokens
+    profile = Profile(metadata=metadata, table=table, layers=layers, sequences=per_sequence, reference=reference)
     save_profile(profile, root)
     return profile

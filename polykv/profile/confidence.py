@@ -6,7 +6,9 @@ noisy cells and a route picked from them may be noise. We resample the sequences
 recompute every cell per replicate:
   cosine   the mean of the drawn sequences' cosines;
   dPPL     exp(mean NLL per token under the method) - exp(mean NLL per token under FullKV), both over
-           the drawn sequences (each sequence's NLL is summed over its `continuation` tokens).
+           the drawn sequences (each sequence's NLL is summed over its `continuation` tokens);
+  danswer  (a workload profile) the mean over the drawn sequences of the gold answer's NLL per answer token
+           under the method minus under FullKV: the change of the suite's answer_nll.
 `cell_intervals` gives each cell's percentile 95% interval; `polykv.routing.confidence` says, per
 layer, how often TopRank's pick stays the best across the same replicates. Replicates are seeded: the
 same profile, seed and count always give the same numbers.
@@ -19,7 +21,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from polykv.profile.store import STATISTICS
+from polykv.profile.store import NO_ANSWER, STATISTICS
 
 REPLICATES = 1000
 LEVEL = 0.95
@@ -46,11 +48,19 @@ def _cell_matrix(sequences: pd.DataFrame, column: str, num_sequences: int) -> tu
 
 
 def replicate_values(
-    sequences: pd.DataFrame, reference_nll, continuation: int, statistic: str, weights: np.ndarray
+    sequences: pd.DataFrame,
+    reference_nll,
+    continuation,
+    statistic: str,
+    weights: np.ndarray,
+    answer_tokens=None,
 ) -> tuple[list[tuple], np.ndarray]:
     """Every cell's `statistic` in every replicate: the cells (layer, scope, method) and [cells, replicates].
 
-    `weights` [replicates, sequences] (from `bootstrap_weights`; a row of ones is the full sample)."""
+    `weights` [replicates, sequences] (from `bootstrap_weights`; a row of ones is the full sample).
+    `continuation`: the tokens each sequence's NLL is summed over (one number, or one per sequence).
+    `answer_tokens`: each sequence's gold-answer length (a workload profile; None for text), the divisor of
+    danswer: the change of the answer's mean NLL per token (answer_nll) against FullKV."""
     if statistic not in STATISTICS:
         raise ValueError(f"unknown statistic {statistic!r} (known: {', '.join(STATISTICS)})")
     reference = np.asarray(reference_nll, dtype=float)
@@ -60,20 +70,33 @@ def replicate_values(
         cells, values = _cell_matrix(sequences, "cosine", n)
         return cells, values @ weights.T / drawn
     cells, nll = _cell_matrix(sequences, "nll", n)
-    reference_ppl = np.exp(weights @ reference / (drawn * continuation))
-    return cells, np.exp(nll @ weights.T / (drawn * continuation)) - reference_ppl
+    if statistic == "danswer":
+        if answer_tokens is None:
+            raise ValueError(NO_ANSWER)
+        per_sequence = (nll - reference) / np.asarray(answer_tokens, dtype=float)
+        return cells, per_sequence @ weights.T / drawn
+    tokens = weights @ np.broadcast_to(np.asarray(continuation, dtype=float), (n,))  # scored tokens per replicate
+    return cells, np.exp(nll @ weights.T / tokens) - np.exp(weights @ reference / tokens)
 
 
 def cell_intervals(
-    sequences: pd.DataFrame, reference_nll, continuation: int, replicates: int = REPLICATES, seed: int = 0
+    sequences: pd.DataFrame,
+    reference_nll,
+    continuation,
+    replicates: int = REPLICATES,
+    seed: int = 0,
+    answer_tokens=None,
 ) -> pd.DataFrame:
-    """Per cell: layer, scope, method, cosine_low, cosine_high, dppl_low, dppl_high (percentile 95%
-    bootstrap intervals over the calibration sequences; one draw of sequences shared by all cells)."""
+    """Per cell: layer, scope, method, cosine_low, cosine_high, dppl_low, dppl_high (and danswer_low,
+    danswer_high for a workload profile): percentile 95% bootstrap intervals over the calibration sequences;
+    one draw of sequences shared by all cells."""
     weights = bootstrap_weights(len(reference_nll), replicates, seed)
     tail = (1 - LEVEL) / 2
     out = None
     for statistic in STATISTICS:
-        cells, values = replicate_values(sequences, reference_nll, continuation, statistic, weights)
+        if statistic == "danswer" and answer_tokens is None:
+            continue
+        cells, values = replicate_values(sequences, reference_nll, continuation, statistic, weights, answer_tokens)
         low, high = np.quantile(values, [tail, 1 - tail], axis=1)
         frame = pd.DataFrame(cells, columns=["layer", "scope", "method"])
         frame[f"{statistic}_low"], frame[f"{statistic}_high"] = low, high
@@ -81,17 +104,38 @@ def cell_intervals(
     return out
 
 
-def fullkv_perplexity(reference_nll, sources, continuation: int) -> dict[str, float]:
+def danswer_means(sequences: pd.DataFrame, reference_nll, answer_tokens) -> pd.DataFrame:
+    """Per cell: layer, scope, method, danswer (the mean over sequences of the answer's NLL per token under the
+    cell minus under FullKV)."""
+    ones = np.ones((1, len(reference_nll)))
+    cells, values = replicate_values(sequences, reference_nll, 0, "danswer", ones, answer_tokens)
+    frame = pd.DataFrame(cells, columns=["layer", "scope", "method"])
+    frame["danswer"] = values[:, 0]
+    return frame
+
+
+def fullkv_perplexity(reference_nll, sources, continuation) -> dict[str, float]:
     """{source: FullKV perplexity of the continuations of that source's calibration sequences}, in the
-    order sources first appear."""
+    order sources first appear (`continuation`: scored tokens, one number or one per sequence)."""
     nll = np.asarray(reference_nll, dtype=float)
+    tokens = np.broadcast_to(np.asarray(continuation, dtype=float), nll.shape)
     sources = list(sources)
     if len(sources) != len(nll):
         raise ValueError(f"{len(sources)} sources for {len(nll)} sequences")
-    return {
-        source: float(math.exp(nll[[s == source for s in sources]].sum() / (sources.count(source) * continuation)))
-        for source in dict.fromkeys(sources)
-    }
+    out = {}
+    for source in dict.fromkeys(sources):
+        mine = np.array([s == source for s in sources])
+        out[source] = float(math.exp(nll[mine].sum() / tokens[mine].sum()))
+    return out
 
 
-__all__ = ["LEVEL", "REPLICATES", "bootstrap_weights", "cell_intervals", "fullkv_perplexity", "replicate_values"]
+__all__ = [
+    "LEVEL",
+    "NO_ANSWER",
+    "REPLICATES",
+    "bootstrap_weights",
+    "cell_intervals",
+    "danswer_means",
+    "fullkv_perplexity",
+    "replicate_values",
+]

@@ -52,6 +52,7 @@ from polykv.profile.sources import (
     _TextStream,
     corpora_dir,
     default_sources,
+    is_workload_source,
     model_source,
     source_files,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "KNOWN_SOURCES",
     "Corpus",
     "CorpusSpec",
+    "WorkloadCorpus",
     "ModelSource",
     "build_corpus",
     "corpora_dir",
@@ -98,6 +100,9 @@ class CorpusSpec:
             problem = _source_error(source)
             if problem:
                 raise ValueError(problem)
+        workload = [s for s in sources if is_workload_source(s)]
+        if workload and len(workload) < len(sources):
+            raise ValueError(f"corpus sources mix a workload ({workload[0]}) with text: profile one or the other")
         families: dict[ModelSource, str] = {}
         for source in sources:
             parsed = model_source(source)
@@ -120,6 +125,11 @@ class CorpusSpec:
         data = asdict(self)
         data["sources"] = list(self.sources)
         return data
+
+    @property
+    def is_workload(self) -> bool:
+        """Sources of a suite's prompts (ruler:..., longbench:...), built by `polykv.eval.calibration`."""
+        return is_workload_source(self.sources[0])
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CorpusSpec:
@@ -158,6 +168,28 @@ class Corpus:
         if include_ids:
             data["sequences"] = [list(s) for s in self.sequences]
         return data
+
+
+@dataclass
+class WorkloadCorpus:
+    """A workload's calibration sequences for the profiler (built by `polykv.eval.calibration.workload_corpus`
+    from sources such as ruler:niah_single_2@2048): prompt + gold answer, each scoring its answer."""
+
+    sequences: list[list[int]]
+    continuations: list[int]  # answer tokens fed after the prompt (the first is predicted by the prompt pass)
+    answer_tokens: list[int]
+    records: list[dict]
+
+    def to_dict(self, spec) -> dict:
+        ids = json.dumps(self.sequences, separators=(",", ":")).encode()
+        return {
+            "spec": spec.to_dict(),
+            "num_sequences": len(self.sequences),
+            "sequence_length": max(len(s) for s in self.sequences),
+            "fingerprint": hashlib.sha256(ids).hexdigest(),
+            "records": self.records,
+            "workload": True,
+        }
 
 
 # ---- drawing sequences ------------------------------------------------------------------------------
@@ -253,6 +285,10 @@ def build_corpus(tokenizer, spec: CorpusSpec | None = None, model=None, context_
     that leaves no token to sample, or a source too short.
     """
     spec = spec or CorpusSpec()
+    if spec.is_workload:
+        raise ValueError(
+            f"corpus source {spec.sources[0]!r} is a workload: build it with polykv.eval.calibration.workload_corpus"
+        )
     if context_length is None and model is not None:
         from polykv.models import context_length as context_of
 

@@ -67,6 +67,7 @@ class MethodProfile:
     sequences: list[dict] = field(default_factory=list)
     reference_nll: list[float] = field(default_factory=list)
     continuation: int = CONTINUATION  # tokens scored per sequence: NLL sum / continuation = mean NLL per token
+    continuations: list[int] = field(default_factory=list)  # each sequence's scored tokens (a workload's vary)
 
 
 def default_calibration_capacity(prompt_length: int) -> int:
@@ -142,6 +143,19 @@ def _nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return -logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1).sum(-1)
 
 
+def _batches(sequences, continuations, batch_size: int) -> list[tuple[list[int], int]]:
+    """(sequence indices, continuation) per batch: sequences of one length and continuation together, in
+    corpus order, at most `batch_size` a batch (the batch bounds the profiler's memory)."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for k, (sequence, continuation) in enumerate(zip(sequences, continuations)):
+        groups.setdefault((len(sequence), continuation), []).append(k)
+    return [
+        (members[i : i + batch_size], continuation)
+        for (_, continuation), members in groups.items()
+        for i in range(0, len(members), batch_size)
+    ]
+
+
 @torch.no_grad()
 def profile_methods(
     model,
@@ -150,22 +164,34 @@ def profile_methods(
     scopes: tuple[Phase, ...] = (Phase.PREFILL, Phase.DECODE),
     methods: list[str] | None = None,
     continuation: int = CONTINUATION,
-    batch_size: int = 20,
+    batch_size: int = 4,
     reuse_prefix: bool = True,
     progress: Callable[[float, str], None] | None = None,
+    continuations: list[int] | None = None,
 ) -> MethodProfile:
-    """Profile every (layer, scope, method); see the module docstring."""
+    """Profile every (layer, scope, method); see the module docstring.
+
+    Text sequences are cut to the shortest one's length and score their last `continuation` tokens. With
+    `continuations` (a workload's prompt + gold answer, `polykv.profile.workload`), sequence k keeps its own
+    length and scores its last `continuations[k]` tokens."""
     started = time.perf_counter()
     num_layers = models.num_layers(model)
-    length = min(len(s) for s in sequences)
-    prompt = length - 1 - continuation
-    if prompt < 2:
-        raise ValueError(f"sequences of {length} tokens are too short for a {continuation}-token continuation")
-    if capacity >= prompt:
-        raise ValueError(f"b_cal ({capacity}) must be smaller than the prompt ({prompt} tokens) or nothing is evicted")
+    if continuations is None:
+        length = min(len(s) for s in sequences)
+        sequences = [s[:length] for s in sequences]
+        continuations = [continuation] * len(sequences)
+    elif len(continuations) != len(sequences):
+        raise ValueError(f"{len(continuations)} continuations for {len(sequences)} sequences")
+    for sequence, tokens in zip(sequences, continuations):
+        prompt = len(sequence) - 1 - tokens
+        if tokens < 1 or prompt < 2:
+            raise ValueError(f"sequences of {len(sequence)} tokens are too short for a {tokens}-token continuation")
+        if capacity >= prompt:
+            raise ValueError(
+                f"b_cal ({capacity}) must be smaller than the prompt ({prompt} tokens) or nothing is evicted"
+            )
     device = next(model.parameters()).device
-    ids = torch.tensor([s[:length] for s in sequences], device=device)
-    batches = [ids[i : i + batch_size] for i in range(0, len(ids), batch_size)]
+    batches = _batches(sequences, continuations, batch_size)
     stack = _Stack(model)
     # `full` is profiled too: its rows check the pipeline (cosine 1, dPPL 0).
     work = [
@@ -174,15 +200,18 @@ def profile_methods(
         for method in [FULL, *(m for m in (methods or for_phase(scope)) if m != FULL and scope in REGISTRY[m].phases)]
         for layer in range(num_layers)
     ]
+    count = len(sequences)
     # Per (layer, scope, method): each sequence's cosine and continuation NLL, in corpus order.
     per_cell: dict[tuple, tuple[list[float], list[float]]] = {}
-    reference_nll: list[float] = []
+    reference_nll = [math.nan] * count
     entropy_sum = torch.zeros(num_layers, dtype=torch.float64)
-    query_heads = 0
+    query_heads = prompt_queries = 0
     done, steps = 0, len(work) * len(batches)
 
     full_plan = Plan.homogeneous(FULL, None, num_layers)
-    for batch in batches:
+    for members, tokens in batches:
+        batch = torch.tensor([sequences[k] for k in members], device=device)
+        prompt = batch.shape[1] - 1 - tokens
         inputs, targets = batch[:, :-1], batch[:, prompt + 1 :]
         positions = torch.arange(inputs.shape[1], device=device)
         # FullKV reference: the prompt (recording every prompt query's attention entropy), then the
@@ -200,9 +229,12 @@ def profile_methods(
         for layer in range(num_layers):
             entropy_sum[layer] += recorder.sums[layer].sum().cpu()
         query_heads = recorder.sums[0].shape[1]
+        prompt_queries += len(members) * prompt
         entering = {l: torch.cat([prompt_part[l], continuation_part[l]], dim=1) for l in prompt_part}
-        reference_nll += _nll(logits, targets).double().tolist()
+        for k, nll in zip(members, _nll(logits, targets).double().tolist()):
+            reference_nll[k] = nll
         ref_mean = [continuation_part[l + 1].mean(1) for l in range(num_layers)]
+        del prompt_part, continuation_part, logits
 
         for layer in range(num_layers):
             cells = [(scope, method) for scope, method, l in work if l == layer]
@@ -210,6 +242,7 @@ def profile_methods(
                 if reuse_prefix:
                     caches = _prefilled_at(stack, layer, cells, capacity, entering[layer][:, :prompt], positions)
                     outputs = _layer_outputs(stack, layer, cells, caches, entering[layer], prompt, positions)
+                    del caches
                     results = []  # (cell, layer output, each sequence's continuation NLL)
                     width = batch.shape[0]
                     for chunk in _chunks(cells, width, inputs.shape[1] - prompt, prompt, model):
@@ -228,15 +261,16 @@ def profile_methods(
                     cosine = torch.nn.functional.cosine_similarity(
                         output.mean(1).double(), ref_mean[layer].double(), dim=-1
                     )
-                    cosines, nlls = per_cell.setdefault((layer, scope.value, method), ([], []))
-                    cosines += cosine.tolist()
-                    nlls += nll.double().tolist()
+                    cell = (layer, scope.value, method)
+                    cosines, nlls = per_cell.setdefault(cell, ([math.nan] * count, [math.nan] * count))
+                    for k, c, n in zip(members, cosine.tolist(), nll.double().tolist()):
+                        cosines[k], nlls[k] = c, n
                     done += 1
                     if progress is not None:
                         progress(done / steps, f"{scope.value} {method} layer {layer}")
 
-    count, tokens = len(sequences), targets.shape[1]
-    reference_ppl = math.exp(math.fsum(reference_nll) / (count * tokens))
+    total_tokens = sum(continuations)
+    reference_ppl = math.exp(math.fsum(reference_nll) / total_tokens)
     rows, per_sequence = [], []
     for (layer, scope, method), (cosines, nlls) in sorted(per_cell.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         rows.append(
@@ -245,21 +279,22 @@ def profile_methods(
                 "scope": scope,
                 "method": method,
                 "cosine": math.fsum(cosines) / count,
-                "dppl": math.exp(math.fsum(nlls) / (count * tokens)) - reference_ppl,
+                "dppl": math.exp(math.fsum(nlls) / total_tokens) - reference_ppl,
             }
         )
         per_sequence += [
             {"layer": layer, "scope": scope, "method": method, "sequence": k, "cosine": c, "nll": n}
             for k, (c, n) in enumerate(zip(cosines, nlls))
         ]
-    entropy = entropy_sum / (count * query_heads * prompt)  # mean over sequences, query heads, prompt queries
+    entropy = entropy_sum / (query_heads * prompt_queries)  # mean over sequences, query heads, prompt queries
     return MethodProfile(
         rows=rows,
         entropy=entropy.tolist(),
         seconds=time.perf_counter() - started,
         sequences=per_sequence,
         reference_nll=reference_nll,
-        continuation=tokens,
+        continuation=continuations[0],
+        continuations=list(continuations),
     )
 
 

@@ -35,6 +35,9 @@ DEMO_SOURCES = (
 MODEL_PREFIX = "model"
 FILE_PREFIX = "file:"
 HUB_PREFIX = "hf:"
+# A suite's own prompts with their gold answers (`polykv.eval.calibration` draws them; a profile on them
+# measures danswer): ruler:TASK[@LENGTH], longbench:PATH. They are not text and are never mixed with text.
+WORKLOAD_PREFIXES = ("ruler:", "longbench:")
 # Share of each text source (by bytes) that calibration draws from; evaluation texts start after it.
 SPLITS = {"calibration": (0.0, 0.8), "evaluation": (0.8, 1.0)}
 HUB_CHARACTERS = 20_000_000  # text kept from a hub dataset: plenty for 20 x 2,048-token draws
@@ -104,6 +107,11 @@ def default_sources(model_name: str | None) -> tuple[str, ...]:
     return TEXT_SOURCES if model_name == SMOLLM2_MODEL else DEFAULT_SOURCES
 
 
+def is_workload_source(source: str) -> bool:
+    """A suite's task (ruler:TASK[@LENGTH], longbench:PATH), not a text."""
+    return isinstance(source, str) and source.startswith(WORKLOAD_PREFIXES)
+
+
 def _source_error(source: str) -> str | None:
     if not isinstance(source, str):
         return f"corpus source {source!r} is not a string"
@@ -124,6 +132,8 @@ def _source_error(source: str) -> str | None:
         return (
             None if source[len(HUB_PREFIX) :].strip() else f"corpus source {source!r} names no dataset: write hf:NAME"
         )
+    if source.startswith(WORKLOAD_PREFIXES):
+        return None if source.partition(":")[2].strip() else f"workload source {source!r} names no task"
     return (
         f"unknown corpus source {source!r}: use one of {', '.join(KNOWN_SOURCES)}, model@T, model:OPENING, "
         "file:PATH or hf:NAME[:CONFIG]"

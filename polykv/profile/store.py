@@ -11,6 +11,10 @@ revision, methods and their revisions), reused when asked for again.
                                 per calibration sequence (nll summed over the continuation)
     <root>/<key>/reference.csv  sequence, source, nll: FullKV's continuation NLL per sequence
 
+A workload profile (sources such as ruler:niah_single_2@2048, `polykv.profile.workload`) scores each
+calibration prompt's gold answer: methods.csv adds danswer (the change of the answer's NLL per token against
+FullKV) with its interval, and reference.csv the scored tokens and the answer's length of each sequence.
+
 A profile measured with another profiler revision, or lacking a registered method, or holding a method
 measured at another revision is stale: `Profile.check_current` refuses it with the command that
 refreshes it. Older profiles without method revisions are stale by that rule.
@@ -45,10 +49,18 @@ FORMAT = "polykv.profile"
 VERSION = 1
 METHOD_COLUMNS = ["layer", "scope", "method", "cosine", "dppl"]
 INTERVAL_COLUMNS = ["cosine_low", "cosine_high", "dppl_low", "dppl_high"]
+ANSWER_COLUMNS = ["danswer", "danswer_low", "danswer_high"]  # a workload profile's methods.csv adds these
 SEQUENCE_COLUMNS = ["layer", "scope", "method", "sequence", "cosine", "nll"]
 REFERENCE_COLUMNS = ["sequence", "source", "nll"]
+# A workload profile's reference.csv adds each sequence's scored tokens and its gold answer's length.
+WORKLOAD_REFERENCE_COLUMNS = ["tokens", "answer_tokens"]
 # The statistics a profile measures per cell and which way is better (+1: higher, -1: lower).
-STATISTICS: dict[str, int] = {"cosine": 1, "dppl": -1}
+# danswer exists in workload profiles only (`polykv.profile.workload`): the change of the gold answer's NLL.
+STATISTICS: dict[str, int] = {"cosine": 1, "dppl": -1, "danswer": -1}
+NO_ANSWER = (
+    "danswer needs a workload profile: this one was measured on text, which has no gold answer; profile on a "
+    "suite's prompts (sources ruler:TASK@LENGTH or longbench:PATH)"
+)
 
 
 class ProfileError(PolyKVError):
@@ -76,6 +88,20 @@ class Profile:
     @property
     def num_layers(self) -> int:
         return self.meta.num_layers
+
+    @property
+    def is_workload(self) -> bool:
+        """Measured on a suite's prompts with gold answers (it has danswer), not on text."""
+        return "danswer" in self.table.columns
+
+    def per_sequence_tokens(self):
+        """(scored tokens, answer tokens) per sequence in sequence order, for the bootstrap: numpy arrays,
+        or the profile's one continuation and None for a text profile."""
+        reference = self.reference.sort_values("sequence")
+        if "tokens" not in reference.columns:
+            return self.meta.continuation, None
+        answer = reference["answer_tokens"].to_numpy(dtype=float) if "answer_tokens" in reference.columns else None
+        return reference["tokens"].to_numpy(dtype=float), answer
 
     @property
     def entropy(self) -> list[float]:
@@ -189,13 +215,14 @@ def save_profile(profile: Profile, root: Path) -> Path:
         (tmp / "profile.json").write_text(
             json.dumps({"format": FORMAT, "version": VERSION, **profile.metadata}, indent=2)
         )
-        columns = METHOD_COLUMNS + [c for c in INTERVAL_COLUMNS if c in profile.table.columns]
-        profile.table[columns].to_csv(tmp / "methods.csv", index=False)
+        extra = [c for c in INTERVAL_COLUMNS + ANSWER_COLUMNS if c in profile.table.columns]
+        profile.table[METHOD_COLUMNS + extra].to_csv(tmp / "methods.csv", index=False)
         profile.layers.to_csv(tmp / "layers.csv", index=False)
         if profile.sequences is not None:
             profile.sequences[SEQUENCE_COLUMNS].to_csv(tmp / "sequences.csv", index=False)
         if profile.reference is not None:
-            profile.reference[REFERENCE_COLUMNS].to_csv(tmp / "reference.csv", index=False)
+            extra = [c for c in WORKLOAD_REFERENCE_COLUMNS if c in profile.reference.columns]
+            profile.reference[REFERENCE_COLUMNS + extra].to_csv(tmp / "reference.csv", index=False)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -305,12 +332,14 @@ def load_profile(path: str | os.PathLike) -> Profile:
     # absent in profiles saved before per-sequence values were kept
     sequences = _read_csv(path / "sequences.csv", required=False)
     reference = _read_csv(path / "reference.csv", required=False)
-    _check_frame(path, "methods.csv", table, METHOD_COLUMNS, ["cosine", "dppl", *INTERVAL_COLUMNS], layers_count)
+    numeric = ["cosine", "dppl", *INTERVAL_COLUMNS, *ANSWER_COLUMNS]
+    _check_frame(path, "methods.csv", table, METHOD_COLUMNS, numeric, layers_count)
     _check_frame(path, "layers.csv", layers, ["layer", "entropy"], ["entropy"], layers_count)
     if sequences is not None:
         _check_frame(path, "sequences.csv", sequences, SEQUENCE_COLUMNS, ["cosine", "nll", "sequence"], layers_count)
     if reference is not None:
-        _check_frame(path, "reference.csv", reference, REFERENCE_COLUMNS, ["nll", "sequence"], layers_count)
+        numeric = ["nll", "sequence", *WORKLOAD_REFERENCE_COLUMNS]
+        _check_frame(path, "reference.csv", reference, REFERENCE_COLUMNS, numeric, layers_count)
     profile = Profile(
         metadata=metadata, table=table, layers=layers, path=path, sequences=sequences, reference=reference
     )

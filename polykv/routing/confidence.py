@@ -58,7 +58,8 @@ def route_confidence(
     reference = profile.reference.sort_values("sequence")["nll"].to_numpy(dtype=float)
     rows = profile.sequences[profile.sequences["scope"] == phase.value]
     weights = bootstrap_weights(len(reference), replicates, seed)
-    cells, values = replicate_values(rows, reference, meta.continuation, statistic, weights)
+    tokens, answer_tokens = profile.per_sequence_tokens()
+    cells, values = replicate_values(rows, reference, tokens, statistic, weights, answer_tokens)
     where = {(layer, method): i for i, (layer, _, method) in enumerate(cells)}
     points = profile.table[profile.table["scope"] == phase.value].set_index(["layer", "method"])[statistic]
     out = []

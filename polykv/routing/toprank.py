@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from polykv.methods import for_phase
 from polykv.plan import Phase
-from polykv.profile.store import STATISTICS
+from polykv.profile.store import NO_ANSWER, STATISTICS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -49,6 +49,8 @@ def _sign(statistic: str) -> int:
 def _scores(table: pd.DataFrame, phase: Phase, statistic: str) -> dict[tuple[int, str], float]:
     """{(layer, method): statistic} for the rows of one phase; one row per (layer, method)."""
     missing = [c for c in (*PROFILE_COLUMNS, statistic) if c not in table.columns]
+    if missing == ["danswer"]:
+        raise ValueError(NO_ANSWER)
     if missing:
         has = ", ".join(map(str, table.columns))
         raise ValueError(f"profile table lacks column(s) {', '.join(missing)} (has: {has})")

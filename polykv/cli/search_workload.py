@@ -1,0 +1,219 @@
+"""`polykv search --objective answer_nll --sources ruler:...`: a plan searched on a workload's calibration
+samples, judged on its held-out samples against the envelope (`polykv.search.workload`).
+
+Everything given is checked before the weights load, and the suite's first sample of every task is built
+and checked against the model before any profile or search; the command says what it will compute first.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import typer
+
+from polykv.cli.common import _load_model, _profile_arg, _table
+from polykv.cli.progress import Progress
+from polykv.errors import SettingsError
+from polykv.plan import Scope
+
+
+def _split(value: str | None) -> list[str]:
+    return [s.strip() for s in (value or "").split(",") if s.strip()]
+
+
+def _workload(sources: str | None, transfer: str | None, max_tokens: int):
+    """(workload, transfer task names), refused in one line before any weights load."""
+    from polykv.eval.calibration import parse_source, parse_workload
+
+    if not _split(sources):
+        raise SettingsError("--objective answer_nll needs --sources: the workload, e.g. ruler:niah_single_2@2048")
+    try:
+        workload = parse_workload(_split(sources), max_tokens)
+        others = [parse_source(s) for s in _split(transfer)]
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
+    length = getattr(workload.settings, "length", None)
+    for source, parsed in zip(_split(transfer), others):
+        if parsed.suite != workload.suite or (parsed.length not in (None, length)):
+            raise SettingsError(f"--transfer {source}: transfer tasks share the workload's suite and length")
+    return workload, tuple(p.task for p in others)
+
+
+def _workload_profile(
+    value, workspace, model_name, hf_model, tokenizer, workload, samples, b_cal, scope, bars, exclude, seed
+):
+    """The named workload profile, or ('auto') one of the searched scope on the search's calibration samples."""
+    from polykv.eval.calibration import workload_corpus
+    from polykv.profile.build import build_profile
+    from polykv.profile.corpus import CorpusSpec
+
+    if value != "auto":
+        profile = _profile_arg(value, workspace, model_name)
+        if not profile.is_workload:
+            raise SettingsError(f"--profile {value}: a workload search needs a workload profile (it has no danswer)")
+        return profile
+    spec = CorpusSpec(
+        sources=workload.sources,
+        num_sequences=samples * len(workload.tasks),
+        max_tokens=getattr(workload.settings, "length", 2048),
+        seed=seed,
+    )
+    corpus = workload_corpus(tokenizer, hf_model, spec, exclude)
+    bars.start("workload profile")
+    return build_profile(
+        model_name,
+        hf_model,
+        tokenizer,
+        workspace / "profiles",
+        spec,
+        capacity=b_cal,
+        scopes=tuple(Scope(scope).phases),
+        progress=bars.fraction,
+        workload=corpus,
+    )
+
+
+def search_workload(
+    out: Path,
+    budget: list[int],
+    model: str,
+    scope: Scope,
+    profile: str,
+    evaluations: int,
+    seed: int,
+    search_sequences: int,
+    held_out: int,
+    max_tokens: int,
+    candidates: int,
+    sources: str | None,
+    transfer: str | None,
+    text_profile: str | None,
+    statistic: str,
+    b_cal: int | None,
+    workers: int,
+    report: Path | None,
+    device: str,
+    workspace: Path,
+    accuracy_samples: int | None = None,
+) -> None:
+    from polykv.eval.fit import check_fits
+    from polykv.eval.store import Store
+    from polykv.files import atomic_write_json, atomic_write_text
+    from polykv.models import config_dimensions, num_layers
+    from polykv.search.workload import draw_samples, verdict_settings, workload_report
+    from polykv.search.workload_markdown import figure, markdown, verdict_rows
+
+    workload, transfer_tasks = _workload(sources, transfer, max_tokens)
+    dims = config_dimensions(model)
+    too_big = [b for b in budget if dims.context_length and b >= dims.context_length]
+    if too_big:
+        raise SettingsError(f"--budget {too_big[0]} is not below the model's context ({dims.context_length} tokens)")
+    if len(set(budget)) < len(budget):
+        raise SettingsError(f"--budget lists a budget twice ({', '.join(map(str, budget))})")
+    if out.exists() and not out.is_dir():
+        raise SettingsError(f"--out {out} exists and is not a folder")
+    text = None if text_profile is None else _profile_arg(text_profile, workspace, model)
+    if text is not None and not set(p.value for p in scope.phases) <= set(text.meta.scopes):
+        raise SettingsError(f"--text-profile {text_profile} does not measure the {scope.value} scope")
+    if profile != "auto":
+        _profile_arg(profile, workspace, model)
+
+    started = time.perf_counter()
+    hf_model, tokenizer = _load_model(model, device)
+    loaded_in = time.perf_counter() - started
+    tasks = len(workload.tasks) + len(transfer_tasks)
+    with Progress() as bars:
+        for suite_settings in verdict_settings(workload, held_out, transfer_tasks, accuracy_samples).values():
+            check_fits(workload.suite, suite_settings, hf_model, tokenizer, seed=seed)
+        layers = num_layers(hf_model)
+        bars.note(
+            f"workload search on {', '.join(workload.tasks)} ({workload.suite}"
+            f"{f' at {workload.settings.length} tokens' if workload.suite == 'ruler' else ''}), "
+            f"{search_sequences} search samples per task (calibration split), {held_out} held-out per task"
+            f"{f' on {tasks} tasks with the transfer tasks' if transfer_tasks else ''}. It computes, in order: "
+            + (
+                "the workload profile (" + scope.value + f" scope, {layers} layers x every method, one pass per "
+                "search sample); "
+                if profile == "auto"
+                else ""
+            )
+            + f"per budget ({', '.join(map(str, budget))}): the homogeneous plans and the nine baselines on the "
+            f"search samples, the search (at most {evaluations} plan executions of one sample each), then the "
+            "verdict: every contender and FullKV scoring every held-out sample"
+            + (f" and generating on {accuracy_samples} per task" if accuracy_samples else " and generating")
+            + ". Progress bars give the measured rate of each step."
+        )
+        samples = draw_samples(
+            workload, tokenizer, hf_model, search_sequences, held_out, seed, transfer_tasks, accuracy_samples
+        )
+        from polykv.eval.calibration import evaluation_samples, prompt_hash
+
+        exclude = {
+            prompt_hash(workload, t, s, seed, p)
+            for t, s, p in evaluation_samples(workload, tokenizer, hf_model, held_out, seed)
+        }
+        profile_started = time.perf_counter()
+        loaded = _workload_profile(
+            profile,
+            workspace,
+            model,
+            hf_model,
+            tokenizer,
+            workload,
+            search_sequences,
+            b_cal,
+            scope,
+            bars,
+            exclude,
+            seed,
+        )
+        profile_seconds = time.perf_counter() - profile_started
+        out.mkdir(parents=True, exist_ok=True)
+        store = Store(out / "results.sqlite")
+
+        def on_step(used: int, total: int, where: str) -> None:
+            bars.sample(used, total, where)
+
+        def say(message: str) -> None:
+            bars.note(message)
+            if message.startswith("budget") and "search" in message:
+                bars.start(message.split(":")[0] + " search", unit="execution")
+            elif "verdict" in message and "runs together" not in message:
+                bars.start(message.split(":")[0] + " verdict")
+
+        args = sys.argv[1:]
+        command = "polykv " + " ".join(shlex.quote(a) for a in args) if "search" in args else ""
+        result, plans = workload_report(
+            hf_model,
+            model,
+            tokenizer,
+            samples,
+            loaded,
+            text,
+            scope,
+            budget,
+            store,
+            evaluations=evaluations,
+            candidates=candidates,
+            seed=seed,
+            text_statistic=statistic,
+            command=command,
+            say=say,
+            on_step=on_step,
+            on_sample=lambda done, total, where: bars.sample(done, total, where),
+            workers=workers,
+        )
+    result["seconds_steps"] = {"load model": loaded_in, "workload profile": profile_seconds}
+    for plan in plans:
+        plan.save(out / f"{plan.name}.json")
+    atomic_write_json(out / "report.json", result)
+    markdown_path = report or out / "report.md"
+    figure_name = figure(result, out)
+    atomic_write_text(markdown_path, markdown(result, store_dir=out, figure=out / figure_name, page=markdown_path))
+    for entry in result["budgets"]:
+        typer.echo(f"\nbudget {entry['budget']}:")
+        _table(("family", "A - B", "metric", "difference [95% CI]", "p", "MDE", "W/T/L", "A is"), verdict_rows(entry))
+    typer.echo(f"\nwrote {markdown_path}, {out / 'report.json'}, {out / 'results.sqlite'} and {len(plans)} plan(s)")

@@ -1,0 +1,203 @@
+"""Plans for a workload (issue 31): workload calibration sources and their split, danswer in a profile, the
+answer_nll objective, and a verdict that tells a plan keeping a planted needle from one dropping it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from polykv.eval import calibration
+from polykv.eval.calibration import calibration_samples, evaluation_samples, parse_workload, prompt_hash
+from polykv.plan import Plan, Scope
+from polykv.search.answer_objective import AnswerObjective
+from polykv.search.search import SearchSettings, search
+from polykv.search.workload import contrast
+from tests.planted_needle import needle_model, needle_questions
+
+NIAH = "ruler:niah_single_1@512"  # the one RULER task whose prompts fit the demo model's 512 tokens
+
+
+def _hashes(workload, rows, seed):
+    return {prompt_hash(workload, task, sample, seed, payload) for task, sample, payload in rows}
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(min_value=0, max_value=2**31 - 1))
+def test_a_workload_source_never_yields_a_sample_of_the_evaluation_split(demo_model, seed):
+    model, tokenizer = demo_model
+    workload = parse_workload([NIAH])
+    evaluation = evaluation_samples(workload, tokenizer, model, 6, seed)
+    drawn = calibration_samples(workload, tokenizer, model, 6, seed)
+    assert len(drawn) == 6
+    assert not _hashes(workload, drawn, seed) & _hashes(workload, evaluation, seed)
+
+
+def test_a_calibration_sample_equal_to_an_evaluation_one_is_dropped_and_replaced(demo_model, monkeypatch):
+    model, tokenizer = demo_model
+    workload = parse_workload([NIAH])
+    evaluation = evaluation_samples(workload, tokenizer, model, 3, 0)
+    honest = calibration_samples(workload, tokenizer, model, 3, 0)
+    ruler = calibration._module("ruler")
+    real = ruler.build_samples
+
+    def colliding(tok, mdl, settings_, seed):  # the calibration stream opens with an evaluation prompt
+        rows = real(tok, mdl, settings_, seed)
+        return [evaluation[0], *rows] if seed == calibration.CALIBRATION_SEED else rows
+
+    monkeypatch.setattr(ruler, "build_samples", colliding)
+    drawn = calibration_samples(workload, tokenizer, model, 3, 0)
+    assert not _hashes(workload, drawn, 0) & _hashes(workload, evaluation, 0)
+    assert _hashes(workload, drawn, 0) == _hashes(workload, honest, 0)
+
+
+@pytest.mark.parametrize(
+    ("sources", "problem"),
+    [
+        (["ruler:no_such_task@512"], "unknown RULER task"),
+        (["ruler:niah_single_1@x"], "whole number of tokens"),
+        (["ruler:niah_single_1@512", "ruler:vt@1024"], "several RULER lengths"),
+        (["ruler:niah_single_1"], "names no length"),
+        (["longbench:/nowhere/narrativeqa.jsonl"], "no such file"),
+        (["longbench:/nowhere/notatask.jsonl"], "names no LongBench task"),
+        (["ruler:vt@512", "ruler:vt@512"], "a task twice"),
+    ],
+)
+def test_bad_workload_sources_are_refused_in_one_line(sources, problem):
+    with pytest.raises(ValueError, match=problem) as info:
+        parse_workload(sources)
+    assert "\n" not in str(info.value)
+
+
+@pytest.fixture(scope="module")
+def workload_profile(tmp_path_factory, demo_model):
+    from polykv.eval.calibration import workload_corpus
+    from polykv.plan import Phase
+    from polykv.profile.build import build_profile
+    from polykv.profile.corpus import CorpusSpec
+
+    model, tokenizer = demo_model
+    spec = CorpusSpec(sources=(NIAH,), num_sequences=3, max_tokens=512)
+    corpus = workload_corpus(tokenizer, model, spec)
+    root = tmp_path_factory.mktemp("workload-profile")
+    return build_profile("demo", model, tokenizer, root, spec, capacity=64, scopes=(Phase.DECODE,), workload=corpus)
+
+
+def test_danswer_of_full_is_zero_in_every_layer(workload_profile):
+    table = workload_profile.table
+    full = table[table["method"] == "full"]
+    assert len(full) == workload_profile.num_layers
+    assert full["danswer"].abs().max() < 1e-5  # FullKV against itself, up to float rounding
+    assert table[table["method"] != "full"]["danswer"].abs().max() > 1e-3  # the methods do change the answer
+    assert {"danswer_low", "danswer_high"} <= set(table.columns)
+    assert (table["danswer_low"] <= table["danswer"] + 1e-12).all()
+    assert (table["danswer"] <= table["danswer_high"] + 1e-12).all()
+
+
+def test_a_workload_profile_reads_back_with_danswer_and_answer_lengths(workload_profile):
+    from polykv.profile.store import load_profile
+
+    again = load_profile(workload_profile.path)
+    assert again.is_workload and "danswer" in again.table.columns
+    tokens, answer = again.per_sequence_tokens()
+    assert list(tokens + 1) == list(answer)  # the first answer token is predicted by the prompt's pass
+
+
+def test_toprank_and_the_route_confidence_accept_danswer(workload_profile):
+    from polykv.routing import route_confidence, toprank
+
+    route = toprank(workload_profile.table, "decode", "danswer", workload_profile.num_layers)
+    assert len(route) == workload_profile.num_layers and "full" not in route
+    confidence = route_confidence(workload_profile, "decode", "danswer", replicates=50)
+    assert list(confidence["winner"]) == route
+
+
+def test_danswer_on_a_text_profile_says_what_it_needs(small_profile):
+    from polykv.routing import toprank
+
+    with pytest.raises(ValueError, match="danswer needs a workload profile"):
+        toprank(small_profile.table, "decode", "danswer", small_profile.num_layers)
+
+
+def _keep_and_drop(capacity: int = 32):
+    keep = Plan.homogeneous("streamingllm", capacity, 1, Scope.DECODE, {"sinks": 16}).model_copy(
+        update={"name": "keeps"}
+    )
+    drop = Plan.homogeneous("streamingllm", capacity, 1, Scope.DECODE, {"sinks": 4}).model_copy(
+        update={"name": "drops"}
+    )
+    return keep, drop
+
+
+def test_the_verdict_ranks_a_plan_that_keeps_a_planted_needle_above_one_that_drops_it():
+    model = needle_model()
+    keep, drop = _keep_and_drop()
+    # held-out: samples of their own seed; both plans keep 32 positions, only one of them the needle's (8)
+    held_out = AnswerObjective(model, needle_questions(8, seed=1), ["needle"] * 8)
+    scores = {
+        plan.name: {"needle": {f"{i:03d}": s.nll for i, s in enumerate(held_out.scores(plan, range(8)))}}
+        for plan in (keep, drop)
+    }
+    result = contrast(scores["keeps"], scores["drops"], "answer_nll")
+    assert result["verdict"] == "better" and result["wins"] == 8 and result["difference"] < -1.0
+    assert result["p"] < 0.05 and result["mde"] < abs(result["difference"])
+
+
+def test_the_search_on_the_workload_picks_the_plan_that_keeps_the_needle():
+    model = needle_model()
+    keep, drop = _keep_and_drop()
+    objective = AnswerObjective(model, needle_questions(4, seed=2))
+    result = search(objective, [drop, keep], SearchSettings(budget=32, evaluations=40, statistic="danswer"))
+    assert result.start == "keeps" and result.starts["keeps"] < result.starts["drops"]
+    assert result.objective <= result.starts["keeps"]
+
+
+def test_the_objective_scores_plans_that_meet_on_a_sample_together_and_once():
+    model = needle_model()
+    keep, drop = _keep_and_drop()
+    objective = AnswerObjective(model, needle_questions(3))
+    first = objective.values([keep, drop])
+    assert objective.executions == 6
+    assert objective.values([keep, drop]) == first and objective.executions == 6  # kept, not run again
+    alone = AnswerObjective(model, needle_questions(3))
+    assert alone.value(keep) == pytest.approx(first[0], abs=1e-6)
+
+
+def test_polykv_search_on_a_workload_writes_its_verdict(polykv, tmp_path):
+    out = tmp_path / "out"
+    result = polykv(
+        "search", "--model", "demo", "-o", str(out), "-b", "32", "--objective", "answer_nll",
+        "--sources", NIAH, "--search-sequences", "2", "--held-out", "3", "--evaluations", "12",
+        "--workspace", str(tmp_path / "ws"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads((out / "report.json").read_text())
+    (entry,) = report["budgets"]
+    assert set(entry["plans"]) == {"searched", "toprank-workload", "homogeneous", "envelope"}
+    family = entry["verdict"]["searched tasks"]
+    assert set(family["means"]) >= {"searched", "envelope", "fullkv"}
+    assert any(
+        c["a"] == "searched" and c["b"] == "envelope" and c["metric"] == "answer_nll" for c in family["contrasts"]
+    )
+    page = (out / "report.md").read_text()
+    assert "Did the searched plan beat the envelope on held-out samples?" in page and "MDE" in page
+    assert (out / "results.sqlite").is_file() and (out / "workload.png").is_file()
+    assert "It computes, in order" in result.stderr  # says what it computes before it starts
+
+
+@pytest.mark.parametrize(
+    ("args", "problem"),
+    [
+        (["--sources", "ruler:nope@512"], "unknown RULER task"),
+        (["--objective", "answer_nll"], "needs --sources"),
+        (["--sources", NIAH, "--transfer", "ruler:vt@256"], "share the workload's suite and length"),
+        (["--transfer", "ruler:vt@512"], "belongs to a workload search"),
+    ],
+)
+def test_a_workload_search_refuses_bad_input_in_one_line(polykv, tmp_path, args, problem):
+    result = polykv("search", "--model", "demo", "-o", str(tmp_path / "o"), "-b", "32", *args)
+    assert result.returncode == 2 and problem in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
