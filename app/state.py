@@ -76,6 +76,7 @@ def experiment_settings(suite: str) -> str:
 
 
 # ---- plan search (app/views/search.py) -------------------------------------------------------------
+SEARCH_OBJECTIVE = "search_objective"  # radio: kl on text, or answer_nll on a workload
 SEARCH_FORM = "search_form"  # form: profile, scope, budget, evaluations, sequences, seed of a search
 SEARCH_FLASH = "search_flash"  # the "Started <job>" message, shown once after the launch's rerun
 SEARCH_JOB = "search_job"  # selectbox: the search job followed (trace, best plan, verdict)

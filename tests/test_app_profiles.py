@@ -119,3 +119,25 @@ def test_profiles_page_warns_of_a_noisy_route_and_explains_missing_win_frequenci
     assert len(at.dataframe) == 1  # only the raw table: no winner tables
     for spec in scope_charts(at, profile).values():
         assert spec["data"][1]["marker"]["symbol"] == "star" and len(spec["data"][1]["x"]) == profile.num_layers
+
+
+def test_a_workload_profile_offers_danswer_and_ranks_its_winners_by_it(app_env, demo_model):
+    from polykv.eval.calibration import workload_corpus
+    from polykv.plan import Phase
+    from polykv.profile.build import build_profile
+    from polykv.profile.corpus import CorpusSpec
+
+    model, tokenizer = demo_model
+    spec = CorpusSpec(sources=("ruler:niah_single_1@512",), num_sequences=2, max_tokens=512)
+    corpus = workload_corpus(tokenizer, model, spec)
+    workload = build_profile(
+        "demo", model, tokenizer, app_env / "ws" / "profiles", spec, 64, (Phase.DECODE,), workload=corpus
+    )
+    at = open_app("profiles")
+    statistic = at.radio(key="profile_statistic")
+    assert statistic.options == ["cosine", "dPPL", "danswer"]
+    statistic.set_value("danswer")
+    at.run()
+    assert not at.exception and not at.error, texts(at.error)
+    (table, *_) = at.dataframe
+    assert list(table.value["winner"]) == list(route_confidence(workload, "decode", "danswer")["winner"])

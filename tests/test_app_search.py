@@ -86,3 +86,39 @@ def test_a_search_started_on_the_page_shows_its_trace_best_plan_and_verdict_and_
     button(at, "Open the searched plan in the designer").click()
     at.run()
     assert Plan.from_json(at.session_state["plan_json"]) == best
+
+
+@pytest.mark.slow  # a real workload search on the demo model in a worker process
+def test_a_workload_search_on_the_page_shows_the_envelope_and_the_transfer_rows(app_ws):
+    at = open_app("search")
+    at.radio(key="search_objective").set_value("answer_nll")
+    at.run()
+    assert not at.exception, at.exception
+    texts_in = {t.label: t for t in at.text_input}
+    assert texts_in["Workload"].value == "ruler:niah_single_1@512"  # the demo model's whole context
+    texts_in["Transfer tasks"].set_value("ruler:niah_single_2@512")
+    numbers = {n.label: n for n in at.number_input}
+    numbers["Budget"].set_value(32)
+    numbers["Evaluations"].set_value(12)
+    numbers["Search samples per task"].set_value(1)
+    numbers["Held-out samples per task"].set_value(2)
+    button(at, "Start search").click()
+    at.run()
+    assert not at.exception and not at.error, texts(at.error)
+    (job,) = jobs.list_jobs(app_ws)
+    assert job.search["metric"] == "answer_nll" and job.search["profile"] == "auto"
+    state = wait_for_job(job, app_ws)
+    assert state.status == "finished", jobs.log_tail(job, app_ws)
+    at.run()
+    assert not at.exception
+    heads = texts(at.subheader)
+    assert heads, (texts(at.error), texts(at.markdown), texts(at.caption))
+    assert any(h.startswith("Held-out, searched tasks: niah_single_1") for h in heads)
+    assert any(h.startswith("Held-out, transfer tasks: niah_single_2") for h in heads)
+    roles = list(at.dataframe[0].value["role"])
+    assert "envelope" in roles and "searched" in roles and "fullkv" in roles
+    contrasts = at.dataframe[-1].value
+    assert "searched - envelope" in set(contrasts["A - B"]) and "transfer tasks" in set(contrasts["family"])
+    button(at, "Open the searched plan in the designer").click()
+    at.run()
+    assert Plan.from_json(at.session_state["plan_json"]).name.startswith("search-answer_nll")

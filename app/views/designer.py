@@ -10,7 +10,7 @@ import streamlit as st
 from app import charts, common, designing, editing, session, state
 from polykv import design
 from polykv.plan import Phase, PlanError
-from polykv.routing import ALLOCATIONS, STATISTICS
+from polykv.routing import ALLOCATIONS
 
 
 def chart_selection(layers: int) -> None:
@@ -120,7 +120,10 @@ def build_from_profile() -> None:
     budget = st.number_input(
         "Budget (average capacity per layer)", min_value=1, value=picked.meta.b_cal, step=1, key=state.BUILD_BUDGET
     )
-    statistic = st.radio("TopRank statistic", list(STATISTICS), horizontal=True, key=state.BUILD_STATISTIC)
+    statistics = picked.statistics()
+    if st.session_state.get(state.BUILD_STATISTIC) not in statistics:  # danswer, then a text profile picked
+        st.session_state.pop(state.BUILD_STATISTIC, None)
+    statistic = st.radio("TopRank statistic", statistics, horizontal=True, key=state.BUILD_STATISTIC)
     allocation = st.radio("Allocation", list(ALLOCATIONS), horizontal=True, key=state.BUILD_ALLOCATION)
     if st.button("Build plan"):
         editing.attempt(

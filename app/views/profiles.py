@@ -10,7 +10,7 @@ from polykv import jobs
 from polykv.errors import PolyKVError
 from polykv.plan import Scope
 from polykv.profile.corpus import default_sources
-from polykv.profile.store import STATISTICS, ProfileError, refresh_command
+from polykv.profile.store import ProfileError, refresh_command
 from polykv.routing.confidence import NOISE_WARNING, is_noisy, ranked_cells, route_confidence
 
 st.title("Method profiles")
@@ -102,13 +102,18 @@ if stale:  # routes from it are refused; say so here rather than only in the des
         f"(`{refresh_command(profile)}`)."
     )
 left, right = st.columns(2)
+statistics = profile.statistics()
+if st.session_state.get(state.PROFILE_STATISTIC) not in statistics:  # danswer chosen on a workload profile
+    st.session_state.pop(state.PROFILE_STATISTIC, None)
 statistic = left.radio(
     "Statistic",
-    list(STATISTICS),
+    statistics,
     format_func=lambda s: "dPPL" if s == "dppl" else s,
     horizontal=True,
     key=state.PROFILE_STATISTIC,
-    help="What ranks the methods of a layer and picks TopRank's winner: cosine (higher is better) or dPPL (lower).",
+    help="What ranks the methods of a layer and picks TopRank's winner: cosine (higher is better), dPPL (lower) "
+    "and, in a profile of a workload's own prompts, danswer: the change of the gold answer's NLL per token "
+    "(lower).",
 )
 view = right.radio(
     "View",

@@ -12,6 +12,8 @@ from polykv.eval.experiments import plan_budget
 from polykv.jobs.search import launch_search, live, read_search, start_problem
 from polykv.plan import Plan, PlanError, Scope
 from polykv.search.report import difference_text
+from polykv.search.workload import FORMAT as WORKLOAD_FORMAT
+from polykv.search.workload_markdown import MDE_NOTE, verdict_rows
 
 st.title("Plan search")
 st.caption(
@@ -20,41 +22,90 @@ st.caption(
     "searched plan with TopRank and the best homogeneous plan on separate held-out sequences (paired "
     "bootstrap over sequences)."
 )
+OBJECTIVES = {"kl": "KL on text", "answer_nll": "answer_nll on a workload"}
+SOURCES_HELP = "Comma-separated ruler:TASK@LENGTH (one length) or longbench:PATH/<task>.jsonl"
 name, device, _, _ = session.current_model()
 workspace = session.workspace()
 plan = designing.plan()
 demo = name == session.DEFAULT_MODEL[0]
 
+
+def default_workload() -> str:
+    """A first workload that fits the loaded model: RULER's single needle at up to 1,024 tokens."""
+    from polykv.models import context_length
+
+    return f"ruler:niah_single_1@{min(1024, context_length(session.current_model()[2]) or 1024)}"
+
+
 # ---- launch ------------------------------------------------------------------------------------------------
 profiles = common.fitting_profiles()
-if not profiles:
+objective = st.radio(
+    "Objective",
+    list(OBJECTIVES),
+    format_func=OBJECTIVES.get,
+    horizontal=True,
+    key=state.SEARCH_OBJECTIVE,
+    help="kl: closest to FullKV on calibration text. answer_nll: the gold answer's likelihood on a workload's own "
+    "prompts (RULER tasks, a LongBench file), judged on held-out samples against the best of the nine baselines.",
+)
+workload = objective == "answer_nll"
+text_profiles = [p.key for p in profiles if not p.is_workload]
+if not workload and not text_profiles:
     st.info("No profile of this model yet: compute one on the Profiles page (it ranks the moves and gives TopRank).")
 else:
     with st.form(state.SEARCH_FORM):
         cols = st.columns(4)
-        profile = cols[0].selectbox("Profile", [p.key for p in profiles])
+        if workload:
+            choices = ["auto", *(p.key for p in profiles if p.is_workload)]
+            profile = cols[0].selectbox("Workload profile", choices, help="auto: profiled on the search samples")
+        else:
+            profile = cols[0].selectbox("Profile", text_profiles)
         scopes = [s.value for s in Scope]
         scope = cols[1].selectbox("Scope", scopes, index=common.index_of(scopes, plan.scope.value))
         budget = cols[2].number_input(
             "Budget", min_value=2, value=plan_budget(plan) or 32, step=1, help="Average capacity per layer"
         )
+        default_evaluations = (40 if demo else 136) if workload else (120 if demo else 800)
         evaluations = cols[3].number_input(
-            "Evaluations", min_value=1, value=120 if demo else 800, step=10, help="Plan executions the search may run"
+            "Evaluations", min_value=1, value=default_evaluations, step=10, help="Plan executions the search may run"
         )
         cols = st.columns(4)
-        search_sequences = cols[0].number_input("Search sequences", min_value=1, value=4 if demo else 16)
-        held_out = cols[1].number_input("Held-out sequences", min_value=2, value=8 if demo else 48)
+        unit = "samples per task" if workload else "sequences"
+        search_sequences = cols[0].number_input(
+            f"Search {unit}", min_value=1, value=(2 if workload else 4 if demo else 16)
+        )
+        held_out = cols[1].number_input(f"Held-out {unit}", min_value=2, value=(4 if workload else 8 if demo else 48))
         max_tokens = cols[2].number_input("Tokens per sequence", min_value=16, value=256 if demo else 512, step=16)
         seed = cols[3].number_input("Seed", min_value=0, value=0, step=1)
+        if workload:
+            cols = st.columns([2, 2, 1])
+            sources = cols[0].text_input("Workload", value=default_workload(), help=SOURCES_HELP)
+            transfer = cols[1].text_input(
+                "Transfer tasks", value="", help="Judged but never searched on, e.g. ruler:vt"
+            )
+            text_profile = cols[2].selectbox("Text profile (toprank-text)", ["none", *text_profiles])
         started = st.form_submit_button("Start search", type="primary")
     problem = start_problem(plan, scope, int(budget))
-    st.caption(
-        f"Starts from the designer's plan {plan.name!r}, TopRank and the best homogeneous plan."
-        if problem is None
-        else f"The designer's plan is not a start ({problem}): the search starts from TopRank and the best "
-        "homogeneous plan."
-    )
+    if workload:
+        st.caption("Starts from TopRank by danswer and the best homogeneous plan, chosen on the search samples.")
+    else:
+        st.caption(
+            f"Starts from the designer's plan {plan.name!r}, TopRank and the best homogeneous plan."
+            if problem is None
+            else f"The designer's plan is not a start ({problem}): the search starts from TopRank and the best "
+            "homogeneous plan."
+        )
     if started:
+        extra = (
+            {
+                "metric": "answer_nll",
+                "sources": sources,
+                "transfer": transfer.strip() or None,
+                "text_profile": None if text_profile == "none" else text_profile,
+            }
+            if workload
+            else {}
+        )
         common.start_job(
             lambda: launch_search(
                 workspace,
@@ -69,6 +120,7 @@ else:
                 search_sequences=int(search_sequences),
                 held_out=int(held_out),
                 max_tokens=int(max_tokens),
+                **extra,
             ),
             state.SEARCH_FLASH,
         )
@@ -82,12 +134,36 @@ chosen = st.selectbox("Search", searches, format_func=lambda j: f"{j.title} · {
 running_at_load = common.running([chosen], workspace)
 
 
+def workload_verdict(entry) -> None:
+    """A workload search's verdict: each role's held-out means per family of tasks, and the contrasts."""
+    for family, data in entry["verdict"].items():
+        st.subheader(f"Held-out, {family}: {', '.join(data['tasks'])}")
+        st.dataframe(
+            pd.DataFrame(
+                [
+                    {"role": role, "plan": entry["plans"].get(role, {}).get("name", "fullkv"), **means}
+                    for role, means in data["means"].items()
+                ]
+            ).rename(columns={"score": "accuracy"}),
+            hide_index=True,
+            width="stretch",
+        )
+    header = ("family", "A - B", "metric", "difference [95% CI]", "p", "MDE", "W/T/L (samples)", "A is")
+    st.dataframe(pd.DataFrame(verdict_rows(entry), columns=header), hide_index=True, width="stretch")
+    st.caption(MDE_NOTE)
+
+
 def verdict(job) -> None:
     """The held-out verdict of a finished search, and its plan into the designer."""
     try:
-        entry = read_search(job, workspace)["budgets"][0]
+        found_report = read_search(job, workspace)
+        entry = found_report["budgets"][0]
     except PolyKVError as exc:
         st.error(common.first_line(exc))
+        return
+    if found_report.get("format") == WORKLOAD_FORMAT:
+        workload_verdict(entry)
+        open_in_designer(entry["plans"]["searched"], entry["search"]["moves"])
         return
     found = entry["verdict"]
     st.subheader(f"Held-out verdict: {found['sequences']} sequences (FullKV perplexity {found['fullkv_ppl']:.3f})")
@@ -109,11 +185,15 @@ def verdict(job) -> None:
         if c["a"] == "searched"
     ]
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
-    moves = entry["plan"].get("provenance", {}).get("moves", [])
+    open_in_designer(entry["plan"], entry["plan"].get("provenance", {}).get("moves", []))
+
+
+def open_in_designer(plan_data, moves) -> None:
+    moves = [m if isinstance(m, str) else m.get("text", str(m)) for m in moves]
     st.caption(f"{len(moves)} moves taken: " + ("; ".join(moves) if moves else "none (the start was best)"))
     if st.button("Open the searched plan in the designer", type="primary"):
         try:
-            designing.set_plan(Plan.from_dict(entry["plan"]))
+            designing.set_plan(Plan.from_dict(plan_data))
         except PlanError as exc:
             st.error(common.first_line(exc))
         else:

@@ -22,7 +22,9 @@ from polykv.plan import Scope
 
 SOURCES_HELP = (
     "Comma-separated corpus sources: kjv, jargon, stdlib, model, model@T, model:OPENING (no commas), "
-    "file:PATH (default: the model's own; for the demo its samples, else kjv,jargon,stdlib,model)."
+    "file:PATH (default: the model's own; for the demo its samples, else kjv,jargon,stdlib,model); or a "
+    "workload, ruler:TASK[@LENGTH] or longbench:PATH/<task>.jsonl, whose calibration prompts score their gold "
+    "answers (danswer)."
 )
 
 
@@ -46,7 +48,7 @@ def profile(
     sources: Annotated[str | None, typer.Option(help=SOURCES_HELP)] = None,
     scope: Scope = Scope.BOTH,
     seed: int = 0,
-    batch_size: Annotated[int, typer.Option(min=1)] = 20,
+    batch_size: Annotated[int, typer.Option(min=1, help="Sequences profiled together (memory grows with it).")] = 4,
     device: str = "cpu",
     workspace: WorkspaceOption = DEFAULT_WORKSPACE,
     fresh: Annotated[bool, typer.Option(help="Recompute even if this profile exists.")] = False,
@@ -57,9 +59,18 @@ def profile(
     spec = CorpusSpec(
         sources=_corpus_sources(sources, model), num_sequences=sequences, max_tokens=max_tokens, seed=seed
     )
+    if spec.is_workload:
+        from polykv.eval.calibration import parse_workload
+
+        parse_workload(spec.sources, max_tokens)  # a bad task or length: one line before the weights load
     from polykv.profile.build import build_profile  # torch and transformers: after the cheap checks
 
     hf_model, tokenizer = _load_model(model, device)
+    workload = None
+    if spec.is_workload:
+        from polykv.eval.calibration import workload_corpus
+
+        workload = workload_corpus(tokenizer, hf_model, spec)
     with Progress() as bars:  # a found profile draws no bar
         bars.start("profile")
         result = build_profile(
@@ -73,6 +84,7 @@ def profile(
             batch_size=batch_size,
             reuse=not fresh,
             progress=bars.fraction,
+            workload=workload,
         )
     table = result.table
     typer.echo(f"profile {result.key} ({result.metadata['seconds']:.1f} s to compute): {result.path}")
@@ -90,6 +102,12 @@ def profile(
             f"{(evicting.dppl_high - evicting.dppl_low).median():.4g}, cosine "
             f"{(evicting.cosine_high - evicting.cosine_low).median():.4g}"
         )
+    if result.is_workload:
+        for phase in scope.phases:
+            rows = table[(table.scope == phase.value) & (table.method != "full")]
+            pivot = rows.pivot_table(index="layer", columns="method", values="danswer")
+            typer.echo(f"\n{phase.value}: danswer (the gold answer's NLL per token minus FullKV's) by layer and method")
+            typer.echo(pivot.round(4).to_string())
     typer.echo(
         "\nentropy by layer (mean over all prompt queries, heads and sequences, nats): "
         + ", ".join(f"{h:.3f}" for h in result.entropy)

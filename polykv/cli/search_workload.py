@@ -42,40 +42,6 @@ def _workload(sources: str | None, transfer: str | None, max_tokens: int):
     return workload, tuple(p.task for p in others)
 
 
-def _workload_profile(
-    value, workspace, model_name, hf_model, tokenizer, workload, samples, b_cal, scope, bars, exclude, seed
-):
-    """The named workload profile, or ('auto') one of the searched scope on the search's calibration samples."""
-    from polykv.eval.calibration import workload_corpus
-    from polykv.profile.build import build_profile
-    from polykv.profile.corpus import CorpusSpec
-
-    if value != "auto":
-        profile = _profile_arg(value, workspace, model_name)
-        if not profile.is_workload:
-            raise SettingsError(f"--profile {value}: a workload search needs a workload profile (it has no danswer)")
-        return profile
-    spec = CorpusSpec(
-        sources=workload.sources,
-        num_sequences=samples * len(workload.tasks),
-        max_tokens=getattr(workload.settings, "length", 2048),
-        seed=seed,
-    )
-    corpus = workload_corpus(tokenizer, hf_model, spec, exclude)
-    bars.start("workload profile")
-    return build_profile(
-        model_name,
-        hf_model,
-        tokenizer,
-        workspace / "profiles",
-        spec,
-        capacity=b_cal,
-        scopes=tuple(Scope(scope).phases),
-        progress=bars.fraction,
-        workload=corpus,
-    )
-
-
 def search_workload(
     out: Path,
     budget: list[int],
@@ -103,7 +69,7 @@ def search_workload(
     from polykv.eval.store import Store
     from polykv.files import atomic_write_json, atomic_write_text
     from polykv.models import config_dimensions, num_layers
-    from polykv.search.workload import draw_samples, verdict_settings, workload_report
+    from polykv.search.workload import build_workload_profile, draw_samples, verdict_settings, workload_report
     from polykv.search.workload_markdown import figure, markdown, verdict_rows
 
     workload, transfer_tasks = _workload(sources, transfer, max_tokens)
@@ -118,8 +84,8 @@ def search_workload(
     text = None if text_profile is None else _profile_arg(text_profile, workspace, model)
     if text is not None and not set(p.value for p in scope.phases) <= set(text.meta.scopes):
         raise SettingsError(f"--text-profile {text_profile} does not measure the {scope.value} scope")
-    if profile != "auto":
-        _profile_arg(profile, workspace, model)
+    if profile != "auto" and not _profile_arg(profile, workspace, model).is_workload:
+        raise SettingsError(f"--profile {profile}: a workload search needs a workload profile (it has no danswer)")
 
     started = time.perf_counter()
     hf_model, tokenizer = _load_model(model, device)
@@ -149,27 +115,14 @@ def search_workload(
         samples = draw_samples(
             workload, tokenizer, hf_model, search_sequences, held_out, seed, transfer_tasks, accuracy_samples
         )
-        from polykv.eval.calibration import evaluation_samples, prompt_hash
-
-        exclude = {
-            prompt_hash(workload, t, s, seed, p)
-            for t, s, p in evaluation_samples(workload, tokenizer, hf_model, held_out, seed)
-        }
         profile_started = time.perf_counter()
-        loaded = _workload_profile(
-            profile,
-            workspace,
-            model,
-            hf_model,
-            tokenizer,
-            workload,
-            search_sequences,
-            b_cal,
-            scope,
-            bars,
-            exclude,
-            seed,
-        )
+        if profile == "auto":
+            bars.start("workload profile")
+            loaded = build_workload_profile(
+                model, hf_model, tokenizer, workspace / "profiles", samples, scope, b_cal, bars.fraction
+            )
+        else:
+            loaded = _profile_arg(profile, workspace, model)
         profile_seconds = time.perf_counter() - profile_started
         out.mkdir(parents=True, exist_ok=True)
         store = Store(out / "results.sqlite")

@@ -28,14 +28,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from polykv.profile.corpus import WorkloadCorpus
 
-WORKLOAD_SUITES = ("ruler", "longbench")
 CALIBRATION_SEED = 1_000_003  # calibration samples of a suite: seed + this (never the evaluation seed's samples)
 ANSWER_TOKENS = 16  # gold answer tokens scored per sample (a cost cut for long answers, as the study uses)
 _SPARE = 4  # calibration samples drawn beyond the count, so dropped ones can be replaced
-
-
-def is_workload_source(source: str) -> bool:
-    return isinstance(source, str) and source.split(":", 1)[0] in WORKLOAD_SUITES and ":" in source
 
 
 @dataclass(frozen=True)
@@ -223,12 +218,10 @@ def workload_corpus(tokenizer, model, spec, exclude: set[str] | None = None) -> 
 __all__ = [
     "ANSWER_TOKENS",
     "CALIBRATION_SEED",
-    "WORKLOAD_SUITES",
     "Workload",
     "WorkloadSource",
     "calibration_samples",
     "evaluation_samples",
-    "is_workload_source",
     "parse_source",
     "parse_workload",
     "prompt_hash",

@@ -55,12 +55,31 @@ def launch_search(
     candidates: int = 8,
     metric: str = "kl",
     statistic: str = "dppl",
+    sources: str | None = None,
+    transfer: str | None = None,
+    text_profile: str | None = None,
+    accuracy_samples: int | None = None,
 ) -> Job:
     """The search job these arguments describe, checked (JobError or ValueError, one line); `start` is used
-    only when it is in the search space (`start_problem`)."""
-    loaded = profile_for_job(profile, Path(workspace), model)
-    if start is not None and start.num_layers != loaded.num_layers:
-        raise JobError(f"the start plan has {start.num_layers} layers, the profile's model {loaded.num_layers}")
+    only when it is in the search space (`start_problem`). With `sources`, a workload search (answer_nll):
+    `profile` is a workload profile or "auto", `text_profile` (optional) a text profile for toprank-text."""
+    if sources is not None:
+        from polykv.eval.calibration import parse_workload
+
+        parse_workload([s.strip() for s in sources.split(",") if s.strip()], max_tokens)  # one line when bad
+        metric, statistic, start = "answer_nll", "danswer", None
+        if text_profile:
+            profile_for_job(text_profile, Path(workspace), model)
+        layers = None
+        if profile != "auto":
+            loaded = profile_for_job(profile, Path(workspace), model)
+            if not loaded.is_workload:
+                raise JobError(f"profile {loaded.key} has no danswer: a workload search needs a workload profile")
+    else:
+        loaded = profile_for_job(profile, Path(workspace), model)
+        layers = loaded.num_layers
+    if start is not None and start.num_layers != layers:
+        raise JobError(f"the start plan has {start.num_layers} layers, the profile's model {layers}")
     use_start = start is not None and start_problem(start, scope, budget) is None
     spec = {
         "profile": profile,
@@ -75,9 +94,14 @@ def launch_search(
         "metric": metric,
         "statistic": statistic,
         "start": start.to_json() if use_start else None,
+        "sources": sources,
+        "transfer": transfer,
+        "text_profile": text_profile,
+        "accuracy_samples": accuracy_samples,
     }
     origin = f"from {start.name}, " if use_start else ""
-    title = f"search · {loaded.key} · {scope} b{budget} · {origin}{evaluations} executions"
+    what = f"workload {sources}" if sources else (loaded.key if profile != "auto" else "auto")
+    title = f"search · {what} · {scope} b{budget} · {origin}{evaluations} executions"
     return search_job(model, device, spec, title)
 
 
@@ -99,6 +123,8 @@ def run_job(job, workspace: Path, store, report: Callable[..., dict], activate: 
     from polykv.search.report import build_report
 
     spec = job.search
+    if spec.get("sources"):
+        return run_workload_job(job, workspace, report)
     profile = profile_for_job(spec["profile"], Path(workspace), job.model)
     start = Plan.from_json(spec["start"]) if spec["start"] else None
     model, tokenizer = load_model(job.model, device=job.device)  # quiet: no progress bars in the log
@@ -137,6 +163,67 @@ def run_job(job, workspace: Path, store, report: Callable[..., dict], activate: 
         command=f"app search job {job.id}",
         start=start,
         on_step=on_step,
+        on_trace=on_trace,
+    )
+    path = atomic_write_json(report_path(workspace, job.id), found)
+    report(result={"trace": trace[-LIVE_TRACE:], "best": plans[0].to_json(), "report": str(path)}, message="done")
+
+
+def run_workload_job(job, workspace: Path, report: Callable[..., dict]) -> None:
+    """A workload search's worker (`polykv.search.workload`): its held-out runs go to the workspace's store, so
+    the Runs and Compare pages show them beside every other run."""
+    from polykv.eval.calibration import parse_workload
+    from polykv.eval.store import Store
+    from polykv.models import load_model
+    from polykv.search.workload import build_workload_profile, draw_samples, workload_report
+
+    spec, workspace = job.search, Path(workspace)
+    split = lambda value: [s.strip() for s in (value or "").split(",") if s.strip()]  # noqa: E731
+    workload = parse_workload(split(spec["sources"]), spec["max_tokens"])
+    transfer = tuple(parse_workload(split(spec["transfer"]), spec["max_tokens"]).tasks) if spec["transfer"] else ()
+    model, tokenizer = load_model(job.model, device=job.device)
+    report(message="drawing the search and held-out samples")
+    samples = draw_samples(
+        workload, tokenizer, model, spec["search_sequences"], spec["held_out"], spec["seed"], transfer,
+        spec["accuracy_samples"],
+    )  # fmt: skip
+    if spec["profile"] == "auto":
+        report(message="profiling the workload")
+        profile = build_workload_profile(
+            job.model, model, tokenizer, workspace / "profiles", samples, spec["scope"],
+            progress=lambda fraction, message: report(fraction=0.3 * fraction, message=f"workload profile · {message}"),
+        )  # fmt: skip
+    else:
+        profile = profile_for_job(spec["profile"], workspace, job.model)
+    text = profile_for_job(spec["text_profile"], workspace, job.model) if spec["text_profile"] else None
+    trace: list[dict[str, Any]] = []
+
+    def on_trace(point, best: Plan) -> None:
+        trace.append(point.to_dict())
+        report(result={"trace": trace[-LIVE_TRACE:], "best": best.to_json()})
+
+    def on_step(used: int, total: int, where: str) -> None:
+        report(fraction=0.3 + min(0.4, 0.4 * used / total), message=f"{used}/{total} executions · {where}")
+
+    found, plans = workload_report(
+        model,
+        job.model,
+        tokenizer,
+        samples,
+        profile,
+        text,
+        spec["scope"],
+        [spec["budget"]],
+        Store(workspace / "results.sqlite"),
+        evaluations=spec["evaluations"],
+        candidates=spec["candidates"],
+        seed=spec["seed"],
+        command=f"app search job {job.id}",
+        say=lambda message: report(message=message),
+        on_step=on_step,
+        on_sample=lambda done, total, where: report(
+            fraction=0.7 + 0.3 * done / max(total, 1), message=f"verdict · {done}/{total} samples"
+        ),
         on_trace=on_trace,
     )
     path = atomic_write_json(report_path(workspace, job.id), found)

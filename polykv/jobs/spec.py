@@ -171,7 +171,9 @@ class _ExperimentFile(BaseModel):
 
 class _SearchFile(BaseModel):
     """A plan search's arguments (`polykv.search`): from `start` (a plan's JSON, the designer's) when it is
-    in the search space, TopRank by `statistic` from `profile` and the best homogeneous plan, at `budget`."""
+    in the search space, TopRank by `statistic` from `profile` and the best homogeneous plan, at `budget`.
+    With `sources` (metric answer_nll), a workload search (`polykv.search.workload`): `profile` is a workload
+    profile or "auto" (computed on the workload's calibration split)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -184,9 +186,14 @@ class _SearchFile(BaseModel):
     held_out: int = Field(ge=2, le=10_000)
     max_tokens: int = Field(ge=16, le=1_048_576)
     candidates: int = Field(default=8, ge=1, le=1000)
-    metric: Literal["kl", "dppl"] = "kl"
-    statistic: Literal["cosine", "dppl"] = "dppl"
+    metric: Literal["kl", "dppl", "answer_nll"] = "kl"
+    statistic: Literal["cosine", "dppl", "danswer"] = "dppl"
     start: str | None = Field(default=None, max_length=4 * 1024 * 1024)
+    # a workload search (metric answer_nll): its sources, transfer tasks, and the text profile whose TopRank joins
+    sources: str | None = Field(default=None, max_length=4096)
+    transfer: str | None = Field(default=None, max_length=4096)
+    text_profile: str | None = Field(default=None, max_length=4096)
+    accuracy_samples: int | None = Field(default=None, ge=1, le=10_000)
 
 
 class _JobFile(BaseModel):

@@ -94,6 +94,10 @@ class Profile:
         """Measured on a suite's prompts with gold answers (it has danswer), not on text."""
         return "danswer" in self.table.columns
 
+    def statistics(self) -> list[str]:
+        """The statistics this profile measured (danswer in a workload profile only)."""
+        return [s for s in STATISTICS if s != "danswer" or self.is_workload]
+
     def per_sequence_tokens(self):
         """(scored tokens, answer tokens) per sequence in sequence order, for the bootstrap: numpy arrays,
         or the profile's one continuation and None for a text profile."""

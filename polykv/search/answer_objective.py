@@ -72,15 +72,7 @@ class AnswerObjective(Objective):
     def _execute(self, pairs: Iterable[tuple[Plan, int]]) -> None:
         """The uncached pairs, cut at `limit` in the order given (then BudgetExhausted); the plans that meet
         on one sample run as one batch."""
-        todo: dict[tuple[str, int], tuple[Plan, int]] = {}
-        for plan, i in pairs:
-            key = (plan_key(plan), i)
-            if key not in self._scores and key not in todo:
-                todo[key] = (plan, i)
-        batch = list(todo.items())
-        exhausted = self.limit is not None and self.executions + len(batch) > self.limit
-        if exhausted:
-            batch = batch[: max(0, self.limit - self.executions)]
+        batch, exhausted = self._pending(pairs)
         by_sample: dict[int, list[tuple[tuple[str, int], Plan]]] = {}
         for key, (plan, i) in batch:
             by_sample.setdefault(i, []).append((key, plan))

@@ -268,15 +268,7 @@ class Objective:
         """Run the uncached pairs among `pairs` through the executor as one batch, in the sequential order
         (each distinct pair once). Past `limit`, only the pairs the sequential loop would have run before
         BudgetExhausted run (their scores kept), then BudgetExhausted."""
-        todo: dict[tuple[str, int], tuple[Plan, int]] = {}
-        for plan, i in pairs:
-            key = (plan_key(plan), i)
-            if key not in self._scores and key not in todo:
-                todo[key] = (plan, i)
-        batch = list(todo.items())
-        exhausted = False
-        if self.limit is not None and self.executions + len(batch) > self.limit:
-            batch, exhausted = batch[: max(0, self.limit - self.executions)], True
+        batch, exhausted = self._pending(pairs)
         if batch:
             assert self.executor is not None
             results = self.executor([(plan, self.sequences[i]) for _, (plan, i) in batch], self.continuation)
@@ -287,6 +279,19 @@ class Objective:
             self.executions += len(batch)
         if exhausted:
             raise BudgetExhausted
+
+    def _pending(self, pairs: Iterable[tuple[Plan, int]]) -> tuple[list, bool]:
+        """([((plan key, i), (plan, i)) of the distinct uncached pairs, in order, cut at `limit`], whether the
+        cut left some out)."""
+        todo: dict[tuple[str, int], tuple[Plan, int]] = {}
+        for plan, i in pairs:
+            key = (plan_key(plan), i)
+            if key not in self._scores and key not in todo:
+                todo[key] = (plan, i)
+        batch = list(todo.items())
+        if self.limit is not None and self.executions + len(batch) > self.limit:
+            return batch[: max(0, self.limit - self.executions)], True
+        return batch, False
 
     def scores(self, plan: Plan, indices: Iterable[int]) -> list[SequenceScore]:
         if self.executor is None:

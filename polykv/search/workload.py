@@ -53,6 +53,7 @@ class WorkloadSamples:
     transfer: tuple[str, ...] = ()  # tasks of the same suite judged but never searched on
     seed: int = 0
     accuracy: int | None = None  # held-out samples per task that also generate (None: all of them)
+    held_out_prompts: frozenset[str] = frozenset()  # the held-out samples' prompt hashes (never calibration)
 
     def objective(self, model) -> AnswerObjective:
         from polykv.eval.calibration import question
@@ -112,7 +113,36 @@ def draw_samples(
     held = evaluation_samples(workload, tokenizer, model, held_out, seed)
     exclude = {prompt_hash(workload, task, sample, seed, payload) for task, sample, payload in held}
     chosen = calibration_samples(workload, tokenizer, model, search_per_task, seed, exclude)
-    return WorkloadSamples(workload, chosen, held_out, tuple(transfer), seed, accuracy)
+    return WorkloadSamples(workload, chosen, held_out, tuple(transfer), seed, accuracy, frozenset(exclude))
+
+
+def build_workload_profile(
+    model_name: str, model, tokenizer, root, samples: WorkloadSamples, scope, b_cal: int | None = None, progress=None
+):
+    """The workload profile of the searched scope on the search's calibration split (its search samples per
+    task, never a held-out prompt): danswer ranks the moves and gives toprank-workload (computed once, reused)."""
+    from polykv.eval.calibration import workload_corpus
+    from polykv.profile.build import build_profile
+    from polykv.profile.corpus import CorpusSpec
+
+    spec = CorpusSpec(
+        sources=samples.workload.sources,
+        num_sequences=len(samples.search),
+        max_tokens=getattr(samples.workload.settings, "length", 2048),
+        seed=samples.seed,
+    )
+    corpus = workload_corpus(tokenizer, model, spec, set(samples.held_out_prompts))
+    return build_profile(
+        model_name,
+        model,
+        tokenizer,
+        root,
+        spec,
+        capacity=b_cal,
+        scopes=tuple(Scope(scope).phases),
+        progress=progress,
+        workload=corpus,
+    )
 
 
 def _best(objective: AnswerObjective, plans: Sequence[Plan]) -> tuple[Plan, dict[str, float]]:
@@ -135,6 +165,7 @@ def contenders(
     settings: SearchSettings,
     text_statistic: str = "dppl",
     on_step=None,
+    on_trace=None,
 ) -> tuple[dict[str, Plan], dict[str, Any]]:
     """Step 1 of the module docstring at one budget: {role: plan} and what chose them (scores on the search
     samples, the search's result)."""
@@ -150,7 +181,7 @@ def contenders(
     best_homogeneous, homogeneous_values = _best(objective, homogeneous)
     best_fixed = min((p for p in homogeneous if p.allocation == "fixed"), key=lambda p: homogeneous_values[p.name])
     envelope, envelope_values = _best(objective, baselines)
-    found = search(objective, [toprank, best_fixed], settings, workload_profile, on_step)
+    found = search(objective, [toprank, best_fixed], settings, workload_profile, on_step, on_trace)
     searched = with_provenance(
         found,
         f"search-answer_nll-{scope.value}-b{budget}",
@@ -195,13 +226,14 @@ def contrast(a, b, metric: str, seed: int = 0) -> dict[str, Any]:
     wins, ties, losses = _wins(a, b, sign)
     better = test.significant() and sign * test.difference > 0
     worse = test.significant() and sign * test.difference < 0
+    finite = lambda x: None if x != x else x  # noqa: E731 - JSON has no NaN: "none" is None
     return {
         "metric": metric,
-        "difference": test.difference,
-        "low": test.low,
-        "high": test.high,
+        "difference": finite(test.difference),
+        "low": finite(test.low),
+        "high": finite(test.high),
         "p": test.p_value,
-        "mde": test.mde,
+        "mde": finite(test.mde),
         "samples": test.samples,
         "tasks": test.tasks,
         "wins": wins,
@@ -265,6 +297,7 @@ def workload_report(
     on_step=None,
     on_sample=None,
     workers: int = 1,
+    on_trace=None,
 ) -> tuple[dict[str, Any], list[Plan]]:
     """The module docstring's procedure at every budget: (the report as a JSON-ready dict, the searched plans)."""
     from polykv.eval.experiments import ExperimentRunner
@@ -304,7 +337,9 @@ def workload_report(
             seed=seed,
             statistic="danswer",
         )
-        plans, chosen = contenders(objective, workload_profile, text_profile, scope, settings, text_statistic, on_step)
+        plans, chosen = contenders(
+            objective, workload_profile, text_profile, scope, settings, text_statistic, on_step, on_trace
+        )
         contenders_seconds = chosen.pop("seconds")
         verdict_started = time.perf_counter()
         unique: dict[str, Plan] = {}  # a plan that fills two roles runs once
@@ -357,6 +392,7 @@ def workload_report(
 
 __all__ = [
     "FAMILIES",
+    "build_workload_profile",
     "FORMAT",
     "ROLES",
     "WorkloadSamples",

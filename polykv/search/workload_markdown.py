@@ -29,6 +29,7 @@ def _mde(value: float, short: bool = False) -> str:
     """The minimal detectable difference; in tables "n/e" where there is none (the note under them says why)."""
     from polykv.eval.paired_samples import detectable
 
+    value = math.nan if value is None else value
     return "n/e" if short and value != value else detectable(value, ".4g")
 
 
