@@ -61,3 +61,41 @@ def test_the_runs_page_refuses_what_cannot_run_inline_and_starts_no_job(app_env)
     refusal = "Not launched: ruler length 4096 exceeds the model's context (512 tokens); pass a length of at most 512"
     assert refusal in texts(at.error)
     assert jobs.list_jobs(app_env / "ws") == []
+
+
+def test_an_experiment_refuses_what_cannot_run_before_any_run(polykv, tmp_path):
+    workspace, plan = tmp_path / "ws", tmp_path / "route.json"
+    plan.write_text(Plan.homogeneous("tova", 16, 5, "decode").to_json())
+    result = polykv(
+        "experiment", "sweep", "--model", "demo", "--plan", str(plan), "--budgets", "16", "--metric", "score",
+        "--suite", "ruler", "--settings", json.dumps({"length": 4096}), "-w", str(workspace),
+    )  # fmt: skip
+    assert_one_line_error(result, "ruler length 4096 exceeds the model's context (512 tokens)")
+    assert not (workspace / "results.sqlite").exists()  # no store, so no run
+
+
+def test_the_experiments_page_refuses_what_cannot_run_inline_and_starts_no_job(app_env, small_profile):
+    from tests.helpers import with_profile
+
+    with_profile(app_env / "ws", small_profile)
+    at = open_app("experiments")
+    at.selectbox(key="experiment_suite").select("ruler")
+    at.run()
+    at.text_area(key="experiment_settings_ruler").set_value(json.dumps({"length": 4096}))
+    button(at, "Start experiment").click()
+    at.run()
+    assert not at.exception
+    assert "Not started: ruler length 4096 exceeds the model's context (512 tokens); pass a length of at most 512" in (
+        texts(at.error)
+    )
+    assert jobs.list_jobs(app_env / "ws") == []
+
+
+def test_a_workload_search_refuses_a_task_that_cannot_fit_before_any_job(app_env, demo_model):
+    from polykv.jobs.search import launch_search
+
+    with pytest.raises(SettingsError, match="too small for task vt"):
+        launch_search(
+            app_env / "ws", "demo", "cpu", profile="auto", scope="decode", budget=32, sources="ruler:vt@512",
+            loaded=demo_model,
+        )  # fmt: skip

@@ -91,6 +91,7 @@ else:
                 settings=suite_settings(suite, settings_text).to_dict(),
                 metric=metric,
                 seed=int(seed),
+                loaded=session.current_model()[2:],
             ),
             state.EXPERIMENT_FLASH,
         )

@@ -102,6 +102,7 @@ else:
                 "sources": sources,
                 "transfer": transfer.strip() or None,
                 "text_profile": None if text_profile == "none" else text_profile,
+                "loaded": session.current_model()[2:],
             }
             if workload
             else {}

@@ -78,6 +78,9 @@ class ExperimentOptions:
             self.suite, self.samples, self.tasks, self.prompt_tokens, self.settings_json, self.model, self.metric
         )
         hf_model, tokenizer = _load_model(self.model, self.device)
+        from polykv.eval.fit import check_fits
+
+        check_fits(self.suite, settings, hf_model, tokenizer, seed=self.seed)  # what cannot run is not started
         return ExperimentRunner(
             Store(self.workspace / "results.sqlite"),
             self.model,

@@ -53,14 +53,16 @@ def launch_job(
     metric: str = "top1",
     seed: int = 0,
     title: str | None = None,
+    loaded: tuple[Any, Any] | None = None,
 ):
     """The background job (`polykv.jobs.experiment_job`, not started) that runs `experiment` (factorial,
     placement or sweep) of `model` with these arguments. The route (the placement's guided plan, the
     sweep's fixed route) is TopRank by `statistic` from `profile` (a key in <workspace>/profiles or a path)
     in `scope` at `budget` with `allocation` capacities; the factorial's allocated arm is `allocation`.
     Everything is checked before anything runs in the background: the description, the profile (this
-    model's), the settings, the metric (one the suite reports) and every plan the experiment would run.
-    JobError or ValueError (one line) when not."""
+    model's), the settings, the metric (one the suite reports) and every plan the experiment would run; with
+    `loaded` (the model and tokenizer), that the suite's first sample of each task and every plan fit the model
+    (`polykv.eval.fit`). JobError or ValueError (one line) when not."""
     spec = {
         "name": experiment,
         "profile": str(profile),
@@ -78,9 +80,13 @@ def launch_job(
         "seed": seed,
     }
     job = experiment_job(model, device, spec, title or "")
-    loaded, _, plans, _ = job_experiment(job.experiment, model, Path(workspace))
+    found, suite_settings_, plans, _ = job_experiment(job.experiment, model, Path(workspace))
+    if loaded is not None:
+        from polykv.eval.fit import check_fits
+
+        check_fits(suite, suite_settings_, *loaded, plans, seed)
     runs = f"{len(plans)} run{'s' * (len(plans) > 1)}"
-    job.title = title or f"{experiment} · {loaded.key} · {scope} b{budget} on {suite} ({metric}, {runs})"
+    job.title = title or f"{experiment} · {found.key} · {scope} b{budget} on {suite} ({metric}, {runs})"
     return job
 
 

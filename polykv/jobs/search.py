@@ -59,6 +59,7 @@ def launch_search(
     transfer: str | None = None,
     text_profile: str | None = None,
     accuracy_samples: int | None = None,
+    loaded: tuple[Any, Any] | None = None,
 ) -> Job:
     """The search job these arguments describe, checked (JobError or ValueError, one line); `start` is used
     only when it is in the search space (`start_problem`). With `sources`, a workload search (answer_nll):
@@ -66,7 +67,15 @@ def launch_search(
     if sources is not None:
         from polykv.eval.calibration import parse_workload
 
-        parse_workload([s.strip() for s in sources.split(",") if s.strip()], max_tokens)  # one line when bad
+        split = lambda value: [s.strip() for s in (value or "").split(",") if s.strip()]  # noqa: E731
+        workload = parse_workload(split(sources), max_tokens)  # one line when bad
+        others = tuple(parse_workload(split(transfer), max_tokens).tasks) if transfer else ()
+        if loaded is not None:  # the model at hand: each task's first sample must fit it (`polykv.eval.fit`)
+            from polykv.eval.fit import check_fits
+            from polykv.search.workload import verdict_settings
+
+            for suite_settings in verdict_settings(workload, held_out, others, accuracy_samples).values():
+                check_fits(workload.suite, suite_settings, *loaded, seed=seed)
         metric, statistic, start = "answer_nll", "danswer", None
         if text_profile:
             profile_for_job(text_profile, Path(workspace), model)
