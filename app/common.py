@@ -63,12 +63,23 @@ RESUMABLE = ("stopped", "cancelled", "failed")  # the job states that Resume res
 DEMO_SETTINGS = {"fidelity": {"samples_per_task": 2, "prompt_tokens": 256}}
 
 
+@st.cache_data(show_spinner="Finding the RULER settings that fit the model ...", max_entries=8)
+def _fitting_ruler(model_name: str, device: str) -> dict:
+    from polykv.eval.fit import fitting_ruler_settings
+
+    _, _, model, tokenizer = current_model()
+    return fitting_ruler_settings(model, tokenizer).to_dict()
+
+
 def default_settings(suite: str, model_name: str) -> str:
     """The Runs page's starting settings (JSON) of `suite` for `model_name`: the suite's defaults, the
-    fidelity suite on the model's own default tasks, smaller on the demo model."""
+    fidelity suite on the model's own default tasks, smaller on the demo model, RULER at the largest standard
+    length within the loaded model's context on the tasks that fit there."""
     from polykv.eval.runner import SUITES
     from polykv.eval.suites.fidelity import default_tasks
 
+    if suite == "ruler":
+        return json.dumps(_fitting_ruler(model_name, current_model()[1]))
     settings = SUITES[suite].Settings().to_dict()
     if suite == "fidelity":  # the model's own default tasks (for the demo: text it models well)
         settings["tasks"] = list(default_tasks(model_name))
@@ -154,9 +165,24 @@ def start_job(build: Callable[[], Any], flash_key: str | None = None, refused: s
     st.rerun()
 
 
+def failed_before_any_sample(job, progress) -> bool:
+    """An evaluation job that failed before any of its runs scored a sample: its settings, not its luck, are
+    wrong, so resuming it would fail again."""
+    return job.kind == "eval" and progress.status == "failed" and not any(run.done for run in progress.runs)
+
+
+def edit_settings(job) -> None:
+    """Put a job's suite and settings back into the Runs page's form (an on_click callback: it runs before the
+    page's widgets are made)."""
+    unit = job.runs[0].unit
+    st.session_state[state.RUN_SUITE] = unit["suite"]
+    st.session_state[state.settings_text(unit["suite"])] = unit["settings_json"]
+
+
 def job_controls(job, progress, where: Path) -> None:
     """Cancel (a running job: waits until its worker has exited), Resume (a stopped, cancelled or failed
-    one: finished runs are found in the store, not recomputed) and the job's log tail."""
+    one: finished runs are found in the store, not recomputed), Edit settings instead of Resume for an
+    evaluation that failed before its first sample, and the job's log tail."""
     if progress.status == "running" and st.button("Cancel", key=state.cancel_button(job.id)):
         try:
             jobs.cancel(job, where)
@@ -164,7 +190,10 @@ def job_controls(job, progress, where: Path) -> None:
             st.error(f"Not cancelled: {first_line(exc)}")
         else:
             st.rerun()
-    if progress.status in RESUMABLE and st.button("Resume", key=state.resume_button(job.id)):
+    if failed_before_any_sample(job, progress):
+        st.caption("It failed before its first sample: its settings cannot run as they are.")
+        st.button("Edit settings", key=state.edit_button(job.id), on_click=edit_settings, args=(job,))
+    elif progress.status in RESUMABLE and st.button("Resume", key=state.resume_button(job.id)):
         try:
             jobs.start(job, where)
         except PolyKVError as exc:  # e.g. its worker still runs

@@ -114,6 +114,11 @@ def cancel_button(job_id: str) -> str:
     return f"cancel_{job_id}"
 
 
+def edit_button(job_id: str) -> str:
+    """The Edit settings button of a job that failed before its first sample."""
+    return f"edit_{job_id}"
+
+
 def resume_button(job_id: str) -> str:
     """Button: resume the stopped, cancelled or failed job `job_id`."""
     return f"resume_{job_id}"

@@ -99,3 +99,39 @@ def test_a_workload_search_refuses_a_task_that_cannot_fit_before_any_job(app_env
             app_env / "ws", "demo", "cpu", profile="auto", scope="decode", budget=32, sources="ruler:vt@512",
             loaded=demo_model,
         )  # fmt: skip
+
+
+def test_a_job_that_failed_before_its_first_sample_offers_edit_settings_not_resume(app_env, demo_model):
+    from polykv.eval.unit import Unit
+    from tests.helpers import wait_for_job
+
+    workspace = app_env / "ws"
+    settings = suite_settings("ruler", {"length": 4096, "tasks": ["niah_single_1"]})  # past the demo's context
+    unit = Unit.of("demo", Plan.homogeneous("full", None, 5), "ruler", settings)
+    job = jobs.eval_job([({"series": "full"}, unit)], "cannot run")  # made directly: the page would refuse it
+    jobs.start(job, workspace)
+    assert wait_for_job(job, workspace).status == "failed"
+    at = open_app("runs")
+    assert not at.exception
+    labels = [b.label for b in at.button]
+    assert "Edit settings" in labels and "Resume" not in labels
+    assert any("failed before its first sample" in c for c in texts(at.caption))
+    button(at, "Edit settings").click()
+    at.run()
+    assert at.selectbox(key="run_suite").value == "ruler"
+    assert json.loads(at.text_area(key="settings_ruler").value)["length"] == 4096
+
+
+def test_rulers_defaults_fit_the_loaded_model_and_the_runs_page_proposes_them(app_env, demo_model):
+    from polykv.eval.fit import fitting_ruler_settings
+
+    model, tokenizer = demo_model
+    fitting = fitting_ruler_settings(model, tokenizer)
+    assert fitting.length == 512  # the largest standard length within the demo's 512-token context
+    assert "niah_single_1" in fitting.tasks and "niah_multiquery" not in fitting.tasks  # its prompts are longer
+    check_fits("ruler", fitting, model, tokenizer)  # the whole default runs
+    at = open_app("runs")
+    at.selectbox(key="run_suite").select("ruler")
+    at.run()
+    proposed = json.loads(at.text_area(key="settings_ruler").value)
+    assert proposed["length"] == 512 and proposed["tasks"] == list(fitting.tasks)

@@ -35,4 +35,30 @@ def check_fits(suite: str, settings, model, tokenizer, plans: Sequence[Plan] = (
         raise SettingsError(about_settings(suite, first_line(exc))) from None
 
 
-__all__ = ["check_fits"]
+# RULER's standard lengths, and the shorter ones a small model's context allows.
+STANDARD_RULER_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+
+
+def fitting_ruler_settings(model, tokenizer, seed: int = 0):
+    """RULER's default settings made to fit `model`: the largest standard length within its context, on the
+    default tasks whose first sample fits at that length (a tiny context leaves tasks out)."""
+    from polykv.eval.suites.ruler import RulerSettings
+    from polykv.models import context_length
+
+    defaults = RulerSettings()
+    context = context_length(model)
+    within = [n for n in STANDARD_RULER_LENGTHS if context is None or n <= context]
+    length = within[-1] if within else context
+    tasks = []
+    for task in defaults.tasks:
+        try:
+            check_fits(
+                "ruler", dataclasses.replace(defaults, tasks=(task,), length=length), model, tokenizer, seed=seed
+            )
+        except SettingsError:
+            continue
+        tasks.append(task)
+    return dataclasses.replace(defaults, tasks=tuple(tasks) or defaults.tasks, length=length)
+
+
+__all__ = ["STANDARD_RULER_LENGTHS", "check_fits", "fitting_ruler_settings"]
