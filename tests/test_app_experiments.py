@@ -160,3 +160,15 @@ def test_a_cancelled_experiment_shows_its_progress_and_resume_runs_it_to_its_rep
     assert wait_for_job(job, app_ws).status == "finished", jobs.log_tail(job, app_ws)
     at.run()
     assert at.dataframe[0].value["routing"].tolist() == ["homogeneous", "routed"]  # its report is drawn
+
+
+def test_another_models_sweep_job_is_not_drawn_for_the_loaded_model(app_ws):
+    from app.common import eval_job
+    from polykv.jobs.spec import save_job
+
+    route = Plan.homogeneous("tova", 229, 30, "decode", name="smollm2-route")
+    job = eval_job("smollm2", "cpu", route, "fidelity", "{}", "229,230,231", ["h2o"], 0, 0)
+    save_job(job, app_ws)
+    at = open_app("experiments")
+    assert not at.exception
+    assert any("Launch the plan with baselines" in c for c in texts(at.caption))  # demo is loaded: no smollm2 sweep

@@ -99,7 +99,7 @@ editing.show_flash(state.EXPERIMENT_FLASH)
 
 # ---- experiment jobs (polled while any runs) ----------------------------------------------------------------
 st.subheader("Experiment jobs")
-experiment_jobs = common.jobs_of(jobs.list_jobs(workspace), "experiment", limit=10)
+experiment_jobs = common.jobs_of(jobs.list_jobs(workspace), "experiment", name, limit=10)
 running_at_load = common.running(experiment_jobs, workspace)
 
 
@@ -204,7 +204,7 @@ try:  # read-only: opening the page never creates or changes the results databas
 except StoreError as exc:
     st.error(common.first_line(exc))
     st.stop()
-eval_jobs = common.jobs_of(jobs.list_jobs(workspace), "eval")
+eval_jobs = common.jobs_of(jobs.list_jobs(workspace), "eval", name)  # the loaded model's: its layers, its budgets
 sweeps, placements = common.sweep_jobs(eval_jobs), common.placement_jobs(eval_jobs)
 
 st.subheader("Budget sweep: route vs baselines")
