@@ -201,3 +201,20 @@ def test_a_workload_search_refuses_bad_input_in_one_line(polykv, tmp_path, args,
     assert result.returncode == 2 and problem in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
+
+
+def test_a_longbench_file_splits_into_calibration_and_evaluation_samples_that_never_meet(demo_model, tmp_path):
+    from tests.test_longbench import samples_for, write_task
+
+    model, tokenizer = demo_model
+    folder = tmp_path / "longbench"
+    write_task(folder, "passage_count", samples_for("passage_count", n=10, words=40))
+    workload = parse_workload([f"longbench:{folder / 'passage_count.jsonl'}"])
+    for seed in range(4):
+        evaluation = evaluation_samples(workload, tokenizer, model, 4, seed)
+        drawn = calibration_samples(workload, tokenizer, model, 6, seed, _hashes(workload, evaluation, seed))
+        assert len(drawn) == 6 and not _hashes(workload, drawn, seed) & _hashes(workload, evaluation, seed)
+    with pytest.raises(ValueError, match="holds 6 samples apart from the evaluation ones"):
+        calibration_samples(
+            workload, tokenizer, model, 7, 0, _hashes(workload, evaluation_samples(workload, tokenizer, model, 4, 0), 0)
+        )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -166,7 +167,15 @@ def search(
     from polykv.search.parallel import executor, init_ray
     from polykv.search.report import build_report, difference_text, markdown
 
+    started = time.perf_counter()
     hf_model, tokenizer = _load_model(model, device)
+    first_step: list[float] = []  # when the search scored its first candidate (start-up: load, profile, starts)
+
+    def on_step(used: int, total: int, where: str) -> None:
+        if not first_step:
+            first_step.append(time.perf_counter() - started)
+        bars.sample(used, total, where)
+
     args = sys.argv[1:]
     command = "polykv " + " ".join(shlex.quote(a) for a in args) if "search" in args else ""
     with Progress() as bars:
@@ -207,7 +216,7 @@ def search(
                     candidates=candidates,
                     command=command,
                     progress=starting,
-                    on_step=lambda used, total, where: bars.sample(used, total, where),
+                    on_step=on_step,
                 )
         finally:
             if started_ray:
@@ -215,6 +224,7 @@ def search(
     out.mkdir(parents=True, exist_ok=True)
     for plan in plans:
         plan.save(out / f"{plan.name}.json")
+    report["first_candidate_seconds"] = first_step[0] if first_step else None  # start-up, model load included
     atomic_write_json(out / "report.json", report)
     atomic_write_text(report_path or out / "report.md", markdown(report))
     for entry in report["budgets"]:
@@ -240,4 +250,6 @@ def search(
                 if c["a"] == "searched"
             ],
         )
+    if first_step:
+        typer.echo(f"\nfirst candidate scored {first_step[0]:.1f} s after the command started (model load included)")
     typer.echo(f"\nwrote {out / 'report.json'}, {out / 'report.md'} and {len(plans)} plan(s)")

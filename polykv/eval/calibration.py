@@ -147,15 +147,14 @@ def evaluation_samples(workload: Workload, tokenizer, model, samples: int, seed:
 def calibration_samples(
     workload: Workload, tokenizer, model, samples: int, seed: int, exclude: set[str] | None = None
 ) -> list[tuple[str, str, dict]]:
-    """`samples` per task from the calibration split (module docstring): none of them is an evaluation sample
-    of the same seed at up to `samples` per task, nor has a prompt hash in `exclude` (a verdict's own
-    held-out samples, when it draws more). A ValueError when the split holds too few."""
+    """`samples` per task from the calibration split (module docstring), none of them an evaluation sample:
+    none has a prompt hash in `exclude` (a verdict's own held-out samples), or, without `exclude`, in the
+    evaluation samples of the same seed at `samples` per task. A ValueError when the split holds too few."""
     module, calibration = _module(workload.suite), seed + CALIBRATION_SEED
-    banned = set(exclude or ())
-    banned |= {
-        prompt_hash(workload, *row[:2], seed, row[2])
-        for row in evaluation_samples(workload, tokenizer, model, samples, seed)
-    }
+    if exclude is None:
+        evaluation = evaluation_samples(workload, tokenizer, model, samples, seed)
+        exclude = {prompt_hash(workload, task, sample, seed, payload) for task, sample, payload in evaluation}
+    banned = set(exclude)
     if workload.suite == "ruler":
         drawn = module.build_samples(tokenizer, model, workload.with_samples(samples + _SPARE), calibration)
     else:  # every sample of the file, in a seeded order
