@@ -1,6 +1,6 @@
 """Static-shape decode: an evicting layer writes each new token into the slot its last eviction freed.
 
-The reference is the previous path, still reachable with `polykv.methods.base.IN_PLACE_SLOTS = False`:
+The reference is the previous path, a cache built with `CacheOptions(in_place_slots=False)`:
 every step concatenates the new token (and every per-slot state) onto freshly allocated tensors. Both
 must keep the same positions and give the same logits, for every method.
 """
@@ -12,10 +12,10 @@ import collections
 import pytest
 import torch
 
-from polykv.methods import REGISTRY, base, params_that_fit
+from polykv.methods import REGISTRY, params_that_fit
 from polykv.models import cache_argument_name
 from polykv.plan import Phase, Plan
-from polykv.runtime import routed
+from polykv.runtime import CacheOptions, routed
 from tests.helpers import prompt, tiny_model
 
 PROMPT, CAPACITY, STEPS = 40, 16, 12
@@ -38,12 +38,12 @@ def _plans(layers: int) -> dict[str, Plan]:
 PLANS = _plans(3)
 
 
-def _run(model, plan, ids, steps=STEPS):
+def _run(model, plan, ids, steps=STEPS, options=None):
     """Logits of prefill and each step, and each layer's sorted kept positions after every step."""
 
     kept = []
     name = cache_argument_name(model)
-    with routed(model, plan) as session, torch.no_grad():
+    with routed(model, plan, options) as session, torch.no_grad():
         out = model(ids, use_cache=True)
         logits = [out.logits]
         token = out.logits[:, -1:].argmax(-1)
@@ -56,12 +56,11 @@ def _run(model, plan, ids, steps=STEPS):
 
 
 @pytest.mark.parametrize("label", sorted(PLANS))
-def test_in_place_decode_matches_the_concatenating_path(label, monkeypatch):
+def test_in_place_decode_matches_the_concatenating_path(label):
     model = tiny_model("llama")
     ids = prompt(model, PROMPT, batch=2)
     logits, kept, _ = _run(model, PLANS[label], ids)
-    monkeypatch.setattr(base, "IN_PLACE_SLOTS", False)
-    ref_logits, ref_kept, _ = _run(model, PLANS[label], ids)
+    ref_logits, ref_kept, _ = _run(model, PLANS[label], ids, options=CacheOptions(in_place_slots=False))
     assert max((a - b).abs().max().item() for a, b in zip(logits, ref_logits)) <= 1e-5
     for step, (ours, theirs) in enumerate(zip(kept, ref_kept)):
         for layer, (a, b) in enumerate(zip(ours, theirs)):
@@ -155,3 +154,20 @@ def test_a_one_slot_drop_works_for_every_memory_layout(heads, feature):
             for i, j in itertools.product(range(b), range(h)):
                 expected[i, j, dropped[i, j, 0]] = expected[i, j, n - 1]
             assert torch.equal(SlotBlock(tensor.clone().copy_(tensor)).drop(dropped, n), expected[:, :, : n - 1])
+
+
+def test_the_concatenating_path_is_chosen_per_cache_and_allocates_every_step():
+    model = tiny_model("llama")
+    plan = Plan.homogeneous("tova", CAPACITY, 3, "decode")
+    name = cache_argument_name(model)
+    with routed(model, plan, CacheOptions(in_place_slots=False)) as session, torch.no_grad():
+        out = model(prompt(model, PROMPT), use_cache=True)
+        token, seen = out.logits[:, -1:].argmax(-1), []
+        for _ in range(4):
+            out = model(token, use_cache=True, **{name: session.cache})
+            token = out.logits[:, -1:].argmax(-1)
+            seen.append(session.cache.layers[0].keys.untyped_storage().data_ptr())
+    assert len(set(seen)) == len(seen)  # a new tensor at every step: the previous path
+    with routed(model, plan) as session, torch.no_grad():  # another cache, the default again
+        model(prompt(model, PROMPT), use_cache=True)
+        assert all(layer.options.in_place_slots for layer in session.cache.layers)

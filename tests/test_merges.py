@@ -1,7 +1,7 @@
 """Layers that merge together (`polykv.runtime.merges`): the one-slot merges of D2O and CaM in every layer of
 the same parameters and capacity, done at once after the step's last of them, give the numbers of each
 layer merging alone, bit for bit. The reference is the previous path, still reachable with
-`polykv.runtime.merges.TOGETHER = False`: each layer merges at its own step."""
+a cache built with `CacheOptions(merge_together=False)`: each layer merges at its own step."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from polykv.methods.cam import CaM
 from polykv.methods.d2o import D2O
 from polykv.models import cache_argument_name
 from polykv.plan import Plan
-from polykv.runtime import merges, routed
+from polykv.runtime import CacheOptions, routed
 from polykv.runtime.batch import generate_many
 from tests.helpers import cache_state, decode_logits, identical, plan_of, prompt, tiny_model
 
@@ -49,9 +49,10 @@ def _plans(method: str) -> dict[str, Plan]:
 
 CASES = [(method, label) for method in ("d2o", "cam") for label in sorted(_plans(method))]
 PLANS = _plans("d2o")
+ALONE = CacheOptions(merge_together=False)  # the reference: each layer merges alone, at its own step
 
 
-def _run(model, plan, ids, steps=STEPS):
+def _run(model, plan, ids, steps=STEPS, options=None):
     """Logits of every step and the state after each; and how many layers each merge_together call had."""
     sizes = collections.Counter()
     method = REGISTRY[plan.layers[0].decode.method]
@@ -62,7 +63,7 @@ def _run(model, plan, ids, steps=STEPS):
         return original(cls, methods, kv, dropped)
 
     name = cache_argument_name(model)
-    with pytest.MonkeyPatch.context() as patch, routed(model, plan) as session, torch.no_grad():
+    with pytest.MonkeyPatch.context() as patch, routed(model, plan, options) as session, torch.no_grad():
         patch.setattr(method, "merge_together", classmethod(counting))
         out = model(ids, use_cache=True)
         logits, states = [out.logits], []
@@ -76,13 +77,12 @@ def _run(model, plan, ids, steps=STEPS):
 
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize(("method", "label"), CASES)
-def test_merging_together_gives_the_numbers_of_each_layer_alone(method, label, batch, monkeypatch):
+def test_merging_together_gives_the_numbers_of_each_layer_alone(method, label, batch):
     model = tiny_model("llama", num_hidden_layers=LAYERS)
     ids = prompt(model, PROMPT, batch=batch)
     plan = _plans(method)[label]
     together, sizes = _run(model, plan, ids)
-    monkeypatch.setattr(merges, "TOGETHER", False)
-    alone, sizes_alone = _run(model, plan, ids)
+    alone, sizes_alone = _run(model, plan, ids, options=ALONE)
     assert identical(together, alone)
     assert not sizes_alone  # the reference merged each layer at its own step
     if label != "native":  # native allocation gives each layer its own capacity: no group
@@ -166,12 +166,12 @@ def test_layers_of_one_method_and_capacity_share_one_block():
     assert storage[0].nbytes() == 2 * 2 * 13 * slot  # 2 layers x keys and values x capacity + 1 slots
 
 
-def test_a_new_sequence_in_the_same_cache_gets_a_new_block_and_the_same_numbers(monkeypatch):
+def test_a_new_sequence_in_the_same_cache_gets_a_new_block_and_the_same_numbers():
     model = tiny_model("llama", num_hidden_layers=LAYERS)
     plan, name = PLANS["homogeneous"], cache_argument_name(model)
 
-    def two_sequences():
-        with routed(model, plan), torch.no_grad():
+    def two_sequences(options=None):
+        with routed(model, plan, options), torch.no_grad():
             first, cache = decode_logits(model, prompt(model, PROMPT), 12, name)
             held = [layer.keys for layer in cache.layers]
             before = [t.clone() for t in held]
@@ -181,17 +181,15 @@ def test_a_new_sequence_in_the_same_cache_gets_a_new_block_and_the_same_numbers(
         return first + second + cache_state(cache)
 
     together = two_sequences()
-    monkeypatch.setattr(merges, "TOGETHER", False)
-    assert identical(together, two_sequences())
+    assert identical(together, two_sequences(ALONE))
 
 
-def test_plans_decoding_as_one_batch_merge_as_alone(monkeypatch):
+def test_plans_decoding_as_one_batch_merge_as_alone():
     model = tiny_model("llama", num_hidden_layers=LAYERS)
     ids = prompt(model, PROMPT)[0].tolist()
     plans = [Plan.homogeneous("d2o", c, LAYERS, scope="decode") for c in (8, 12, 30)]
     together = generate_many(model, plans, ids, 20, min_new_tokens=20)
-    monkeypatch.setattr(merges, "TOGETHER", False)
-    assert together == generate_many(model, plans, ids, 20, min_new_tokens=20)
+    assert together == generate_many(model, plans, ids, 20, min_new_tokens=20, options=ALONE)
 
 
 def test_a_forward_pass_stopped_halfway_merges_before_the_layer_runs_again():

@@ -231,6 +231,10 @@ class Method:
         self.layer_idx = layer_idx
         self.per_token: dict[str, torch.Tensor] = {}
         self._blocks: dict[str, SlotBlock] = {}  # per_token name -> its storage block: see `grow`
+        # Per-slot state lives in blocks of capacity + interval slots that a decode step writes into (no
+        # reallocation); False: it is concatenated every step (the previous path). The routed layer sets it
+        # from its cache's options (`polykv.runtime.cache.CacheOptions`).
+        self.in_place_slots = True
 
     # ---- what the plan validator asks ---------------------------------------------------------
     @classmethod
@@ -319,8 +323,9 @@ class Method:
         tensor = self.per_token[name]
         n = tensor.shape[2]
         block = self._blocks.get(name)
-        if not (IN_PLACE_SLOTS and block is not None and block.holds(tensor, n + q)):
-            size = n + q if not IN_PLACE_SLOTS or self.capacity is None else max(n + q, self.capacity + self.interval)
+        in_place = self.in_place_slots
+        if not (in_place and block is not None and block.holds(tensor, n + q)):
+            size = n + q if not in_place or self.capacity is None else max(n + q, self.capacity + self.interval)
             block = self._blocks[name] = SlotBlock.around(tensor, size)
         if fill is not None:
             block.span(n, n + q).fill_(fill)
@@ -401,15 +406,6 @@ class AccumulatedAttention(Method):
             score = self.grow("score", view.num_new, 0.0).add_(added)  # new slots start from 0
         self.per_token["score"] = score
         return score
-
-
-# ---- per-slot storage ------------------------------------------------------------------------------
-# Slot tensors ([b, h, n, ...]: keys, values, positions, per-slot method state) of an evicting layer are
-# views of the first n slots of a block of capacity + interval slots: a decode step that drops one slot
-# moves the last one into it, and the next step writes its new token into the freed slot instead of
-# concatenating (no reallocation, fixed shapes in steady state). False: always concatenate (the previous
-# path, kept to check that both give the same results).
-IN_PLACE_SLOTS = True
 
 
 # ---- small helpers shared by methods ----------------------------------------------------------

@@ -38,7 +38,7 @@ from polykv.runtime.attention import (
     attend,
     fill_signals,
 )
-from polykv.runtime.cache import RoutedCache, RoutedLayer, hand_over, take_updated_layer
+from polykv.runtime.cache import CacheOptions, RoutedCache, RoutedLayer, hand_over, take_updated_layer
 from polykv.runtime.routed import _set_attention, model_lock
 
 # Generation settings under which greedy decoding is more than the argmax of the logits: the batched
@@ -79,8 +79,9 @@ def eos_ids(model, override: int | Sequence[int] | None = None) -> set[int]:
 
 
 @contextmanager
-def many(model, plans: Sequence[Plan]) -> Iterator[Many]:
-    """Inside the block the model runs PolyKV's attention; `prefill` starts the plans on one prompt."""
+def many(model, plans: Sequence[Plan], options: CacheOptions | None = None) -> Iterator[Many]:
+    """Inside the block the model runs PolyKV's attention; `prefill` starts the plans on one prompt (each in
+    a routed cache with `options`)."""
     layers, context = num_layers(model), context_length(model)
     for plan in plans:
         validate_plan(plan, layers, context)
@@ -88,21 +89,21 @@ def many(model, plans: Sequence[Plan]) -> Iterator[Many]:
         previous = model.config._attn_implementation
         _set_attention(model, ATTN_IMPLEMENTATION)
         try:
-            yield Many(model, list(plans))
+            yield Many(model, list(plans), options)
         finally:
             _set_attention(model, previous)
 
 
 class Many:
-    def __init__(self, model, plans: list[Plan]):
-        self.model, self.plans = model, plans
+    def __init__(self, model, plans: list[Plan], options: CacheOptions | None = None):
+        self.model, self.plans, self.options = model, plans, options
 
     def prefill(self, prompt_ids: Sequence[int] | torch.Tensor) -> tuple[PlanBatch, torch.Tensor]:
         """One pass of the prompt (a batch of one) prefilling every plan's cache; returns the batch and the
         logits at the prompt's last position [vocab] (FullKV's: eviction never changes the prompt's pass)."""
         device = next(self.model.parameters()).device
         ids = torch.as_tensor(prompt_ids, device=device).view(1, -1)
-        caches = [RoutedCache(plan) for plan in self.plans]
+        caches = [RoutedCache(plan, self.options) for plan in self.plans]
         shared = Cache(layers=[SharedPrompt(i, [c.layers[i] for c in caches]) for i in range(len(caches[0].layers))])
         logits = _forward(self.model, ids, None, shared)[0]
         return PlanBatch(self.model, caches, ids.shape[1]), logits
@@ -296,11 +297,12 @@ def generate_many(
     max_new_tokens: int,
     eos_token_id: int | Sequence[int] | None = None,
     min_new_tokens: int = 0,
+    options: CacheOptions | None = None,
 ) -> list[list[int]]:
     """Each plan's greedy continuation of one prompt (the new tokens, an ending end-of-sequence token
     included), as `model.generate(do_sample=False)` under `routed(model, plan)` gives it, for all the
     plans at once. `eos_token_id`: what ends a generation (default: the generation config's)."""
-    with many(model, plans) as session:
+    with many(model, plans, options) as session:
         batch, logits = session.prefill(prompt_ids)
         batch.reserve(max_new_tokens)
         return greedy(batch, logits, max_new_tokens, eos_ids(model, eos_token_id), min_new_tokens)

@@ -12,12 +12,13 @@ handing over the attention signals the layer's methods asked for; the method the
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from polykv.errors import RoutedCacheError
-from polykv.methods import Method, base, make_method
+from polykv.methods import Method, make_method
 from polykv.methods.base import Eviction, LayerView, Needs
 from polykv.methods.slots import SlotBlock, drop_one_slot
 from polykv.plan import Phase, Plan
@@ -46,13 +47,26 @@ def take_updated_layer(layer_idx: int):
     return layer
 
 
+@dataclass(frozen=True)
+class CacheOptions:
+    """How a routed cache stores its slots. The defaults are PolyKV's; the other settings are the previous
+    paths, kept so that tests can check both give the same numbers (tests/test_decode_static.py,
+    tests/test_merges.py) and chosen per cache, never process-wide."""
+
+    in_place_slots: bool = True  # False: every decode step concatenates keys, values and per-slot state
+    merge_together: bool = True  # False: every layer merges alone, at its own step (`polykv.runtime.merges`)
+
+
 class RoutedLayer(DynamicLayer):
     """One layer of the routed cache: its keys/values, true positions and two phase methods."""
 
-    def __init__(self, layer_idx: int, prefill: Method, decode: Method):
+    def __init__(self, layer_idx: int, prefill: Method, decode: Method, options: CacheOptions | None = None):
         super().__init__()
         self.layer_idx = layer_idx
         self.methods = {Phase.PREFILL: prefill, Phase.DECODE: decode}
+        self.options = options or CacheOptions()
+        for method in self.methods.values():
+            method.in_place_slots = self.options.in_place_slots
         self.seen = 0  # tokens processed so far: the true sequence length
         # [b, h, n] true position of each slot; None until the first eviction, while slot i holds
         # position i (saves work on every step of layers that never evict)
@@ -85,7 +99,9 @@ class RoutedLayer(DynamicLayer):
         self.phase = Phase.PREFILL if self.seen == 0 else Phase.DECODE
         if self.seen == 0:
             self.keys, self.values = key_states, value_states
-        elif base.IN_PLACE_SLOTS and (not self.methods[Phase.DECODE].passive or self._holds_kv(self.retained + q)):
+        elif self.options.in_place_slots and (
+            not self.methods[Phase.DECODE].passive or self._holds_kv(self.retained + q)
+        ):
             self._write_in_place(key_states, value_states)  # evicting, or keeping everything in reserved room
         else:  # a layer that keeps everything grows as Hugging Face's DynamicLayer does
             self.keys = torch.cat([self.keys, key_states], dim=-2)
@@ -363,14 +379,15 @@ def gather_slots(tensor: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 class RoutedCache(Cache):
     """A Hugging Face `Cache` whose layers follow a plan."""
 
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: Plan, options: CacheOptions | None = None):
+        options = options or CacheOptions()
         layers = [
-            RoutedLayer(idx, make_method(layer.prefill, idx), make_method(layer.decode, idx))
+            RoutedLayer(idx, make_method(layer.prefill, idx), make_method(layer.decode, idx), options)
             for idx, layer in enumerate(plan.layers)
         ]
         super().__init__(layers=layers)
         self.plan = plan
-        merge_groups = MergeGroups(layers)
+        merge_groups = MergeGroups(layers, options.merge_together)
         for layer in layers:
             layer.merge_groups = merge_groups
         self.native_totals: dict[Phase, int] = {}

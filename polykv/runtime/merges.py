@@ -23,10 +23,6 @@ import torch
 from polykv.methods.slots import SlotBlock
 from polykv.plan import Phase
 
-# False: every layer merges alone, at its own step (the previous path, kept to check that both give the
-# same numbers)
-TOGETHER = True
-
 
 class MergeGroup:
     """Layers that merge together: their block, which of them hold their slice, and the pending merges."""
@@ -84,8 +80,10 @@ class MergeGroup:
 class MergeGroups:
     """The merge groups of one routed cache, made when a layer first asks for a decode block."""
 
-    def __init__(self, layers: list):
+    def __init__(self, layers: list, together: bool = True):
         self.layers = layers
+        # False: every layer merges alone, at its own step (the previous path, `CacheOptions.merge_together`)
+        self.together = together
         self.groups: dict[tuple, MergeGroup] = {}
         self.pending: list[MergeGroup] = []  # groups with merges waiting
 
@@ -93,7 +91,7 @@ class MergeGroups:
         """A slice of the block of the layer's group, for keys and values of `slots` slots each, or None
         when the layer merges alone (another method, an interval, a group of one, or not the steady
         block of capacity + 1 slots: the block after a long prompt would hold the whole prompt)."""
-        key = _group_key(layer) if TOGETHER else None
+        key = _group_key(layer) if self.together else None
         if key is None or slots != layer.methods[Phase.DECODE].capacity + 1:
             return None
         group = self.groups.get(key)

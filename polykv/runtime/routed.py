@@ -28,19 +28,20 @@ from polykv.methods import validate_plan
 from polykv.models import cache_argument_name, context_length, num_layers
 from polykv.plan import Plan
 from polykv.runtime.attention import ATTN_IMPLEMENTATION
-from polykv.runtime.cache import RoutedCache, RoutedCacheError
+from polykv.runtime.cache import CacheOptions, RoutedCache, RoutedCacheError
 
 
 class RoutedSession:
     """What `routed()` yields: the plan, the model, and the cache of the latest sequence."""
 
-    def __init__(self, model: torch.nn.Module, plan: Plan):
+    def __init__(self, model: torch.nn.Module, plan: Plan, options: CacheOptions | None = None):
         self.model = model
         self.plan = plan
+        self.options = options
         self.cache: RoutedCache | None = None
 
     def new_cache(self) -> RoutedCache:
-        self.cache = RoutedCache(self.plan)
+        self.cache = RoutedCache(self.plan, self.options)
         return self.cache
 
 
@@ -58,9 +59,9 @@ def model_lock(model: torch.nn.Module) -> threading.RLock:
 
 
 @contextmanager
-def routed(model: torch.nn.Module, plan: Plan) -> Iterator[RoutedSession]:
+def routed(model: torch.nn.Module, plan: Plan, options: CacheOptions | None = None) -> Iterator[RoutedSession]:
     validate_plan(plan, num_layers(model), context_length(model))
-    session = RoutedSession(model, plan)
+    session = RoutedSession(model, plan, options)
     cache_name = cache_argument_name(model)
     owner = threading.get_ident()
 
