@@ -171,3 +171,41 @@ def test_the_concatenating_path_is_chosen_per_cache_and_allocates_every_step():
     with routed(model, plan) as session, torch.no_grad():  # another cache, the default again
         model(prompt(model, PROMPT), use_cache=True)
         assert all(layer.options.in_place_slots for layer in session.cache.layers)
+
+
+def _paths(monkeypatch, run) -> set:
+    from polykv.runtime import attention
+
+    seen, real = set(), attention.choose_path
+    monkeypatch.setattr(attention, "choose_path", lambda *a: seen.add(real(*a)) or real(*a))
+    run()
+    return seen
+
+
+def test_each_attention_path_is_taken_where_its_table_says(monkeypatch):
+    from polykv.runtime.attention import Path
+    from polykv.runtime.batch import generate_many
+
+    model = tiny_model("llama")
+    ids = prompt(model, PROMPT)
+
+    def run(plan, steps=2):
+        return lambda: _run(model, plan, ids, steps)
+
+    assert _paths(monkeypatch, run(PLANS["full"])) == {Path.SDPA}  # a full plan alone: vanilla
+    assert Path.FUSED_DECODE in _paths(monkeypatch, run(PLANS["tova-decode"]))  # one query, signals needed
+    h2o = _paths(monkeypatch, run(Plan.homogeneous("h2o", CAPACITY, 3, "both")))
+    assert Path.FUSED_PROMPT in h2o  # a fresh prompt whose method sums columns
+    snap = Plan.homogeneous("streamingllm", CAPACITY, 3, "prefill", params_that_fit("streamingllm", CAPACITY))
+    two_tokens = lambda: _run_chunks(model, snap, ids)  # noqa: E731 - a 2-token step after a compressed prompt
+    assert Path.MASKED in _paths(monkeypatch, two_tokens)
+    full = PLANS["full"]
+    rows = _paths(monkeypatch, lambda: generate_many(model, [full, PLANS["tova-decode"]], ids[0].tolist(), 3))
+    assert Path.IDLE_ROW in rows  # many plans' rows: the full plan's decode step
+
+
+def _run_chunks(model, plan, ids):
+    name = cache_argument_name(model)
+    with routed(model, plan) as session, torch.no_grad():
+        model(ids, use_cache=True)
+        model(ids[:, :2], use_cache=True, **{name: session.cache})

@@ -15,6 +15,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from enum import Enum
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -32,8 +34,29 @@ ATTN_IMPLEMENTATION = "polykv"
 _COLUMN_SUM_BLOCK = 1 << 24
 
 
+class AttendingLayer(Protocol):
+    """What PolyKV's attention function talks to: the cache layer a forward pass has just updated (it hands
+    itself over with `polykv.runtime.cache.hand_over`), which computes its own attention step. Implemented
+    by `RoutedLayer` (one plan's layer), `polykv.runtime.batch`'s `SharedPrompt` (one prompt pass filling many
+    plans' layers) and `PlanRows` (many plans' rows as one batch), and the profiler's `_PrefixBlock` (many
+    cells' continuations over one shared prompt)."""
+
+    layer_idx: int
+
+    def attend(
+        self,
+        module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        dropout: float,
+        scaling: float,
+        kwargs,
+    ) -> tuple[torch.Tensor, None]: ...
+
+
 def polykv_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    layer = take_updated_layer(module.layer_idx)
+    layer: AttendingLayer | None = take_updated_layer(module.layer_idx)
     if layer is None:  # no routed cache (e.g. use_cache=False): plain attention
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
@@ -42,50 +65,86 @@ def polykv_attention(module, query, key, value, attention_mask, dropout=0.0, sca
         raise RoutedCacheError(
             "custom attention masks are not supported under routed(); pass none (padding is refused)"
         )
-    scaling = module.scaling if scaling is None else scaling
-    if isinstance(layer, RoutedLayer):
-        return attend(layer, module, query, key, value, dropout, scaling, kwargs)
-    return layer.attend(module, query, key, value, dropout, scaling, kwargs)  # many plans (runtime.batch)
+    return layer.attend(module, query, key, value, dropout, module.scaling if scaling is None else scaling, kwargs)
+
+
+class Path(Enum):
+    """Where a routed layer's attention output comes from (`choose_path`)."""
+
+    IDLE_ROW = "idle row"
+    FUSED_DECODE = "fused decode"
+    FUSED_PROMPT = "fused prompt"
+    MASKED = "masked"
+    SDPA = "sdpa"
+
+
+def choose_path(layer: RoutedLayer, q_len: int, window, dropout: float, kwargs, row_when_idle: bool) -> Path:
+    """The path of one routed layer's attention step:
+
+    | path         | the output comes from                          | taken when                                  |
+    |--------------|------------------------------------------------|---------------------------------------------|
+    | IDLE_ROW     | one softmax row times the values               | many plans' rows (`row_when_idle`): a one-  |
+    |              |                                                | query decode step, no window, of a layer    |
+    |              |                                                | that keeps everything                       |
+    | FUSED_DECODE | the step's attention row, which also gives the | a one-query step, no window, whose methods  |
+    |              | signals its methods asked for                  | need signals                                |
+    | FUSED_PROMPT | the chunked causal pass that also sums columns | a whole prompt over an empty cache whose    |
+    |              |                                                | methods need column sums                    |
+    | MASKED       | SDPA with a mask built from the true positions | the held slots are not a plain causal       |
+    |              |                                                | prefix of the queries (`_needs_explicit_mask`)|
+    | SDPA         | transformers' SDPA                             | everything else: a `full` layer alone is    |
+    |              |                                                | the vanilla computation                     |
+
+    The fused paths need attention without dropout or soft-capping (`_fusable`); the one-row paths also need
+    no recorder listening (a recorder reads every query's attention); a layer that never evicts is fused
+    only as IDLE_ROW."""
+    recording = bool(_here.attention or _here.entropy)
+    plain_decode = q_len == 1 and window is None
+    if row_when_idle and plain_decode and layer.idle and layer.phase is Phase.DECODE and not recording:
+        if _fusable(dropout, kwargs):
+            return Path.IDLE_ROW
+    fusable = not layer.idle and _fusable(dropout, kwargs)
+    needs = layer.needs()
+    if plain_decode and needs and fusable and not recording:  # first: every layer takes it at every decode step
+        return Path.FUSED_DECODE
+    if _needs_explicit_mask(layer, q_len, window):
+        return Path.MASKED
+    if needs.column_sums and fusable and _fresh_prompt(layer, q_len, window):
+        return Path.FUSED_PROMPT
+    return Path.SDPA
 
 
 def attend(
     layer: RoutedLayer, module, query, key, value, dropout: float, scaling: float, kwargs, row_when_idle: bool = False
 ):
-    """One routed layer's attention step: the output over the slots it holds, then the signals its
-    methods asked for and their eviction. (Many plans at once call it for each plan's layer, with
-    `row_when_idle`: a decode step of a layer that keeps everything takes its output from one softmax row
-    too, which spares SDPA's copy of the keys for every query head; alone, such a layer runs SDPA, so that
-    a `full` plan is the vanilla computation.)"""
+    """One routed layer's attention step: the output over the slots it holds (`choose_path`), then the
+    signals its methods asked for and their eviction. (Many plans at once call it for each plan's layer,
+    with `row_when_idle`: a decode step of a layer that keeps everything takes its output from one softmax
+    row too, which spares SDPA's copy of the keys for every query head; alone, such a layer runs SDPA, so
+    that a `full` plan is the vanilla computation.)"""
     window = kwargs.get("sliding_window")
     q_len = query.shape[2]
+    path = choose_path(layer, q_len, window, dropout, kwargs, row_when_idle)
+    if path is Path.IDLE_ROW:
+        return _decode_output(query, key, value, scaling)[0], None
     needs = layer.needs()
-    recording = bool(_here.attention or _here.entropy)
-    fusable = not layer.idle and _fusable(dropout, kwargs)
-    # A single query with no window sees every held slot and needs no positions (the common decode step).
-    plain_decode = q_len == 1 and window is None
-    if row_when_idle and plain_decode and layer.idle and layer.phase is Phase.DECODE and not recording:
-        if _fusable(dropout, kwargs):
-            return _decode_output(query, key, value, scaling)[0], None
-    if plain_decode and needs and fusable and not recording:
-        # One query over every held slot: its attention row gives both the output and the signals
-        # the method needs, so SDPA is not run beside it. (Decided first: this runs for every layer
-        # at every decode step.)
+    if path is Path.FUSED_DECODE:
         return _decode_step(layer, module, query, key, value, scaling, needs)
-    explicit_mask = _needs_explicit_mask(layer, q_len, window)
-    if explicit_mask or (needs and not plain_decode) or recording:
+    recording = bool(_here.attention or _here.entropy)
+    plain_decode = q_len == 1 and window is None
+    if path is Path.MASKED or (needs and not plain_decode) or recording:
         key_pos = layer.positions  # [b, h, n]
         query_pos = _query_positions(layer, q_len, query.device)
     else:
         key_pos = query_pos = None
-    # A prompt's causal attention (slot i = position i) whose column sums a method needs: one chunked
-    # pass yields the output and the column sums.
+    # A prompt's column sums come from the fused causal pass, whichever path gives the output.
     fresh_sums = needs.column_sums and _fresh_prompt(layer, q_len, window)
     column_sums = None
     if fresh_sums:
         fused_output, column_sums = _causal_attention_and_column_sums(query, key, value, scaling)
-    if fresh_sums and fusable and not explicit_mask:
+    if path is Path.FUSED_PROMPT:
         attn_output = fused_output
-    elif explicit_mask:
+    elif path is Path.MASKED:
         mask = _allowed(key_pos, query_pos, window)  # [b, h, q, n]
         mask = mask.repeat_interleave(module.num_key_value_groups, dim=1)
         out = F.scaled_dot_product_attention(

@@ -89,6 +89,12 @@ class RoutedLayer(DynamicLayer):
         self.merge_groups: MergeGroups | None = None
         self._group: MergeGroup | None = None
 
+    def attend(self, module, query, key, value, dropout: float, scaling: float, kwargs):
+        """This layer's attention step (`polykv.runtime.attention.attend`: the `AttendingLayer` interface)."""
+        from polykv.runtime.attention import attend  # the attention module builds on this one
+
+        return attend(self, module, query, key, value, dropout, scaling, kwargs)
+
     # ---- Hugging Face cache-layer interface ---------------------------------------------------
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
