@@ -38,6 +38,8 @@ def test_an_eval_job_runs_its_units_in_order_and_reports_progress_per_run(worksp
     assert all(stamp.match(line) for line in log.splitlines()), log  # every log line is time-stamped
     assert state.elapsed_s is not None and state.elapsed_s >= 0 and state.eta_s is None  # finished: no ETA
     assert state.summary().startswith("100% · ") and " elapsed" in state.summary()
+    written = jobs.spec._read_state(workspace, job.id)  # the pace of real work: 8 samples, the first one aside
+    assert written["pace_from"] is not None and written["pace_steps"] == 7 and written["pace_fraction"] == 0.125
 
 
 def test_progress_says_elapsed_time_and_an_eta_from_this_workers_pace():
@@ -142,3 +144,24 @@ def test_cli_lists_jobs_and_refuses_unknown_ones_in_one_line(workspace, polykv):
     assert "eval" in row and "listed job" in row and "waiting" in row
     assert_one_line_error(polykv("jobs", "cancel", "nope", "-w", str(workspace)), f"no job 'nope' in {workspace}")
     assert_one_line_error(polykv("jobs", "resume", "nope", "-w", str(workspace)), "no job 'nope'")
+
+
+def test_the_eta_waits_for_a_few_pieces_of_real_work_and_uses_only_their_pace(tmp_path, monkeypatch):
+    import datetime
+
+    from polykv.files import atomic_write_json
+    from polykv.jobs import progress, spec
+
+    job = spec.Job("20261204-000000-profile-abcdef", "profile", "p", "demo", "cpu", spec._now())
+    now = datetime.datetime.now(datetime.UTC)
+    at = lambda seconds: (now - datetime.timedelta(seconds=seconds)).isoformat(timespec="seconds")  # noqa: E731
+    state_file = spec._spec_path(tmp_path, job.id).with_suffix(".state.json")
+    state_file.parent.mkdir(parents=True)
+    monkeypatch.setattr(progress, "_alive", lambda job, workspace: True)
+    # 100 s ago the worker started; loading took 80 s; the first piece of work ended 20 s ago at 10%
+    written = {"status": "running", "fraction": 0.3, "started": at(100), "pace_from": at(20), "pace_fraction": 0.1}
+    atomic_write_json(state_file, {**written, "pace_steps": 1})
+    assert jobs.state(job, tmp_path).eta_s is None  # one piece after the first: too few to measure a pace
+    atomic_write_json(state_file, {**written, "pace_steps": 2})
+    left = jobs.state(job, tmp_path).eta_s
+    assert left == pytest.approx(70.0, abs=2.0)  # 20% in 20 s, 70% to go; from the start's pace: 233 s

@@ -47,6 +47,11 @@ class JobState:
         return " · ".join(parts)
 
 
+# The ETA appears once this many pieces of work (samples, cells, executions) followed the first one: it is
+# their measured pace, never loading the model or building samples.
+PACE_STEPS = 2
+
+
 def duration(seconds: float) -> str:
     """A duration as people say it: `45 s`, `3 min 5 s`, `2 h 10 min`."""
     seconds = max(0, round(seconds))
@@ -113,8 +118,9 @@ def state(job: Job, workspace: Path) -> JobState:
     if started is not None:
         end = datetime.datetime.now(datetime.UTC) if status == "running" else written.get("updated") or started
         elapsed = max(0.0, (end - started).total_seconds())
-        if status == "running":
-            left = eta(elapsed, fraction, float(written.get("start_fraction", 0.0)))
+        pace_from = written.get("pace_from")
+        if status == "running" and pace_from is not None and written.get("pace_steps", 0) >= PACE_STEPS:
+            left = eta(max(0.0, (end - pace_from).total_seconds()), fraction, float(written["pace_fraction"]))
     return JobState(
         status,
         fraction,

@@ -248,8 +248,13 @@ class _StateFile(BaseModel):
     result: dict[str, Any] = Field(default_factory=dict)
     started: datetime.datetime | None = None
     updated: datetime.datetime | None = None
+    # the pace of real work (`polykv.jobs.worker`): when its first piece was done, at which fraction, and how
+    # many pieces followed; loading the model and building samples come before and do not count
+    pace_from: datetime.datetime | None = None
+    pace_fraction: float = Field(default=0.0, ge=0.0, le=1.0, allow_inf_nan=False)
+    pace_steps: int = Field(default=0, ge=0)
 
-    @field_validator("started", "updated")
+    @field_validator("started", "updated", "pace_from")
     @classmethod
     def _aware(cls, value: datetime.datetime | None) -> datetime.datetime | None:
         return value.replace(tzinfo=datetime.UTC) if value is not None and value.tzinfo is None else value

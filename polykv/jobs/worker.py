@@ -48,7 +48,13 @@ def _run(job: Job, workspace: Path, experiment: JobWork | None = None) -> None:
     }
 
     def report(**changes: Any) -> dict[str, Any]:
+        before = current["fraction"]
         current.update(changes, updated=_now())
+        if current["fraction"] > before:  # a piece of real work done: the ETA's pace starts at the first one
+            if "pace_from" in current:
+                current["pace_steps"] += 1
+            else:
+                current.update(pace_from=current["updated"], pace_fraction=current["fraction"], pace_steps=0)
         atomic_write_json(state_path, current)
         if "message" in changes:  # the log: one time-stamped line per step
             print(f"{current['updated']} [{current['fraction']:6.1%}] {current['message']}", flush=True)
@@ -100,6 +106,7 @@ def _run(job: Job, workspace: Path, experiment: JobWork | None = None) -> None:
             active = None
         else:
             model, tokenizer = load_model(job.model, device=job.device)
+            report(message="model loaded: building the calibration corpus")
             from polykv.plan import Phase
             from polykv.profile.build import build_profile
             from polykv.profile.corpus import CorpusSpec
