@@ -25,17 +25,17 @@ session.session_id()  # first: a reload finds this session's model and drafts th
 with st.sidebar:
     st.markdown("### PolyKV")
     name, device = session.chosen_model()
+    st.session_state.setdefault(state.MODEL_TEXT, name)
     with st.form(state.MODEL_FORM):
-        typed = st.text_input(
+        st.text_input(
             "Model",
-            value=name,
+            key=state.MODEL_TEXT,
             help="'demo' (the embedded stories260K), 'smollm2' (SmolLM2-135M-Instruct, 30 layers), a Hugging Face "
             "id, a local model directory or a .gguf file",
         )
         devices = session.devices()
-        chosen = st.selectbox("Device", devices, index=common.index_of(devices, device))
-        if st.form_submit_button("Load model"):
-            designing.request_model(typed.strip(), chosen)
+        st.selectbox("Device", devices, index=common.index_of(devices, device), key=state.MODEL_DEVICE)
+        st.form_submit_button("Load model", on_click=designing.request_model_from_form)
     pending = designing.pending_model()
     if pending is not None:  # the plan does not fit the new model: ask before it leaves the designer
         st.warning(pending[2])

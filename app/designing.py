@@ -14,6 +14,7 @@ from app.session import (
     current_model,
     load_cached,
     load_model,
+    model_error,
     num_layers,
     remember_model,
     session_id,
@@ -61,6 +62,14 @@ def request_model(name: str, device: str) -> None:
         )
         return
     switch_model(name, device, carry=current)
+
+
+def request_model_from_form() -> None:
+    """The sidebar form's Load (an on_click callback, run before the page's widgets): `request_model` with the
+    typed name and the chosen device; after a failed load the box shows the model that is loaded again."""
+    request_model(st.session_state[state.MODEL_TEXT].strip(), st.session_state[state.MODEL_DEVICE])
+    if model_error():
+        st.session_state[state.MODEL_TEXT] = current_model()[0]
 
 
 def pending_model() -> tuple[str, str, str] | None:

@@ -13,6 +13,8 @@ MODEL = "model"  # (name, device) of the model the pages use; the demo model on 
 MODEL_ERROR = "model_error"  # the sidebar's last model-loading error, shown until a load succeeds
 FIGURE_FORMAT = "figure_format"  # radio: the camera button's download format, "png" or "svg"
 MODEL_FORM = "model_form"  # form: the sidebar's model name and device
+MODEL_TEXT = "model_text"  # the sidebar's model box (back on the loaded model after a failed load)
+MODEL_DEVICE = "model_device"  # the sidebar's device choice
 SESSION_ID = "session_id"  # this browser session's id, also in the URL (?session=): it names the drafts
 PENDING_MODEL = "pending_model"  # (name, device, question): a model switch that waits for Switch or Stay
 DRAFT_PROBLEM = "draft_problem"  # why the plan or the session could not be saved or reopened (shown once)

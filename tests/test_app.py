@@ -607,7 +607,8 @@ def test_run_settings_and_profile_forms_start_small_on_the_demo_model():
     }
     other = json.loads(common.default_settings("fidelity", "org/model"))
     assert other == {**SUITES["fidelity"].Settings().to_dict(), "tasks": list(default_tasks("org/model"))}
-    assert json.loads(common.default_settings("ruler", "demo")) == SUITES["ruler"].Settings().to_dict()
+    ruler = json.loads(common.default_settings("ruler", "demo"))  # fitted to the demo's 512-token context
+    assert ruler == {**SUITES["ruler"].Settings().to_dict(), "length": 512, "tasks": ruler["tasks"]}
     assert common.profile_defaults("demo") == {"sequences": 4, "max_tokens": 512}
     assert common.profile_defaults("org/model") == {"sequences": 20, "max_tokens": 2048}
     choices = common.source_choices("demo")
@@ -681,3 +682,10 @@ def test_compare_finds_sweeps_and_placements_in_the_jobs_that_launched_them():
 def test_a_job_runs_label_leaves_out_fields_without_a_value():
     assert common.label_text({"series": "route", "budget": 64, "role": None}) == "series route, budget 64"
     assert common.label_text({}) == ""
+
+
+def test_after_a_failed_load_the_model_box_shows_the_loaded_model_again(app_env):
+    at = open_app()
+    load_in_sidebar(at, "/no/such/model")
+    assert not at.exception and texts(at.sidebar.error)
+    assert at.sidebar.text_input[0].value == "demo"  # not the name that failed: the box says what is loaded
