@@ -21,6 +21,7 @@ from app import common, designing, session, state  # noqa: E402
 st.set_page_config(page_title="PolyKV", page_icon="🧩", layout="wide")
 
 session.session_id()  # first: a reload finds this session's model and drafts through the URL
+session.remember_pages()  # what was entered on a page is there when it opens again
 
 with st.sidebar:
     st.markdown("### PolyKV")

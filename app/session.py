@@ -101,6 +101,14 @@ def check_plan(plan: Plan) -> Plan:
     return validate_plan(plan, models.num_layers(model), models.context_length(model), within_context=True)
 
 
+def remember_pages() -> None:
+    """Keep the pages' entries (`state.REMEMBERED`) across page changes: a widget's value survives a run of a
+    page without it only when the script sets it (Streamlit's documented way)."""
+    for key in list(st.session_state.keys()):
+        if key in state.REMEMBERED or str(key).startswith(state.REMEMBERED_PREFIXES):
+            st.session_state[key] = st.session_state[key]
+
+
 def session_id() -> str:
     """This browser session's id, carried in the URL (`?session=...`) so that a reload or an app restart
     finds the session's drafts and model again; a new id when the URL has none (or a bad one)."""

@@ -47,7 +47,6 @@ DIFF_WITH = "diff_with"  # selectbox: the saved plan file the current plan is co
 RUN_PLAN = "run_plan"  # selectbox: the plan to evaluate, the designer's ("(designer)") or a saved file
 RUN_SUITE = "run_suite"  # selectbox: the suite the current plan is evaluated on
 RUNS_FLASH = "runs_flash"  # the "Started <job>" message, shown once after the launch's rerun
-LAUNCH_FORM = "launch_form"  # form: suite settings, budgets, baselines, placements, seed
 
 # ---- compare (app/views/compare.py) ---------------------------------------------------------------
 COMPARE_A = "compare_a"  # selectbox: run A (id) of the two-run comparison
@@ -124,3 +123,26 @@ def edit_button(job_id: str) -> str:
 def resume_button(job_id: str) -> str:
     """Button: resume the stopped, cancelled or failed job `job_id`."""
     return f"resume_{job_id}"
+
+
+# ---- what the pages remember across page changes ------------------------------------------------------------
+# Streamlit forgets a widget's value once a page without it has run; `session.remember_pages` re-stores these
+# keys on every run, so a page shows what was last entered on it (the designer keeps its plan by itself).
+RUN_BUDGETS = "run_budgets"  # text: the Runs page's budgets
+RUN_BASELINES = "run_baselines"  # multiselect: the Runs page's baselines
+RUN_PLACEMENTS = "run_placements"  # number: random placements
+RUN_SEED = "run_seed"  # number: the Runs page's seed
+REMEMBERED = (
+    RUN_PLAN,
+    RUN_SUITE,
+    RUN_BUDGETS,
+    RUN_BASELINES,
+    RUN_PLACEMENTS,
+    RUN_SEED,
+    EXPERIMENT_KIND,
+    EXPERIMENT_SUITE,
+    SEARCH_OBJECTIVE,
+    DESIGNER_LAYERS,
+    DESIGNER_PHASE,
+)
+REMEMBERED_PREFIXES = ("settings_", "experiment_settings_")  # each suite's settings text (Runs, Experiments)

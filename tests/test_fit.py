@@ -135,3 +135,28 @@ def test_rulers_defaults_fit_the_loaded_model_and_the_runs_page_proposes_them(ap
     at.run()
     proposed = json.loads(at.text_area(key="settings_ruler").value)
     assert proposed["length"] == 512 and proposed["tasks"] == list(fitting.tasks)
+
+
+def test_the_pages_remember_what_was_entered_across_page_changes(app_env):
+    at = open_app("runs")
+    at.selectbox(key="run_suite").select("ruler")
+    at.run()
+    at.text_area(key="settings_ruler").set_value(json.dumps({"length": 256, "tasks": ["niah_single_1"]}))
+    at.text_input(key="run_budgets").set_value("16,32")
+    at.multiselect(key="run_baselines").select("tova")
+    at.run()
+    at.switch_page("views/designer.py")
+    at.run()
+    at.multiselect(key="designer_layers").set_value([1, 2])
+    at.run()
+    at.switch_page("views/compare.py")
+    at.run()
+    at.switch_page("views/runs.py")
+    at.run()
+    assert not at.exception
+    assert at.selectbox(key="run_suite").value == "ruler"
+    assert json.loads(at.text_area(key="settings_ruler").value) == {"length": 256, "tasks": ["niah_single_1"]}
+    assert at.text_input(key="run_budgets").value == "16,32" and at.multiselect(key="run_baselines").value == ["tova"]
+    at.switch_page("views/designer.py")
+    at.run()
+    assert at.multiselect(key="designer_layers").value == [1, 2]  # the designer keeps its selection too

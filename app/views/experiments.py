@@ -62,11 +62,8 @@ else:
             baselines = st.multiselect(
                 "Baselines", baseline_methods(), help="None chosen: every one, each under its protocol"
             )
-        settings_text = st.text_area(
-            "Suite settings (JSON)",
-            value=common.default_settings(suite, name),
-            key=state.experiment_settings(suite),
-        )
+        st.session_state.setdefault(state.experiment_settings(suite), common.default_settings(suite, name))
+        settings_text = st.text_area("Suite settings (JSON)", key=state.experiment_settings(suite))
         cols = st.columns(2)
         metric = cols[0].selectbox("Metric", metrics, index=common.default_metric(metrics))
         seed = cols[1].number_input("Seed", min_value=0, value=0, step=1)

@@ -33,30 +33,31 @@ except PolyKVError as exc:
 st.subheader(f"Evaluate {'the current plan' if picked == common.DESIGNER_PLAN else 'the saved plan'}: {plan.name}")
 st.caption(" · ".join(plan.summary().lines()[1:]))
 suite = st.selectbox("Suite", list(SUITES), key=state.RUN_SUITE)
-with st.form(state.LAUNCH_FORM):
-    settings_text = st.text_area(
-        "Suite settings (JSON)", value=common.default_settings(suite, name), key=state.settings_text(suite)
-    )
+st.session_state.setdefault(state.settings_text(suite), common.default_settings(suite, name))
+with st.container(border=True):  # no form: what is typed here is kept (`state.REMEMBERED`) until launched
+    settings_text = st.text_area("Suite settings (JSON)", key=state.settings_text(suite))
     cols = st.columns(4)
     budgets_text = cols[0].text_input(
         "Budgets",
         placeholder=f"the plan's own ({plan_budget(plan)})",
         help="Comma-separated budgets (average capacities per layer): the plan is rescaled to each",
+        key=state.RUN_BUDGETS,
     )
     baselines = cols[1].multiselect(
         "Baselines",
         baseline_methods(),
         help="Each method alone at the same budget, under its own protocol (phases, allocation)",
+        key=state.RUN_BASELINES,
     )
     placements = cols[2].number_input(
         "Random placements",
         min_value=0,
         max_value=999,
-        value=0,
         help="Placement control: count-matched random routes (single-phase plans)",
+        key=state.RUN_PLACEMENTS,
     )
-    seed = cols[3].number_input("Seed", min_value=0, value=0, step=1)
-    launched = st.form_submit_button("Launch", type="primary")
+    seed = cols[3].number_input("Seed", min_value=0, step=1, key=state.RUN_SEED)
+    launched = st.button("Launch", type="primary")
 
 if launched:
     common.start_job(
