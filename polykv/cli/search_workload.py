@@ -17,7 +17,7 @@ import typer
 from polykv.cli.common import _load_model, _profile_arg, _table
 from polykv.cli.progress import Progress
 from polykv.errors import SettingsError
-from polykv.plan import Scope
+from polykv.plan import Plan, Scope
 
 
 def _split(value: str | None) -> list[str]:
@@ -114,6 +114,12 @@ def search_workload(
         )
         samples = draw_samples(
             workload, tokenizer, hf_model, search_sequences, held_out, seed, transfer_tasks, accuracy_samples
+        )
+        timed = time.perf_counter()  # one execution measured here: what the counts above cost on this machine
+        samples.objective(hf_model).value(Plan.homogeneous("full", None, layers), [0])
+        bars.note(
+            f"one plan execution on one search sample (its prompt pass included) takes "
+            f"{time.perf_counter() - timed:.1f} s here; each budget's step reports how long it took"
         )
         profile_started = time.perf_counter()
         if profile == "auto":

@@ -366,6 +366,10 @@ def workload_report(
             }
         )
         searched_plans.append(plans["searched"])
+        left = len(budgets) - len(budgets_out)
+        took = sum(budgets_out[-1]["seconds"].values()) / 60
+        if left:
+            say(f"budget {budget} took {took:.1f} min: about {took * left:.0f} min more for the {left} budget(s) left")
     report = {
         "format": FORMAT,
         "version": VERSION,

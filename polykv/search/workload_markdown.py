@@ -147,8 +147,7 @@ def markdown(report: Mapping[str, Any], store_dir: Path | None = None, figure: P
             f"{b['seconds']['verdict'] / 60:.1f} min (verdict)"
             for b in report["budgets"]
         )
-        + f"; total {report['seconds'] / 60:.1f} min"
-        + (f" after loading ({(steps.get('load model', 0)) / 60:.1f} min)." if steps else "."),
+        + f"; total {(report['seconds'] + sum(steps.values())) / 60:.1f} min.",
         "",
         f"Every held-out number is a run in `{where}/results.sqlite`: `polykv runs show RUN --workspace {where}` "
         f"lists a run's samples with the model's answers, `polykv compare A B --samples --workspace {where}` any "
@@ -193,6 +192,22 @@ def markdown(report: Mapping[str, Any], store_dir: Path | None = None, figure: P
                 c = _find(entry, family, "searched", "envelope", metric)
                 if c is not None:
                     lines.append(f"  - {family}, {METRIC_WORDS[metric]}: {_contrast_text(c)}")
+    lines += [
+        "",
+        "## ... and the best one-method plan of the searched scope?",
+        "",
+        "The envelope runs each baseline under its own protocol (TOVA, for one, compresses the prompt too); the "
+        "searched plan acts in the searched scope only. Against the best homogeneous plan of that scope (chosen on "
+        "the search samples), the same tests (answer_nll):",
+        "",
+    ]
+    for entry in report["budgets"]:
+        parts = []
+        for family in FAMILIES:
+            c = _find(entry, family, "searched", "homogeneous", "answer_nll")
+            if c is not None:
+                parts.append(f"{family} {_contrast_text(c)}")
+        lines.append(f"- **Budget {entry['budget']}** (`{entry['plans']['homogeneous']['name']}`): " + "; ".join(parts))
     lines += [""]
     if figure is not None and figure.exists():
         lines += [f"![held-out answer_nll by budget]({_relative(figure, page)})", ""]
