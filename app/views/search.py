@@ -20,7 +20,9 @@ st.caption(
     "Local search over methods and capacities per layer at an exactly fixed total capacity, minimising "
     "KL(FullKV || plan) on calibration sequences with the plan really executed; the verdict compares the "
     "searched plan with TopRank and the best homogeneous plan on separate held-out sequences (paired "
-    "bootstrap over sequences)."
+    "bootstrap over sequences). With the answer_nll objective the search runs on a workload's own prompts and "
+    "its verdict, on held-out samples of those tasks and of transfer tasks, sets it against the envelope (the "
+    "best of the nine baselines under their own protocols), sample by sample."
 )
 OBJECTIVES = {"kl": "KL on text", "answer_nll": "answer_nll on a workload"}
 SOURCES_HELP = "Comma-separated ruler:TASK@LENGTH (one length) or longbench:PATH/<task>.jsonl"
