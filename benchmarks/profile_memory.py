@@ -72,7 +72,8 @@ def main() -> None:
         command += ["--tokens", str(args.tokens), "--child", str(batch)]
         out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
         rows.append(json.loads(out.strip().splitlines()[-1]))
-    print(f"{'batch':>5}  {'peak RSS GB':>11}  {'seconds':>8}  (first batch, {args.layers} layers, {rows[0]['tokens']} tokens)")
+    where = f"(first batch, {args.layers} layers, {rows[0]['tokens']} tokens)"
+    print(f"{'batch':>5}  {'peak RSS GB':>11}  {'seconds':>8}  {where}")
     for row in rows:
         print(f"{row['batch']:>5}  {row['peak_rss_gb']:>11.2f}  {row['seconds']:>8.1f}")
 
