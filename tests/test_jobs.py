@@ -164,4 +164,5 @@ def test_the_eta_waits_for_a_few_pieces_of_real_work_and_uses_only_their_pace(tm
     assert jobs.state(job, tmp_path).eta_s is None  # one piece after the first: too few to measure a pace
     atomic_write_json(state_file, {**written, "pace_steps": 2})
     left = jobs.state(job, tmp_path).eta_s
-    assert left == pytest.approx(70.0, abs=2.0)  # 20% in 20 s, 70% to go; from the start's pace: 233 s
+    # 20% in about 20 s (the clock moved on since): about 70 s for the 70% to go; from the start's pace: 233 s
+    assert 60.0 < left < 120.0

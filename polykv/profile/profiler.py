@@ -390,7 +390,7 @@ class _PrefixBlock:
         self.new_keys = self.new_values = None
 
     def update(self, key_states, value_states, *args, **kwargs):
-        from polykv.runtime.cache import hand_over
+        from polykv.runtime.attention import hand_over
 
         self.new_keys, self.new_values = key_states, value_states
         hand_over(self)

@@ -23,11 +23,36 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from polykv.errors import RoutedCacheError
 from polykv.methods.base import LayerView
 from polykv.plan import Phase
-from polykv.runtime.cache import RoutedCacheError, RoutedLayer, take_updated_layer
 
 ATTN_IMPLEMENTATION = "polykv"
+# Below, `layer` is a routed cache layer (`polykv.runtime.cache.RoutedLayer`): the cache builds on this module,
+# so the type is not imported here.
+
+# The model calls `cache.update(...)` and then, in the same attention module, the attention function.
+# The layer that was just updated is parked here so that the attention function can find it.
+_handoff = threading.local()
+
+
+def hand_over(layer) -> None:
+    """Park a just-updated cache layer for the attention function of the same module (`take_updated_layer`)."""
+    _handoff.layer = layer
+
+
+def take_updated_layer(layer_idx: int):
+    """The layer parked by the cache update that ran just before this attention (a `RoutedLayer`, or a
+    layer of many plans at once from `polykv.runtime.batch`), or None."""
+    layer = getattr(_handoff, "layer", None)
+    _handoff.layer = None
+    if layer is not None and layer.layer_idx != layer_idx:
+        raise RoutedCacheError(
+            f"cache layer {layer.layer_idx} was updated but attention ran for layer {layer_idx}; "
+            "this model's attention does not follow the update-then-attend order PolyKV relies on"
+        )
+    return layer
+
 
 # Bound the [b, heads, chunk, n] fp32 block used for column sums to about this many elements
 # (small enough to stay in cache-friendly sizes, large enough to keep the matmuls efficient).
@@ -36,7 +61,7 @@ _COLUMN_SUM_BLOCK = 1 << 24
 
 class AttendingLayer(Protocol):
     """What PolyKV's attention function talks to: the cache layer a forward pass has just updated (it hands
-    itself over with `polykv.runtime.cache.hand_over`), which computes its own attention step. Implemented
+    itself over with `hand_over`), which computes its own attention step. Implemented
     by `RoutedLayer` (one plan's layer), `polykv.runtime.batch`'s `SharedPrompt` (one prompt pass filling many
     plans' layers) and `PlanRows` (many plans' rows as one batch), and the profiler's `_PrefixBlock` (many
     cells' continuations over one shared prompt)."""
@@ -78,7 +103,7 @@ class Path(Enum):
     SDPA = "sdpa"
 
 
-def choose_path(layer: RoutedLayer, q_len: int, window, dropout: float, kwargs, row_when_idle: bool) -> Path:
+def choose_path(layer, q_len: int, window, dropout: float, kwargs, row_when_idle: bool) -> Path:
     """The path of one routed layer's attention step:
 
     | path         | the output comes from                          | taken when                                  |
@@ -114,9 +139,7 @@ def choose_path(layer: RoutedLayer, q_len: int, window, dropout: float, kwargs, 
     return Path.SDPA
 
 
-def attend(
-    layer: RoutedLayer, module, query, key, value, dropout: float, scaling: float, kwargs, row_when_idle: bool = False
-):
+def attend(layer, module, query, key, value, dropout: float, scaling: float, kwargs, row_when_idle: bool = False):
     """One routed layer's attention step: the output over the slots it holds (`choose_path`), then the
     signals its methods asked for and their eviction. (Many plans at once call it for each plan's layer,
     with `row_when_idle`: a decode step of a layer that keeps everything takes its output from one softmax
@@ -173,11 +196,11 @@ def attend(
     return attn_output, None
 
 
-def _query_positions(layer: RoutedLayer, q_len: int, device) -> torch.Tensor:
+def _query_positions(layer, q_len: int, device) -> torch.Tensor:
     return torch.arange(layer.seen - q_len, layer.seen, device=device)
 
 
-def _fresh_prompt(layer: RoutedLayer, q_len: int, window: int | None) -> bool:
+def _fresh_prompt(layer, q_len: int, window: int | None) -> bool:
     """Is this step a whole prompt over an empty cache (slot i = position i), with every query seeing
     all its past (no window shorter than the prompt)? Its column sums then come from the fused pass."""
     return layer.retained == q_len == layer.seen and (window is None or window >= q_len)
@@ -207,7 +230,7 @@ def fill_signals(
         view.column_sums = computed["sums"]
 
 
-def _layer_view(layer: RoutedLayer, module, key, value, q_len: int) -> LayerView:
+def _layer_view(layer, module, key, value, q_len: int) -> LayerView:
     return LayerView(
         phase=layer.phase,
         keys=key,
@@ -237,7 +260,7 @@ def _fusable(dropout: float, kwargs) -> bool:
     return not dropout and kwargs.get("softcap") is None and kwargs.get("s_aux") is None
 
 
-def _decode_step(layer: RoutedLayer, module, query, key, value, scaling, needs):
+def _decode_step(layer, module, query, key, value, scaling, needs):
     """A decode step of one query over the held slots: the probabilities (fp32, as the methods score)
     times the values give the layer's output (in the values' dtype, as eager attention does), and the
     same row goes to the method."""
@@ -277,7 +300,7 @@ class AttentionRecorder:
         self.rows: dict[int, torch.Tensor] = {}
         self.positions: dict[int, torch.Tensor] = {}
 
-    def record(self, layer: RoutedLayer, rows: torch.Tensor) -> None:
+    def record(self, layer, rows: torch.Tensor) -> None:
         self.rows[layer.layer_idx] = rows
         self.positions[layer.layer_idx] = layer.positions
 
@@ -345,7 +368,7 @@ def _entropy_sums(query, key, query_pos, key_pos, scaling, window) -> torch.Tens
     return total
 
 
-def _needs_explicit_mask(layer: RoutedLayer, q_len: int, window: int | None) -> bool:
+def _needs_explicit_mask(layer, q_len: int, window: int | None) -> bool:
     """SDPA's own masking suffices for one query over its past, or a causal block over an empty cache."""
     fresh = layer.retained == q_len and layer.seen == q_len
     if window is not None and layer.seen > window:

@@ -37,8 +37,10 @@ from polykv.runtime.attention import (
     _layer_view,
     attend,
     fill_signals,
+    hand_over,
+    take_updated_layer,
 )
-from polykv.runtime.cache import CacheOptions, RoutedCache, RoutedLayer, hand_over, take_updated_layer
+from polykv.runtime.cache import CacheOptions, RoutedCache, RoutedLayer
 from polykv.runtime.routed import _set_attention, model_lock
 
 # Generation settings under which greedy decoding is more than the argmax of the logits: the batched

@@ -11,7 +11,6 @@ handing over the attention signals the layer's methods asked for; the method the
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import torch
@@ -22,29 +21,8 @@ from polykv.methods import Method, make_method
 from polykv.methods.base import Eviction, LayerView, Needs
 from polykv.methods.slots import SlotBlock, drop_one_slot
 from polykv.plan import Phase, Plan
+from polykv.runtime.attention import attend, hand_over
 from polykv.runtime.merges import MergeGroup, MergeGroups
-
-# The model calls `cache.update(...)` and then, in the same attention module, the attention function.
-# The layer that was just updated is parked here so that the attention function can find it.
-_handoff = threading.local()
-
-
-def hand_over(layer) -> None:
-    """Park a just-updated cache layer for the attention function of the same module (`take_updated_layer`)."""
-    _handoff.layer = layer
-
-
-def take_updated_layer(layer_idx: int):
-    """The layer parked by the cache update that ran just before this attention (a `RoutedLayer`, or a
-    layer of many plans at once from `polykv.runtime.batch`), or None."""
-    layer = getattr(_handoff, "layer", None)
-    _handoff.layer = None
-    if layer is not None and layer.layer_idx != layer_idx:
-        raise RoutedCacheError(
-            f"cache layer {layer.layer_idx} was updated but attention ran for layer {layer_idx}; "
-            "this model's attention does not follow the update-then-attend order PolyKV relies on"
-        )
-    return layer
 
 
 @dataclass(frozen=True)
@@ -91,8 +69,6 @@ class RoutedLayer(DynamicLayer):
 
     def attend(self, module, query, key, value, dropout: float, scaling: float, kwargs):
         """This layer's attention step (`polykv.runtime.attention.attend`: the `AttendingLayer` interface)."""
-        from polykv.runtime.attention import attend  # the attention module builds on this one
-
         return attend(self, module, query, key, value, dropout, scaling, kwargs)
 
     # ---- Hugging Face cache-layer interface ---------------------------------------------------
