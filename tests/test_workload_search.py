@@ -218,3 +218,12 @@ def test_a_longbench_file_splits_into_calibration_and_evaluation_samples_that_ne
         calibration_samples(
             workload, tokenizer, model, 7, 0, _hashes(workload, evaluation_samples(workload, tokenizer, model, 4, 0), 0)
         )
+
+
+@pytest.mark.parametrize("allocation", ["uniform", "entropy", "ppl"])
+def test_a_route_by_danswer_takes_every_allocation(workload_profile, allocation):
+    from polykv.routing import plan_from_profile
+
+    plan = plan_from_profile(workload_profile, "decode", 64, "danswer", allocation)
+    assert plan.provenance["statistic"] == "danswer"
+    assert sum(layer.decode.capacity for layer in plan.layers) == 64 * workload_profile.num_layers
