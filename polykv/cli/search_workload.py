@@ -20,13 +20,10 @@ from polykv.errors import SettingsError
 from polykv.plan import Plan, Scope
 
 
-def _split(value: str | None) -> list[str]:
-    return [s.strip() for s in (value or "").split(",") if s.strip()]
-
-
 def _workload(sources: str | None, transfer: str | None, max_tokens: int):
     """(workload, transfer task names), refused in one line before any weights load."""
     from polykv.eval.calibration import parse_source, parse_workload
+    from polykv.eval.calibration import split_sources as _split
 
     if not _split(sources):
         raise SettingsError("--objective answer_nll needs --sources: the workload, e.g. ruler:niah_single_2@2048")

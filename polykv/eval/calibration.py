@@ -90,6 +90,11 @@ class Workload:
         return dataclasses.replace(self.settings, samples_per_task=samples, mode=mode or self.settings.mode)
 
 
+def split_sources(text: str | None) -> list[str]:
+    """A comma-separated list of sources (the CLI's and the app's text), blanks dropped."""
+    return [s.strip() for s in (text or "").split(",") if s.strip()]
+
+
 def parse_workload(
     sources: Sequence[str], length: int | None = None, answer_tokens: int | None = ANSWER_TOKENS, mode: str = "score"
 ) -> Workload:
@@ -215,6 +220,7 @@ def workload_corpus(tokenizer, model, spec, exclude: set[str] | None = None) -> 
 
 
 __all__ = [
+    "split_sources",
     "ANSWER_TOKENS",
     "CALIBRATION_SEED",
     "Workload",

@@ -66,8 +66,8 @@ def launch_search(
     `profile` is a workload profile or "auto", `text_profile` (optional) a text profile for toprank-text."""
     if sources is not None:
         from polykv.eval.calibration import parse_workload
+        from polykv.eval.calibration import split_sources as split
 
-        split = lambda value: [s.strip() for s in (value or "").split(",") if s.strip()]  # noqa: E731
         workload = parse_workload(split(sources), max_tokens)  # one line when bad
         others = tuple(parse_workload(split(transfer), max_tokens).tasks) if transfer else ()
         if loaded is not None:  # the model at hand: each task's first sample must fit it (`polykv.eval.fit`)
@@ -182,12 +182,12 @@ def run_workload_job(job, workspace: Path, report: Callable[..., dict]) -> None:
     """A workload search's worker (`polykv.search.workload`): its held-out runs go to the workspace's store, so
     the Runs and Compare pages show them beside every other run."""
     from polykv.eval.calibration import parse_workload
+    from polykv.eval.calibration import split_sources as split
     from polykv.eval.store import Store
     from polykv.models import load_model
     from polykv.search.workload import build_workload_profile, draw_samples, workload_report
 
     spec, workspace = job.search, Path(workspace)
-    split = lambda value: [s.strip() for s in (value or "").split(",") if s.strip()]  # noqa: E731
     workload = parse_workload(split(spec["sources"]), spec["max_tokens"])
     transfer = tuple(parse_workload(split(spec["transfer"]), spec["max_tokens"]).tasks) if spec["transfer"] else ()
     model, tokenizer = load_model(job.model, device=job.device)

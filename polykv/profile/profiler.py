@@ -67,7 +67,6 @@ class MethodProfile:
     sequences: list[dict] = field(default_factory=list)
     reference_nll: list[float] = field(default_factory=list)
     continuation: int = CONTINUATION  # tokens scored per sequence: NLL sum / continuation = mean NLL per token
-    continuations: list[int] = field(default_factory=list)  # each sequence's scored tokens (a workload's vary)
 
 
 def default_calibration_capacity(prompt_length: int) -> int:
@@ -172,8 +171,8 @@ def profile_methods(
     """Profile every (layer, scope, method); see the module docstring.
 
     Text sequences are cut to the shortest one's length and score their last `continuation` tokens. With
-    `continuations` (a workload's prompt + gold answer, `polykv.profile.workload`), sequence k keeps its own
-    length and scores its last `continuations[k]` tokens."""
+    `continuations` (a workload's prompt + gold answer, `polykv.eval.calibration.workload_corpus`), sequence k
+    keeps its own length and scores its last `continuations[k]` tokens."""
     started = time.perf_counter()
     num_layers = models.num_layers(model)
     if continuations is None:
@@ -294,7 +293,6 @@ def profile_methods(
         sequences=per_sequence,
         reference_nll=reference_nll,
         continuation=continuations[0],
-        continuations=list(continuations),
     )
 
 

@@ -24,7 +24,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from polykv.errors import RoutedCacheError
-from polykv.methods.base import LayerView
+from polykv.methods.base import LayerView, Needs
 from polykv.plan import Phase
 
 ATTN_IMPLEMENTATION = "polykv"
@@ -103,7 +103,9 @@ class Path(Enum):
     SDPA = "sdpa"
 
 
-def choose_path(layer, q_len: int, window, dropout: float, kwargs, row_when_idle: bool) -> Path:
+def choose_path(
+    layer, q_len: int, window, dropout: float, kwargs, row_when_idle: bool, needs: Needs, recording: bool
+) -> Path:
     """The path of one routed layer's attention step:
 
     | path         | the output comes from                          | taken when                                  |
@@ -123,13 +125,11 @@ def choose_path(layer, q_len: int, window, dropout: float, kwargs, row_when_idle
     The fused paths need attention without dropout or soft-capping (`_fusable`); the one-row paths also need
     no recorder listening (a recorder reads every query's attention); a layer that never evicts is fused
     only as IDLE_ROW."""
-    recording = bool(_here.attention or _here.entropy)
     plain_decode = q_len == 1 and window is None
     if row_when_idle and plain_decode and layer.idle and layer.phase is Phase.DECODE and not recording:
         if _fusable(dropout, kwargs):
             return Path.IDLE_ROW
     fusable = not layer.idle and _fusable(dropout, kwargs)
-    needs = layer.needs()
     if plain_decode and needs and fusable and not recording:  # first: every layer takes it at every decode step
         return Path.FUSED_DECODE
     if _needs_explicit_mask(layer, q_len, window):
@@ -147,13 +147,12 @@ def attend(layer, module, query, key, value, dropout: float, scaling: float, kwa
     that a `full` plan is the vanilla computation.)"""
     window = kwargs.get("sliding_window")
     q_len = query.shape[2]
-    path = choose_path(layer, q_len, window, dropout, kwargs, row_when_idle)
+    needs, recording = layer.needs(), bool(_here.attention or _here.entropy)  # once per step: a hot path
+    path = choose_path(layer, q_len, window, dropout, kwargs, row_when_idle, needs, recording)
     if path is Path.IDLE_ROW:
         return _decode_output(query, key, value, scaling)[0], None
-    needs = layer.needs()
     if path is Path.FUSED_DECODE:
         return _decode_step(layer, module, query, key, value, scaling, needs)
-    recording = bool(_here.attention or _here.entropy)
     plain_decode = q_len == 1 and window is None
     if path is Path.MASKED or (needs and not plain_decode) or recording:
         key_pos = layer.positions  # [b, h, n]
