@@ -1,8 +1,8 @@
 """PolyKV's web app: `streamlit run app/app.py --server.address 127.0.0.1`.
 
-The model is chosen once in the sidebar (the embedded demo model by default; any Hugging Face id or
-local path; CPU or GPU) and loaded once per process. Pages live in `app/views/` (one thin file each);
-everything they compute comes from `polykv`.
+The model is chosen once in the sidebar (smollm2, the embedded SmolLM2-135M-Instruct, by default; the
+5-layer `demo`, any Hugging Face id or local path; CPU or GPU) and loaded once per process. Pages live in
+`app/views/` (one thin file each); everything they compute comes from `polykv`.
 """
 
 import sys
@@ -19,6 +19,10 @@ from app import common, designing, session, state  # noqa: E402
 
 # An emoji favicon is drawn in the browser; a ":material/...:" one would be fetched from a CDN.
 st.set_page_config(page_title="PolyKV", page_icon="🧩", layout="wide")
+
+# Less empty space above each page's title (Streamlit's default is 6rem): the designer's chart and its paint
+# controls then fit together in a 1280x800 window. A style-only st.html takes no room on the page.
+st.html("<style>[data-testid='stMainBlockContainer'] { padding-top: 1.5rem; }</style>")
 
 session.session_id()  # first: a reload finds this session's model and drafts through the URL
 session.remember_pages()  # what was entered on a page is there when it opens again

@@ -15,7 +15,7 @@ import streamlit as st
 
 from app import charts, state
 from app.editing import flash
-from app.session import DEFAULT_MODEL, current_model, num_layers, workspace
+from app.session import current_model, is_demo, num_layers, workspace
 from polykv import jobs
 from polykv.errors import PolyKVError, first_line
 from polykv.plan import Plan
@@ -52,7 +52,7 @@ def source_choices(model_name: str) -> list[str]:
 def profile_defaults(model_name: str) -> dict[str, int]:
     """The profile form's starting sequences and tokens per sequence: small on the demo model, so that a
     first profile takes seconds on a laptop CPU."""
-    demo = model_name == DEFAULT_MODEL[0]
+    demo = is_demo(model_name)
     return {"sequences": 4 if demo else 20, "max_tokens": 512 if demo else 2048}
 
 
@@ -83,7 +83,7 @@ def default_settings(suite: str, model_name: str) -> str:
     settings = SUITES[suite].Settings().to_dict()
     if suite == "fidelity":  # the model's own default tasks (for the demo: text it models well)
         settings["tasks"] = list(default_tasks(model_name))
-    if model_name == DEFAULT_MODEL[0]:
+    if is_demo(model_name):
         settings.update(DEMO_SETTINGS.get(suite, {}))
     return json.dumps(settings)
 

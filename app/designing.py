@@ -9,7 +9,7 @@ import streamlit as st
 
 from app import state
 from app.session import (
-    DEFAULT_MODEL,
+    DEMO,
     check_plan,
     current_model,
     load_cached,
@@ -21,7 +21,7 @@ from app.session import (
     set_model_error,
     workspace,
 )
-from polykv import drafts, models
+from polykv import design, drafts, models
 from polykv.errors import PolyKVError, first_line
 from polykv.methods import validate_plan
 from polykv.plan import Plan, PlanError
@@ -34,7 +34,7 @@ SHIPPED_PLANS = REPO / "plans"  # plans/<embedded model>/mixed.json: where the d
 
 def fall_back_to_demo() -> None:
     """Make the demo model the current one again (the chosen one could not be reloaded)."""
-    switch_model(*DEFAULT_MODEL)
+    switch_model(DEMO, "cpu")
 
 
 def request_model(name: str, device: str) -> None:
@@ -121,8 +121,28 @@ def plan() -> Plan:
     st.session_state[state.UNDO] = list(draft.undo)
     st.session_state[state.REDO] = list(draft.redo)
     st.session_state[state.PLAN_MODEL] = name
+    _restore_selection(draft)
     new_plan_version()
     return draft.plan
+
+
+def _restore_selection(draft: drafts.Draft) -> None:
+    """The designer's selection as the draft left it; the phase then stays as saved, not reset to the scope."""
+    st.session_state[state.DESIGNER_LAYERS] = list(draft.layers)
+    if draft.phase is not None:
+        st.session_state[state.DESIGNER_PHASE] = draft.phase
+        st.session_state[state.SCOPE_SEEN] = draft.plan.scope.value
+    st.session_state[state.SELECTION_SAVED] = _selection()
+
+
+def _selection() -> tuple[list[int], str | None]:
+    return list(st.session_state.get(state.DESIGNER_LAYERS, [])), st.session_state.get(state.DESIGNER_PHASE)
+
+
+def keep_selection() -> None:
+    """Save the draft when the designer's selection changed since it was last saved (a reload keeps it)."""
+    if st.session_state.get(state.SELECTION_SAVED) != _selection():
+        _save_draft()
 
 
 def _read_draft(model_name: str) -> drafts.Draft | None:
@@ -134,12 +154,16 @@ def _read_draft(model_name: str) -> drafts.Draft | None:
 
 
 def _save_draft() -> None:
-    """Write the session's plan, undo and redo for the current model to its draft file."""
+    """Write the session's plan, undo, redo and selection for the current model to its draft file."""
+    layers, phase = _selection()
     draft = drafts.Draft(
         Plan.from_json(st.session_state[state.PLAN_JSON]),
         list(st.session_state.get(state.UNDO, [])),
         list(st.session_state.get(state.REDO, [])),
+        layers,
+        phase,
     )
+    st.session_state[state.SELECTION_SAVED] = (layers, phase)
     try:
         drafts.save_draft(workspace(), session_id(), st.session_state[state.PLAN_MODEL], draft)
     except (PolyKVError, OSError) as exc:  # e.g. a read-only workspace: the edit stands, unsaved
@@ -190,21 +214,29 @@ def can_redo() -> bool:
     return bool(st.session_state.get(state.REDO))
 
 
-def undo() -> bool:
-    """Back to the plan before the last edit (Redo brings the edit back)."""
-    return _step(state.UNDO, state.REDO)
+def undo() -> str | None:
+    """Back to the plan before the last edit (Redo brings the edit back); says what it undid."""
+    restored = _step(state.UNDO, state.REDO)
+    return None if restored is None else f"Undid: {design.change_summary(restored, _after_step(state.REDO))}."
 
 
-def redo() -> bool:
-    return _step(state.REDO, state.UNDO)
+def redo() -> str | None:
+    """The edit Undo took back, again; says what it redid."""
+    restored = _step(state.REDO, state.UNDO)
+    return None if restored is None else f"Redid: {design.change_summary(_after_step(state.UNDO), restored)}."
 
 
-def _step(source: str, target: str) -> bool:
+def _after_step(target: str) -> Plan:
+    return Plan.from_json(st.session_state[target][-1])  # the plan the step left, now on top of `target`
+
+
+def _step(source: str, target: str) -> Plan | None:
+    """Move the current plan to `target`'s history and make the newest of `source`'s the plan (None: empty)."""
     stack = st.session_state.get(source) or []
     if not stack:
-        return False
+        return None
     _push(target, plan().to_json())
     st.session_state[state.PLAN_JSON] = stack.pop()
     _save_draft()
     new_plan_version()
-    return True
+    return Plan.from_json(st.session_state[state.PLAN_JSON])

@@ -17,6 +17,7 @@ from polykv.files import read_text
 from polykv.plan import MAX_PLAN_BYTES, Plan, PlanError
 
 KEEP = "(keep)"  # the paint palette's "leave the method as it is"
+PLAN_MESSAGES = "plan"  # the message slot under the paint controls (paint, undo, redo, rescale, build, reset)
 
 
 def plans_dir() -> Path:
@@ -26,7 +27,7 @@ def plans_dir() -> Path:
 
 def flash(key: str, text: str, kind: str = "success") -> None:
     """Show `text` (st.success, st.warning, ...) once, after the next rerun, where `show_flash(key)` is."""
-    st.session_state[key] = [(kind, text)]
+    st.session_state.setdefault(key, []).append((kind, text))
 
 
 def show_flash(key: str) -> None:
@@ -34,31 +35,31 @@ def show_flash(key: str) -> None:
         getattr(st, kind)(text)
 
 
-def commit(new: Plan, message: str | None = None) -> None:
-    """Make `new` the plan and redraw the designer; a PlanError leaves the plan as it was and says why.
-    A change of the plan's scope is announced, whatever made it."""
+def commit(new: Plan, message: str | None = None, where: str = PLAN_MESSAGES) -> None:
+    """Make `new` the plan and redraw the designer, `message` shown at slot `where`; a PlanError leaves the plan
+    as it was and says why, here. A change of the plan's scope is announced, whatever made it."""
     before = plan()
     try:
         set_plan(new)
     except PlanError as exc:
         st.error(str(exc))
         return
-    messages = [("success", message)] if message else []
+    if message:
+        flash(state.designer_flash(where), message)
     changed = design.scope_change(before, new)
     if changed:
-        messages.append(("warning", changed))
-    st.session_state[state.DESIGNER_FLASH] = messages
+        flash(state.designer_flash(where), changed, "warning")
     st.rerun()
 
 
-def attempt(build: Callable[[], Plan], message: str | None = None) -> None:
-    """`commit(build(), message)`, or the PlanError `build` raised, said in one line."""
+def attempt(build: Callable[[], Plan], message: str | None = None, where: str = PLAN_MESSAGES) -> None:
+    """`commit(build(), message, where)`, or the PlanError `build` raised, said here in one line."""
     try:
         new = build()
     except PlanError as exc:
         st.error(str(exc))
         return
-    commit(new, message)
+    commit(new, message, where)
 
 
 def follow_chart_selection(layers: int) -> None:

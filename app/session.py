@@ -3,6 +3,7 @@ process and chosen per session, the workspace, and the one-line message for a fa
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 
@@ -15,7 +16,19 @@ from polykv.methods import validate_plan
 from polykv.plan import Plan
 from polykv.workspace import default_workspace
 
-DEFAULT_MODEL = ("demo", "cpu")  # (name, device) until another model is loaded
+DEMO = "demo"  # the embedded 5-layer stories260K: the fallback, and the tests' fast model
+APP_MODEL_ENV = "POLYKV_APP_MODEL"  # the model the app opens on (`demo` in the tests)
+
+
+def default_model() -> tuple[str, str]:
+    """(name, device) the app opens on: smollm2 (SmolLM2-135M-Instruct: 30 layers, an 8K context, a chat
+    template), a model that can ask the paper's questions, on CPU; `$POLYKV_APP_MODEL` names another."""
+    return (os.environ.get(APP_MODEL_ENV) or "smollm2", "cpu")
+
+
+def is_demo(name: str) -> bool:
+    """Is `name` the demo model (whose page defaults are small, so a first run takes seconds)?"""
+    return name == DEMO
 
 
 def workspace() -> Path:
@@ -62,8 +75,8 @@ def load_model(name: str, device: str, switch: bool = True) -> str | None:
 
 
 def chosen_model() -> tuple[str, str]:
-    """(name, device) of the model chosen in the sidebar (the demo model until another is loaded)."""
-    return st.session_state.get(state.MODEL, DEFAULT_MODEL)
+    """(name, device) of the model chosen in the sidebar (`default_model()` until another is loaded)."""
+    return st.session_state.get(state.MODEL, default_model())
 
 
 def set_model_error(problem: str | None) -> None:
@@ -84,8 +97,8 @@ def devices() -> list[str]:
 
 
 def current_model():
-    """(name, device, model, tokenizer) of the chosen model; the demo model until another is loaded."""
-    name, device = st.session_state.setdefault(state.MODEL, DEFAULT_MODEL)
+    """(name, device, model, tokenizer) of the chosen model; `default_model()` until another is loaded."""
+    name, device = st.session_state.setdefault(state.MODEL, default_model())
     model, tokenizer = load_cached(name, device)
     return name, device, model, tokenizer
 
@@ -123,13 +136,13 @@ def session_id() -> str:
 
 
 def _restore_model(sid: str) -> None:
-    """The model this session used last (a reload starts where it was); the demo model if it fails."""
+    """The model this session used last (a reload starts where it was); the default model if it fails."""
     remembered = drafts.load_session_model(workspace(), sid)
-    if remembered is None or remembered == DEFAULT_MODEL:
+    if remembered is None or remembered == default_model():
         return
     problem = load_model(*remembered)
     if problem:
-        set_model_error(f"{problem}; using the demo model.")
+        set_model_error(f"{problem}; using {default_model()[0]}.")
 
 
 def remember_model(name: str, device: str) -> None:

@@ -27,12 +27,12 @@ PLAN_MODEL = "plan_model"  # the model name the plan in PLAN_JSON belongs to (it
 PLAN_VERSION = "plan_version"  # a counter bumped on every plan change: new table and name widgets
 
 # ---- the plan designer (app/views/designer.py) ----------------------------------------------------
-DESIGNER_FLASH = "designer_flash"  # [(kind, text)] messages shown once after a rerun ("success", ...)
 PLAN_CHART = "plan_chart"  # plotly chart: the plan figure and its selection (points)
 CHART_SEEN = "chart_seen"  # (layers, phases) of the chart selection already copied to the layer list
 DESIGNER_LAYERS = "designer_layers"  # multiselect: the selected layers (the chart's selection feeds it)
 DESIGNER_PHASE = "designer_phase"  # radio: the phase painted and outlined, "both", "prefill" or "decode"
 PAINT_METHOD = "paint_method"  # the palette's chosen method to paint, or "(keep)" (set by its buttons)
+SELECTION_SAVED = "selection_saved"  # (layers, phase) of the selection last written to the draft
 SCOPE_SEEN = "scope_seen"  # the plan scope the paint phase last followed (a new scope resets the phase)
 PAINT_CAPACITY = "paint_capacity"  # number input: the capacity to paint, or None (keep)
 BUILD_SCOPE = "build_scope"  # selectbox: the scope of a plan built from a profile
@@ -93,6 +93,11 @@ HETEROGENEITY_FORM = "heterogeneity_form"  # form: inputs, tokens, attention sha
 def plan_table(version: int) -> str:
     """Data editor: the per-layer table of plan version `version` (its edit state lives under this key)."""
     return f"plan_table_{version}"
+
+
+def designer_flash(slot: str) -> str:
+    """[(kind, text)]: the designer's messages for `slot` (beside the controls that made them), shown once."""
+    return f"designer_flash_{slot}"
 
 
 def palette_button(method: str) -> str:

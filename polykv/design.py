@@ -323,6 +323,21 @@ def scope_change(before: Plan, after: Plan) -> str | None:
     return f"The plan's scope changed from {before.scope.value} to {after.scope.value}."
 
 
+def change_summary(before: Plan, after: Plan) -> str:
+    """What turned `before` into `after`, in a few words (what Undo and Redo say they undid or redid): the edits
+    `after` records beyond `before`'s, else the cells that differ and, when the name changed, the two names
+    (a plan loaded, built or reset)."""
+    old, new = edits(before), edits(after)
+    if after.name in (before.name, before.name + EDITED_SUFFIX):  # an edit of `before` records one summary
+        for kept in (len(old), len(old) - 1):  # the provenance keeps the newest MAX_EDITS: one may have dropped
+            if kept >= 0 and len(new) == kept + 1 and new[:kept] == old[len(old) - kept :]:
+                return new[-1]
+    changed = diff(before, after)
+    cells = int(changed["where"].str.startswith("layer ").sum())
+    text = f"{cells} cell{'s' * (cells != 1)} changed" if cells else "no cell changed"
+    return text + (f" ({before.name!r} -> {after.name!r})" if before.name != after.name else "")
+
+
 def paint_message(layers: Sequence[int], phases: str, method: str | None, capacity: int | None) -> str:
     """What a successful `paint(plan, layers, phases, method, capacity)` did, in one sentence."""
     what = " ".join(part for part in (method, None if capacity is None else f"@{capacity}") if part)
@@ -407,7 +422,7 @@ def save_plan(plan: Plan, folder: str | os.PathLike, name: str, overwrite: bool 
 
 __all__ = [
     "DEFAULT_CAPACITY", "EDITED_SUFFIX", "PHASE_CHOICES", "TABLE_COLUMNS", "SavedPlan", "build_from_profile",
-    "current_budget", "diff", "edits", "from_table", "layers_in", "paint", "paint_message", "palette", "phase_choice",
-    "phase_values", "plan_filename", "profile_scopes", "record_edit", "rescale", "reset_to_full", "save_plan",
-    "scope_change", "shortcuts", "table_methods", "to_table",
+    "change_summary", "current_budget", "diff", "edits", "from_table", "layers_in", "paint", "paint_message",
+    "palette", "phase_choice", "phase_values", "plan_filename", "profile_scopes", "record_edit", "rescale",
+    "reset_to_full", "save_plan", "scope_change", "shortcuts", "table_methods", "to_table",
 ]  # fmt: skip

@@ -2,7 +2,8 @@
 a draft file per browser session and model, so a reload, an app restart or a model switch loses nothing.
 
   <workspace>/drafts/<session id>/session.json      the session's model (name, device)
-  <workspace>/drafts/<session id>/<model key>.json  the plan being designed for that model, undo, redo
+  <workspace>/drafts/<session id>/<model key>.json  the plan being designed for that model, undo, redo,
+                                                    and the designer's selection
 
 The session id travels in the page's URL (`?session=...`): the same URL opens the same drafts. Drafts are
 written whole and renamed into place (`polykv.files.atomic_write_json`) and read back validated; a
@@ -16,12 +17,13 @@ import re
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from polykv.errors import PolyKVError, validation_line
 from polykv.files import atomic_write_json, read_json
-from polykv.plan import Plan, PlanError
+from polykv.plan import MAX_LAYERS, Plan, PlanError
 
 HISTORY = 50  # plans kept for undo (and for redo)
 MAX_DRAFT_BYTES = 16 * 1024 * 1024
@@ -45,11 +47,13 @@ def valid_session_id(value: object) -> str | None:
 @dataclass
 class Draft:
     """The plan being designed for one model in one session, with what Undo and Redo bring back (plans
-    as JSON, newest last)."""
+    as JSON, newest last) and the designer's selection (a reload keeps it)."""
 
     plan: Plan
     undo: list[str] = field(default_factory=list)
     redo: list[str] = field(default_factory=list)
+    layers: list[int] = field(default_factory=list)  # the designer's selection: layers and phase choice
+    phase: str | None = None
 
 
 class _DraftFile(BaseModel):
@@ -59,6 +63,8 @@ class _DraftFile(BaseModel):
     plan: str
     undo: list[str] = Field(default_factory=list, max_length=HISTORY)
     redo: list[str] = Field(default_factory=list, max_length=HISTORY)
+    layers: list[int] = Field(default_factory=list, max_length=MAX_LAYERS)  # absent in older drafts
+    phase: Literal["both", "prefill", "decode"] | None = None
 
 
 class _SessionFile(BaseModel):
@@ -90,6 +96,8 @@ def save_draft(workspace: Path, session: str, model: str, draft: Draft) -> Path:
         "plan": draft.plan.to_json(),
         "undo": draft.undo[-HISTORY:],
         "redo": draft.redo[-HISTORY:],
+        "layers": [int(i) for i in draft.layers],
+        "phase": draft.phase,
     }
     return atomic_write_json(draft_path(workspace, session, model), data, indent=None)
 
@@ -106,9 +114,11 @@ def load_draft(workspace: Path, session: str, model: str) -> Draft | None:
     if checked.model != model:
         raise DraftError(f"{path}: a draft of {checked.model!r}, not of {model!r}")
     try:
-        return Draft(Plan.from_json(checked.plan), list(checked.undo), list(checked.redo))
+        plan = Plan.from_json(checked.plan)
     except PlanError as exc:
         raise DraftError(f"{path}: {exc}") from None
+    layers = [i for i in checked.layers if 0 <= i < plan.num_layers]
+    return Draft(plan, list(checked.undo), list(checked.redo), layers, checked.phase)
 
 
 def save_session_model(workspace: Path, session: str, model: str, device: str) -> Path:

@@ -13,6 +13,9 @@ import os
 # Set OMP_NUM_THREADS to choose otherwise.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# The app opens on smollm2; its tests (AppTest, the served app) run on the 5-layer demo model, which loads
+# at once. The tests of the app's own default model (tests/test_app_smollm2.py) take this away.
+os.environ["POLYKV_APP_MODEL"] = "demo"
 
 import sys  # noqa: E402
 import warnings  # noqa: E402

@@ -469,6 +469,41 @@ def test_the_edited_plan_survives_a_reload_through_the_session_in_the_url(app_en
     assert current_plan(other) != edited
 
 
+def test_undo_and_redo_say_what_they_undid_and_redid(app_env):
+    at = open_app()
+    paint_selection(at, [1, 2], "decode", "h2o", 40)
+    button(at, "Undo").click()
+    at.run()
+    undid = [t for t in texts(at.info) if t.startswith(("Undid", "Redid"))]  # (the popovers' infos aside)
+    assert undid == ["Undid: painted h2o@40 onto layers 1, 2 (decode)."]
+    button(at, "Redo").click()
+    at.run()
+    assert [t for t in texts(at.info) if t.startswith(("Undid", "Redid"))] == [
+        "Redid: painted h2o@40 onto layers 1, 2 (decode)."
+    ]
+    button(at, "Reset to full").click()
+    at.run()
+    assert "Reset every layer to full (no eviction)." in texts(at.success)
+    button(at, "Undo").click()
+    at.run()
+    undid = [t for t in texts(at.info) if t.startswith(("Undid", "Redid"))]
+    assert undid == ["Undid: 10 cells changed."]  # a reset records no edit: its cells are counted
+
+
+@pytest.mark.slow  # a designer session saved, then reloaded in a new AppTest
+def test_the_designers_selection_survives_a_reload(app_env):
+    at = open_app()
+    at.session_state["designer_layers"] = [0, 3]
+    at.radio(key="designer_phase").set_value("prefill")
+    at.run()
+    fresh = AppTest.from_file(str(REPO / "app" / "app.py"), default_timeout=180)  # a reload: a new session
+    fresh.query_params["session"] = at.query_params["session"]
+    fresh.run()
+    assert not fresh.exception
+    assert fresh.multiselect(key="designer_layers").value == [0, 3]
+    assert fresh.radio(key="designer_phase").value == "prefill"  # not reset to the plan's scope
+
+
 def test_undo_and_redo_walk_the_history_and_a_new_edit_drops_the_redo(app_env):
     at = open_app()
     start = current_plan(at)

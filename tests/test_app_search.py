@@ -10,7 +10,7 @@ import pytest
 
 from polykv import jobs
 from polykv.errors import JobError
-from polykv.jobs.search import launch_search, live, read_search, start_problem
+from polykv.jobs.search import launch_search, live, read_search, search_start, start_problem
 from polykv.plan import Plan
 from tests.helpers import button, open_app, texts, wait_for_job, with_profile
 
@@ -33,6 +33,25 @@ def test_a_plan_outside_the_search_space_is_not_a_start_and_says_why():
     assert start_problem(decode, "decode", 24) is None
     assert start_problem(decode, "both", 24) == "its scope is decode, not both"
     assert "add up to 120, not 5 x 32 = 160" in start_problem(decode, "decode", 32)
+
+
+def test_a_plan_whose_total_is_off_starts_the_search_rescaled_to_the_budget():
+    """5 layers averaging 51.2 (256 in all) at budget 51 (255): the route, rescaled, is the start."""
+    plan = Plan.homogeneous("tova", 51, 5, "decode").with_layers(
+        [*Plan.homogeneous("tova", 51, 4, "decode").layers, Plan.homogeneous("h2o", 52, 1, "decode").layers[0]]
+    )
+    start, note = search_start(plan, "decode", 51)
+    assert start is not None and start_problem(start, "decode", 51) is None
+    assert [layer.decode.method for layer in start.layers] == ["tova"] * 4 + ["h2o"]  # the route kept
+    assert sum(layer.decode.capacity for layer in start.layers) == 255
+    assert note.startswith(f"Starts from the designer's plan {plan.name!r} rescaled to budget 51 (")
+    assert "add up to 256, not 5 x 51 = 255" in note
+    assert search_start(plan, "both", 51) == (
+        None,
+        "The designer's plan is not a start (its scope is decode, not both)",
+    )
+    fits = Plan.homogeneous("tova", 24, 5, "decode")
+    assert search_start(fits, "decode", 24) == (fits, f"Starts from the designer's plan {fits.name!r}")
 
 
 def test_a_search_job_file_is_validated_and_a_damaged_one_is_listed_not_fatal(app_ws, small_profile):

@@ -1,7 +1,7 @@
-"""The app's pages on the 30-layer smollm2, through Streamlit's AppTest: the designer starts on the shipped
-30-layer plan and paints all 30 layers; Profiles draws the study's profile with a row per layer and a
-winner per layer; Compare and Runs open on the study's runs. The workspace is a copy of the committed
-smollm2 study (docs/smollm2-study). Slow: the model loads once per app process (a few seconds)."""
+"""The app on its default model, the 30-layer smollm2, through Streamlit's AppTest: it opens on smollm2, the
+designer starts on the shipped 30-layer plan and paints all 30 layers; Profiles draws the study's profile with
+a row per layer and a winner per layer; Compare and Runs open on the study's runs. The workspace is a copy of
+the committed smollm2 study (docs/smollm2-study). Slow: the model loads once per app process (a few seconds)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import shutil
 import pytest
 
 from app import state
+from app.session import APP_MODEL_ENV
 from polykv.plan import Plan
 from tests.helpers import REPO, button, texts
 
@@ -21,9 +22,10 @@ STUDY = REPO / "docs" / "smollm2-study"
 
 @pytest.fixture
 def smollm2_app(app_env, smollm2_home, monkeypatch):
-    """The app's environment with the study's workspace, and smollm2 as the session's model."""
+    """The app's environment with the study's workspace, opening on its own default model (smollm2)."""
     shutil.copytree(STUDY, app_env / "ws")
     monkeypatch.setenv("POLYKV_HOME", str(smollm2_home))
+    monkeypatch.delenv(APP_MODEL_ENV)  # the other app tests open on the demo model
     return app_env
 
 
@@ -31,8 +33,7 @@ def open_with_smollm2(page: str | None = None):
     from streamlit.testing.v1 import AppTest
 
     at = AppTest.from_file(str(REPO / "app" / "app.py"), default_timeout=300)
-    at.session_state[state.MODEL] = ("smollm2", "cpu")
-    at.run()
+    at.run()  # no model chosen: the app's default
     if page:
         at.switch_page(f"views/{page}.py")
         at.run()
@@ -40,7 +41,7 @@ def open_with_smollm2(page: str | None = None):
     return at
 
 
-def test_the_designer_starts_on_the_shipped_plan_and_paints_30_layers(smollm2_app):
+def test_the_app_opens_on_smollm2_with_its_shipped_plan_and_paints_30_layers(smollm2_app):
     at = open_with_smollm2()
     assert "Model: **smollm2** on cpu, 30 layers" in texts(at.caption)
     plan = Plan.from_json(at.session_state[state.PLAN_JSON])

@@ -26,13 +26,26 @@ def test_plan_figure_draws_one_selectable_marker_per_cell_and_the_uniform_averag
     bars = {t.name: list(t.y) for t in fig.data if t.type == "bar"}
     assert bars["decode capacity"] == [lay.decode.capacity for lay in plan.layers]
     averages = {t.name: t.y[0] for t in fig.data if t.type == "scatter" and t.mode == "lines"}
-    assert averages == {"prefill uniform average 36.8": 36.8, "decode uniform average 46.4": 46.4}
+    assert averages == {"prefill average 36.8": 36.8, "decode average 46.4": 46.4}
     assert {t.line.dash for t in fig.data if t.type == "scatter" and t.mode == "lines"} == {"dash"}
     (outline,) = [t for t in cells if t.name == "selected"]
     assert [list(d) for d in outline.customdata] == [[1, "prefill"], [1, "decode"]]  # the selected layer is outlined
     decode_only = charts.plan_figure(plan, selected=[1, 2], phases=["decode"])
     (outline,) = [t for t in decode_only.data if t.name == "selected"]
     assert [list(d) for d in outline.customdata] == [[1, "decode"], [2, "decode"]]
+
+
+def test_the_selection_outline_has_a_colour_far_from_every_methods():
+    """The outline must stand out on any cell: not black (Scissorhands) nor near any method's colour."""
+    outline = charts.plan_figure(Plan.load(MIXED), selected=[0]).data
+    (selected,) = [t for t in outline if t.name == "selected"]
+    assert selected.marker.color == charts.SELECTION_COLOR
+
+    def rgb(hex_colour: str) -> np.ndarray:
+        return np.array([int(hex_colour[i : i + 2], 16) for i in (1, 3, 5)], dtype=float)
+
+    nearest = min(np.linalg.norm(rgb(charts.SELECTION_COLOR) - rgb(c)) for c in charts.METHOD_COLORS.values())
+    assert nearest > 100, nearest  # of 441 (black to white)
 
 
 def test_selected_cells_reads_layers_and_phases_from_selection_points():

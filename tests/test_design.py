@@ -290,3 +290,26 @@ def test_a_fresh_plan_starts_a_new_provenance(mixed):
     assert again.name == f"{edited.name}{design.EDITED_SUFFIX}" and design.edits(again) == [
         "painted tova@16 onto layers 0 (decode)"
     ]
+
+
+def test_a_change_is_summed_up_by_its_recorded_edit_else_by_the_cells_it_changed(mixed):
+    painted = design.paint(mixed, [1, 2], "decode", "h2o", 40)
+    assert design.change_summary(mixed, painted) == "painted h2o@40 onto layers 1, 2 (decode)"
+    again = design.paint(painted, [0], "both", None, 16)
+    assert design.change_summary(painted, again) == "painted @16 onto layers 0 (both)"
+    other = Plan.homogeneous("tova", 24, 5, name="tova-24")  # a plan loaded in its place: no edit of the first
+    changed = sum(a[p] != b[p] for a, b in zip(mixed.layers, other.layers) for p in Phase)
+    assert design.change_summary(mixed, other) == f"{changed} cells changed ('mixed-demo' -> 'tova-24')"
+    assert design.change_summary(mixed, mixed) == "no cell changed"
+    full = design.reset_to_full(mixed)  # a fresh provenance, the name kept
+    assert design.change_summary(mixed, full) == "10 cells changed"  # every cell of the 5 layers evicts in mixed
+
+
+def test_a_change_summary_survives_the_provenance_dropping_its_oldest_edit(mixed):
+    plan = mixed
+    for i in range(design.MAX_EDITS):  # a full provenance: the next edit pushes the oldest out
+        plan = design.paint(plan, [i % 5], "decode", None, 8 + i)
+    assert len(design.edits(plan)) == design.MAX_EDITS
+    last = design.paint(plan, [3], "decode", "tova", 31)
+    assert len(design.edits(last)) == design.MAX_EDITS
+    assert design.change_summary(plan, last) == "painted tova@31 onto layers 3 (decode)"

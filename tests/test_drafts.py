@@ -81,3 +81,23 @@ def test_a_scope_change_is_put_in_words():
     both = design.paint(decode, [0], "both", "h2o", 16)
     assert design.scope_change(decode, both) == "The plan's scope changed from decode to both."
     assert design.scope_change(decode, design.paint(decode, [0], "decode", "h2o")) is None
+
+
+def test_a_draft_keeps_the_designers_selection_and_older_drafts_without_one_still_open(tmp_path):
+    plan = Plan.load(MIXED)
+    drafts.save_draft(tmp_path, SESSION, "demo", drafts.Draft(plan, layers=[1, 3], phase="decode"))
+    back = drafts.load_draft(tmp_path, SESSION, "demo")
+    assert (back.layers, back.phase) == ([1, 3], "decode")
+    path = drafts.draft_path(tmp_path, SESSION, "demo")
+    old = json.loads(path.read_text())
+    del old["layers"], old["phase"]  # a draft written before the selection was kept
+    path.write_text(json.dumps(old))
+    back = drafts.load_draft(tmp_path, SESSION, "demo")
+    assert back.plan == plan and (back.layers, back.phase) == ([], None)
+    old.update(layers=[0, 4, 7, -1])  # layers the plan does not have are dropped
+    path.write_text(json.dumps(old))
+    assert drafts.load_draft(tmp_path, SESSION, "demo").layers == [0, 4]
+    old.update(phase="sideways")
+    path.write_text(json.dumps(old))
+    with pytest.raises(drafts.DraftError, match="phase"):
+        drafts.load_draft(tmp_path, SESSION, "demo")

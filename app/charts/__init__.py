@@ -1,7 +1,15 @@
 """Plotly figures for the app: pure functions of data (no Streamlit), so pytest can check them. One module
 per page's charts; every figure is importable from here (`charts.plan_figure`)."""
 
-from app.charts.base import METHOD_COLORS, OTHER_METHOD_COLOR, PHASE_ROWS, download_config, layout, method_color
+from app.charts.base import (
+    METHOD_COLORS,
+    OTHER_METHOD_COLOR,
+    PHASE_ROWS,
+    SELECTION_COLOR,
+    download_config,
+    layout,
+    method_color,
+)
 from app.charts.compare import OUTCOME_COLORS, OUTCOME_DELTA_COLORS, difference_figure
 from app.charts.experiments import (
     factorial_contrasts,
@@ -24,6 +32,7 @@ __all__ = [
     "OUTCOME_DELTA_COLORS",
     "PHASE_ROWS",
     "PROFILE_VIEWS",
+    "SELECTION_COLOR",
     "density_figure",
     "difference_figure",
     "download_config",

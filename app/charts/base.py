@@ -12,6 +12,8 @@ from polykv.plan import Phase
 # and adding one changes no other method's colour. No chart spells a method's colour.
 METHOD_COLORS = {name: cls.colour for name, cls in REGISTRY.items()}
 OTHER_METHOD_COLOR = Method.colour  # a name no registered method has (e.g. an old run's removed method)
+# The selection outline on the plan chart: a violet that no method's colour is near (Scissorhands is black).
+SELECTION_COLOR = "#7B1FA2"
 PHASE_ROWS = [Phase.DECODE.value, Phase.PREFILL.value]  # top to bottom in the strip: prefill, then decode
 
 

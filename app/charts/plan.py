@@ -9,9 +9,11 @@ from collections.abc import Iterable, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from app.charts.base import PHASE_ROWS, layout, method_color
+from app.charts.base import PHASE_ROWS, SELECTION_COLOR, layout, method_color
 from polykv.methods import REGISTRY
 from polykv.plan import Phase, Plan
+
+PLAN_CHART_HEIGHT = 350  # px
 
 
 def plan_figure(
@@ -63,7 +65,7 @@ def plan_figure(
                 name="selected",
                 showlegend=False,
                 hoverinfo="skip",
-                marker=dict(symbol="square-open", size=size + 8, color="#111", line=dict(width=3)),
+                marker=dict(symbol="square-open", size=size + 8, color=SELECTION_COLOR, line=dict(width=3)),
             ),
             row=1,
             col=1,
@@ -97,7 +99,7 @@ def plan_figure(
                     x=[-0.5, plan.num_layers - 0.5],
                     y=[average, average],
                     mode="lines",
-                    name=f"{phase.value} uniform average {average:g}",
+                    name=f"{phase.value} average {average:g}",
                     line=dict(dash="dash", color=color, width=1.5),
                     hoverinfo="name",
                 ),
@@ -113,7 +115,9 @@ def plan_figure(
         )
     # Drags select (a box) rather than pan, and the chart keeps its zoom and drag mode across reruns.
     fig.update_layout(barmode="group", clickmode="event+select", dragmode="select", uirevision="plan")
-    return layout(fig, f"{plan.name}: method and capacity per layer", 520)
+    fig.update_layout(legend=dict(font=dict(size=11), tracegroupgap=0, y=-0.16))  # one row at 800 px
+    # Short enough that the paint controls fit under it in a 1280x800 window.
+    return layout(fig, f"{plan.name}: method and capacity per layer", PLAN_CHART_HEIGHT)
 
 
 def selection_boxes(layers: Iterable[int], phases: Iterable[str]) -> list[dict]:

@@ -12,15 +12,21 @@ from polykv import design
 from polykv.plan import Phase, PlanError
 from polykv.routing import ALLOCATIONS
 
+# Message slots beside the controls that fill them (the paint controls' is `editing.PLAN_MESSAGES`).
+TABLE, FILES, LOADS = "table", "files", "loads"
+
 
 def chart_selection(layers: int) -> None:
     """The chart's last selection feeds the layer list and the phase below."""
     editing.follow_chart_selection(layers)
 
 
-def chart_and_summary(plan) -> None:
+def chart(plan) -> None:
     figure = charts.plan_figure(plan, editing.selected_layers(), editing.shown_phases(), editing.selection_boxes())
     common.show(figure, "plan", key=state.PLAN_CHART, on_select="rerun", selection_mode=("points", "box", "lasso"))
+
+
+def summary(plan) -> None:
     st.text("\n".join(plan.summary().lines()))
 
 
@@ -33,13 +39,11 @@ def provenance(plan) -> None:
 
 
 def paint(plan, layers: int) -> None:
-    st.subheader("Paint")
-    left, middle, right = st.columns([3, 2, 2])
+    """Selection, phase, capacity, the palette, then Paint, Undo and Redo in one row, under them the one place
+    where what they and the plan tools below did (or why not) is said: all in view with the chart."""
+    left, middle, right = st.columns([4, 3, 3])
     with left:
         st.multiselect("Selected layers", list(range(layers)), key=state.DESIGNER_LAYERS)
-        select_all, clear = st.columns(2)
-        select_all.button("Select all", on_click=editing.select_layers, args=(range(layers),))
-        clear.button("Clear", on_click=editing.select_layers, args=((),))
     with middle:
         st.radio("Phase", design.PHASE_CHOICES, key=state.DESIGNER_PHASE, horizontal=True)
     with right:
@@ -50,14 +54,38 @@ def paint(plan, layers: int) -> None:
             key=state.PAINT_CAPACITY,
             placeholder="keep",
         )
-        clicked = st.button("Paint selection", type="primary")
     palette()
-    if clicked:
+    with st.container(horizontal=True, vertical_alignment="center"):
+        painted = st.button("Paint selection", type="primary")
+        undone = st.button("Undo", disabled=not designing.can_undo(), shortcut="Ctrl+Z")
+        redone = st.button("Redo", disabled=not designing.can_redo(), shortcut="Ctrl+Shift+Z")
+        st.button("Select all", on_click=editing.select_layers, args=(range(layers),))
+        st.button("Clear", on_click=editing.select_layers, args=((),))
+    # What the controls around here did, or why not: said here, so nothing above the chart moves.
+    editing.show_flash(state.designer_flash(editing.PLAN_MESSAGES))
+    if designing.draft_problem():
+        st.warning(designing.draft_problem())
+    if painted:
         chosen, phase, method, capacity = editing.paint_request()
         editing.attempt(
             lambda: design.paint(plan, chosen, phase, method, capacity),
             design.paint_message(chosen, phase, method, capacity),
         )
+    if undone or redone:
+        said = designing.undo() if undone else designing.redo()
+        if said:
+            editing.flash(state.designer_flash(editing.PLAN_MESSAGES), said, "info")
+        st.rerun()
+    with st.container(horizontal=True, vertical_alignment="center"):
+        with st.popover("Rescale to a budget"):
+            rescale_to_budget(plan)
+        with st.popover("Build from profile"):
+            build_from_profile()
+        if st.button("Reset to full"):
+            editing.commit(design.reset_to_full(plan), "Reset every layer to full (no eviction).")
+    unavailable = [why for _, why in editing.paint_palette() if why]
+    if unavailable:
+        st.caption("Not offered here: " + "; ".join(unavailable) + ".")
 
 
 def palette() -> None:
@@ -78,26 +106,6 @@ def palette() -> None:
                 on_click=editing.choose_method,
                 args=(name,),
             )
-    unavailable = [why for _, why in entries if why]
-    if unavailable:
-        st.caption("Not offered here: " + "; ".join(unavailable) + ".")
-
-
-def tools(plan) -> None:
-    """Undo, redo, rescale to a budget, build from a profile, reset to full."""
-    undo, redo, rescale, build, reset = st.columns(5)
-    if undo.button("Undo", disabled=not designing.can_undo(), shortcut="Ctrl+Z"):
-        designing.undo()
-        st.rerun()
-    if redo.button("Redo", disabled=not designing.can_redo(), shortcut="Ctrl+Shift+Z"):
-        designing.redo()
-        st.rerun()
-    with rescale.popover("Rescale to a budget"):
-        rescale_to_budget(plan)
-    with build.popover("Build from profile"):
-        build_from_profile()
-    if reset.button("Reset to full"):
-        editing.commit(design.reset_to_full(plan))
 
 
 def rescale_to_budget(plan) -> None:
@@ -161,7 +169,8 @@ def layer_table(plan) -> None:
             st.rerun()
         return
     if from_table != plan:
-        editing.commit(from_table, "Table edit applied.")
+        editing.commit(from_table, "Table edit applied.", TABLE)
+    editing.show_flash(state.designer_flash(TABLE))
 
 
 def files(plan) -> None:
@@ -188,7 +197,8 @@ def save(plan) -> None:
             if outcome.path is None:
                 st.warning(f"{outcome.message}: tick 'Overwrite' to replace it.")
             else:
-                editing.commit(outcome.plan, outcome.message)
+                editing.commit(outcome.plan, outcome.message, FILES)
+    editing.show_flash(state.designer_flash(FILES))
     st.download_button(
         "Download JSON", plan.to_json(), file_name=design.plan_filename(plan.name), mime="application/json"
     )
@@ -197,10 +207,11 @@ def save(plan) -> None:
 def load(saved) -> None:
     choice = st.selectbox("Saved plans", saved, index=None, placeholder="choose a plan file", format_func=str)
     if st.button("Load", disabled=choice is None):
-        editing.attempt(lambda: editing.read_plan_file(choice), f"Loaded {choice}.")
+        editing.attempt(lambda: editing.read_plan_file(choice), f"Loaded {choice}.", LOADS)
     upload = st.file_uploader("Upload a plan (JSON)", type=["json"], key=state.PLAN_UPLOAD)
     if editing.new_upload(upload):
-        editing.attempt(lambda: editing.read_plan(upload.getvalue(), upload.name), f"Loaded {upload.name}.")
+        editing.attempt(lambda: editing.read_plan(upload.getvalue(), upload.name), f"Loaded {upload.name}.", LOADS)
+    editing.show_flash(state.designer_flash(LOADS))
 
 
 def diff(plan, saved) -> None:
@@ -219,21 +230,19 @@ def diff(plan, saved) -> None:
     st.dataframe(changes, hide_index=True, width="stretch")
 
 
-st.title("Plan designer")
-st.caption(
-    "Select layers on the chart (drag a box over cells or bars; shift-drag adds to the selection) or in the "
-    "list below, then paint a method and/or a capacity onto them. Every edit is checked against the model "
-    "at once and kept as this session's draft (the URL brings it back)."
+st.title(
+    "Plan designer",
+    help="Select layers on the chart (drag a box over cells or bars; shift-drag adds to the selection) or in the "
+    "list below, then paint a method and/or a capacity onto them. Every edit is checked against the model at once "
+    "and kept as this session's draft (the URL brings it back).",
 )
 current, num_layers = designing.plan(), session.num_layers()
-editing.show_flash(state.DESIGNER_FLASH)
-if designing.draft_problem():
-    st.warning(designing.draft_problem())
 editing.phase_follows_scope(current)
 chart_selection(num_layers)
-chart_and_summary(current)
-provenance(current)
+chart(current)
 paint(current, num_layers)
-tools(current)
+designing.keep_selection()
+summary(current)
+provenance(current)
 layer_table(current)
 files(current)

@@ -21,7 +21,7 @@ from polykv.plan import Plan, PlanError
 st.title("Experiments")
 name, device, _, _ = session.current_model()
 workspace = session.workspace()
-demo = name == session.DEFAULT_MODEL[0]
+demo = session.is_demo(name)
 
 # ---- launch ------------------------------------------------------------------------------------------------
 st.subheader("Launch an experiment")

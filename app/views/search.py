@@ -9,7 +9,7 @@ from app import charts, common, designing, editing, session, state
 from polykv import jobs
 from polykv.errors import PolyKVError
 from polykv.eval.experiments import plan_budget
-from polykv.jobs.search import launch_search, live, read_search, start_problem
+from polykv.jobs.search import launch_search, live, read_search, search_start
 from polykv.plan import Plan, PlanError, Scope
 from polykv.search.report import difference_text
 from polykv.search.workload import FORMAT as WORKLOAD_FORMAT
@@ -29,7 +29,7 @@ SOURCES_HELP = "Comma-separated ruler:TASK@LENGTH (one length) or longbench:PATH
 name, device, _, _ = session.current_model()
 workspace = session.workspace()
 plan = designing.plan()
-demo = name == session.DEFAULT_MODEL[0]
+demo = session.is_demo(name)
 
 
 def default_workload() -> str:
@@ -87,16 +87,12 @@ else:
             )
             text_profile = cols[2].selectbox("Text profile (toprank-text)", ["none", *text_profiles])
         started = st.form_submit_button("Start search", type="primary")
-    problem = start_problem(plan, scope, int(budget))
     if workload:
         st.caption("Starts from TopRank by danswer and the best homogeneous plan, chosen on the search samples.")
     else:
-        st.caption(
-            f"Starts from the designer's plan {plan.name!r}, TopRank and the best homogeneous plan."
-            if problem is None
-            else f"The designer's plan is not a start ({problem}): the search starts from TopRank and the best "
-            "homogeneous plan."
-        )
+        start, start_note = search_start(plan, scope, int(budget))
+        also = ", TopRank and the best homogeneous plan." if start else ": the search starts from TopRank and the best"
+        st.caption(start_note + also + ("" if start else " homogeneous plan."))
     if started:
         extra = (
             {

@@ -1,7 +1,7 @@
 """A plan search as a background job (kind "search"): what the app's Search page starts.
 
 `launch_search` builds the job (not started) after checking what it names: the profile (this model's),
-the start plan (the designer's, when it is in the search space: `start_problem` says why not) and the
+the start plan (the designer's, when it is in the search space or rescaled into it: `search_start`) and the
 settings. The worker (`python -m polykv.jobs.search run <job file> --workspace W`, started by
 `polykv.jobs.start`) runs `report.build_report` at the job's one budget; while it searches, the job's state
 holds the trace so far and the best plan so far (`live`), and at the end the report is saved next to the
@@ -21,7 +21,8 @@ from polykv.jobs import worker
 from polykv.jobs.experiment import profile_for_job
 from polykv.jobs.progress import JobState
 from polykv.jobs.spec import MAX_REPORT_BYTES, Job, report_path, search_job
-from polykv.plan import Plan, Scope
+from polykv.plan import Plan, PlanError, Scope
+from polykv.routing import scale_budget
 from polykv.search.moves import check_space
 
 LIVE_TRACE = 400  # trace points kept in the job's state file (the report keeps them all)
@@ -36,6 +37,23 @@ def start_problem(plan: Plan, scope: Scope | str, budget: int) -> str | None:
     except ValueError as exc:
         return str(exc)
     return None
+
+
+def search_start(plan: Plan, scope: Scope | str, budget: int) -> tuple[Plan | None, str]:
+    """The start a search at `budget` takes from `plan`, and a sentence saying so: the plan itself; or, when only
+    its total differs (e.g. 5 layers averaging 51.2 tokens: 256, not 5 x 51 = 255), its route rescaled to the
+    budget (`scale_budget`: the capacity shape kept); or None and why it cannot start."""
+    problem = start_problem(plan, scope, budget)
+    if problem is None:
+        return plan, f"Starts from the designer's plan {plan.name!r}"
+    if plan.scope is Scope(scope):
+        try:
+            rescaled = scale_budget(plan, budget, name=plan.name, description=plan.description)
+        except PlanError:
+            rescaled = None
+        if rescaled is not None and start_problem(rescaled, scope, budget) is None:
+            return rescaled, f"Starts from the designer's plan {plan.name!r} rescaled to budget {budget} ({problem})"
+    return None, f"The designer's plan is not a start ({problem})"
 
 
 def launch_search(
@@ -62,8 +80,9 @@ def launch_search(
     loaded: tuple[Any, Any] | None = None,
 ) -> Job:
     """The search job these arguments describe, checked (JobError or ValueError, one line); `start` is used
-    only when it is in the search space (`start_problem`). With `sources`, a workload search (answer_nll):
-    `profile` is a workload profile or "auto", `text_profile` (optional) a text profile for toprank-text."""
+    when it is in the search space, or rescaled to the budget when only its total is off (`search_start`).
+    With `sources`, a workload search (answer_nll): `profile` is a workload profile or "auto", `text_profile`
+    (optional) a text profile for toprank-text."""
     if sources is not None:
         from polykv.eval.calibration import parse_workload
         from polykv.eval.calibration import split_sources as split
@@ -89,7 +108,8 @@ def launch_search(
         layers = loaded.num_layers
     if start is not None and start.num_layers != layers:
         raise JobError(f"the start plan has {start.num_layers} layers, the profile's model {layers}")
-    use_start = start is not None and start_problem(start, scope, budget) is None
+    if start is not None:
+        start = search_start(start, scope, budget)[0]
     spec = {
         "profile": profile,
         "scope": scope,
@@ -102,13 +122,13 @@ def launch_search(
         "candidates": candidates,
         "metric": metric,
         "statistic": statistic,
-        "start": start.to_json() if use_start else None,
+        "start": start.to_json() if start is not None else None,
         "sources": sources,
         "transfer": transfer,
         "text_profile": text_profile,
         "accuracy_samples": accuracy_samples,
     }
-    origin = f"from {start.name}, " if use_start else ""
+    origin = f"from {start.name}, " if start is not None else ""
     what = f"workload {sources}" if sources else (loaded.key if profile != "auto" else "auto")
     title = f"search · {what} · {scope} b{budget} · {origin}{evaluations} executions"
     return search_job(model, device, spec, title)
