@@ -68,13 +68,14 @@ def _fitting_ruler(model_name: str, device: str) -> dict:
     from polykv.eval.fit import fitting_ruler_settings
 
     _, _, model, tokenizer = current_model()
-    return fitting_ruler_settings(model, tokenizer).to_dict()
+    return fitting_ruler_settings(model, tokenizer, first_run=device == "cpu").to_dict()
 
 
 def default_settings(suite: str, model_name: str) -> str:
     """The Runs page's starting settings (JSON) of `suite` for `model_name`: the suite's defaults, the
     fidelity suite on the model's own default tasks, smaller on the demo model, RULER at the largest standard
-    length within the loaded model's context on the tasks that fit there."""
+    length within the loaded model's context on the tasks that fit there (on a CPU: a first run of a minute or
+    two, `polykv.eval.fit.FIRST_RUN_TASKS`)."""
     from polykv.eval.runner import SUITES
     from polykv.eval.suites.fidelity import default_tasks
 

@@ -132,7 +132,7 @@ def _restore_selection(draft: drafts.Draft) -> None:
     if draft.phase is not None:
         st.session_state[state.DESIGNER_PHASE] = draft.phase
         st.session_state[state.SCOPE_SEEN] = draft.plan.scope.value
-    st.session_state[state.SELECTION_SAVED] = _selection()
+    st.session_state[state.SELECTION_SAVED] = None  # `keep_selection` takes the page's first selection as saved
 
 
 def _selection() -> tuple[list[int], str | None]:
@@ -140,8 +140,11 @@ def _selection() -> tuple[list[int], str | None]:
 
 
 def keep_selection() -> None:
-    """Save the draft when the designer's selection changed since it was last saved (a reload keeps it)."""
-    if st.session_state.get(state.SELECTION_SAVED) != _selection():
+    """Save the draft when the designer's selection changed since it was last saved (a reload keeps it); the
+    selection the page opens with is the saved one (a plan only looked at writes nothing)."""
+    if st.session_state.get(state.SELECTION_SAVED) is None:
+        st.session_state[state.SELECTION_SAVED] = _selection()
+    elif st.session_state[state.SELECTION_SAVED] != _selection():
         _save_draft()
 
 

@@ -115,11 +115,42 @@ def check_plan(plan: Plan) -> Plan:
 
 
 def remember_pages() -> None:
-    """Keep the pages' entries (`state.REMEMBERED`) across page changes: a widget's value survives a run of a
-    page without it only when the script sets it (Streamlit's documented way)."""
+    """Keep the pages' entries (`state.REMEMBERED`) across page changes, and in the session's `pages.json`
+    across reloads: a widget's value survives a run of a page without it only when the script sets it
+    (Streamlit's documented way)."""
+    entries = {}
+    first_seen = st.session_state.setdefault(state.PAGES_FIRST_SEEN, {})
     for key in list(st.session_state.keys()):
         if key in state.REMEMBERED or str(key).startswith(state.REMEMBERED_PREFIXES):
             st.session_state[key] = st.session_state[key]
+            if key not in state.KEPT_IN_DRAFT and _saveable(st.session_state[key]):
+                entries[str(key)] = st.session_state[key]
+                first_seen.setdefault(str(key), entries[str(key)])
+    saved = st.session_state.get(state.PAGES_SAVED)
+    # Pages only looked at (every entry as it first appeared) write nothing: no workspace appears for them.
+    entered = saved is not None or any(first_seen[key] != value for key, value in entries.items())
+    if entered and entries != saved:
+        try:
+            drafts.save_pages(workspace(), session_id(), entries)
+        except (PolyKVError, OSError):  # a read-only workspace: the pages still remember until a reload
+            return
+        st.session_state[state.PAGES_SAVED] = entries
+
+
+def _saveable(value) -> bool:
+    """A value `pages.json` can hold (a plan file's Path, say, is not: that entry is kept until a reload only)."""
+    plain = (str, int, float, bool, type(None))
+    return isinstance(value, plain) or (isinstance(value, list) and all(isinstance(v, plain[:3]) for v in value))
+
+
+def _restore_pages(sid: str) -> None:
+    """A new session (a reload) opens its pages as they were left."""
+    entries = drafts.load_pages(workspace(), sid)
+    for key, value in entries.items():
+        if key in state.REMEMBERED or key.startswith(state.REMEMBERED_PREFIXES):
+            st.session_state[key] = value
+    if entries:
+        st.session_state[state.PAGES_SAVED] = entries
 
 
 def session_id() -> str:
@@ -130,6 +161,7 @@ def session_id() -> str:
         sid = drafts.valid_session_id(st.query_params.get("session")) or drafts.new_session_id()
         st.session_state[state.SESSION_ID] = sid
         _restore_model(sid)
+        _restore_pages(sid)
     if st.query_params.get("session") != sid:  # a page switch drops it from the URL: put it back
         st.query_params["session"] = sid
     return sid

@@ -130,9 +130,10 @@ def resume_button(job_id: str) -> str:
     return f"resume_{job_id}"
 
 
-# ---- what the pages remember across page changes ------------------------------------------------------------
+# ---- what the pages remember across page changes and reloads -------------------------------------------------
 # Streamlit forgets a widget's value once a page without it has run; `session.remember_pages` re-stores these
-# keys on every run, so a page shows what was last entered on it (the designer keeps its plan by itself).
+# keys on every run, so a page shows what was last entered on it, and saves them in the session's pages.json
+# for a reload (the designer keeps its plan and selection in its draft).
 RUN_BUDGETS = "run_budgets"  # text: the Runs page's budgets
 RUN_BASELINES = "run_baselines"  # multiselect: the Runs page's baselines
 RUN_PLACEMENTS = "run_placements"  # number: random placements
@@ -150,4 +151,7 @@ REMEMBERED = (
     DESIGNER_LAYERS,
     DESIGNER_PHASE,
 )
+KEPT_IN_DRAFT = (DESIGNER_LAYERS, DESIGNER_PHASE)  # the designer's selection: saved with its plan (per model)
+PAGES_SAVED = "pages_saved"  # the page entries last written to (or read from) the session's pages.json
+PAGES_FIRST_SEEN = "pages_first_seen"  # each page entry's value when it first appeared in this session
 REMEMBERED_PREFIXES = ("settings_", "experiment_settings_")  # each suite's settings text (Runs, Experiments)

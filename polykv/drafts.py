@@ -2,6 +2,7 @@
 a draft file per browser session and model, so a reload, an app restart or a model switch loses nothing.
 
   <workspace>/drafts/<session id>/session.json      the session's model (name, device)
+  <workspace>/drafts/<session id>/pages.json        what was entered on the pages (Runs, Experiments, ...)
   <workspace>/drafts/<session id>/<model key>.json  the plan being designed for that model, undo, redo,
                                                     and the designer's selection
 
@@ -137,16 +138,45 @@ def load_session_model(workspace: Path, session: str) -> tuple[str, str] | None:
     return checked.model, checked.device
 
 
+# What a page entry may be, as saved: a text, a number, a flag, or a list of texts or numbers.
+PageValue = str | int | float | bool | None | list[str | int | float]
+MAX_PAGES_BYTES = 256 * 1024
+
+
+class _PagesFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    entries: dict[str, PageValue] = Field(max_length=256)
+
+
+def save_pages(workspace: Path, session: str, entries: dict[str, PageValue]) -> Path:
+    """Save the entries of the session's pages (the Runs page's suite and settings, ...), by widget key."""
+    return atomic_write_json(_folder(workspace, session) / "pages.json", {"entries": entries}, indent=None)
+
+
+def load_pages(workspace: Path, session: str) -> dict[str, PageValue]:
+    """The session's saved page entries ({} when none, or unreadable: the pages then start afresh)."""
+    path = _folder(workspace, session) / "pages.json"
+    if not path.exists():
+        return {}
+    try:
+        return _PagesFile.model_validate(read_json(path, "pages file", MAX_PAGES_BYTES, error=DraftError)).entries
+    except (DraftError, ValidationError):
+        return {}
+
+
 __all__ = [
     "HISTORY",
     "Draft",
     "DraftError",
     "draft_path",
     "load_draft",
+    "load_pages",
     "load_session_model",
     "model_key",
     "new_session_id",
     "save_draft",
+    "save_pages",
     "save_session_model",
     "valid_session_id",
 ]

@@ -630,6 +630,7 @@ def test_the_runs_table_averages_each_metric_over_the_tasks_that_report_it(tmp_p
 
 
 def test_run_settings_and_profile_forms_start_small_on_the_demo_model():
+    from polykv.eval.fit import FIRST_RUN_TASKS
     from polykv.eval.runner import SUITES
     from polykv.eval.suites.fidelity import default_tasks
     from polykv.profile.corpus import KNOWN_SOURCES, default_sources
@@ -642,8 +643,9 @@ def test_run_settings_and_profile_forms_start_small_on_the_demo_model():
     }
     other = json.loads(common.default_settings("fidelity", "org/model"))
     assert other == {**SUITES["fidelity"].Settings().to_dict(), "tasks": list(default_tasks("org/model"))}
-    ruler = json.loads(common.default_settings("ruler", "demo"))  # fitted to the demo's 512-token context
-    assert ruler == {**SUITES["ruler"].Settings().to_dict(), "length": 512, "tasks": ruler["tasks"]}
+    ruler = json.loads(common.default_settings("ruler", "demo"))  # fitted to the demo's 512-token context, on CPU
+    expected = {**SUITES["ruler"].Settings().to_dict(), "length": 512, "tasks": ruler["tasks"], "samples_per_task": 1}
+    assert ruler == expected and set(ruler["tasks"]) <= set(FIRST_RUN_TASKS)
     assert common.profile_defaults("demo") == {"sequences": 4, "max_tokens": 512}
     assert common.profile_defaults("org/model") == {"sequences": 20, "max_tokens": 2048}
     choices = common.source_choices("demo")

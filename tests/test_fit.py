@@ -123,18 +123,23 @@ def test_a_job_that_failed_before_its_first_sample_offers_edit_settings_not_resu
 
 
 def test_rulers_defaults_fit_the_loaded_model_and_the_runs_page_proposes_them(app_env, demo_model):
-    from polykv.eval.fit import fitting_ruler_settings
+    from polykv.eval.fit import FIRST_RUN_TASKS, fitting_ruler_settings
 
     model, tokenizer = demo_model
     fitting = fitting_ruler_settings(model, tokenizer)
     assert fitting.length == 512  # the largest standard length within the demo's 512-token context
     assert "niah_single_1" in fitting.tasks and "niah_multiquery" not in fitting.tasks  # its prompts are longer
     check_fits("ruler", fitting, model, tokenizer)  # the whole default runs
+    first = fitting_ruler_settings(model, tokenizer, first_run=True)  # what the app proposes on a CPU
+    assert first.length == 512 and first.samples_per_task == 1
+    assert first.tasks and set(first.tasks) <= set(FIRST_RUN_TASKS)
+    check_fits("ruler", first, model, tokenizer)
     at = open_app("runs")
     at.selectbox(key="run_suite").select("ruler")
     at.run()
     proposed = json.loads(at.text_area(key="settings_ruler").value)
-    assert proposed["length"] == 512 and proposed["tasks"] == list(fitting.tasks)
+    assert proposed["length"] == 512 and proposed["tasks"] == list(first.tasks) and proposed["samples_per_task"] == 1
+    assert any(c.startswith("Proposed for a first run on a CPU") for c in texts(at.caption))
 
 
 def test_the_pages_remember_what_was_entered_across_page_changes(app_env):
@@ -160,3 +165,30 @@ def test_the_pages_remember_what_was_entered_across_page_changes(app_env):
     at.switch_page("views/designer.py")
     at.run()
     assert at.multiselect(key="designer_layers").value == [1, 2]  # the designer keeps its selection too
+
+
+def test_the_runs_settings_survive_a_reload_and_pages_only_looked_at_write_nothing(app_env):
+    from streamlit.testing.v1 import AppTest
+
+    from tests.helpers import APP
+
+    at = open_app("runs")
+    session = at.query_params["session"]
+    assert not (app_env / "ws" / "drafts").exists()  # defaults only: nothing written
+    at.selectbox(key="run_suite").select("ruler")
+    at.run()
+    at.text_area(key="settings_ruler").set_value(json.dumps({"length": 256, "tasks": ["niah_single_1"]}))
+    at.text_input(key="run_budgets").set_value("16,32")
+    at.multiselect(key="run_baselines").select("tova")
+    at.run()
+    assert (app_env / "ws" / "drafts" / str(session) / "pages.json").is_file()
+    fresh = AppTest.from_file(APP, default_timeout=180)  # a reload: a new Streamlit session, the same URL
+    fresh.query_params["session"] = session
+    fresh.run()
+    fresh.switch_page("views/runs.py")
+    fresh.run()
+    assert not fresh.exception
+    assert fresh.selectbox(key="run_suite").value == "ruler"
+    assert json.loads(fresh.text_area(key="settings_ruler").value) == {"length": 256, "tasks": ["niah_single_1"]}
+    assert fresh.text_input(key="run_budgets").value == "16,32"
+    assert fresh.multiselect(key="run_baselines").value == ["tova"]

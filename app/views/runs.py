@@ -36,6 +36,11 @@ suite = st.selectbox("Suite", list(SUITES), key=state.RUN_SUITE)
 st.session_state.setdefault(state.settings_text(suite), common.default_settings(suite, name))
 with st.container(border=True):  # no form: what is typed here is kept (`state.REMEMBERED`) until launched
     settings_text = st.text_area("Suite settings (JSON)", key=state.settings_text(suite))
+    if suite == "ruler" and device == "cpu":
+        st.caption(
+            "Proposed for a first run on a CPU: one sample of one task per RULER category at up to 1,024 tokens "
+            "(a minute or two). Raise samples_per_task, tasks and length for evidence that can separate plans."
+        )
     cols = st.columns(4)
     budgets_text = cols[0].text_input(
         "Budgets",

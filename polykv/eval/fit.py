@@ -39,18 +39,28 @@ def check_fits(suite: str, settings, model, tokenizer, plans: Sequence[Plan] = (
 STANDARD_RULER_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
 
-def fitting_ruler_settings(model, tokenizer, seed: int = 0):
+# A first RULER run on a CPU, sized to end in a minute or two: one sample of one task per RULER category that
+# needs no data file (retrieval, multi-hop tracing, aggregation), at the largest standard length up to 1,024.
+FIRST_RUN_TASKS = ("niah_single_1", "vt", "fwe")
+FIRST_RUN_LENGTH = 1024
+
+
+def fitting_ruler_settings(model, tokenizer, seed: int = 0, first_run: bool = False):
     """RULER's default settings made to fit `model`: the largest standard length within its context, on the
-    default tasks whose first sample fits at that length (a tiny context leaves tasks out)."""
+    default tasks whose first sample fits at that length (a tiny context leaves tasks out). With `first_run`
+    (the app on a CPU): `FIRST_RUN_TASKS` at the largest standard length up to `FIRST_RUN_LENGTH`, one sample
+    each (measured on smollm2 here: 25 s for the three), to be raised for evidence."""
     from polykv.eval.suites.ruler import RulerSettings
     from polykv.models import context_length
 
     defaults = RulerSettings()
     context = context_length(model)
-    within = [n for n in STANDARD_RULER_LENGTHS if context is None or n <= context]
-    length = within[-1] if within else context
+    limit = min(context or FIRST_RUN_LENGTH, FIRST_RUN_LENGTH) if first_run else context
+    within = [n for n in STANDARD_RULER_LENGTHS if limit is None or n <= limit]
+    length = within[-1] if within else limit
+    candidates = FIRST_RUN_TASKS if first_run else defaults.tasks
     tasks = []
-    for task in defaults.tasks:
+    for task in candidates:
         try:
             check_fits(
                 "ruler", dataclasses.replace(defaults, tasks=(task,), length=length), model, tokenizer, seed=seed
@@ -58,7 +68,8 @@ def fitting_ruler_settings(model, tokenizer, seed: int = 0):
         except SettingsError:
             continue
         tasks.append(task)
-    return dataclasses.replace(defaults, tasks=tuple(tasks) or defaults.tasks, length=length)
+    fitted = dataclasses.replace(defaults, tasks=tuple(tasks) or candidates, length=length)
+    return dataclasses.replace(fitted, samples_per_task=1) if first_run else fitted
 
 
-__all__ = ["STANDARD_RULER_LENGTHS", "check_fits", "fitting_ruler_settings"]
+__all__ = ["FIRST_RUN_LENGTH", "FIRST_RUN_TASKS", "STANDARD_RULER_LENGTHS", "check_fits", "fitting_ruler_settings"]
