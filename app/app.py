@@ -25,7 +25,7 @@ st.set_page_config(page_title="PolyKV", page_icon="🧩", layout="wide")
 st.html("<style>[data-testid='stMainBlockContainer'] { padding-top: 1.5rem; }</style>")
 
 session.session_id()  # first: a reload finds this session's model and drafts through the URL
-session.remember_pages()  # what was entered on a page is there when it opens again
+session.remember_pages()  # what was entered on a page is there when it opens again (and `save_pages`, last)
 
 with st.sidebar:
     st.markdown("### PolyKV")
@@ -80,3 +80,5 @@ try:
     st.navigation(pages).run()
 except Exception as exc:  # Streamlit's own rerun/stop signals are not Exceptions: they pass through
     session.show_failure(exc)
+finally:  # also on a rerun or stop: what was entered before it is saved
+    session.save_pages()

@@ -115,19 +115,29 @@ def check_plan(plan: Plan) -> Plan:
 
 
 def remember_pages() -> None:
-    """Keep the pages' entries (`state.REMEMBERED`) across page changes, and in the session's `pages.json`
-    across reloads: a widget's value survives a run of a page without it only when the script sets it
-    (Streamlit's documented way)."""
+    """Keep the pages' entries (`state.REMEMBERED`) across page changes: a widget's value survives a run of a
+    page without it only when the script sets it (Streamlit's documented way). First in every run."""
+    for key in list(st.session_state.keys()):
+        if _remembered(key):
+            st.session_state[key] = st.session_state[key]
+
+
+def _remembered(key) -> bool:
+    return key in state.REMEMBERED or str(key).startswith(state.REMEMBERED_PREFIXES)
+
+
+def save_pages() -> None:
+    """Write the pages' entries to the session's `pages.json` (a reload brings them back) when one has changed
+    since it first appeared: pages only looked at write nothing. Last in every run, so that an entry's first
+    value is the one its page drew."""
     entries = {}
     first_seen = st.session_state.setdefault(state.PAGES_FIRST_SEEN, {})
     for key in list(st.session_state.keys()):
-        if key in state.REMEMBERED or str(key).startswith(state.REMEMBERED_PREFIXES):
-            st.session_state[key] = st.session_state[key]
-            if key not in state.KEPT_IN_DRAFT and _saveable(st.session_state[key]):
-                entries[str(key)] = st.session_state[key]
-                first_seen.setdefault(str(key), entries[str(key)])
+        value = st.session_state[key]
+        if _remembered(key) and key not in state.KEPT_IN_DRAFT and _saveable(value):
+            entries[str(key)] = value
+            first_seen.setdefault(str(key), value)
     saved = st.session_state.get(state.PAGES_SAVED)
-    # Pages only looked at (every entry as it first appeared) write nothing: no workspace appears for them.
     entered = saved is not None or any(first_seen[key] != value for key, value in entries.items())
     if entered and entries != saved:
         try:
@@ -147,7 +157,7 @@ def _restore_pages(sid: str) -> None:
     """A new session (a reload) opens its pages as they were left."""
     entries = drafts.load_pages(workspace(), sid)
     for key, value in entries.items():
-        if key in state.REMEMBERED or key.startswith(state.REMEMBERED_PREFIXES):
+        if _remembered(key):
             st.session_state[key] = value
     if entries:
         st.session_state[state.PAGES_SAVED] = entries

@@ -58,6 +58,7 @@ def prepare(workspace: Path) -> None:
 
 def serve(workspace: Path, port: int) -> subprocess.Popen:
     env = {**os.environ, "POLYKV_WORKSPACE": str(workspace), "POLYKV_PLANS": str(workspace / "plans")}
+    env["POLYKV_APP_MODEL"] = "demo"  # the demo profile and factorial made above
     server = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app/app.py", "--server.port", str(port),
          "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false"],

@@ -165,3 +165,20 @@ def _stop_leftover_processes(request):
             LeftoverProcessWarning(f"{request.node.nodeid} left {len(stopped)} process(es) running, stopped: {listed}"),
             stacklevel=1,
         )
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """The system chromium for the browser tests (never a downloaded one); a missing browser fails the test,
+    it does not skip."""
+    from playwright.sync_api import sync_playwright
+
+    from benchmarks.screenshots import CHROMIUM_ARGS  # one list of the flags this machine's chromium needs
+    from tests.browser import CHROMIUM
+
+    if not CHROMIUM.is_file():
+        pytest.fail(f"{CHROMIUM} not found: the browser tests need the Debian 'chromium' package")
+    with sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()

@@ -8,33 +8,35 @@ Playwright drives the system chromium. A screenshot of every page goes to `tests
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import socket
-import subprocess
-import sys
 import time
 import urllib.parse
-import urllib.request
-from pathlib import Path
 
 import pytest
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
-from benchmarks.screenshots import CHROMIUM_ARGS  # one list of the flags this machine's chromium needs
 from polykv import design
 from polykv.eval.store import Store
 from polykv.plan import Plan
-from tests.helpers import MIXED, REPO, wait_until
+from tests.browser import (
+    ARTIFACTS,
+    JOB_WAIT,
+    MODEL_WAIT,
+    WAIT,
+    alive,
+    box_select_decode_cells,
+    click_on,
+    go_to,
+    job_pids,
+    palette,
+    served_app,
+    settle,
+    shoot,
+)
+from tests.helpers import MIXED, wait_until
 
-ARTIFACTS = REPO / "tests" / "artifacts"
-CHROMIUM = Path("/usr/bin/chromium")
 # Streamlit scrolls an inner container, so a screenshot holds only the viewport: make it tall.
 VIEWPORT = {"width": 1400, "height": 2600}
-WAIT = 60_000  # ms for one rerun; CI machines have two slow cores
-MODEL_WAIT = 120_000  # the first page load imports and loads the demo model
-JOB_WAIT = 180_000
 PAGE_TARGET_S = 5.0  # reported, not asserted
 LOCAL = ("127.0.0.1", "localhost")  # the only hosts a page may reach
 TINY_SETTINGS = {
@@ -58,112 +60,12 @@ PAGES = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie has finished
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return True
-
-
-def _job_pids(workspace: Path) -> list[int]:
-    """The worker processes of the jobs the app started in `workspace`."""
-    pids = []
-    for spec in (workspace / "jobs").glob("*.json"):
-        if not spec.name.endswith(".state.json") and not spec.name.startswith("."):
-            pid = json.loads(spec.read_text()).get("pid")
-            if pid:
-                pids.append(int(pid))
-    return pids
-
-
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
-    """The app served on a free local port: yields (base URL, tmp root). Afterwards stops the server
-    and any job worker still running (workers run in their own sessions, so they outlive the server)."""
+    """The app on the demo model (a private model cache too): yields (base URL, tmp root)."""
     root = tmp_path_factory.mktemp("browser")
-    env = {
-        **os.environ,
-        "POLYKV_WORKSPACE": str(root / "ws"),
-        "POLYKV_PLANS": str(root / "plans"),
-        "POLYKV_HOME": str(root / "home"),
-        "HF_HUB_OFFLINE": "1",
-    }
-    port = _free_port()
-    log_path = root / "server.log"
-    log = open(log_path, "wb")  # noqa: SIM115 - the server writes to it until the end
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "streamlit",
-            "run",
-            "app/app.py",
-            "--server.headless",
-            "true",
-            "--server.address",
-            "127.0.0.1",
-            "--server.port",
-            str(port),
-            "--browser.gatherUsageStats",
-            "false",
-        ],
-        cwd=REPO,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool:
-        # Streamlit exits if the port got taken meanwhile: never test someone else's server.
-        assert server.poll() is None, f"streamlit exited:\n{log_path.read_text()}"
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as answer:
-                return answer.read() == b"ok"
-        except OSError:
-            return False
-
-    try:
-        wait_until(healthy, 300, lambda: f"streamlit did not come up:\n{log_path.read_text()}")
+    with served_app(root, POLYKV_HOME=str(root / "home"), POLYKV_APP_MODEL="demo") as url:
         yield url, root
-    finally:
-        if server.poll() is None:
-            os.killpg(server.pid, signal.SIGTERM)
-            try:
-                server.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
-                server.wait()
-        log.close()
-        for pid in _job_pids(root / "ws"):
-            if _alive(pid):
-                try:
-                    os.killpg(pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-
-
-@pytest.fixture(scope="module")
-def browser():
-    """The system chromium (never a downloaded one); a missing browser fails the test, it does not skip."""
-    if not CHROMIUM.is_file():
-        pytest.fail(f"{CHROMIUM} not found: the browser tests need the Debian 'chromium' package")
-    with sync_playwright() as p:
-        launched = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
 
 
 @pytest.fixture
@@ -173,57 +75,6 @@ def page(browser):
     tab.set_default_timeout(WAIT)
     yield tab
     context.close()
-
-
-def settle(page) -> None:
-    """Wait until no script run is in progress. The status widget shows only while one is, but after
-    a short delay, so a quick rerun can slip by it; the old run's elements stay, marked stale, until
-    the new run has replaced them."""
-    expect(page.get_by_test_id("stStatusWidget")).to_have_count(0, timeout=WAIT)
-    expect(page.locator("[data-stale=true]")).to_have_count(0, timeout=WAIT)
-
-
-def shoot(page, name: str) -> None:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
-
-
-def box_select_decode_cells(page, first: int, last: int, add: bool = False) -> None:
-    """Drag a box over the decode cells of layers first..last in the plan chart's strip (top subplot),
-    holding shift when `add`. No toolbar click: box select is the chart's drag mode."""
-    chart = page.locator(".js-plotly-plot").first
-    # Pixels from the axes plotly actually drew, not from ranges assumed here.
-    area = page.locator(".js-plotly-plot .nsewdrag").first.bounding_box()
-    xr = chart.evaluate("el => el._fullLayout.xaxis.range")
-    yr = chart.evaluate("el => el._fullLayout.yaxis.range")
-    row = chart.evaluate("el => el._fullLayout.yaxis.categoryarray").index("decode")
-
-    def px(x):
-        return area["x"] + (x - xr[0]) / (xr[1] - xr[0]) * area["width"]
-
-    def py(y):
-        return area["y"] + (yr[1] - y) / (yr[1] - yr[0]) * area["height"]
-
-    top, bottom = py(row + 0.3), py(row - 0.3)  # the decode row only, not the prefill one
-    if add:
-        page.keyboard.down("Shift")
-    page.mouse.move(px(first - 0.5), top)
-    page.mouse.down()
-    page.mouse.move(px((first + last) / 2), (top + bottom) / 2, steps=5)
-    page.mouse.move(px(last + 0.5), bottom, steps=5)
-    page.mouse.up()
-    if add:
-        page.keyboard.up("Shift")
-
-
-def palette(page, method: str):
-    """The paint palette's button for `method`."""
-    return page.locator(f".st-key-palette_{method} button").first  # a disabled one with help has two
-
-
-def go_to(page, title: str) -> None:
-    """Switch page in the sidebar, which keeps the session (and the plan being designed)."""
-    page.get_by_test_id("stSidebarNav").get_by_role("link", name=title).click()
 
 
 @pytest.mark.slow
@@ -415,8 +266,8 @@ def test_every_page_renders_by_url_once_the_model_is_loaded(app, page):
     assert any(r["status"] == "finished" for r in Store(root / "ws" / "results.sqlite").runs()), (
         "no finished run: test_design_save_evaluate_and_compare_a_plan must run first (same module)"
     )
-    for pid in _job_pids(root / "ws"):
-        wait_until(lambda pid=pid: not _alive(pid), 300, lambda pid=pid: f"job worker {pid} still running")
+    for pid in job_pids(root / "ws"):
+        wait_until(lambda pid=pid: not alive(pid), 300, lambda pid=pid: f"job worker {pid} still running")
 
     page.goto(url)
     expect(page.get_by_role("heading", name="Plan designer", level=1)).to_be_visible(timeout=MODEL_WAIT)
@@ -481,12 +332,6 @@ def test_no_page_makes_a_request_beyond_this_machine(app, page):
     outside = [u for u, parts in hosts.items() if parts.scheme not in ("data", "blob") and parts.hostname not in LOCAL]
     assert not outside, f"requests beyond this machine: {outside}"
     assert page.evaluate("document.querySelector(\"link[rel='shortcut icon']\").href").startswith("data:")
-
-
-def click_on(page, element) -> None:
-    """A click where the element is drawn (plotly takes clicks through its drag layer, above the bars)."""
-    box = element.bounding_box()
-    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
 
 
 def _seed_answered_runs(store: Store) -> dict[str, str]:

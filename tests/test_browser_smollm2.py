@@ -1,0 +1,195 @@
+"""The app as a newcomer first meets it, in a real browser: it opens on smollm2 (30 layers); the plan chart and
+every paint control fit one 1280x800 window (bounding boxes measured); a paint, an undo and a redo each say
+what they did beside the controls, and nothing above the chart moves; a reload keeps the designer's selection
+and the Runs page's settings; an impossible RULER setting is refused inline with no job created; and a RULER
+run with the settings the Runs page proposes finishes, with its progress, on this CPU.
+
+The server uses the machine's model cache (where `.ci/setup` converted smollm2), a private workspace and plans
+folder. The measured boxes go to tests/artifacts/designer_boxes.json, a screenshot to designer-1280x800.png.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from playwright.sync_api import expect
+
+from polykv.eval.fit import FIRST_RUN_LENGTH, FIRST_RUN_TASKS
+from polykv.eval.store import Store
+from tests.browser import (
+    ARTIFACTS,
+    MODEL_WAIT,
+    WAIT,
+    box_select_decode_cells,
+    palette,
+    served_app,
+    settle,
+    shoot,
+)
+
+pytestmark = pytest.mark.slow
+
+WINDOW = {"width": 1280, "height": 800}  # a laptop's browser window
+RULER_RUN_WAIT = 480_000  # ms: three RULER samples of smollm2 on two shared cores, with the model's load
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory, smollm2_home):
+    """The app on its default model (no POLYKV_APP_MODEL): yields (base URL, tmp root)."""
+    root = tmp_path_factory.mktemp("browser-smollm2")
+    with served_app(root, POLYKV_HOME=str(smollm2_home), POLYKV_APP_MODEL="") as url:
+        yield url, root
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport=WINDOW)
+    tab = context.new_page()
+    tab.set_default_timeout(WAIT)
+    yield tab
+    context.close()
+
+
+def in_window(box: dict | None) -> bool:
+    return (
+        box is not None
+        and box["x"] >= 0
+        and box["y"] >= 0
+        and box["x"] + box["width"] <= WINDOW["width"]
+        and (box["y"] + box["height"] <= WINDOW["height"])
+    )
+
+
+def paint_controls(page) -> dict:
+    """The chart and each paint control, as the locator a user would aim at."""
+    controls = {
+        "chart": page.locator(".js-plotly-plot").first,
+        "selected layers": page.locator(".st-key-designer_layers"),
+        "phase": page.get_by_role("radiogroup", name="Phase"),
+        "capacity": page.get_by_label("Capacity (tokens per KV head)"),
+        "paint": page.get_by_role("button", name="Paint selection"),
+        "undo": page.get_by_role("button", name="Undo"),
+        "redo": page.get_by_role("button", name="Redo"),
+    }
+    for key in page.locator("[class*='st-key-palette_']").evaluate_all(
+        "els => els.map(e => [...e.classList].find(c => c.startsWith('st-key-palette_')))"
+    ):
+        controls[key.removeprefix("st-key-")] = page.locator(f".{key} button").first
+    return controls
+
+
+def test_the_app_opens_on_smollm2_and_paints_in_one_1280x800_view(app, page):
+    url, root = app
+    page.goto(url)
+    expect(page.get_by_role("heading", name="Plan designer", level=1)).to_be_visible(timeout=MODEL_WAIT)
+    expect(page.locator(".js-plotly-plot")).to_have_count(1, timeout=MODEL_WAIT)
+    settle(page)
+    expect(page.get_by_test_id("stSidebar").get_by_text("on cpu, 30 layers")).to_be_visible()
+    expect(page.get_by_test_id("stSidebar").get_by_text("smollm2", exact=True)).to_be_visible()
+
+    controls = paint_controls(page)
+    assert len([k for k in controls if k.startswith("palette_")]) == 12  # (keep), full and the ten methods
+    boxes = {name: locator.bounding_box() for name, locator in controls.items()}
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "designer_boxes.json").write_text(json.dumps({"window": WINDOW, "boxes": boxes}, indent=1))
+    outside = {name: box for name, box in boxes.items() if not in_window(box)}
+    assert not outside, f"not within the {WINDOW['width']}x{WINDOW['height']} window without scrolling: {outside}"
+    chart_top = boxes["chart"]["y"]
+
+    # ---- select on the chart, paint: the message stands beside Paint, in view; the chart does not move --------
+    tags = page.locator(".st-key-designer_layers [data-testid=stMultiSelectTagsContainer] [data-tag]")
+    box_select_decode_cells(page, 3, 5)
+    expect(tags).to_have_text(["3", "4", "5"], timeout=WAIT)
+    expect(page.get_by_role("radio", name="decode", exact=True)).to_be_checked()
+    settle(page)
+    palette(page, "tova").click()
+    settle(page)
+    capacity = page.get_by_label("Capacity (tokens per KV head)")
+    capacity.fill("128")
+    capacity.press("Enter")
+    settle(page)
+    page.get_by_role("button", name="Paint selection").click()
+    message = page.get_by_test_id("stAlertContentSuccess").filter(has_text="Painted tova @128 onto layers 3, 4, 5")
+    expect(message).to_be_visible(timeout=WAIT)
+    settle(page)
+    paint_box, said = page.get_by_role("button", name="Paint selection").bounding_box(), message.bounding_box()
+    assert in_window(said), said
+    assert 0 <= said["y"] - (paint_box["y"] + paint_box["height"]) <= 40, (paint_box, said)  # right under it
+    assert page.locator(".js-plotly-plot").first.bounding_box()["y"] == chart_top
+    shoot(page, "designer-1280x800")
+
+    for action, said in [("Undo", "Undid: painted tova@128"), ("Redo", "Redid: painted tova@128")]:
+        page.get_by_role("button", name=action).click()
+        told = page.get_by_test_id("stAlertContentInfo").filter(has_text=said)
+        expect(told).to_be_visible(timeout=WAIT)
+        settle(page)
+        assert in_window(told.bounding_box())
+        assert page.locator(".js-plotly-plot").first.bounding_box()["y"] == chart_top
+
+    # ---- a reload keeps the selection (and its phase) ------------------------------------------------------------
+    session_url = page.url
+    page.reload()
+    expect(page.locator(".js-plotly-plot")).to_have_count(1, timeout=MODEL_WAIT)
+    settle(page)
+    assert page.url == session_url
+    expect(tags).to_have_text(["3", "4", "5"])
+    expect(page.get_by_role("radio", name="decode", exact=True)).to_be_checked()
+
+
+def test_a_ruler_run_with_the_proposed_settings_finishes_and_an_impossible_one_is_refused(app, page):
+    url, root = app
+    jobs_dir, results = root / "ws" / "jobs", root / "ws" / "results.sqlite"
+    page.goto(url + "/runs")
+    expect(page.get_by_role("heading", name="Runs", level=1)).to_be_visible(timeout=MODEL_WAIT)
+    settle(page)
+    page.get_by_test_id("stSelectbox").filter(has_text="Suite").click()
+    page.get_by_role("option", name="ruler", exact=True).click()
+    settle(page)
+    settings = page.get_by_label("Suite settings (JSON)")
+    expect(settings).to_contain_text('"length"', timeout=WAIT)
+    proposed = json.loads(settings.input_value())
+    assert proposed["length"] == FIRST_RUN_LENGTH and proposed["samples_per_task"] == 1
+    assert proposed["tasks"] == list(FIRST_RUN_TASKS)  # each fits smollm2's context at 1,024 tokens
+    expect(page.get_by_text(re.compile(r"^Proposed for a first run on a CPU"))).to_be_visible()
+
+    # ---- an impossible length: refused beside the button, no job and no run -----------------------------------
+    settings.fill(json.dumps({**proposed, "length": 100000}))
+    settings.blur()
+    settle(page)
+    page.get_by_role("button", name="Launch").click()
+    refusal = page.get_by_test_id("stAlertContentError").filter(has_text="exceeds the model's context")
+    expect(refusal).to_be_visible(timeout=WAIT)
+    expect(refusal).to_contain_text("Not launched")
+    settle(page)
+    assert not (jobs_dir.exists() and list(jobs_dir.glob("*.json"))), "a refused launch created a job"
+    assert not results.exists() or Store(results).runs() == []
+
+    # ---- a reload keeps the Runs page's settings, as typed --------------------------------------------------------
+    page.reload()
+    expect(page.get_by_role("heading", name="Runs", level=1)).to_be_visible(timeout=MODEL_WAIT)
+    settle(page)
+    expect(page.get_by_role("combobox", name="Suite")).to_have_value("ruler")
+    assert json.loads(page.get_by_label("Suite settings (JSON)").input_value())["length"] == 100000
+
+    # ---- the proposed settings run to the end, with progress ------------------------------------------------------
+    page.get_by_label("Suite settings (JSON)").fill(json.dumps(proposed))
+    page.get_by_label("Suite settings (JSON)").blur()
+    settle(page)
+    page.get_by_role("button", name="Launch").click()
+    expect(page.get_by_text(re.compile(r"^Started \S+-eval-\S+ \(1 run\)\.$"))).to_be_visible(timeout=WAIT)
+    progress = page.get_by_test_id("stProgress").first
+    expect(progress).to_contain_text(re.compile(r"\d+% · \d+ s elapsed"), timeout=MODEL_WAIT)
+    header = page.get_by_test_id("stMarkdownContainer").filter(has_text="on ruler")
+    expect(header).to_have_text([re.compile(r"· finished$")], timeout=RULER_RUN_WAIT)
+    settle(page)
+    expect(page.get_by_test_id("stProgress").first).to_contain_text(re.compile(r"^100% · \d+ s elapsed · finished"))
+    (run,) = Store(results).runs()
+    assert (run["suite"], run["status"], run["done_samples"], run["total_samples"]) == (
+        "ruler",
+        "finished",
+        len(FIRST_RUN_TASKS),
+        len(FIRST_RUN_TASKS),
+    )
+    shoot(page, "runs-smollm2-ruler")
