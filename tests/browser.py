@@ -54,6 +54,18 @@ def job_pids(workspace: Path) -> list[int]:
 
 
 @contextmanager
+def tab(browser, viewport: dict) -> Iterator:
+    """A fresh browser context (no cookies, no session) and its page, of `viewport` size."""
+    context = browser.new_context(viewport=viewport)
+    page = context.new_page()
+    page.set_default_timeout(WAIT)
+    try:
+        yield page
+    finally:
+        context.close()
+
+
+@contextmanager
 def served_app(root: Path, **env: str) -> Iterator[str]:
     """The app served on a free local port with a private workspace and plans folder under `root` (and `env`
     added to the environment): yields its base URL. Afterwards stops the server and any job worker still
@@ -153,6 +165,27 @@ def box_select_decode_cells(page, first: int, last: int, add: bool = False) -> N
     page.mouse.up()
     if add:
         page.keyboard.up("Shift")
+
+
+def selected_layer_tags(page):
+    """The tags of the designer's layer list (one per selected layer)."""
+    return page.locator(".st-key-designer_layers [data-testid=stMultiSelectTagsContainer] [data-tag]")
+
+
+def paint_decode_cells(page, first: int, last: int, method: str, capacity: int) -> None:
+    """Drag over the decode cells of layers first..last (the layer list and the phase follow), choose `method`
+    in the palette and `capacity`, and press Paint selection."""
+    box_select_decode_cells(page, first, last)
+    expect(selected_layer_tags(page)).to_have_text([str(i) for i in range(first, last + 1)], timeout=WAIT)
+    expect(page.get_by_role("radio", name="decode", exact=True)).to_be_checked()
+    settle(page)
+    palette(page, method).click()
+    settle(page)
+    field = page.get_by_label("Capacity (tokens per KV head)")
+    field.fill(str(capacity))
+    field.press("Enter")
+    settle(page)
+    page.get_by_role("button", name="Paint selection").click()
 
 
 def palette(page, method: str):

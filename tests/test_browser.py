@@ -28,10 +28,13 @@ from tests.browser import (
     click_on,
     go_to,
     job_pids,
+    paint_decode_cells,
     palette,
+    selected_layer_tags,
     served_app,
     settle,
     shoot,
+    tab,
 )
 from tests.helpers import MIXED, wait_until
 
@@ -70,11 +73,8 @@ def app(tmp_path_factory):
 
 @pytest.fixture
 def page(browser):
-    context = browser.new_context(viewport=VIEWPORT)
-    tab = context.new_page()
-    tab.set_default_timeout(WAIT)
-    yield tab
-    context.close()
+    with tab(browser, VIEWPORT) as opened:
+        yield opened
 
 
 @pytest.mark.slow
@@ -88,21 +88,8 @@ def test_design_save_evaluate_and_compare_a_plan(app, page):
     expect(page.locator(".js-plotly-plot")).to_have_count(1, timeout=MODEL_WAIT)
     settle(page)
 
-    # ---- select on the chart ---------------------------------------------------------------------------
-    box_select_decode_cells(page, 1, 3)
-    tags = page.locator(".st-key-designer_layers [data-testid=stMultiSelectTagsContainer] [data-tag]")
-    expect(tags).to_have_text(["1", "2", "3"], timeout=WAIT)
-    expect(page.get_by_role("radio", name="decode", exact=True)).to_be_checked()
-    settle(page)
-
-    # ---- paint -------------------------------------------------------------------------------------------
-    palette(page, "h2o").click()
-    settle(page)
-    capacity = page.get_by_label("Capacity (tokens per KV head)")
-    capacity.fill("40")
-    capacity.press("Enter")
-    settle(page)
-    page.get_by_role("button", name="Paint selection").click()
+    # ---- select on the chart (the layer list and the phase follow), paint ------------------------------------
+    paint_decode_cells(page, 1, 3, "h2o", 40)
     expect(page.get_by_text("Painted h2o @40 onto layers 1, 2, 3 (decode).")).to_be_visible(timeout=WAIT)
     settle(page)
     painted = design.paint(Plan.load(MIXED), [1, 2, 3], "decode", "h2o", 40)
@@ -210,7 +197,7 @@ def test_painting_feels_direct_and_a_reload_keeps_the_edited_plan(app, page):
     expect(page.locator(".js-plotly-plot")).to_have_count(1, timeout=MODEL_WAIT)
     settle(page)
     assert "session=" in page.url
-    tags = page.locator(".st-key-designer_layers [data-testid=stMultiSelectTagsContainer] [data-tag]")
+    tags = selected_layer_tags(page)
     box_select_decode_cells(page, 0, 1)
     expect(tags).to_have_text(["0", "1"], timeout=WAIT)
     settle(page)

@@ -22,11 +22,12 @@ from tests.browser import (
     ARTIFACTS,
     MODEL_WAIT,
     WAIT,
-    box_select_decode_cells,
-    palette,
+    paint_decode_cells,
+    selected_layer_tags,
     served_app,
     settle,
     shoot,
+    tab,
 )
 
 pytestmark = pytest.mark.slow
@@ -45,11 +46,8 @@ def app(tmp_path_factory, smollm2_home):
 
 @pytest.fixture
 def page(browser):
-    context = browser.new_context(viewport=WINDOW)
-    tab = context.new_page()
-    tab.set_default_timeout(WAIT)
-    yield tab
-    context.close()
+    with tab(browser, WINDOW) as opened:
+        yield opened
 
 
 def in_window(box: dict | None) -> bool:
@@ -99,18 +97,7 @@ def test_the_app_opens_on_smollm2_and_paints_in_one_1280x800_view(app, page):
     chart_top = boxes["chart"]["y"]
 
     # ---- select on the chart, paint: the message stands beside Paint, in view; the chart does not move --------
-    tags = page.locator(".st-key-designer_layers [data-testid=stMultiSelectTagsContainer] [data-tag]")
-    box_select_decode_cells(page, 3, 5)
-    expect(tags).to_have_text(["3", "4", "5"], timeout=WAIT)
-    expect(page.get_by_role("radio", name="decode", exact=True)).to_be_checked()
-    settle(page)
-    palette(page, "tova").click()
-    settle(page)
-    capacity = page.get_by_label("Capacity (tokens per KV head)")
-    capacity.fill("128")
-    capacity.press("Enter")
-    settle(page)
-    page.get_by_role("button", name="Paint selection").click()
+    paint_decode_cells(page, 3, 5, "tova", 128)
     message = page.get_by_test_id("stAlertContentSuccess").filter(has_text="Painted tova @128 onto layers 3, 4, 5")
     expect(message).to_be_visible(timeout=WAIT)
     settle(page)
@@ -134,7 +121,7 @@ def test_the_app_opens_on_smollm2_and_paints_in_one_1280x800_view(app, page):
     expect(page.locator(".js-plotly-plot")).to_have_count(1, timeout=MODEL_WAIT)
     settle(page)
     assert page.url == session_url
-    expect(tags).to_have_text(["3", "4", "5"])
+    expect(selected_layer_tags(page)).to_have_text(["3", "4", "5"])
     expect(page.get_by_role("radio", name="decode", exact=True)).to_be_checked()
 
 

@@ -38,16 +38,24 @@ def test_a_capacity_past_the_context_is_refused_and_what_fits_passes(demo_model)
         check_fits("ruler", settings, model, tokenizer, [Plan.homogeneous("tova", 100_000, 5)])
 
 
-def test_eval_in_the_background_refuses_what_cannot_run_before_starting(polykv, tmp_path):
+@pytest.mark.parametrize("backend", ["local", "subprocess"])  # subprocess: the path the app's jobs take
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({"length": 4096}, "ruler length 4096 exceeds the model's context (512 tokens)"),
+        ({"length": 512, "tasks": ["vt"]}, "ruler length 512 is too small for task vt: its shortest prompt is"),
+    ],
+)
+def test_eval_refuses_what_cannot_run_before_creating_a_job_or_a_run(polykv, tmp_path, backend, settings, expected):
     plan = tmp_path / "full.json"
     plan.write_text(Plan.homogeneous("full", None, 5).to_json())
     workspace = tmp_path / "ws"
     result = polykv(
-        "eval", "--model", "demo", "--plan", str(plan), "--suite", "ruler", "--settings", json.dumps({"length": 4096}),
-        "--backend", "subprocess", "-w", str(workspace),
+        "eval", "--model", "demo", "--plan", str(plan), "--suite", "ruler", "--settings", json.dumps(settings),
+        "--backend", backend, "-w", str(workspace),
     )  # fmt: skip
-    assert_one_line_error(result, "ruler length 4096 exceeds the model's context (512 tokens)")
-    assert not workspace.exists()
+    assert_one_line_error(result, expected)
+    assert not workspace.exists()  # no job file, no results database, no run
 
 
 def test_the_runs_page_refuses_what_cannot_run_inline_and_starts_no_job(app_env):
@@ -142,14 +150,29 @@ def test_rulers_defaults_fit_the_loaded_model_and_the_runs_page_proposes_them(ap
     assert any(c.startswith("Proposed for a first run on a CPU") for c in texts(at.caption))
 
 
-def test_the_pages_remember_what_was_entered_across_page_changes(app_env):
-    at = open_app("runs")
+RUNS_SETTINGS = {"length": 256, "tasks": ["niah_single_1"]}
+
+
+def enter_runs_settings(at) -> None:
+    """On the Runs page: RULER, its settings, budgets 16,32 and the tova baseline, as a user types them."""
     at.selectbox(key="run_suite").select("ruler")
     at.run()
-    at.text_area(key="settings_ruler").set_value(json.dumps({"length": 256, "tasks": ["niah_single_1"]}))
+    at.text_area(key="settings_ruler").set_value(json.dumps(RUNS_SETTINGS))
     at.text_input(key="run_budgets").set_value("16,32")
     at.multiselect(key="run_baselines").select("tova")
     at.run()
+
+
+def assert_runs_settings(at) -> None:
+    """The Runs page shows what `enter_runs_settings` typed."""
+    assert at.selectbox(key="run_suite").value == "ruler"
+    assert json.loads(at.text_area(key="settings_ruler").value) == RUNS_SETTINGS
+    assert at.text_input(key="run_budgets").value == "16,32" and at.multiselect(key="run_baselines").value == ["tova"]
+
+
+def test_the_pages_remember_what_was_entered_across_page_changes(app_env):
+    at = open_app("runs")
+    enter_runs_settings(at)
     at.switch_page("views/designer.py")
     at.run()
     at.multiselect(key="designer_layers").set_value([1, 2])
@@ -159,9 +182,7 @@ def test_the_pages_remember_what_was_entered_across_page_changes(app_env):
     at.switch_page("views/runs.py")
     at.run()
     assert not at.exception
-    assert at.selectbox(key="run_suite").value == "ruler"
-    assert json.loads(at.text_area(key="settings_ruler").value) == {"length": 256, "tasks": ["niah_single_1"]}
-    assert at.text_input(key="run_budgets").value == "16,32" and at.multiselect(key="run_baselines").value == ["tova"]
+    assert_runs_settings(at)
     at.switch_page("views/designer.py")
     at.run()
     assert at.multiselect(key="designer_layers").value == [1, 2]  # the designer keeps its selection too
@@ -175,12 +196,7 @@ def test_the_runs_settings_survive_a_reload_and_pages_only_looked_at_write_nothi
     at = open_app("runs")
     session = at.query_params["session"]
     assert not (app_env / "ws" / "drafts").exists()  # defaults only: nothing written
-    at.selectbox(key="run_suite").select("ruler")
-    at.run()
-    at.text_area(key="settings_ruler").set_value(json.dumps({"length": 256, "tasks": ["niah_single_1"]}))
-    at.text_input(key="run_budgets").set_value("16,32")
-    at.multiselect(key="run_baselines").select("tova")
-    at.run()
+    enter_runs_settings(at)
     assert (app_env / "ws" / "drafts" / str(session) / "pages.json").is_file()
     fresh = AppTest.from_file(APP, default_timeout=180)  # a reload: a new Streamlit session, the same URL
     fresh.query_params["session"] = session
@@ -188,7 +204,4 @@ def test_the_runs_settings_survive_a_reload_and_pages_only_looked_at_write_nothi
     fresh.switch_page("views/runs.py")
     fresh.run()
     assert not fresh.exception
-    assert fresh.selectbox(key="run_suite").value == "ruler"
-    assert json.loads(fresh.text_area(key="settings_ruler").value) == {"length": 256, "tasks": ["niah_single_1"]}
-    assert fresh.text_input(key="run_budgets").value == "16,32"
-    assert fresh.multiselect(key="run_baselines").value == ["tova"]
+    assert_runs_settings(fresh)

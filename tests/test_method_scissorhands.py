@@ -7,7 +7,7 @@ import torch
 from polykv.methods.scissorhands import Scissorhands
 from polykv.models import cache_argument_name
 from polykv.plan import Phase, Plan
-from polykv.runtime.cache import gather_slots
+from polykv.runtime.slots import gather_slots
 from tests.helpers import decode_logits, decode_sizes, kept, layer_view, max_diff, prompt, run_routed, tiny_model
 
 H, L = 0.5, 0.05  # attention of an important / unimportant token in hand-made rows
@@ -87,7 +87,8 @@ def test_drops_m_at_once_then_refills_up_to_the_capacity():
             keep = ev.kept_mask(n).nonzero()[:, -1].view(1, 1, -1)
             assert n - keep.shape[-1] == 3
             positions = gather_slots(positions, keep)
-            method.per_token = {k: gather_slots(t, keep) for k, t in method.per_token.items()}
+            for name, tensor in method.per_token.items():
+                method.per_token[name] = gather_slots(tensor, keep)
             assert {pos - 1, pos} <= set(positions.flatten().tolist())  # the recent window stays
         sizes.append(positions.shape[-1])
     assert max(sizes) == cap

@@ -123,7 +123,7 @@ class StudySettings:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in data.items()}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StudyResult:
     settings: StudySettings
     profile: Any
@@ -344,26 +344,26 @@ def run_study(
     cited = {run for report in sweeps.values() for series in report.data["runs"].values() for run in series.values()}
     cited |= {report.data["full"]["run"] for report in sweeps.values()}
     return StudyResult(
-        settings,
-        profile,
-        route,
-        anchor,
-        reports["factorial"],
-        reports["placement"],
-        sweeps[settings.scope],
-        seconds,
-        store.path,
-        primary.to_dict(),
-        routes,
-        sweeps,
-        placing.to_dict(),
-        {run: runner.task_scores(run) for run in sorted(cited)},
-        steps.chat_template(context, settings.suite, primary),
-        anchor_text(settings.baseline, anchor, phase),
-        competence,
-        sample_plan,
-        accuracy,
-        accuracy_settings,
+        settings=settings,
+        profile=profile,
+        route=route,
+        baseline=anchor,
+        factorial=reports["factorial"],
+        placement=reports["placement"],
+        sweep=sweeps[settings.scope],
+        seconds=seconds,
+        store_path=store.path,
+        suite_settings=primary.to_dict(),
+        routes=routes,
+        sweeps=sweeps,
+        placement_settings=placing.to_dict(),
+        task_scores={run: runner.task_scores(run) for run in sorted(cited)},
+        chat_template=steps.chat_template(context, settings.suite, primary),
+        anchor_rule=anchor_text(settings.baseline, anchor, phase),
+        competence=competence,
+        sample_plan=sample_plan,
+        accuracy=accuracy,
+        accuracy_settings=accuracy_settings,
     )
 
 

@@ -39,14 +39,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal, get_args, get_origin
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, ValidationError
 
 from polykv.lazy import lazy_import
-from polykv.methods.slots import SlotBlock, drop_one_slot
-from polykv.plan import MAX_TOKENS, Phase
+from polykv.methods.params import NoParams, describe_param_error, over_limit, token_params
+from polykv.methods.slots import SlotStates
+from polykv.plan import Phase
 
 torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
 
@@ -128,74 +128,6 @@ class Eviction:
         return ~marks.scatter_(-1, self.dropped, True)
 
 
-# ---- parameters ----------------------------------------------------------------------------------
-# Every method's parameters are strict: integers are JSON integers (not true, "8" or 8.0), numbers are
-# finite JSON numbers (an integer such as 1 is accepted for 1.0; "1.0", true, NaN and infinities are
-# not), choices are exact strings. Every parameter has explicit bounds, and the token counts (windows,
-# sinks, histories, kernels) are at most MAX_TOKENS and, when the model is known, its context. So a
-# value that passes validation can neither fail nor ask for absurd memory at run time.
-_TOKENS = "tokens"  # json_schema_extra marker of a token-count parameter
-
-
-class MethodParams(BaseModel):
-    """Base of every method's parameters: strict types, no unknown names, immutable."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-
-NoParams = MethodParams
-
-
-def _json_number(value: Any) -> Any:
-    # Strict float validation alone would take a numpy integer, which a plan file cannot hold.
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise PydanticCustomError("float_type", "Input should be a valid number")
-    return value
-
-
-Real = Annotated[float, BeforeValidator(_json_number)]  # a finite JSON number (bounds on the Field)
-
-
-def tokens(default: int, *, ge: int, description: str) -> Any:
-    """A token-count parameter: an integer in [ge, MAX_TOKENS], and at most the model's context."""
-    return Field(
-        default=default,
-        ge=ge,
-        le=MAX_TOKENS,
-        strict=True,
-        description=f"{description}; an integer, {ge} .. {MAX_TOKENS} tokens and at most the model's context",
-        json_schema_extra={_TOKENS: True},
-    )
-
-
-def real(default: float, *, description: str, **bounds: float) -> Any:
-    """A real parameter: a finite number within `bounds` (ge / gt and le / lt)."""
-    return Field(default=default, allow_inf_nan=False, description=f"{description}; {_interval(bounds)}", **bounds)
-
-
-def _interval(bounds: Mapping[str, Any]) -> str:
-    lo = "(" + f"{bounds['gt']:g}" if "gt" in bounds else "[" + f"{bounds.get('ge', float('-inf')):g}"
-    hi = f"{bounds['lt']:g}" + ")" if "lt" in bounds else f"{bounds.get('le', float('inf')):g}" + "]"
-    return f"a finite number in {lo}, {hi}"
-
-
-def allowed_values(model: type[BaseModel], name: str) -> str:
-    """What parameter `name` of `model` accepts, for error messages ('' if it is unknown)."""
-    field = model.model_fields.get(name)
-    if field is None:
-        return ""
-    if get_origin(field.annotation) is Literal:
-        return "allowed: " + " or ".join(repr(v) for v in get_args(field.annotation))
-    bounds = {
-        k: getattr(m, k) for m in field.metadata for k in ("ge", "gt", "le", "lt") if getattr(m, k, None) is not None
-    }
-    if field.annotation is int:
-        low = bounds["ge"] if "ge" in bounds else bounds["gt"] + 1 if "gt" in bounds else None
-        high = bounds["le"] if "le" in bounds else bounds["lt"] - 1 if "lt" in bounds else None
-        return f"allowed range {low} .. {high} (an integer)"
-    return f"allowed: {_interval(bounds)}"
-
-
 class Method:
     """Base class: subclasses set `name`, `phases`, `Params` and override `needs` / `step`."""
 
@@ -229,8 +161,7 @@ class Method:
         self.interval = interval  # decode: evict every `interval` steps, down to the capacity
         self.params = params if isinstance(params, BaseModel) else self.Params(**dict(params or {}))
         self.layer_idx = layer_idx
-        self.per_token: dict[str, torch.Tensor] = {}
-        self._blocks: dict[str, SlotBlock] = {}  # per_token name -> its storage block: see `grow`
+        self.per_token = SlotStates()  # {name: [b, h, n, ...] tensor}, and the blocks they live in
         # Per-slot state lives in blocks of capacity + interval slots that a decode step writes into (no
         # reallocation); False: it is concatenated every step (the previous path). The routed layer sets it
         # from its cache's options (`polykv.runtime.cache.CacheOptions`).
@@ -245,7 +176,7 @@ class Method:
         try:
             parsed = cls.Params(**dict(params))
         except ValidationError as exc:
-            return [_describe_param_error(cls.name, cls.Params, e) for e in exc.errors()]
+            return [describe_param_error(cls.name, cls.Params, e) for e in exc.errors()]
         problems = cls.check_capacity(parsed, capacity)
         if context_length is not None:
             problems += cls.check_context(parsed, context_length)
@@ -254,11 +185,7 @@ class Method:
     @classmethod
     def token_params(cls) -> tuple[str, ...]:
         """The parameters that count tokens (windows, sinks, histories, kernels)."""
-        return tuple(
-            name
-            for name, field in cls.Params.model_fields.items()
-            if isinstance(field.json_schema_extra, dict) and field.json_schema_extra.get(_TOKENS)
-        )
+        return token_params(cls.Params)
 
     @classmethod
     def check_context(cls, params: BaseModel, context_length: int) -> list[str]:
@@ -276,13 +203,7 @@ class Method:
 
     @classmethod
     def _over(cls, params: BaseModel, names: tuple[str, ...], highest: int, rule: str) -> list[str]:
-        """One line for each of `names` whose value is above `highest`: '<name> (v) must be <rule>'."""
-        return [
-            f"{name} ({getattr(params, name)}) must be {rule}; "
-            f"allowed range {_lower_bound(cls.Params, name)} .. {highest}"
-            for name in names
-            if getattr(params, name) > highest
-        ]
+        return over_limit(cls.Params, params, names, highest, rule)
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
@@ -317,35 +238,13 @@ class Method:
 
     def grow(self, name: str, q: int, fill: float | bool | None = None) -> torch.Tensor:
         """`per_token[name]` extended by q new (last) slots set to `fill` (None: for the caller to write),
-        stored back and returned. In place while it is still the view of its block that this method or
-        the runtime's last one-slot drop handed out and the block has room; else copied into a new block
-        of capacity + interval slots (see `polykv.methods.slots`)."""
-        tensor = self.per_token[name]
-        n = tensor.shape[2]
-        block = self._blocks.get(name)
-        in_place = self.in_place_slots
-        if not (in_place and block is not None and block.holds(tensor, n + q)):
-            size = n + q if not in_place or self.capacity is None else max(n + q, self.capacity + self.interval)
-            block = self._blocks[name] = SlotBlock.around(tensor, size)
-        if fill is not None:
-            block.span(n, n + q).fill_(fill)
-        out = self.per_token[name] = block.prefix(n + q)
-        return out
+        stored back and returned; in place, in a block of capacity + interval slots (`SlotStates.grow`)."""
+        bounded = self.in_place_slots and self.capacity is not None
+        return self.per_token.grow(name, q, fill, self.capacity + self.interval if bounded else None)
 
     def forget(self) -> None:
         """Drop every per-slot state and its storage (a new prompt, or the prefill method once done)."""
         self.per_token.clear()
-        self._blocks.clear()
-
-    def drop_slot(self, name: str, dropped: torch.Tensor) -> None:
-        """The runtime drops slot `dropped[b, h, 0]` of every head: `per_token[name]` follows, in its
-        block when it lives in one (the last slot moves into the dropped one)."""
-        tensor = self.per_token[name]
-        block = self._blocks.get(name)
-        if block is not None and block.holds(tensor):
-            self.per_token[name] = block.drop(dropped, tensor.shape[2])
-        else:
-            self.per_token[name] = drop_one_slot(tensor, dropped)
 
     def settle(self) -> Eviction | None:
         """Evict to the capacity with the stored per-slot `score` (higher stays; +inf always stays).
@@ -380,35 +279,7 @@ class Method:
         raise NotImplementedError(f"{cls.name} has no layer-budget rule of its own")
 
 
-class AccumulatedAttention(Method):
-    """A method whose per-slot `score` is the attention the slot has received, summed (unnormalized)
-    over every query so far, per KV head (the mean of its query heads): H2O's heavy-hitter score, which
-    D2O uses too. The prompt's queries count even when the method only runs in decode (they are seen
-    through `observe_prefill`); a new slot starts from the attention of its own step."""
-
-    def needs(self, phase: Phase, length: int) -> Needs:
-        return COLUMN_SUMS  # scores accumulate every step, evicting or not
-
-    def needs_from_prefill(self, length: int) -> Needs:
-        return COLUMN_SUMS
-
-    def observe_prefill(self, view: LayerView) -> None:
-        self.per_token["score"] = view.grouped(view.column_sums)
-
-    def accumulate(self, view: LayerView, restart: bool = False) -> torch.Tensor:
-        """The scores after this step's attention (stored in `per_token["score"]`); `restart` drops the
-        old scores (a new prompt)."""
-        added = view.grouped(view.column_sums)
-        old = self.per_token.get("score")
-        if old is None or restart:
-            score = added
-        else:
-            score = self.grow("score", view.num_new, 0.0).add_(added)  # new slots start from 0
-        self.per_token["score"] = score
-        return score
-
-
-# ---- small helpers shared by methods ----------------------------------------------------------
+# ---- choosing by score (what most methods' `step` returns) --------------------------------------------------
 def keep_top(scores: torch.Tensor, k: int, protected: torch.Tensor | None = None) -> torch.Tensor:
     """Indices of the k highest scores per row (protected slots always kept), ascending."""
     if protected is not None:
@@ -423,67 +294,3 @@ def evict_lowest(scores: torch.Tensor, k: int, protected: torch.Tensor | None = 
     if protected is not None:
         scores = scores.masked_fill(protected, float("inf"))
     return Eviction(dropped=scores.argmin(dim=-1, keepdim=True))
-
-
-def split_total(weights: list[float], total: int, minimum: int = 1, maximum: int | None = None) -> list[int]:
-    """Integers proportional to `weights` that sum exactly to `total`, each in [minimum, maximum].
-
-    Largest-remainder rounding; layers that hit a bound are fixed there and the rest is shared again
-    among the others in proportion to their weights.
-    """
-    n = len(weights)
-    if n == 0:
-        return []
-    hi = total if maximum is None else maximum
-    if not minimum * n <= total <= hi * n:
-        raise ValueError(f"cannot split {total} over {n} layers within [{minimum}, {hi}] each")
-    weights = [max(0.0, float(w)) for w in weights]
-    fixed: dict[int, float] = {}
-    share: dict[int, float] = {}
-    while len(fixed) < n:
-        free = [i for i in range(n) if i not in fixed]
-        left = total - sum(fixed.values())
-        mass = sum(weights[i] for i in free)
-        share = {i: (weights[i] / mass * left if mass > 0 else left / len(free)) for i in free}
-        # Water-filling: pin the layers over the maximum first, then those under the minimum, and share
-        # what is left among the rest again.
-        over = {i: hi for i, v in share.items() if v > hi}
-        under = {i: minimum for i, v in share.items() if v < minimum}
-        if not over and not under:
-            break
-        fixed.update(over or under)
-    exact = [fixed.get(i, share.get(i, 0.0)) for i in range(n)]
-    out = [int(v) for v in exact]  # floor (values are non-negative)
-    order = sorted(range(n), key=lambda i: (exact[i] - out[i], -i), reverse=True)
-    for i in order[: total - sum(out)]:
-        out[i] += 1
-    return out
-
-
-def recent_mask(view: LayerView, window: int, positions: torch.Tensor | None = None) -> torch.Tensor:
-    """Slots among the `window` most recent positions of each head (by true position). `positions`: the
-    view's positions in another order (e.g. sorted), for a mask in that order."""
-    positions = view.positions if positions is None else positions
-    if view.newest is not None:  # every head holds the newest token: no reduction needed
-        return positions > view.newest - window
-    return positions > positions.amax(dim=-1, keepdim=True) - window
-
-
-def _lower_bound(model: type[BaseModel], name: str) -> int:
-    return next((m.ge for m in model.model_fields[name].metadata if getattr(m, "ge", None) is not None), 0)
-
-
-def _describe_param_error(method: str, model: type[BaseModel], err: Mapping[str, Any]) -> str:
-    """One line: parameter, method, what is wrong, the value got and what is allowed."""
-    loc = ".".join(str(x) for x in err.get("loc", ())) or "params"
-    if err.get("type") == "extra_forbidden":
-        allowed = ", ".join(model.model_fields) or "none"
-        return f"params.{loc}: {method} has no parameter {loc!r} (parameters: {allowed})"
-    got = f" (got {_short(err['input'])})" if "input" in err else ""
-    allowed = allowed_values(model, str(err.get("loc", ("",))[0]))
-    return f"params.{loc}: {method}: {err.get('msg', 'invalid')}{got}" + (f"; {allowed}" if allowed else "")
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."

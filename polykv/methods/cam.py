@@ -9,16 +9,8 @@ from __future__ import annotations
 from pydantic import Field
 
 from polykv.lazy import lazy_import
-from polykv.methods.base import (
-    COLUMN_SUMS,
-    Eviction,
-    LayerView,
-    Method,
-    MethodParams,
-    Needs,
-    evict_lowest,
-    tokens,
-)
+from polykv.methods.base import COLUMN_SUMS, Eviction, LayerView, Method, Needs, evict_lowest
+from polykv.methods.params import MethodParams, tokens
 from polykv.plan import Phase
 
 torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor

@@ -10,18 +10,9 @@ from __future__ import annotations
 import functools
 
 from polykv.lazy import lazy_import
-from polykv.methods.base import (
-    AccumulatedAttention,
-    Eviction,
-    LayerView,
-    MethodParams,
-    Real,
-    evict_lowest,
-    real,
-    recent_mask,
-    split_total,
-    tokens,
-)
+from polykv.methods.base import Eviction, LayerView, evict_lowest
+from polykv.methods.params import MethodParams, Real, real, tokens
+from polykv.methods.shared import AccumulatedAttention, recent_mask, split_total
 from polykv.plan import Phase
 
 torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor

@@ -12,19 +12,9 @@ import struct
 from pydantic import BaseModel
 
 from polykv.lazy import lazy_import
-from polykv.methods.base import (
-    NOTHING,
-    Eviction,
-    LayerView,
-    Method,
-    MethodParams,
-    Needs,
-    Real,
-    evict_lowest,
-    real,
-    recent_mask,
-    tokens,
-)
+from polykv.methods.base import NOTHING, Eviction, LayerView, Method, Needs, evict_lowest
+from polykv.methods.params import MethodParams, Real, real, tokens
+from polykv.methods.shared import recent_mask
 from polykv.plan import Phase
 
 torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor

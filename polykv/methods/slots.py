@@ -1,4 +1,5 @@
-"""Slot storage of static-shape decode: a block of capacity + interval slots and its prefix views.
+"""Slot storage of static-shape decode: a block of capacity + interval slots and its prefix views, and the
+store of a method's per-slot state built on them (`SlotStates`).
 
 Slot tensors ([b, h, n, ...]: keys, values, positions, per-slot method state) of an evicting layer are
 prefix views of a block along their slot dimension. A step writes its new token into the slot after
@@ -79,6 +80,47 @@ class SlotBlock:
         if refused is None:
             refused = self._refused[n] = _dense(self.prefix(n)) and _dense(self.span(n - 1, n))
         return refused
+
+
+class SlotStates(dict):
+    """A method's per-slot state, {name: [b, h, n, ...] tensor} (`Method.per_token`), and the storage each
+    lives in: a tensor grown by a decode step stays a prefix view of a block with room to grow into, and a
+    one-slot drop moves the last slot into the dropped one there (`SlotBlock`), so neither reallocates. A
+    tensor stored by plain assignment (a gather, a new prompt) lives in no block until it next grows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._blocks: dict[str, SlotBlock] = {}  # name -> the block its tensor was last handed out from
+
+    def grow(self, name: str, q: int, fill: float | bool | None, room: int | None) -> torch.Tensor:
+        """`self[name]` extended by q new (last) slots set to `fill` (None: for the caller to write), stored
+        back and returned. In place while it is still the view of its block this store handed out and the
+        block has room; else copied into a new block of max(n + q, `room`) slots (`room` None: exactly n + q,
+        the concatenating path)."""
+        tensor = self[name]
+        n = tensor.shape[2]
+        block = self._blocks.get(name)
+        if not (room is not None and block is not None and block.holds(tensor, n + q)):
+            block = self._blocks[name] = SlotBlock.around(tensor, n + q if room is None else max(n + q, room))
+        if fill is not None:
+            block.span(n, n + q).fill_(fill)
+        out = self[name] = block.prefix(n + q)
+        return out
+
+    def drop(self, name: str, dropped: torch.Tensor) -> None:
+        """Slot `dropped[b, h, 0]` of every head leaves `self[name]` (the runtime dropped it from the cache):
+        in its block when it lives in one, the last slot moving into it."""
+        tensor = self[name]
+        block = self._blocks.get(name)
+        if block is not None and block.holds(tensor):
+            self[name] = block.drop(dropped, tensor.shape[2])
+        else:
+            self[name] = drop_one_slot(tensor, dropped)
+
+    def clear(self) -> None:
+        """Forget every state and its storage (a new prompt, or the prefill method once done)."""
+        super().clear()
+        self._blocks.clear()
 
 
 def drop_one_slot(tensor: torch.Tensor, dropped: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,8 @@ from typing import Literal
 from pydantic import Field
 
 from polykv.lazy import lazy_import
-from polykv.methods.base import Eviction, LayerView, Method, MethodParams, Needs, tokens
+from polykv.methods.base import Eviction, LayerView, Method, Needs
+from polykv.methods.params import MethodParams, tokens
 from polykv.plan import Phase
 
 torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor

@@ -19,10 +19,10 @@ from transformers.cache_utils import Cache, DynamicLayer
 from polykv.errors import RoutedCacheError
 from polykv.methods import Method, make_method
 from polykv.methods.base import Eviction, LayerView, Needs
-from polykv.methods.slots import SlotBlock, drop_one_slot
 from polykv.plan import Phase, Plan
 from polykv.runtime.attention import attend, hand_over
-from polykv.runtime.merges import MergeGroup, MergeGroups
+from polykv.runtime.merges import MergeGroups
+from polykv.runtime.slots import LayerSlots
 
 
 @dataclass(frozen=True)
@@ -53,19 +53,10 @@ class RoutedLayer(DynamicLayer):
         self.num_new = 0
         self.retained_after_prefill: int | None = None
         self.on_prefill_done = None  # set by the cache under native allocation
-        # Static-shape decode (`polykv.methods.slots`): while the layer evicts in decode, keys, values and
-        # positions are prefix views of blocks of capacity + interval slots. Keys and values share one
-        # storage [2, b, h, S, d] (`_kv`, so that one scatter moves both; `_keys` and `_values` are its
-        # halves); None until the first decode step that needs them.
-        self._kv: SlotBlock | None = None
-        self._keys: SlotBlock | None = None
-        self._values: SlotBlock | None = None
-        self._pos: SlotBlock | None = None
+        # Static-shape decode: where keys, values and positions live while the layer evicts in decode
+        self.slots = LayerSlots()
         self._newest_last = False  # does the last slot hold the newest position (seen - 1)?
-        # Layers that merge together (`polykv.runtime.merges`): the cache's groups, and the group whose
-        # block holds this layer's keys and values (None: a block of its own, or none)
-        self.merge_groups: MergeGroups | None = None
-        self._group: MergeGroup | None = None
+        self.merge_groups: MergeGroups | None = None  # the cache's groups of layers that merge together
 
     def attend(self, module, query, key, value, dropout: float, scaling: float, kwargs):
         """This layer's attention step (`polykv.runtime.attention.attend`: the `AttendingLayer` interface)."""
@@ -76,15 +67,16 @@ class RoutedLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         q = key_states.shape[-2]
-        if self._group is not None and self._group.waits_for(self):  # the last forward pass stopped halfway
-            self._group.flush()
+        group = self.slots.group
+        if group is not None and group.waits_for(self):  # the last forward pass stopped halfway
+            group.flush()
         self.phase = Phase.PREFILL if self.seen == 0 else Phase.DECODE
         if self.seen == 0:
             self.keys, self.values = key_states, value_states
         elif self.options.in_place_slots and (
-            not self.methods[Phase.DECODE].passive or self._holds_kv(self.retained + q)
+            not self.methods[Phase.DECODE].passive or self.slots.holds_kv(self, self.retained + q)
         ):
-            self._write_in_place(key_states, value_states)  # evicting, or keeping everything in reserved room
+            self.slots.write(self, key_states, value_states)  # evicting, or keeping everything in reserved room
         else:  # a layer that keeps everything grows as Hugging Face's DynamicLayer does
             self.keys = torch.cat([self.keys, key_states], dim=-2)
             self.values = torch.cat([self.values, value_states], dim=-2)
@@ -98,78 +90,22 @@ class RoutedLayer(DynamicLayer):
         hand_over(self)
         return self.keys, self.values
 
-    def _write_in_place(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        """Static-shape decode: an evicting layer writes the new tokens into the slots its last eviction
-        freed (its storage holds capacity + interval slots), so a step allocates nothing and shapes
-        stay fixed from step to step. The first step after a cut copies into new storage once."""
-        n, q = self.keys.shape[-2], key_states.shape[-2]
-        if self.keys.shape[-1] != self.values.shape[-1] or self.keys.dtype != self.values.dtype:
-            # keys and values of different sizes cannot share one block: concatenate, as before
-            self.keys = torch.cat([self.keys, key_states], dim=-2)
-            self.values = torch.cat([self.values, value_states], dim=-2)
-        else:
-            if not self._holds_kv(n + q):  # once after a cut, which gives keys and values new storage
-                self._new_kv_block(self._kv_slots(n + q))
-            self._keys.span(n, n + q).copy_(key_states)
-            self._values.span(n, n + q).copy_(value_states)
-            self.keys, self.values = self._keys.prefix(n + q), self._values.prefix(n + q)
-        self._append_positions(n, q)
-
-    def _new_kv_block(self, slots: int) -> None:
-        """Keys and values into a new block of `slots` slots: a slice of the block of the layer's merge
-        group when it has one, else a block of its own."""
-        handed = None if self.merge_groups is None else self.merge_groups.block_for(self, slots)
-        if handed is None:
-            self._kv = SlotBlock.around(torch.stack([self.keys, self.values]), slots, dim=3)
-        else:
-            self._kv, self._group = handed
-            held = self._kv.prefix(self.retained)
-            held[0].copy_(self.keys)
-            held[1].copy_(self.values)
-        self._keys, self._values = SlotBlock(self._kv.storage[0]), SlotBlock(self._kv.storage[1])
-
     @property
     def defers_merge(self) -> bool:
         """Will this decode step's one-slot merge run with the merge group's others (`polykv.runtime.merges`)?"""
-        return self._group is not None and self.phase is Phase.DECODE and self._holds_kv(self.retained)
+        return self.slots.group is not None and self.phase is Phase.DECODE and self.slots.holds_kv(self, self.retained)
 
     def reserve(self, slots: int) -> None:
         """Room for `slots` more tokens in a layer that keeps everything in decode (an evicting layer has its
         own), so that they are written in place instead of the cache being copied at every step. For many
         plans decoding together (`polykv.runtime.batch`); a routed layer alone grows as Hugging Face's does."""
-        n = self.retained
-        if not self.methods[Phase.DECODE].passive or n == 0 or self.keys.shape[-1] != self.values.shape[-1]:
+        if not self.methods[Phase.DECODE].passive or self.retained == 0 or self.keys.shape[-1] != self.values.shape[-1]:
             return
-        self._kv = SlotBlock.around(torch.stack([self.keys, self.values]), n + slots, dim=3)
-        self._keys, self._values = SlotBlock(self._kv.storage[0]), SlotBlock(self._kv.storage[1])
-        self.keys, self.values = self._keys.prefix(n), self._values.prefix(n)
-        if self._positions is not None:
-            self._pos = SlotBlock.around(self._positions, n + slots)
-            self._positions = self._pos.prefix(n)
+        self.slots.reserve(self, slots)
 
     def kv_view(self) -> torch.Tensor | None:
         """Keys and values as one [2, b, h, n, d] view when they live in one block, else None."""
-        return self._kv.prefix(self.retained) if self._holds_kv(self.retained) else None
-
-    def _holds_kv(self, slots: int) -> bool:
-        """Are keys and values prefix views of the block with room for `slots`? (A cut that gathers, or
-        any other assignment, gives them storage of their own.)"""
-        return self._kv is not None and self._keys.holds(self.keys, slots) and self._values.holds(self.values)
-
-    def _append_positions(self, n: int, q: int) -> None:
-        if self._positions is None:  # slot i still holds position i
-            return
-        if self._pos is None or not self._pos.holds(self._positions, n + q):
-            self._pos = SlotBlock.around(self._positions, self._kv_slots(n + q))  # once after a cut
-        if q == 1:
-            self._pos.span(n, n + 1).fill_(self.seen)
-        else:
-            self._pos.span(n, n + q).copy_(torch.arange(self.seen, self.seen + q, device=self._positions.device))
-        self._positions = self._pos.prefix(n + q)
-
-    def _kv_slots(self, slots: int) -> int:
-        decode = self.methods[Phase.DECODE]
-        return max(slots, 0 if decode.capacity is None else decode.capacity + decode.interval)
+        return self.slots.kv_view(self)
 
     def get_seq_length(self) -> int:
         return self.seen
@@ -180,7 +116,7 @@ class RoutedLayer(DynamicLayer):
     def reset(self) -> None:
         super().reset()
         self.seen, self._positions = 0, None
-        self._free_blocks()
+        self.slots.free()
         if self.merge_groups is not None:
             self.merge_groups.forget()
         for method in self.methods.values():
@@ -274,34 +210,14 @@ class RoutedLayer(DynamicLayer):
         if eviction.dropped is not None:
             self._drop_one(eviction.dropped, n, newest_last, deferred)
             return
-        select = lambda t: gather_slots(t, eviction.keep)  # noqa: E731
-        self._positions = select(self.positions)
-        self.keys, self.values = select(self.keys), select(self.values)
-        self._free_blocks()  # the cut gave every slot tensor new storage
-        for method in self.methods.values():
-            for name, tensor in method.per_token.items():
-                method.per_token[name] = select(tensor)
+        self.slots.gather(self, eviction.keep)
 
     def _drop_one(self, dropped: torch.Tensor, n: int, newest_last: bool, deferred: bool = False) -> None:
-        """The usual decode step drops one slot of each head: the newest (last) slot moves into it
-        instead of the whole cache being copied (slots are unordered; positions say where each token
-        was). In the blocks of static-shape decode this is one scatter for keys and values together;
-        `deferred`: the merge group moves the key/value slot and the methods' state after the merge (until
-        then keys and values are already the n - 1 slot prefix, whose dropped slot still holds the evicted
-        token)."""
-        if self._pos is not None and self._pos.holds(self._positions):
-            # right after an append the moved slot holds the newest position: scatter it as a number
-            self._positions = self._pos.drop(dropped, n, last=self.seen - 1 if newest_last else None)
-        else:  # materialized at the first eviction (writable storage, not an expanded arange)
-            self._positions = drop_one_slot(self.positions.contiguous(), dropped)
-        if self._holds_kv(n):
-            if deferred:  # the group moves the slot, and the methods' state, after the merge
-                self._group.defer(self, dropped, n)
-            else:
-                self._kv.drop(dropped, n)
-            self.keys, self.values = self._keys.prefix(n - 1), self._values.prefix(n - 1)
-        else:
-            self.keys, self.values = drop_one_slot(self.keys, dropped), drop_one_slot(self.values, dropped)
+        """The usual decode step drops one slot of each head: the newest (last) slot moves into it instead
+        of the whole cache being copied (slots are unordered; positions say where each token was), in the
+        layer's blocks (`LayerSlots.drop_one`). `deferred`: the merge group moves the key/value slot and the
+        methods' state after the merge."""
+        self.slots.drop_one(self, dropped, n, newest_last, deferred)
         if not deferred:
             self.drop_method_states(dropped)
 
@@ -309,11 +225,7 @@ class RoutedLayer(DynamicLayer):
         """Every method's per-slot state follows a one-slot drop."""
         for method in self.methods.values():
             for name in method.per_token:
-                method.drop_slot(name, dropped)
-
-    def _free_blocks(self) -> None:
-        self._kv = self._keys = self._values = self._pos = None
-        self._group = None
+                method.per_token.drop(name, dropped)
 
     def adopt(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Take over keys/values already computed for a prefix, as if prefilled here (nothing evicted).
@@ -341,21 +253,10 @@ class RoutedLayer(DynamicLayer):
             return
         self.keys, self.values = fn(self.keys), fn(self.values)
         self._positions = None if self._positions is None else fn(self._positions)
-        self._free_blocks()  # new storage: a new block next step
+        self.slots.free()  # new storage: a new block next step
         for method in self.methods.values():
-            method.per_token = {k: fn(v) for k, v in method.per_token.items()}
-
-
-def gather_slots(tensor: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """Select slots along dim 2 of a [b, h, n, ...] tensor with per-head indices [b, h, k]."""
-    if tensor.dim() == 3:
-        return tensor.gather(2, keep)
-    # Rows of a flattened [b*h*n, d] view: index_select copies whole rows, ~3x faster than a gather
-    # with an expanded index on CPU, and this runs for keys and values in every layer at every step.
-    b, h, n = tensor.shape[:3]
-    offsets = torch.arange(0, b * h * n, n, device=keep.device).view(b, h, 1)
-    rows = tensor.reshape(b * h * n, *tensor.shape[3:]).index_select(0, (keep + offsets).reshape(-1))
-    return rows.view(*keep.shape, *tensor.shape[3:])
+            for name, tensor in method.per_token.items():
+                method.per_token[name] = fn(tensor)
 
 
 class RoutedCache(Cache):

@@ -123,5 +123,5 @@ def _group_key(layer) -> tuple | None:
         return None
     keys, values = layer.keys, layer.values
     if keys.shape[-1] != values.shape[-1] or keys.dtype != values.dtype:
-        return None  # keys and values live apart (`RoutedLayer._write_in_place`)
+        return None  # keys and values live apart (`LayerSlots.write`)
     return (type(method), method.params, method.capacity, *keys.shape[:2], keys.shape[-1], keys.dtype, keys.device)
