@@ -176,8 +176,8 @@ def edit_settings(job) -> None:
     """Put a job's suite and settings back into the Runs page's form (an on_click callback: it runs before the
     page's widgets are made)."""
     unit = job.runs[0].unit
-    st.session_state[state.RUN_SUITE] = unit["suite"]
-    st.session_state[state.settings_text(unit["suite"])] = unit["settings_json"]
+    st.session_state[state.RUN_SUITE] = unit.suite
+    st.session_state[state.settings_text(unit.suite)] = unit.settings_json
 
 
 def job_controls(job, progress, where: Path) -> None:

@@ -321,7 +321,7 @@ def test_profiles_page_starts_a_background_profile(app_env):
     button(at, "Start profiling").click()
     at.run()
     (job,) = jobs.list_jobs(app_env / "ws")
-    assert job.kind == "profile" and job.profile["corpus"]["num_sequences"] == 1
+    assert job.kind == "profile" and job.profile.corpus["num_sequences"] == 1
     state = wait_for_job(job, app_env / "ws")
     assert state.status == "finished", (state, jobs.log_tail(job, app_env / "ws"))
     at.run()
@@ -671,9 +671,9 @@ def test_the_launch_form_becomes_one_job_or_a_one_line_refusal():
 def test_the_profile_form_becomes_one_job_or_a_one_line_refusal():
     job = common.profile_job("demo", "cpu", ["kjv"], 1, 96, 0, "both")
     assert (job.kind, job.model, job.device, job.title) == ("profile", "demo", "cpu", "profile demo")
-    assert job.profile["capacity"] is None and job.profile["scopes"] == ["prefill", "decode"]  # b_cal 0: automatic
-    assert (job.profile["corpus"]["sources"], job.profile["corpus"]["num_sequences"]) == (["kjv"], 1)
-    assert common.profile_job("demo", "cpu", ["kjv"], 1, 96, 24, "decode").profile["capacity"] == 24
+    assert job.profile.capacity is None and job.profile.scopes == ["prefill", "decode"]  # b_cal 0: automatic
+    assert (job.profile.corpus["sources"], job.profile.corpus["num_sequences"]) == (["kjv"], 1)
+    assert common.profile_job("demo", "cpu", ["kjv"], 1, 96, 24, "decode").profile.capacity == 24
     with pytest.raises(ValueError, match="sources is empty"):
         common.profile_job("demo", "cpu", [], 1, 96, 0, "decode")
 

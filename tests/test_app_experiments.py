@@ -72,7 +72,7 @@ def test_the_factorial_page_shows_the_2x2_table_after_a_small_run(app_ws):
     launch(at, "factorial", Baseline="tova", Budget=24, Metric="kl")
     assert any(s.startswith("Started ") and "(kl, 4 runs)" in s for s in texts(at.success))
     (job,) = jobs.list_jobs(app_ws)
-    assert job.kind == "experiment" and job.experiment["baseline"] == "tova"
+    assert job.kind == "experiment" and job.experiment.baseline == "tova"
     assert wait_for_job(job, app_ws).status == "finished", jobs.log_tail(job, app_ws)
     at.run()
     assert not at.exception and not at.error

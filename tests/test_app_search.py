@@ -88,7 +88,7 @@ def test_a_search_started_on_the_page_shows_its_trace_best_plan_and_verdict_and_
     at.run()
     assert not at.exception and not at.error, texts(at.error)
     (job,) = jobs.list_jobs(app_ws)
-    assert job.kind == "search" and Plan.from_json(job.search["start"]) == start
+    assert job.kind == "search" and Plan.from_json(job.search.start) == start
     state = wait_for_job(job, app_ws)
     assert state.status == "finished", jobs.log_tail(job, app_ws)
     trace, best = live(state)
@@ -125,7 +125,7 @@ def test_a_workload_search_on_the_page_shows_the_envelope_and_the_transfer_rows(
     at.run()
     assert not at.exception and not at.error, texts(at.error)
     (job,) = jobs.list_jobs(app_ws)
-    assert job.search["metric"] == "answer_nll" and job.search["profile"] == "auto"
+    assert job.search.metric == "answer_nll" and job.search.profile == "auto"
     state = wait_for_job(job, app_ws)
     assert state.status == "finished", jobs.log_tail(job, app_ws)
     at.run()

@@ -4,7 +4,6 @@ progress counts the experiment's runs, and the report the worker saves reads bac
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -41,7 +40,7 @@ def factorial_job(ws, profile, settings=TINY_FIDELITY, **changes):
 def test_an_experiment_job_names_its_experiment_and_counts_its_runs(ws, small_profile):
     job = factorial_job(ws, small_profile)
     assert (job.kind, job.model, job.runs, job.profile) == ("experiment", "demo", [], None)
-    assert job.experiment["name"] == "factorial" and job.experiment["profile"] == small_profile.key
+    assert job.experiment.name == "factorial" and job.experiment.profile == small_profile.key
     assert job.title.startswith("factorial · ") and "(kl, 4 runs)" in job.title
     placement = launch_job(
         ws, "demo", "cpu", "placement", profile=str(small_profile.path), scope="decode", budget=24, k=3
@@ -99,7 +98,7 @@ def test_a_damaged_experiment_job_file_is_listed_as_damaged_and_the_valid_one_st
     base = json.loads((folder / f"{good.id}.json").read_text())
     spec = base["experiment"]
     unit = Unit.of("demo", Plan.homogeneous("tova", 24, 5), "fidelity", TINY_FIDELITY)
-    run = dataclasses.asdict(jobs.eval_job([({}, unit)], "eval").runs[0])
+    run = jobs.eval_job([({}, unit)], "eval").runs[0].model_dump()
     bad = {
         "noexperiment": {**base, "experiment": None},
         "withruns": {**base, "runs": [run]},

@@ -5,7 +5,6 @@ as damaged instead of breaking the listing, and no finished worker is left a zom
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import socket
@@ -63,7 +62,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 def crafted(ws: Path, job_id: str, **worker) -> jobs.Job:
     job = jobs.profile_job("demo", "cpu", {"sources": ["kjv"]}, None, ["decode"], "crafted")
-    job = dataclasses.replace(job, id=job_id, **worker)
+    job = job.model_copy(update={"id": job_id, **worker})  # as a file could say it: unchecked until read
     jobs.save_job(job, ws)
     return job
 
@@ -123,8 +122,8 @@ def test_cancel_waits_for_the_worker_and_a_running_job_is_not_started_twice(work
         saved = jobs.load_job(workspace, job.id)
         assert (saved.pid, saved.pid_start, saved.host) == (process.pid, start_time(process.pid), socket.gethostname())
         assert jobs._alive(saved, workspace)
-        assert not jobs._alive(dataclasses.replace(saved, host="elsewhere"), workspace)
-        assert not jobs._alive(dataclasses.replace(saved, pid_start=saved.pid_start + 1), workspace)
+        assert not jobs._alive(saved.model_copy(update=dict(host="elsewhere")), workspace)
+        assert not jobs._alive(saved.model_copy(update=dict(pid_start=saved.pid_start + 1)), workspace)
 
         # start / resume while it runs: refused, in this process and from the CLI in another one
         with pytest.raises(JobError, match=rf"^job {job.id} is still running \(pid {process.pid}\): cancel it first$"):
@@ -133,7 +132,7 @@ def test_cancel_waits_for_the_worker_and_a_running_job_is_not_started_twice(work
         assert_one_line_error(resumed, f"job {job.id} is still running (pid {process.pid}): cancel it first")
 
         # another job's file that copies this worker's pid, start time and host does not get it signalled
-        jobs.save_job(dataclasses.replace(saved, id="impostor"), workspace)
+        jobs.save_job(saved.model_copy(update=dict(id="impostor")), workspace)
         result = cli("jobs", "cancel", "impostor", "-w", str(workspace))
         assert result.returncode == 0 and "nothing was signalled" in result.stdout, result
         assert process.poll() is None
@@ -175,7 +174,7 @@ def test_job_ids_that_are_not_plain_names_are_refused_in_one_line(tmp_path, poly
     assert sorted(p.name for p in tmp_path.rglob("*")) == before  # nothing written anywhere
     assert len("x" * 128) == 128 and jobs.check_id("x" * 128)  # the longest id is fine
     with pytest.raises(JobError, match="^not a job id"):
-        jobs.start(dataclasses.replace(jobs.load_job(ws, "real-job"), id="../escape"), ws)
+        jobs.start(jobs.load_job(ws, "real-job").model_copy(update={"id": "../escape"}), ws)
     assert not (tmp_path / "escape.json").exists()
 
 
@@ -232,7 +231,9 @@ def test_damaged_job_files_are_listed_as_damaged_and_valid_jobs_still_listed(tmp
     assert jobs.state(good, ws).status == "waiting"  # the damaged state file reads as no state
     (folder / "good-job.state.json").write_text("[]")
     assert jobs.state(good, ws).status == "waiting"
-    empty = dataclasses.replace(good, kind="eval", profile=None, runs=[])  # never from a file, but must not divide by 0
+    empty = good.model_copy(
+        update=dict(kind="eval", profile=None, runs=[])
+    )  # never from a file, but must not divide by 0
     assert jobs.state(empty, ws).fraction == 0.0
     assert not (ws / "results.sqlite").exists()  # reading progress never creates the results database
 

@@ -152,7 +152,8 @@ def test_the_eta_waits_for_a_few_pieces_of_real_work_and_uses_only_their_pace(tm
     from polykv.files import atomic_write_json
     from polykv.jobs import progress, spec
 
-    job = spec.Job("20261204-000000-profile-abcdef", "profile", "p", "demo", "cpu", spec._now())
+    job = spec.profile_job("demo", "cpu", {"sources": ["kjv"]}, None, ["decode"], "p")
+    job = job.model_copy(update={"id": "20261204-000000-profile-abcdef"})
     now = datetime.datetime.now(datetime.UTC)
     at = lambda seconds: (now - datetime.timedelta(seconds=seconds)).isoformat(timespec="seconds")  # noqa: E731
     state_file = spec._spec_path(tmp_path, job.id).with_suffix(".state.json")

@@ -211,7 +211,7 @@ def follow() -> None:
     common.job_controls(chosen, progress, workspace)
     trace, best = live(progress)
     if trace:
-        common.show(charts.search_trace_figure(trace, chosen.search["metric"]), f"{chosen.id}-trace")
+        common.show(charts.search_trace_figure(trace, chosen.search.metric), f"{chosen.id}-trace")
     if best is not None:
         st.caption(f"Best plan so far: {best.name}")
         common.show(charts.plan_figure(best), f"{chosen.id}-best")

@@ -27,7 +27,7 @@ from polykv.eval.settings import suite_settings
 from polykv.eval.store import Store
 from polykv.files import atomic_write_json, read_json
 from polykv.jobs import worker
-from polykv.jobs.spec import MAX_REPORT_BYTES, experiment_job, report_path
+from polykv.jobs.spec import MAX_REPORT_BYTES, ExperimentSpec, experiment_job, report_path
 from polykv.methods import validate_plan
 from polykv.profile.store import Profile, profile_named
 from polykv.routing import plan_from_profile
@@ -99,31 +99,31 @@ def profile_for_job(value: str, workspace: Path, model: str) -> Profile:
     return profile
 
 
-def job_experiment(spec: Mapping[str, Any], model: str, workspace: Path):
+def job_experiment(spec: ExperimentSpec, model: str, workspace: Path):
     """(profile, suite settings, the plans it runs, a call that runs it on an `ExperimentRunner` and returns
     its Report) of an experiment job's description: what `launch_job` checks and `run_job` runs."""
 
-    profile = profile_for_job(spec["profile"], workspace, model)
-    settings = suite_settings(spec["suite"], spec["settings"])
-    metrics = suite_metrics(spec["suite"])
-    if spec["metric"] not in metrics:
-        raise JobError(f"the {spec['suite']} suite reports {', '.join(metrics)}, not {spec['metric']!r}")
-    name, scope, budget, statistic, k = spec["name"], spec["scope"], spec["budget"], spec["statistic"], spec["k"]
+    profile = profile_for_job(spec.profile, workspace, model)
+    settings = suite_settings(spec.suite, spec.settings)
+    metrics = suite_metrics(spec.suite)
+    if spec.metric not in metrics:
+        raise JobError(f"the {spec.suite} suite reports {', '.join(metrics)}, not {spec.metric!r}")
+    name, scope, budget, statistic, k = spec.name, spec.scope, spec.budget, spec.statistic, spec.k
     if name == "factorial":
-        args = (profile, scope, budget, spec["baseline"], statistic, spec["allocation"])
+        args = (profile, scope, budget, spec.baseline, statistic, spec.allocation)
         plans = list(factorial_plans(*args).values())
 
         def call(runner: ExperimentRunner) -> Report:
             return factorial(runner, *args)
     else:
-        route = plan_from_profile(profile, scope, budget, statistic, spec["allocation"])
+        route = plan_from_profile(profile, scope, budget, statistic, spec.allocation)
         if name == "placement":
-            plans = placement_plans(route, k, spec["seed"])
+            plans = placement_plans(route, k, spec.seed)
 
             def call(runner: ExperimentRunner) -> Report:
                 return placement(runner, profile, route, k, statistic)
         else:
-            budgets, baselines = spec["budgets"], spec["baselines"]
+            budgets, baselines = spec.budgets, spec.baselines
             plans = list(sweep_plans(route, budgets, baselines, profile).values())
 
             def call(runner: ExperimentRunner) -> Report:
@@ -143,7 +143,7 @@ def run_job(job, workspace: Path, store: Store, report: Callable[..., dict], act
 
     spec = job.experiment
     _, settings, plans, call = job_experiment(spec, job.model, workspace)
-    run_ids = {p.name: run_id_for(job.model, p, spec["suite"], settings.to_dict(), spec["seed"]) for p in plans}
+    run_ids = {p.name: run_id_for(job.model, p, spec.suite, settings.to_dict(), spec.seed) for p in plans}
     found = store.progress(list(run_ids.values()))
     parts = [1.0 if status == "finished" else min(1.0, d / t) if t else 0.0 for d, t, status in found.values()]
     done = sum(parts) / len(plans)
@@ -166,10 +166,10 @@ def run_job(job, workspace: Path, store: Store, report: Callable[..., dict], act
         job.model,
         model,
         tokenizer,
-        spec["suite"],
+        spec.suite,
         settings,
-        spec["seed"],
-        spec["metric"],
+        spec.seed,
+        spec.metric,
         progress=before,
         on_sample=on_sample,
         device=job.device,

@@ -152,20 +152,20 @@ def run_job(job, workspace: Path, store, report: Callable[..., dict], activate: 
     from polykv.search.report import build_report
 
     spec = job.search
-    if spec.get("sources"):
+    if spec.sources:
         return run_workload_job(job, workspace, report)
-    profile = profile_for_job(spec["profile"], Path(workspace), job.model)
-    start = Plan.from_json(spec["start"]) if spec["start"] else None
+    profile = profile_for_job(spec.profile, Path(workspace), job.model)
+    start = Plan.from_json(spec.start) if spec.start else None
     model, tokenizer = load_model(job.model, device=job.device)  # quiet: no progress bars in the log
     report(message="building the search and held-out sequences")
     sequences = build_sequences(
         tokenizer,
         model,
         job.model,
-        search=spec["search_sequences"],
-        held_out=spec["held_out"],
-        max_tokens=spec["max_tokens"],
-        seed=spec["seed"],
+        search=spec.search_sequences,
+        held_out=spec.held_out,
+        max_tokens=spec.max_tokens,
+        seed=spec.seed,
     )
     trace: list[dict[str, Any]] = []
 
@@ -182,13 +182,13 @@ def run_job(job, workspace: Path, store, report: Callable[..., dict], activate: 
         job.model,
         sequences,
         profile,
-        spec["scope"],
-        [spec["budget"]],
-        evaluations=spec["evaluations"],
-        seed=spec["seed"],
-        metric=spec["metric"],
-        statistic=spec["statistic"],
-        candidates=spec["candidates"],
+        spec.scope,
+        [spec.budget],
+        evaluations=spec.evaluations,
+        seed=spec.seed,
+        metric=spec.metric,
+        statistic=spec.statistic,
+        candidates=spec.candidates,
         command=f"app search job {job.id}",
         start=start,
         on_step=on_step,
@@ -208,23 +208,23 @@ def run_workload_job(job, workspace: Path, report: Callable[..., dict]) -> None:
     from polykv.search.workload import build_workload_profile, draw_samples, workload_report
 
     spec, workspace = job.search, Path(workspace)
-    workload = parse_workload(split(spec["sources"]), spec["max_tokens"])
-    transfer = tuple(parse_workload(split(spec["transfer"]), spec["max_tokens"]).tasks) if spec["transfer"] else ()
+    workload = parse_workload(split(spec.sources), spec.max_tokens)
+    transfer = tuple(parse_workload(split(spec.transfer), spec.max_tokens).tasks) if spec.transfer else ()
     model, tokenizer = load_model(job.model, device=job.device)
     report(message="drawing the search and held-out samples")
     samples = draw_samples(
-        workload, tokenizer, model, spec["search_sequences"], spec["held_out"], spec["seed"], transfer,
-        spec["accuracy_samples"],
+        workload, tokenizer, model, spec.search_sequences, spec.held_out, spec.seed, transfer,
+        spec.accuracy_samples,
     )  # fmt: skip
-    if spec["profile"] == "auto":
+    if spec.profile == "auto":
         report(message="profiling the workload")
         profile = build_workload_profile(
-            job.model, model, tokenizer, workspace / "profiles", samples, spec["scope"],
+            job.model, model, tokenizer, workspace / "profiles", samples, spec.scope,
             progress=lambda fraction, message: report(fraction=0.3 * fraction, message=f"workload profile · {message}"),
         )  # fmt: skip
     else:
-        profile = profile_for_job(spec["profile"], workspace, job.model)
-    text = profile_for_job(spec["text_profile"], workspace, job.model) if spec["text_profile"] else None
+        profile = profile_for_job(spec.profile, workspace, job.model)
+    text = profile_for_job(spec.text_profile, workspace, job.model) if spec.text_profile else None
     trace: list[dict[str, Any]] = []
 
     def on_trace(point, best: Plan) -> None:
@@ -241,12 +241,12 @@ def run_workload_job(job, workspace: Path, report: Callable[..., dict]) -> None:
         samples,
         profile,
         text,
-        spec["scope"],
-        [spec["budget"]],
+        spec.scope,
+        [spec.budget],
         Store(workspace / "results.sqlite"),
-        evaluations=spec["evaluations"],
-        candidates=spec["candidates"],
-        seed=spec["seed"],
+        evaluations=spec.evaluations,
+        candidates=spec.candidates,
+        seed=spec.seed,
         command=f"app search job {job.id}",
         say=lambda message: report(message=message),
         on_step=on_step,

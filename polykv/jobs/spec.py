@@ -10,7 +10,7 @@ import os
 import re
 import typing
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -58,45 +58,6 @@ def check_id(job_id: object) -> str:
     )
 
 
-@dataclass
-class RunUnit:
-    """One run of an evaluation job and what it stands for (`label`, e.g. {"series": "tova", "budget": 64})."""
-
-    run_id: str
-    plan_name: str
-    label: dict[str, Any]
-    unit: dict[str, Any]  # the fields of `Unit`
-
-
-@dataclass
-class Job:
-    id: str
-    kind: str  # "eval", "profile", "experiment" or "search"
-    title: str
-    model: str
-    device: str
-    created: str
-    runs: list[RunUnit] = field(default_factory=list)
-    profile: dict[str, Any] | None = None  # profile jobs: corpus (CorpusSpec dict), capacity, scopes
-    experiment: dict[str, Any] | None = None  # experiment jobs: which one and its arguments (`_ExperimentFile`)
-    search: dict[str, Any] | None = None  # search jobs: the search's arguments (`_SearchFile`)
-    pid: int | None = None  # the worker: its pid, start time (Linux clock ticks since boot) and host
-    pid_start: int | None = None
-    host: str | None = None
-    cancelled: bool = False
-
-    @classmethod
-    def from_dict(cls, data: Any) -> Job:
-        """A job from its file's data, validated; JobError (one line) when it is not a job."""
-        try:
-            checked = _JobFile.model_validate(data)
-        except ValidationError as exc:
-            raise JobError(validation_line(exc)) from None
-        values = checked.model_dump()
-        runs = [RunUnit(**r) for r in values.pop("runs")]
-        return cls(**values, runs=runs)
-
-
 @dataclass(frozen=True)
 class DamagedJob:
     """A file in the jobs folder that is not a readable job, and why (one line)."""
@@ -118,16 +79,7 @@ def _unit_model() -> type[BaseModel]:
 _UnitFields = _unit_model()
 
 
-class _RunUnitFile(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    run_id: str = Field(min_length=1)
-    plan_name: str
-    label: dict[str, Any]
-    unit: _UnitFields  # type: ignore[valid-type]
-
-
-class _ProfileFile(BaseModel):
+class ProfileSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     corpus: dict[str, Any]
@@ -135,7 +87,7 @@ class _ProfileFile(BaseModel):
     scopes: list[Literal[tuple(p.value for p in Phase)]] = Field(min_length=1)  # type: ignore[misc]
 
 
-class _ExperimentFile(BaseModel):
+class ExperimentSpec(BaseModel):
     """An experiment job's arguments: the route (guided plan) is TopRank by `statistic` from `profile`
     in `scope` at `budget` with `allocation` capacities; the factorial's allocated arm is `allocation`."""
 
@@ -157,7 +109,7 @@ class _ExperimentFile(BaseModel):
     seed: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
-    def _fits(self) -> _ExperimentFile:
+    def _fits(self) -> ExperimentSpec:
         if self.name == "factorial" and not self.baseline:
             raise ValueError("a factorial needs a baseline (its homogeneous method)")
         if self.name == "factorial" and self.allocation == "uniform":
@@ -169,7 +121,7 @@ class _ExperimentFile(BaseModel):
         return self
 
 
-class _SearchFile(BaseModel):
+class SearchSpec(BaseModel):
     """A plan search's arguments (`polykv.search`): from `start` (a plan's JSON, the designer's) when it is
     in the search space, TopRank by `statistic` from `profile` and the best homogeneous plan, at `budget`.
     With `sources` (metric answer_nll), a workload search (`polykv.search.workload`): `profile` is a workload
@@ -196,7 +148,22 @@ class _SearchFile(BaseModel):
     accuracy_samples: int | None = Field(default=None, ge=1, le=10_000)
 
 
-class _JobFile(BaseModel):
+class RunUnit(BaseModel):
+    """One run of an evaluation job and what it stands for (`label`, e.g. {"series": "tova", "budget": 64})."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    run_id: str = Field(min_length=1)
+    plan_name: str
+    label: dict[str, Any]
+    unit: _UnitFields  # type: ignore[valid-type]  # the fields of `Unit`: `Unit(**run.unit.model_dump())`
+
+
+class Job(BaseModel):
+    """A background job, as its file holds it (one schema: the job in memory is the job file). Built by the
+    builders below, checked whenever it is made or read (`from_dict`); the worker's fields (`pid`, ...) and
+    `cancelled` change as it runs."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
 
     id: str
@@ -205,14 +172,24 @@ class _JobFile(BaseModel):
     model: str
     device: str
     created: str
-    runs: list[_RunUnitFile] = Field(default_factory=list)
-    profile: _ProfileFile | None = None
-    experiment: _ExperimentFile | None = None
-    search: _SearchFile | None = None
+    runs: list[RunUnit] = Field(default_factory=list)
+    # each kind's own settings
+    profile: ProfileSpec | None = None
+    experiment: ExperimentSpec | None = None
+    search: SearchSpec | None = None
+    # the worker: its pid, start time (Linux clock ticks since boot) and host
     pid: int | None = Field(default=None, gt=1)
     pid_start: int | None = Field(default=None, ge=0)
     host: str | None = None
     cancelled: bool = False
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Job:
+        """A job from its file's data, validated; JobError (one line) when it is not a job."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise JobError(validation_line(exc)) from None
 
     @field_validator("id")
     @classmethod
@@ -223,7 +200,7 @@ class _JobFile(BaseModel):
             raise ValueError(str(exc)) from None
 
     @model_validator(mode="after")
-    def _kind_fits(self) -> _JobFile:
+    def _kind_fits(self) -> Job:
         if self.kind == "eval" and not self.runs:
             raise ValueError("an evaluation job needs at least one run")
         settings = {"profile": self.profile, "experiment": self.experiment, "search": self.search}
@@ -280,43 +257,45 @@ def eval_job(units: list[tuple[dict[str, Any], Unit]], title: str) -> Job:
     for label, unit in units:
         plan = validate_plan(Plan.from_json(unit.plan_json))  # refuse a bad plan here, not in the background
         run_id = run_id_for(unit.model, plan, unit.suite, unit.settings().to_dict(), unit.seed)
-        runs.append(RunUnit(run_id, plan.name, dict(label), asdict(unit)))
-    return Job(_new_id("eval"), "eval", title, model, device, _now(), runs=runs)
+        runs.append(RunUnit(run_id=run_id, plan_name=plan.name, label=dict(label), unit=asdict(unit)))
+    return Job(id=_new_id("eval"), kind="eval", title=title, model=model, device=device, created=_now(), runs=runs)
 
 
 def profile_job(
     model: str, device: str, corpus: dict[str, Any], capacity: int | None, scopes: list[str], title: str
 ) -> Job:
     return Job(
-        _new_id("profile"),
-        "profile",
-        title,
-        model,
-        device,
-        _now(),
-        profile={"corpus": corpus, "capacity": capacity, "scopes": list(scopes)},
+        id=_new_id("profile"),
+        kind="profile",
+        title=title,
+        model=model,
+        device=device,
+        created=_now(),
+        profile=ProfileSpec(corpus=corpus, capacity=capacity, scopes=list(scopes)),
     )
 
 
 def experiment_job(model: str, device: str, experiment: dict[str, Any], title: str) -> Job:
-    """A job that runs the library's experiment `experiment` describes (see `_ExperimentFile`); JobError (one
+    """A job that runs the library's experiment `experiment` describes (see `ExperimentSpec`); JobError (one
     line) when it is not a valid description. `polykv.eval.experiments.launch_job` builds one and checks,
     before anything runs in the background, that the profile, the settings and every plan are good."""
     try:
-        spec = _ExperimentFile.model_validate(experiment).model_dump()
+        spec = ExperimentSpec.model_validate(experiment)
     except ValidationError as exc:
         raise JobError(validation_line(exc)) from None
-    return Job(_new_id("experiment"), "experiment", title, model, device, _now(), experiment=spec)
+    kind = "experiment"
+    return Job(id=_new_id(kind), kind=kind, title=title, model=model, device=device, created=_now(), experiment=spec)
 
 
 def search_job(model: str, device: str, search: dict[str, Any], title: str) -> Job:
-    """A job that runs a plan search (`_SearchFile`); JobError (one line) when it is not a valid description.
+    """A job that runs a plan search (`SearchSpec`); JobError (one line) when it is not a valid description.
     `polykv.jobs.search.launch_search` builds one and checks the profile and the start plan first."""
     try:
-        spec = _SearchFile.model_validate(search).model_dump()
+        spec = SearchSpec.model_validate(search)
     except ValidationError as exc:
         raise JobError(validation_line(exc)) from None
-    return Job(_new_id("search"), "search", title, model, device, _now(), search=spec)
+    kind = "search"
+    return Job(id=_new_id(kind), kind=kind, title=title, model=model, device=device, created=_now(), search=spec)
 
 
 def report_path(workspace: Path, job_id: str) -> Path:
@@ -334,7 +313,7 @@ def _spec_path(workspace: Path, job_id: str) -> Path:
 
 def save_job(job: Job, workspace: Path) -> Path:
     path = _spec_path(workspace, job.id)
-    atomic_write_json(path, asdict(job))
+    atomic_write_json(path, job.model_dump())
     return path
 
 

@@ -82,7 +82,7 @@ def _run(job: Job, workspace: Path, experiment: JobWork | None = None) -> None:
             from polykv.eval.runner import run_suite
 
             for i, r in enumerate(job.runs):
-                unit = Unit(**r.unit)
+                unit = Unit(**r.unit.model_dump())
                 active = r.run_id
 
                 def progress(done: int, total: int, where: str, i: int = i, r: RunUnit = r) -> None:
@@ -111,15 +111,15 @@ def _run(job: Job, workspace: Path, experiment: JobWork | None = None) -> None:
             from polykv.profile.build import build_profile
             from polykv.profile.corpus import CorpusSpec
 
-            spec = job.profile or {}
+            spec = job.profile
             profile = build_profile(
                 job.model,
                 model,
                 tokenizer,
                 workspace / "profiles",
-                CorpusSpec.from_dict(spec["corpus"]),
-                spec.get("capacity"),
-                tuple(Phase(s) for s in spec["scopes"]),
+                CorpusSpec.from_dict(spec.corpus),
+                spec.capacity,
+                tuple(Phase(s) for s in spec.scopes),
                 progress=lambda fraction, message: report(fraction=fraction, message=message),
             )
             report(result={"profile": str(profile.path), "key": profile.key})
