@@ -15,7 +15,7 @@ if _ROOT not in sys.path[:1]:
 
 import streamlit as st  # noqa: E402
 
-from app import common, designing, session, state  # noqa: E402
+from app import common, plan_draft, session, state  # noqa: E402
 
 # An emoji favicon is drawn in the browser; a ":material/...:" one would be fetched from a CDN.
 st.set_page_config(page_title="PolyKV", page_icon="🧩", layout="wide")
@@ -40,20 +40,20 @@ with st.sidebar:
         )
         devices = session.devices()
         st.selectbox("Device", devices, index=common.index_of(devices, device), key=state.MODEL_DEVICE)
-        st.form_submit_button("Load model", on_click=designing.request_model_from_form)
-    pending = designing.pending_model()
+        st.form_submit_button("Load model", on_click=plan_draft.request_model_from_form)
+    pending = plan_draft.pending_model()
     if pending is not None:  # the plan does not fit the new model: ask before it leaves the designer
         st.warning(pending[2])
         switch, stay = st.columns(2)
-        switch.button("Switch", type="primary", on_click=designing.answer_pending_model, args=(True,))
-        stay.button("Stay", on_click=designing.answer_pending_model, args=(False,))
+        switch.button("Switch", type="primary", on_click=plan_draft.answer_pending_model, args=(True,))
+        stay.button("Stay", on_click=plan_draft.answer_pending_model, args=(False,))
     if session.model_error():
         st.error(session.model_error())
     try:
         loaded_name, loaded_device, model, _ = session.current_model()
         st.caption(f"Model: **{loaded_name}** on {loaded_device}, {session.num_layers()} layers")
     except Exception as exc:  # the last good model could not be reloaded: fall back to the demo
-        designing.fall_back_to_demo()
+        plan_draft.fall_back_to_demo()
         st.error(f"Model unavailable ({common.first_line(exc)}); using the demo model.")
     st.radio("Figure downloads (camera button)", ["png", "svg"], horizontal=True, key=state.FIGURE_FORMAT)
 

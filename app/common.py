@@ -1,7 +1,7 @@
 """What the pages decide alike: the profiles of a model, the starting settings of runs and profiles, which
 jobs and runs to show, starting and controlling a job, and figure display. UI glue only; the work is done
-by `polykv`. The session and its model are `app.session`, the plan being designed `app.designing`, the
-designer's edits `app.editing`; session-state keys come from `app.state`."""
+by `polykv`. The session and its model are `app.session`, the plan being designed `app.plan_draft`, the
+designer's edits `app.designer_controls`; session-state keys come from `app.state`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 import streamlit as st
 
 from app import charts, state
-from app.editing import flash
+from app.designer_controls import flash
 from app.session import current_model, is_demo, num_layers, workspace
 from polykv import jobs
 from polykv.errors import PolyKVError, first_line

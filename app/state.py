@@ -19,7 +19,7 @@ SESSION_ID = "session_id"  # this browser session's id, also in the URL (?sessio
 PENDING_MODEL = "pending_model"  # (name, device, question): a model switch that waits for Switch or Stay
 DRAFT_PROBLEM = "draft_problem"  # why the plan or the session could not be saved or reopened (shown once)
 
-# ---- the plan being designed (app/designing.py, app/editing.py) ------------------------------------------------------
+# ---- the plan being designed (app/plan_draft.py, app/designer_controls.py) -------------------------------------
 PLAN_JSON = "plan_json"  # the designer's current plan, as JSON (valid for the current model)
 UNDO = "undo"  # earlier plans, as JSON, newest last (at most 50): what Undo restores
 REDO = "redo"  # undone plans, as JSON, newest last: what Redo restores (emptied by a new edit)

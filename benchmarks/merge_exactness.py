@@ -22,7 +22,7 @@ import torch
 from polykv.models import cache_argument_name
 from polykv.plan import Plan
 from polykv.runtime import routed
-from polykv.runtime.batch import generate_many
+from polykv.runtime.many_plans import generate_many
 
 # The package is imported (from PYTHONPATH or the install); the test helpers come from this checkout
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

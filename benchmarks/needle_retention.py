@@ -3,7 +3,7 @@ holds after the prompt (and after the first decode step, for the methods that cu
 
     python benchmarks/needle_retention.py --model smollm2 --length 2048 --samples 8 --capacities 128,256,512,1024
 
-For each sample the prompt runs once for every plan (`polykv.runtime.batch`); then each plan's cache is read:
+For each sample the prompt runs once for every plan (`polykv.runtime.many_plans`); then each plan's cache is read:
 the true positions held in every layer and KV head are compared with the positions of the needle sentence's
 tokens in the prompt. A method that keeps the needle in every layer and head scores 1.0; one that drops it
 everywhere 0.0. It also prints how often each plan answers (greedy, as RULER scores it), so that a low score
@@ -23,7 +23,7 @@ from polykv.eval.suites.ruler.common import split_answer_prefix
 from polykv.methods import params_that_fit
 from polykv.models import load_model, num_layers
 from polykv.plan import Plan
-from polykv.runtime.batch import eos_ids, greedy, many
+from polykv.runtime.many_plans import eos_ids, greedy, many
 
 PREFILL_METHODS = ("snapkv", "pyramidkv", "tova", "h2o", "streamingllm", "cake", "scissorhands", "knorm")
 

@@ -545,7 +545,7 @@ def test_runs_launches_the_plan_it_shows_and_offers_saved_plans(app_env):
 
 @pytest.mark.slow  # launches a four-run eval job and waits for its worker
 def test_a_placement_control_launched_from_runs_is_drawn_on_experiments(app_env):
-    from polykv.design import paint
+    from polykv.plan_edits import paint
 
     guided = paint(Plan.homogeneous("tova", 24, 5, "decode", name="guided"), [2, 3, 4], "decode", "h2o")
     at = open_app("runs")

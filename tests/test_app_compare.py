@@ -10,13 +10,13 @@ from streamlit.proto.Metric_pb2 import Metric as MetricProto
 
 from app import charts
 from polykv import jobs
-from polykv.design import paint
 from polykv.eval.compare import compare_runs
 from polykv.eval.experiments import launch_plans
 from polykv.eval.runner import run_suite
 from polykv.eval.store import Store
 from polykv.eval.unit import Unit
 from polykv.plan import Plan
+from polykv.plan_edits import paint
 from tests.helpers import TINY_FIDELITY, fake_run, open_app, texts
 
 COLOR = {

@@ -15,7 +15,7 @@ import urllib.parse
 import pytest
 from playwright.sync_api import expect
 
-from polykv import design
+from polykv import plan_edits
 from polykv.eval.store import Store
 from polykv.plan import Plan
 from tests.browser import (
@@ -38,6 +38,8 @@ from tests.browser import (
 )
 from tests.helpers import MIXED, wait_until
 
+# The page tests build on the flow test's finished run and job: one worker runs the module, in order (pytest's
+# addopts: --dist loadscope).
 # Streamlit scrolls an inner container, so a screenshot holds only the viewport: make it tall.
 VIEWPORT = {"width": 1400, "height": 2600}
 PAGE_TARGET_S = 5.0  # reported, not asserted
@@ -92,7 +94,7 @@ def test_design_save_evaluate_and_compare_a_plan(app, page):
     paint_decode_cells(page, 1, 3, "h2o", 40)
     expect(page.get_by_text("Painted h2o @40 onto layers 1, 2, 3 (decode).")).to_be_visible(timeout=WAIT)
     settle(page)
-    painted = design.paint(Plan.load(MIXED), [1, 2, 3], "decode", "h2o", 40)
+    painted = plan_edits.paint(Plan.load(MIXED), [1, 2, 3], "decode", "h2o", 40)
     decode_line = painted.summary().lines()[2].strip()
     assert "h2o x4" in decode_line  # h2o was already in layers 2 and 4
     expect(page.get_by_test_id("stText").first).to_contain_text(decode_line)
@@ -215,7 +217,7 @@ def test_painting_feels_direct_and_a_reload_keeps_the_edited_plan(app, page):
     expect(palette(page, "snapkv")).to_be_disabled()  # prefill only
     expect(palette(page, "d2o")).to_be_enabled()
     page.evaluate("document.activeElement && document.activeElement.blur()")  # shortcuts skip focused inputs
-    page.keyboard.press(design.shortcuts([name for name, _ in design.palette("decode")])["tova"])
+    page.keyboard.press(plan_edits.shortcuts([name for name, _ in plan_edits.palette("decode")])["tova"])
     expect(palette(page, "tova")).to_have_attribute("kind", "primary", timeout=WAIT)
     settle(page)
     capacity = page.get_by_label("Capacity (tokens per KV head)")

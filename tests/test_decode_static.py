@@ -162,12 +162,13 @@ def test_the_concatenating_path_is_chosen_per_cache_and_allocates_every_step():
     name = cache_argument_name(model)
     with routed(model, plan, CacheOptions(in_place_slots=False)) as session, torch.no_grad():
         out = model(prompt(model, PROMPT), use_cache=True)
-        token, seen = out.logits[:, -1:].argmax(-1), []
+        token, held = out.logits[:, -1:].argmax(-1), []
         for _ in range(4):
             out = model(token, use_cache=True, **{name: session.cache})
             token = out.logits[:, -1:].argmax(-1)
-            seen.append(session.cache.layers[0].keys.untyped_storage().data_ptr())
-    assert len(set(seen)) == len(seen)  # a new tensor at every step: the previous path
+            held.append(session.cache.layers[0].keys)  # held: the allocator cannot hand its memory out again
+            assert session.cache.layers[0].slots.kv is None  # no block
+    assert len({keys.untyped_storage().data_ptr() for keys in held}) == len(held)  # new storage at every step
     with routed(model, plan) as session, torch.no_grad():  # another cache, the default again
         model(prompt(model, PROMPT), use_cache=True)
         assert all(layer.options.in_place_slots for layer in session.cache.layers)
@@ -184,7 +185,7 @@ def _paths(monkeypatch, run) -> set:
 
 def test_each_attention_path_is_taken_where_its_table_says(monkeypatch):
     from polykv.runtime.attention import Path
-    from polykv.runtime.batch import generate_many
+    from polykv.runtime.many_plans import generate_many
 
     model = tiny_model("llama")
     ids = prompt(model, PROMPT)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from polykv import design, drafts
+from polykv import drafts, plan_edits
 from polykv.plan import Plan
 from tests.helpers import MIXED
 
@@ -68,19 +68,19 @@ def test_the_session_remembers_its_model(tmp_path):
 
 
 def test_the_palette_greys_methods_that_cannot_run_in_the_phase_and_says_why():
-    decode = dict(design.palette("decode"))
+    decode = dict(plan_edits.palette("decode"))
     assert decode["snapkv"] == "snapkv runs only in the prefill phase" and decode["d2o"] is None
-    both = dict(design.palette("both"))
+    both = dict(plan_edits.palette("both"))
     assert both["d2o"] == "d2o runs only in the decode phase" and both["tova"] is None and both["full"] is None
-    keys = design.shortcuts([name for name, _ in design.palette("both")])
+    keys = plan_edits.shortcuts([name for name, _ in plan_edits.palette("both")])
     assert len(set(keys.values())) == len(keys) and not {"C", "R"} & set(keys.values())
 
 
 def test_a_scope_change_is_put_in_words():
     decode = Plan.homogeneous("tova", 24, 5, "decode")
-    both = design.paint(decode, [0], "both", "h2o", 16)
-    assert design.scope_change(decode, both) == "The plan's scope changed from decode to both."
-    assert design.scope_change(decode, design.paint(decode, [0], "decode", "h2o")) is None
+    both = plan_edits.paint(decode, [0], "both", "h2o", 16)
+    assert plan_edits.scope_change(decode, both) == "The plan's scope changed from decode to both."
+    assert plan_edits.scope_change(decode, plan_edits.paint(decode, [0], "decode", "h2o")) is None
 
 
 def test_a_draft_keeps_the_designers_selection_and_older_drafts_without_one_still_open(tmp_path):

@@ -16,7 +16,7 @@ from polykv.methods.d2o import D2O
 from polykv.models import cache_argument_name
 from polykv.plan import Plan
 from polykv.runtime import CacheOptions, routed
-from polykv.runtime.batch import generate_many
+from polykv.runtime.many_plans import generate_many
 from tests.helpers import cache_state, decode_logits, identical, plan_of, prompt, tiny_model
 
 LAYERS, PROMPT, STEPS = 4, 40, 20

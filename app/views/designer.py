@@ -1,28 +1,29 @@
 """Plan designer: select layers, paint methods and capacities, fine-tune in a table, save and load.
 
 One function per section, called top to bottom at the end. The page only draws: every decision is in
-`polykv.design` (the plan operations) or the app's glue (`app.editing`: edits and selection,
-`app.designing`: the plan and its history); keys are in `app.state`.
+`polykv.plan_edits` (the plan operations) or the app's glue (`app.designer_controls`: edits and selection,
+`app.plan_draft`: the plan and its history); keys are in `app.state`.
 """
 
 import streamlit as st
 
-from app import charts, common, designing, editing, session, state
-from polykv import design
+from app import charts, common, plan_draft, session, state
+from app import designer_controls as controls
+from polykv import plan_edits
 from polykv.plan import Phase, PlanError
 from polykv.routing import ALLOCATIONS
 
-# Message slots beside the controls that fill them (the paint controls' is `editing.PLAN_MESSAGES`).
+# Message slots beside the controls that fill them (the paint controls' is `controls.PLAN_MESSAGES`).
 TABLE, FILES, LOADS = "table", "files", "loads"
 
 
 def chart_selection(layers: int) -> None:
     """The chart's last selection feeds the layer list and the phase below."""
-    editing.follow_chart_selection(layers)
+    controls.follow_chart_selection(layers)
 
 
 def chart(plan) -> None:
-    figure = charts.plan_figure(plan, editing.selected_layers(), editing.shown_phases(), editing.selection_boxes())
+    figure = charts.plan_figure(plan, controls.selected_layers(), controls.shown_phases(), controls.selection_boxes())
     common.show(figure, "plan", key=state.PLAN_CHART, on_select="rerun", selection_mode=("points", "box", "lasso"))
 
 
@@ -32,7 +33,7 @@ def summary(plan) -> None:
 
 def provenance(plan) -> None:
     """Where the plan came from and every edit made to it since, oldest first."""
-    edits = design.edits(plan)
+    edits = plan_edits.edits(plan)
     with st.expander(f"Provenance ({len(edits)} edit{'' if len(edits) == 1 else 's'})"):
         st.caption(f"Built by: {plan.provenance.get('built_by', 'unknown')}")
         st.text("\n".join(f"{i}. {edit}" for i, edit in enumerate(edits, 1)) if edits else "No edits yet.")
@@ -45,7 +46,7 @@ def paint(plan, layers: int) -> None:
     with left:
         st.multiselect("Selected layers", list(range(layers)), key=state.DESIGNER_LAYERS)
     with middle:
-        st.radio("Phase", design.PHASE_CHOICES, key=state.DESIGNER_PHASE, horizontal=True)
+        st.radio("Phase", plan_edits.PHASE_CHOICES, key=state.DESIGNER_PHASE, horizontal=True)
     with right:
         st.number_input(
             "Capacity (tokens per KV head)",
@@ -57,24 +58,24 @@ def paint(plan, layers: int) -> None:
     palette()
     with st.container(horizontal=True, vertical_alignment="center"):
         painted = st.button("Paint selection", type="primary")
-        undone = st.button("Undo", disabled=not designing.can_undo(), shortcut="Ctrl+Z")
-        redone = st.button("Redo", disabled=not designing.can_redo(), shortcut="Ctrl+Shift+Z")
-        st.button("Select all", on_click=editing.select_layers, args=(range(layers),))
-        st.button("Clear", on_click=editing.select_layers, args=((),))
+        undone = st.button("Undo", disabled=not plan_draft.can_undo(), shortcut="Ctrl+Z")
+        redone = st.button("Redo", disabled=not plan_draft.can_redo(), shortcut="Ctrl+Shift+Z")
+        st.button("Select all", on_click=controls.select_layers, args=(range(layers),))
+        st.button("Clear", on_click=controls.select_layers, args=((),))
     # What the controls around here did, or why not: said here, so nothing above the chart moves.
-    editing.show_flash(state.designer_flash(editing.PLAN_MESSAGES))
-    if designing.draft_problem():
-        st.warning(designing.draft_problem())
+    controls.show_flash(state.designer_flash(controls.PLAN_MESSAGES))
+    if plan_draft.draft_problem():
+        st.warning(plan_draft.draft_problem())
     if painted:
-        chosen, phase, method, capacity = editing.paint_request()
-        editing.attempt(
-            lambda: design.paint(plan, chosen, phase, method, capacity),
-            design.paint_message(chosen, phase, method, capacity),
+        chosen, phase, method, capacity = controls.paint_request()
+        controls.attempt(
+            lambda: plan_edits.paint(plan, chosen, phase, method, capacity),
+            plan_edits.paint_message(chosen, phase, method, capacity),
         )
     if undone or redone:
-        said = designing.undo() if undone else designing.redo()
+        said = plan_draft.undo() if undone else plan_draft.redo()
         if said:
-            editing.flash(state.designer_flash(editing.PLAN_MESSAGES), said, "info")
+            controls.flash(state.designer_flash(controls.PLAN_MESSAGES), said, "info")
         st.rerun()
     with st.container(horizontal=True, vertical_alignment="center"):
         with st.popover("Rescale to a budget"):
@@ -82,8 +83,8 @@ def paint(plan, layers: int) -> None:
         with st.popover("Build from profile"):
             build_from_profile()
         if st.button("Reset to full"):
-            editing.commit(design.reset_to_full(plan), "Reset every layer to full (no eviction).")
-    unavailable = [why for _, why in editing.paint_palette() if why]
+            controls.commit(plan_edits.reset_to_full(plan), "Reset every layer to full (no eviction).")
+    unavailable = [why for _, why in controls.paint_palette() if why]
     if unavailable:
         st.caption("Not offered here: " + "; ".join(unavailable) + ".")
 
@@ -91,30 +92,34 @@ def paint(plan, layers: int) -> None:
 def palette() -> None:
     """One button per method: the chosen one highlighted, those that cannot run in the phase greyed with
     the reason as their tooltip; each has a one-key shortcut (shown on the button)."""
-    entries = editing.paint_palette()
-    keys = design.shortcuts([name for name, _ in entries])
-    chosen = editing.chosen_method()
+    entries = controls.paint_palette()
+    keys = plan_edits.shortcuts([name for name, _ in entries])
+    chosen = controls.chosen_method()
     with st.container(horizontal=True):
-        for name, why_not in [(editing.KEEP, None), *entries]:
+        for name, why_not in [(controls.KEEP, None), *entries]:
             st.button(
                 name,
                 key=state.palette_button(name),
                 type="primary" if name == chosen else "secondary",
                 disabled=why_not is not None,
-                help=why_not or ("Leave each cell's method as it is" if name == editing.KEEP else None),
-                shortcut=keys.get(name, "0" if name == editing.KEEP else None),
-                on_click=editing.choose_method,
+                help=why_not or ("Leave each cell's method as it is" if name == controls.KEEP else None),
+                shortcut=keys.get(name, "0" if name == controls.KEEP else None),
+                on_click=controls.choose_method,
                 args=(name,),
             )
 
 
 def rescale_to_budget(plan) -> None:
     target = st.number_input(
-        "Budget (average capacity per layer)", min_value=1.0, value=float(round(design.current_budget(plan))), step=1.0
+        "Budget (average capacity per layer)",
+        min_value=1.0,
+        value=float(round(plan_edits.current_budget(plan))),
+        step=1.0,
     )
     if st.button("Rescale (keep the route)"):
-        editing.attempt(
-            lambda: design.rescale(plan, target), f"Rescaled to a budget of {target:g} (average capacity per layer)."
+        controls.attempt(
+            lambda: plan_edits.rescale(plan, target),
+            f"Rescaled to a budget of {target:g} (average capacity per layer).",
         )
 
 
@@ -124,7 +129,7 @@ def build_from_profile() -> None:
         st.info("No profile for this model yet: compute one on the Profiles page.")
         return
     picked = by_key[st.selectbox("Profile", list(by_key))]
-    scope = st.selectbox("Scope", design.profile_scopes(picked), key=state.BUILD_SCOPE)
+    scope = st.selectbox("Scope", plan_edits.profile_scopes(picked), key=state.BUILD_SCOPE)
     budget = st.number_input(
         "Budget (average capacity per layer)", min_value=1, value=picked.meta.b_cal, step=1, key=state.BUILD_BUDGET
     )
@@ -134,8 +139,8 @@ def build_from_profile() -> None:
     statistic = st.radio("TopRank statistic", statistics, horizontal=True, key=state.BUILD_STATISTIC)
     allocation = st.radio("Allocation", list(ALLOCATIONS), horizontal=True, key=state.BUILD_ALLOCATION)
     if st.button("Build plan"):
-        editing.attempt(
-            lambda: design.build_from_profile(picked, scope, budget, statistic, allocation),
+        controls.attempt(
+            lambda: plan_edits.build_from_profile(picked, scope, budget, statistic, allocation),
             f"Built from profile {picked.key} ({statistic}, {allocation}).",
         )
 
@@ -146,7 +151,7 @@ def layer_table(plan) -> None:
     columns = {
         **{
             f"{p.value}_method": st.column_config.SelectboxColumn(
-                f"{p.value} method", options=design.table_methods(p), required=True
+                f"{p.value} method", options=plan_edits.table_methods(p), required=True
             )
             for p in Phase
         },
@@ -154,28 +159,28 @@ def layer_table(plan) -> None:
         **{f"{p.value}_params": st.column_config.TextColumn(f"{p.value} params") for p in Phase},
     }
     edited = st.data_editor(
-        design.to_table(plan),
-        key=state.plan_table(designing.plan_version()),
+        plan_edits.to_table(plan),
+        key=state.plan_table(plan_draft.plan_version()),
         hide_index=True,
         disabled=["layer"],
         column_config=columns,
     )
     try:
-        from_table = design.from_table(plan, edited)
+        from_table = plan_edits.from_table(plan, edited)
     except PlanError as exc:
         st.error(f"Table: {exc}. The plan keeps its last valid state; fix the cell or press Undo edits.")
         if st.button("Undo edits"):
-            designing.new_plan_version()
+            plan_draft.new_plan_version()
             st.rerun()
         return
     if from_table != plan:
-        editing.commit(from_table, "Table edit applied.", TABLE)
-    editing.show_flash(state.designer_flash(TABLE))
+        controls.commit(from_table, "Table edit applied.", TABLE)
+    controls.show_flash(state.designer_flash(TABLE))
 
 
 def files(plan) -> None:
     st.subheader("Save, load, compare")
-    saved = editing.saved_plans()
+    saved = controls.saved_plans()
     save_col, load_col, diff_col = st.columns(3)
     with save_col:
         save(plan)
@@ -186,32 +191,32 @@ def files(plan) -> None:
 
 
 def save(plan) -> None:
-    name = st.text_input("Plan name", value=plan.name, key=state.plan_name(designing.plan_version()))
+    name = st.text_input("Plan name", value=plan.name, key=state.plan_name(plan_draft.plan_version()))
     overwrite = st.checkbox("Overwrite an existing file")
     if st.button("Save to plans/"):
         try:
-            outcome = design.save_plan(plan, editing.plans_dir(), name, overwrite)
+            outcome = plan_edits.save_plan(plan, controls.plans_dir(), name, overwrite)
         except (PlanError, OSError) as exc:
             st.error(common.first_line(exc))
         else:
             if outcome.path is None:
                 st.warning(f"{outcome.message}: tick 'Overwrite' to replace it.")
             else:
-                editing.commit(outcome.plan, outcome.message, FILES)
-    editing.show_flash(state.designer_flash(FILES))
+                controls.commit(outcome.plan, outcome.message, FILES)
+    controls.show_flash(state.designer_flash(FILES))
     st.download_button(
-        "Download JSON", plan.to_json(), file_name=design.plan_filename(plan.name), mime="application/json"
+        "Download JSON", plan.to_json(), file_name=plan_edits.plan_filename(plan.name), mime="application/json"
     )
 
 
 def load(saved) -> None:
     choice = st.selectbox("Saved plans", saved, index=None, placeholder="choose a plan file", format_func=str)
     if st.button("Load", disabled=choice is None):
-        editing.attempt(lambda: editing.read_plan_file(choice), f"Loaded {choice}.", LOADS)
+        controls.attempt(lambda: controls.read_plan_file(choice), f"Loaded {choice}.", LOADS)
     upload = st.file_uploader("Upload a plan (JSON)", type=["json"], key=state.PLAN_UPLOAD)
-    if editing.new_upload(upload):
-        editing.attempt(lambda: editing.read_plan(upload.getvalue(), upload.name), f"Loaded {upload.name}.", LOADS)
-    editing.show_flash(state.designer_flash(LOADS))
+    if controls.new_upload(upload):
+        controls.attempt(lambda: controls.read_plan(upload.getvalue(), upload.name), f"Loaded {upload.name}.", LOADS)
+    controls.show_flash(state.designer_flash(LOADS))
 
 
 def diff(plan, saved) -> None:
@@ -221,11 +226,11 @@ def diff(plan, saved) -> None:
     if other is None:
         return
     try:
-        against = editing.read_plan_file(other)
+        against = controls.read_plan_file(other)
     except PlanError as exc:
         st.error(str(exc))
         return
-    changes = design.diff(against, plan)
+    changes = plan_edits.diff(against, plan)
     st.caption(f"a = {other}, b = the current plan: {len(changes)} difference(s)")
     st.dataframe(changes, hide_index=True, width="stretch")
 
@@ -236,12 +241,12 @@ st.title(
     "list below, then paint a method and/or a capacity onto them. Every edit is checked against the model at once "
     "and kept as this session's draft (the URL brings it back).",
 )
-current, num_layers = designing.plan(), session.num_layers()
-editing.phase_follows_scope(current)
+current, num_layers = plan_draft.plan(), session.num_layers()
+controls.phase_follows_scope(current)
 chart_selection(num_layers)
 chart(current)
 paint(current, num_layers)
-designing.keep_selection()
+plan_draft.keep_selection()
 summary(current)
 provenance(current)
 layer_table(current)

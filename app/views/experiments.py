@@ -6,7 +6,7 @@ import json
 import pandas as pd
 import streamlit as st
 
-from app import charts, common, designing, editing, session, state
+from app import charts, common, designer_controls, plan_draft, session, state
 from polykv import jobs
 from polykv.errors import PolyKVError, StoreError
 from polykv.eval.compare import metrics_of, placement_summary, suite_score, sweep_table
@@ -92,7 +92,7 @@ else:
             ),
             state.EXPERIMENT_FLASH,
         )
-editing.show_flash(state.EXPERIMENT_FLASH)
+designer_controls.show_flash(state.EXPERIMENT_FLASH)
 
 # ---- experiment jobs (polled while any runs) ----------------------------------------------------------------
 st.subheader("Experiment jobs")
@@ -162,7 +162,7 @@ def show_placement(data: dict) -> None:
     st.markdown(f"Selected: **{entry['plan']}** · S(rho) {entry['S']:.4f} · {data['metric']} {entry['score']:.4f}")
     if st.button("Open in the designer", type="primary"):
         try:
-            designing.set_plan(Plan.from_json(entry["plan_json"]))
+            plan_draft.set_plan(Plan.from_json(entry["plan_json"]))
         except PlanError as exc:
             st.error(f"Not opened: {common.first_line(exc)}")
         else:

@@ -3,7 +3,7 @@
 import pandas as pd
 import streamlit as st
 
-from app import common, designing, editing, session, state
+from app import common, designer_controls, plan_draft, session, state
 from polykv import jobs
 from polykv.errors import PolyKVError
 from polykv.eval.experiments import baseline_methods, plan_budget
@@ -17,7 +17,7 @@ workspace = session.workspace()
 
 
 # ---- launch --------------------------------------------------------------------------------------------
-choices = [common.DESIGNER_PLAN, *editing.saved_plans()]
+choices = [common.DESIGNER_PLAN, *designer_controls.saved_plans()]
 picked = st.selectbox(
     "Plan to evaluate",
     choices,
@@ -26,7 +26,7 @@ picked = st.selectbox(
     help="The plan on the designer, or a plan file saved under plans/",
 )
 try:
-    plan = designing.plan() if picked == common.DESIGNER_PLAN else editing.read_plan_file(picked)
+    plan = plan_draft.plan() if picked == common.DESIGNER_PLAN else designer_controls.read_plan_file(picked)
 except PolyKVError as exc:
     st.error(common.first_line(exc))
     st.stop()
@@ -72,7 +72,7 @@ if launched:
         state.RUNS_FLASH,
         refused="Not launched",
     )
-editing.show_flash(state.RUNS_FLASH)
+designer_controls.show_flash(state.RUNS_FLASH)
 
 # ---- jobs (polled while any runs) -----------------------------------------------------------------------
 # Cancel and Resume refuse with a JobError (or a FileError when the job file cannot be written)

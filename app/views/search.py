@@ -5,7 +5,7 @@ plan live; read the held-out verdict; open the result in the designer. The work 
 import pandas as pd
 import streamlit as st
 
-from app import charts, common, designing, editing, session, state
+from app import charts, common, designer_controls, plan_draft, session, state
 from polykv import jobs
 from polykv.errors import PolyKVError
 from polykv.eval.experiments import plan_budget
@@ -28,7 +28,7 @@ OBJECTIVES = {"kl": "KL on text", "answer_nll": "answer_nll on a workload"}
 SOURCES_HELP = "Comma-separated ruler:TASK@LENGTH (one length) or longbench:PATH/<task>.jsonl"
 name, device, _, _ = session.current_model()
 workspace = session.workspace()
-plan = designing.plan()
+plan = plan_draft.plan()
 demo = session.is_demo(name)
 
 
@@ -123,7 +123,7 @@ else:
             ),
             state.SEARCH_FLASH,
         )
-editing.show_flash(state.SEARCH_FLASH)
+designer_controls.show_flash(state.SEARCH_FLASH)
 
 # ---- the searches (polled while one runs) -----------------------------------------------------------------------
 searches = common.jobs_of(jobs.list_jobs(workspace), "search", name, limit=10)
@@ -192,7 +192,7 @@ def open_in_designer(plan_data, moves) -> None:
     st.caption(f"{len(moves)} moves taken: " + ("; ".join(moves) if moves else "none (the start was best)"))
     if st.button("Open the searched plan in the designer", type="primary"):
         try:
-            designing.set_plan(Plan.from_dict(plan_data))
+            plan_draft.set_plan(Plan.from_dict(plan_data))
         except PlanError as exc:
             st.error(common.first_line(exc))
         else:

@@ -90,7 +90,7 @@ def run_suites(
 ) -> list[str]:
     """`run_suite` for several plans on the same samples, executed together: sample by sample, every
     plan still missing it is scored in one batch (the suite's `score_samples`: one prompt pass for all,
-    their decode steps as one batch; `polykv.runtime.batch`). Equal to running each alone up to float
+    their decode steps as one batch; `polykv.runtime.many_plans`). Equal to running each alone up to float
     rounding. Each run is stored, resumed and found exactly as `run_suite`'s; a sample's time is the
     batch's divided among its plans. `progress` sees (samples done, samples in all, where), samples
     counted over the batch's sample list. `shard` (k, n): only the samples whose index is k modulo n, and the

@@ -19,7 +19,7 @@ attended in full); and the layers above l are FullKV layers, whose input over th
 layer l's output. So one FullKV pass per batch keeps the hidden states entering every layer and the
 prompt's keys/values. Then, per layer l:
   * the prompt goes through layer l once, and every (scope, method) cell's layer-l cache is prefilled
-    from that one pass (`polykv.runtime.batch.SharedPrompt`: the keys, values and attention signals the
+    from that one pass (`polykv.runtime.many_plans.SharedPrompt`: the keys, values and attention signals the
     method alone would compute);
   * the continuation goes through layer l for all the cells of a scope as one batch, each on its own
     cache (token by token in the decode scope, where the method evicts at every step; as one block in
@@ -299,10 +299,10 @@ def profile_methods(
 def _prefilled_at(stack: _Stack, layer: int, cells, capacity: int, prompt_hidden, positions) -> dict:
     """For each (scope, method) cell, a routed cache of its single-layer plan whose layer `layer` holds the
     prompt as the method leaves it: the prompt goes through the layer once, and each cell's layer takes its
-    keys, values and attention signals from that pass (`polykv.runtime.batch`'s shared prompt)."""
+    keys, values and attention signals from that pass (`polykv.runtime.many_plans`'s shared prompt)."""
     from transformers.cache_utils import Cache, DynamicLayer
 
-    from polykv.runtime.batch import SharedPrompt
+    from polykv.runtime.many_plans import SharedPrompt
 
     num_layers = len(stack.layers)
     caches = {cell: RoutedCache(single_layer_plan(num_layers, layer, *cell, capacity)) for cell in cells}
@@ -324,7 +324,7 @@ def _layer_outputs(stack: _Stack, layer: int, cells, caches: dict, entering, pro
     cache; the cells of a scope go through the layer as one batch (`PlanRows`: each its own cache). In the
     decode scope the layer evicts at every step, so the continuation goes token by token; in the prefill
     scope compression is done and it goes as one block."""
-    from polykv.runtime.batch import PlanRows
+    from polykv.runtime.many_plans import PlanRows
 
     hidden, later = entering[:, prompt:], positions[prompt:]
     width, outputs = hidden.shape[0], {}

@@ -43,7 +43,7 @@ def hand_over(layer) -> None:
 
 def take_updated_layer(layer_idx: int):
     """The layer parked by the cache update that ran just before this attention (a `RoutedLayer`, or a
-    layer of many plans at once from `polykv.runtime.batch`), or None."""
+    layer of many plans at once from `polykv.runtime.many_plans`), or None."""
     layer = getattr(_handoff, "layer", None)
     _handoff.layer = None
     if layer is not None and layer.layer_idx != layer_idx:
@@ -62,7 +62,7 @@ _COLUMN_SUM_BLOCK = 1 << 24
 class AttendingLayer(Protocol):
     """What PolyKV's attention function talks to: the cache layer a forward pass has just updated (it hands
     itself over with `hand_over`), which computes its own attention step. Implemented
-    by `RoutedLayer` (one plan's layer), `polykv.runtime.batch`'s `SharedPrompt` (one prompt pass filling many
+    by `RoutedLayer` (one plan's layer), `polykv.runtime.many_plans`'s `SharedPrompt` (one prompt pass filling many
     plans' layers) and `PlanRows` (many plans' rows as one batch), and the profiler's `_PrefixBlock` (many
     cells' continuations over one shared prompt)."""
 

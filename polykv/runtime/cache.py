@@ -98,7 +98,7 @@ class RoutedLayer(DynamicLayer):
     def reserve(self, slots: int) -> None:
         """Room for `slots` more tokens in a layer that keeps everything in decode (an evicting layer has its
         own), so that they are written in place instead of the cache being copied at every step. For many
-        plans decoding together (`polykv.runtime.batch`); a routed layer alone grows as Hugging Face's does."""
+        plans decoding together (`polykv.runtime.many_plans`); a routed layer alone grows as Hugging Face's does."""
         if not self.methods[Phase.DECODE].passive or self.retained == 0 or self.keys.shape[-1] != self.values.shape[-1]:
             return
         self.slots.reserve(self, slots)

@@ -88,9 +88,9 @@ def answer_nlls(model, plans: Sequence[Plan], question) -> list[float]:
     """Each plan's answer_nll on one sample: one prompt pass for all (`answers.answer_many`), or plan by
     plan where the model's generation needs `generate`."""
     from polykv.eval.suites import answers
-    from polykv.runtime import batch
+    from polykv.runtime import many_plans
 
-    if batch.unsupported(model):
+    if many_plans.unsupported(model):
         return [answers.answer_alone(model, plan, question, "score").nll for plan in plans]
     return [answer.nll for answer in answers.answer_many(model, plans, question, "score")]
 

@@ -185,11 +185,11 @@ def _generate(model, question: Question, pad_token_id: int | None) -> list[int]:
     return out[0, ids.shape[1] :].tolist()
 
 
-# ---- many plans on one prompt (`polykv.runtime.batch`) ------------------------------------------------------
+# ---- many plans on one prompt (`polykv.runtime.many_plans`) ------------------------------------------------------
 def answer_many(model, plans: Sequence[Plan], question: Question, mode: str, with_fullkv: bool = False) -> list[Answer]:
     """Every plan's answer from one prompt pass: the plans' teacher-forced rows and (when generating) their
     greedy rows step as one batch. `with_fullkv`: add a FullKV row when generating (its answer comes last)."""
-    from polykv.runtime import batch  # torch and transformers: when a plan runs
+    from polykv.runtime import many_plans  # torch and transformers: when a plan runs
 
     plans = list(plans) + ([Plan.homogeneous(FULL, None, plans[0].num_layers)] if with_fullkv else [])
     count = len(plans)
@@ -203,21 +203,21 @@ def answer_many(model, plans: Sequence[Plan], question: Question, mode: str, wit
             nll[row][step + 1] = -value
 
     rows = (list(plans) if forced else []) + (list(plans) if generates(mode) else [])
-    with torch.inference_mode(), batch.many(model, rows) as session:
+    with torch.inference_mode(), many_plans.many(model, rows) as session:
         stepping, first = session.prefill(question.prompt_ids)
         max_new = question.max_new_tokens if generates(mode) else 0
         stepping.reserve(max(len(answer) - 1, max_new))
         first_nll = _nll(first, answer[0])
         for row in nll:
             row[0] = first_nll
-        tokens = batch.force_and_generate(
+        tokens = many_plans.force_and_generate(
             stepping,
             first,
             forced=forced,
             feed=answer[:-1],
             on_forced=take,
             max_new_tokens=max_new,
-            stop=set(question.stop) if question.stop else batch.eos_ids(model),
+            stop=set(question.stop) if question.stop else many_plans.eos_ids(model),
             min_new_tokens=question.min_new_tokens,
         )
     return [

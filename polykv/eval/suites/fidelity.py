@@ -156,12 +156,12 @@ def score_sample(model, plan: Plan, ids: list[int], settings: FidelitySettings) 
 
 @no_grad
 def score_samples(model, plans: list[Plan], ids: list[int], settings: FidelitySettings) -> list[dict[str, float]]:
-    """`score_sample` for several plans on one sample at once (`polykv.runtime.batch`): one prompt pass
+    """`score_sample` for several plans on one sample at once (`polykv.runtime.many_plans`): one prompt pass
     prefills two copies of every plan, one teacher-forced over the continuation and one generating
     greedily, all stepping as one batch."""
-    from polykv.runtime import batch  # torch and transformers: when a plan runs
+    from polykv.runtime import many_plans  # torch and transformers: when a plan runs
 
-    if batch.unsupported(model):
+    if many_plans.unsupported(model):
         return [score_sample(model, plan, ids, settings) for plan in plans]
     device = next(model.parameters()).device
     tokens = torch.tensor([ids], device=device)
@@ -174,19 +174,19 @@ def score_samples(model, plans: list[Plan], ids: list[int], settings: FidelitySe
         for plan_steps, row in zip(steps, logits):
             plan_steps.append(row)
 
-    with torch.inference_mode(), batch.many(model, list(plans) * 2) as session:
+    with torch.inference_mode(), many_plans.many(model, list(plans) * 2) as session:
         # rows [0, count): teacher-forced over the continuation; rows [count, 2 count): greedy, end-of-sequence
         # masked throughout (min_new_tokens = generate)
         rows, first = session.prefill(tokens[0, :prompt])
         rows.reserve(max(settings.continuation, settings.generate))
-        greedy = batch.force_and_generate(
+        greedy = many_plans.force_and_generate(
             rows,
             first,
             forced=count,
             feed=tokens[0, prompt:-1].tolist(),
             on_forced=keep,
             max_new_tokens=settings.generate,
-            stop=batch.eos_ids(model),
+            stop=many_plans.eos_ids(model),
             min_new_tokens=settings.generate,
         )
         targets = tokens[0, prompt + 1 :]

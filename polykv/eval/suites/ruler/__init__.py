@@ -354,12 +354,12 @@ def score_sample(model, plan: Plan, payload: dict, settings: RulerSettings | Non
 def score_samples(
     model, plans: Sequence[Plan], payload: dict, settings: RulerSettings | None = None
 ) -> list[answers.Scored]:
-    """`score_sample` for several plans on one sample at once (`polykv.runtime.batch`: one prompt pass,
+    """`score_sample` for several plans on one sample at once (`polykv.runtime.many_plans`: one prompt pass,
     the plans' generations and teacher-forced answers as one batch); plan by plan when the model's
     generation needs `generate`."""
-    from polykv.runtime import batch  # torch and transformers: when a plan runs
+    from polykv.runtime import many_plans  # torch and transformers: when a plan runs
 
-    if batch.unsupported(model):
+    if many_plans.unsupported(model):
         return [score_sample(model, plan, payload, settings) for plan in plans]
     mode = (settings or RulerSettings()).mode
     scored = answers.score_many(model, plans, _question(payload), mode, _judge(payload))

@@ -10,9 +10,9 @@ from pathlib import Path
 import streamlit as st
 
 from app import charts, state
-from app.designing import REPO, plan, set_plan
+from app.plan_draft import REPO, plan, set_plan
 from app.session import check_plan, current_model
-from polykv import design
+from polykv import plan_edits
 from polykv.files import read_text
 from polykv.plan import MAX_PLAN_BYTES, Plan, PlanError
 
@@ -46,7 +46,7 @@ def commit(new: Plan, message: str | None = None, where: str = PLAN_MESSAGES) ->
         return
     if message:
         flash(state.designer_flash(where), message)
-    changed = design.scope_change(before, new)
+    changed = plan_edits.scope_change(before, new)
     if changed:
         flash(state.designer_flash(where), changed, "warning")
     st.rerun()
@@ -72,10 +72,12 @@ def follow_chart_selection(layers: int) -> None:
         chart_layers, chart_phases = picked
         if chart_layers:
             st.session_state[state.DESIGNER_LAYERS] = chart_layers
-            phase = design.phase_choice(chart_phases)
+            phase = plan_edits.phase_choice(chart_phases)
             if phase is not None:
                 st.session_state[state.DESIGNER_PHASE] = phase
-    st.session_state[state.DESIGNER_LAYERS] = design.layers_in(st.session_state.get(state.DESIGNER_LAYERS, []), layers)
+    st.session_state[state.DESIGNER_LAYERS] = plan_edits.layers_in(
+        st.session_state.get(state.DESIGNER_LAYERS, []), layers
+    )
 
 
 def selection_boxes() -> list[dict]:
@@ -103,7 +105,7 @@ def phase_follows_scope(current: Plan) -> None:
 def paint_palette() -> list[tuple[str, str | None]]:
     """The palette for the chosen phase: every method with None or why it cannot be painted there. A chosen
     method that cannot run in the phase is dropped (back to keeping the method)."""
-    entries = design.palette(st.session_state.get(state.DESIGNER_PHASE, design.PHASE_CHOICES[0]))
+    entries = plan_edits.palette(st.session_state.get(state.DESIGNER_PHASE, plan_edits.PHASE_CHOICES[0]))
     if dict(entries).get(st.session_state.get(state.PAINT_METHOD)) is not None:
         st.session_state[state.PAINT_METHOD] = KEEP
     return entries
@@ -120,7 +122,7 @@ def chosen_method() -> str:
 
 def shown_phases() -> tuple[str, ...]:
     """The phases whose selected cells the chart outlines: those the phase choice names."""
-    return design.phase_values(st.session_state.get(state.DESIGNER_PHASE, design.PHASE_CHOICES[0]))
+    return plan_edits.phase_values(st.session_state.get(state.DESIGNER_PHASE, plan_edits.PHASE_CHOICES[0]))
 
 
 def paint_request() -> tuple[list[int], str, str | None, int | None]:
@@ -129,7 +131,7 @@ def paint_request() -> tuple[list[int], str, str | None, int | None]:
     capacity = st.session_state.get(state.PAINT_CAPACITY)
     return (
         selected_layers(),
-        st.session_state.get(state.DESIGNER_PHASE, design.PHASE_CHOICES[0]),
+        st.session_state.get(state.DESIGNER_PHASE, plan_edits.PHASE_CHOICES[0]),
         None if method == KEEP else method,
         None if capacity is None else int(capacity),
     )

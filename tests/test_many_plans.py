@@ -1,4 +1,4 @@
-"""Many plans on one prompt (`polykv.runtime.batch`): each plan's row of the batch gives what the plan gives
+"""Many plans on one prompt (`polykv.runtime.many_plans`): each plan's row of the batch gives what the plan gives
 alone under `routed()`, for every method and phase (and native allocation), on every model family."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from polykv.methods import REGISTRY, params_that_fit
 from polykv.models import cache_argument_name
 from polykv.plan import Plan
 from polykv.runtime import routed
-from polykv.runtime.batch import eos_ids, generate_many, many, unsupported
+from polykv.runtime.many_plans import eos_ids, generate_many, many, unsupported
 from tests.helpers import TINY_FIDELITY, tiny_model
 
 CAPACITY, PROMPT, STEPS = 16, 48, 12
