@@ -144,7 +144,9 @@ def test_design_save_evaluate_and_compare_a_plan(app, page):
     # next to the new one: wait for exactly one, finished.
     expect(header).to_have_text([re.compile(r"· finished$")], timeout=JOB_WAIT)
     settle(page)
-    expect(page.get_by_test_id("stProgress").first).to_contain_text(re.compile(r"^100% · \d+ s elapsed · finished"))
+    expect(page.get_by_test_id("stProgress").first).to_contain_text(
+        re.compile(r"^100% · (\d+ min )?\d+ s elapsed · finished")
+    )
     expect(page.get_by_role("heading", name="Runs in the results database")).to_have_count(1)
     # Dataframes are drawn on a canvas, over an accessible grid of the same cells.
     cells = page.get_by_test_id("stDataFrame").locator("[role=gridcell]")

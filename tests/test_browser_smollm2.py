@@ -167,11 +167,13 @@ def test_a_ruler_run_with_the_proposed_settings_finishes_and_an_impossible_one_i
     page.get_by_role("button", name="Launch").click()
     expect(page.get_by_text(re.compile(r"^Started \S+-eval-\S+ \(1 run\)\.$"))).to_be_visible(timeout=WAIT)
     progress = page.get_by_test_id("stProgress").first
-    expect(progress).to_contain_text(re.compile(r"\d+% · \d+ s elapsed"), timeout=MODEL_WAIT)
+    expect(progress).to_contain_text(re.compile(r"\d+% · (\d+ min )?\d+ s elapsed"), timeout=MODEL_WAIT)
     header = page.get_by_test_id("stMarkdownContainer").filter(has_text="on ruler")
     expect(header).to_have_text([re.compile(r"· finished$")], timeout=RULER_RUN_WAIT)
     settle(page)
-    expect(page.get_by_test_id("stProgress").first).to_contain_text(re.compile(r"^100% · \d+ s elapsed · finished"))
+    expect(page.get_by_test_id("stProgress").first).to_contain_text(
+        re.compile(r"^100% · (\d+ min )?\d+ s elapsed · finished")
+    )
     (run,) = Store(results).runs()
     assert (run["suite"], run["status"], run["done_samples"], run["total_samples"]) == (
         "ruler",

@@ -28,7 +28,8 @@ def plan_figure(
     selected, phases = set(selected), set(phases)
     layers = list(range(plan.num_layers))
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.4, 0.6], vertical_spacing=0.06)
-    size = max(8, min(40, int(900 / max(1, plan.num_layers))))
+    # At most 28 px: the strip's two rows are about 40 px apart in the chart's height, so cells never overlap.
+    size = max(8, min(28, int(900 / max(1, plan.num_layers))))
     used = {layer[phase].method for layer in plan.layers for phase in Phase}
     for method in [*(m for m in REGISTRY if m in used), *sorted(used - set(REGISTRY))]:  # registry order
         xs, ys, data, text = [], [], [], []
