@@ -55,7 +55,7 @@ def paint(plan, layers: int) -> None:
             key=state.PAINT_CAPACITY,
             placeholder="keep",
         )
-    palette()
+    entries = palette()
     with st.container(horizontal=True, vertical_alignment="center"):
         painted = st.button("Paint selection", type="primary")
         undone = st.button("Undo", disabled=not plan_draft.can_undo(), shortcut="Ctrl+Z")
@@ -84,14 +84,14 @@ def paint(plan, layers: int) -> None:
             build_from_profile()
         if st.button("Reset to full"):
             controls.commit(plan_edits.reset_to_full(plan), "Reset every layer to full (no eviction).")
-    unavailable = [why for _, why in controls.paint_palette() if why]
+    unavailable = [why for _, why in entries if why]
     if unavailable:
         st.caption("Not offered here: " + "; ".join(unavailable) + ".")
 
 
-def palette() -> None:
+def palette() -> list[tuple[str, str | None]]:
     """One button per method: the chosen one highlighted, those that cannot run in the phase greyed with
-    the reason as their tooltip; each has a one-key shortcut (shown on the button)."""
+    the reason as their tooltip; each has a one-key shortcut (shown on the button). Returns the entries."""
     entries = controls.paint_palette()
     keys = plan_edits.shortcuts([name for name, _ in entries])
     chosen = controls.chosen_method()
@@ -107,6 +107,7 @@ def palette() -> None:
                 on_click=controls.choose_method,
                 args=(name,),
             )
+    return entries
 
 
 def rescale_to_budget(plan) -> None:
