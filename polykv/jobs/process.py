@@ -209,7 +209,10 @@ def cancel(job: Job, workspace: Path, timeout: float = 10.0) -> bool:
     for known in [current] if current is job else [current, job]:
         if _signal(known, workspace, signal.SIGTERM):
             signalled = True
-            if not _wait_exited(known, timeout) and _signal(known, workspace, signal.SIGKILL):
+            if not _wait_exited(known, timeout):
+                # not signalled when it is already exiting (a zombie is not alive); wait either way, so that
+                # cancel returns only once the worker has exited and, when it is ours, been reaped
+                _signal(known, workspace, signal.SIGKILL)
                 _wait_exited(known, 5.0)
             break
     current.cancelled = job.cancelled = True
