@@ -79,21 +79,21 @@ def test_the_factorial_page_shows_the_2x2_table_after_a_small_run(app_ws):
     assert any(" · finished" in m for m in texts(at.markdown))
     assert any(p.proto.text.startswith("100% · ") for p in at.get("progress"))
     data = read_report(job, app_ws).data
-    cells = data["cells"]
+    cells = data.cells
     table = at.dataframe[0].value
     assert list(table.columns) == ["routing", "uniform", "entropy"]
     assert table.values.tolist() == [
-        ["homogeneous", cells["homogeneous-uniform"]["score"], cells["homogeneous-allocated"]["score"]],
-        ["routed", cells["routed-uniform"]["score"], cells["routed-allocated"]["score"]],
+        ["homogeneous", cells["homogeneous-uniform"].score, cells["homogeneous-allocated"].score],
+        ["routed", cells["routed-uniform"].score, cells["routed-allocated"].score],
     ]
-    primary = data["routing_uniform"]
+    primary = data.routing_uniform
     shown = {m.label: m.value for m in at.metric}
-    assert shown["Primary: routed-uniform - homogeneous-uniform"] == f"{primary['difference']:+.4f}"
-    assert shown["95% paired bootstrap CI"] == f"[{primary['low']:+.4f}, {primary['high']:+.4f}]"
-    assert shown["Wins / ties / losses"] == f"{primary['wins']} / {primary['ties']} / {primary['losses']}"
+    assert shown["Primary: routed-uniform - homogeneous-uniform"] == f"{primary.difference:+.4f}"
+    assert shown["95% paired bootstrap CI"] == f"[{primary.low:+.4f}, {primary.high:+.4f}]"
+    assert shown["Wins / ties / losses"] == f"{primary.wins} / {primary.ties} / {primary.losses}"
     contrasts = at.dataframe[1].value
     assert contrasts["contrast"].tolist()[0].startswith("primary: routing under uniform allocation")
-    assert len(contrasts) == 4 and contrasts["difference"].tolist()[0] == primary["difference"]
+    assert len(contrasts) == 4 and contrasts["difference"].tolist()[0] == primary.difference
     [lines] = [e for e in at.expander if e.label == "Report lines and data"]
     assert any("secondary: interaction" in t for t in texts(lines.text))
 
@@ -110,22 +110,22 @@ def test_the_placement_scatter_is_drawn_and_a_clicked_placement_opens_in_the_des
     histogram, scatter = (json.loads(chart.proto.spec) for chart in at.get("plotly_chart"))
     assert histogram["data"][0]["type"] == "histogram"
     points, guided = scatter["data"]
-    assert points["x"] == [r["S"] for r in data["random"]] and points["y"] == [r["score"] for r in data["random"]]
+    assert points["x"] == [r.profile_score for r in data.random] and points["y"] == [r.score for r in data.random]
     assert points["customdata"] == [[0], [1], [2]]
-    assert (guided["x"], guided["y"]) == ([data["guided"]["S"]], [data["guided"]["score"]])
+    assert (guided["x"], guided["y"]) == ([data.guided.profile_score], [data.guided.score])
     title = scatter["layout"]["title"]["text"]
-    assert f"Spearman rho = {data['spearman']:+.3f}" in title and f"p = {data['spearman_p']:.4f}" in title
-    assert any(f"= {data['spearman']:+.4f}; one-sided permutation p = " in c for c in texts(at.caption))
+    assert f"Spearman rho = {data.spearman:+.3f}" in title and f"p = {data.spearman_p:.4f}" in title
+    assert any(f"= {data.spearman:+.4f}; one-sided permutation p = " in c for c in texts(at.caption))
     assert "Open in the designer" not in [b.label for b in at.button]  # nothing selected yet
 
     at.session_state["placement_scatter"] = {"selection": {"points": [{"customdata": [1]}], "point_indices": [1]}}
     at.run()
-    assert any(data["random"][1]["plan"] in m for m in texts(at.markdown))
+    assert any(data.random[1].plan in m for m in texts(at.markdown))
     button(at, "Open in the designer").click()
     at.run()
     assert not at.exception
     assert texts(at.title) == ["Plan designer"]
-    assert Plan.from_json(at.session_state["plan_json"]) == Plan.from_json(data["random"][1]["plan_json"])
+    assert Plan.from_json(at.session_state["plan_json"]) == Plan.from_json(data.random[1].plan_json)
 
 
 @pytest.mark.slow  # a sweep job (two budgets, one baseline: six runs) on the demo model

@@ -1,6 +1,6 @@
 """The experiment charts (app/charts/experiments.py) on reports the library makes from injected scores, read
-back as saved (`Report.to_dict`): the sweep's log budget axis, FullKV line and route-minus-envelope panel,
-the placement scatter and its selection, the factorial's 2x2 table."""
+back as saved (`Report.to_dict`, then `Report.from_dict`): the sweep's log budget axis, FullKV line and
+route-minus-envelope panel, the placement scatter and its selection, the factorial's 2x2 table."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from app import charts
-from polykv.eval.experiments import ExperimentRunner, plan_budget, sweep
+from polykv.eval.experiments import ExperimentRunner, Report, plan_budget, sweep
+from polykv.eval.experiments.report import FactorialData, Placement
 from polykv.eval.store import Store
 from polykv.plan import FULL, Plan
 from tests.helpers import fake_run
@@ -39,26 +40,26 @@ class ScoredRunner(ExperimentRunner):
 def sweep_data(tmp_path, budgets):
     runner = ScoredRunner(Store(tmp_path / "results.sqlite"), "fake", None, None, metric="kl")
     route = Plan.homogeneous("tova", 16, 4, "decode", name="route")
-    return sweep(runner, route, budgets, ["tova", "h2o"]).to_dict()["data"]
+    return Report.from_dict(sweep(runner, route, budgets, ["tova", "h2o"]).to_dict()).data
 
 
 def test_the_sweep_figure_has_a_log_budget_axis_a_fullkv_line_and_a_route_minus_envelope_panel(tmp_path):
     data = sweep_data(tmp_path, [8, 16, 64])
     frame, versus, full = charts.sweep_frames(data)
-    assert frame["budget"].tolist() == [8, 16, 64] and full == data["full"]["score"] == 0.0
+    assert frame["budget"].tolist() == [8, 16, 64] and full == data.full.score == 0.0
     fig = charts.sweep_figure(frame, "kl", full, versus)
     assert fig.layout.xaxis.type == "log" and fig.layout.xaxis2.type == "log"  # 8 .. 64 spans a factor 8
     traces = {t.name: t for t in fig.data}
     assert list(traces)[:4] == ["tova", "h2o", "best baseline (envelope)", "route-uniform"]
-    assert list(traces["route-uniform"].y) == [data["scores"]["route-uniform"][str(b)] for b in (8, 16, 64)]
+    assert list(traces["route-uniform"].y) == [data.scores["route-uniform"][b] for b in (8, 16, 64)]
     fullkv = traces["FullKV"]  # horizontal, across the budgets
     assert list(fullkv.x) == [8, 64] and list(fullkv.y) == [0.0, 0.0] and fullkv.yaxis == "y"
     panel = traces["route-uniform - envelope (95% CI)"]
     assert panel.yaxis == "y2" and list(panel.x) == [8, 16, 64]
-    contrasts = [data["versus_envelope"][str(b)] for b in (8, 16, 64)]
-    assert list(panel.y) == [c["difference"] for c in contrasts]
-    assert list(panel.error_y.array) == pytest.approx([c["high"] - c["difference"] for c in contrasts])
-    assert list(panel.error_y.arrayminus) == pytest.approx([c["difference"] - c["low"] for c in contrasts])
+    contrasts = [data.versus_envelope[b] for b in (8, 16, 64)]
+    assert list(panel.y) == [c.difference for c in contrasts]
+    assert list(panel.error_y.array) == pytest.approx([c.high - c.difference for c in contrasts])
+    assert list(panel.error_y.arrayminus) == pytest.approx([c.difference - c.low for c in contrasts])
     assert any(shape.y0 == 0 and shape.yref == "y2" for shape in fig.layout.shapes)  # the zero line
     assert "route - envelope (kl)" == fig.layout.yaxis2.title.text
 
@@ -82,10 +83,10 @@ def test_the_sweep_budget_axis_is_linear_within_a_factor_two_and_the_eval_job_ta
     assert fig.layout.xaxis.type == "log" and all(t.yaxis in (None, "y") for t in fig.data)  # 16 .. 64: log
 
 
-GUIDED = {"plan": "guided", "S": 0.9, "score": 0.1, "plan_json": "{}"}
+GUIDED = Placement(plan="guided", run="g", S=0.9, score=0.1, plan_json="{}")
 RANDOM = [
-    {"index": 0, "plan": "p0", "S": 0.2, "score": 0.5, "plan_json": "{}"},
-    {"index": 1, "plan": "p1", "S": 0.6, "score": 0.3, "plan_json": "{}"},
+    Placement(index=0, plan="p0", run="r0", S=0.2, score=0.5, plan_json="{}"),
+    Placement(index=1, plan="p1", run="r1", S=0.6, score=0.3, plan_json="{}"),
 ]
 
 
@@ -108,21 +109,30 @@ def test_a_selected_point_names_its_placement():
     assert charts.selected_placement([{"x": 1.0}, {"customdata": [7]}], GUIDED, RANDOM) is None
 
 
+def factorial_data(numbers: dict) -> FactorialData:
+    """A factorial report's data as a saved report gives it (the fields the charts do not read filled in)."""
+    meta = {"experiment": "factorial", "metric": "kl", "direction": -1, "scope": "decode", "budget": 24}
+    meta |= {"baseline": "h2o", "statistic": "cosine", "allocation": "ppl"}
+    return Report.from_dict({"title": "t", "data": {**meta, **numbers}}).data
+
+
 def test_the_factorial_table_is_routing_by_allocation_and_the_primary_contrast_comes_first():
     contrast = {"difference": 0.1, "low": 0.0, "high": 0.2, "wins": 2, "ties": 0, "losses": 1, "tasks": 3}
-    data = {
-        "allocation": "ppl",
-        "cells": {
-            "homogeneous-uniform": {"score": 1.0},
-            "homogeneous-allocated": {"score": 2.0},
-            "routed-uniform": {"score": 3.0},
-            "routed-allocated": {"score": 4.0},
-        },
-        "routing_uniform": contrast,
-        "allocation_homogeneous": {**contrast, "difference": 0.3},
-        "allocation_routed": contrast,
-        "interaction": contrast,
-    }
+    data = factorial_data(
+        {
+            "allocation": "ppl",
+            "cells": {
+                "homogeneous-uniform": {"run": "a", "score": 1.0},
+                "homogeneous-allocated": {"run": "b", "score": 2.0},
+                "routed-uniform": {"run": "c", "score": 3.0},
+                "routed-allocated": {"run": "d", "score": 4.0},
+            },
+            "routing_uniform": contrast,
+            "allocation_homogeneous": {**contrast, "difference": 0.3},
+            "allocation_routed": contrast,
+            "interaction": contrast,
+        }
+    )
     table = charts.factorial_table(data)
     assert table.values.tolist() == [["homogeneous", 1.0, 2.0], ["routed", 3.0, 4.0]]
     assert list(table.columns) == ["routing", "uniform", "ppl"]
@@ -134,9 +144,19 @@ def test_the_factorial_table_is_routing_by_allocation_and_the_primary_contrast_c
 
 def test_the_factorial_contrasts_carry_the_sample_level_test_and_what_it_could_detect():
     tested = {"difference": 0.1, "low": 0.0, "high": 0.2, "wins": 2, "ties": 0, "losses": 1, "tasks": 3}
-    tested |= {"sample": {"p": 0.004, "mde": 0.05}, "task_mde": 0.3, "verdict": "better"}
+    sample = {"difference": 0.1, "low": 0.05, "high": 0.15, "p": 0.004, "mde": 0.05, "samples": 30}
+    tested |= {"sample": sample, "task_mde": 0.3, "verdict": "better"}
     old = {"difference": 0.1, "low": 0.0, "high": 0.2, "wins": 2, "ties": 0, "losses": 1, "tasks": 3}
-    data = {"routing_uniform": tested, "allocation_homogeneous": old, "allocation_routed": old, "interaction": old}
+    cells = {cell: {"run": cell, "score": 0.0} for cell in ("homogeneous-uniform", "routed-uniform")}
+    data = factorial_data(
+        {
+            "cells": cells,
+            "routing_uniform": tested,
+            "allocation_homogeneous": old,
+            "allocation_routed": old,
+            "interaction": old,
+        }
+    )
     contrasts = charts.factorial_contrasts(data)
     first = contrasts.iloc[0]
     assert (first["sign-flip p (samples)"], first["detectable (80% power)"]) == (0.004, 0.05)

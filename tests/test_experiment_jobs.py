@@ -10,7 +10,8 @@ import pytest
 
 from polykv import jobs
 from polykv.errors import JobError
-from polykv.eval.experiments import FACTORIAL_CELLS, ExperimentRunner, Report, factorial
+from polykv.eval.experiments import FACTORIAL_CELLS, ExperimentRunner, Report, SweepData, factorial
+from polykv.eval.experiments.report import BestBaseline, RunScore, VersusBaseline
 from polykv.eval.store import Store
 from polykv.eval.unit import Unit
 from polykv.jobs.experiment import launch_job, read_report
@@ -133,19 +134,48 @@ def test_a_damaged_experiment_job_file_is_listed_as_damaged_and_the_valid_one_st
         jobs.check_id(f"{good.id}.report")
 
 
-def test_a_report_is_plain_json_and_reads_back():
-    report = Report(
-        "t",
-        [{"budget": 16, "kl": 0.5}],
-        ["a line"],
-        {"scores": {"route": {16: 0.5}}, "spearman": float("nan"), "k": 3, "pair": (1, 2)},
+CONTRAST = dict(difference=0.25, low=0.0, high=0.5, tasks=2, wins=2, ties=0, losses=0)  # as old reports saved it
+
+
+def small_sweep(spearman_like: float) -> SweepData:
+    return SweepData(
+        metric="kl",
+        direction=-1,
+        route="r",
+        scope="decode",
+        budgets=[16, 32],
+        baselines=["tova"],
+        routes=["route-uniform"],
+        scores={"route-uniform": {16: 0.5, 32: spearman_like}, "tova": {16: 0.75, 32: 0.25}},
+        runs={"route-uniform": {16: "a", 32: "b"}, "tova": {16: "c", 32: "d"}},
+        full=RunScore(run="f", score=0.0),
+        envelope={16: BestBaseline(baseline="tova", score=0.75), 32: BestBaseline(baseline="tova", score=0.25)},
+        versus_envelope={b: VersusBaseline(baseline="tova", **CONTRAST) for b in (16, 32)},
     )
+
+
+def test_a_report_is_plain_json_and_reads_back_into_the_same_typed_data():
+    report = Report("t", [{"budget": 16, "kl": 0.5}], ["a line"], small_sweep(float("nan")))
+    assert report.data.scores["route-uniform"][32] is None  # an undefined number is None before a save, too
     data = report.to_dict()
     assert json.loads(json.dumps(data, allow_nan=False)) == data  # strict JSON: no NaN, string keys
-    assert data["data"] == {"scores": {"route": {"16": 0.5}}, "spearman": None, "k": 3, "pair": [1, 2]}
-    assert Report.from_dict(data) == Report("t", [{"budget": 16, "kl": 0.5}], ["a line"], data["data"])
+    assert data["data"]["scores"]["route-uniform"] == {"16": 0.5, "32": None}
+    assert data["data"]["experiment"] == "sweep" and data["data"]["versus_envelope"]["16"]["verdict"] == ""
+    back = Report.from_dict(json.loads(json.dumps(data)))
+    assert back == report and isinstance(back.data, SweepData)
+    assert back.data.budgets == [16, 32] and set(back.data.envelope) == {16, 32}  # budgets are ints again
+    assert back.data.versus_envelope[16].sample is None  # a report saved before samples were paired still reads
+
+
+def test_a_report_that_is_not_one_is_refused_in_one_line():
     with pytest.raises(ValueError, match="not an experiment report"):
         Report.from_dict({"rows": []})
+    saved = Report("t", data=small_sweep(0.5)).to_dict()
+    for damage in ({"experiment": "tournament"}, {"budgets": "all"}, {"envelope": None}):
+        bad = {**saved, "data": {**saved["data"], **damage}}
+        with pytest.raises(ValueError, match="^not an experiment report this version reads") as caught:
+            Report.from_dict(bad)
+        assert "\n" not in str(caught.value)
 
 
 @pytest.mark.slow  # a four-run factorial in a job worker, then again in this process (runs found again)
@@ -166,7 +196,7 @@ def test_a_factorial_job_reports_progress_per_run_and_its_report_is_the_librarys
 
     saved = read_report(job, ws)
     assert state.result == {"report": str(jobs.report_path(ws, job.id)), "title": saved.title}
-    assert set(saved.data["cells"]) == set(FACTORIAL_CELLS)
+    assert set(saved.data.cells) == set(FACTORIAL_CELLS)
     # the same factorial in this process finds the job's four runs and reports the same numbers
     model, tokenizer = demo_model
     store = Store(ws / "results.sqlite")
@@ -198,10 +228,10 @@ def test_a_placement_job_cancels_resumes_and_reports_each_placements_plan(ws, sm
     written = json.loads((jobs.jobs_dir(ws) / f"{job.id}.state.json").read_text())
     assert written["start_fraction"] > 0  # the resumed worker started where the first one stopped
     data = read_report(job, ws).data
-    assert [p["index"] for p in data["random"]] == [0, 1]
-    for entry in [data["guided"], *data["random"]]:
-        plan = Plan.from_json(entry["plan_json"])
-        assert plan.name == entry["plan"] and isinstance(entry["S"], float) and isinstance(entry["score"], float)
+    assert [p.index for p in data.random] == [0, 1]
+    for entry in [data.guided, *data.random]:
+        plan = Plan.from_json(entry.plan_json)
+        assert plan.name == entry.plan and isinstance(entry.profile_score, float) and isinstance(entry.score, float)
 
 
 def test_the_jobs_worker_leaves_an_experiment_job_to_the_experiments_module(ws, small_profile, capsys):

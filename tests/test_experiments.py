@@ -202,18 +202,18 @@ def test_sweep_reports_the_envelope_route_minus_envelope_and_the_2b_verdict(tmp_
     assert [r["budget"] for r in report.rows] == [8, 16, 32]
     assert {r["budget"]: r["best baseline"] for r in report.rows} == best
     data = report.data
-    assert data["envelope"] == {
+    assert {b: e.model_dump() for b, e in data.envelope.items()} == {
         b: {"baseline": best[b], "score": sum(SWEEP_SCORES[f"{best[b]}-{suffix}-{b}"]) / 3}
         for b, suffix in ((b, "both" if best[b] == "h2o" else "prefill") for b in best)
     }
-    assert data["full"]["score"] == 1.0 and data["full"]["run"] == "fake-full-both"
+    assert data.full.score == 1.0 and data.full.run == "fake-full-both"
     # route-uniform - envelope, with the interval of route-uniform vs the envelope's method at that budget
-    assert data["versus_envelope"][8]["difference"] == pytest.approx(0.25 - (0.125 if metric == "top1" else 0.0))
+    assert data.versus_envelope[8].difference == pytest.approx(0.25 - (0.125 if metric == "top1" else 0.0))
     expected_32 = 0.75 - (0.5 if metric == "top1" else 0.25)
     assert report.rows[2]["route-uniform - envelope"] == pytest.approx(expected_32)
-    assert {b: v["match"] for b, v in data["double"].items()} == verdicts  # 32 has no 64: no 2b line
-    assert data["double"][8]["baseline"] == best[16] and data["double"][16]["baseline"] == best[32]
-    assert data["double"][8]["difference"] == pytest.approx(
+    assert {b: v.match for b, v in data.double.items()} == verdicts  # 32 has no 64: no 2b line
+    assert data.double[8].baseline == best[16] and data.double[16].baseline == best[32]
+    assert data.double[8].difference == pytest.approx(
         0.25 - sum(SWEEP_SCORES["snapkv-prefill-16" if best[16] == "snapkv" else "h2o-both-16"]) / 3
     )
     assert report.lines[0] == f"metric {metric} ({'higher' if metric == 'top1' else 'lower'} is better)"
@@ -273,15 +273,15 @@ def test_factorial_primary_contrast_is_routing_under_uniform_allocation(tmp_path
     assert {lay.decode.method for lay in homogeneous.layers} == {"h2o"}
 
     # routed-uniform - homogeneous-uniform per task: (0.25, 0.125, 0, -0.25), mean 0.03125
-    primary = report.data["routing_uniform"]
-    assert primary["difference"] == pytest.approx(0.03125) and primary["tasks"] == 4
-    assert primary["low"] <= 0.03125 <= primary["high"] and -0.25 <= primary["low"] and primary["high"] <= 0.25
+    primary = report.data.routing_uniform
+    assert primary.difference == pytest.approx(0.03125) and primary.tasks == 4
+    assert primary.low <= 0.03125 <= primary.high and -0.25 <= primary.low and primary.high <= 0.25
     # leave one out: t1 (0.125 + 0 - 0.25) / 3, t2 0, t3 (0.25 + 0.125 - 0.25) / 3, t4 (0.25 + 0.125 + 0) / 3
-    assert primary["leave_one_out"] == pytest.approx({"t1": -0.125 / 3, "t2": 0.0, "t3": 0.125 / 3, "t4": 0.125})
+    assert primary.leave_one_out == pytest.approx({"t1": -0.125 / 3, "t2": 0.0, "t3": 0.125 / 3, "t4": 0.125})
     if metric == "top1":  # higher is better: wins t1, t2; tie t3; loss t4; LOTO positive for t3, t4
-        assert (primary["wins"], primary["ties"], primary["losses"], primary["loto_better"]) == (2, 1, 1, 2)
+        assert (primary.wins, primary.ties, primary.losses, primary.loto_better) == (2, 1, 1, 2)
     else:  # lower is better: the same differences count the other way
-        assert (primary["wins"], primary["ties"], primary["losses"], primary["loto_better"]) == (1, 1, 2, 1)
+        assert (primary.wins, primary.ties, primary.losses, primary.loto_better) == (1, 1, 2, 1)
     line = next(x for x in report.lines if x.startswith("primary: "))
     assert line.startswith(
         f"primary: routing under uniform allocation (routed-uniform - homogeneous-uniform): "
@@ -293,11 +293,11 @@ def test_factorial_primary_contrast_is_routing_under_uniform_allocation(tmp_path
     assert loto.endswith(f"{2 if metric == 'top1' else 1} of 4 in the better direction")
 
     # secondary: allocation effects (0, 0.25, 0, 0) and (0.25, 0, 0, 0.25); interaction (0.25, -0.25, 0, 0.25)
-    assert report.data["allocation_homogeneous"]["difference"] == pytest.approx(0.0625)
-    assert report.data["allocation_routed"]["difference"] == pytest.approx(0.125)
-    interaction = report.data["interaction"]
-    assert interaction["difference"] == pytest.approx(0.125 - 0.0625)
-    assert interaction["leave_one_out"] == pytest.approx({"t1": 0.0, "t2": 0.5 / 3, "t3": 0.25 / 3, "t4": 0.0})
+    assert report.data.allocation_homogeneous.difference == pytest.approx(0.0625)
+    assert report.data.allocation_routed.difference == pytest.approx(0.125)
+    interaction = report.data.interaction
+    assert interaction.difference == pytest.approx(0.125 - 0.0625)
+    assert interaction.leave_one_out == pytest.approx({"t1": 0.0, "t2": 0.5 / 3, "t3": 0.25 / 3, "t4": 0.0})
     secondary = [x for x in report.lines if x.startswith("secondary: ")]
     assert [x.split(":")[1].strip() for x in secondary] == [
         "allocation effect under homogeneous routing (entropy - uniform)",
@@ -305,7 +305,7 @@ def test_factorial_primary_contrast_is_routing_under_uniform_allocation(tmp_path
         "interaction ((r_a - r_u) - (h_a - h_u))",
     ]
     assert all("95% paired bootstrap CI" in x for x in secondary)
-    assert report.data["cells"]["routed-uniform"]["run"] == "fake-toprank-cosine-uniform-decode-b24"
+    assert report.data.cells["routed-uniform"].run == "fake-toprank-cosine-uniform-decode-b24"
     assert report.lines[0].startswith(f"metric {metric}") and report.lines[1].startswith(
         "protocol: homogeneous cells run h2o"
     )
@@ -333,24 +333,24 @@ def test_placement_statistics_exclude_the_guided_route_and_count_one_sided(tmp_p
     )
     report = placement(runner, profile, guided, k=4)
     data = report.data
-    assert len(data["random"]) == 4 and all(r["plan"] != "guided" for r in data["random"])
-    assert len({tova_weight(Plan.from_json(runner.store.run(r["run"])["plan_json"])) for r in data["random"]}) == 4
-    assert data["guided"]["S"] == pytest.approx(0.12)
-    assert [r["S"] for r in data["random"]] == pytest.approx([r["score"] * 2 - 0.5 for r in data["random"]])
+    assert len(data.random) == 4 and all(r.plan != "guided" for r in data.random)
+    assert len({tova_weight(Plan.from_json(runner.store.run(r.run)["plan_json"])) for r in data.random}) == 4
+    assert data.guided.profile_score == pytest.approx(0.12)
+    assert [r.profile_score for r in data.random] == pytest.approx([r.score * 2 - 0.5 for r in data.random])
     # Spearman over the 4 random placements only: exactly +1 (with the guided route it would not be)
-    assert data["spearman"] == pytest.approx(1.0)
+    assert data.spearman == pytest.approx(1.0)
     with_guided = spearman(
-        [data["guided"]["S"]] + [r["S"] for r in data["random"]],
-        [data["guided"]["score"]] + [r["score"] for r in data["random"]],
+        [data.guided.profile_score] + [r.profile_score for r in data.random],
+        [data.guided.score] + [r.score for r in data.random],
     )
     assert with_guided < 0.5
     # one-sided: P(rho_perm >= 1) = 1/24 over the 4! orders (two-sided would be 2/24), p = (1 + count) / (N + 1)
-    assert data["permutations"] == 10_000 and data["spearman_p"] == pytest.approx(1 / 24, abs=0.01)
-    assert data["spearman_p"] * 10_001 == pytest.approx(round(data["spearman_p"] * 10_001))
+    assert data.permutations == 10_000 and data.spearman_p == pytest.approx(1 / 24, abs=0.01)
+    assert data.spearman_p * 10_001 == pytest.approx(round(data.spearman_p * 10_001))
     # secondary: the guided route is the worst of 5: rank 5, p = 5 / 5; gap to the random mean
-    assert (data["guided_rank"], data["guided_p"]) == (5, 1.0)
-    random_mean = sum(r["score"] for r in data["random"]) / 4
-    assert data["guided_minus_mean"] == pytest.approx((0.0 + 0.5) / 2 - random_mean)
+    assert (data.guided_rank, data.guided_p) == (5, 1.0)
+    random_mean = sum(r.score for r in data.random) / 4
+    assert data.guided_minus_mean == pytest.approx((0.0 + 0.5) / 2 - random_mean)
     primary = next(x for x in report.lines if x.startswith("primary: "))
     assert "over the 4 random placements = +1.0000" in primary and "one-sided permutation p" in primary
     assert "N = 10000 shuffles; the guided route is not included" in primary
@@ -366,7 +366,7 @@ def test_placement_with_one_random_route_says_why_there_is_no_spearman(tmp_path)
     runner = fake_runner(tmp_path, "kl", lambda plan: {"t1": tova_weight(plan) / 100})
     report = placement(runner, profile, guided, k=1)
     assert "needs at least 2 random placements" in next(x for x in report.lines if x.startswith("primary: "))
-    assert report.data["guided_rank"] == 2  # kl: the guided route's higher score is worse
+    assert report.data.guided_rank == 2  # kl: the guided route's higher score is worse
 
 
 # ---- end to end on the demo model ------------------------------------------------------------------
@@ -429,8 +429,8 @@ def test_sweep_compares_the_route_with_every_baseline(setup):
         best = min(row[m] for m in ("tova", "d2o"))  # kl: lower is better
         assert row["envelope"] == best and row["best baseline"] in ("tova", "d2o")
         assert "route-ppl" in row and "route-ppl - envelope" in row
-    assert 16 in report.data["double"] and report.data["full"]["score"] == pytest.approx(0.0, abs=1e-6)
-    tova = Plan.from_json(runner.store.run(report.data["runs"]["tova"][16])["plan_json"])
+    assert 16 in report.data.double and report.data.full.score == pytest.approx(0.0, abs=1e-6)
+    tova = Plan.from_json(runner.store.run(report.data.runs["tova"][16])["plan_json"])
     assert tova.scope is Scope.BOTH  # the decode route meets TOVA in both phases
 
 

@@ -9,6 +9,7 @@ import re
 
 import pytest
 
+from polykv.eval.experiments.report import BestBaseline, RunScore, SweepData
 from polykv.eval.store import Store
 from polykv.eval.study import StudySettings
 from polykv.eval.study_report import gap_recovery
@@ -129,14 +130,15 @@ def test_the_fidelity_study_is_the_demo_study(polykv, tmp_path):
 
 
 def test_gap_recovery_is_the_share_of_the_best_baselines_gap_closed():
-    sweep = {
-        "budgets": [64, 128],
-        "direction": 1,
-        "full": {"score": 80.0},
-        "envelope": {64: {"score": 40.0}, 128: {"score": 90.0}},
-        "scores": {"route-uniform": {64: 50.0, 128: 85.0}},
-    }
-    assert gap_recovery(sweep) == {64: 0.25, 128: None}  # at 128 the envelope beats FullKV: no gap
+    sweep = SweepData.model_construct(  # only the fields gap_recovery reads
+        budgets=[64, 128, 256],
+        direction=1,
+        full=RunScore(run="full", score=80.0),
+        envelope={b: BestBaseline(baseline="tova", score=v) for b, v in ((64, 40.0), (128, 90.0), (256, 60.0))},
+        scores={"route-uniform": {64: 50.0, 128: 85.0, 256: None}},
+    )
+    # at 128 the envelope beats FullKV (no gap); at 256 the route's score is undefined
+    assert gap_recovery(sweep) == {64: 0.25, 128: None, 256: None}
 
 
 def test_study_settings_refuse_a_two_phase_route():

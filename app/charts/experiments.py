@@ -1,5 +1,5 @@
 """Controlled experiments: the budget sweep (Figure 3), the placement control (Figure 4) and the factorial
-table (Table 2). Pure functions of data: a report's `data` as saved (`Report.to_dict`, string keys) or the
+table (Table 2). Pure functions of data: a report's typed `data` (`polykv.eval.experiments.report`) or the
 tables the pages build with the library."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from app.charts.base import layout, method_color
+from polykv.eval.experiments.report import FactorialData, Placement, SweepData
 
 ROUTE_COLORS = {"route": "#D62728", "route-uniform": "#D62728", "route-ppl": "#6A3D9A"}
 GUIDED_COLOR = "#D62728"
@@ -114,33 +115,32 @@ def sweep_figure(
     return layout(fig, f"budget sweep: route vs baselines ({metric})", 560 if panels else 400)
 
 
-def sweep_frames(data: Mapping[str, Any]) -> tuple[pd.DataFrame, pd.DataFrame, float | None]:
+def sweep_frames(data: SweepData) -> tuple[pd.DataFrame, pd.DataFrame, float | None]:
     """(scores per budget, route minus envelope per budget with its CI, the FullKV score) from a sweep
-    report's data as saved (`Report.to_dict`): the three inputs of `sweep_figure`."""
-    budgets = [int(b) for b in data["budgets"]]
-    scores, envelope = data["scores"], data["envelope"]
+    report's data: the three inputs of `sweep_figure`."""
+    scores, envelope = data.scores, data.envelope
     frame = pd.DataFrame(
         [
             {
                 "budget": b,
-                **{label: scores[label][str(b)] for label in data["baselines"]},
-                "best baseline": envelope[str(b)]["baseline"],
-                "envelope": envelope[str(b)]["score"],
-                **{label: scores[label][str(b)] for label in data["routes"]},
+                **{label: scores[label][b] for label in data.baselines},
+                "best baseline": envelope[b].baseline,
+                "envelope": envelope[b].score,
+                **{label: scores[label][b] for label in data.routes},
             }
-            for b in budgets
+            for b in data.budgets
         ]
     )
-    contrasts = {"route-uniform": data.get("versus_envelope", {}), "route-ppl": data.get("ppl_versus_envelope", {})}
+    contrasts = {"route-uniform": data.versus_envelope, "route-ppl": data.ppl_versus_envelope}
     versus = pd.DataFrame(
         [
-            {"series": label, "budget": int(b), "difference": c["difference"], "low": c["low"], "high": c["high"]}
+            {"series": label, "budget": b, "difference": c.difference, "low": c.low, "high": c.high}
             for label, per_budget in contrasts.items()
             for b, c in per_budget.items()
         ],
         columns=["series", "budget", "difference", "low", "high"],
     )
-    return frame, versus, data.get("full", {}).get("score")
+    return frame, versus, data.full.score
 
 
 def placement_figure(guided: float, controls: Sequence[float], metric: str, rank: int, p_value: float) -> go.Figure:
@@ -168,7 +168,7 @@ GUIDED = -1  # the guided route's placement index in the scatter's customdata (r
 
 
 def placement_scatter(
-    guided: Mapping[str, Any], random: Sequence[Mapping[str, Any]], metric: str, spearman: float | None, p: float | None
+    guided: Placement, random: Sequence[Placement], metric: str, spearman: float | None, p: float | None
 ) -> go.Figure:
     """Profile score S(rho) (x) against suite score (y) of the random placements, the guided route marked,
     Spearman's rho over the random ones and its one-sided permutation p in the title (Figure 4). Each point
@@ -176,25 +176,25 @@ def placement_scatter(
     fig = go.Figure()
     fig.add_trace(
         go.Scatter(
-            x=[r["S"] for r in random],
-            y=[r["score"] for r in random],
+            x=[r.profile_score for r in random],
+            y=[r.score for r in random],
             mode="markers",
             name="random placements",
             marker=dict(color="#8c8c8c", size=9),
-            customdata=[[int(r["index"])] for r in random],
-            text=[r["plan"] for r in random],
+            customdata=[[r.index] for r in random],
+            text=[r.plan for r in random],
             hovertemplate="%{text}<br>S(rho) %{x:.4f}<br>" + metric + " %{y:.4f}<extra></extra>",
         )
     )
     fig.add_trace(
         go.Scatter(
-            x=[guided["S"]],
-            y=[guided["score"]],
+            x=[guided.profile_score],
+            y=[guided.score],
             mode="markers",
             name="guided route",
             marker=dict(color=GUIDED_COLOR, size=16, symbol="star"),
             customdata=[[GUIDED]],
-            text=[guided["plan"]],
+            text=[guided.plan],
             hovertemplate="%{text} (guided)<br>S(rho) %{x:.4f}<br>" + metric + " %{y:.4f}<extra></extra>",
         )
     )
@@ -208,8 +208,8 @@ def placement_scatter(
 
 
 def selected_placement(
-    points: Sequence[Mapping[str, Any]], guided: Mapping[str, Any], random: Sequence[Mapping[str, Any]]
-) -> Mapping[str, Any] | None:
+    points: Sequence[Mapping[str, Any]], guided: Placement, random: Sequence[Placement]
+) -> Placement | None:
     """The placement (`guided`, or the entry of `random` with that index) of the first selected point of a
     `placement_scatter`; None when nothing (known) is selected."""
     for point in points:
@@ -219,20 +219,19 @@ def selected_placement(
         if isinstance(data, (int, float)) and not isinstance(data, bool):
             if int(data) == GUIDED:
                 return guided
-            return next((r for r in random if r["index"] == int(data)), None)
+            return next((r for r in random if r.index == int(data)), None)
     return None
 
 
-def factorial_table(data: Mapping[str, Any]) -> pd.DataFrame:
+def factorial_table(data: FactorialData) -> pd.DataFrame:
     """The factorial's 2x2 table from its report data: routing (rows) x allocation (columns), the score in
     each cell."""
-    allocated = data["allocation"]
-    cells = data["cells"]
+    cells = data.cells
     return pd.DataFrame(
         {
             "routing": ["homogeneous", "routed"],
-            "uniform": [cells["homogeneous-uniform"]["score"], cells["routed-uniform"]["score"]],
-            allocated: [cells["homogeneous-allocated"]["score"], cells["routed-allocated"]["score"]],
+            "uniform": [cells["homogeneous-uniform"].score, cells["routed-uniform"].score],
+            data.allocation: [cells["homogeneous-allocated"].score, cells["routed-allocated"].score],
         }
     )
 
@@ -245,25 +244,24 @@ FACTORIAL_CONTRASTS = {
 }
 
 
-def factorial_contrasts(data: Mapping[str, Any]) -> pd.DataFrame:
+def factorial_contrasts(data: FactorialData) -> pd.DataFrame:
     """One row per contrast of a factorial report (primary first): difference, 95% CI, wins/ties/losses, and
     the sample-level test's p, the difference it could detect at 80% power and the verdict it gives (empty
     for reports made before samples were paired)."""
     rows = []
     for key, label in FACTORIAL_CONTRASTS.items():
-        contrast = data[key]
-        sample = contrast.get("sample") or {}
+        contrast, sample = getattr(data, key), getattr(data, key).sample
         rows.append(
             {
                 "contrast": label,
-                "difference": contrast["difference"],
-                "95% CI low": contrast["low"],
-                "95% CI high": contrast["high"],
-                "wins / ties / losses": f"{contrast['wins']} / {contrast['ties']} / {contrast['losses']}",
-                "tasks": contrast["tasks"],
-                "sign-flip p (samples)": sample.get("p"),
-                "detectable (80% power)": sample.get("mde", contrast.get("task_mde")),
-                "verdict": contrast.get("verdict", ""),
+                "difference": contrast.difference,
+                "95% CI low": contrast.low,
+                "95% CI high": contrast.high,
+                "wins / ties / losses": f"{contrast.wins} / {contrast.ties} / {contrast.losses}",
+                "tasks": contrast.tasks,
+                "sign-flip p (samples)": None if sample is None else sample.p,
+                "detectable (80% power)": contrast.task_mde if sample is None else sample.mde,
+                "verdict": contrast.verdict,
             }
         )
     return pd.DataFrame(rows)

@@ -10,7 +10,8 @@ from app import charts, common, designer_controls, plan_draft, session, state
 from polykv import jobs
 from polykv.errors import PolyKVError, StoreError
 from polykv.eval.compare import metrics_of, placement_summary, suite_score, sweep_table
-from polykv.eval.experiments import suite_metrics
+from polykv.eval.experiments import FactorialData, PlacementData, SweepData, suite_metrics
+from polykv.eval.experiments.report import stat_text
 from polykv.eval.protocols import baseline_methods
 from polykv.eval.runner import SUITES
 from polykv.eval.settings import parse_budgets, suite_settings
@@ -120,58 +121,58 @@ job_list()
 
 
 # ---- the report of a finished experiment ----------------------------------------------------------------------
-def show_factorial(data: dict) -> None:
+def show_factorial(data: FactorialData) -> None:
     st.dataframe(charts.factorial_table(data), hide_index=True)
-    primary = data["routing_uniform"]
+    primary = data.routing_uniform
     cols = st.columns(3)
-    cols[0].metric("Primary: routed-uniform - homogeneous-uniform", f"{primary['difference']:+.4f}")
-    cols[1].metric("95% paired bootstrap CI", f"[{primary['low']:+.4f}, {primary['high']:+.4f}]")
-    cols[2].metric("Wins / ties / losses", f"{primary['wins']} / {primary['ties']} / {primary['losses']}")
-    if primary.get("verdict_text"):  # reports made before samples were paired have none
-        st.caption(common.literal(f"Primary: {primary['verdict_text']}"))
+    cols[0].metric("Primary: routed-uniform - homogeneous-uniform", stat_text(primary.difference, "+.4f"))
+    cols[1].metric("95% paired bootstrap CI", f"[{stat_text(primary.low, '+.4f')}, {stat_text(primary.high, '+.4f')}]")
+    cols[2].metric("Wins / ties / losses", f"{primary.wins} / {primary.ties} / {primary.losses}")
+    if primary.verdict_text:  # reports made before samples were paired have none
+        st.caption(common.literal(f"Primary: {primary.verdict_text}"))
     st.dataframe(charts.factorial_contrasts(data), hide_index=True, width="stretch")
 
 
-def show_placement(data: dict) -> None:
-    random, guided = data["random"], data["guided"]
+def show_placement(data: PlacementData) -> None:
+    random, guided = data.random, data.guided
     common.show(
-        charts.placement_figure(
-            guided["score"], [r["score"] for r in random], data["metric"], data["guided_rank"], data["guided_p"]
-        ),
+        charts.placement_figure(guided.score, [r.score for r in random], data.metric, data.guided_rank, data.guided_p),
         "placement-control",
     )
     event = common.show(
-        charts.placement_scatter(guided, random, data["metric"], data["spearman"], data["spearman_p"]),
+        charts.placement_scatter(guided, random, data.metric, data.spearman, data.spearman_p),
         "placement-scatter",
         key=state.PLACEMENT_SCATTER,
         on_select="rerun",
         selection_mode=("points",),
     )
-    if data["spearman"] is None:
+    if data.spearman is None:
         st.caption("Spearman over the random placements is undefined (fewer than 2, or constant scores).")
     else:
         st.caption(
-            f"Spearman rho (S(rho) vs {data['metric']} in the better direction, {data['k']} random placements) = "
-            f"{data['spearman']:+.4f}; one-sided permutation p = {data['spearman_p']:.4f}. Guided route rank "
-            f"{data['guided_rank']} of {data['k'] + 1}. Click a point to open its placement."
+            f"Spearman rho (S(rho) vs {data.metric} in the better direction, {data.k} random placements) = "
+            f"{data.spearman:+.4f}; one-sided permutation p = {stat_text(data.spearman_p)}. Guided route rank "
+            f"{data.guided_rank} of {data.k + 1}. Click a point to open its placement."
         )
     points = ((event or {}).get("selection") or {}).get("points", [])
     entry = charts.selected_placement(points, guided, random)
     if entry is None:
         return
-    st.markdown(f"Selected: **{entry['plan']}** · S(rho) {entry['S']:.4f} · {data['metric']} {entry['score']:.4f}")
+    st.markdown(
+        f"Selected: **{entry.plan}** · S(rho) {stat_text(entry.profile_score)} · {data.metric} {stat_text(entry.score)}"
+    )
     if st.button("Open in the designer", type="primary"):
         try:
-            plan_draft.set_plan(Plan.from_json(entry["plan_json"]))
+            plan_draft.set_plan(Plan.from_json(entry.plan_json))
         except PlanError as exc:
             st.error(f"Not opened: {common.first_line(exc)}")
         else:
             st.switch_page("views/designer.py")
 
 
-def show_sweep(data: dict, rows: list) -> None:
+def show_sweep(data: SweepData, rows: list) -> None:
     frame, versus, full = charts.sweep_frames(data)
-    common.show(charts.sweep_figure(frame, data["metric"], full, versus), "sweep-experiment")
+    common.show(charts.sweep_figure(frame, data.metric, full, versus), "sweep-experiment")
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
 
 
@@ -183,15 +184,16 @@ if finished:
     )
     try:
         report = read_report(job, workspace)
-        show = {"factorial": show_factorial, "placement": show_placement}.get(report.data.get("experiment"))
         st.markdown(f"**{report.title}**")
-        if show is not None:
-            show(report.data)
-        elif report.data.get("experiment") == "sweep":
+        if isinstance(report.data, FactorialData):
+            show_factorial(report.data)
+        elif isinstance(report.data, PlacementData):
+            show_placement(report.data)
+        elif isinstance(report.data, SweepData):
             show_sweep(report.data, report.rows)
         with st.expander("Report lines and data"):
             st.text("\n".join(report.lines))
-            st.code(json.dumps(report.data, indent=1)[:20_000], language="json")
+            st.code(json.dumps(report.to_dict()["data"], indent=1)[:20_000], language="json")
     except (PolyKVError, KeyError, TypeError, ValueError) as exc:  # a report from another version, edited
         st.error(f"Cannot draw report of {job.id}: {common.first_line(exc)}")
 

@@ -326,9 +326,7 @@ def run_study(
         accuracy_runner = steps.runner(context, settings.suite, measured, "score")
         # generation costs far more than scoring the gold answer: the baselines that make the primary metric's
         # envelope at some budget stand for the nine here
-        best = {
-            s: sorted({e["baseline"] for e in reports[f"sweep {s}"].data["envelope"].values()}) for s in settings.swept
-        }
+        best = {s: sorted({e.baseline for e in reports[f"sweep {s}"].data.envelope.values()}) for s in settings.swept}
         plans = list(factorial_plans(*factorial_args).values())
         for s in settings.swept:
             plans += list(sweep_plans(routes[s], list(settings.budgets), best[s], profile=sweep_profile).values())
@@ -341,8 +339,8 @@ def run_study(
         seconds["accuracy"] = time.perf_counter() - started
     store.checkpoint()  # the database file alone then holds every run the report cites
     sweeps = {s: reports[f"sweep {s}"] for s in settings.swept}
-    cited = {run for report in sweeps.values() for series in report.data["runs"].values() for run in series.values()}
-    cited |= {report.data["full"]["run"] for report in sweeps.values()}
+    cited = {run for report in sweeps.values() for series in report.data.runs.values() for run in series.values()}
+    cited |= {report.data.full.run for report in sweeps.values()}
     return StudyResult(
         settings=settings,
         profile=profile,

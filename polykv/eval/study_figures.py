@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from polykv.eval.experiments.report import SweepData
+
 
 def niah_curves(result) -> pd.DataFrame | None:
     """RULER: each series' mean over the niah tasks (in the study's metric) at each budget (and FullKV's), from
@@ -18,13 +20,13 @@ def niah_curves(result) -> pd.DataFrame | None:
         values = [v for task, v in scores.get(run, {}).items() if task.split("@")[0].startswith("niah")]
         return sum(values) / len(values) if values else None
 
-    if niah(data["full"]["run"]) is None:
+    if niah(data.full.run) is None:
         return None
     rows = [
-        {"series": name, **{str(b): niah(data["runs"][name][b]) for b in data["budgets"]}}
-        for name in data["routes"] + data["baselines"]
+        {"series": name, **{str(b): niah(data.runs[name][b]) for b in data.budgets}}
+        for name in data.routes + data.baselines
     ]
-    rows.append({"series": "FullKV", **{str(b): niah(data["full"]["run"]) for b in data["budgets"]}})
+    rows.append({"series": "FullKV", **{str(b): niah(data.full.run) for b in data.budgets}})
     return pd.DataFrame(rows)
 
 
@@ -65,22 +67,29 @@ def figures(result, folder: Path) -> dict[str, str]:
     plt.close(fig)
 
     data = result.placement.data
-    metric = data["metric"]
-    randoms = data["random"]
+    metric, randoms, guided = data.metric, data.random, data.guided
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.4))
-    left.hist([r["score"] for r in randoms], bins=20, color="#9aa7b8")
-    left.axvline(data["guided"]["score"], color="#c0392b", lw=2, label=f"guided (rank {data['guided_rank']})")
+    left.hist([r.score for r in randoms if r.score is not None], bins=20, color="#9aa7b8")
+    if guided.score is not None:
+        left.axvline(guided.score, color="#c0392b", lw=2, label=f"guided (rank {data.guided_rank})")
     left.set_xlabel(f"suite {metric}")
     left.set_ylabel("random placements")
     left.legend(fontsize=8)
-    right.scatter([r["S"] for r in randoms], [r["score"] for r in randoms], s=14, color="#5b6b80", label="random")
-    right.scatter([data["guided"]["S"]], [data["guided"]["score"]], s=50, color="#c0392b", marker="*", label="guided")
-    right.set_xlabel(f"profile score S(rho) by {data['statistic']}")
+    right.scatter(
+        [_float(r.profile_score) for r in randoms],
+        [_float(r.score) for r in randoms],
+        s=14,
+        color="#5b6b80",
+        label="random",
+    )
+    right.scatter(
+        [_float(guided.profile_score)], [_float(guided.score)], s=50, color="#c0392b", marker="*", label="guided"
+    )
+    right.set_xlabel(f"profile score S(rho) by {data.statistic}")
     right.set_ylabel(f"suite {metric}")
-    spearman = data["spearman"]
     right.set_title(
-        f"Spearman over the random placements {spearman:+.3f}, one-sided p {data['spearman_p']:.4f}"
-        if spearman == spearman
+        f"Spearman over the random placements {data.spearman:+.3f}, one-sided p {_float(data.spearman_p):.4f}"
+        if data.spearman is not None
         else "Spearman undefined",
         fontsize=9,
     )
@@ -94,7 +103,7 @@ def figures(result, folder: Path) -> dict[str, str]:
         out[f"sweep {phase}"] = _sweep_figure(plt, report.data, folder, f"sweep-{phase}.png")
     curves = niah_curves(result)
     if curves is not None:
-        budgets = result.sweep.data["budgets"]
+        budgets = result.sweep.data.budgets
         fig, ax = plt.subplots(figsize=(8, 4.2))
         for row in curves.to_dict("records"):
             style = {"lw": 2.5, "marker": "o"} if row["series"].startswith("route") else {"lw": 1, "marker": "."}
@@ -104,8 +113,8 @@ def figures(result, folder: Path) -> dict[str, str]:
         ax.set_xscale("log", base=2)
         ax.set_xticks(budgets, [str(b) for b in budgets])
         ax.set_xlabel("average capacity per layer (tokens)")
-        ax.set_ylabel(f"mean {result.sweep.data['metric']} over the niah tasks")
-        ax.set_title(f"needles found per method ({result.sweep.data['route']})", fontsize=9)
+        ax.set_ylabel(f"mean {result.sweep.data.metric} over the niah tasks")
+        ax.set_title(f"needles found per method ({result.sweep.data.route})", fontsize=9)
         ax.legend(fontsize=7, ncol=3)
         fig.tight_layout()
         out["niah"] = "niah.png"
@@ -114,25 +123,36 @@ def figures(result, folder: Path) -> dict[str, str]:
     return out
 
 
-def _sweep_figure(plt, data: dict, folder: Path, name: str) -> str:
+def _float(value: float | None) -> float:
+    """A number for matplotlib: an undefined one (None) is NaN, which it leaves out."""
+    return float("nan") if value is None else value
+
+
+def _sweep_figure(plt, data: SweepData, folder: Path, name: str) -> str:
     """Every series against the budget (log axis), the envelope and FullKV; route - envelope with CIs."""
-    budgets, metric = data["budgets"], data["metric"]
+    budgets, metric = data.budgets, data.metric
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
-    for series in data["baselines"]:
-        top.plot(budgets, [data["scores"][series][b] for b in budgets], lw=0.9, alpha=0.6, marker=".", label=series)
-    top.plot(budgets, [data["envelope"][b]["score"] for b in budgets], "k--", lw=1.5, label="best baseline (envelope)")
-    for series, style in zip(data["routes"], ("#c0392b", "#e67e22")):
-        top.plot(budgets, [data["scores"][series][b] for b in budgets], color=style, lw=2.5, marker="o", label=series)
-    top.axhline(data["full"]["score"], color="#27ae60", lw=1, ls=":", label="FullKV")
+
+    def series_of(label: str) -> list[float]:
+        return [_float(data.scores[label][b]) for b in budgets]
+
+    for series in data.baselines:
+        top.plot(budgets, series_of(series), lw=0.9, alpha=0.6, marker=".", label=series)
+    envelope = [_float(data.envelope[b].score) for b in budgets]
+    top.plot(budgets, envelope, "k--", lw=1.5, label="best baseline (envelope)")
+    for series, style in zip(data.routes, ("#c0392b", "#e67e22")):
+        top.plot(budgets, series_of(series), color=style, lw=2.5, marker="o", label=series)
+    if data.full.score is not None:
+        top.axhline(data.full.score, color="#27ae60", lw=1, ls=":", label="FullKV")
     top.set_xscale("log", base=2)
     top.set_ylabel(f"suite {metric}")
-    top.set_title(f"{data['route']} ({data['scope']})", fontsize=9)
+    top.set_title(f"{data.route} ({data.scope})", fontsize=9)
     top.legend(fontsize=7, ncol=3)
-    versus = data["versus_envelope"]
-    diffs = [versus[b]["difference"] for b in budgets]
+    versus = [data.versus_envelope[b] for b in budgets]
+    diffs = [_float(v.difference) for v in versus]
     errors = [
-        [versus[b]["difference"] - versus[b]["low"] for b in budgets],
-        [versus[b]["high"] - versus[b]["difference"] for b in budgets],
+        [_float(v.difference) - _float(v.low) for v in versus],
+        [_float(v.high) - _float(v.difference) for v in versus],
     ]
     bottom.errorbar(budgets, diffs, yerr=errors, fmt="o-", color="#c0392b", capsize=4)
     bottom.axhline(0, color="black", lw=0.8)

@@ -17,6 +17,7 @@ import os
 import platform
 from pathlib import Path
 
+from polykv.eval.experiments.report import stat_text
 from polykv.eval.study_figures import figures, niah_curves
 from polykv.eval.study_sections import (
     accuracy_section,
@@ -41,39 +42,38 @@ from polykv.plan import Phase
 def findings(result) -> list[str]:
     """What the numbers say, in sentences, whichever way they come out."""
     f = result.factorial.data
-    metric = f["metric"]
-    primary = f["routing_uniform"]
+    metric, primary = f.metric, f.routing_uniform
     lines = [
-        f"Routing under uniform allocation (the TopRank route vs {result.baseline} in every {f['scope']} layer, both "
-        f"at {f['budget']} tokens per layer): {metric} difference {primary['difference']:+.4f} ({direction_word(f)} is "
-        f"better): {evidence(primary)}; the route wins {primary['wins']}, ties {primary['ties']} and loses "
-        f"{primary['losses']} of {primary['tasks']} tasks, and {primary['loto_better']} of "
-        f"{len(primary['leave_one_out'])} leave-one-task-out values favour it.",
-        f"Allocation ({f['allocation']} vs uniform) under TopRank routing: "
-        f"{f['allocation_routed']['difference']:+.4f}, "
-        f"{evidence(f['allocation_routed'])}; interaction {f['interaction']['difference']:+.4f}, "
-        f"{evidence(f['interaction'])}.",
+        f"Routing under uniform allocation (the TopRank route vs {result.baseline} in every {f.scope} layer, both "
+        f"at {f.budget} tokens per layer): {metric} difference {stat_text(primary.difference, '+.4f')} "
+        f"({direction_word(f)} is better): {evidence(primary)}; the route wins {primary.wins}, ties {primary.ties} "
+        f"and loses {primary.losses} of {primary.tasks} tasks, and {primary.loto_better} of "
+        f"{len(primary.leave_one_out)} leave-one-task-out values favour it.",
+        f"Allocation ({f.allocation} vs uniform) under TopRank routing: "
+        f"{stat_text(f.allocation_routed.difference, '+.4f')}, {evidence(f.allocation_routed)}; interaction "
+        f"{stat_text(f.interaction.difference, '+.4f')}, {evidence(f.interaction)}.",
     ]
     p = result.placement.data
-    versus = p.get("guided_minus_mean_sample")
+    versus = p.guided_minus_mean_sample
     test = (
-        f" (sample level {versus['difference']:+.4f}, sign-flip p = {versus['p']:.4f} over {versus['samples']} "
-        f"samples, detects {mde_text(versus['mde'])})"
-        if versus
+        f" (sample level {stat_text(versus.difference, '+.4f')}, sign-flip p = {stat_text(versus.p)} over "
+        f"{versus.samples} samples, detects {mde_text(versus.mde)})"
+        if versus is not None
         else ""
     )
     lines.append(
-        f"Placement control ({p['metric']}): over {p['k']} random count-matched placements the profile score "
-        f"S(rho) and the suite score correlate with Spearman {p['spearman']:+.3f} (one-sided permutation p = "
-        f"{p['spearman_p']:.4f}); the guided route ranks {p['guided_rank']} of {p['k'] + 1} (p = "
-        f"{p['guided_p']:.3f}), {p['guided_minus_mean']:+.4f} {p['metric']} from the random mean{test}."
+        f"Placement control ({p.metric}): over {p.k} random count-matched placements the profile score "
+        f"S(rho) and the suite score correlate with Spearman {stat_text(p.spearman, '+.3f')} (one-sided "
+        f"permutation p = {stat_text(p.spearman_p)}); the guided route ranks {p.guided_rank} of {p.k + 1} (p = "
+        f"{stat_text(p.guided_p, '.3f')}), {stat_text(p.guided_minus_mean, '+.4f')} {p.metric} from the random "
+        f"mean{test}."
     )
     for phase, report in result.sweeps.items():
         s = report.data
         verdicts = [
-            f"{b}: vs {s['versus_envelope'][b]['baseline']} {s['versus_envelope'][b]['difference']:+.4f}, "
-            f"{s['versus_envelope'][b]['verdict']} ({sample_p_text(s['versus_envelope'][b])})"
-            for b in s["budgets"]
+            f"{b}: vs {versus.baseline} {stat_text(versus.difference, '+.4f')}, {versus.verdict} "
+            f"({sample_p_text(versus)})"
+            for b, versus in s.versus_envelope.items()
         ]
         lines.append(
             f"Sweep of the {phase} route, route-uniform against the best standalone baseline at each budget (verdicts "
@@ -85,21 +85,23 @@ def findings(result) -> list[str]:
             lines.append(
                 f"Share of the best baseline's gap to FullKV the {phase} route closes: " + "; ".join(shown) + "."
             )
-        if s["double"]:
+        if s.double:
             lines.append(
                 f"{phase} route at b vs the best baseline at 2b: "
                 + "; ".join(
-                    f"{b}: {d['match']} ({d['difference']:+.4f}, {sample_p_text(d)})" for b, d in s["double"].items()
+                    f"{b}: {d.match} ({stat_text(d.difference, '+.4f')}, {sample_p_text(d)})"
+                    for b, d in s.double.items()
                 )
                 + "."
             )
     for name, report in result.accuracy.items():
         if name == "factorial":
-            contrast = report.data["routing_uniform"]
+            contrast = report.data.routing_uniform
             lines.append(
                 f"Accuracy beside it ({result.accuracy_settings.get('samples_per_task')} samples per task, "
                 "generating): "
-                f"routing under uniform allocation {contrast['difference']:+.2f} points, {evidence(contrast)}."
+                f"routing under uniform allocation {stat_text(contrast.difference, '+.2f')} points, "
+                f"{evidence(contrast)}."
             )
     return lines
 
@@ -114,7 +116,7 @@ def what_ran(result) -> list[str]:
         + (f" at {suite['length']} tokens" if "length" in suite else "")
         + f"), {suite.get('samples_per_task')} samples per task"
         + (f", mode {suite['mode']}" if "mode" in suite else "")
-        + f"; metric **{result.factorial.data['metric']}**; seed {s.seed}.",
+        + f"; metric **{result.factorial.data.metric}**; seed {s.seed}.",
         f"Routed phase {s.scope} at {s.budget} tokens per layer; TopRank by {s.statistic}; the factorial's allocated "
         f"arm {s.allocation}; sweep budgets {', '.join(map(str, s.budgets))}; swept routes: {', '.join(s.swept)}.",
         f"Anchor of the factorial: {result.anchor_rule}.",
@@ -133,10 +135,10 @@ def what_ran(result) -> list[str]:
         )
     placing = result.placement_settings
     lines.append(
-        f"Placement control: K = {result.placement.data['k']} on `{s.placement_suite or s.suite}` "
+        f"Placement control: K = {result.placement.data.k} on `{s.placement_suite or s.suite}` "
         f"({placing.get('samples_per_task')} samples per task"
         + (f", mode {placing['mode']}" if "mode" in placing else "")
-        + f"), metric {result.placement.data['metric']}."
+        + f"), metric {result.placement.data.metric}."
     )
     if result.accuracy_settings:
         acc = result.accuracy_settings
@@ -180,7 +182,7 @@ def write_report(result, path: Path, command: str = "") -> Path:
         f"# {title}: should every layer use the same KV eviction method?",
         "",
         f"The paper's protocol (profile, TopRank route, routing x allocation factorial, placement control with "
-        f"K = {result.placement.data['k']}, budget sweep) on the {meta.num_layers}-layer model `{s.model}` and "
+        f"K = {result.placement.data.k}, budget sweep) on the {meta.num_layers}-layer model `{s.model}` and "
         f"{_describe(result)}. Generated by a real run of",
         "",
         f"```bash\n{command or 'polykv experiment study'}\n```",
@@ -247,7 +249,7 @@ def write_report(result, path: Path, command: str = "") -> Path:
         lines += [
             "## Needles by method and budget",
             "",
-            f"Mean {result.sweep.data['metric']} over the niah tasks of each series of the {s.scope} route's sweep "
+            f"Mean {result.sweep.data.metric} over the niah tasks of each series of the {s.scope} route's sweep "
             "(baselines under their own protocols), from the same runs:",
             "",
             md_table(curves, "{:.3f}"),

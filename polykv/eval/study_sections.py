@@ -9,6 +9,7 @@ import math
 import pandas as pd
 
 from polykv.eval import paper
+from polykv.eval.experiments.report import Contrast, FactorialData, PlacementData, SweepData, stat_text
 from polykv.eval.paired_samples import detectable
 
 
@@ -16,6 +17,8 @@ def md_table(frame: pd.DataFrame, floats: str = "{:.4f}") -> str:
     """A Markdown table (pandas' to_markdown needs the `tabulate` package; this needs nothing)."""
 
     def cell(value) -> str:
+        if value is None:
+            return ""
         if isinstance(value, float):
             return "" if value != value else floats.format(value)
         return str(value).replace("|", "\\|")
@@ -26,38 +29,41 @@ def md_table(frame: pd.DataFrame, floats: str = "{:.4f}") -> str:
     return "\n".join([head, rule, *body])
 
 
-def ci_text(contrast: dict, digits: int = 4) -> str:
-    return f"{contrast['difference']:+.{digits}f} [{contrast['low']:+.{digits}f}, {contrast['high']:+.{digits}f}]"
+def ci_text(contrast: Contrast, digits: int = 4) -> str:
+    spec = f"+.{digits}f"
+    return f"{stat_text(contrast.difference, spec)} [{stat_text(contrast.low, spec)}, {stat_text(contrast.high, spec)}]"
 
 
-def evidence(contrast: dict) -> str:
+def evidence(contrast: Contrast) -> str:
     """A contrast's verdict with its test and power, then the paper's interval over tasks."""
-    tasks = f"the paper's bootstrap over {contrast['tasks']} tasks {ci_text(contrast)}"
-    if contrast.get("task_mde") == contrast.get("task_mde") and contrast.get("task_mde") is not None:
-        tasks += f" (detects {contrast['task_mde']:.3g})"
-    return f"{contrast['verdict_text']}; {tasks}"
+    tasks = f"the paper's bootstrap over {contrast.tasks} tasks {ci_text(contrast)}"
+    if contrast.task_mde is not None:
+        tasks += f" (detects {contrast.task_mde:.3g})"
+    return f"{contrast.verdict_text}; {tasks}"
 
 
-def gap_recovery(sweep: dict, label: str = "route-uniform") -> dict[int, float | None]:
+def gap_recovery(sweep: SweepData, label: str = "route-uniform") -> dict[int, float | None]:
     """Per budget, (route - envelope) / (FullKV - envelope): the share of the best baseline's gap to FullKV the
-    route closes (None where FullKV is not better than the envelope: there is no gap to close)."""
-    full, sign = sweep["full"]["score"], sweep["direction"]
+    route closes (None where FullKV is not better than the envelope, so there is no gap to close, or a score is
+    undefined)."""
+    full, sign = sweep.full.score, sweep.direction
     out: dict[int, float | None] = {}
-    for b in sweep["budgets"]:
-        best, route = sweep["envelope"][b]["score"], sweep["scores"][label][b]
-        out[b] = (route - best) / (full - best) if sign * (full - best) > 0 else None
+    for b in sweep.budgets:
+        best, route = sweep.envelope[b].score, sweep.scores[label][b]
+        defined = None not in (full, best, route)
+        out[b] = (route - best) / (full - best) if defined and sign * (full - best) > 0 else None
     return out
 
 
-def direction_word(data: dict) -> str:
-    return "higher" if data["direction"] > 0 else "lower"
+def direction_word(data: FactorialData | PlacementData | SweepData) -> str:
+    return "higher" if data.direction > 0 else "lower"
 
 
-def sample_p_text(contrast: dict) -> str:
-    sample = contrast.get("sample")
-    if not sample:
+def sample_p_text(contrast: Contrast) -> str:
+    sample = contrast.sample
+    if sample is None:
         return f"task bootstrap {ci_text(contrast)}"
-    return f"p = {sample['p']:.4f} over {sample['samples']} paired samples, detects {mde_text(sample['mde'])}"
+    return f"p = {stat_text(sample.p)} over {sample.samples} paired samples, detects {mde_text(sample.mde)}"
 
 
 def accuracy_words(suite: str) -> str:
@@ -84,7 +90,7 @@ def workload_section(result) -> list[str]:
         sds = pd.DataFrame([{"task": t, "SD of anchor - FullKV": v} for t, v in plan.pilot_sd.items()])
         lines += [
             f"Samples per task: {plan.samples_per_task}, because {plan.reason}. From the pilot's paired differences "
-            f"(anchor - FullKV, {result.factorial.data['metric']}): the target needs "
+            f"(anchor - FullKV, {result.factorial.data.metric}): the target needs "
             f"{plan.for_target if plan.for_target is not None else 'no particular number'}, the time allowance affords "
             f"{plan.for_time if plan.for_time is not None else 'any number'}; expected minimal detectable macro "
             f"difference at 80% power {plan.expected_mde:.4g}.",
@@ -95,19 +101,19 @@ def workload_section(result) -> list[str]:
     return lines
 
 
-def _cells_table(data: dict, anchor: str, scope: str, statistic: str) -> pd.DataFrame:
-    cells = data["cells"]
+def _cells_table(data: FactorialData, anchor: str, scope: str, statistic: str) -> pd.DataFrame:
+    cells = data.cells
     return pd.DataFrame(
         [
             {
                 "routing policy": f"Homogeneous {anchor} ({scope}-only)",
-                "uniform allocation": cells["homogeneous-uniform"]["score"],
-                f"{data['allocation']} allocation": cells["homogeneous-allocated"]["score"],
+                "uniform allocation": cells["homogeneous-uniform"].score,
+                f"{data.allocation} allocation": cells["homogeneous-allocated"].score,
             },
             {
                 "routing policy": f"Guided {statistic} route",
-                "uniform allocation": cells["routed-uniform"]["score"],
-                f"{data['allocation']} allocation": cells["routed-allocated"]["score"],
+                "uniform allocation": cells["routed-uniform"].score,
+                f"{data.allocation} allocation": cells["routed-allocated"].score,
             },
         ]
     )
@@ -116,7 +122,7 @@ def _cells_table(data: dict, anchor: str, scope: str, statistic: str) -> pd.Data
 def factorial_section(result) -> list[str]:
     f = result.factorial.data
     t2 = paper.TABLE_2
-    ours = _cells_table(f, result.baseline, f["scope"], f["statistic"])
+    ours = _cells_table(f, result.baseline, f.scope, f.statistic)
     theirs = pd.DataFrame(
         [
             {
@@ -131,7 +137,7 @@ def factorial_section(result) -> list[str]:
     lines = [
         "## Routing x allocation factorial (Table 2)",
         "",
-        f"Ours: {f['metric']} ({direction_word(f)} is better) at {f['budget']} tokens per layer, run ids below.",
+        f"Ours: {f.metric} ({direction_word(f)} is better) at {f.budget} tokens per layer, run ids below.",
         "",
         md_table(ours),
         "",
@@ -157,12 +163,14 @@ def factorial_section(result) -> list[str]:
 
 def anchor_rank(result) -> str:
     """Where the anchor stands among the standalone baselines of the primary sweep at the factorial's budget."""
-    s, budget = result.sweep.data, result.factorial.data["budget"]
-    if budget not in s["budgets"] or result.baseline not in s["baselines"]:
+    s, budget = result.sweep.data, result.factorial.data.budget
+    if budget not in s.budgets or result.baseline not in s.baselines:
         return ""
-    sign = s["direction"]
-    ranked = sorted(s["baselines"], key=lambda name: -sign * s["scores"][name][budget])
-    shown = ", ".join(f"{name} {s['scores'][name][budget]:.4f}" for name in ranked)
+    at_budget = {name: s.scores[name][budget] for name in s.baselines}
+    if None in at_budget.values():
+        return ""
+    ranked = sorted(s.baselines, key=lambda name: -s.direction * at_budget[name])
+    shown = ", ".join(f"{name} {at_budget[name]:.4f}" for name in ranked)
     return (
         f"The anchor {result.baseline} ranks {ranked.index(result.baseline) + 1} of {len(ranked)} among the standalone "
         f"baselines at {budget} under their own protocols (the sweep): {shown}."
@@ -171,25 +179,26 @@ def anchor_rank(result) -> str:
 
 def placement_section(result, folder: str, drawn: dict) -> list[str]:
     p, t4 = result.placement.data, paper.TABLE_4
-    scores = [r["score"] for r in p["random"]]
-    sign = p["direction"]
-    at_least = sum(1 for v in scores if sign * v >= sign * p["guided"]["score"])
+    scores = [r.score for r in p.random if r.score is not None]
+    guided, sign = p.guided.score, p.direction
+    at_least = sum(1 for v in scores if guided is not None and sign * v >= sign * guided)
     sd = float(pd.Series(scores).std(ddof=1)) if len(scores) > 1 else float("nan")
     table = pd.DataFrame(
         [
-            ("Random controls", str(p["k"]), str(t4["random_controls"])),
-            ("Guided score", f"{p['guided']['score']:.4f}", f"{t4['guided_score']:.4f}"),
-            ("Random mean (sample SD)", f"{p['random_mean']:.4f} ({sd:.4f})",
+            ("Random controls", str(p.k), str(t4["random_controls"])),
+            ("Guided score", stat_text(guided), f"{t4['guided_score']:.4f}"),
+            ("Random mean (sample SD)", f"{stat_text(p.random_mean)} ({sd:.4f})",
              f"{t4['random_mean']:.4f} ({t4['random_sd']:.4f})"),
-            ("Random range", f"[{min(scores):.4f}, {max(scores):.4f}]",
+            ("Random range", f"[{min(scores):.4f}, {max(scores):.4f}]" if scores else "undefined",
              f"[{t4['random_range'][0]:.4f}, {t4['random_range'][1]:.4f}]"),
-            ("Guided minus random mean", f"{p['guided_minus_mean']:+.4f}", f"{t4['guided_minus_mean']:+.4f}"),
+            ("Guided minus random mean", stat_text(p.guided_minus_mean, "+.4f"), f"{t4['guided_minus_mean']:+.4f}"),
             ("Random at least as good as guided", str(at_least), str(t4["random_at_least_guided"])),
-            ("Guided rank", f"{p['guided_rank']}/{p['k'] + 1}", t4["guided_rank"]),
-            ("Spearman of S(rho) and score (one-sided p)", f"{p['spearman']:+.3f} ({p['spearman_p']:.4f})",
+            ("Guided rank", f"{p.guided_rank}/{p.k + 1}", t4["guided_rank"]),
+            ("Spearman of S(rho) and score (one-sided p)",
+             f"{stat_text(p.spearman, '+.3f')} ({stat_text(p.spearman_p)})",
              f"{t4['spearman']:+.3f} ({t4['spearman_p']:.4f})"),
         ],
-        columns=["statistic", f"ours ({p['metric']}, {direction_word(p)} is better)", "the paper (LongBench score)"],
+        columns=["statistic", f"ours ({p.metric}, {direction_word(p)} is better)", "the paper (LongBench score)"],
     )  # fmt: skip
     return [
         "## Placement control (Table 4, Figure 4)",
@@ -211,22 +220,22 @@ def placement_section(result, folder: str, drawn: dict) -> list[str]:
 
 def sweep_section(number: int, phase: str, report, folder: str, figure: str, first: bool) -> list[str]:
     data, notes = report.data, report.lines
-    budgets, series = data["budgets"], data["baselines"] + data["routes"]
+    budgets, series = data.budgets, data.baselines + data.routes
     grid = pd.DataFrame(
-        [{"method / configuration": "FullKV", **{str(b): data["full"]["score"] for b in budgets}}]
-        + [{"method / configuration": name, **{str(b): data["scores"][name][b] for b in budgets}} for name in series]
+        [{"method / configuration": "FullKV", **{str(b): data.full.score for b in budgets}}]
+        + [{"method / configuration": name, **{str(b): data.scores[name][b] for b in budgets}} for name in series]
         + [
-            {"method / configuration": "best baseline", **{str(b): data["envelope"][b]["baseline"] for b in budgets}},
+            {"method / configuration": "best baseline", **{str(b): data.envelope[b].baseline for b in budgets}},
             {"method / configuration": "route-uniform - envelope",
-             **{str(b): ci_text(data["versus_envelope"][b]) for b in budgets}},
+             **{str(b): ci_text(data.versus_envelope[b]) for b in budgets}},
         ]
     )  # fmt: skip
-    runs = pd.DataFrame([{"series": name, **{str(b): data["runs"][name][b] for b in budgets}} for name in series])
+    runs = pd.DataFrame([{"series": name, **{str(b): data.runs[name][b] for b in budgets}} for name in series])
     lines = [
         f"## {number}. Budget sweep of the {phase} route (Table 5)",
         "",
-        f"`{data['route']}`: {data['metric']} ({direction_word(data)} is better) per average capacity; FullKV is "
-        f"budget-independent (run `{data['full']['run']}`). The last row is the paper's bootstrap over tasks; the "
+        f"`{data.route}`: {data.metric} ({direction_word(data)} is better) per average capacity; FullKV is "
+        f"budget-independent (run `{data.full.run}`). The last row is the paper's bootstrap over tasks; the "
         "verdicts below rest on the sample-level test.",
         "",
         md_table(grid),
@@ -274,13 +283,13 @@ def accuracy_section(result) -> list[str]:
         if name.startswith("sweep"):
             data = report.data
             grid = pd.DataFrame(
-                [{"series": "FullKV", **{str(b): data["full"]["score"] for b in data["budgets"]}}]
+                [{"series": "FullKV", **{str(b): data.full.score for b in data.budgets}}]
                 + [
-                    {"series": s, **{str(b): data["scores"][s][b] for b in data["budgets"]}}
-                    for s in data["baselines"] + data["routes"]
+                    {"series": s, **{str(b): data.scores[s][b] for b in data.budgets}}
+                    for s in data.baselines + data.routes
                 ]
                 + [{"series": "route-uniform - envelope",
-                    **{str(b): ci_text(data["versus_envelope"][b], 2) for b in data["budgets"]}}]
+                    **{str(b): ci_text(data.versus_envelope[b], 2) for b in data.budgets}}]
             )  # fmt: skip
             lines += [f"Accuracy, {name}:", "", md_table(grid, "{:.2f}"), ""]
             lines += [f"- {line}" for line in report.lines if line.startswith(("budget", "2b:"))] + [""]
@@ -289,32 +298,30 @@ def accuracy_section(result) -> list[str]:
 
 def beside_the_paper(result) -> list[str]:
     """Our results beside the paper's, direction by direction (the units differ: its LongBench score, our metric)."""
-    f, t2, t4 = result.factorial.data, paper.TABLE_2, paper.TABLE_4
+    f, placed, t2, t4 = result.factorial.data, result.placement.data, paper.TABLE_2, paper.TABLE_4
     envelope = paper.table_5_envelope()
     margins = [paper.TABLE_5["Route-only"][i] - envelope[b][1] for i, b in enumerate(paper.TABLE_5_BUDGETS)]
     lines = [
         "## Beside the paper",
         "",
-        f"The paper ({paper.CITATION}) measures a LongBench score; ours is {f['metric']} on "
+        f"The paper ({paper.CITATION}) measures a LongBench score; ours is {f.metric} on "
         f"{result.settings.suite}, so "
         "magnitudes do not compare, directions and decisions do.",
         "",
         f"- Routing under uniform allocation: the paper {t2['routing']['difference']:+.4f} "
         f"[{t2['routing']['low']:+.4f}, "
         f"{t2['routing']['high']:+.4f}] over 21 tasks (excludes 0, narrowly); ours "
-        f"{f['routing_uniform']['difference']:+.4f} {f['metric']}: {f['routing_uniform']['verdict_text']}.",
+        f"{stat_text(f.routing_uniform.difference, '+.4f')} {f.metric}: {f.routing_uniform.verdict_text}.",
         f"- Placement: the paper's guided route ranks {t4['guided_rank']} (p_MC = {t4['monte_carlo_p']:.3f}) and the "
         f"profile score correlates with the score (Spearman {t4['spearman']:+.3f}, p = {t4['spearman_p']:.4f}); ours "
-        f"ranks {result.placement.data['guided_rank']}/{result.placement.data['k'] + 1} with Spearman "
-        f"{result.placement.data['spearman']:+.3f} (p = {result.placement.data['spearman_p']:.4f}).",
+        f"ranks {placed.guided_rank}/{placed.k + 1} with Spearman {stat_text(placed.spearman, '+.3f')} (p = "
+        f"{stat_text(placed.spearman_p)}).",
         "- Sweep: the paper's route-only beats the best of the nine at every budget ("
         + ", ".join(f"{b}: {m:+.2f} vs {envelope[b][0]}" for b, m in zip(paper.TABLE_5_BUDGETS, margins))
         + "); ours: "
         + "; ".join(
-            f"{b}: vs {result.sweep.data['versus_envelope'][b]['baseline']}, "
-            f"{result.sweep.data['versus_envelope'][b]['verdict']} "
-            f"({sample_p_text(result.sweep.data['versus_envelope'][b])})"
-            for b in result.sweep.data["budgets"]
+            f"{b}: vs {versus.baseline}, {versus.verdict} ({sample_p_text(versus)})"
+            for b, versus in result.sweep.data.versus_envelope.items()
         )
         + ".",
     ]

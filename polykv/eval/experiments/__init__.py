@@ -21,23 +21,24 @@ job (kind "experiment") is `polykv.jobs.experiment`.
 
 A run's suite score is the macro-average over tasks of one metric (`compare.METRIC_DIRECTION` says which way
 is better; the reports are in the metric's own units, differences are A - B as named). Every report prints
-its metric and direction and the protocol it ran, and keeps its numbers in `Report.data` (plain dicts and
-lists of Python numbers) for scripts that render them; `Report.to_dict` is its strict-JSON form.
+its metric and direction and the protocol it ran, and keeps its numbers in `Report.data`, one typed model per
+experiment (`FactorialData`, `PlacementData`, `SweepData`) read as attributes; `Report.to_dict` is its
+strict-JSON form and `Report.from_dict` reads it back into the same models.
 
-The package: `runner` (ExperimentRunner, Report), `factorial`, `placement`, `sweep` (one experiment each)
-and `launch` (the web app's launches); everything is importable from here.
+The package: `runner` (ExperimentRunner), `report` (Report and its data models), `factorial`, `placement`,
+`sweep` (one experiment each) and `launch` (the web app's launches); everything is importable from here.
 """
 
 from polykv.eval.experiments.factorial import FACTORIAL_CELLS, factorial, factorial_plans
 from polykv.eval.experiments.launch import launch_plans, plan_budget
 from polykv.eval.experiments.placement import placement, placement_plans
+from polykv.eval.experiments.report import FactorialData, PlacementData, Report, SweepData
 from polykv.eval.experiments.runner import (
     FULLKV,
     PERMUTATIONS,
     ROUTE_PPL,
     ROUTE_UNIFORM,
     ExperimentRunner,
-    Report,
     suite_metrics,
 )
 from polykv.eval.experiments.sweep import route_ppl, route_uniform, sweep, sweep_plans
@@ -50,7 +51,10 @@ __all__ = [
     "ROUTE_PPL",
     "ROUTE_UNIFORM",
     "ExperimentRunner",
+    "FactorialData",
+    "PlacementData",
     "Report",
+    "SweepData",
     "baseline_methods",
     "factorial",
     "factorial_plans",

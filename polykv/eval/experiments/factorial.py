@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from polykv.eval.compare import direction, direction_text, macro_average
-from polykv.eval.experiments.runner import ExperimentRunner, Report, _ci, _contrast, _plain, contrast
+from polykv.eval.experiments.report import Contrast, FactorialData, Report, RunScore
+from polykv.eval.experiments.runner import ExperimentRunner, _ci, contrast
 from polykv.methods import REGISTRY, params_that_fit
 from polykv.plan import FULL, Phase, Plan, Scope
 from polykv.profile.store import Profile
@@ -66,7 +67,7 @@ def factorial(
     the better direction). Secondary, each with a paired bootstrap CI over tasks: the allocation effect
     under homogeneous routing (h_a - h_u), under TopRank routing (r_a - r_u), and the interaction
     (r_a - r_u) - (h_a - h_u) (the bootstrap of the per-task contrast, over the tasks all four cells have).
-    `report.data` holds the cells (run, plan, score) and each contrast (see `_contrast`)."""
+    `report.data` (`FactorialData`) holds the cells (run, plan, score) and each contrast."""
     scope = Scope(scope)
     cells = factorial_plans(profile, scope, budget, baseline, statistic, allocation)
     ids = dict(zip(cells, runner.run_all(list(cells.values()))))
@@ -96,7 +97,7 @@ def factorial(
     allocation_routed = contrast(r_a, r_u, metric, seed)
     interaction = contrast(r_a.minus(r_u), h_a.minus(h_u), metric, seed)
 
-    primary = _contrast(routing_uniform)
+    primary = Contrast.of(routing_uniform)
     loto = ", ".join(f"{t} {v:+.4f}" for t, v in routing_uniform.leave_one_out.items()) or "none (one task)"
     report.lines += [
         direction_text(metric),
@@ -106,29 +107,27 @@ def factorial(
         f"every cell keeps {budget} tokens per layer on average",
         f"primary: routing under uniform allocation (routed-uniform - homogeneous-uniform): {_ci(routing_uniform)}; "
         f"wins / ties / losses {routing_uniform.wins} / {routing_uniform.ties} / {routing_uniform.losses}",
-        f"primary leave-one-task-out (routed-uniform - homogeneous-uniform): {loto}; {primary['loto_better']} of "
+        f"primary leave-one-task-out (routed-uniform - homogeneous-uniform): {loto}; {primary.loto_better} of "
         f"{len(routing_uniform.leave_one_out)} in the better direction",
         f"secondary: allocation effect under homogeneous routing ({allocation} - uniform): "
         f"{_ci(allocation_homogeneous)}",
         f"secondary: allocation effect under TopRank routing ({allocation} - uniform): {_ci(allocation_routed)}",
         f"secondary: interaction ((r_a - r_u) - (h_a - h_u)): {_ci(interaction)}",
     ]
-    report.data = {
-        "experiment": "factorial",
-        "metric": metric,
-        "direction": direction(metric),
-        "scope": scope.value,
-        "budget": budget,
-        "baseline": baseline,
-        "statistic": statistic,
-        "allocation": allocation,
-        "cells": {cell: {"plan": cells[cell].name, "run": ids[cell], "score": score[cell]} for cell in cells},
-        "routing_uniform": primary,
-        "allocation_homogeneous": _contrast(allocation_homogeneous),
-        "allocation_routed": _contrast(allocation_routed),
-        "interaction": _contrast(interaction),
-    }
-    report.data = _plain(report.data)
+    report.data = FactorialData(
+        metric=metric,
+        direction=direction(metric),
+        scope=scope.value,
+        budget=budget,
+        baseline=baseline,
+        statistic=statistic,
+        allocation=allocation,
+        cells={cell: RunScore(plan=cells[cell].name, run=ids[cell], score=score[cell]) for cell in cells},
+        routing_uniform=primary,
+        allocation_homogeneous=Contrast.of(allocation_homogeneous),
+        allocation_routed=Contrast.of(allocation_routed),
+        interaction=Contrast.of(interaction),
+    )
     return report
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections import Counter
 
 from polykv.eval.compare import direction, direction_text, placement_summary
-from polykv.eval.experiments.runner import PERMUTATIONS, ExperimentRunner, Report, _plain
+from polykv.eval.experiments.report import Placement, PlacementData, Report, SampleLevel
+from polykv.eval.experiments.runner import PERMUTATIONS, ExperimentRunner
 from polykv.eval.paired_samples import detectable, sample_test
 from polykv.eval.stats import spearman_permutation
 from polykv.plan import LayerPlan, Phase, Plan, Scope
@@ -45,7 +46,8 @@ def placement(
     (`majority_method`; sign-turned so that higher is better). Secondary, descriptive: the guided route's
     rank among the k + 1 routes (ties count against it), its corrected Monte Carlo p = rank / (k + 1), and
     guided - random mean in the metric's units, with a sample-level test of it (each sample's guided score
-    against the mean of the random placements' scores on that sample). `report.data` holds every number."""
+    against the mean of the random placements' scores on that sample). `report.data` (`PlacementData`) holds
+    every number."""
     phase = _active_phase(guided)
     plans = placement_plans(guided, k, runner.seed)
     ids = runner.run_all(plans)
@@ -102,45 +104,29 @@ def placement(
             f"[{versus_mean.low:+.4f}, {versus_mean.high:+.4f}] (bootstrap of samples within tasks); "
             f"{versus_mean.describe()}; minimal detectable difference {detectable(versus_mean.mde, '.4g')}"
         )
-    report.data = {
-        "experiment": "placement",
-        "metric": metric,
-        "direction": direction(metric),
-        "phase": phase.value,
-        "statistic": statistic,
-        "majority": majority,
-        "k": k,
-        "permutations": permutations,
-        # each placement's plan as JSON too, so that a page can open the one a reader picks
-        "guided": {
-            "plan": plans[0].name,
-            "run": ids[0],
-            "score": scores[0],
-            "S": profile_scores[0],
-            "plan_json": plans[0].to_json(),
-        },
-        "random": [
-            {"index": i, "plan": p.name, "run": r, "score": s, "S": x, "plan_json": p.to_json()}
-            for i, (p, r, s, x) in enumerate(zip(plans[1:], ids[1:], scores[1:], profile_scores[1:]))
-        ],
-        "spearman": rho,
-        "spearman_p": p_rho,
-        "guided_rank": control.rank,
-        "guided_p": control.p_value,
-        "random_mean": random_mean,
-        "guided_minus_mean": scores[0] - random_mean,
-        "guided_minus_mean_sample": None
-        if versus_mean is None
-        else {
-            "difference": versus_mean.difference,
-            "low": versus_mean.low,
-            "high": versus_mean.high,
-            "p": versus_mean.p_value,
-            "mde": versus_mean.mde,
-            "samples": versus_mean.samples,
-        },
-    }
-    report.data = _plain(report.data)
+    # each placement's plan as JSON too, so that a page can open the one a reader picks
+    placed = [
+        Placement(index=i - 1, plan=p.name, run=r, score=v, profile_score=x, plan_json=p.to_json())
+        for i, (p, r, v, x) in enumerate(zip(plans, ids, scores, profile_scores))
+    ]
+    report.data = PlacementData(
+        metric=metric,
+        direction=direction(metric),
+        phase=phase.value,
+        statistic=statistic,
+        majority=majority,
+        k=k,
+        permutations=permutations,
+        guided=placed[0],
+        random=placed[1:],
+        spearman=rho,
+        spearman_p=p_rho,
+        guided_rank=control.rank,
+        guided_p=control.p_value,
+        random_mean=random_mean,
+        guided_minus_mean=scores[0] - random_mean,
+        guided_minus_mean_sample=None if versus_mean is None else SampleLevel.of(versus_mean),
+    )
     return report
 
 

@@ -1,12 +1,10 @@
 """What every experiment shares: the `ExperimentRunner` that makes (or finds) the runs an experiment needs
-and reads their scores, the `Report` every experiment returns, and how a paired contrast is written down."""
+and reads their scores, and how a paired contrast is written down (its report: `experiments.report`)."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from polykv.eval.backends import backend
 from polykv.eval.compare import Paired, direction, macro_average, paired, sample_scores
@@ -156,81 +154,6 @@ def contrast(a: Scores, b: Scores, metric: str, seed: int) -> Paired:
     samples, the sample-level test (`compare.paired`)."""
     shared = any(set(a.samples.get(t, {})) & set(b.samples.get(t, {})) for t in a.samples)
     return paired(a.tasks, b.tasks, metric, seed, samples=(a.samples, b.samples) if shared else None)
-
-
-@dataclass
-class Report:
-    """What an experiment prints (`rows` as a table, then `lines`) and its numbers as plain data."""
-
-    title: str
-    rows: list[dict] = field(default_factory=list)
-    lines: list[str] = field(default_factory=list)
-    data: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The report as strict JSON data: mapping keys become strings (a sweep's budgets: "16") and NaN
-        (an undefined statistic) becomes None, as `json.loads` of a saved report gives them back."""
-        return _plain({"title": self.title, "rows": self.rows, "lines": self.lines, "data": self.data}, json_ready=True)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Report:
-        """A report saved with `to_dict` (ValueError when it is not one)."""
-        if not isinstance(data, Mapping) or not isinstance(data.get("title"), str):
-            raise ValueError("not an experiment report (no title)")
-        rows, lines, numbers = data.get("rows", []), data.get("lines", []), data.get("data", {})
-        if not isinstance(rows, list) or not isinstance(lines, list) or not isinstance(numbers, dict):
-            raise ValueError("not an experiment report (rows, lines and data are a list, a list and an object)")
-        return cls(data["title"], list(rows), [str(line) for line in lines], dict(numbers))
-
-
-def _plain(value: Any, json_ready: bool = False) -> Any:
-    """`value` with numpy scalars and tuples turned into Python ones (so `json.dumps` takes it); with
-    `json_ready`, also string keys and None for NaN and infinities (strict JSON)."""
-    if isinstance(value, Mapping):
-        return {(str(k) if json_ready else k): _plain(v, json_ready) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v, json_ready) for v in value]
-    if hasattr(value, "item") and callable(value.item) and not isinstance(value, (str, bytes)):
-        value = value.item()  # a numpy scalar (bool, int or float)
-    if json_ready and isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-def _contrast(result: Paired) -> dict[str, Any]:
-    """A paired comparison as plain data; `loto_better` counts leave-one-task-out values in the better
-    direction (sign x value > 0); `sample` is the sample-level test (None without per-sample scores) and
-    `verdict` / `verdict_text` what it concludes and on which test."""
-    test = result.samples
-    sample = None
-    if test is not None:
-        sample = {
-            "difference": test.difference,
-            "low": test.low,
-            "high": test.high,
-            "p": test.p_value,
-            "mde": test.mde,
-            "samples": test.samples,
-            "differing": test.differing,
-            "permutations": test.permutations,
-        }
-    return {
-        "difference": result.difference,
-        "low": result.low,
-        "high": result.high,
-        "replicates": result.replicates,
-        "tasks": len(result.table),
-        "clusters": result.clusters,
-        "wins": result.wins,
-        "ties": result.ties,
-        "losses": result.losses,
-        "leave_one_out": dict(result.leave_one_out),
-        "loto_better": sum(1 for v in result.leave_one_out.values() if result.sign * v > 0),
-        "task_mde": result.task_mde,
-        "sample": sample,
-        "verdict": result.verdict(),
-        "verdict_text": result.verdict_text(),
-    }
 
 
 def _ci(result: Paired) -> str:

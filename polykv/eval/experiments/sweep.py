@@ -7,15 +7,21 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from polykv.eval.compare import direction, direction_text, envelope, macro_average
+from polykv.eval.experiments.report import (
+    AtDoubleBudget,
+    BaselineProtocol,
+    BestBaseline,
+    Report,
+    RunScore,
+    SweepData,
+    VersusBaseline,
+)
 from polykv.eval.experiments.runner import (
     FULLKV,
     ROUTE_PPL,
     ROUTE_UNIFORM,
     ExperimentRunner,
-    Report,
     _ci,
-    _contrast,
-    _plain,
     contrast,
 )
 from polykv.eval.protocols import baseline_methods, baseline_plan, protocol, protocol_lines
@@ -107,7 +113,7 @@ def sweep(
     route-uniform vs the envelope's method at b (task scores). The 2b comparison: for every b with 2b
     also swept, route-uniform at b - the envelope at 2b with its CI; the verdict is "matches" when the
     CI's upper end in the better direction is >= 0 (the route at b is not significantly worse than the
-    best baseline at 2b), else "falls short". `report.data` holds every number."""
+    best baseline at 2b), else "falls short". `report.data` (`SweepData`) holds every number."""
     plans = sweep_plans(route_plan, budgets, baselines, profile, overrides)
     budgets = _check_budgets(budgets)
     names = list(dict.fromkeys(name for b, name in plans if b is not None and name not in (ROUTE_UNIFORM, ROUTE_PPL)))
@@ -138,7 +144,7 @@ def sweep(
         row = dict(row)
         for label in routes:
             result = contrast(scores[(b, label)], scores[(b, best)], metric, seed)
-            (versus if label == ROUTE_UNIFORM else versus_ppl)[b] = {"baseline": best, **_contrast(result)}
+            (versus if label == ROUTE_UNIFORM else versus_ppl)[b] = VersusBaseline.of(result, best)
             row[f"{label} - envelope"] = result.difference
             report.lines.append(
                 f"budget {b}: {label} {score[(b, label)]:.4f} - best baseline {best} {row['envelope']:.4f} "
@@ -155,33 +161,33 @@ def sweep(
         best = next(r["best baseline"] for r in rows if r["budget"] == 2 * b)
         result = contrast(scores[(b, ROUTE_UNIFORM)], scores[(2 * b, best)], metric, seed)
         match = "falls short" if result.verdict() == "worse" else "matches"
-        double[b] = {"baseline": best, "match": match, **_contrast(result)}
+        double[b] = AtDoubleBudget(match=match, **VersusBaseline.of(result, best).model_dump())
         report.lines.append(f"2b: route-uniform at {b} - best baseline at {2 * b} ({best}) = {_ci(result)}: {match}")
-    report.data = {
-        "experiment": "sweep",
-        "metric": metric,
-        "direction": direction(metric),
-        "route": route_plan.name,
-        "scope": route_plan.scope.value,
-        "budgets": list(budgets),
-        "baselines": names,
-        "routes": routes,
-        "protocols": {n: _protocol_data(n, overrides) for n in names},
-        "scores": {label: {b: score[(b, label)] for b in budgets} for label in routes + names},
-        "runs": {label: {b: ids[(b, label)] for b in budgets} for label in routes + names},
-        "full": {"run": ids[(None, FULLKV)], "score": score[(None, FULLKV)]},
-        "envelope": {r["budget"]: {"baseline": r["best baseline"], "score": r["envelope"]} for r in rows},
-        "versus_envelope": versus,
-        "ppl_versus_envelope": versus_ppl,
-        "double": double,
-    }
-    report.data = _plain(report.data)
+    report.data = SweepData(
+        metric=metric,
+        direction=direction(metric),
+        route=route_plan.name,
+        scope=route_plan.scope.value,
+        budgets=list(budgets),
+        baselines=names,
+        routes=routes,
+        protocols={n: _protocol_data(n, overrides) for n in names},
+        scores={label: {b: score[(b, label)] for b in budgets} for label in routes + names},
+        runs={label: {b: ids[(b, label)] for b in budgets} for label in routes + names},
+        full=RunScore(run=ids[(None, FULLKV)], score=score[(None, FULLKV)]),
+        envelope={r["budget"]: BestBaseline(baseline=r["best baseline"], score=r["envelope"]) for r in rows},
+        versus_envelope=versus,
+        ppl_versus_envelope=versus_ppl,
+        double=double,
+    )
     return report
 
 
-def _protocol_data(method: str, overrides: Mapping[str, Scope | str] | None) -> dict[str, Any]:
+def _protocol_data(method: str, overrides: Mapping[str, Scope | str] | None) -> BaselineProtocol:
     row = protocol(method, overrides)
-    return {"scope": row.scope.value, "allocation": row.allocation, "params": dict(row.params), "source": row.source}
+    return BaselineProtocol(
+        scope=row.scope.value, allocation=row.allocation, params=dict(row.params), source=row.source
+    )
 
 
 def _check_budgets(budgets: Sequence[int]) -> list[int]:
