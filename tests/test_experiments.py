@@ -206,7 +206,7 @@ def test_sweep_reports_the_envelope_route_minus_envelope_and_the_2b_verdict(tmp_
         b: {"baseline": best[b], "score": sum(SWEEP_SCORES[f"{best[b]}-{suffix}-{b}"]) / 3}
         for b, suffix in ((b, "both" if best[b] == "h2o" else "prefill") for b in best)
     }
-    assert data.full.score == 1.0 and data.full.run == "fake-full-both"
+    assert (data.full.score, data.full.run, data.full.plan) == (1.0, "fake-full-both", "full-both")
     # route-uniform - envelope, with the interval of route-uniform vs the envelope's method at that budget
     assert data.versus_envelope[8].difference == pytest.approx(0.25 - (0.125 if metric == "top1" else 0.0))
     expected_32 = 0.75 - (0.5 if metric == "top1" else 0.25)

@@ -174,7 +174,7 @@ def sweep(
         protocols={n: _protocol_data(n, overrides) for n in names},
         scores={label: {b: score[(b, label)] for b in budgets} for label in routes + names},
         runs={label: {b: ids[(b, label)] for b in budgets} for label in routes + names},
-        full=RunScore(run=ids[(None, FULLKV)], score=score[(None, FULLKV)]),
+        full=RunScore(plan=plans[(None, FULLKV)].name, run=ids[(None, FULLKV)], score=score[(None, FULLKV)]),
         envelope={r["budget"]: BestBaseline(baseline=r["best baseline"], score=r["envelope"]) for r in rows},
         versus_envelope=versus,
         ppl_versus_envelope=versus_ppl,
