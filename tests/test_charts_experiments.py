@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from app import charts
-from polykv.eval.experiments import ExperimentRunner, Report, plan_budget, sweep
-from polykv.eval.experiments.report import FactorialData, Placement
+from polykv.eval.experiments import FACTORIAL_CELLS, ExperimentRunner, Report, plan_budget, sweep
+from polykv.eval.experiments.report import FactorialData, PlacedRun
 from polykv.eval.store import Store
 from polykv.plan import FULL, Plan
 from tests.helpers import fake_run
@@ -83,10 +83,10 @@ def test_the_sweep_budget_axis_is_linear_within_a_factor_two_and_the_eval_job_ta
     assert fig.layout.xaxis.type == "log" and all(t.yaxis in (None, "y") for t in fig.data)  # 16 .. 64: log
 
 
-GUIDED = Placement(plan="guided", run="g", S=0.9, score=0.1, plan_json="{}")
+GUIDED = PlacedRun(plan="guided", run="g", S=0.9, score=0.1, plan_json="{}")
 RANDOM = [
-    Placement(index=0, plan="p0", run="r0", S=0.2, score=0.5, plan_json="{}"),
-    Placement(index=1, plan="p1", run="r1", S=0.6, score=0.3, plan_json="{}"),
+    PlacedRun(index=0, plan="p0", run="r0", S=0.2, score=0.5, plan_json="{}"),
+    PlacedRun(index=1, plan="p1", run="r1", S=0.6, score=0.3, plan_json="{}"),
 ]
 
 
@@ -109,6 +109,11 @@ def test_a_selected_point_names_its_placement():
     assert charts.selected_placement([{"x": 1.0}, {"customdata": [7]}], GUIDED, RANDOM) is None
 
 
+# a contrast as reports saved it before the sample-level test (no sample, verdict or task_mde)
+CONTRAST = {"difference": 0.1, "low": 0.0, "high": 0.2, "replicates": 100, "tasks": 3, "clusters": 0}
+CONTRAST |= {"wins": 2, "ties": 0, "losses": 1, "leave_one_out": {"t1": 0.1, "t2": 0.1, "t3": 0.1}, "loto_better": 3}
+
+
 def factorial_data(numbers: dict) -> FactorialData:
     """A factorial report's data as a saved report gives it (the fields the charts do not read filled in)."""
     meta = {"experiment": "factorial", "metric": "kl", "direction": -1, "scope": "decode", "budget": 24}
@@ -117,7 +122,7 @@ def factorial_data(numbers: dict) -> FactorialData:
 
 
 def test_the_factorial_table_is_routing_by_allocation_and_the_primary_contrast_comes_first():
-    contrast = {"difference": 0.1, "low": 0.0, "high": 0.2, "wins": 2, "ties": 0, "losses": 1, "tasks": 3}
+    contrast = dict(CONTRAST)
     data = factorial_data(
         {
             "allocation": "ppl",
@@ -143,11 +148,11 @@ def test_the_factorial_table_is_routing_by_allocation_and_the_primary_contrast_c
 
 
 def test_the_factorial_contrasts_carry_the_sample_level_test_and_what_it_could_detect():
-    tested = {"difference": 0.1, "low": 0.0, "high": 0.2, "wins": 2, "ties": 0, "losses": 1, "tasks": 3}
+    tested = dict(CONTRAST)
     sample = {"difference": 0.1, "low": 0.05, "high": 0.15, "p": 0.004, "mde": 0.05, "samples": 30}
     tested |= {"sample": sample, "task_mde": 0.3, "verdict": "better"}
-    old = {"difference": 0.1, "low": 0.0, "high": 0.2, "wins": 2, "ties": 0, "losses": 1, "tasks": 3}
-    cells = {cell: {"run": cell, "score": 0.0} for cell in ("homogeneous-uniform", "routed-uniform")}
+    old = dict(CONTRAST)
+    cells = {cell: {"run": cell, "score": 0.0} for cell in FACTORIAL_CELLS}
     data = factorial_data(
         {
             "cells": cells,

@@ -5,12 +5,21 @@ progress counts the experiment's runs, and the report the worker saves reads bac
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from polykv import jobs
 from polykv.errors import JobError
-from polykv.eval.experiments import FACTORIAL_CELLS, ExperimentRunner, Report, SweepData, factorial
+from polykv.eval.experiments import (
+    FACTORIAL_CELLS,
+    ExperimentRunner,
+    FactorialData,
+    PlacementData,
+    Report,
+    SweepData,
+    factorial,
+)
 from polykv.eval.experiments.report import BestBaseline, RunScore, VersusBaseline
 from polykv.eval.store import Store
 from polykv.eval.unit import Unit
@@ -134,10 +143,11 @@ def test_a_damaged_experiment_job_file_is_listed_as_damaged_and_the_valid_one_st
         jobs.check_id(f"{good.id}.report")
 
 
-CONTRAST = dict(difference=0.25, low=0.0, high=0.5, tasks=2, wins=2, ties=0, losses=0)  # as old reports saved it
+CONTRAST = dict(difference=0.25, low=0.0, high=0.5, replicates=100, tasks=2, clusters=0, wins=2, ties=0, losses=0)
+CONTRAST |= dict(leave_one_out={"t1": 0.5, "t2": 0.0}, loto_better=1)  # no sample-level test: as reports before it
 
 
-def small_sweep(spearman_like: float) -> SweepData:
+def small_sweep(route_at_32: float) -> SweepData:
     return SweepData(
         metric="kl",
         direction=-1,
@@ -146,7 +156,7 @@ def small_sweep(spearman_like: float) -> SweepData:
         budgets=[16, 32],
         baselines=["tova"],
         routes=["route-uniform"],
-        scores={"route-uniform": {16: 0.5, 32: spearman_like}, "tova": {16: 0.75, 32: 0.25}},
+        scores={"route-uniform": {16: 0.5, 32: route_at_32}, "tova": {16: 0.75, 32: 0.25}},
         runs={"route-uniform": {16: "a", 32: "b"}, "tova": {16: "c", 32: "d"}},
         full=RunScore(run="f", score=0.0),
         envelope={16: BestBaseline(baseline="tova", score=0.75), 32: BestBaseline(baseline="tova", score=0.25)},
@@ -167,15 +177,54 @@ def test_a_report_is_plain_json_and_reads_back_into_the_same_typed_data():
     assert back.data.versus_envelope[16].sample is None  # a report saved before samples were paired still reads
 
 
+SAVED_REPORTS = sorted((Path(__file__).parent / "saved_reports").glob("*.json"))
+KINDS = {"factorial": FactorialData, "placement": PlacementData, "sweep": SweepData}
+
+
+def kept(old, new, where: str = "data") -> list[str]:
+    """Where `new` lost or changed something `old` had (dicts: every key of old, recursively)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [p for k, v in old.items() for p in (kept(v, new[k], f"{where}.{k}") if k in new else [f"{where}.{k}"])]
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [p for i, (a, b) in enumerate(zip(old, new)) for p in kept(a, b, f"{where}[{i}]")]
+    return [] if old == new else [f"{where}: {old!r} -> {new!r}"]
+
+
+@pytest.mark.parametrize("path", SAVED_REPORTS, ids=lambda path: path.stem)
+def test_reports_saved_by_earlier_versions_read_back_typed_and_keep_every_number(path):
+    saved = json.loads(path.read_text())
+    report = Report.from_dict(saved)
+    assert isinstance(report.data, KINDS[path.stem.split("-")[1]])
+    again = report.to_dict()
+    assert (again["title"], again["rows"], again["lines"]) == (saved["title"], saved["rows"], saved["lines"])
+    old = saved["data"]
+    if "double" in old:  # the 2b comparison's "matches" / "falls short" was saved as its verdict before it had a test
+        old["double"] = {
+            b: {**d, "match": d["verdict"], "verdict": ""} if "match" not in d else d for b, d in old["double"].items()
+        }
+    assert kept(old, again["data"]) == []
+    assert Report.from_dict(again) == report
+
+
 def test_a_report_that_is_not_one_is_refused_in_one_line():
     with pytest.raises(ValueError, match="not an experiment report"):
         Report.from_dict({"rows": []})
     saved = Report("t", data=small_sweep(0.5)).to_dict()
-    for damage in ({"experiment": "tournament"}, {"budgets": "all"}, {"envelope": None}):
-        bad = {**saved, "data": {**saved["data"], **damage}}
+    factorial_saved = json.loads((Path(__file__).parent / "saved_reports" / "01d16e4-factorial.json").read_text())
+    damages = [
+        (saved, {"experiment": "tournament"}, "experiment"),
+        (saved, {"budgets": "all"}, "budgets"),
+        (saved, {"envelope": None}, "envelope"),
+        (saved, {"budgets": [16, 32, 64]}, "the sweep's envelope has no budget 64"),  # loads, then cannot be drawn
+        (saved, {"routes": ["route-uniform", "route-ppl"]}, "no scores or runs of route-ppl"),
+        (factorial_saved, {"cells": {}}, "the factorial has no cell homogeneous-allocated"),
+        (saved, {"scores": {"route-uniform": {"16": "high", "32": 0.1}, "tova": {"16": 0.1, "32": 0.1}}}, "scores"),
+    ]
+    for report, damage, said in damages:
         with pytest.raises(ValueError, match="^not an experiment report this version reads") as caught:
-            Report.from_dict(bad)
-        assert "\n" not in str(caught.value)
+            Report.from_dict({**report, "data": {**report["data"], **damage}})
+        assert "\n" not in str(caught.value) and said in str(caught.value)
+    assert Report.from_dict(Report("being written").to_dict()) == Report("being written")  # no data yet: None
 
 
 @pytest.mark.slow  # a four-run factorial in a job worker, then again in this process (runs found again)

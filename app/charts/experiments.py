@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from app.charts.base import layout, method_color
-from polykv.eval.experiments.report import FactorialData, Placement, SweepData
+from polykv.eval.experiments.report import GUIDED_INDEX, FactorialData, PlacedRun, SweepData
 
 ROUTE_COLORS = {"route": "#D62728", "route-uniform": "#D62728", "route-ppl": "#6A3D9A"}
 GUIDED_COLOR = "#D62728"
@@ -139,12 +139,14 @@ def sweep_frames(data: SweepData) -> tuple[pd.DataFrame, pd.DataFrame, float | N
             for b, c in per_budget.items()
         ],
         columns=["series", "budget", "difference", "low", "high"],
-    )
+    ).astype({"difference": float, "low": float, "high": float})  # an undefined one (None) is NaN: not drawn
     return frame, versus, data.full.score
 
 
-def placement_figure(guided: float, controls: Sequence[float], metric: str, rank: int, p_value: float) -> go.Figure:
-    """Histogram of the random placements' scores with the guided route marked."""
+def placement_figure(
+    guided: float | None, controls: Sequence[float | None], metric: str, rank: int, p_value: float
+) -> go.Figure:
+    """Histogram of the random placements' scores with the guided route marked (unless its score is undefined)."""
     fig = go.Figure(
         go.Histogram(
             x=list(controls),
@@ -153,26 +155,24 @@ def placement_figure(guided: float, controls: Sequence[float], metric: str, rank
             nbinsx=max(5, min(30, int(math.sqrt(len(controls))) * 2)),
         )
     )
-    fig.add_vline(
-        x=guided,
-        line_color=GUIDED_COLOR,
-        line_width=3,
-        annotation_text=f"guided route: rank {rank} of {len(controls) + 1}, p = {p_value:.3f}",
-    )
+    if guided is not None:
+        fig.add_vline(
+            x=guided,
+            line_color=GUIDED_COLOR,
+            line_width=3,
+            annotation_text=f"guided route: rank {rank} of {len(controls) + 1}, p = {p_value:.3f}",
+        )
     fig.update_xaxes(title_text=metric)
     fig.update_yaxes(title_text="placements")
     return layout(fig, f"placement control ({metric})", 360)
 
 
-GUIDED = -1  # the guided route's placement index in the scatter's customdata (random ones: 0, 1, ...)
-
-
 def placement_scatter(
-    guided: Placement, random: Sequence[Placement], metric: str, spearman: float | None, p: float | None
+    guided: PlacedRun, random: Sequence[PlacedRun], metric: str, spearman: float | None, p: float | None
 ) -> go.Figure:
     """Profile score S(rho) (x) against suite score (y) of the random placements, the guided route marked,
     Spearman's rho over the random ones and its one-sided permutation p in the title (Figure 4). Each point
-    carries its placement index in `customdata` (`GUIDED` for the guided route): see `selected_placement`."""
+    carries its placement index in `customdata` (`GUIDED_INDEX` for the guided route): see `selected_placement`."""
     fig = go.Figure()
     fig.add_trace(
         go.Scatter(
@@ -193,7 +193,7 @@ def placement_scatter(
             mode="markers",
             name="guided route",
             marker=dict(color=GUIDED_COLOR, size=16, symbol="star"),
-            customdata=[[GUIDED]],
+            customdata=[[guided.index]],
             text=[guided.plan],
             hovertemplate="%{text} (guided)<br>S(rho) %{x:.4f}<br>" + metric + " %{y:.4f}<extra></extra>",
         )
@@ -208,8 +208,8 @@ def placement_scatter(
 
 
 def selected_placement(
-    points: Sequence[Mapping[str, Any]], guided: Placement, random: Sequence[Placement]
-) -> Placement | None:
+    points: Sequence[Mapping[str, Any]], guided: PlacedRun, random: Sequence[PlacedRun]
+) -> PlacedRun | None:
     """The placement (`guided`, or the entry of `random` with that index) of the first selected point of a
     `placement_scatter`; None when nothing (known) is selected."""
     for point in points:
@@ -217,7 +217,7 @@ def selected_placement(
         if isinstance(data, (list, tuple)) and data:
             data = data[0]
         if isinstance(data, (int, float)) and not isinstance(data, bool):
-            if int(data) == GUIDED:
+            if int(data) == GUIDED_INDEX:
                 return guided
             return next((r for r in random if r.index == int(data)), None)
     return None

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from polykv.eval.experiments.report import SweepData
+from polykv.eval.experiments.report import SweepData, stat_text
 
 
 def niah_curves(result) -> pd.DataFrame | None:
@@ -76,19 +76,19 @@ def figures(result, folder: Path) -> dict[str, str]:
     left.set_ylabel("random placements")
     left.legend(fontsize=8)
     right.scatter(
-        [_float(r.profile_score) for r in randoms],
-        [_float(r.score) for r in randoms],
+        [_or_nan(r.profile_score) for r in randoms],
+        [_or_nan(r.score) for r in randoms],
         s=14,
         color="#5b6b80",
         label="random",
     )
     right.scatter(
-        [_float(guided.profile_score)], [_float(guided.score)], s=50, color="#c0392b", marker="*", label="guided"
+        [_or_nan(guided.profile_score)], [_or_nan(guided.score)], s=50, color="#c0392b", marker="*", label="guided"
     )
     right.set_xlabel(f"profile score S(rho) by {data.statistic}")
     right.set_ylabel(f"suite {metric}")
     right.set_title(
-        f"Spearman over the random placements {data.spearman:+.3f}, one-sided p {_float(data.spearman_p):.4f}"
+        f"Spearman over the random placements {data.spearman:+.3f}, one-sided p {stat_text(data.spearman_p)}"
         if data.spearman is not None
         else "Spearman undefined",
         fontsize=9,
@@ -123,7 +123,7 @@ def figures(result, folder: Path) -> dict[str, str]:
     return out
 
 
-def _float(value: float | None) -> float:
+def _or_nan(value: float | None) -> float:
     """A number for matplotlib: an undefined one (None) is NaN, which it leaves out."""
     return float("nan") if value is None else value
 
@@ -134,11 +134,11 @@ def _sweep_figure(plt, data: SweepData, folder: Path, name: str) -> str:
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
 
     def series_of(label: str) -> list[float]:
-        return [_float(data.scores[label][b]) for b in budgets]
+        return [_or_nan(data.scores[label][b]) for b in budgets]
 
     for series in data.baselines:
         top.plot(budgets, series_of(series), lw=0.9, alpha=0.6, marker=".", label=series)
-    envelope = [_float(data.envelope[b].score) for b in budgets]
+    envelope = [_or_nan(data.envelope[b].score) for b in budgets]
     top.plot(budgets, envelope, "k--", lw=1.5, label="best baseline (envelope)")
     for series, style in zip(data.routes, ("#c0392b", "#e67e22")):
         top.plot(budgets, series_of(series), color=style, lw=2.5, marker="o", label=series)
@@ -149,10 +149,10 @@ def _sweep_figure(plt, data: SweepData, folder: Path, name: str) -> str:
     top.set_title(f"{data.route} ({data.scope})", fontsize=9)
     top.legend(fontsize=7, ncol=3)
     versus = [data.versus_envelope[b] for b in budgets]
-    diffs = [_float(v.difference) for v in versus]
+    diffs = [_or_nan(v.difference) for v in versus]
     errors = [
-        [_float(v.difference) - _float(v.low) for v in versus],
-        [_float(v.high) - _float(v.difference) for v in versus],
+        [_or_nan(v.difference) - _or_nan(v.low) for v in versus],
+        [_or_nan(v.high) - _or_nan(v.difference) for v in versus],
     ]
     bottom.errorbar(budgets, diffs, yerr=errors, fmt="o-", color="#c0392b", capsize=4)
     bottom.axhline(0, color="black", lw=0.8)

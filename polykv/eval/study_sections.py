@@ -181,7 +181,7 @@ def placement_section(result, folder: str, drawn: dict) -> list[str]:
     p, t4 = result.placement.data, paper.TABLE_4
     scores = [r.score for r in p.random if r.score is not None]
     guided, sign = p.guided.score, p.direction
-    at_least = sum(1 for v in scores if guided is not None and sign * v >= sign * guided)
+    at_least = "undefined" if guided is None else str(sum(1 for v in scores if sign * v >= sign * guided))
     sd = float(pd.Series(scores).std(ddof=1)) if len(scores) > 1 else float("nan")
     table = pd.DataFrame(
         [
@@ -192,7 +192,7 @@ def placement_section(result, folder: str, drawn: dict) -> list[str]:
             ("Random range", f"[{min(scores):.4f}, {max(scores):.4f}]" if scores else "undefined",
              f"[{t4['random_range'][0]:.4f}, {t4['random_range'][1]:.4f}]"),
             ("Guided minus random mean", stat_text(p.guided_minus_mean, "+.4f"), f"{t4['guided_minus_mean']:+.4f}"),
-            ("Random at least as good as guided", str(at_least), str(t4["random_at_least_guided"])),
+            ("Random at least as good as guided", at_least, str(t4["random_at_least_guided"])),
             ("Guided rank", f"{p.guided_rank}/{p.k + 1}", t4["guided_rank"]),
             ("Spearman of S(rho) and score (one-sided p)",
              f"{stat_text(p.spearman, '+.3f')} ({stat_text(p.spearman_p)})",

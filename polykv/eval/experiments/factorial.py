@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from polykv.eval.compare import direction, direction_text, macro_average
-from polykv.eval.experiments.report import Contrast, FactorialData, Report, RunScore
+from polykv.eval.experiments.report import FACTORIAL_CELLS, Contrast, FactorialData, Report, RunScore
 from polykv.eval.experiments.runner import ExperimentRunner, _ci, contrast
 from polykv.methods import REGISTRY, params_that_fit
 from polykv.plan import FULL, Phase, Plan, Scope
@@ -18,7 +18,6 @@ from polykv.routing import (
 )
 
 # ---- factorial (Table 2) --------------------------------------------------------------------------
-FACTORIAL_CELLS = ("homogeneous-uniform", "homogeneous-allocated", "routed-uniform", "routed-allocated")
 
 
 def factorial_plans(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 from polykv.eval.compare import direction, direction_text, placement_summary
-from polykv.eval.experiments.report import Placement, PlacementData, Report, SampleLevel
+from polykv.eval.experiments.report import GUIDED_INDEX, PlacedRun, PlacementData, Report, SampleLevel
 from polykv.eval.experiments.runner import PERMUTATIONS, ExperimentRunner
 from polykv.eval.paired_samples import detectable, sample_test
 from polykv.eval.stats import spearman_permutation
@@ -106,7 +106,9 @@ def placement(
         )
     # each placement's plan as JSON too, so that a page can open the one a reader picks
     placed = [
-        Placement(index=i - 1, plan=p.name, run=r, score=v, profile_score=x, plan_json=p.to_json())
+        PlacedRun(
+            index=GUIDED_INDEX if i == 0 else i - 1, plan=p.name, run=r, score=v, profile_score=x, plan_json=p.to_json()
+        )
         for i, (p, r, v, x) in enumerate(zip(plans, ids, scores, profile_scores))
     ]
     report.data = PlacementData(

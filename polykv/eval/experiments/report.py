@@ -14,19 +14,32 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
 from polykv.eval.compare import Paired
 from polykv.eval.paired_samples import SampleTest
 
+FACTORIAL_CELLS = ("homogeneous-uniform", "homogeneous-allocated", "routed-uniform", "routed-allocated")
+GUIDED_INDEX = -1  # the guided route's index among a placement control's placements (the random ones: 0, 1, ...)
 
-def _defined(value: Any) -> Any:
-    """NaN and infinities (an undefined statistic) become None; numpy scalars become Python ones."""
+
+def _python_scalar(value: Any) -> Any:
     if hasattr(value, "item") and callable(value.item) and not isinstance(value, (str, bytes)):
-        value = value.item()  # a numpy scalar
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
+        return value.item()  # a numpy scalar
     return value
+
+
+def _finite_or_none(value: float | None) -> float | None:
+    return value if value is None or math.isfinite(value) else None
 
 
 def stat_text(value: float | None, spec: str = ".4f") -> str:
@@ -34,24 +47,25 @@ def stat_text(value: float | None, spec: str = ".4f") -> str:
     return "undefined" if value is None else format(value, spec)
 
 
-Number = Annotated[float | None, BeforeValidator(_defined)]  # None: undefined (NaN before it was saved)
-Count = Annotated[int, BeforeValidator(_defined)]
+# A statistic or a score: None when undefined (NaN or infinite as computed, null as saved, "nan" as edited)
+Statistic = Annotated[float | None, BeforeValidator(_python_scalar), AfterValidator(_finite_or_none)]
+Count = Annotated[int, BeforeValidator(_python_scalar)]
 
 
 class _Data(BaseModel):
     # a saved report from another version may carry fields this one does not read: they are ignored
-    model_config = ConfigDict(extra="ignore", validate_by_name=True, validate_by_alias=True)
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)  # populate_by_name: pydantic 2.7 to 2.10 too
 
 
 class SampleLevel(_Data):
     """The sample-level test of a contrast (`paired_samples.sample_test`): macro difference, its 95% interval,
     the sign-flip p and the smallest difference it detects at 80% power."""
 
-    difference: Number
-    low: Number
-    high: Number
-    p: Number
-    mde: Number
+    difference: Statistic
+    low: Statistic
+    high: Statistic
+    p: Statistic
+    mde: Statistic
     samples: Count
     differing: Count | None = None
     permutations: Count | None = None
@@ -76,18 +90,18 @@ class Contrast(_Data):
     `loto_better` counts leave-one-task-out values in the better direction. Reports made before samples were
     paired have no `sample`, `verdict` or `task_mde`."""
 
-    difference: Number
-    low: Number
-    high: Number
-    replicates: Count = 0
+    difference: Statistic
+    low: Statistic
+    high: Statistic
+    replicates: Count
     tasks: Count
-    clusters: Count = 0
+    clusters: Count
     wins: Count
     ties: Count
     losses: Count
-    leave_one_out: dict[str, Number] = Field(default_factory=dict)
-    loto_better: Count = 0
-    task_mde: Number = None
+    leave_one_out: dict[str, Statistic]
+    loto_better: Count
+    task_mde: Statistic = None
     sample: SampleLevel | None = None
     verdict: str = ""
     verdict_text: str = ""
@@ -124,7 +138,7 @@ class VersusBaseline(Contrast):
     baseline: str
 
     @classmethod
-    def of(cls, result: Paired, baseline: str = "") -> VersusBaseline:
+    def of(cls, result: Paired, baseline: str) -> VersusBaseline:
         return cls(baseline=baseline, **Contrast.fields_of(result))
 
 
@@ -133,27 +147,37 @@ class AtDoubleBudget(VersusBaseline):
 
     match: Literal["matches", "falls short"]
 
+    @model_validator(mode="before")
+    @classmethod
+    def _match_was_the_verdict(cls, saved: Any) -> Any:
+        # reports saved before the sample-level test kept "matches" / "falls short" under "verdict"
+        if isinstance(saved, dict) and "match" not in saved and saved.get("verdict") in ("matches", "falls short"):
+            return {**saved, "match": saved["verdict"], "verdict": ""}
+        return saved
+
 
 class RunScore(_Data):
     """One run of an experiment and its suite score (the macro-average over tasks of the metric)."""
 
     run: str
-    score: Number
+    score: Statistic
     plan: str = ""
 
 
-class Placement(RunScore):
+class PlacedRun(RunScore):
     """One placement of the placement control: its profile score S(rho), its plan as JSON (so a page can open
-    it) and its index among the random ones (the guided route: -1)."""
+    it) and its index among the random ones (the guided route: `GUIDED_INDEX`)."""
 
-    profile_score: Number = Field(alias="S")
+    profile_score: Statistic = Field(alias="S")
     plan_json: str
-    index: Count = -1
+    index: Count = GUIDED_INDEX  # reports saved before the guided route had an index
 
 
 class BestBaseline(_Data):
+    """The envelope at one budget: the standalone baseline that scores best there, and its score."""
+
     baseline: str
-    score: Number
+    score: Statistic
 
 
 class BaselineProtocol(_Data):
@@ -186,6 +210,13 @@ class FactorialData(_Experiment):
     allocation_routed: Contrast
     interaction: Contrast
 
+    @model_validator(mode="after")
+    def _every_cell(self) -> FactorialData:
+        missing = sorted(set(FACTORIAL_CELLS) - set(self.cells))
+        if missing:
+            raise ValueError(f"the factorial has no cell {missing[0]}")
+        return self
+
 
 class PlacementData(_Experiment):
     """The guided route against K random count-matched placements (Table 4): Spearman of S(rho) and the score
@@ -194,17 +225,17 @@ class PlacementData(_Experiment):
     experiment: Literal["placement"] = "placement"
     phase: str
     statistic: str
-    majority: str
+    majority: str = ""  # reports saved before S(rho) named its reference method have none
     k: Count
     permutations: Count
-    guided: Placement
-    random: list[Placement]
-    spearman: Number
-    spearman_p: Number
+    guided: PlacedRun
+    random: list[PlacedRun]
+    spearman: Statistic
+    spearman_p: Statistic
     guided_rank: Count
-    guided_p: Number
-    random_mean: Number
-    guided_minus_mean: Number
+    guided_p: Statistic
+    random_mean: Statistic
+    guided_minus_mean: Statistic
     guided_minus_mean_sample: SampleLevel | None = None
 
 
@@ -219,13 +250,27 @@ class SweepData(_Experiment):
     baselines: list[str]
     routes: list[str]  # route-uniform and, with a profile, route-ppl
     protocols: dict[str, BaselineProtocol] = Field(default_factory=dict)
-    scores: dict[str, dict[int, Number]]  # series -> budget -> score
+    scores: dict[str, dict[int, Statistic]]  # series -> budget -> score
     runs: dict[str, dict[int, str]]  # series -> budget -> run id
     full: RunScore
     envelope: dict[int, BestBaseline]
     versus_envelope: dict[int, VersusBaseline]  # route-uniform - the best baseline, per budget
     ppl_versus_envelope: dict[int, VersusBaseline] = Field(default_factory=dict)
     double: dict[int, AtDoubleBudget] = Field(default_factory=dict)  # b -> route at b vs the best at 2b
+
+    @model_validator(mode="after")
+    def _every_budget(self) -> SweepData:
+        """Every series, the envelope and the route's contrasts at every budget: what the tables and charts read."""
+        tables = {"envelope": self.envelope, "versus_envelope": self.versus_envelope}
+        for series in self.routes + self.baselines:
+            if series not in self.scores or series not in self.runs:
+                raise ValueError(f"the sweep has no scores or runs of {series}")
+            tables |= {f"scores of {series}": self.scores[series], f"runs of {series}": self.runs[series]}
+        for what, per_budget in tables.items():
+            missing = [b for b in self.budgets if b not in per_budget]
+            if missing:
+                raise ValueError(f"the sweep's {what} has no budget {missing[0]}")
+        return self
 
 
 ExperimentData = Annotated[FactorialData | PlacementData | SweepData, Field(discriminator="experiment")]
@@ -245,7 +290,7 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         """The report as strict JSON data (see the module's docstring)."""
         data = {} if self.data is None else self.data.model_dump(mode="json", by_alias=True)
-        return plain({"title": self.title, "rows": self.rows, "lines": self.lines, "data": data}, json_ready=True)
+        return _strict_json({"title": self.title, "rows": self.rows, "lines": self.lines, "data": data})
 
     @classmethod
     def from_dict(cls, saved: Any) -> Report:
@@ -256,7 +301,7 @@ class Report:
         if not isinstance(rows, list) or not isinstance(lines, list) or not isinstance(numbers, dict):
             raise ValueError("not an experiment report (rows, lines and data are a list, a list and an object)")
         try:
-            data = _EXPERIMENT_DATA.validate_python(numbers)
+            data = _EXPERIMENT_DATA.validate_python(numbers) if numbers else None  # {}: saved while being written
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(map(str, first["loc"])) or "data"
@@ -264,15 +309,12 @@ class Report:
         return cls(saved["title"], list(rows), [str(line) for line in lines], data)
 
 
-def plain(value: Any, json_ready: bool = False) -> Any:
-    """`value` with numpy scalars and tuples turned into Python ones (so `json.dumps` takes it); with
-    `json_ready`, also string keys and None for NaN and infinities (strict JSON)."""
+def _strict_json(value: Any) -> Any:
+    """`value` as strict JSON data: Python scalars (not numpy's), lists for tuples, string keys, None for NaN and
+    infinities (the report's rows are plain dicts the experiments fill; its data is already dumped)."""
     if isinstance(value, Mapping):
-        return {(str(k) if json_ready else k): plain(v, json_ready) for k, v in value.items()}
+        return {str(k): _strict_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [plain(v, json_ready) for v in value]
-    if hasattr(value, "item") and callable(value.item) and not isinstance(value, (str, bytes)):
-        value = value.item()  # a numpy scalar (bool, int or float)
-    if json_ready and isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
+        return [_strict_json(v) for v in value]
+    value = _python_scalar(value)
+    return None if isinstance(value, float) and not math.isfinite(value) else value

@@ -11,6 +11,7 @@ from polykv.eval.experiments.report import (
     AtDoubleBudget,
     BaselineProtocol,
     BestBaseline,
+    Contrast,
     Report,
     RunScore,
     SweepData,
@@ -161,7 +162,7 @@ def sweep(
         best = next(r["best baseline"] for r in rows if r["budget"] == 2 * b)
         result = contrast(scores[(b, ROUTE_UNIFORM)], scores[(2 * b, best)], metric, seed)
         match = "falls short" if result.verdict() == "worse" else "matches"
-        double[b] = AtDoubleBudget(match=match, **VersusBaseline.of(result, best).model_dump())
+        double[b] = AtDoubleBudget(baseline=best, match=match, **Contrast.fields_of(result))
         report.lines.append(f"2b: route-uniform at {b} - best baseline at {2 * b} ({best}) = {_ci(result)}: {match}")
     report.data = SweepData(
         metric=metric,
