@@ -250,7 +250,8 @@ def factorial_contrasts(data: FactorialData) -> pd.DataFrame:
     for reports made before samples were paired)."""
     rows = []
     for key, label in FACTORIAL_CONTRASTS.items():
-        contrast, sample = getattr(data, key), getattr(data, key).sample
+        contrast = getattr(data, key)
+        sample = contrast.sample
         rows.append(
             {
                 "contrast": label,
