@@ -170,12 +170,12 @@ def test_polykv_search_on_a_workload_writes_its_verdict(polykv, tmp_path):
     result = polykv(
         "search", "--model", "demo", "-o", str(out), "-b", "32", "--objective", "answer_nll",
         "--sources", NIAH, "--search-sequences", "2", "--held-out", "3", "--evaluations", "12",
-        "--workspace", str(tmp_path / "ws"),
+        "--competence", "0", "--workspace", str(tmp_path / "ws"),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     report = json.loads((out / "report.json").read_text())
     (entry,) = report["budgets"]
-    assert set(entry["plans"]) == {"searched", "toprank-workload", "homogeneous", "envelope"}
+    assert set(entry["plans"]) == {"searched", "toprank-workload", "homogeneous", "envelope", "anchor", "tova"}
     family = entry["verdict"]["searched tasks"]
     assert set(family["means"]) >= {"searched", "envelope", "fullkv"}
     assert any(

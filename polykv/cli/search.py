@@ -91,6 +91,22 @@ def search(
     b_cal: Annotated[
         int | None, typer.Option("--b-cal", min=1, help="The workload profile's calibration capacity.")
     ] = (None),
+    question: Annotated[
+        str,
+        typer.Option(
+            help="With a workload: where the question goes, in-prompt (compressed with the prompt) or "
+            "after-compression (the plan compresses the context; the question follows, kept in full)."
+        ),
+    ] = "in-prompt",
+    competence: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            max=100,
+            help="With a workload: FullKV's accuracy (%) on a pilot of the held-out samples under which a task "
+            "leaves the verdict.",
+        ),
+    ] = 20.0,
     workers: Annotated[int, typer.Option(min=1, help="Processes sharing the verdict's samples.")] = 1,
     accuracy_samples: Annotated[
         int | None,
@@ -147,6 +163,10 @@ def search(
         ("--b-cal", b_cal),
         ("--accuracy-samples", accuracy_samples),
     )
+    if question != "in-prompt":
+        workload_only += (("--question", question),)
+    if competence != 20.0:
+        workload_only += (("--competence", competence),)
     for name, value in workload_only:
         if value is not None:
             raise SettingsError(f"{name} belongs to a workload search (--objective answer_nll --sources ...)")

@@ -20,7 +20,7 @@ from polykv.errors import SettingsError
 from polykv.plan import Plan, Scope
 
 
-def _workload(sources: str | None, transfer: str | None, max_tokens: int):
+def _workload(sources: str | None, transfer: str | None, max_tokens: int, question: str = "in-prompt"):
     """(workload, transfer task names), refused in one line before any weights load."""
     from polykv.eval.calibration import parse_source, parse_workload
     from polykv.eval.calibration import split_sources as _split
@@ -28,7 +28,7 @@ def _workload(sources: str | None, transfer: str | None, max_tokens: int):
     if not _split(sources):
         raise SettingsError("--objective answer_nll needs --sources: the workload, e.g. ruler:niah_single_2@2048")
     try:
-        workload = parse_workload(_split(sources), max_tokens)
+        workload = parse_workload(_split(sources), max_tokens, question=question)
         others = [parse_source(s) for s in _split(transfer)]
     except ValueError as exc:
         raise SettingsError(str(exc)) from None
@@ -61,6 +61,8 @@ def search_workload(
     device: str,
     workspace: Path,
     accuracy_samples: int | None = None,
+    question: str = "in-prompt",
+    competence: float = 20.0,
 ) -> None:
     from polykv.eval.fit import check_fits
     from polykv.eval.store import Store
@@ -69,7 +71,7 @@ def search_workload(
     from polykv.search.workload import build_workload_profile, draw_samples, verdict_settings, workload_report
     from polykv.search.workload_markdown import figure, markdown, verdict_rows
 
-    workload, transfer_tasks = _workload(sources, transfer, max_tokens)
+    workload, transfer_tasks = _workload(sources, transfer, max_tokens, question)
     dims = config_dimensions(model)
     too_big = [b for b in budget if dims.context_length and b >= dims.context_length]
     if too_big:
@@ -161,6 +163,7 @@ def search_workload(
             on_step=on_step,
             on_sample=lambda done, total, where: bars.sample(done, total, where),
             workers=workers,
+            competence=competence,
         )
     result["seconds_steps"] = {"load model": loaded_in, "workload profile": profile_seconds}
     for plan in plans:

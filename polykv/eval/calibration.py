@@ -96,10 +96,15 @@ def split_sources(text: str | None) -> list[str]:
 
 
 def parse_workload(
-    sources: Sequence[str], length: int | None = None, answer_tokens: int | None = ANSWER_TOKENS, mode: str = "score"
+    sources: Sequence[str],
+    length: int | None = None,
+    answer_tokens: int | None = ANSWER_TOKENS,
+    mode: str = "score",
+    question: str = "in-prompt",
 ) -> Workload:
     """One suite's settings from workload sources (one suite, one RULER length, one LongBench folder); a
-    one-line ValueError otherwise. `length`: RULER's length where a source gives none."""
+    one-line ValueError otherwise. `length`: RULER's length where a source gives none; `question`: the
+    question protocol (`polykv.eval.suites.answers`)."""
     parsed = [parse_source(s) for s in sources]
     if not parsed:
         raise ValueError("no workload source given: write ruler:TASK[@LENGTH] or longbench:PATH")
@@ -118,7 +123,9 @@ def parse_workload(
             raise ValueError(f"workload source {sources[0]!r} names no length: write ruler:TASK@LENGTH")
         if len(lengths) > 1:
             raise ValueError(f"workload sources give several RULER lengths ({', '.join(map(str, sorted(lengths)))})")
-        settings = RulerSettings(tasks=tuple(tasks), length=lengths.pop(), mode=mode, answer_tokens=answer_tokens)
+        settings = RulerSettings(
+            tasks=tuple(tasks), length=lengths.pop(), mode=mode, answer_tokens=answer_tokens, question=question
+        )
     else:
         from polykv.eval.suites.longbench import LongBenchSettings
 
@@ -126,7 +133,12 @@ def parse_workload(
         if len(folders) > 1:
             raise ValueError("longbench workload sources must be files of one folder")
         settings = LongBenchSettings(
-            tasks=tuple(tasks), data_dir=folders.pop(), samples_per_task=1, mode=mode, answer_tokens=answer_tokens
+            tasks=tuple(tasks),
+            data_dir=folders.pop(),
+            samples_per_task=1,
+            mode=mode,
+            answer_tokens=answer_tokens,
+            question=question,
         )
     return Workload(suite, settings, tuple(sources))
 
@@ -185,28 +197,37 @@ def question(workload: Workload, payload):
     return _module(workload.suite)._question(payload)
 
 
-def workload_corpus(tokenizer, model, spec, exclude: set[str] | None = None) -> WorkloadCorpus:
+def workload_corpus(
+    tokenizer, model, spec, exclude: set[str] | None = None, protocol: str = "in-prompt"
+) -> WorkloadCorpus:
     """A corpus spec whose sources are workload sources as profiler sequences: `spec.num_sequences` shared
     round-robin over the tasks, RULER at `spec.max_tokens` where a source gives no length, at `spec.seed`'s
-    calibration split. Each sequence is the prompt followed by the gold answer; the profiler feeds the answer
-    after the prompt's pass, so its first token (predicted by the prompt, which every method leaves whole) is
-    the same under every method and the rest is what a method can change. Answers of one token are skipped.
-    `exclude`: prompt hashes never to use (a verdict's held-out samples)."""
+    calibration split. Each sequence is the prompt followed by the gold answer. In-prompt, the profiler feeds the
+    answer after the prompt's pass, so its first token (predicted by the prompt, which every method leaves
+    whole) is the same under every method and the rest is what a method can change (answers of one token are
+    skipped); after-compression (`protocol`), the prompt's pass is the context, the question follows kept in
+    full and every answer token is scored. `exclude`: prompt hashes never to use (a verdict's held-out samples)."""
     from polykv.models import context_length
     from polykv.profile.corpus import WorkloadCorpus
 
     context = context_length(model)
-    workload = parse_workload(spec.sources, min(spec.max_tokens, context) if context else spec.max_tokens)
+    workload = parse_workload(
+        spec.sources, min(spec.max_tokens, context) if context else spec.max_tokens, question=protocol
+    )
+    split = protocol != "in-prompt"
     per_task = -(-spec.num_sequences // len(workload.tasks))
     rows = calibration_samples(workload, tokenizer, model, per_task, spec.seed, exclude)
-    rows = [row for row in rows if len(question(workload, row[2]).answer_ids) >= 2]
+    rows = [row for row in rows if split or len(question(workload, row[2]).answer_ids) >= 2]
     if not rows:
         raise ValueError("every calibration sample's gold answer is one token: nothing for a method to change")
-    corpus = WorkloadCorpus([], [], [], [])
+    corpus = WorkloadCorpus([], [], [], [], question=protocol)
     for task, sample, payload in rows:
         q = question(workload, payload)
         corpus.sequences.append([*q.prompt_ids, *q.answer_ids])
-        corpus.continuations.append(len(q.answer_ids) - 1)
+        kept = len(q.prompt_ids) - q.question_start if split else 0
+        corpus.continuations.append(kept + len(q.answer_ids) - 1)
+        corpus.scored.append(len(q.answer_ids) if split else len(q.answer_ids) - 1)
+        corpus.kept.append(kept)
         corpus.answer_tokens.append(len(q.answer_ids))
         corpus.records.append(
             {

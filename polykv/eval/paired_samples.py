@@ -10,8 +10,16 @@ The statistic is the one a report prints, the macro-average difference: the mean
 mean paired difference (every task weighs the same, whatever its sample count).
 
   sign_flip_p         two-sided permutation p-value: under "no difference" each sample's d is as likely to
-                      be -d, so every sign is flipped at random (independently), N times;
-                      p = (1 + #{|T*| >= |T|}) / (N + 1)
+                      be -d. With at most EXACT_DIFFERING samples that differ (d != 0), every one of the 2^k
+                      sign assignments of those k is enumerated: p = #{|T*| >= |T|} / 2^k, exact (16 samples
+                      all one way: 2 / 2^16 = 3.1e-5). With more, every sign is flipped at random, N times:
+                      p = (1 + #{|T*| >= |T|}) / (N + 1); the draws are seeded by the seed and the data, so two
+                      contrasts never share their flips
+  sign_flip_interval  the interval that agrees with the test: every shift delta of the differences that the
+                      sign-flip test at level alpha does not reject (the test inverted); exact for up to
+                      EXACT_DIFFERING samples, else from N random flips. It holds 0 exactly when the test does not
+                      reject, up to the Monte Carlo error when the p is exact and the interval is not
+                      (`SampleTest.agrees` says whether they agree)
   within_task_interval percentile interval of a bootstrap that resamples samples within each task
   macro_standard_error sqrt(sum_t s_t^2 / n_t) / T, s_t the standard deviation of task t's differences
   minimal_detectable_difference
@@ -21,11 +29,13 @@ mean paired difference (every task weighs the same, whatever its sample count).
   samples_for         the samples per task that bring the minimal detectable difference down to a target
   sample_test         all of the above for two runs' per-sample scores
 
-Every random function takes a `seed` and draws only from `numpy.random.default_rng(seed)`.
+Every random function takes a `seed` and draws only from `numpy.random.default_rng` seeded with it (and, for the
+sign flips, with the data).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +47,7 @@ SampleScores = Mapping[str, Mapping[str, float]]
 
 ALPHA, POWER = 0.05, 0.80
 PERMUTATIONS = REPLICATES = 10_000
+EXACT_DIFFERING = 20  # up to this many differing samples the sign-flip test enumerates all 2^k assignments
 _BLOCK_ELEMENTS = 1 << 21  # random signs / indices drawn in blocks of about this many numbers
 
 
@@ -45,9 +56,9 @@ class SampleTest:
     """Two runs compared sample by sample (a - b, in the metric's own units)."""
 
     difference: float  # the macro-average of the per-task mean paired differences
-    low: float  # percentile interval of the within-task bootstrap
+    low: float  # the sign-flip test inverted at level alpha (`sign_flip_interval`)
     high: float
-    p_value: float  # two-sided sign-flip permutation p
+    p_value: float  # two-sided sign-flip permutation p (exact for up to EXACT_DIFFERING differing samples)
     mde: float  # minimal detectable |difference| at `power`, two-sided `alpha`
     samples: int  # paired samples
     differing: int  # paired samples whose difference is not 0
@@ -60,11 +71,25 @@ class SampleTest:
     def significant(self) -> bool:
         return self.p_value < self.alpha
 
+    @property
+    def exact(self) -> bool:
+        """Is the p-value the exact enumeration (few differing samples) rather than a Monte Carlo estimate?"""
+        return self.differing <= EXACT_DIFFERING
+
+    @property
+    def agrees(self) -> bool:
+        """Does the interval exclude 0 exactly when the test rejects? (It may not when the p is exact and the
+        interval comes from random flips, near the level.)"""
+        tolerance = 1e-9 * max(1.0, abs(self.low), abs(self.high))  # a bound found by bisection, at 0 itself
+        excludes = self.low > tolerance or self.high < -tolerance
+        return excludes == self.significant()
+
     def describe(self) -> str:
         """The test in words, for a sentence that rests on it."""
+        kind = "exact " if self.exact else ""
         return (
-            f"sign-flip permutation test over {self.samples} paired samples in {self.tasks} tasks "
-            f"({self.differing} differ), p = {self.p_value:.4f}"
+            f"{kind}sign-flip permutation test over {self.samples} paired samples in {self.tasks} tasks "
+            f"({self.differing} differ), p = {format_p(self.p_value)}"
         )
 
 
@@ -101,8 +126,38 @@ def _weights(diffs: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return values, weights
 
 
+def format_p(p: float) -> str:
+    """A p-value as text: four decimals, or two significant digits below 0.0001 (an exact p can be that small)."""
+    return f"{p:.4f}" if p >= 1e-4 else f"{p:.2g}"
+
+
+def _rng(seed: int, *arrays: np.ndarray) -> np.random.Generator:
+    """A generator seeded with `seed` and the data: the same data and seed draw the same flips, other data
+    (another contrast) draw others."""
+    digest = hashlib.blake2b(digest_size=8)
+    for array in arrays:
+        digest.update(np.ascontiguousarray(array, dtype=float).tobytes())
+    return np.random.default_rng([seed, int.from_bytes(digest.digest(), "little")])
+
+
+def _all_signs(count: int):
+    """Every one of the 2^count sign vectors (+1 / -1), in blocks of rows."""
+    block = max(1, _BLOCK_ELEMENTS // max(1, count))
+    bits = np.arange(count)
+    for start in range(0, 2**count, block):
+        rows = np.arange(start, min(2**count, start + block))
+        yield ((rows[:, None] >> bits) & 1).astype(np.int8) * 2 - 1
+
+
+def _random_signs(rng: np.random.Generator, count: int, permutations: int):
+    block = max(1, _BLOCK_ELEMENTS // max(1, count))
+    for start in range(0, permutations, block):
+        yield rng.integers(0, 2, size=(min(block, permutations - start), count), dtype=np.int8) * 2 - 1
+
+
 def sign_flip_p(diffs: Mapping[str, np.ndarray], permutations: int = PERMUTATIONS, seed: int = 0) -> float:
-    """Two-sided sign-flip permutation p of the macro-average difference (module docstring)."""
+    """Two-sided sign-flip permutation p of the macro-average difference (module docstring): exact by
+    enumeration when at most EXACT_DIFFERING samples differ, else from `permutations` random flips."""
     if permutations < 1:
         raise ValueError(f"permutations must be >= 1, got {permutations}")
     values, weights = _weights(diffs)
@@ -110,14 +165,55 @@ def sign_flip_p(diffs: Mapping[str, np.ndarray], permutations: int = PERMUTATION
     observed = abs(float(weighted.sum()))
     # |T*| >= |T| allows rounding: a permutation that gives the same sum may add it in another order
     threshold = observed - 1e-12 * max(1.0, float(np.abs(weighted).sum()))
-    rng = np.random.default_rng(seed)
-    block = max(1, _BLOCK_ELEMENTS // len(values))
-    extreme = 0
-    for start in range(0, permutations, block):
-        rows = min(block, permutations - start)
-        signs = rng.integers(0, 2, size=(rows, len(values)), dtype=np.int8) * 2 - 1
-        extreme += int(np.sum(np.abs(signs @ weighted) >= threshold))
+    nonzero = weighted[values != 0]  # a zero difference is the same whatever its sign
+    if len(nonzero) <= EXACT_DIFFERING:
+        extreme = sum(int(np.sum(np.abs(signs @ nonzero) >= threshold)) for signs in _all_signs(len(nonzero)))
+        return extreme / 2 ** len(nonzero)
+    rng = _rng(seed, values, weights)
+    extreme = sum(int(np.sum(np.abs(s @ weighted) >= threshold)) for s in _random_signs(rng, len(values), permutations))
     return (extreme + 1) / (permutations + 1)
+
+
+def sign_flip_interval(
+    diffs: Mapping[str, np.ndarray], permutations: int = PERMUTATIONS, seed: int = 0, level: float = 0.95
+) -> tuple[float, float]:
+    """The shifts delta that the sign-flip test of (d - delta) at level 1 - `level` does not reject (module
+    docstring): the bounds where its p crosses the level, found by bisection on each side of the estimate."""
+    values, weights = _weights(diffs)
+    exact = len(values) <= EXACT_DIFFERING
+    signs = _all_signs(len(values)) if exact else _random_signs(_rng(seed, values, weights), len(values), permutations)
+    flipped, totals = [], []
+    for block in signs:  # each row's permuted statistic is A - delta B: linear in the shift
+        flipped.append(block @ (values * weights))
+        totals.append(block @ weights)
+    a, b = np.concatenate(flipped), np.concatenate(totals)
+    observed, total = float((values * weights).sum()), float(weights.sum())
+    alpha = 1.0 - level
+    scale = max(1.0, float(np.abs(values).max()))
+
+    def p_at(delta: float) -> float:
+        threshold = abs(observed - delta * total) - 1e-12 * scale
+        extreme = int(np.sum(np.abs(a - delta * b) >= threshold))
+        return extreme / len(a) if exact else (extreme + 1) / (len(a) + 1)
+
+    estimate = observed / total
+
+    def bound(direction: float) -> float:
+        inside, reach = estimate, scale
+        while p_at(estimate + direction * reach) >= alpha:  # far enough out to be rejected
+            inside, reach = estimate + direction * reach, reach * 2
+            if reach > 1e12 * scale:
+                return math.inf * direction
+        outside = estimate + direction * reach
+        for _ in range(60):
+            middle = (inside + outside) / 2
+            if p_at(middle) >= alpha:
+                inside = middle
+            else:
+                outside = middle
+        return inside
+
+    return bound(-1.0), bound(1.0)
 
 
 def within_task_interval(
@@ -219,7 +315,7 @@ def sample_test(
 ) -> SampleTest:
     """a vs b sample by sample over the samples both have (module docstring)."""
     diffs = paired_differences(a, b)
-    low, high = within_task_interval(diffs, replicates, seed, 1.0 - alpha)
+    low, high = sign_flip_interval(diffs, permutations, seed, 1.0 - alpha)
     values = np.concatenate(list(diffs.values()))
     differing = int(np.count_nonzero(values))
     return SampleTest(
@@ -244,9 +340,11 @@ def _estimable(mde: float) -> float:
 
 __all__ = [
     "ALPHA",
+    "EXACT_DIFFERING",
     "MIN_DIFFERING",
     "NOT_ESTIMABLE",
     "detectable",
+    "format_p",
     "shares_samples",
     "PERMUTATIONS",
     "POWER",
@@ -260,6 +358,7 @@ __all__ = [
     "sample_mde",
     "sample_test",
     "samples_for",
+    "sign_flip_interval",
     "sign_flip_p",
     "task_mde",
     "within_task_interval",

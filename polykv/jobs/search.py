@@ -78,6 +78,7 @@ def launch_search(
     text_profile: str | None = None,
     accuracy_samples: int | None = None,
     loaded: tuple[Any, Any] | None = None,
+    question: str = "in-prompt",
 ) -> Job:
     """The search job these arguments describe, checked (JobError or ValueError, one line); `start` is used
     when it is in the search space, or rescaled to the budget when only its total is off (`search_start`).
@@ -87,7 +88,7 @@ def launch_search(
         from polykv.eval.calibration import parse_workload
         from polykv.eval.calibration import split_sources as split
 
-        workload = parse_workload(split(sources), max_tokens)  # one line when bad
+        workload = parse_workload(split(sources), max_tokens, question=question)  # one line when bad
         others = tuple(parse_workload(split(transfer), max_tokens).tasks) if transfer else ()
         if loaded is not None:  # the model at hand: each task's first sample must fit it (`polykv.eval.fit`)
             from polykv.eval.fit import check_fits
@@ -127,6 +128,7 @@ def launch_search(
         "transfer": transfer,
         "text_profile": text_profile,
         "accuracy_samples": accuracy_samples,
+        "question": question,
     }
     origin = f"from {start.name}, " if start is not None else ""
     what = f"workload {sources}" if sources else (loaded.key if profile != "auto" else "auto")
@@ -208,7 +210,7 @@ def run_workload_job(job, workspace: Path, report: Callable[..., dict]) -> None:
     from polykv.search.workload import build_workload_profile, draw_samples, workload_report
 
     spec, workspace = job.search, Path(workspace)
-    workload = parse_workload(split(spec.sources), spec.max_tokens)
+    workload = parse_workload(split(spec.sources), spec.max_tokens, question=spec.question)
     transfer = tuple(parse_workload(split(spec.transfer), spec.max_tokens).tasks) if spec.transfer else ()
     model, tokenizer = load_model(job.model, device=job.device)
     report(message="drawing the search and held-out samples")

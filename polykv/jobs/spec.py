@@ -146,6 +146,7 @@ class SearchSpec(BaseModel):
     transfer: str | None = Field(default=None, max_length=4096)
     text_profile: str | None = Field(default=None, max_length=4096)
     accuracy_samples: int | None = Field(default=None, ge=1, le=10_000)
+    question: Literal["in-prompt", "after-compression"] = "in-prompt"  # a workload's question protocol
 
 
 class RunUnit(BaseModel):

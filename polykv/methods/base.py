@@ -90,6 +90,9 @@ class LayerView:
     # the runtime may merge this step's one-slot eviction together with other layers' (`merge_together`):
     # a method that `merges_together` may then return it unmerged, marked `merge_deferred`
     defer_merge: bool = False
+    # this step's tokens are kept whatever the capacity: the question fed after a compressed context (the
+    # question-agnostic protocol, `RoutedCache.keep_until`); the method updates its state and evicts nothing
+    holds: bool = False
 
     @property
     def length(self) -> int:
@@ -226,8 +229,8 @@ class Method:
         return None
 
     def over_capacity(self, view: LayerView) -> bool:
-        """Does this step evict (down to the capacity)?"""
-        return self.evicts(view.phase, view.length)
+        """Does this step evict (down to the capacity)? Never on a step the runtime holds (`LayerView.holds`)."""
+        return not view.holds and self.evicts(view.phase, view.length)
 
     def evicts(self, phase: Phase, length: int) -> bool:
         """Does a step that leaves `length` slots before eviction evict? Over the capacity, or in decode

@@ -55,7 +55,9 @@ class CAKE(Method):
     indicator (one new token), i.e. exactly the prompt tokens a prefill CAKE at capacity C - 1 keeps on
     the same prompt, plus the new token. A capacity too small for window and new token together
     (C <= w, possible under native allocation) keeps the C most recent tokens. The stored indicator is
-    dropped after that first decode step; later steps use the decode rule.
+    dropped after that first decode step; later steps use the decode rule. A question fed after the
+    prompt and kept in full (the question-agnostic protocol: `LayerView.holds`) counts as new tokens at
+    that first cut: it stays, with the window, and the prompt's indicator ranks the rest.
     Layer rule (native allocation): spatial dispersion H_l = -sum W log W (entropy, summed over heads,
     queries and keys), temporal dispersion V_l = sum of var_q W, preference P_l = H_l^(1/tau1) *
     V_l^(1/tau2); prefix budgets are proportional to P_l, capped at n - w with the excess shared among
@@ -80,6 +82,7 @@ class CAKE(Method):
         self.preference: float | None = None
         self.prompt_length: int | None = None  # slots the layer held when observe_prefill saw the prompt
         self.prompt_newest: int | None = None
+        self.held = 0  # tokens kept in full after the prompt (a question), scored +inf at the first cut
 
     def needs(self, phase: Phase, length: int) -> Needs:
         over = self.capacity is None or self.evicts(phase, length)
@@ -94,6 +97,7 @@ class CAKE(Method):
         self.preference = self._preference(view)
         self.prompt_length = view.length
         self.prompt_newest = view.newest  # the prompt's last position (None: unknown)
+        self.held = 0
         # Per slot, so the runtime gathers it with the cache (a prefill method may still evict).
         self.per_token[PROMPT_SCORE] = self._prefill_indicator(view)
 
@@ -104,9 +108,18 @@ class CAKE(Method):
             self.preference = self._preference(view)
             self.per_token["score"] = self._prefill_indicator(view)
             return self.settle()
+        prompt_score = self._whole_prompt_score()
+        if view.holds:  # a question kept in full: it joins the prompt, scored +inf like the window
+            if prompt_score is None:
+                self.per_token.pop(PROMPT_SCORE, None)
+            else:
+                self.grow(PROMPT_SCORE, view.num_new, float("inf"))
+                self.prompt_length += view.num_new
+                self.held += view.num_new
+                self.prompt_newest = view.newest
+            return None
         # Only the first decode step may use the prompt indicator: drop it whatever happens, since the
         # slots it scores stop matching the cache once new tokens are appended.
-        prompt_score = self._whole_prompt_score()
         self.per_token.pop(PROMPT_SCORE, None)
         if not self.over_capacity(view):
             return None
@@ -154,7 +167,7 @@ class CAKE(Method):
         rest of the capacity goes to the prompt tokens of highest indicator."""
         new = prompt_score.new_full((*prompt_score.shape[:2], view.num_new), float("inf"))
         score = torch.cat([prompt_score, new], dim=-1)  # slots are in position order until the first cut
-        protected = min(self.params.window, self.prompt_length) + view.num_new
+        protected = min(self.params.window, self.prompt_length - self.held) + self.held + view.num_new
         if self.capacity < protected:  # no room for window and new tokens: the most recent ones stay
             return evict_lowest(view.positions.to(score.dtype), self.capacity)
         return evict_lowest(score, self.capacity)

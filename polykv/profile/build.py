@@ -57,10 +57,12 @@ def build_profile(
         texts = build_corpus(tokenizer, corpus, model=model)  # sequences no longer than the model's context
         sequences, continuations, answer_tokens = texts.sequences, [continuation] * len(texts.sequences), None
         records, corpus_data = texts.records, texts.to_dict()
+        scored, kept = continuations, None
     else:
         sequences, continuations, answer_tokens = workload.sequences, workload.continuations, workload.answer_tokens
         records, corpus_data = workload.records, workload.to_dict(corpus)
         continuation = max(continuations)
+        scored, kept = workload.scored or continuations, workload.kept or None
     length = max(len(s) for s in sequences)
     prompt = min(len(s) - 1 - c for s, c in zip(sequences, continuations))
     capacity = capacity if capacity is not None else default_calibration_capacity(prompt)
@@ -72,6 +74,8 @@ def build_profile(
     settings = {"corpus": corpus.to_dict(), "scopes": [s.value for s in scopes], "continuation": continuation}
     if workload is not None:
         settings["workload"] = {"answer_tokens": max(answer_tokens), "sequences": len(sequences)}
+        if workload.question != "in-prompt":  # the same sequences, split and scored another way
+            settings["workload"]["question"] = workload.question
     methods = profiled_methods(scopes)
     key = profile_key(model_name, settings, capacity, corpus.seed, methods, PROFILE_REVISION)
     existing = find_profile(root, key)
@@ -87,6 +91,8 @@ def build_profile(
         batch_size=batch_size,
         progress=progress,
         continuations=None if workload is None else continuations,
+        scored=None if workload is None else scored,
+        kept=kept,
     )
     sources = [record["source"] for record in records]  # sequence k's calibration source
     metadata = {
@@ -104,7 +110,7 @@ def build_profile(
         "profile_revision": PROFILE_REVISION,
         "corpus": corpus_data,
         "entropy": "mean attention entropy over all prompt queries, heads and sequences (nats)",
-        "fullkv_ppl": fullkv_perplexity(result.reference_nll, sources, continuations),
+        "fullkv_ppl": fullkv_perplexity(result.reference_nll, sources, scored),
         "intervals": {
             "level": LEVEL,
             "replicates": REPLICATES,
@@ -122,7 +128,7 @@ def build_profile(
     }
     per_sequence = pd.DataFrame(result.sequences)
     cells = ["layer", "scope", "method"]
-    intervals = cell_intervals(per_sequence, result.reference_nll, continuations, REPLICATES, 0, answer_tokens)
+    intervals = cell_intervals(per_sequence, result.reference_nll, scored, REPLICATES, 0, answer_tokens)
     table = pd.DataFrame(result.rows)
     if answer_tokens is not None:
         table = table.merge(danswer_means(per_sequence, result.reference_nll, answer_tokens), on=cells, how="left")
@@ -130,7 +136,7 @@ def build_profile(
     layers = pd.DataFrame({"layer": range(len(result.entropy)), "entropy": result.entropy})
     reference = pd.DataFrame({"sequence": range(len(sources)), "source": sources, "nll": result.reference_nll})
     if answer_tokens is not None:
-        reference["tokens"], reference["answer_tokens"] = continuations, answer_tokens
+        reference["tokens"], reference["answer_tokens"] = scored, answer_tokens
     profile = Profile(metadata=metadata, table=table, layers=layers, sequences=per_sequence, reference=reference)
     save_profile(profile, root)
     return profile

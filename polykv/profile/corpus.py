@@ -173,12 +173,20 @@ class Corpus:
 @dataclass
 class WorkloadCorpus:
     """A workload's calibration sequences for the profiler (built by `polykv.eval.calibration.workload_corpus`
-    from sources such as ruler:niah_single_2@2048): prompt + gold answer, each scoring its answer."""
+    from sources such as ruler:niah_single_2@2048): prompt + gold answer, each scoring its answer.
+
+    In the question's protocol (`polykv.eval.suites.answers`): in-prompt, the prompt's pass is the whole prompt
+    and the answer follows (its first token, predicted by that pass, is the same under every method: not
+    scored); after-compression, the prompt's pass is the context, the question follows kept in full (`kept`)
+    and then the answer, every token of it scored."""
 
     sequences: list[list[int]]
-    continuations: list[int]  # answer tokens fed after the prompt (the first is predicted by the prompt pass)
+    continuations: list[int]  # tokens fed after the prompt's pass (the question when kept, then the answer)
     answer_tokens: list[int]
     records: list[dict]
+    scored: list[int] = field(default_factory=list)  # the last tokens of each continuation that are scored
+    kept: list[int] = field(default_factory=list)  # the first tokens of each continuation kept in full (question)
+    question: str = "in-prompt"
 
     def to_dict(self, spec) -> dict:
         ids = json.dumps(self.sequences, separators=(",", ":")).encode()
@@ -189,6 +197,7 @@ class WorkloadCorpus:
             "fingerprint": hashlib.sha256(ids).hexdigest(),
             "records": self.records,
             "workload": True,
+            **({} if self.question == "in-prompt" else {"question": self.question}),
         }
 
 

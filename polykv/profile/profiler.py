@@ -142,15 +142,17 @@ def _nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return -logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1).sum(-1)
 
 
-def _batches(sequences, continuations, batch_size: int) -> list[tuple[list[int], int]]:
-    """(sequence indices, continuation) per batch: sequences of one length and continuation together, in
-    corpus order, at most `batch_size` a batch (the batch bounds the profiler's memory)."""
-    groups: dict[tuple[int, int], list[int]] = {}
-    for k, (sequence, continuation) in enumerate(zip(sequences, continuations)):
-        groups.setdefault((len(sequence), continuation), []).append(k)
+def _batches(sequences, continuations, batch_size: int, scored=None, kept=None) -> list[tuple[list[int], tuple]]:
+    """(sequence indices, (continuation, scored, kept)) per batch: sequences of one length and one split together,
+    in corpus order, at most `batch_size` a batch (the batch bounds the profiler's memory)."""
+    scored = continuations if scored is None else scored
+    kept = [0] * len(sequences) if kept is None else kept
+    groups: dict[tuple, list[int]] = {}
+    for k, sequence in enumerate(sequences):
+        groups.setdefault((len(sequence), continuations[k], scored[k], kept[k]), []).append(k)
     return [
-        (members[i : i + batch_size], continuation)
-        for (_, continuation), members in groups.items()
+        (members[i : i + batch_size], split)
+        for (_, *split), members in groups.items()
         for i in range(0, len(members), batch_size)
     ]
 
@@ -167,12 +169,16 @@ def profile_methods(
     reuse_prefix: bool = True,
     progress: Callable[[float, str], None] | None = None,
     continuations: list[int] | None = None,
+    scored: list[int] | None = None,
+    kept: list[int] | None = None,
 ) -> MethodProfile:
     """Profile every (layer, scope, method); see the module docstring.
 
     Text sequences are cut to the shortest one's length and score their last `continuation` tokens. With
     `continuations` (a workload's prompt + gold answer, `polykv.eval.calibration.workload_corpus`), sequence k
-    keeps its own length and scores its last `continuations[k]` tokens."""
+    keeps its own length, feeds its last `continuations[k]` tokens after the prompt's pass and scores the last
+    `scored[k]` of them (default: all); the first `kept[k]` fed tokens (a question after the compressed
+    context) are kept in full whatever the method (`RoutedCache.keep_until`)."""
     started = time.perf_counter()
     num_layers = models.num_layers(model)
     if continuations is None:
@@ -181,8 +187,14 @@ def profile_methods(
         continuations = [continuation] * len(sequences)
     elif len(continuations) != len(sequences):
         raise ValueError(f"{len(continuations)} continuations for {len(sequences)} sequences")
-    for sequence, tokens in zip(sequences, continuations):
+    scored = list(continuations) if scored is None else list(scored)
+    kept = [0] * len(sequences) if kept is None else list(kept)
+    if not len(scored) == len(kept) == len(sequences):
+        raise ValueError(f"{len(scored)} scored and {len(kept)} kept counts for {len(sequences)} sequences")
+    for sequence, tokens, score, keep in zip(sequences, continuations, scored, kept):
         prompt = len(sequence) - 1 - tokens
+        if not (1 <= score <= tokens and 0 <= keep < tokens):
+            raise ValueError(f"a {tokens}-token continuation cannot score {score} tokens and keep {keep}")
         if tokens < 1 or prompt < 2:
             raise ValueError(f"sequences of {len(sequence)} tokens are too short for a {tokens}-token continuation")
         if capacity >= prompt:
@@ -190,7 +202,7 @@ def profile_methods(
                 f"b_cal ({capacity}) must be smaller than the prompt ({prompt} tokens) or nothing is evicted"
             )
     device = next(model.parameters()).device
-    batches = _batches(sequences, continuations, batch_size)
+    batches = _batches(sequences, continuations, batch_size, scored, kept)
     stack = _Stack(model)
     # `full` is profiled too: its rows check the pipeline (cosine 1, dPPL 0).
     work = [
@@ -208,10 +220,10 @@ def profile_methods(
     done, steps = 0, len(work) * len(batches)
 
     full_plan = Plan.homogeneous(FULL, None, num_layers)
-    for members, tokens in batches:
+    for members, (tokens, score, keep) in batches:
         batch = torch.tensor([sequences[k] for k in members], device=device)
         prompt = batch.shape[1] - 1 - tokens
-        inputs, targets = batch[:, :-1], batch[:, prompt + 1 :]
+        inputs, targets = batch[:, :-1], batch[:, batch.shape[1] - score :]
         positions = torch.arange(inputs.shape[1], device=device)
         # FullKV reference: the prompt (recording every prompt query's attention entropy), then the
         # continuation, keeping the hidden states entering every layer and the prompt's keys/values.
@@ -230,7 +242,7 @@ def profile_methods(
         query_heads = recorder.sums[0].shape[1]
         prompt_queries += len(members) * prompt
         entering = {l: torch.cat([prompt_part[l], continuation_part[l]], dim=1) for l in prompt_part}
-        for k, nll in zip(members, _nll(logits, targets).double().tolist()):
+        for k, nll in zip(members, _nll(logits[:, tokens - score :], targets).double().tolist()):
             reference_nll[k] = nll
         ref_mean = [continuation_part[l + 1].mean(1) for l in range(num_layers)]
         del prompt_part, continuation_part, logits
@@ -240,7 +252,9 @@ def profile_methods(
             with routed(model, full_plan):  # PolyKV's attention, with the caches made here
                 if reuse_prefix:
                     caches = _prefilled_at(stack, layer, cells, capacity, entering[layer][:, :prompt], positions)
-                    outputs = _layer_outputs(stack, layer, cells, caches, entering[layer], prompt, positions)
+                    for cache in caches.values():
+                        cache.keep_until(prompt + keep)
+                    outputs = _layer_outputs(stack, layer, cells, caches, entering[layer], prompt, positions, keep)
                     del caches
                     results = []  # (cell, layer output, each sequence's continuation NLL)
                     width = batch.shape[0]
@@ -248,14 +262,14 @@ def profile_methods(
                         hidden = torch.cat([outputs[cell] for cell in chunk])
                         logits = _above(stack, layer, hidden, prompt_kv, positions[prompt:], width)
                         for cell, part in zip(chunk, logits.split(width)):
-                            results.append((cell, outputs[cell], _nll(part, targets)))
+                            results.append((cell, outputs[cell], _nll(part[:, tokens - score :], targets)))
                         del logits
                 else:
                     results = []
                     for scope, method in cells:
                         plan = single_layer_plan(num_layers, layer, scope, method, capacity)
-                        logits, output = _naive(stack, plan, scope, layer, inputs, prompt, positions)
-                        results.append(((scope, method), output, _nll(logits, targets)))
+                        logits, output = _naive(stack, plan, scope, layer, inputs, prompt, positions, keep)
+                        results.append(((scope, method), output, _nll(logits[:, tokens - score :], targets)))
                 for (scope, method), output, nll in results:
                     cosine = torch.nn.functional.cosine_similarity(
                         output.mean(1).double(), ref_mean[layer].double(), dim=-1
@@ -268,7 +282,7 @@ def profile_methods(
                     if progress is not None:
                         progress(done / steps, f"{scope.value} {method} layer {layer}")
 
-    total_tokens = sum(continuations)
+    total_tokens = sum(scored)
     reference_ppl = math.exp(math.fsum(reference_nll) / total_tokens)
     rows, per_sequence = [], []
     for (layer, scope, method), (cosines, nlls) in sorted(per_cell.items(), key=lambda kv: (kv[0][1], kv[0][0])):
@@ -292,7 +306,7 @@ def profile_methods(
         seconds=time.perf_counter() - started,
         sequences=per_sequence,
         reference_nll=reference_nll,
-        continuation=continuations[0],
+        continuation=scored[0],
     )
 
 
@@ -319,11 +333,13 @@ def _only(layer: int, cache_layer, num_layers: int):
     return Cache(layers=[cache_layer if i == layer else DynamicLayer() for i in range(num_layers)])
 
 
-def _layer_outputs(stack: _Stack, layer: int, cells, caches: dict, entering, prompt: int, positions) -> dict:
+def _layer_outputs(
+    stack: _Stack, layer: int, cells, caches: dict, entering, prompt: int, positions, keep: int = 0
+) -> dict:
     """Layer `layer`'s output over the continuation for every cell [b, M, d], each cell's prompt already in its
     cache; the cells of a scope go through the layer as one batch (`PlanRows`: each its own cache). In the
-    decode scope the layer evicts at every step, so the continuation goes token by token; in the prefill
-    scope compression is done and it goes as one block."""
+    decode scope the layer evicts at every step, so the continuation goes token by token (its first `keep`
+    tokens, kept in full, as one block); in the prefill scope compression is done and it goes as one block."""
     from polykv.runtime.many_plans import PlanRows
 
     hidden, later = entering[:, prompt:], positions[prompt:]
@@ -338,10 +354,8 @@ def _layer_outputs(stack: _Stack, layer: int, cells, caches: dict, entering, pro
         if scope is Phase.PREFILL:
             result = stack.run(repeated, layer, later, cache, stop=layer + 1)
         else:
-            steps = [
-                stack.run(repeated[:, t : t + 1], layer, later[t : t + 1], cache, stop=layer + 1)
-                for t in range(hidden.shape[1])
-            ]
+            spans = ([(0, keep)] if keep else []) + [(t, t + 1) for t in range(keep, hidden.shape[1])]
+            steps = [stack.run(repeated[:, a:b], layer, later[a:b], cache, stop=layer + 1) for a, b in spans]
             result = torch.cat(steps, dim=1)
         outputs.update(zip(group, result.split(width)))
     return outputs
@@ -429,23 +443,22 @@ class _PrefixBlock:
         return out, None
 
 
-def _naive(stack: _Stack, plan: Plan, scope: Phase, layer: int, inputs, prompt: int, positions):
-    """The naive loop: every layer runs every time, the continuation token by token in the decode scope."""
+def _naive(stack: _Stack, plan: Plan, scope: Phase, layer: int, inputs, prompt: int, positions, keep: int = 0):
+    """The naive loop: every layer runs every time, the continuation token by token in the decode scope (its
+    first `keep` tokens kept in full, as one block)."""
     outputs: list[torch.Tensor] = []
     grab = lambda idx, h: outputs.append(h) if idx == layer + 1 else None  # noqa: E731
     cache = RoutedCache(plan)
+    cache.keep_until(prompt + keep)
     hidden = stack.embed(inputs)
     stack.run(hidden[:, :prompt], 0, positions[:prompt], cache)
     if scope is Phase.PREFILL:
-        logits = stack.run(hidden[:, prompt:], 0, positions[prompt:], cache, keep=grab)
+        spans = [(prompt, inputs.shape[1])]
     else:
-        logits = torch.cat(
-            [
-                stack.run(hidden[:, t : t + 1], 0, positions[t : t + 1], cache, keep=grab)
-                for t in range(prompt, inputs.shape[1])
-            ],
-            dim=1,
-        )
+        spans = ([(prompt, prompt + keep)] if keep else []) + [
+            (t, t + 1) for t in range(prompt + keep, inputs.shape[1])
+        ]
+    logits = torch.cat([stack.run(hidden[:, a:b], 0, positions[a:b], cache, keep=grab) for a, b in spans], dim=1)
     return logits, torch.cat(outputs, dim=1)
 
 

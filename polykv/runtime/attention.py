@@ -240,6 +240,7 @@ def _layer_view(layer, module, key, value, q_len: int) -> LayerView:
         newest=layer.seen - 1,
         kv=layer.kv_view() if layer.method.merges else None,
         defer_merge=layer.defers_merge,
+        holds=layer.holding,
     )
 
 

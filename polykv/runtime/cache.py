@@ -57,6 +57,7 @@ class RoutedLayer(DynamicLayer):
         self.slots = LayerSlots()
         self._newest_last = False  # does the last slot hold the newest position (seen - 1)?
         self.merge_groups: MergeGroups | None = None  # the cache's groups of layers that merge together
+        self.keep_until = 0  # decode steps whose tokens all lie before this position evict nothing (`holding`)
 
     def attend(self, module, query, key, value, dropout: float, scaling: float, kwargs):
         """This layer's attention step (`polykv.runtime.attention.attend`: the `AttendingLayer` interface)."""
@@ -154,6 +155,11 @@ class RoutedLayer(DynamicLayer):
         if self.phase is Phase.DECODE:
             return self.method.passive
         return self.method.passive and self.methods[Phase.DECODE].passive
+
+    @property
+    def holding(self) -> bool:
+        """Is this a decode step whose tokens are all kept (`RoutedCache.keep_until`)?"""
+        return self.phase is Phase.DECODE and self.seen <= self.keep_until
 
     @property
     def method(self) -> Method:
@@ -295,6 +301,15 @@ class RoutedCache(Cache):
                 method.capacity = capacity
         for lay in self.layers:
             lay.settle_prefill(lay.methods[Phase.PREFILL].settle())
+
+    def keep_until(self, position: int) -> None:
+        """Tokens fed after the prompt at positions below `position` are kept whatever the plan: no method evicts
+        on their steps, though each updates its per-slot state as on any decode step, and eviction resumes
+        with the first token at `position` or later. The question-agnostic protocol: the prompt's pass is the
+        context, which the plan compresses, then the question is fed at its true positions and kept in full
+        before the answer (as kvpress's pipeline feeds a question after compressing the context)."""
+        for layer in self.layers:
+            layer.keep_until = position
 
     def retained_per_layer(self) -> list[int]:
         return [layer.retained for layer in self.layers]

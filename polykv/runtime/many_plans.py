@@ -2,6 +2,7 @@
 
     with many(model, plans) as session:
         batch, logits = session.prefill(prompt_ids)   # logits: the prompt's last position (FullKV's)
+        logits = batch.feed(question_ids, keep=True)  # optional: a block after the prompt, kept in full; [P, vocab]
         logits = batch.step(next_tokens)              # row i runs plans[i]; [P, vocab]
         batch.select(rows_still_running)
 
@@ -130,6 +131,22 @@ class PlanBatch:
         positions = torch.full_like(ids, self.seen)
         logits = _forward(self.model, ids, positions, self._cache)
         self.seen += 1
+        return logits
+
+    def feed(self, tokens: Sequence[int], keep: bool = False) -> torch.Tensor:
+        """Feed the same block of tokens to every row (a question after the prompt); returns each row's logits
+        at the block's last position [rows, vocab]. `keep`: the block is kept in full in every row whatever
+        its plan (`RoutedCache.keep_until`), eviction resuming with the next token."""
+        device = next(self.model.parameters()).device
+        block = torch.as_tensor(tokens, device=device).view(1, -1)
+        if keep:
+            for cache in self.caches:
+                cache.keep_until(self.seen + block.shape[1])
+        positions = torch.arange(self.seen, self.seen + block.shape[1], device=device).view(1, -1)
+        logits = _forward(
+            self.model, block.expand(len(self.caches), -1), positions.expand(len(self.caches), -1), self._cache
+        )
+        self.seen += block.shape[1]
         return logits
 
     def reserve(self, steps: int) -> None:

@@ -23,13 +23,15 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
 import os
 import platform
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from polykv.plan import FULL, Plan, Scope
+from polykv.eval.workload import COMPETENCE_THRESHOLD
+from polykv.plan import FULL, Phase, Plan, Scope
 from polykv.search.answer_objective import METRIC, AnswerObjective
 from polykv.search.moves import base_params
 from polykv.search.objective import plan_key
@@ -38,8 +40,12 @@ from polykv.search.search import SearchSettings, search, with_provenance
 
 FORMAT = "polykv.workload-report"
 VERSION = 1
-ROLES = ("searched", "toprank-workload", "toprank-text", "homogeneous", "envelope")
+ROLES = ("searched", "toprank-workload", "toprank-text", "homogeneous", "envelope", "anchor", "tova")
+# anchor: the homogeneous plan (same scope, uniform) of toprank-workload's majority method; tova: TOVA under its
+# standalone protocol. The paper's Section 4.4 sets its RULER route against both (its matched SnapKV anchor and
+# "standalone TOVA ... the strongest homogeneous performance reference").
 VERDICT_METRICS = ("answer_nll", "score")  # score: the suite's accuracy (0-100)
+PILOT_SAMPLES = 10  # held-out samples per task FullKV generates on for the competence rule (the study's pilot)
 FAMILIES = ("searched tasks", "transfer tasks")
 
 
@@ -54,6 +60,7 @@ class WorkloadSamples:
     seed: int = 0
     accuracy: int | None = None  # held-out samples per task that also generate (None: all of them)
     held_out_prompts: frozenset[str] = frozenset()  # the held-out samples' prompt hashes (never calibration)
+    lengths: dict = dataclasses.field(default_factory=dict)  # per task, the held-out samples' mean token counts
 
     def objective(self, model) -> AnswerObjective:
         from polykv.eval.calibration import question
@@ -61,6 +68,11 @@ class WorkloadSamples:
         return AnswerObjective(
             model, [question(self.workload, p) for _, _, p in self.search], [t for t, _, _ in self.search]
         )
+
+    @property
+    def protocol(self) -> str:
+        """The question protocol every sample is scored under (`polykv.eval.suites.answers`)."""
+        return self.workload.settings.question
 
     def verdict_settings(self) -> dict[str, Any]:
         """{metric: the suite's settings whose runs give it} (`verdict_settings`)."""
@@ -77,6 +89,8 @@ class WorkloadSamples:
             "transfer": list(self.transfer),
             "accuracy_per_task": self.held_out if self.accuracy is None else min(self.accuracy, self.held_out),
             "seed": self.seed,
+            "question": self.protocol,
+            "lengths": self.lengths,
         }
 
 
@@ -113,7 +127,28 @@ def draw_samples(
     held = evaluation_samples(workload, tokenizer, model, held_out, seed)
     exclude = {prompt_hash(workload, task, sample, seed, payload) for task, sample, payload in held}
     chosen = calibration_samples(workload, tokenizer, model, search_per_task, seed, exclude)
-    return WorkloadSamples(workload, chosen, held_out, tuple(transfer), seed, accuracy, frozenset(exclude))
+    judged = list(held)
+    if transfer:
+        others = dataclasses.replace(workload, settings=dataclasses.replace(workload.settings, tasks=tuple(transfer)))
+        judged += evaluation_samples(others, tokenizer, model, held_out, seed)
+    lengths = sample_lengths(workload, judged)
+    return WorkloadSamples(workload, chosen, held_out, tuple(transfer), seed, accuracy, frozenset(exclude), lengths)
+
+
+def sample_lengths(workload, rows) -> dict[str, dict[str, float]]:
+    """Per task, the mean token counts of its samples: the prompt, its question when it comes after compression
+    (0 when in the prompt) and the gold answer scored (what the KV memory of a plan depends on)."""
+    from polykv.eval.calibration import question
+
+    out: dict[str, list] = {}
+    for task, _, payload in rows:
+        q = question(workload, payload)
+        asked = 0 if q.question_start is None else len(q.prompt_ids) - q.question_start
+        out.setdefault(task, []).append((len(q.prompt_ids), asked, len(q.answer_ids)))
+    return {
+        task: dict(zip(("prompt", "question", "answer"), (sum(col) / len(col) for col in zip(*values))))
+        for task, values in out.items()
+    }
 
 
 def build_workload_profile(
@@ -131,7 +166,7 @@ def build_workload_profile(
         max_tokens=getattr(samples.workload.settings, "length", 2048),
         seed=samples.seed,
     )
-    corpus = workload_corpus(tokenizer, model, spec, set(samples.held_out_prompts))
+    corpus = workload_corpus(tokenizer, model, spec, set(samples.held_out_prompts), samples.protocol)
     return build_profile(
         model_name,
         model,
@@ -191,6 +226,10 @@ def contenders(
     if text is not None:
         plans["toprank-text"] = text
     plans.update({"homogeneous": best_homogeneous, "envelope": envelope})
+    majority = majority_method(toprank)
+    anchor = next((p for p in homogeneous if p.allocation == "fixed" and majority_method(p) == majority), None)
+    tova = next((p for p in baselines if majority_method(p) == "tova"), None)
+    plans.update({role: plan for role, plan in (("anchor", anchor), ("tova", tova)) if plan is not None})
     chosen = {
         "homogeneous_scores": homogeneous_values,
         "envelope_scores": envelope_values,
@@ -199,6 +238,12 @@ def contenders(
         "seconds": time.perf_counter() - started,
     }
     return plans, chosen
+
+
+def majority_method(plan: Plan) -> str:
+    """The method in most of the plan's active layer entries (ties: the first such method in layer order)."""
+    methods = [layer[phase].method for layer in plan.layers for phase in plan.scope.phases]
+    return max(dict.fromkeys(methods), key=methods.count)
 
 
 def _family_scores(scores: Mapping[str, Mapping[str, float]], tasks: Sequence[str]) -> dict[str, dict[str, float]]:
@@ -226,15 +271,18 @@ def contrast(a, b, metric: str, seed: int = 0) -> dict[str, Any]:
     wins, ties, losses = _wins(a, b, sign)
     better = test.significant() and sign * test.difference > 0
     worse = test.significant() and sign * test.difference < 0
-    finite = lambda x: None if x != x else x  # noqa: E731 - JSON has no NaN: "none" is None
+    finite = lambda x: None if x != x or x in (math.inf, -math.inf) else x  # noqa: E731 - JSON: no NaN, no inf
     return {
         "metric": metric,
         "difference": finite(test.difference),
         "low": finite(test.low),
         "high": finite(test.high),
         "p": test.p_value,
+        "exact": test.exact,
+        "agrees": test.agrees,
         "mde": finite(test.mde),
         "samples": test.samples,
+        "differing": test.differing,
         "tasks": test.tasks,
         "wins": wins,
         "ties": ties,
@@ -243,15 +291,45 @@ def contrast(a, b, metric: str, seed: int = 0) -> dict[str, Any]:
     }
 
 
-def verdict(store, run_ids: Mapping[str, Mapping[str, str]], families: Mapping[str, Sequence[str]], seed: int = 0):
-    """Per family of tasks: each role's mean (macro over tasks) in each metric, and the contrasts (each
-    contender against the envelope, the searched plan against every other). `run_ids`: {metric: {role: run}}."""
+# The contrasts of the verdict, (A, B, kind), A - B. "primary": the searched plan against the best homogeneous plan
+# of its own scope and question protocol (like with like); "secondary": the other constructions of the same scope;
+# "section 4.4": the paper's RULER shape, the workload route against its majority method's homogeneous anchor and
+# against standalone TOVA; "envelope": against the best of the nine baselines, each under its own protocol. Whether
+# a contrast compares plans of the same scope is said by its `matched` field, from the plans themselves.
+CONTRASTS = (
+    ("searched", "homogeneous", "primary"),
+    ("toprank-workload", "homogeneous", "secondary"),
+    ("toprank-text", "homogeneous", "secondary"),
+    ("searched", "toprank-workload", "secondary"),
+    ("searched", "toprank-text", "secondary"),
+    ("toprank-workload", "anchor", "section 4.4"),
+    ("toprank-workload", "tova", "section 4.4"),
+    ("searched", "envelope", "envelope"),
+    ("toprank-workload", "envelope", "envelope"),
+    ("toprank-text", "envelope", "envelope"),
+    ("homogeneous", "envelope", "envelope"),
+)
+
+
+def verdict(
+    store,
+    run_ids: Mapping[str, Mapping[str, str]],
+    families: Mapping[str, Sequence[str]],
+    seed: int = 0,
+    scopes: Mapping[str, str] | None = None,
+):
+    """Per family of tasks: each role's mean (macro over tasks) in each metric, and the contrasts of `CONTRASTS`
+    whose two roles ran (two roles of one plan give no contrast). `run_ids`: {metric: {role: run}};
+    `scopes`: {role: the plan's scope}, which says whether a contrast is matched."""
     from polykv.eval.compare import macro_average, sample_scores
 
     out = {}
     roles = [r for r in (*ROLES, "fullkv") if r in run_ids["answer_nll"]]
-    pairs = [(r, "envelope") for r in roles if r not in ("envelope", "fullkv")]
-    pairs += [("searched", r) for r in roles if r not in ("searched", "envelope", "fullkv")]
+    pairs = [
+        (a, b, kind)
+        for a, b, kind in CONTRASTS
+        if a in roles and b in roles and run_ids["answer_nll"][a] != run_ids["answer_nll"][b]
+    ]
     for family, tasks in families.items():
         if not tasks:
             continue
@@ -270,12 +348,74 @@ def verdict(store, run_ids: Mapping[str, Mapping[str, str]], families: Mapping[s
             "tasks": list(tasks),
             "means": means,
             "contrasts": [
-                {"a": a, "b": b, **contrast(scores[m][a], scores[m][b], m, seed)}
-                for a, b in pairs
+                {
+                    "a": a,
+                    "b": b,
+                    "kind": kind,
+                    "matched": scopes is None or scopes.get(a) == scopes.get(b),
+                    **contrast(scores[m][a], scores[m][b], m, seed),
+                }
+                for a, b, kind in pairs
                 for m in VERDICT_METRICS
             ],
         }
     return out
+
+
+def competent_families(
+    searched: Sequence[str],
+    transfer: Sequence[str],
+    fullkv_accuracy: Mapping[str, float],
+    threshold: float = COMPETENCE_THRESHOLD,
+) -> dict[str, list[str]]:
+    """The verdict's families of tasks under the competence rule: a task (searched or transfer) on which FullKV's
+    held-out accuracy is under `threshold` is at the floor, where no plan can be told from another by accuracy
+    and answer_nll measures an answer the model cannot give: it leaves the verdict (the report says so)."""
+    keep = lambda tasks: [t for t in tasks if fullkv_accuracy.get(t, 100.0) >= threshold]  # noqa: E731
+    return {FAMILIES[0]: keep(searched), FAMILIES[1]: keep(transfer)}
+
+
+def kv_dimensions(model) -> dict[str, int]:
+    """What one retained token costs in the KV cache: layers, KV heads, head size and bytes per number."""
+    from polykv.models import text_config
+
+    config = text_config(model)
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return {
+        "layers": config.num_hidden_layers,
+        "kv_heads": heads,
+        "head_dim": head_dim,
+        "bytes": next(model.parameters()).element_size(),
+    }
+
+
+def kv_kept(plan: Plan, lengths: Mapping[str, float]) -> tuple[float, float]:
+    """The KV tokens a plan keeps per KV head, summed over the layers, on a sample of these mean `lengths`
+    (prompt, question fed after compression, answer): (entering the answer, once the answer is in). Nominal:
+    each active layer keeps min(capacity, what it has seen), as the methods do (native allocation splits the
+    same total); a decode-only plan holds the whole prompt until the first answer token."""
+    prompt, question, answer = lengths["prompt"], lengths["question"], lengths["answer"]
+    entering = after = 0.0
+    for layer in plan.layers:
+        prefill, decode = layer[Phase.PREFILL], layer[Phase.DECODE]
+        held = (prompt - question if prefill.method == FULL else min(prefill.capacity, prompt - question)) + question
+        entering += held
+        after += held + answer if decode.method == FULL else min(decode.capacity, held + answer)
+    return entering, after
+
+
+def rejudge(report: dict[str, Any], store) -> dict[str, Any]:
+    """The report with every budget's verdict computed again from its runs in `store` (the current statistics
+    and the competence rule), for a report saved by an earlier version; the runs are not run again."""
+    samples = report["samples"]
+    accuracy = report.get("fullkv_accuracy", {})
+    threshold = report.get("competence", {}).get("threshold", COMPETENCE_THRESHOLD)
+    families = competent_families(samples["settings"]["tasks"], samples["transfer"], accuracy, threshold)
+    for entry in report["budgets"]:
+        scopes = {role: Plan.from_dict(plan).scope.value for role, plan in entry["plans"].items()}
+        entry["verdict"] = verdict(store, entry["runs"], families, report["seed"], scopes)
+    return report
 
 
 def workload_report(
@@ -298,6 +438,7 @@ def workload_report(
     on_sample=None,
     workers: int = 1,
     on_trace=None,
+    competence: float = COMPETENCE_THRESHOLD,
 ) -> tuple[dict[str, Any], list[Plan]]:
     """The module docstring's procedure at every budget: (the report as a JSON-ready dict, the searched plans)."""
     from polykv.eval.experiments import ExperimentRunner
@@ -305,9 +446,25 @@ def workload_report(
     started = time.perf_counter()
     scope = Scope(scope)
     objective = samples.objective(model)
-    families = {FAMILIES[0]: list(samples.workload.tasks), FAMILIES[1]: list(samples.transfer)}
+    layers = workload_profile.num_layers
+    # The competence rule before any plan is judged, as the study applies it: FullKV generating on the first
+    # PILOT_SAMPLES held-out samples of every task; a task under the threshold leaves the verdict and is not run.
+    piloted = min(PILOT_SAMPLES, samples.held_out)
+    say(f"competence: FullKV generating on {piloted} held-out samples per task")
+    everything = tuple(samples.workload.tasks) + tuple(samples.transfer)
+    pilot_settings = dataclasses.replace(samples.workload.with_samples(piloted, "generate"), tasks=everything)
+    pilot = ExperimentRunner(
+        store, model_name, model, tokenizer, samples.workload.suite, pilot_settings, samples.seed, "score",
+        on_sample=on_sample, batched=True, workers=workers,
+    ).run(Plan.homogeneous(FULL, None, layers))  # fmt: skip
+    fullkv_accuracy = {t: v["score"] for t, v in store.task_scores(pilot).items()}
+    families = competent_families(samples.workload.tasks, samples.transfer, fullkv_accuracy, competence)
+    judged = tuple(families[FAMILIES[0]] + families[FAMILIES[1]])
+    if not families[FAMILIES[0]]:
+        raise ValueError("FullKV is under the competence threshold on every searched task: nothing to judge")
     runners = {}  # one runner per distinct settings (score and accuracy share one in mode both)
     for metric, suite_settings in samples.verdict_settings().items():
+        suite_settings = dataclasses.replace(suite_settings, tasks=judged)
         runners[metric] = next((r for r in runners.values() if r.settings == suite_settings), None) or ExperimentRunner(
             store,
             model_name,
@@ -322,9 +479,7 @@ def workload_report(
             batched=True,
             workers=workers,
         )
-    layers = workload_profile.num_layers
     budgets_out, searched_plans = [], []
-    fullkv_accuracy: dict[str, float] = {}
     for budget in budgets:
         say(f"budget {budget}: contenders on {len(objective)} search samples, then the search")
         # No successive halving here: each call pays one prompt pass per sample, which costs several plan
@@ -353,15 +508,13 @@ def workload_report(
             if id(runner) not in done:
                 done[id(runner)] = dict(zip(unique, runner.run_all(list(unique.values()))))
             run_ids[metric] = {role: done[id(runner)][plan_key(plan)] for role, plan in roles.items()}
-        if not fullkv_accuracy:  # FullKV's own accuracy per task: can the model do the task at all?
-            fullkv_accuracy = {t: v["score"] for t, v in store.task_scores(run_ids["score"]["fullkv"]).items()}
         budgets_out.append(
             {
                 "budget": budget,
                 "plans": {role: plan.to_dict() for role, plan in plans.items()},
                 "runs": run_ids,
                 **chosen,
-                "verdict": verdict(store, run_ids, families, seed),
+                "verdict": verdict(store, run_ids, families, seed, {r: p.scope.value for r, p in plans.items()}),
                 "seconds": {"contenders": contenders_seconds, "verdict": time.perf_counter() - verdict_started},
             }
         )
@@ -374,6 +527,7 @@ def workload_report(
         "format": FORMAT,
         "version": VERSION,
         "model": model_name,
+        "kv": kv_dimensions(model),
         "scope": scope.value,
         "objective": METRIC,
         "seed": seed,
@@ -386,6 +540,7 @@ def workload_report(
         else {"key": text_profile.key, "b_cal": text_profile.meta.b_cal, "statistic": text_statistic},
         "budgets": budgets_out,
         "fullkv_accuracy": fullkv_accuracy,
+        "competence": {"threshold": competence, "pilot": pilot, "samples": piloted},
         "command": command,
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": {"platform": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()},
@@ -395,7 +550,13 @@ def workload_report(
 
 
 __all__ = [
+    "CONTRASTS",
     "FAMILIES",
+    "competent_families",
+    "kv_dimensions",
+    "kv_kept",
+    "majority_method",
+    "rejudge",
     "build_workload_profile",
     "FORMAT",
     "ROLES",

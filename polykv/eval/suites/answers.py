@@ -11,6 +11,18 @@ A question suite's `mode` setting chooses what a sample costs and reports:
             match flips;
   both      all three (the teacher-forced and the generating copies of each plan step as one batch).
 
+A question suite's `question` setting chooses what the plan compresses (`QUESTION_PROTOCOLS`):
+  in-prompt         the question is part of the prompt: the plan's prefill compression acts at the end of the
+                    whole prompt, question included (SnapKV-like methods see it in their observation window),
+                    and the first answer token comes from the prompt's pass (FullKV's);
+  after-compression the question-agnostic protocol (kvpress's pipeline): the prompt's pass is the context
+                    alone, which the plan compresses; then the question (with the chat template's tail and the
+                    answer prefix) is fed at its true positions and kept in full whatever the plan
+                    (`RoutedCache.keep_until`), and the answer is generated or scored after it. Decode-phase
+                    methods update their state over the question and evict from the first answer token on.
+                    The suites say where each sample's question starts (`Question.question_start`).
+Nothing is evicted under `full`, so the split changes nothing there: FullKV's answer is the same under both.
+
 The gold answer is one text per sample (`Question.answer_ids`; the suites define it: RULER's answers in
 gold order joined by ", ", LongBench's first answer), preceded by a space unless the prompt ends in
 whitespace, and cut to the suite's generation length (or to the `answer_tokens` setting, a cost cut for
@@ -38,6 +50,8 @@ from polykv.plan import FULL, Phase, Plan
 torch = lazy_import("torch")
 
 MODES = ("generate", "score", "both")
+QUESTION_PROTOCOLS = ("in-prompt", "after-compression")
+IN_PROMPT, AFTER_COMPRESSION = QUESTION_PROTOCOLS
 MODE_METRICS = {
     "generate": ("score", "agreement"),
     "score": ("answer_nll",),
@@ -59,6 +73,19 @@ def mode_for(metric: str, given: str | None = None) -> str:
         reported = ", ".join(MODE_METRICS[mode])
         raise SettingsError(f"metric {metric} is not reported in {mode} mode (it reports {reported})")
     return mode
+
+
+def check_question(value: str, suite: str) -> None:
+    if value not in QUESTION_PROTOCOLS:
+        raise ValueError(f"{suite} question must be one of {', '.join(QUESTION_PROTOCOLS)}, got {value!r}")
+
+
+def protocol_dict(settings: dict) -> dict:
+    """A question suite's settings as a dict, without `question` when it is the default "in-prompt" (run ids
+    hash this dict: runs made before the setting existed keep their ids)."""
+    if settings.get("question") == IN_PROMPT:
+        settings = {k: v for k, v in settings.items() if k != "question"}
+    return settings
 
 
 def check_answer_tokens(value: int | None, suite: str) -> None:
@@ -88,6 +115,16 @@ class Question:
     max_new_tokens: int
     stop: tuple[int, ...] | None = None  # what ends a generation (None: the model's end of sequence)
     min_new_tokens: int = 0
+    # after-compression: prompt_ids[:question_start] is the context the plan compresses, the rest the question
+    # fed after it and kept in full; None: in-prompt (the whole prompt is one pass)
+    question_start: int | None = None
+
+    def __post_init__(self):
+        if self.question_start is not None and not 0 < self.question_start < len(self.prompt_ids):
+            raise ValueError(
+                f"the question must start inside the prompt (token 1 .. {len(self.prompt_ids) - 1}), "
+                f"got {self.question_start}"
+            )
 
 
 @dataclass(frozen=True)
@@ -146,35 +183,65 @@ def _nll(logits, target: int) -> float:
 # ---- one plan alone (the reference path: `routed` and `generate`) ---------------------------------------------
 def answer_alone(model, plan: Plan, question: Question, mode: str, pad_token_id: int | None = None) -> Answer:
     """One plan's answer as `routed(model, plan)` gives it: `model.generate` for the tokens and a prefill then
-    one decode step per answer token for the NLL, each from an empty cache."""
+    one decode step per answer token for the NLL, each from an empty cache (after-compression: the context's
+    pass, then the question kept in full, before either)."""
     from polykv.runtime import routed  # torch and transformers: when a plan runs
 
     with torch.no_grad(), routed(model, plan):
-        tokens = _generate(model, question, pad_token_id) if generates(mode) else None
+        tokens = _generate(model, question, pad_token_id, split=True) if generates(mode) else None
         nll = teacher_forced_nll(model, question) if scores_answer(mode) else None
     return Answer(tokens, nll)
 
 
-def teacher_forced_nll(model, question: Question) -> float:
-    """The gold answer's mean NLL with the model as it is set up (under `routed`, the plan's cache): the prompt
-    in one pass, then the answer token by token through the cache."""
-    from polykv.models import cache_argument_name, output_cache
+def _context_pass(model, question: Question):
+    """(logits [1, vocab], cache) after the pass of the prompt up to the question's start (the whole prompt
+    when the question is in it), with the model as it is set up; a routed cache is told to keep the question
+    in full (`RoutedCache.keep_until`)."""
+    from polykv.models import output_cache
 
-    device = next(model.parameters()).device
-    prompt = torch.tensor([question.prompt_ids], device=device)
-    out = model(prompt, use_cache=True, logits_to_keep=1)
-    cache, answer = output_cache(out), question.answer_ids
-    total = _nll(out.logits[0, -1], answer[0])
+    ids = question.prompt_ids
+    out = model(torch.tensor([ids[: question.question_start]], device=model.device), use_cache=True, logits_to_keep=1)
+    cache = output_cache(out)
+    if question.question_start is not None and hasattr(cache, "keep_until"):  # a plain cache keeps it anyway
+        cache.keep_until(len(ids))
+    return out.logits[:, -1], cache
+
+
+def _prompt_pass(model, question: Question):
+    """(the prompt's last logits [vocab], its cache): `_context_pass`, then the question's block if it is apart."""
+    from polykv.models import cache_argument_name
+
+    logits, cache = _context_pass(model, question)
+    if question.question_start is not None:
+        rest = torch.tensor([question.prompt_ids[question.question_start :]], device=model.device)
+        logits = model(rest, use_cache=True, logits_to_keep=1, **{cache_argument_name(model): cache}).logits[:, -1]
+    return logits[0], cache
+
+
+def teacher_forced_nll(model, question: Question) -> float:
+    """The gold answer's mean NLL with the model as it is set up (under `routed`, the plan's cache): the prompt's
+    pass (`_prompt_pass`), then the answer token by token through the cache."""
+    from polykv.models import cache_argument_name
+
+    logits, cache = _prompt_pass(model, question)
+    answer = question.answer_ids
+    total = _nll(logits, answer[0])
     for fed, target in zip(answer[:-1], answer[1:]):
-        out = model(torch.tensor([[fed]], device=device), use_cache=True, **{cache_argument_name(model): cache})
+        step = torch.tensor([[fed]], device=model.device)
+        out = model(step, use_cache=True, **{cache_argument_name(model): cache})
         total += _nll(out.logits[0, -1], target)
     return total / len(answer)
 
 
-def _generate(model, question: Question, pad_token_id: int | None) -> list[int]:
-    device = next(model.parameters()).device
-    ids = torch.tensor([question.prompt_ids], device=device)
+def _generate(model, question: Question, pad_token_id: int | None, split: bool = False) -> list[int]:
+    """Greedy tokens after the prompt. `split`: a question after compression gets the context's pass first
+    (`_context_pass`); `generate` then feeds the question and the answer through that cache."""
+    from polykv.models import cache_argument_name
+
+    ids = torch.tensor([question.prompt_ids], device=model.device)
     kwargs = {"max_new_tokens": question.max_new_tokens, "do_sample": False, "num_beams": 1}
+    if split and question.question_start is not None:
+        kwargs[cache_argument_name(model)] = _context_pass(model, question)[1]
     if question.stop:
         kwargs["eos_token_id"] = list(question.stop)
     if question.min_new_tokens:
@@ -203,13 +270,19 @@ def answer_many(model, plans: Sequence[Plan], question: Question, mode: str, wit
             nll[row][step + 1] = -value
 
     rows = (list(plans) if forced else []) + (list(plans) if generates(mode) else [])
+    cut = question.question_start
     with torch.inference_mode(), many_plans.many(model, rows) as session:
-        stepping, first = session.prefill(question.prompt_ids)
+        stepping, first = session.prefill(question.prompt_ids[:cut])
+        if cut is not None:  # the question after the compressed context, kept in full: each row's own logits
+            first = stepping.feed(question.prompt_ids[cut:], keep=True)
         max_new = question.max_new_tokens if generates(mode) else 0
         stepping.reserve(max(len(answer) - 1, max_new))
-        first_nll = _nll(first, answer[0])
-        for row in nll:
-            row[0] = first_nll
+        if first.dim() == 1:  # the prompt's pass: FullKV's, the same for every row
+            first_nll = [_nll(first, answer[0])] * forced
+        else:
+            first_nll = (-torch.log_softmax(first[:forced].double(), dim=-1)[:, answer[0]]).tolist()
+        for row, value in zip(nll, first_nll):
+            row[0] = value
         tokens = many_plans.force_and_generate(
             stepping,
             first,
@@ -312,8 +385,11 @@ def _scored(answer: Answer, reference: list[int] | None, judge) -> Scored:
 
 
 __all__ = [
+    "AFTER_COMPRESSION",
+    "IN_PROMPT",
     "MODES",
     "MODE_METRICS",
+    "QUESTION_PROTOCOLS",
     "Answer",
     "Question",
     "Scored",
@@ -322,11 +398,13 @@ __all__ = [
     "answer_limit",
     "check_answer_tokens",
     "check_mode",
+    "check_question",
     "clear_reference_cache",
     "fullkv_answer",
     "generates",
     "gold_ids",
     "keeps_everything",
+    "protocol_dict",
     "score_alone",
     "score_many",
     "scores_answer",

@@ -20,6 +20,10 @@ Per sample, as ``pred.py`` does it:
   5. the sample scores ``100 * longbench_sample_score(...)`` (max over the ground truths; trec,
      triviaqa, samsum and lsht predictions cut at their first line). A task's score is the mean over
      its samples: LongBench's ``round(100 * mean, 2)`` without the rounding.
+The ``question`` setting: "in-prompt" (the official protocol) or "after-compression" (the question-agnostic
+protocol of ``polykv.eval.suites.answers``: the plan compresses the prompt up to the end of ``{context}``, the
+rest is fed after it and kept in full; ``polykv.eval.suites.questions`` says how the split is placed; the tasks
+of ``INSTRUCTION_ONLY`` have no question after the context, only an instruction, which is what comes after).
 The ``mode`` setting adds or chooses the dense ``answer_nll`` and FullKV ``agreement``
 (``polykv.eval.suites.answers``); the gold answer of ``answer_nll`` is the sample's first answer (the
 others are alternatives LongBench accepts too), at most the task's generation length.
@@ -64,8 +68,11 @@ from polykv.lazy import lazy_import, no_grad
 from polykv.models import context_length
 from polykv.plan import Plan
 
-from . import answers, chat
+from . import answers, chat, questions
 from .longbench_tasks import CLASSIFICATION_TASKS, NO_CHAT_TASKS, TASK_MAX_NEW_TOKENS, TASK_PROMPTS, TASKS
+
+#: the tasks whose template asks no question after the context, only an instruction (summarize, count, complete)
+INSTRUCTION_ONLY = tuple(t for t in TASKS if "{input}" not in TASK_PROMPTS[t].split("{context}", 1)[1])
 
 torch = lazy_import("torch")  # loaded on first use: checking a suite's settings needs no tensor
 
@@ -82,6 +89,7 @@ class LongBenchSettings:
     use_chat_template: bool | str = "auto"  # "auto": when the tokenizer has one; True: required; False: never
     mode: str = "generate"  # "generate" (score, agreement), "score" (answer_nll) or "both" (`answers`)
     answer_tokens: int | None = None  # answer_nll over at most this many gold tokens (None: all, up to max_new)
+    question: str = answers.IN_PROMPT  # "in-prompt" or "after-compression" (the module docstring)
 
     def __post_init__(self):
         tasks = (self.tasks,) if isinstance(self.tasks, str) else tuple(self.tasks)
@@ -100,9 +108,10 @@ class LongBenchSettings:
         chat.check_choice(self.use_chat_template, "LongBench")
         answers.check_mode(self.mode, "LongBench")
         answers.check_answer_tokens(self.answer_tokens, "LongBench")
+        answers.check_question(self.question, "LongBench")
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "tasks": list(self.tasks)}
+        return answers.protocol_dict({**asdict(self), "tasks": list(self.tasks)})
 
 
 def check_settings(settings: LongBenchSettings) -> None:
@@ -271,10 +280,34 @@ def truncate_middle(tokenizer, prompt: str, max_length: int) -> str:
 def prompt_ids(tokenizer, task: str, record: dict, max_length: int, use_chat: bool = False) -> list[int]:
     """The token ids fed to the model: template, middle truncation, chat format (never for
     ``NO_CHAT_TASKS``), tokenization (with the tokenizer's special tokens when there is no chat format)."""
+    return _prompt(tokenizer, task, record, max_length, use_chat)[1]
+
+
+def _prompt(tokenizer, task: str, record: dict, max_length: int, use_chat: bool) -> tuple[str, list[int]]:
+    """(the prompt text after truncation, its token ids): `prompt_ids`."""
     prompt = truncate_middle(tokenizer, format_prompt(task, record), max_length)
     if use_chat and task not in NO_CHAT_TASKS:
-        return chat.chat_ids(tokenizer, prompt)
-    return list(tokenizer(prompt).input_ids)
+        return prompt, chat.chat_ids(tokenizer, prompt)
+    return prompt, list(tokenizer(prompt).input_ids)
+
+
+def after_context(task: str, record: dict) -> str:
+    """What the task's template puts after the sample's ``{context}``: the question and its request (or, for
+    ``INSTRUCTION_ONLY``, the instruction), leading whitespace left with the context."""
+    _check_task(task)
+    tail = TASK_PROMPTS[task].split("{context}", 1)[1]
+    return tail.format(**record).lstrip()
+
+
+def question_start(tokenizer, task: str, record: dict, prompt: str, ids: list[int], use_chat: bool) -> int:
+    """Where a sample's question starts in its prompt ids (`polykv.eval.suites.questions`): at the text after
+    ``{context}``; a prompt whose middle truncation cut into that text keeps the part that is left."""
+    tail = after_context(task, record)
+    kept = next((k for k in range(len(tail), 0, -1) if prompt.endswith(tail[-k:])), 0)
+    if not kept:
+        raise ValueError(f"LongBench {task}: the prompt does not end with the text after its context")
+    start = questions.after_whitespace(prompt, len(prompt) - kept)
+    return questions.question_start(tokenizer, ids, prompt, start, use_chat and task not in NO_CHAT_TASKS)
 
 
 def default_max_length(context: int | None, task: str, chat_overhead: int = 0) -> int:
@@ -336,7 +369,10 @@ def build_samples(tokenizer, model, settings: LongBenchSettings, seed: int) -> l
         if task == "samsum":  # pred.py: stop at a newline too (the model otherwise repeats "\nDialogue")
             eos = [i for i in (tokenizer.eos_token_id, _newline_id(tokenizer)) if i is not None] or None
         for sample_id, record in samples:
-            ids = prompt_ids(tokenizer, task, record, max_length, task_chat)
+            prompt, ids = _prompt(tokenizer, task, record, max_length, task_chat)
+            split = {}
+            if settings.question == answers.AFTER_COMPRESSION:
+                split["question_start"] = question_start(tokenizer, task, record, prompt, ids, task_chat)
             payload = {
                 "task": task,
                 "ids": ids,
@@ -348,6 +384,7 @@ def build_samples(tokenizer, model, settings: LongBenchSettings, seed: int) -> l
                 "max_new_tokens": max_new,
                 "eos_token_id": eos,
                 "tokenizer": tokenizer,
+                **split,
             }
             out.append((task, sample_id, payload))
     return out
@@ -366,6 +403,7 @@ def _question(payload: dict) -> answers.Question:
         payload["max_new_tokens"],
         tuple(stop) if stop else None,
         1 if stop else 0,
+        payload.get("question_start"),
     )
 
 

@@ -82,7 +82,7 @@ from polykv.lazy import lazy_import, no_grad
 from polykv.models import context_length
 from polykv.plan import Plan
 
-from .. import answers, chat
+from .. import answers, chat, questions
 from .common import (
     NOISE,
     TOKENS_TO_GENERATE,
@@ -91,6 +91,7 @@ from .common import (
     _largest_fitting,
     _seed_int,
     prompt_ids,
+    split_answer_prefix,
 )
 from .needle import (
     DEPTHS,
@@ -159,6 +160,7 @@ __all__ = [
     "build_samples",
     "make_sample",
     "prompt_tokens",
+    "question_start",
     "ruler_metric",
     "ruler_postprocess_pred",
     "score_sample",
@@ -171,7 +173,7 @@ Settings = RulerSettings  # every suite module exposes Settings, build_samples a
 # 2: vt chain lines placed as the official generator does; 3: the chat template (use_chat_template); 4: the
 # mode setting (answer_nll, agreement) and every sample's answer stored; 5: the gold answer tokenized as the
 # prompt's continuation (no lone space token before it with a dummy-prefix tokenizer; smollm2's are unchanged)
-REVISION = 5
+REVISION = 5  # the question setting needs none: its default leaves samples and ids as they were
 METRICS = answers.MODE_METRICS["both"]  # what a run may report (its mode says which)
 
 
@@ -295,6 +297,9 @@ def build_samples(tokenizer, model, settings: RulerSettings, seed: int) -> list[
                     use_chat=use_chat,
                 )
                 guess = sample.size
+                split = {}
+                if settings.question == answers.AFTER_COMPRESSION:
+                    split["question_start"] = question_start(tokenizer, sample, use_chat)
                 payload = {
                     "task": task,
                     "length": length,
@@ -308,6 +313,7 @@ def build_samples(tokenizer, model, settings: RulerSettings, seed: int) -> list[
                     ),
                     "tokens_to_generate": sample.tokens_to_generate,
                     "tokenizer": tokenizer,
+                    **split,
                 }
                 out.append((settings.task_name(task, length), f"{i:03d}", payload))
     return out
@@ -318,13 +324,31 @@ def uses_chat_template(tokenizer, settings: RulerSettings) -> bool:
     return chat.resolve(tokenizer, settings.use_chat_template, "ruler")
 
 
+def question_start(tokenizer, sample: RulerSample, use_chat: bool) -> int:
+    """Where the sample's question starts in its prompt ids: after the haystack (the template's `{context}`)
+    and the whitespace after it (`polykv.eval.suites.questions`); the answer prefix goes with the question."""
+    if not sample.context:
+        raise ValueError(f"ruler task {sample.task}: the sample has no haystack to compress before its question")
+    family = RULER_TASKS[sample.task]
+    end = questions.after_whitespace(sample.prompt, sample.prompt.rfind(sample.context) + len(sample.context))
+    message = split_answer_prefix(family, sample.prompt)[0] if use_chat else sample.prompt
+    if end > len(message):
+        raise ValueError(f"ruler task {sample.task}: no question after the haystack")
+    return questions.question_start(tokenizer, sample.prompt_ids, message, end, use_chat)
+
+
 def prompt_tokens(payload: dict) -> list[int]:
     """The prompt a sample's id hashes (the runner stores the hash, not the prompt)."""
     return payload["prompt_ids"]
 
 
 def _question(payload: dict) -> answers.Question:
-    return answers.Question(payload["prompt_ids"], payload["answer_ids"], payload["tokens_to_generate"])
+    return answers.Question(
+        payload["prompt_ids"],
+        payload["answer_ids"],
+        payload["tokens_to_generate"],
+        question_start=payload.get("question_start"),
+    )
 
 
 def _judge(payload: dict):
