@@ -121,6 +121,7 @@ def test_a_workload_search_on_the_page_shows_the_envelope_and_the_transfer_rows(
     numbers["Evaluations"].set_value(12)
     numbers["Search samples per task"].set_value(1)
     numbers["Held-out samples per task"].set_value(2)
+    numbers["FullKV competence (%)"].set_value(0.0)  # the demo model finds no needle: judge it anyway
     button(at, "Start search").click()
     at.run()
     assert not at.exception and not at.error, texts(at.error)
@@ -138,6 +139,7 @@ def test_a_workload_search_on_the_page_shows_the_envelope_and_the_transfer_rows(
     assert "envelope" in roles and "searched" in roles and "fullkv" in roles
     contrasts = at.dataframe[-1].value
     assert "searched - envelope" in set(contrasts["A - B"]) and "transfer tasks" in set(contrasts["family"])
+    assert "searched - homogeneous" in set(contrasts["A - B"]) and "primary" in set(contrasts["kind"])
     button(at, "Open the searched plan in the designer").click()
     at.run()
     assert Plan.from_json(at.session_state["plan_json"]).name.startswith("search-answer_nll")

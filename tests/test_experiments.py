@@ -98,7 +98,11 @@ def test_a_decode_routes_sweep_runs_every_baseline_under_its_own_protocol():
     assert all(lay[p].method == FULL for lay in plans[(None, FULL)].layers for p in Phase)
     for budget in (16, 32):
         labels = [name for b, name in plans if b == budget]
-        assert labels == ["route-uniform", *baseline_methods()]  # no route-ppl without a profile
+        alone = [name for name in labels if name.endswith(("-decode", "-decode-native"))]
+        assert labels == ["route-uniform", *baseline_methods(), *alone]  # no route-ppl without a profile
+        # like with like: every method that runs in decode, alone in the route's scope
+        assert {"tova-decode", "h2o-decode", "cake-decode", "cake-decode-native", "d2o-decode-native"} <= set(alone)
+        assert all(plans[(budget, name)].scope is Scope.DECODE for name in alone)
         snapkv = plans[(budget, "snapkv")]  # SnapKV compresses the prompt; decode keeps every token
         assert snapkv.scope is Scope.PREFILL
         assert all(
@@ -115,9 +119,16 @@ def test_a_decode_routes_sweep_runs_every_baseline_under_its_own_protocol():
         assert [lay.decode.capacity for lay in uniform.layers] == [budget] * 5
         assert all(lay.prefill.method == FULL for lay in uniform.layers)
     assert plans[(16, "snapkv")].layers[0].prefill.params["window"] == 4  # 32 does not fit under 16
-    overridden = sweep_plans(route, [16], ["tova", "snapkv"], overrides={"tova": "decode"})
+    overridden = sweep_plans(route, [16], ["tova", "snapkv"], overrides={"tova": "decode"}, matched=False)
     assert list(overridden) == [(16, "route-uniform"), (16, "tova"), (16, "snapkv"), (None, FULL)]
     assert overridden[(16, "tova")].scope is Scope.DECODE
+
+
+def test_a_sweeps_like_with_like_comparator_can_be_chosen_or_left_out():
+    route = decode_route(["tova", "tova", "h2o", "h2o", "h2o"], 24)
+    only = sweep_plans(route, [16], ["tova"], matched=["tova-decode"])
+    assert list(only) == [(16, "route-uniform"), (16, "tova"), (16, "tova-decode"), (None, FULL)]
+    assert only[(16, "tova-decode")].scope is Scope.DECODE and only[(16, "tova")].scope is Scope.BOTH
 
 
 def test_the_sweep_of_a_two_phase_route_keeps_both_phases_and_the_prefill_only_baselines():
@@ -137,7 +148,7 @@ def test_route_ppl_takes_the_profiles_ppl_allocation_at_each_budget():
         {"streamingllm": [0.5] * 4, "tova": [0.9, 0.9, 0.6, 0.6], "h2o": [0.6, 0.6, 0.9, 0.9]}, [1.0] * 4
     )
     route = decode_route(["tova", "tova", "h2o", "h2o"], 16)
-    plans = sweep_plans(route, [16], ["h2o"], profile=profile)
+    plans = sweep_plans(route, [16], ["h2o"], profile=profile, matched=False)
     assert list(plans) == [(16, "route-uniform"), (16, "route-ppl"), (16, "h2o"), (None, FULL)]
     ppl = plans[(16, "route-ppl")]
     caps = [lay.decode.capacity for lay in ppl.layers]
@@ -179,6 +190,10 @@ SWEEP_SCORES = {
     "h2o-both-32": (0.25, 0.75, 0.5),
     "snapkv-prefill-32": (0.25, 0.25, 0.25),
     "full-both": (1.0, 1.0, 1.0),
+    # the like-with-like comparator: H2O alone in the route's scope (decode)
+    "h2o-decode-8": (0.25, 0.25, 0.25),
+    "h2o-decode-16": (0.5, 0.5, 0.5),
+    "h2o-decode-32": (0.5, 0.5, 0.5),
 }
 
 
@@ -188,17 +203,17 @@ SWEEP_SCORES = {
         # The fake runs keep no samples, so the verdicts rest on the task bootstrap. top1, higher is better. 2b at
         # 8: route 0.25 vs snapkv@16 0.375 in every task: CI [-0.125, -0.125], falls short. At 16: route 0.5 vs
         # h2o@32 (0.25, 0.75, 0.5): differences (0.25, -0.25, 0), the CI straddles 0.
-        ("top1", {8: "h2o", 16: "snapkv", 32: "h2o"}, {8: "falls short", 16: "matches"}),
-        # kl, lower is better. 2b at 8: route 0.25 vs h2o@16 0.25: CI [0, 0], whose upper end in the better
-        # direction is 0: matches. At 16: route 0.5 vs snapkv@32 0.25 everywhere: 0.25 worse, falls short.
-        ("kl", {8: "snapkv", 16: "h2o", 32: "snapkv"}, {8: "matches", 16: "falls short"}),
+        ("top1", {8: "h2o", 16: "snapkv", 32: "h2o"}, {8: "falls short", 16: "no significant difference"}),
+        # kl, lower is better. 2b at 8: route 0.25 vs h2o@16 0.25: CI [0, 0], no difference (which is no match: a
+        # test does not say so). At 16: route 0.5 vs snapkv@32 0.25 everywhere: 0.25 worse, falls short.
+        ("kl", {8: "snapkv", 16: "h2o", 32: "snapkv"}, {8: "no significant difference", 16: "falls short"}),
     ],
 )
 def test_sweep_reports_the_envelope_route_minus_envelope_and_the_2b_verdict(tmp_path, metric, best, verdicts):
     route = decode_route(["tova", "h2o", "h2o"], 16)
     runner = fake_runner(tmp_path, metric, lambda plan: dict(zip(("t1", "t2", "t3"), SWEEP_SCORES[plan.name])))
-    report = sweep(runner, route, [8, 16, 32], ["h2o", "snapkv"])
-    assert runner.launched.count("full-both") == 1 and len(runner.launched) == 3 * 3 + 1
+    report = sweep(runner, route, [8, 16, 32], ["h2o", "snapkv"], matched=["h2o-decode"])
+    assert runner.launched.count("full-both") == 1 and len(runner.launched) == 3 * 4 + 1
     assert [r["budget"] for r in report.rows] == [8, 16, 32]
     assert {r["budget"]: r["best baseline"] for r in report.rows} == best
     data = report.data
@@ -216,20 +231,23 @@ def test_sweep_reports_the_envelope_route_minus_envelope_and_the_2b_verdict(tmp_
     assert data.double[8].difference == pytest.approx(
         0.25 - sum(SWEEP_SCORES["snapkv-prefill-16" if best[16] == "snapkv" else "h2o-both-16"]) / 3
     )
+    # like with like: the route against H2O alone in decode (0.25, 0.5, 0.5): its only method alone in scope here
+    assert data.matched == ["h2o-decode"] and data.matched_envelope[16].baseline == "h2o-decode"
+    assert data.versus_matched[32].difference == pytest.approx(0.75 - 0.5)
+    assert data.double_matched[16].baseline == "h2o-decode" and report.rows[0]["best alone in scope"] == "h2o-decode"
     assert report.lines[0] == f"metric {metric} ({'higher' if metric == 'top1' else 'lower'} is better)"
     assert "route-ppl omitted: no profile given" in report.lines[1]
-    assert report.lines[2].startswith("protocol h2o: prefill + decode") and report.lines[3].startswith(
+    assert report.lines[2].startswith("like with like: each method alone in the route's scope (decode)")
+    assert report.lines[3].startswith("protocol h2o: prefill + decode") and report.lines[4].startswith(
         "protocol snapkv: prefill"
     )
-    assert report.lines[4].startswith("FullKV (budget-independent, one run fake-full-both): 1.0000")
+    assert report.lines[5].startswith("FullKV (budget-independent, one run fake-full-both): 1.0000")
     assert any(
-        line.startswith("2b comparison:") and "matches when the route at b is not significantly worse" in line
-        for line in report.lines
+        line.startswith("2b comparison:") and "no significant difference is no match" in line for line in report.lines
     )
-    assert any(
-        line.startswith(f"2b: route-uniform at 8 - best baseline at 16 ({best[16]})") and line.endswith(verdicts[8])
-        for line in report.lines
-    )
+    twice = f"2b: route-uniform at 8 - the best baseline under its own protocol at 16 ({best[16]})"
+    assert any(line.startswith(twice) and verdicts[8] in line for line in report.lines)
+    assert any("(across protocols: the route acts in decode" in line for line in report.lines)  # h2o, snapkv
 
 
 # ---- the factorial (Table 2) ----------------------------------------------------------------------

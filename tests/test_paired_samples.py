@@ -41,7 +41,7 @@ def test_the_sign_flip_p_value_is_the_exact_permutation_p_within_monte_carlo_err
 def test_the_statistic_is_the_macro_average_every_task_weighing_the_same():
     a = scores({"big": [1.0] * 10, "small": [5.0, 5.0]})
     b = scores({"big": [0.0] * 10, "small": [0.0, 1.0]})
-    test = ps.sample_test(a, b, permutations=200, replicates=200)
+    test = ps.sample_test(a, b, permutations=200)
     assert test.difference == pytest.approx((1.0 + 4.5) / 2)  # not the mean of the 12 differences
     assert (test.samples, test.differing, test.tasks) == (12, 12, 2)
 
@@ -82,12 +82,53 @@ def test_a_true_difference_of_one_mde_is_detected_about_80_percent_of_the_time()
     assert false / 300 <= 0.09
 
 
-def test_the_within_task_interval_is_the_normal_interval_for_large_samples():
+def test_with_few_samples_differing_the_p_value_is_exact():
+    one_way = {"a": np.full(8, 0.5), "b": np.full(8, 0.25)}  # 16 samples, all the same way
+    assert ps.sign_flip_p(one_way) == 2 / 2**16  # the two extreme assignments of 65,536 (a Monte Carlo p: 1e-4)
+    rng = np.random.default_rng(4)
+    mixed = {"a": rng.normal(0.2, 1.0, 7), "b": np.concatenate([rng.normal(0.2, 1.0, 5), np.zeros(30)])}
+    values, weights = ps._weights(mixed)
+    weighted = (values * weights)[values != 0]  # a zero difference is the same whatever its sign
+    hits = sum(
+        abs(float(np.dot(signs, weighted))) >= abs(float(weighted.sum())) - 1e-12
+        for signs in itertools.product((1, -1), repeat=len(weighted))
+    )
+    assert ps.sign_flip_p(mixed) == hits / 2 ** len(weighted)
+    test = ps.sample_test(scores({t: list(v) for t, v in mixed.items()}), scores({"a": [0] * 7, "b": [0] * 35}))
+    assert test.exact and test.differing == 12 and "exact sign-flip" in test.describe()
+
+
+def test_the_interval_is_the_test_inverted_and_agrees_with_it():
+    rng = np.random.default_rng(9)
+    for trial in range(12):
+        n = 6 if trial < 6 else 30  # exact, then Monte Carlo
+        diffs = {"a": rng.normal(0.4, 1.0, n), "b": rng.normal(0.4, 1.0, n)}
+        low, high = ps.sign_flip_interval(diffs)
+        p = ps.sign_flip_p(diffs)
+        assert low <= ps.macro_difference(diffs) <= high
+        assert (low > 0 or high < 0) == (p < 0.05), (trial, low, high, p)
+        # each bound is where the test of the shifted differences turns from rejecting to not rejecting
+        for bound, outward in ((low, -1e-3), (high, 1e-3)):
+            shifted = {t: d - (bound + outward) for t, d in diffs.items()}
+            assert ps.sign_flip_p(shifted) < 0.05 + 0.01
+
+
+def test_the_interval_is_about_the_normal_interval_for_large_samples():
     rng = np.random.default_rng(2)
     diffs = {f"t{i}": rng.normal(0.5, 1.0, 400) for i in range(3)}
-    low, high = ps.within_task_interval(diffs, replicates=4000, seed=0)
+    low, high = ps.sign_flip_interval(diffs)
     mean, se = ps.macro_difference(diffs), ps.macro_standard_error(diffs)
-    assert low == pytest.approx(mean - 1.96 * se, abs=0.01) and high == pytest.approx(mean + 1.96 * se, abs=0.01)
+    assert low == pytest.approx(mean - 1.96 * se, abs=0.015) and high == pytest.approx(mean + 1.96 * se, abs=0.015)
+
+
+def test_two_contrasts_draw_their_own_flips_and_one_contrast_always_the_same():
+    rng = np.random.default_rng(3)
+    first = {"t": rng.normal(0.1, 1.0, 40)}
+    second = {"t": first["t"] + 1e-9}  # other data: other flips, so Monte Carlo errors do not repeat across rows
+    signs = lambda d: next(ps._random_signs(ps._rng(0, *ps._weights(d)), 40, 5))  # noqa: E731
+    assert not np.array_equal(signs(first), signs(second))
+    assert np.array_equal(signs(first), signs(first))
+    assert ps.sign_flip_p(first, seed=0) == ps.sign_flip_p(first, seed=0)
 
 
 def test_samples_for_is_the_smallest_count_reaching_the_target():
@@ -111,7 +152,7 @@ def test_samples_missing_on_one_side_are_left_out_and_nothing_shared_is_an_error
     assert list(diffs["t"]) == [1.0, 2.0]
     with pytest.raises(ValueError, match="share no sample"):
         ps.paired_differences(a, {"u": {"000": 1.0}})
-    test = ps.sample_test(a, a, permutations=100, replicates=100)
+    test = ps.sample_test(a, a, permutations=100)
     assert test.p_value == 1.0 and test.differing == 0 and math.isnan(test.mde)  # nothing varies: no power to state
 
 
@@ -120,11 +161,11 @@ def test_no_detectable_difference_is_stated_when_too_few_samples_differ_or_none_
     significant at 5%, so no minimal detectable difference is stated; nor when every difference is equal."""
     five = scores({"t": [100.0] * 5 + [0.0] * 47})  # a 0/100 score that flips on 5 of 52 samples
     zeros = scores({"t": [0.0] * 52})
-    test = ps.sample_test(five, zeros, permutations=2000, replicates=200)
+    test = ps.sample_test(five, zeros, permutations=2000)
     assert test.differing == 5 and math.isnan(test.mde) and test.p_value > 0.05
     assert 2 / 2**5 > 0.05 > 2 / 2**6  # why 6 is the least that can reach 5%
-    six = ps.sample_test(scores({"t": [100.0] * 6 + [0.0] * 46}), zeros, permutations=2000, replicates=200)
+    six = ps.sample_test(scores({"t": [100.0] * 6 + [0.0] * 46}), zeros, permutations=2000)
     assert six.differing == 6 and six.mde > 0
-    constant = ps.sample_test(scores({"t": [1.0] * 10}), scores({"t": [0.0] * 10}), permutations=200, replicates=50)
+    constant = ps.sample_test(scores({"t": [1.0] * 10}), scores({"t": [0.0] * 10}), permutations=200)
     assert constant.differing == 10 and math.isnan(constant.mde)  # SD 0: no spread to measure power with
     assert ps.detectable(math.nan) == ps.NOT_ESTIMABLE and ps.detectable(0.25) == "0.25"

@@ -22,7 +22,7 @@ from polykv.models import cache_argument_name
 from polykv.plan import Phase, Plan
 from polykv.profile.profiler import profile_methods, single_layer_plan
 from polykv.runtime import routed
-from tests.helpers import FAMILIES, assert_one_line_error, tiny_model
+from tests.helpers import FAMILIES, REPO, assert_one_line_error, tiny_model
 from tests.test_answers import METHODS, question_for, vanilla_nll
 from tests.test_longbench import record, write_task
 
@@ -173,7 +173,7 @@ def test_polykv_eval_runs_after_compression_in_every_mode(polykv, tmp_path, mode
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     shown = polykv("runs", "--workspace", str(tmp_path / "ws"))
-    assert shown.returncode == 0
+    assert shown.returncode == 0 and "ruler (question after-compression)" in shown.stdout
 
 
 def test_a_question_protocol_the_suites_do_not_know_is_one_line(polykv, tmp_path):
@@ -208,3 +208,13 @@ def test_the_workload_profile_after_compression_measures_what_a_plan_scores_alon
             q = answers.Question(ids[: context + asked], ids[context + asked :], 4, question_start=context)
             alone = answers.answer_alone(llama, plan, q, "score").nll
             assert row["nll"] / answer == pytest.approx(alone, abs=1e-5), (row["scope"], row["method"])
+
+
+def test_the_runs_page_launches_a_run_whose_question_comes_after_compression(demo_model):
+    from app import common
+
+    plan = Plan.load(REPO / "plans" / "demo" / "snapkv-prefill-64.json")
+    settings = json.dumps({"tasks": ["niah_single_1"], "length": 512, "samples_per_task": 1, "question": AFTER})
+    job = common.eval_job("demo", "cpu", plan, "ruler", settings, "", [], 0, 0, demo_model)
+    (run,) = job.runs
+    assert json.loads(run.unit.settings_json)["question"] == AFTER  # the run carries the protocol to the worker

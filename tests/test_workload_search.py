@@ -14,7 +14,7 @@ from polykv.eval.calibration import calibration_samples, evaluation_samples, par
 from polykv.plan import Plan, Scope
 from polykv.search.answer_objective import AnswerObjective
 from polykv.search.search import SearchSettings, search
-from polykv.search.workload import contrast
+from polykv.search.workload_verdict import contrast
 from tests.planted_needle import needle_model, needle_questions
 
 NIAH = "ruler:niah_single_1@512"  # the one RULER task whose prompts fit the demo model's 512 tokens
@@ -194,6 +194,8 @@ def test_polykv_search_on_a_workload_writes_its_verdict(polykv, tmp_path):
         (["--objective", "answer_nll"], "needs --sources"),
         (["--sources", NIAH, "--transfer", "ruler:vt@256"], "share the workload's suite and length"),
         (["--transfer", "ruler:vt@512"], "belongs to a workload search"),
+        (["--question", "after-compression"], "--question belongs to a workload search"),
+        (["--sources", NIAH, "--question", "before"], "question must be one of in-prompt, after-compression"),
     ],
 )
 def test_a_workload_search_refuses_bad_input_in_one_line(polykv, tmp_path, args, problem):

@@ -36,6 +36,12 @@ suite = st.selectbox("Suite", list(SUITES), key=state.RUN_SUITE)
 st.session_state.setdefault(state.settings_text(suite), common.default_settings(suite, name))
 with st.container(border=True):  # no form: what is typed here is kept (`state.REMEMBERED`) until launched
     settings_text = st.text_area("Suite settings (JSON)", key=state.settings_text(suite))
+    if suite in ("ruler", "longbench"):
+        st.caption(
+            'Where the question goes: "question": "in-prompt" (the default: the plan compresses it with the '
+            'prompt) or "after-compression" (the plan compresses the context before the question is known, as '
+            "for a reused document; the question then follows, kept in full)."
+        )
     if suite == "ruler" and device == "cpu":
         st.caption(
             "Proposed for a first run on a CPU: one sample of one task per RULER category at up to 1,024 tokens "

@@ -13,7 +13,7 @@ from polykv.jobs.search import launch_search, live, read_search, search_start
 from polykv.plan import Plan, PlanError, Scope
 from polykv.search.report import difference_text
 from polykv.search.workload import FORMAT as WORKLOAD_FORMAT
-from polykv.search.workload_markdown import MDE_NOTE, verdict_rows
+from polykv.search.workload_markdown import MDE_NOTE, VERDICT_HEADER, verdict_rows
 
 st.title("Plan search")
 st.caption(
@@ -21,8 +21,9 @@ st.caption(
     "KL(FullKV || plan) on calibration sequences with the plan really executed; the verdict compares the "
     "searched plan with TopRank and the best homogeneous plan on separate held-out sequences (paired "
     "bootstrap over sequences). With the answer_nll objective the search runs on a workload's own prompts and "
-    "its verdict, on held-out samples of those tasks and of transfer tasks, sets it against the envelope (the "
-    "best of the nine baselines under their own protocols), sample by sample."
+    "its verdict, on held-out samples of those tasks and of transfer tasks, sets it against the best homogeneous "
+    "plan of its own scope and question protocol (like with like) and against the envelope (the best of the nine "
+    "baselines under their own protocols: across protocols, as each line says), sample by sample."
 )
 OBJECTIVES = {"kl": "KL on text", "answer_nll": "answer_nll on a workload"}
 SOURCES_HELP = "Comma-separated ruler:TASK@LENGTH (one length) or longbench:PATH/<task>.jsonl"
@@ -86,6 +87,22 @@ else:
                 "Transfer tasks", value="", help="Judged but never searched on, e.g. ruler:vt"
             )
             text_profile = cols[2].selectbox("Text profile (toprank-text)", ["none", *text_profiles])
+            cols = st.columns([3, 1])
+            question = cols[0].radio(
+                "Question",
+                ["in-prompt", "after-compression"],
+                horizontal=True,
+                help="in-prompt: the plan compresses the question with the prompt. after-compression: the plan "
+                "compresses the context before the question is known; the question follows, kept in full.",
+            )
+            competence = cols[1].number_input(
+                "FullKV competence (%)",
+                min_value=0.0,
+                max_value=100.0,
+                value=20.0,
+                help="A task on which FullKV's accuracy (a pilot of 10 held-out samples) is under this leaves the "
+                "verdict: no plan can be told from another where the model itself fails.",
+            )
         started = st.form_submit_button("Start search", type="primary")
     if workload:
         st.caption("Starts from TopRank by danswer and the best homogeneous plan, chosen on the search samples.")
@@ -100,6 +117,8 @@ else:
                 "sources": sources,
                 "transfer": transfer.strip() or None,
                 "text_profile": None if text_profile == "none" else text_profile,
+                "question": question,
+                "competence": float(competence),
                 "loaded": session.current_model()[2:],
             }
             if workload
@@ -147,8 +166,7 @@ def workload_verdict(entry) -> None:
             hide_index=True,
             width="stretch",
         )
-    header = ("family", "A - B", "metric", "difference [95% CI]", "p", "MDE", "W/T/L (samples)", "A is")
-    st.dataframe(pd.DataFrame(verdict_rows(entry), columns=header), hide_index=True, width="stretch")
+    st.dataframe(pd.DataFrame(verdict_rows(entry), columns=VERDICT_HEADER), hide_index=True, width="stretch")
     st.caption(MDE_NOTE)
 
 

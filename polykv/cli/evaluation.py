@@ -81,12 +81,14 @@ def runs(ctx: typer.Context, workspace: WorkspaceOption = DEFAULT_WORKSPACE) -> 
 
     if ctx.invoked_subcommand is not None:
         return
+    from polykv.eval.sample_view import suite_text
+
     store = Store(workspace / "results.sqlite", readonly=True)
     rows = [
         (
             r["id"],
             r["plan_name"],
-            r["suite"],
+            suite_text(r),
             r["model"],
             r["status"],
             f"{r['done_samples']}/{r['total_samples']}",
@@ -115,7 +117,7 @@ def runs_show(
     rows = sample_view.samples(store, run_id, task, failed)
     info = store.run(run_id)
     typer.echo(
-        f"run {run_id} ({sample_view.one_line(info['plan_name'], 60)} on {info['suite']}, "
+        f"run {run_id} ({sample_view.one_line(info['plan_name'], 60)} on {sample_view.suite_text(info)}, "
         f"{sample_view.one_line(info['model'], 60)}): {len(rows)} samples shown"
     )
     _table(

@@ -307,6 +307,20 @@ def experiment_study(
     sweep_ppl: Annotated[
         bool, typer.Option(help="The sweep's route-ppl row (the route with the profile's PPL capacities).")
     ] = True,
+    sample_seconds: Annotated[
+        float | None,
+        typer.Option(
+            help="With --samples auto: one sample with every plan takes this many seconds, given instead of "
+            "timed (the time an earlier run measured: the study rendered again from its database)."
+        ),
+    ] = None,
+    sweep_matched: Annotated[
+        bool,
+        typer.Option(
+            help="The sweep's like-with-like comparator: every method alone in the route's scope at each budget "
+            "(--no-sweep-matched: only the baselines under their own protocols, as studies made before it)."
+        ),
+    ] = True,
 ) -> None:
     """The paper's study: profile, TopRank routes, factorial, placement (K), sweeps; writes a report."""
     import shlex
@@ -350,6 +364,8 @@ def experiment_study(
         baselines=tuple(x.strip() for x in baselines.split(",") if x.strip()) if baselines else None,
         workers=workers,
         sweep_ppl=sweep_ppl,
+        sweep_matched=sweep_matched,
+        sample_seconds=sample_seconds,
     )
     with Progress() as bars:
 

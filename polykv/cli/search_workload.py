@@ -69,7 +69,7 @@ def search_workload(
     from polykv.files import atomic_write_json, atomic_write_text
     from polykv.models import config_dimensions, num_layers
     from polykv.search.workload import build_workload_profile, draw_samples, verdict_settings, workload_report
-    from polykv.search.workload_markdown import figure, markdown, verdict_rows
+    from polykv.search.workload_markdown import VERDICT_HEADER, figure, markdown, verdict_rows
 
     workload, transfer_tasks = _workload(sources, transfer, max_tokens, question)
     dims = config_dimensions(model)
@@ -174,5 +174,5 @@ def search_workload(
     atomic_write_text(markdown_path, markdown(result, store_dir=out, figure=out / figure_name, page=markdown_path))
     for entry in result["budgets"]:
         typer.echo(f"\nbudget {entry['budget']}:")
-        _table(("family", "A - B", "metric", "difference [95% CI]", "p", "MDE", "W/T/L", "A is"), verdict_rows(entry))
+        _table(VERDICT_HEADER, verdict_rows(entry))
     typer.echo(f"\nwrote {markdown_path}, {out / 'report.json'}, {out / 'results.sqlite'} and {len(plans)} plan(s)")

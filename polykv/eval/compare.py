@@ -224,7 +224,7 @@ class Paired:
             test = self.samples
             out.append(
                 f"sample level: A - B {test.difference:+.4f}, 95% CI [{test.low:+.4f}, {test.high:+.4f}] "
-                f"(bootstrap of samples within tasks, {test.replicates} replicates); {test.describe()}"
+                f"(the shifts the sign-flip test does not reject); {test.describe()}"
             )
         mdes = [f"{_detectable(self.task_mde)} over tasks"]
         if self.samples is not None:

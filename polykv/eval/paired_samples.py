@@ -20,7 +20,6 @@ mean paired difference (every task weighs the same, whatever its sample count).
                       EXACT_DIFFERING samples, else from N random flips. It holds 0 exactly when the test does not
                       reject, up to the Monte Carlo error when the p is exact and the interval is not
                       (`SampleTest.agrees` says whether they agree)
-  within_task_interval percentile interval of a bootstrap that resamples samples within each task
   macro_standard_error sqrt(sum_t s_t^2 / n_t) / T, s_t the standard deviation of task t's differences
   minimal_detectable_difference
                       (t_{df}(1 - alpha/2) + t_{df}(power)) x SE: the smallest true difference a two-sided
@@ -46,7 +45,7 @@ import numpy as np
 SampleScores = Mapping[str, Mapping[str, float]]
 
 ALPHA, POWER = 0.05, 0.80
-PERMUTATIONS = REPLICATES = 10_000
+PERMUTATIONS = 10_000
 EXACT_DIFFERING = 20  # up to this many differing samples the sign-flip test enumerates all 2^k assignments
 _BLOCK_ELEMENTS = 1 << 21  # random signs / indices drawn in blocks of about this many numbers
 
@@ -64,7 +63,6 @@ class SampleTest:
     differing: int  # paired samples whose difference is not 0
     tasks: int
     permutations: int
-    replicates: int
     alpha: float = ALPHA
     power: float = POWER
 
@@ -216,25 +214,6 @@ def sign_flip_interval(
     return bound(-1.0), bound(1.0)
 
 
-def within_task_interval(
-    diffs: Mapping[str, np.ndarray], replicates: int = REPLICATES, seed: int = 0, level: float = 0.95
-) -> tuple[float, float]:
-    """Percentile interval of the macro difference when each task's samples are resampled with replacement."""
-    if replicates < 1:
-        raise ValueError(f"replicates must be >= 1, got {replicates}")
-    rng = np.random.default_rng(seed)
-    total = np.zeros(replicates)
-    for d in diffs.values():  # sorted task order: the seed gives the same draws for the same data
-        n = len(d)
-        block = max(1, _BLOCK_ELEMENTS // n)
-        for start in range(0, replicates, block):
-            stop = min(replicates, start + block)
-            total[start:stop] += d[rng.integers(0, n, size=(stop - start, n))].mean(axis=1)
-    means = total / len(diffs)
-    low, high = np.quantile(means, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
-    return float(low), float(high)
-
-
 def macro_standard_error(diffs: Mapping[str, np.ndarray]) -> float:
     """The standard error of the macro difference with the tasks fixed: sqrt(sum_t s_t^2 / n_t) / T (a task
     with one sample contributes no variance estimate: 0)."""
@@ -309,7 +288,6 @@ def sample_test(
     b: SampleScores,
     seed: int = 0,
     permutations: int = PERMUTATIONS,
-    replicates: int = REPLICATES,
     alpha: float = ALPHA,
     power: float = POWER,
 ) -> SampleTest:
@@ -328,7 +306,6 @@ def sample_test(
         differing=differing,
         tasks=len(diffs),
         permutations=permutations,
-        replicates=replicates,
         alpha=alpha,
         power=power,
     )
@@ -348,7 +325,6 @@ __all__ = [
     "shares_samples",
     "PERMUTATIONS",
     "POWER",
-    "REPLICATES",
     "SampleScores",
     "SampleTest",
     "macro_difference",
@@ -361,5 +337,4 @@ __all__ = [
     "sign_flip_interval",
     "sign_flip_p",
     "task_mde",
-    "within_task_interval",
 ]

@@ -104,6 +104,33 @@ def baseline_plan(
     return Plan.homogeneous(method, budget, num_layers, row.scope, params, allocation=row.allocation)
 
 
+def homogeneous_plans(
+    scope: Scope | str, budget: int, num_layers: int, params: Mapping[str, Mapping] | None = None
+) -> list[Plan]:
+    """One method in every layer of the scope's phases at capacity `budget`, for every method that runs in all of
+    them: fixed allocation, and native allocation too for those with their own layer rule. Parameters: `params`
+    (a profile's) or the defaults, fitted to the budget; a method whose parameters cannot fit is left out. The
+    comparators of like with like: the same scope as a route of that scope."""
+    from polykv.methods import fit_params, for_phase, validate_plan
+    from polykv.plan import PlanError
+
+    scope = Scope(scope)
+    methods = [m for m in for_phase(scope.phases[0]) if all(m in for_phase(p) for p in scope.phases)]
+    out = []
+    for method in methods:
+        kinds = ("fixed", "native") if REGISTRY[method].native_allocation else ("fixed",)
+        for allocation in kinds:
+            given = (params or {}).get(method, {})
+            plan = Plan.homogeneous(
+                method, budget, num_layers, scope, fit_params(method, given, budget), allocation=allocation
+            )
+            try:
+                out.append(validate_plan(plan, num_layers))
+            except PlanError:
+                continue  # a parameter that cannot fit this budget
+    return out
+
+
 def _params_text(row: Protocol) -> str:
     values = {**REGISTRY[row.method].defaults(), **row.params}
     if not values:

@@ -69,6 +69,12 @@ def is_fullkv(plan_json: str) -> bool:
         return False
 
 
+def suite_text(run: Mapping[str, Any]) -> str:
+    """The run's suite and, for a question suite whose question came after compression, that protocol."""
+    question = settings_of(run).get("question")
+    return run["suite"] if question in (None, "in-prompt") else f"{run['suite']} (question {question})"
+
+
 def settings_of(run: Mapping[str, Any]) -> dict:
     value = run.get("settings")
     return json.loads(value) if isinstance(value, str) else dict(value or {})
@@ -141,5 +147,6 @@ __all__ = [
     "resolve_run",
     "samples",
     "settings_of",
+    "suite_text",
     "side_by_side",
 ]

@@ -24,6 +24,7 @@ With `batched` (the default) the runs of one suite execute together, sample by s
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -72,6 +73,9 @@ class StudySettings:
     batched: bool = True  # the runs of a suite execute together (local backend)
     workers: int = 1  # batched, local: the samples shared out over this many processes (`polykv.eval.shards`)
     sweep_ppl: bool = True  # the sweep's route-ppl row (the route with the profile's PPL capacities at each budget)
+    # the sweep's like-with-like comparator: every method alone in the route's scope at each budget (False: only
+    # the baselines under their own protocols, as studies made before it; its verdicts are then across protocols)
+    sweep_matched: bool = True
     # question suites: the workload check before any plan runs
     competence_threshold: float = COMPETENCE_THRESHOLD  # FullKV accuracy (%) a task needs to stay in the macro
     pilot_samples: int = 10  # samples per task of the pilot (FullKV's competence; the anchor's spread)
@@ -81,6 +85,10 @@ class StudySettings:
     min_samples: int = 1  # auto_samples: at least this many per task (the time limit wins)
     accuracy_samples: int | None = None  # answer_nll primary: also generate on this many samples per task
     placement_samples: int | None = None  # placement control on the primary suite: its samples per task
+    # auto_samples: one sample with every plan takes this many seconds (given instead of timed, e.g. the time an
+    # earlier run of the same study measured, so that a study rendered again from its database chooses the same
+    # samples per task and finds every run it made)
+    sample_seconds: float | None = None
 
     def __post_init__(self):
         if Scope(self.scope) is Scope.BOTH:
@@ -98,6 +106,8 @@ class StudySettings:
             raise ValueError("automatic samples need a target (--mde) or a time limit (--time-limit)")
         if self.auto_samples and self.suite not in QUESTION_SUITES:
             raise ValueError("automatic samples need a question suite (ruler, longbench): its pilot sets them")
+        if self.sample_seconds is not None and not self.sample_seconds > 0:
+            raise ValueError(f"--sample-seconds must be positive, got {self.sample_seconds}")
         if self.mde is not None and not self.mde > 0:
             raise ValueError(f"--mde must be positive, got {self.mde}")
         if self.time_limit is not None and not self.time_limit > 0:
@@ -145,6 +155,7 @@ class StudyResult:
     sample_plan: SamplePlan | None = None  # auto_samples: how the samples per task were chosen
     accuracy: dict[str, Any] = field(default_factory=dict)  # "factorial" and "sweep <phase>" in accuracy
     accuracy_settings: dict = field(default_factory=dict)
+    runs_reused: tuple[int, int] = (0, 0)  # (runs cited that were finished before this study started, runs cited)
 
 
 def anchor_for(rule: str, route: Plan, phase: Phase) -> str | None:
@@ -218,6 +229,7 @@ def run_study(
 
     say = progress or (lambda message: None)
     seconds: dict[str, float] = {}
+    began = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     questions = settings.suite in QUESTION_SUITES
     check_metric(settings.suite, settings.metric)  # what fails here fails before the model loads
     check_metric(settings.placement_suite or settings.suite, settings.placement_metric or settings.metric)
@@ -276,9 +288,10 @@ def run_study(
     factorial_args = (profile, settings.scope, settings.budget, anchor, settings.statistic, settings.allocation)
     sweep_args = {s: (routes[s], list(settings.budgets), baselines) for s in settings.swept}
     sweep_profile = profile if settings.sweep_ppl else None  # the sweep's route-ppl row needs the profile
+    matched = settings.sweep_matched
     main = list(factorial_plans(*factorial_args).values())
     for s in settings.swept:
-        main += list(sweep_plans(*sweep_args[s], profile=sweep_profile).values())
+        main += list(sweep_plans(*sweep_args[s], profile=sweep_profile, matched=matched).values())
     main = list({plan.to_json(): plan for plan in main}.values())
     # A short route may admit fewer distinct count-matched placements than asked for (5 layers with one
     # method twice: 59): then every one of them is run, which makes the control exhaustive, not sampled.
@@ -311,7 +324,10 @@ def run_study(
     named = {
         "factorial": lambda: factorial(runner, *factorial_args),
         "placement": lambda: placement(placement_runner, profile, route, placements, settings.statistic),
-        **{f"sweep {s}": (lambda s=s: sweep(runner, *sweep_args[s], profile=sweep_profile)) for s in settings.swept},
+        **{
+            f"sweep {s}": (lambda s=s: sweep(runner, *sweep_args[s], profile=sweep_profile, matched=matched))
+            for s in settings.swept
+        },
     }
     for name, step in named.items():
         say(name)
@@ -327,20 +343,28 @@ def run_study(
         # generation costs far more than scoring the gold answer: the baselines that make the primary metric's
         # envelope at some budget stand for the nine here
         best = {s: sorted({e.baseline for e in reports[f"sweep {s}"].data.envelope.values()}) for s in settings.swept}
+        # and the methods alone in the route's scope that are its like-with-like best at some budget
+        same = {
+            s: sorted({e.baseline for e in reports[f"sweep {s}"].data.matched_envelope.values()})
+            for s in settings.swept
+        }
+        budgets = list(settings.budgets)
         plans = list(factorial_plans(*factorial_args).values())
         for s in settings.swept:
-            plans += list(sweep_plans(routes[s], list(settings.budgets), best[s], profile=sweep_profile).values())
+            plans += list(sweep_plans(routes[s], budgets, best[s], profile=sweep_profile, matched=same[s]).values())
         if settings.batched and settings.backend == "local":
             accuracy_runner.run_all(list({plan.to_json(): plan for plan in plans}.values()))
         accuracy["factorial"] = factorial(accuracy_runner, *factorial_args)
         for s in settings.swept:
-            accuracy[f"sweep {s}"] = sweep(accuracy_runner, routes[s], list(settings.budgets), best[s], sweep_profile)
+            accuracy[f"sweep {s}"] = sweep(accuracy_runner, routes[s], budgets, best[s], sweep_profile, matched=same[s])
         accuracy_settings = measured.to_dict()
         seconds["accuracy"] = time.perf_counter() - started
     store.checkpoint()  # the database file alone then holds every run the report cites
     sweeps = {s: reports[f"sweep {s}"] for s in settings.swept}
     cited = {run for report in sweeps.values() for series in report.data.runs.values() for run in series.values()}
     cited |= {report.data.full.run for report in sweeps.values()}
+    made = [store.run(run) for run in cited | {cell.run for cell in reports["factorial"].data.cells.values()}]
+    reused = sum(1 for run in made if run is not None and run["created"] < began)
     return StudyResult(
         settings=settings,
         profile=profile,
@@ -362,6 +386,7 @@ def run_study(
         sample_plan=sample_plan,
         accuracy=accuracy,
         accuracy_settings=accuracy_settings,
+        runs_reused=(reused, len(made)),
     )
 
 

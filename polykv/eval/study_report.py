@@ -22,6 +22,7 @@ from polykv.eval.study_figures import figures, niah_curves
 from polykv.eval.study_sections import (
     accuracy_section,
     accuracy_words,
+    across,
     beside_the_paper,
     direction_word,
     evidence,
@@ -43,9 +44,13 @@ def findings(result) -> list[str]:
     """What the numbers say, in sentences, whichever way they come out."""
     f = result.factorial.data
     metric, primary = f.metric, f.routing_uniform
+    protocol = (
+        "in the prompt" if result.suite_settings.get("question", "in-prompt") == "in-prompt" else "after compression"
+    )
     lines = [
         f"Routing under uniform allocation (the TopRank route vs {result.baseline} in every {f.scope} layer, both "
-        f"at {f.budget} tokens per layer): {metric} difference {stat_text(primary.difference, '+.4f')} "
+        f"at {f.budget} tokens per layer: like with like, one scope, the question {protocol}): {metric} difference "
+        f"{stat_text(primary.difference, '+.4f')} "
         f"({direction_word(f)} is better): {evidence(primary)}; the route wins {primary.wins}, ties {primary.ties} "
         f"and loses {primary.losses} of {primary.tasks} tasks, and {primary.loto_better} of "
         f"{len(primary.leave_one_out)} leave-one-task-out values favour it.",
@@ -70,30 +75,48 @@ def findings(result) -> list[str]:
     )
     for phase, report in result.sweeps.items():
         s = report.data
+        if s.matched:
+            verdicts = [
+                f"{b}: vs {versus.baseline} {stat_text(versus.difference, '+.4f')}, {versus.verdict} "
+                f"({sample_p_text(versus)})"
+                for b, versus in s.versus_matched.items()
+            ]
+            lines.append(
+                f"Sweep of the {phase} route, route-uniform against the best method alone in the {phase} scope at each "
+                f"budget (like with like, the question {protocol}; verdicts by the sample-level sign-flip test): "
+                + "; ".join(verdicts)
+                + "."
+            )
         verdicts = [
-            f"{b}: vs {versus.baseline} {stat_text(versus.difference, '+.4f')}, {versus.verdict} "
-            f"({sample_p_text(versus)})"
+            f"{b}: vs {versus.baseline}{across(s, versus.baseline)} {stat_text(versus.difference, '+.4f')}, "
+            f"{versus.verdict} ({sample_p_text(versus)})"
             for b, versus in s.versus_envelope.items()
         ]
         lines.append(
-            f"Sweep of the {phase} route, route-uniform against the best standalone baseline at each budget (verdicts "
-            f"by the sample-level sign-flip test): " + "; ".join(verdicts) + "."
+            f"Sweep of the {phase} route, route-uniform against the best standalone baseline under its own protocol "
+            "(the paper's envelope"
+            + ("" if s.matched else f"; no method alone in the {phase} scope ran beside it in this study")
+            + "): "
+            + "; ".join(verdicts)
+            + "."
         )
         recovered = gap_recovery(s)
         shown = [f"{b}: {v:+.1%}" for b, v in recovered.items() if v is not None]
         if shown:
             lines.append(
-                f"Share of the best baseline's gap to FullKV the {phase} route closes: " + "; ".join(shown) + "."
+                f"Share of the best baseline's gap to FullKV the {phase} route closes (against the envelope, "
+                "each baseline under its own protocol): " + "; ".join(shown) + "."
             )
-        if s.double:
-            lines.append(
-                f"{phase} route at b vs the best baseline at 2b: "
-                + "; ".join(
-                    f"{b}: {d.match} ({stat_text(d.difference, '+.4f')}, {sample_p_text(d)})"
-                    for b, d in s.double.items()
+        for what, table in (("the best method alone in its scope", s.double_matched), ("the envelope", s.double)):
+            if table:
+                lines.append(
+                    f"{phase} route at b vs {what} at 2b: "
+                    + "; ".join(
+                        f"{b}: {d.match}{across(s, d.baseline)} ({stat_text(d.difference, '+.4f')}, {sample_p_text(d)})"
+                        for b, d in table.items()
+                    )
+                    + "."
                 )
-                + "."
-            )
     for name, report in result.accuracy.items():
         if name == "factorial":
             contrast = report.data.routing_uniform
@@ -127,9 +150,14 @@ def what_ran(result) -> list[str]:
     if result.sample_plan is not None:
         plan = result.sample_plan
         target = f"target {plan.target_mde:g}" if plan.target_mde is not None else "no target"
+        timed = (
+            "as given (--sample-seconds: the time an earlier run of this study measured)"
+            if result.settings.sample_seconds is not None
+            else "here"
+        )
         lines.append(
             f"Samples per task chosen from the pilot: {plan.samples_per_task} ({plan.reason}; {target}; one sample "
-            f"with every plan that runs at this count takes {plan.seconds_per_sample:.1f} s here, counting "
+            f"with every plan that runs at this count takes {plan.seconds_per_sample:.1f} s {timed}, counting "
             f"{result.settings.workers} worker process(es) in parallel); expected minimal detectable macro difference "
             f"{plan.expected_mde:.4g}."
         )
@@ -154,6 +182,18 @@ def what_ran(result) -> list[str]:
 
 
 # ---- the report ---------------------------------------------------------------------------------------
+def _reused(result) -> str:
+    """What the wall time covers when the database already held runs this study cites."""
+    reused, cited = result.runs_reused
+    if not reused:
+        return ""
+    every = "every run" if reused == cited else f"{reused} of the {cited} runs"
+    return (
+        f" The database already held {every} of the factorial and the sweeps this report cites (found by their ids, "
+        "not run again): the wall time is this rendering's, not that of the runs."
+    )
+
+
 def _describe(result) -> str:
     s = result.settings
     if s.suite == "fidelity":
@@ -191,7 +231,8 @@ def write_report(result, path: Path, command: str = "") -> Path:
         f"{os.cpu_count()} CPU cores, backend `{s.backend}`{', runs of a suite batched together' if s.batched else ''}."
         " Wall time: "
         + ", ".join(f"{k} {v / 60:.1f} min" for k, v in result.seconds.items())
-        + f"; total {sum(result.seconds.values()) / 60:.1f} min.",
+        + f"; total {sum(result.seconds.values()) / 60:.1f} min."
+        + _reused(result),
         "",
         f"Every number below is a run in the results database `{store}` (SQLite; `polykv runs --workspace "
         f"{store.parent}` lists them, `polykv runs show RUN --workspace {store.parent}` lists a run's samples with "

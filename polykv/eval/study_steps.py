@@ -177,6 +177,9 @@ def choose_samples(context: StudyContext, primary, plans: list[Plan], pilot_diff
     from polykv.eval.runner import SUITES
 
     s = context.settings
+    allowed = None if s.time_limit is None else s.time_limit * 60.0
+    if s.sample_seconds is not None:  # measured before (the study rendered again from its database)
+        return plan_samples(pilot_diffs, s.mde, s.sample_seconds, allowed, s.min_samples)
     module = SUITES[s.suite]
     one = dataclasses.replace(primary, samples_per_task=1)
     samples = module.build_samples(context.tokenizer, context.model, one, s.seed)
@@ -191,7 +194,6 @@ def choose_samples(context: StudyContext, primary, plans: list[Plan], pilot_diff
             times.append(time.perf_counter() - started)
     finally:
         torch.set_num_threads(threads)
-    allowed = None if s.time_limit is None else s.time_limit * 60.0
     return plan_samples(pilot_diffs, s.mde, float(np.mean(times)) / s.workers, allowed, s.min_samples)
 
 

@@ -79,6 +79,7 @@ def launch_search(
     accuracy_samples: int | None = None,
     loaded: tuple[Any, Any] | None = None,
     question: str = "in-prompt",
+    competence: float = 20.0,
 ) -> Job:
     """The search job these arguments describe, checked (JobError or ValueError, one line); `start` is used
     when it is in the search space, or rescaled to the budget when only its total is off (`search_start`).
@@ -129,6 +130,7 @@ def launch_search(
         "text_profile": text_profile,
         "accuracy_samples": accuracy_samples,
         "question": question,
+        "competence": float(competence),
     }
     origin = f"from {start.name}, " if start is not None else ""
     what = f"workload {sources}" if sources else (loaded.key if profile != "auto" else "auto")
@@ -256,6 +258,7 @@ def run_workload_job(job, workspace: Path, report: Callable[..., dict]) -> None:
             fraction=0.7 + 0.3 * done / max(total, 1), message=f"verdict · {done}/{total} samples"
         ),
         on_trace=on_trace,
+        competence=spec.competence,
     )
     path = atomic_write_json(report_path(workspace, job.id), found)
     report(result={"trace": trace[-LIVE_TRACE:], "best": plans[0].to_json(), "report": str(path)}, message="done")

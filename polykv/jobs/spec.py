@@ -147,6 +147,7 @@ class SearchSpec(BaseModel):
     text_profile: str | None = Field(default=None, max_length=4096)
     accuracy_samples: int | None = Field(default=None, ge=1, le=10_000)
     question: Literal["in-prompt", "after-compression"] = "in-prompt"  # a workload's question protocol
+    competence: float = Field(default=20.0, ge=0.0, le=100.0)  # FullKV accuracy (%) a judged task needs
 
 
 class RunUnit(BaseModel):

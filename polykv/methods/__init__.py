@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import operator
+from collections.abc import Mapping
+from typing import Any
 
 from polykv.methods.base import Eviction, LayerView, Method, Needs
 from polykv.methods.cake import CAKE
@@ -69,8 +71,21 @@ def params_that_fit(method: str, capacity: int) -> dict:
     return {name: max(1, capacity // 4) for name in cls.below_capacity if defaults[name] >= capacity}
 
 
+def fit_params(method: str, params: Mapping[str, Any], capacity: int) -> dict[str, Any]:
+    """`params` with every window / sink that would not fit under `capacity` shrunk to a quarter of it (the rule of
+    `params_that_fit`, applied to given parameters)."""
+    cls = REGISTRY[method]
+    out = dict(params)
+    defaults = cls.defaults()
+    for name in cls.below_capacity:
+        if out.get(name, defaults[name]) >= capacity:
+            out[name] = max(1, capacity // 4)
+    return out
+
+
 __all__ = [
     "REGISTRY",
+    "fit_params",
     "Eviction",
     "LayerView",
     "Method",

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from polykv.methods import REGISTRY, for_phase, validate_plan
+from polykv.methods import REGISTRY, fit_params, for_phase, validate_plan
 from polykv.plan import FULL, LayerPlan, Phase, PhaseAssignment, Plan, PlanError
 
 TRANSFER_STEPS = (0.125, 0.25, 0.5)  # transfer amounts, as shares of the budget b
@@ -50,17 +50,6 @@ class Move:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "text": self.describe()}
-
-
-def fit_params(method: str, params: Mapping[str, Any], capacity: int) -> dict[str, Any]:
-    """`params` with every window / sink that would not fit under `capacity` shrunk to a quarter of it."""
-    cls = REGISTRY[method]
-    out = dict(params)
-    defaults = cls.defaults()
-    for name in cls.below_capacity:
-        if out.get(name, defaults[name]) >= capacity:
-            out[name] = max(1, capacity // 4)
-    return out
 
 
 def totals(plan: Plan) -> dict[str, int]:

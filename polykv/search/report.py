@@ -28,8 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from polykv.eval.protocols import homogeneous_plans
+from polykv.methods import fit_params
 from polykv.plan import Phase, Plan, Scope
-from polykv.search.moves import base_params, fit_params
+from polykv.search.moves import base_params
 from polykv.search.objective import Objective, SearchSequences
 from polykv.search.search import Progress, SearchResult, SearchSettings, search, with_provenance
 
@@ -113,27 +115,6 @@ def held_out_verdict(objective: Objective, plans: Mapping[str, Plan], seed: int 
 
 
 # ---- one budget, end to end ----------------------------------------------------------------------------
-def homogeneous_plans(scope: Scope, budget: int, num_layers: int, params: Mapping[str, Mapping]) -> list[Plan]:
-    """One method in every layer of the scope's phases at capacity `budget`: fixed allocation for every
-    method that runs in all of them, and native allocation for those with their own layer rule."""
-    from polykv.methods import REGISTRY, for_phase, validate_plan
-    from polykv.plan import PlanError
-
-    methods = [m for m in for_phase(scope.phases[0]) if all(m in for_phase(p) for p in scope.phases)]
-    out = []
-    for method in methods:
-        kinds = ("fixed", "native") if REGISTRY[method].native_allocation else ("fixed",)
-        for allocation in kinds:
-            plan = Plan.homogeneous(
-                method, budget, num_layers, scope, fit_params(method, params[method], budget), allocation=allocation
-            )
-            try:
-                out.append(validate_plan(plan, num_layers))
-            except PlanError:
-                continue  # a parameter that cannot fit this budget
-    return out
-
-
 def toprank_plan(profile, scope: Scope | str, budget: int, statistic: str = "dppl") -> Plan:
     """TopRank by `statistic` in each active phase with `budget` tokens in every layer, the profile's
     parameters fitted to the budget (as `plan_from_profile` with uniform capacities, which refuses a budget

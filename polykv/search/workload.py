@@ -23,30 +23,30 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import math
 import os
 import platform
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from polykv.eval.workload import COMPETENCE_THRESHOLD
-from polykv.plan import FULL, Phase, Plan, Scope
+from polykv.plan import FULL, Plan, Scope
 from polykv.search.answer_objective import METRIC, AnswerObjective
 from polykv.search.moves import base_params
 from polykv.search.objective import plan_key
 from polykv.search.report import homogeneous_plans, toprank_plan
 from polykv.search.search import SearchSettings, search, with_provenance
+from polykv.search.workload_verdict import (
+    FAMILIES,
+    competent_families,
+    kv_dimensions,
+    majority_method,
+    verdict,
+)
 
 FORMAT = "polykv.workload-report"
 VERSION = 1
-ROLES = ("searched", "toprank-workload", "toprank-text", "homogeneous", "envelope", "anchor", "tova")
-# anchor: the homogeneous plan (same scope, uniform) of toprank-workload's majority method; tova: TOVA under its
-# standalone protocol. The paper's Section 4.4 sets its RULER route against both (its matched SnapKV anchor and
-# "standalone TOVA ... the strongest homogeneous performance reference").
-VERDICT_METRICS = ("answer_nll", "score")  # score: the suite's accuracy (0-100)
 PILOT_SAMPLES = 10  # held-out samples per task FullKV generates on for the competence rule (the study's pilot)
-FAMILIES = ("searched tasks", "transfer tasks")
 
 
 @dataclasses.dataclass
@@ -240,184 +240,6 @@ def contenders(
     return plans, chosen
 
 
-def majority_method(plan: Plan) -> str:
-    """The method in most of the plan's active layer entries (ties: the first such method in layer order)."""
-    methods = [layer[phase].method for layer in plan.layers for phase in plan.scope.phases]
-    return max(dict.fromkeys(methods), key=methods.count)
-
-
-def _family_scores(scores: Mapping[str, Mapping[str, float]], tasks: Sequence[str]) -> dict[str, dict[str, float]]:
-    return {task: dict(scores[task]) for task in tasks if task in scores}
-
-
-def _wins(a: Mapping[str, Mapping[str, float]], b: Mapping[str, Mapping[str, float]], sign: int) -> list[int]:
-    """Per-sample wins, ties and losses of a against b (sign: +1 higher is better, -1 lower)."""
-    counts = [0, 0, 0]
-    for task, values in a.items():
-        for sample, value in values.items():
-            if sample in b.get(task, {}):
-                d = sign * (value - b[task][sample])
-                counts[0 if d > 0 else 1 if d == 0 else 2] += 1
-    return counts
-
-
-def contrast(a, b, metric: str, seed: int = 0) -> dict[str, Any]:
-    """a vs b on paired samples: the sample-level test, its interval and MDE, and W/T/L."""
-    from polykv.eval.compare import direction
-    from polykv.eval.paired_samples import sample_test
-
-    test = sample_test(a, b, seed=seed)
-    sign = direction(metric)
-    wins, ties, losses = _wins(a, b, sign)
-    better = test.significant() and sign * test.difference > 0
-    worse = test.significant() and sign * test.difference < 0
-    finite = lambda x: None if x != x or x in (math.inf, -math.inf) else x  # noqa: E731 - JSON: no NaN, no inf
-    return {
-        "metric": metric,
-        "difference": finite(test.difference),
-        "low": finite(test.low),
-        "high": finite(test.high),
-        "p": test.p_value,
-        "exact": test.exact,
-        "agrees": test.agrees,
-        "mde": finite(test.mde),
-        "samples": test.samples,
-        "differing": test.differing,
-        "tasks": test.tasks,
-        "wins": wins,
-        "ties": ties,
-        "losses": losses,
-        "verdict": "better" if better else "worse" if worse else "no significant difference",
-    }
-
-
-# The contrasts of the verdict, (A, B, kind), A - B. "primary": the searched plan against the best homogeneous plan
-# of its own scope and question protocol (like with like); "secondary": the other constructions of the same scope;
-# "section 4.4": the paper's RULER shape, the workload route against its majority method's homogeneous anchor and
-# against standalone TOVA; "envelope": against the best of the nine baselines, each under its own protocol. Whether
-# a contrast compares plans of the same scope is said by its `matched` field, from the plans themselves.
-CONTRASTS = (
-    ("searched", "homogeneous", "primary"),
-    ("toprank-workload", "homogeneous", "secondary"),
-    ("toprank-text", "homogeneous", "secondary"),
-    ("searched", "toprank-workload", "secondary"),
-    ("searched", "toprank-text", "secondary"),
-    ("toprank-workload", "anchor", "section 4.4"),
-    ("toprank-workload", "tova", "section 4.4"),
-    ("searched", "envelope", "envelope"),
-    ("toprank-workload", "envelope", "envelope"),
-    ("toprank-text", "envelope", "envelope"),
-    ("homogeneous", "envelope", "envelope"),
-)
-
-
-def verdict(
-    store,
-    run_ids: Mapping[str, Mapping[str, str]],
-    families: Mapping[str, Sequence[str]],
-    seed: int = 0,
-    scopes: Mapping[str, str] | None = None,
-):
-    """Per family of tasks: each role's mean (macro over tasks) in each metric, and the contrasts of `CONTRASTS`
-    whose two roles ran (two roles of one plan give no contrast). `run_ids`: {metric: {role: run}};
-    `scopes`: {role: the plan's scope}, which says whether a contrast is matched."""
-    from polykv.eval.compare import macro_average, sample_scores
-
-    out = {}
-    roles = [r for r in (*ROLES, "fullkv") if r in run_ids["answer_nll"]]
-    pairs = [
-        (a, b, kind)
-        for a, b, kind in CONTRASTS
-        if a in roles and b in roles and run_ids["answer_nll"][a] != run_ids["answer_nll"][b]
-    ]
-    for family, tasks in families.items():
-        if not tasks:
-            continue
-        scores = {
-            metric: {role: _family_scores(sample_scores(store, run_ids[metric][role], metric), tasks) for role in roles}
-            for metric in VERDICT_METRICS
-        }
-        means = {
-            role: {
-                metric: macro_average({t: sum(v.values()) / len(v) for t, v in scores[metric][role].items() if v})
-                for metric in VERDICT_METRICS
-            }
-            for role in roles
-        }
-        out[family] = {
-            "tasks": list(tasks),
-            "means": means,
-            "contrasts": [
-                {
-                    "a": a,
-                    "b": b,
-                    "kind": kind,
-                    "matched": scopes is None or scopes.get(a) == scopes.get(b),
-                    **contrast(scores[m][a], scores[m][b], m, seed),
-                }
-                for a, b, kind in pairs
-                for m in VERDICT_METRICS
-            ],
-        }
-    return out
-
-
-def competent_families(
-    searched: Sequence[str],
-    transfer: Sequence[str],
-    fullkv_accuracy: Mapping[str, float],
-    threshold: float = COMPETENCE_THRESHOLD,
-) -> dict[str, list[str]]:
-    """The verdict's families of tasks under the competence rule: a task (searched or transfer) on which FullKV's
-    held-out accuracy is under `threshold` is at the floor, where no plan can be told from another by accuracy
-    and answer_nll measures an answer the model cannot give: it leaves the verdict (the report says so)."""
-    keep = lambda tasks: [t for t in tasks if fullkv_accuracy.get(t, 100.0) >= threshold]  # noqa: E731
-    return {FAMILIES[0]: keep(searched), FAMILIES[1]: keep(transfer)}
-
-
-def kv_dimensions(model) -> dict[str, int]:
-    """What one retained token costs in the KV cache: layers, KV heads, head size and bytes per number."""
-    from polykv.models import text_config
-
-    config = text_config(model)
-    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return {
-        "layers": config.num_hidden_layers,
-        "kv_heads": heads,
-        "head_dim": head_dim,
-        "bytes": next(model.parameters()).element_size(),
-    }
-
-
-def kv_kept(plan: Plan, lengths: Mapping[str, float]) -> tuple[float, float]:
-    """The KV tokens a plan keeps per KV head, summed over the layers, on a sample of these mean `lengths`
-    (prompt, question fed after compression, answer): (entering the answer, once the answer is in). Nominal:
-    each active layer keeps min(capacity, what it has seen), as the methods do (native allocation splits the
-    same total); a decode-only plan holds the whole prompt until the first answer token."""
-    prompt, question, answer = lengths["prompt"], lengths["question"], lengths["answer"]
-    entering = after = 0.0
-    for layer in plan.layers:
-        prefill, decode = layer[Phase.PREFILL], layer[Phase.DECODE]
-        held = (prompt - question if prefill.method == FULL else min(prefill.capacity, prompt - question)) + question
-        entering += held
-        after += held + answer if decode.method == FULL else min(decode.capacity, held + answer)
-    return entering, after
-
-
-def rejudge(report: dict[str, Any], store) -> dict[str, Any]:
-    """The report with every budget's verdict computed again from its runs in `store` (the current statistics
-    and the competence rule), for a report saved by an earlier version; the runs are not run again."""
-    samples = report["samples"]
-    accuracy = report.get("fullkv_accuracy", {})
-    threshold = report.get("competence", {}).get("threshold", COMPETENCE_THRESHOLD)
-    families = competent_families(samples["settings"]["tasks"], samples["transfer"], accuracy, threshold)
-    for entry in report["budgets"]:
-        scopes = {role: Plan.from_dict(plan).scope.value for role, plan in entry["plans"].items()}
-        entry["verdict"] = verdict(store, entry["runs"], families, report["seed"], scopes)
-    return report
-
-
 def workload_report(
     model,
     model_name: str,
@@ -550,22 +372,14 @@ def workload_report(
 
 
 __all__ = [
-    "CONTRASTS",
-    "FAMILIES",
-    "competent_families",
-    "kv_dimensions",
-    "kv_kept",
-    "majority_method",
-    "rejudge",
-    "build_workload_profile",
     "FORMAT",
-    "ROLES",
+    "PILOT_SAMPLES",
     "WorkloadSamples",
+    "build_workload_profile",
     "contenders",
-    "contrast",
     "draw_samples",
     "envelope_plans",
-    "verdict",
+    "sample_lengths",
     "verdict_settings",
     "workload_report",
 ]

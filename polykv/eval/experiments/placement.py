@@ -101,7 +101,7 @@ def placement(
     if versus_mean is not None:
         report.lines.append(
             f"guided - random mean at the sample level: {versus_mean.difference:+.4f} {metric}, 95% CI "
-            f"[{versus_mean.low:+.4f}, {versus_mean.high:+.4f}] (bootstrap of samples within tasks); "
+            f"[{versus_mean.low:+.4f}, {versus_mean.high:+.4f}] (the shifts the sign-flip test does not reject); "
             f"{versus_mean.describe()}; minimal detectable difference {detectable(versus_mean.mde, '.4g')}"
         )
     # each placement's plan as JSON too, so that a page can open the one a reader picks

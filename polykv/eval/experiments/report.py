@@ -143,9 +143,12 @@ class VersusBaseline(Contrast):
 
 
 class AtDoubleBudget(VersusBaseline):
-    """The route at b against the best baseline at 2b: "matches" unless significantly worse, else "falls short"."""
+    """The route at b against the best baseline at 2b, as the sample-level test says: "falls short"
+    (significantly worse), "exceeds" (significantly better) or "no significant difference" (which says nothing
+    of a match: the minimal detectable difference says how large a gap could go unseen). Reports saved before
+    this wording said "matches" when the route was not significantly worse."""
 
-    match: Literal["matches", "falls short"]
+    match: Literal["falls short", "no significant difference", "exceeds", "matches"]
 
     @model_validator(mode="before")
     @classmethod
@@ -257,12 +260,21 @@ class SweepData(_Experiment):
     versus_envelope: dict[int, VersusBaseline]  # route-uniform - the best baseline, per budget
     ppl_versus_envelope: dict[int, VersusBaseline] = Field(default_factory=dict)
     double: dict[int, AtDoubleBudget] = Field(default_factory=dict)  # b -> route at b vs the best at 2b
+    # Like with like (sweeps made since protocol-matched verdicts; empty before): every method alone in the route's
+    # own scope at b, the best of them per budget, and the route against it (the primary contrast); `double_matched`
+    # the route at b against the best of them at 2b
+    matched: list[str] = Field(default_factory=list)
+    matched_envelope: dict[int, BestBaseline] = Field(default_factory=dict)
+    versus_matched: dict[int, VersusBaseline] = Field(default_factory=dict)
+    double_matched: dict[int, AtDoubleBudget] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _every_budget(self) -> SweepData:
         """Every series, the envelope and the route's contrasts at every budget: what the tables and charts read."""
         tables = {"envelope": self.envelope, "versus_envelope": self.versus_envelope}
-        for series in self.routes + self.baselines:
+        if self.matched:
+            tables |= {"matched envelope": self.matched_envelope, "versus matched": self.versus_matched}
+        for series in self.routes + self.baselines + self.matched:
             if series not in self.scores or series not in self.runs:
                 raise ValueError(f"the sweep has no scores or runs of {series}")
             tables |= {f"scores of {series}": self.scores[series], f"runs of {series}": self.runs[series]}

@@ -16,6 +16,7 @@ from polykv.eval.unit import Unit
 from polykv.plan import FULL, Plan
 
 ROUTE_UNIFORM, ROUTE_PPL, FULLKV = "route-uniform", "route-ppl", FULL
+ROUTES = (ROUTE_UNIFORM, ROUTE_PPL)
 PERMUTATIONS = 10_000  # shuffles of the placement control's permutation test
 
 

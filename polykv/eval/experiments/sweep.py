@@ -4,7 +4,6 @@ under its own protocol, with the per-budget best-baseline envelope."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from polykv.eval.compare import direction, direction_text, envelope, macro_average
 from polykv.eval.experiments.report import (
@@ -21,12 +20,13 @@ from polykv.eval.experiments.runner import (
     FULLKV,
     ROUTE_PPL,
     ROUTE_UNIFORM,
+    ROUTES,
     ExperimentRunner,
     _ci,
     contrast,
 )
-from polykv.eval.protocols import baseline_methods, baseline_plan, protocol, protocol_lines
-from polykv.methods import REGISTRY, validate_plan
+from polykv.eval.protocols import baseline_methods, baseline_plan, homogeneous_plans, protocol, protocol_lines
+from polykv.methods import fit_params, validate_plan
 from polykv.plan import FULL, LayerPlan, Phase, Plan, Scope
 from polykv.profile.store import Profile
 from polykv.routing import (
@@ -62,7 +62,7 @@ def route_ppl(route_plan: Plan, budget: int, profile: Profile) -> Plan:
         minimum = max(
             window_floor(
                 lay[phase].model_copy(
-                    update={"capacity": budget, "params": _fit(lay[phase].method, lay[phase].params, budget)}
+                    update={"capacity": budget, "params": fit_params(lay[phase].method, lay[phase].params, budget)}
                 )
             )
             for lay in route_plan.layers
@@ -71,18 +71,27 @@ def route_ppl(route_plan: Plan, budget: int, profile: Profile) -> Plan:
     return _route_at(route_plan, budget, caps, f"{route_plan.name}-ppl-b{budget}", "ppl")
 
 
+def matched_label(plan: Plan) -> str:
+    """A homogeneous plan's series in a sweep, the same at every budget: method, scope, and native allocation."""
+    method = next(layer[phase].method for layer in plan.layers for phase in plan.scope.phases)
+    return f"{method}-{plan.scope.value}" + ("-native" if plan.allocation == "native" else "")
+
+
 def sweep_plans(
     route_plan: Plan,
     budgets: Sequence[int],
     baselines: Sequence[str] | None = None,
     profile: Profile | None = None,
     overrides: Mapping[str, Scope | str] | None = None,
+    matched: bool | Sequence[str] = True,
 ) -> dict[tuple[int | None, str], Plan]:
     """(budget, label) -> plan for every run of a sweep: at each budget b, "route-uniform", "route-ppl"
-    (only with a profile) and each baseline alone under its protocol (`protocols.baseline_plan`; default:
-    every method with a protocol, whatever the route's scope); then (None, "full"): FullKV, once."""
+    (only with a profile), each baseline alone under its protocol (`protocols.baseline_plan`; default:
+    every method with a protocol, whatever the route's scope) and, with `matched`, every method alone in the
+    route's own scope (`protocols.homogeneous_plans`, labelled by `matched_label`: like with like; a list of
+    labels: only those); then (None, "full"): FullKV, once."""
     budgets = _check_budgets(budgets)
-    names = baseline_methods() if baselines is None else list(dict.fromkeys(baselines))
+    names = baseline_names(baselines)
     if not names:
         raise ValueError("a sweep needs at least one baseline (the envelope is their best)")
     for name in names:
@@ -95,6 +104,11 @@ def sweep_plans(
             plans[(budget, ROUTE_PPL)] = route_ppl(route_plan, budget, profile)
         for name in names:
             plans[(budget, name)] = baseline_plan(name, budget, layers, overrides)
+        if matched:
+            for plan in homogeneous_plans(route_plan.scope, budget, layers):
+                label = matched_label(plan)
+                if matched is True or label in matched:
+                    plans[(budget, label)] = plan
     plans[(None, FULLKV)] = Plan.homogeneous(FULL, None, layers)
     return plans
 
@@ -106,28 +120,34 @@ def sweep(
     baselines: Sequence[str] | None = None,
     profile: Profile | None = None,
     overrides: Mapping[str, Scope | str] | None = None,
+    matched: bool | Sequence[str] = True,
 ) -> Report:
-    """The route at each budget vs every standalone baseline under its protocol, with FullKV once.
+    """The route at each budget vs every method alone in the route's own scope (with `matched`: like with like,
+    the primary contrast) and vs every standalone baseline under its protocol (the paper's envelope, across
+    protocols wherever a baseline acts in other phases), with FullKV once.
 
-    Per budget b: route-uniform, route-ppl (with a profile), each baseline, the envelope (the best
-    baseline at b by the metric's direction) and route-uniform - envelope with a paired bootstrap CI of
-    route-uniform vs the envelope's method at b (task scores). The 2b comparison: for every b with 2b
-    also swept, route-uniform at b - the envelope at 2b with its CI; the verdict is "matches" when the
-    CI's upper end in the better direction is >= 0 (the route at b is not significantly worse than the
-    best baseline at 2b), else "falls short". `report.data` (`SweepData`) holds every number."""
-    plans = sweep_plans(route_plan, budgets, baselines, profile, overrides)
+    Per budget b: route-uniform, route-ppl (with a profile), each series, the best homogeneous plan of the scope
+    and the envelope (the best baseline) at b by the metric's direction, and route-uniform minus each, with the
+    paper's paired bootstrap over tasks and the sample-level test. The 2b comparison: for every b with 2b also
+    swept, route-uniform at b against the best of each at 2b; the verdict is the test's ("falls short" when the
+    route is significantly worse, "exceeds" when better, else "no significant difference", the minimal
+    detectable difference beside it). `report.data` (`SweepData`) holds every number."""
+    plans = sweep_plans(route_plan, budgets, baselines, profile, overrides, matched)
     budgets = _check_budgets(budgets)
-    names = list(dict.fromkeys(name for b, name in plans if b is not None and name not in (ROUTE_UNIFORM, ROUTE_PPL)))
+    names = list(dict.fromkeys(baseline_names(baselines)))
+    same = list(dict.fromkeys(name for b, name in plans if b is not None and name not in (*names, *ROUTES)))
     routes = [ROUTE_UNIFORM] + ([ROUTE_PPL] if profile is not None else [])
     metric, seed = runner.metric, runner.seed
     ids = dict(zip(plans, runner.run_all(list(plans.values()))))
     scores = {key: runner.scores(run_id) for key, run_id in ids.items()}
     score = {key: macro_average(s.tasks) for key, s in scores.items()}
 
-    rows = envelope(
-        [{"budget": b, **{label: score[(b, label)] for label in routes + names}} for b in budgets], names, metric
-    )
-    report = Report(f"sweep: {route_plan.name} ({route_plan.scope.value}) vs standalone baselines ({metric})")
+    def best_of(series: list[str]) -> list[dict]:
+        return envelope([{"budget": b, **{n: score[(b, n)] for n in routes + series}} for b in budgets], series, metric)
+
+    rows, matched_rows = best_of(names), best_of(same) if same else []
+    scope = route_plan.scope.value
+    report = Report(f"sweep: {route_plan.name} ({scope}) vs the methods alone ({metric})")
     report.lines += [
         direction_text(metric),
         "route-uniform: the route's methods with capacity b in every layer; "
@@ -136,52 +156,97 @@ def sweep(
             if profile is not None
             else "route-ppl omitted: no profile given (--profile enables it)"
         ),
+        f"like with like: each method alone in the route's scope ({scope}), the best of them per budget"
+        if same
+        else "no method alone in the route's scope was run: every comparison below is with the baselines' own "
+        "protocols",
         *protocol_lines(names, overrides),
         f"FullKV (budget-independent, one run {ids[(None, FULLKV)]}): {score[(None, FULLKV)]:.4f}",
     ]
-    versus, versus_ppl, double = {}, {}, {}
-    for row in rows:
-        b, best = row["budget"], row["best baseline"]
-        row = dict(row)
-        for label in routes:
-            result = contrast(scores[(b, label)], scores[(b, best)], metric, seed)
-            (versus if label == ROUTE_UNIFORM else versus_ppl)[b] = VersusBaseline.of(result, best)
-            row[f"{label} - envelope"] = result.difference
-            report.lines.append(
-                f"budget {b}: {label} {score[(b, label)]:.4f} - best baseline {best} {row['envelope']:.4f} "
-                f"= {_ci(result)}"
-            )
-        report.rows.append(row)
+
+    def versus(b: int, label: str, best: str, what: str) -> VersusBaseline:
+        result = contrast(scores[(b, label)], scores[(b, best)], metric, seed)
+        across = "" if what == "same" else _across(route_plan, plans[(b, best)])
+        report.lines.append(
+            f"budget {b}: {label} {score[(b, label)]:.4f} - {_BEST[what]} {best} {score[(b, best)]:.4f} "
+            f"= {_ci(result)}{across}"
+        )
+        return VersusBaseline.of(result, best)
+
+    versus_same, versus_envelope, versus_ppl, double, double_same = {}, {}, {}, {}, {}
+    for row, same_row in zip(rows, matched_rows or [None] * len(rows)):
+        b = row["budget"]
+        if same_row is not None:
+            versus_same[b] = versus(b, ROUTE_UNIFORM, same_row["best baseline"], "same")
+        versus_envelope[b] = versus(b, ROUTE_UNIFORM, row["best baseline"], "envelope")
+        if ROUTE_PPL in routes:
+            versus_ppl[b] = versus(b, ROUTE_PPL, row["best baseline"], "envelope")
+        report.rows.append(
+            {
+                **row,
+                **({"best alone in scope": same_row["best baseline"]} if same_row else {}),
+                **({"route-uniform - best in scope": versus_same[b].difference} if same_row else {}),
+                "route-uniform - envelope": versus_envelope[b].difference,
+                **({"route-ppl - envelope": versus_ppl[b].difference} if b in versus_ppl else {}),
+            }
+        )
     pairs = [b for b in budgets if 2 * b in budgets]
     report.lines.append(
-        "2b comparison: route-uniform at b vs the best baseline at 2b; matches when the route at b is not "
-        "significantly worse (the sample-level test; the minimal detectable difference says how much worse it "
-        "could be unseen)" + ("" if pairs else "; no budget b has 2b in the sweep")
+        "2b comparison: route-uniform at b vs the best at 2b; the sample-level test's verdict, the minimal "
+        "detectable difference beside it (no significant difference is no match: it says how large a gap could go "
+        "unseen)" + ("" if pairs else "; no budget b has 2b in the sweep")
     )
     for b in pairs:
-        best = next(r["best baseline"] for r in rows if r["budget"] == 2 * b)
-        result = contrast(scores[(b, ROUTE_UNIFORM)], scores[(2 * b, best)], metric, seed)
-        match = "falls short" if result.verdict() == "worse" else "matches"
-        double[b] = AtDoubleBudget(baseline=best, match=match, **Contrast.fields_of(result))
-        report.lines.append(f"2b: route-uniform at {b} - best baseline at {2 * b} ({best}) = {_ci(result)}: {match}")
+        for table, best_rows, what in ((double_same, matched_rows, "same"), (double, rows, "envelope")):
+            if not best_rows:
+                continue
+            best = next(r["best baseline"] for r in best_rows if r["budget"] == 2 * b)
+            result = contrast(scores[(b, ROUTE_UNIFORM)], scores[(2 * b, best)], metric, seed)
+            match = {"worse": "falls short", "better": "exceeds"}.get(result.verdict(), "no significant difference")
+            table[b] = AtDoubleBudget(baseline=best, match=match, **Contrast.fields_of(result))
+            across = "" if what == "same" else _across(route_plan, plans[(2 * b, best)])
+            report.lines.append(
+                f"2b: route-uniform at {b} - {_BEST[what]} at {2 * b} ({best}) = {_ci(result)}: {match}{across}"
+            )
+    series = routes + names + [n for n in same if n not in names]
     report.data = SweepData(
         metric=metric,
         direction=direction(metric),
         route=route_plan.name,
-        scope=route_plan.scope.value,
+        scope=scope,
         budgets=list(budgets),
         baselines=names,
         routes=routes,
         protocols={n: _protocol_data(n, overrides) for n in names},
-        scores={label: {b: score[(b, label)] for b in budgets} for label in routes + names},
-        runs={label: {b: ids[(b, label)] for b in budgets} for label in routes + names},
+        scores={label: {b: score[(b, label)] for b in budgets} for label in series},
+        runs={label: {b: ids[(b, label)] for b in budgets} for label in series},
         full=RunScore(plan=plans[(None, FULLKV)].name, run=ids[(None, FULLKV)], score=score[(None, FULLKV)]),
         envelope={r["budget"]: BestBaseline(baseline=r["best baseline"], score=r["envelope"]) for r in rows},
-        versus_envelope=versus,
+        versus_envelope=versus_envelope,
         ppl_versus_envelope=versus_ppl,
         double=double,
+        matched=same,
+        matched_envelope={
+            r["budget"]: BestBaseline(baseline=r["best baseline"], score=r["envelope"]) for r in matched_rows
+        },
+        versus_matched=versus_same,
+        double_matched=double_same,
     )
     return report
+
+
+_BEST = {"same": "the best method alone in the route's scope", "envelope": "the best baseline under its own protocol"}
+
+
+def _across(route: Plan, other: Plan) -> str:
+    """How a comparison's two plans differ in scope, said in the line ("" when they act in the same phases)."""
+    if route.scope == other.scope:
+        return ""
+    return f" (across protocols: the route acts in {route.scope.value}, {other.name} in {other.scope.value})"
+
+
+def baseline_names(baselines: Sequence[str] | None) -> list[str]:
+    return baseline_methods() if baselines is None else list(dict.fromkeys(baselines))
 
 
 def _protocol_data(method: str, overrides: Mapping[str, Scope | str] | None) -> BaselineProtocol:
@@ -203,17 +268,6 @@ def _check_budgets(budgets: Sequence[int]) -> list[int]:
     return budgets
 
 
-def _fit(method: str, params: Mapping[str, Any], capacity: int) -> dict[str, Any]:
-    """`params` with every window / sink that would not fit under `capacity` shrunk to a quarter of it
-    (the rule of `params_that_fit`, applied to given parameters)."""
-    cls = REGISTRY[method]
-    out = dict(params)
-    for name in cls.below_capacity:
-        if out.get(name, cls.defaults()[name]) >= capacity:
-            out[name] = max(1, capacity // 4)
-    return out
-
-
 def _route_at(route_plan: Plan, budget: int, caps: dict[Phase, dict[int, int]], name: str, rule: str) -> Plan:
     """The route's methods with the given capacities per active phase and layer (layers not in `caps`
     stay as they are, i.e. full); parameters fitted to `budget`."""
@@ -224,7 +278,7 @@ def _route_at(route_plan: Plan, budget: int, caps: dict[Phase, dict[int, int]], 
             if i in per_layer:
                 cell = cells[phase]
                 cells[phase] = cell.model_copy(
-                    update={"capacity": per_layer[i], "params": _fit(cell.method, cell.params, budget)}
+                    update={"capacity": per_layer[i], "params": fit_params(cell.method, cell.params, budget)}
                 )
         layers.append(LayerPlan(prefill=cells[Phase.PREFILL], decode=cells[Phase.DECODE]))
     plan = route_plan.with_layers(

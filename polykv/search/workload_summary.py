@@ -1,0 +1,231 @@
+"""One page over several workload searches of one model and workload that differ in scope and question protocol
+(`polykv.search.workload_markdown` renders each alone): like-with-like verdicts side by side, where the KV memory
+is saved, and the paper's Section 4.4 shape beside the paper's numbers.
+
+    python -m polykv.search.workload_summary --out docs/smollm2-workload.md docs/smollm2-workload/<run> ...
+
+Each folder holds a search's report.json and results.sqlite; the verdicts are recomputed from the runs
+(`polykv.search.workload.rejudge`) and every run id printed is in the database named beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from polykv.search.workload_markdown import (
+    KV_HEADER,
+    PAPER_OPEN,
+    PROTOCOL_WORDS,
+    SCOPE_WORDS,
+    find,
+    interval,
+    kv_note,
+    kv_rows,
+    mde_text,
+    name_of,
+    number,
+    table,
+    test_text,
+)
+from polykv.search.workload_verdict import FAMILIES
+
+# The paper's Section 4.4 (RULER, prefill-only, 512 average budget), quoted.
+PAPER_44 = (
+    '"The large matched-anchor gain does not make the guided uniform construction the best observed policy: it is '
+    'about 16 points above homogeneous SnapKV but 0.10 points below standalone TOVA overall." (the paper, Section '
+    '4.4; its RULER route is prefill-only at a 512-token average budget, "Because SnapKV occupies 18 of the 32 '
+    "layers in the frozen route, the factorial comparison uses homogeneous SnapKV as the dominant-method ablation "
+    'anchor"; the Introduction: "improves over matched SnapKV by 15.98 points")'
+)
+
+
+def title(report: Mapping[str, Any]) -> str:
+    return f"{report['scope']} scope, question {report['samples'].get('question', 'in-prompt')}"
+
+
+def _contrast_row(name: str, entry, family: str, a: str, b: str, metric: str = "answer_nll") -> tuple | None:
+    c = find(entry, family, a, b, metric)
+    if c is None:
+        return None
+    return (
+        name,
+        entry["budget"],
+        family,
+        metric,
+        f"{a} `{name_of(entry, a)}` - {b} `{name_of(entry, b)}`",
+        "yes" if c.get("matched", True) else "no",
+        f"{number(c['difference'])} {interval(c)}",
+        test_text(c),
+        mde_text(c["mde"], short=True),
+        f"{c['wins']}/{c['ties']}/{c['losses']}",
+        c["verdict"],
+        f"`{entry['runs'][metric][a]}` / `{entry['runs'][metric][b]}`",
+    )
+
+
+HEADER = ("searches", "budget", "family", "metric", "A - B", "same scope", "difference [95% CI]", "test", "MDE")
+HEADER += ("W/T/L", "A is", "runs A / B")
+
+
+def _rows(runs, pairs, families=FAMILIES, metric="answer_nll") -> list[tuple]:
+    rows = []
+    for name, report, _ in runs:
+        for entry in report["budgets"]:
+            for a, b in pairs:
+                for family in families:
+                    row = _contrast_row(name, entry, family, a, b, metric)
+                    if row is not None:
+                        rows.append(row)
+    return rows
+
+
+def _tally(runs, a: str, b: str, family: str) -> list[str]:
+    """Per search: how many budgets the contrast is better, worse or not significantly different."""
+    out = []
+    for name, report, _ in runs:
+        verdicts = [find(e, family, a, b, "answer_nll") for e in report["budgets"]]
+        counts = {v: sum(1 for c in verdicts if c and c["verdict"] == v) for v in ("better", "worse")}
+        shown = [c for c in verdicts if c is not None]
+        if shown:
+            same = len(shown) - counts["better"] - counts["worse"]
+            out.append(
+                f"{name}: better at {counts['better']}, worse at {counts['worse']}, no significant difference at "
+                f"{same} of {len(shown)} budgets"
+            )
+    return out
+
+
+def summary(runs: Sequence[tuple[str, Mapping[str, Any], Path]], page: Path) -> str:
+    """The page; `runs`: (name, report, folder) of each search."""
+    first = runs[0][1]
+    samples = first["samples"]
+    tasks = ", ".join(samples["settings"]["tasks"])
+    length = samples["settings"].get("length")
+    here = lambda folder: os.path.relpath(Path(folder).resolve(), page.resolve().parent)  # noqa: E731
+    lines = [
+        f"# Plans for a workload on {first['model']}, by scope and question protocol",
+        "",
+        f"Which plan should `{first['model']}` use for RULER's {tasks}"
+        + (f" at {length} tokens" if length else "")
+        + ", where the KV memory of a long prompt is actually saved, and does it matter whether the question is "
+        "in the prompt the plan compresses? One workload search per scope and question protocol, each judged on "
+        "held-out samples and on transfer tasks it never saw, every plan against the best homogeneous plan of its "
+        f"own scope and protocol first. The paper leaves plan selection open: {PAPER_OPEN}",
+        "",
+        "The searches (each a real run of the command in its report; every number below is a run in the database "
+        "named beside its search, and each report lists every sample's answer):",
+        "",
+    ]
+    for name, report, folder in runs:
+        seconds = (report["seconds"] + sum(report.get("seconds_steps", {}).values())) / 60
+        lines.append(
+            f"- **{name}**: question {PROTOCOL_WORDS[report['samples'].get('question', 'in-prompt')]}; "
+            f"scope {SCOPE_WORDS[report['scope']]}. Report [{here(folder)}/report.md]({here(folder)}/report.md), "
+            f"database `{here(folder)}/results.sqlite`; {seconds:.1f} min on {report['machine']['cpus']} cores."
+        )
+    held, accuracy = samples["held_out_per_task"], samples["accuracy_per_task"]
+    lines += [
+        "",
+        f"Samples: {samples['search_per_task']} search samples per task from the calibration split, {held} held-out "
+        f"samples per task scored (answer_nll, the gold answer's mean NLL per token; lower is better), accuracy "
+        f"generated on the first {accuracy}; transfer tasks {', '.join(samples['transfer']) or 'none'}; the same "
+        "held-out prompts in every search. Tests: the sample-level sign-flip test (exact when at most 20 samples "
+        "differ), the interval of shifts it does not reject, the minimal detectable difference at 80% power.",
+        "",
+        "## What it shows",
+        "",
+        "The searched plan against the best homogeneous plan of its own scope and protocol (answer_nll, the "
+        "primary contrast):",
+        "",
+        *(f"- {line}" for line in _tally(runs, "searched", "homogeneous", FAMILIES[0])),
+        "",
+        "The same on the transfer tasks:",
+        "",
+        *(f"- {line}" for line in _tally(runs, "searched", "homogeneous", FAMILIES[1])),
+        "",
+        "The best homogeneous plan of each scope against the envelope of the nine baselines, each under its own "
+        "protocol (a comparison across protocols wherever the envelope's plan acts in other phases):",
+        "",
+        *(f"- {line}" for line in _tally(runs, "homogeneous", "envelope", FAMILIES[0])),
+        "",
+        "## Like with like: the searched plan against the best homogeneous plan of its scope",
+        "",
+        *table(HEADER, _rows(runs, [("searched", "homogeneous")])),
+        "",
+        "## TopRank routes against the same homogeneous plans",
+        "",
+        *table(HEADER, _rows(runs, [("toprank-workload", "homogeneous"), ("toprank-text", "homogeneous")])),
+        "",
+        "## Against the envelope (each baseline under its own protocol)",
+        "",
+        *table(HEADER, _rows(runs, [("searched", "envelope"), ("homogeneous", "envelope")])),
+        "",
+        "## The paper's Section 4.4 shape at our scale",
+        "",
+        f"The paper: {PAPER_44}. Ours: the workload's TopRank route in the prefill scope against the homogeneous "
+        "plan of its majority method (the anchor, same scope and capacities) and against TOVA under its standalone "
+        "protocol (prefill and decode), on answer_nll and accuracy:",
+        "",
+        *table(
+            HEADER,
+            _rows(
+                [r for r in runs if r[1]["scope"] == "prefill"],
+                [("toprank-workload", "anchor"), ("toprank-workload", "tova")],
+                FAMILIES[:1],
+            )
+            + _rows(
+                [r for r in runs if r[1]["scope"] == "prefill"],
+                [("toprank-workload", "anchor"), ("toprank-workload", "tova")],
+                FAMILIES[:1],
+                "score",
+            ),
+        ),
+        "",
+        "## Where the KV memory is saved",
+        "",
+        kv_note(first) if first.get("kv") else "",
+        "",
+    ]
+    for name, report, _ in runs:
+        rows = kv_rows(report, report["budgets"], ("searched", "homogeneous", "envelope", "fullkv"))
+        lines += [f"{name}:", "", *table(KV_HEADER, rows), ""]
+    lines += ["## Competence", ""]
+    accuracy_rows = []
+    for name, report, _ in runs:
+        competence = report.get("competence", {})
+        for task, value in report.get("fullkv_accuracy", {}).items():
+            judged = "yes" if value >= competence.get("threshold", 20.0) else "no: left out"
+            accuracy_rows.append((name, task, f"{value:.1f}", judged, f"`{competence.get('pilot', '')}`"))
+    lines += [
+        "FullKV's accuracy on a pilot of the held-out samples decides, before any plan is judged, which tasks stay "
+        "in the verdict (the study's competence rule, searched and transfer tasks alike):",
+        "",
+        *table(("searches", "task", "FullKV accuracy", "judged", "pilot run"), accuracy_rows),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from polykv.eval.store import Store
+    from polykv.files import atomic_write_text, read_json
+    from polykv.search.workload_verdict import rejudge
+
+    parser = argparse.ArgumentParser(description="One page over several workload searches (report.json folders).")
+    parser.add_argument("folders", type=Path, nargs="+")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    runs = []
+    for folder in args.folders:
+        report = read_json(folder / "report.json", "workload report")
+        runs.append((folder.name, rejudge(report, Store(folder / "results.sqlite", readonly=True)), folder))
+    atomic_write_text(args.out, summary(runs, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
