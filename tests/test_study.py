@@ -28,14 +28,15 @@ def test_the_ruler_study_writes_a_report_traceable_to_its_runs(polykv, tmp_path)
     (every task stays); the rule itself is the next test's."""
     out, workspace = tmp_path / "study.md", tmp_path / "ws"
     ruler = {"tasks": ["niah_single_1", "niah_multikey_2", "fwe"], "length": 400}
-    result = polykv(
-        "experiment", "study", "-o", str(out), "-w", str(workspace), "--suite", "ruler",
+    args = (
+        "experiment", "study", "-w", str(workspace), "--suite", "ruler",
         "--settings", json.dumps(ruler), "--metric", "answer_nll", "--competence", "0", "--pilot-samples", "2",
         "--samples", "auto", "--mde", "0.5", "--min-samples", "2", "--time-limit", "5", "--accuracy-samples", "1",
         "--placement-suite", "fidelity", "--placement-settings", json.dumps(TINY), "--placement-metric", "kl",
         "--sweep-scopes", "prefill", "--budget", "32", "--budgets", "16,32", "--k", "3", "--statistic", "cosine",
         *CALIBRATION,
     )  # fmt: skip
+    result = polykv(*args, "-o", str(out))
     assert result.returncode == 0, result.stderr
     text = out.read_text()
     headings = ("The workload, checked before any plan ran", "Routing x allocation factorial", "Placement control")
@@ -75,6 +76,17 @@ def test_the_ruler_study_writes_a_report_traceable_to_its_runs(polykv, tmp_path)
     assert chosen >= 2  # at least --min-samples
     per_task = [json.loads(r["settings"])["samples_per_task"] for r in modes["score"]]
     assert per_task.count(2) >= 1 and set(per_task) == {2, chosen}  # the anchor's pilot, then the chosen count
+    # like with like: each method alone in the route's scope beside the baselines under their own protocols
+    assert "best alone in the decode scope" in text and "like with like" in text
+    assert "(tova acts in prefill and decode: across protocols)" in text and "matches" not in text
+    # rendered again from its database: the sample time given instead of timed, every run found, none made again
+    count = len(runs)
+    measured = re.search(r"takes ([0-9.]+) s here", text).group(1)  # what the first run timed, as it printed it
+    again = polykv(*args, "-o", str(tmp_path / "again.md"), "--sample-seconds", measured)
+    assert again.returncode == 0, again.stderr
+    rendered = (tmp_path / "again.md").read_text()
+    assert "The database already held every run of the factorial and the sweeps" in rendered
+    assert "as given (--sample-seconds" in rendered and len(Store(workspace / "results.sqlite").runs()) == count
 
 
 def test_a_workload_fullkv_cannot_do_stops_the_study_before_any_other_plan_runs(polykv, tmp_path):

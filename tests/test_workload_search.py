@@ -12,9 +12,11 @@ from hypothesis import strategies as st
 from polykv.eval import calibration
 from polykv.eval.calibration import calibration_samples, evaluation_samples, parse_workload, prompt_hash
 from polykv.plan import Plan, Scope
+from polykv.search import workload_summary
 from polykv.search.answer_objective import AnswerObjective
 from polykv.search.search import SearchSettings, search
 from polykv.search.workload_verdict import contrast
+from tests.helpers import plan_of
 from tests.planted_needle import needle_model, needle_questions
 
 NIAH = "ruler:niah_single_1@512"  # the one RULER task whose prompts fit the demo model's 512 tokens
@@ -182,9 +184,19 @@ def test_polykv_search_on_a_workload_writes_its_verdict(polykv, tmp_path):
         c["a"] == "searched" and c["b"] == "envelope" and c["metric"] == "answer_nll" for c in family["contrasts"]
     )
     page = (out / "report.md").read_text()
-    assert "Did the searched plan beat the envelope on held-out samples?" in page and "MDE" in page
+    assert "## The verdict: the searched plan against the best homogeneous plan of its scope" in page
+    assert "## Against the envelope (each baseline under its own protocol)" in page and "MDE" in page
+    assert "across protocols: searched acts in decode only" in page  # the envelope here: a two-phase baseline
+    assert "## Competence" in page and "## KV memory each plan keeps" in page
     assert (out / "results.sqlite").is_file() and (out / "workload.png").is_file()
     assert "It computes, in order" in result.stderr  # says what it computes before it starts
+    assert report["competence"]["samples"] == 3 and set(report["fullkv_accuracy"]) == {"niah_single_1"}
+    # one page over searches; every run id it prints is in the database it names
+    summary = tmp_path / "summary.md"
+    assert workload_summary.main(["--out", str(summary), str(out)]) == 0
+    text = summary.read_text()
+    assert "## Like with like: the searched plan against the best homogeneous plan of its scope" in text
+    assert "out/results.sqlite" in text and entry["runs"]["answer_nll"]["searched"] in text
 
 
 @pytest.mark.parametrize(
@@ -229,3 +241,31 @@ def test_a_route_by_danswer_takes_every_allocation(workload_profile, allocation)
     plan = plan_from_profile(workload_profile, "decode", 64, "danswer", allocation)
     assert plan.provenance["statistic"] == "danswer"
     assert sum(layer.decode.capacity for layer in plan.layers) == 64 * workload_profile.num_layers
+
+
+def test_the_kv_a_plan_keeps_is_where_it_evicts():
+    from polykv.search.workload_verdict import kv_kept
+
+    lengths = {"prompt": 1000.0, "question": 40.0, "answer": 8.0}  # the question after a 960-token context
+    layers = 4
+    full = Plan.homogeneous("full", None, layers)
+    prefill = Plan.homogeneous("snapkv", 64, layers, "prefill")
+    decode = Plan.homogeneous("tova", 64, layers, "decode")
+    both = Plan.homogeneous("tova", 64, layers, "both")
+    assert kv_kept(full, lengths) == (layers * 1000.0, layers * 1008.0)
+    assert kv_kept(prefill, lengths) == (layers * (64 + 40.0), layers * (64 + 40.0 + 8))  # the question kept whole
+    assert kv_kept(decode, lengths) == (layers * 1000.0, layers * 64.0)  # the whole prompt until the first answer
+    assert kv_kept(both, lengths) == (layers * 104.0, layers * 64.0)
+    in_prompt = {**lengths, "question": 0.0}
+    assert kv_kept(prefill, in_prompt) == (layers * 64.0, layers * 72.0)
+
+
+def test_the_competence_rule_takes_tasks_out_of_both_families_and_names_the_majority_method():
+    from polykv.search.workload_verdict import competent_families, majority_method
+
+    accuracy = {"niah_single_2": 100.0, "niah_multikey_1": 19.9, "fwe": 50.0, "vt": 0.0}
+    families = competent_families(["niah_single_2", "niah_multikey_1"], ["fwe", "vt"], accuracy)
+    assert families == {"searched tasks": ["niah_single_2"], "transfer tasks": ["fwe"]}
+    assert competent_families(["niah_multikey_1"], ["vt"], accuracy, threshold=0)["transfer tasks"] == ["vt"]
+    route = plan_of(["snapkv", "tova", "snapkv"], [8, 8, 8], "prefill")
+    assert majority_method(route) == "snapkv"

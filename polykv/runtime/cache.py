@@ -116,7 +116,7 @@ class RoutedLayer(DynamicLayer):
 
     def reset(self) -> None:
         super().reset()
-        self.seen, self._positions = 0, None
+        self.seen, self._positions, self.keep_until = 0, None, 0
         self.slots.free()
         if self.merge_groups is not None:
             self.merge_groups.forget()

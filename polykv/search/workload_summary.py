@@ -99,8 +99,87 @@ def _tally(runs, a: str, b: str, family: str) -> list[str]:
     return out
 
 
-def summary(runs: Sequence[tuple[str, Mapping[str, Any], Path]], page: Path) -> str:
-    """The page; `runs`: (name, report, folder) of each search."""
+def protocol_rows(runs, stores: Mapping[str, Any]) -> list[tuple]:
+    """The same plan under both question protocols, sample by sample on the searched tasks both judged (the same
+    prompts: the protocols split them, they do not change them): after-compression minus in-prompt, per scope and
+    budget, for every plan both searches ran (FullKV among them: nothing evicted, so nothing should change)."""
+    from polykv.eval.compare import sample_scores
+    from polykv.search.workload_verdict import contrast
+
+    by_scope: dict[str, dict[str, tuple]] = {}
+    for name, report, _ in runs:
+        by_scope.setdefault(report["scope"], {})[report["samples"].get("question", "in-prompt")] = (name, report)
+    rows = []
+    for scope, pair in by_scope.items():
+        if set(pair) != {"in-prompt", "after-compression"}:
+            continue
+        (inside, before), (after, later) = pair["in-prompt"], pair["after-compression"]
+        earlier = {entry["budget"]: entry for entry in before["budgets"]}
+        for entry in later["budgets"]:
+            other = earlier.get(entry["budget"])
+            if other is None:
+                continue
+            tasks = set(entry["verdict"].get(FAMILIES[0], {}).get("tasks", ()))
+            tasks &= set(other["verdict"].get(FAMILIES[0], {}).get("tasks", ()))
+            roles_before = {name_of(other, role): role for role in other["runs"]["answer_nll"]}
+            done = set()
+            for role in entry["runs"]["answer_nll"]:
+                plan = name_of(entry, role)
+                if plan in done or plan not in roles_before:
+                    continue
+                done.add(plan)
+                run_after, run_before = (
+                    entry["runs"]["answer_nll"][role],
+                    other["runs"]["answer_nll"][roles_before[plan]],
+                )
+                a = {t: v for t, v in sample_scores(stores[after], run_after, "answer_nll").items() if t in tasks}
+                b = {t: v for t, v in sample_scores(stores[inside], run_before, "answer_nll").items() if t in tasks}
+                if not a or not b:
+                    continue
+                c = contrast(a, b, "answer_nll", later["seed"])
+                rows.append(
+                    (
+                        scope,
+                        entry["budget"],
+                        f"`{plan}`",
+                        f"{number(c['difference'])} {interval(c)}",
+                        test_text(c),
+                        mde_text(c["mde"], short=True),
+                        f"{c['wins']}/{c['ties']}/{c['losses']}",
+                        c["verdict"],
+                        f"`{run_after}` ({after}) / `{run_before}` ({inside})",
+                    )
+                )
+    return rows
+
+
+PROTOCOL_HEADER = ("scope", "budget", "plan", "after - in-prompt [95% CI]", "test", "MDE", "W/T/L", "after is", "runs")
+
+
+def means_rows(runs, family: str = FAMILIES[0]) -> list[tuple]:
+    """Per search and budget, every role's held-out answer_nll on a family (macro over its tasks)."""
+    roles = ("fullkv", "searched", "toprank-workload", "toprank-text", "homogeneous", "anchor", "tova", "envelope")
+    rows = []
+    for name, report, _ in runs:
+        for entry in report["budgets"]:
+            means = entry["verdict"].get(family, {}).get("means", {})
+            rows.append((name, entry["budget"], *(_mean_cell(entry, means, role) for role in roles)))
+    return rows
+
+
+def _mean_cell(entry, means: Mapping[str, Any], role: str) -> str:
+    if role not in means:
+        return ""
+    named = "" if role in ("fullkv", "searched") else f" `{name_of(entry, role)}`"
+    return f"{means[role]['answer_nll']:.3f}{named}"
+
+
+MEANS_HEADER = ("searches", "budget", "FullKV", "searched", "toprank-workload", "toprank-text", "homogeneous")
+MEANS_HEADER += ("anchor", "tova", "envelope")
+
+
+def summary(runs: Sequence[tuple[str, Mapping[str, Any], Path]], page: Path, stores: Mapping[str, Any]) -> str:
+    """The page; `runs`: (name, report, folder) of each search, `stores`: name -> its results database."""
     first = runs[0][1]
     samples = first["samples"]
     tasks = ", ".join(samples["settings"]["tasks"])
@@ -152,6 +231,16 @@ def summary(runs: Sequence[tuple[str, Mapping[str, Any], Path]], page: Path) -> 
         "",
         *(f"- {line}" for line in _tally(runs, "homogeneous", "envelope", FAMILIES[0])),
         "",
+        "## Held-out answer_nll of every contender",
+        "",
+        "Searched tasks, macro over the tasks judged (lower is better; each plan named beside its number):",
+        "",
+        *table(MEANS_HEADER, means_rows(runs)),
+        "",
+        "Transfer tasks:",
+        "",
+        *table(MEANS_HEADER, means_rows(runs, FAMILIES[1])),
+        "",
         "## Like with like: the searched plan against the best homogeneous plan of its scope",
         "",
         *table(HEADER, _rows(runs, [("searched", "homogeneous")])),
@@ -184,6 +273,14 @@ def summary(runs: Sequence[tuple[str, Mapping[str, Any], Path]], page: Path) -> 
                 "score",
             ),
         ),
+        "",
+        "## What the question protocol changes: the same plan, in the prompt and after compression",
+        "",
+        "answer_nll on the searched tasks, sample by sample (the two searches scored the same prompts); a plan "
+        "that compresses the prompt loses, after compression, what it learnt from the question (SnapKV's window, "
+        "TOVA's last query), and FullKV, which evicts nothing, should not move:",
+        "",
+        *table(PROTOCOL_HEADER, protocol_rows(runs, stores)),
         "",
         "## Where the KV memory is saved",
         "",
@@ -219,11 +316,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("folders", type=Path, nargs="+")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    runs = []
+    runs, stores = [], {}
     for folder in args.folders:
         report = read_json(folder / "report.json", "workload report")
-        runs.append((folder.name, rejudge(report, Store(folder / "results.sqlite", readonly=True)), folder))
-    atomic_write_text(args.out, summary(runs, args.out))
+        stores[folder.name] = Store(folder / "results.sqlite", readonly=True)
+        runs.append((folder.name, rejudge(report, stores[folder.name]), folder))
+    atomic_write_text(args.out, summary(runs, args.out, stores))
     return 0
 
 
