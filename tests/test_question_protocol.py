@@ -218,3 +218,22 @@ def test_the_runs_page_launches_a_run_whose_question_comes_after_compression(dem
     job = common.eval_job("demo", "cpu", plan, "ruler", settings, "", [], 0, 0, demo_model)
     (run,) = job.runs
     assert json.loads(run.unit.settings_json)["question"] == AFTER  # the run carries the protocol to the worker
+
+
+def test_compare_says_when_two_runs_compare_across_protocols(polykv, tmp_path):
+    workspace = str(tmp_path / "ws")
+    base = {"tasks": ["niah_single_1"], "length": 512, "samples_per_task": 2, "mode": "score"}
+    ids = []
+    for plan, question in (("snapkv-prefill-64", AFTER), ("tova-both-64", "in-prompt")):
+        settings = json.dumps({**base, "question": question})
+        result = polykv(
+            "eval", "--model", "demo", "--suite", "ruler", "--settings", settings,
+            "--plan", f"plans/demo/{plan}.json", "--workspace", workspace,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        ids.append(result.stdout.split()[1].rstrip(":"))
+    shown = polykv("compare", *ids, "--metric", "answer_nll", "--workspace", workspace)
+    assert shown.returncode == 0, shown.stderr
+    assert "across protocols: A's question is after-compression, B's in-prompt; A acts in prefill, B in both" in (
+        shown.stdout
+    )

@@ -167,6 +167,9 @@ def compare(
         f"A = {a_id} ({name[a_id]}), B = {b_id} ({name[b_id]}); metric {metric} "
         f"({'higher' if result.sign > 0 else 'lower'} is better)"
     )
+    across = sample_view.like_with_like(store.run(a_id), store.run(b_id))
+    if across is not None:
+        typer.echo(across)
     _table(
         ("task", "A", "B", "A - B"),
         [(task, f"{a:.4f}", f"{b:.4f}", f"{d:+.4f}") for task, a, b, d in result.table.itertuples(index=False)],

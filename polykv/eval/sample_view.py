@@ -75,6 +75,25 @@ def suite_text(run: Mapping[str, Any]) -> str:
     return run["suite"] if question in (None, "in-prompt") else f"{run['suite']} (question {question})"
 
 
+def like_with_like(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
+    """Why two runs (store rows) compare across protocols, or None when their plans act in the same phases under
+    the same question protocol: one line for `compare` to print."""
+    from polykv.errors import PolyKVError
+    from polykv.plan import Plan
+
+    questions = [settings_of(run).get("question") or "in-prompt" for run in (a, b)]
+    try:
+        scopes = [Plan.from_json(run["plan_json"]).scope.value for run in (a, b)]
+    except (PolyKVError, ValueError, KeyError):
+        scopes = ["", ""]
+    differ = []
+    if questions[0] != questions[1]:
+        differ.append(f"A's question is {questions[0]}, B's {questions[1]}")
+    if scopes[0] != scopes[1] and not any(is_fullkv(run["plan_json"]) for run in (a, b)):
+        differ.append(f"A acts in {scopes[0]}, B in {scopes[1]}")
+    return None if not differ else "across protocols: " + "; ".join(differ)
+
+
 def settings_of(run: Mapping[str, Any]) -> dict:
     value = run.get("settings")
     return json.loads(value) if isinstance(value, str) else dict(value or {})
@@ -146,6 +165,7 @@ __all__ = [
     "one_line",
     "resolve_run",
     "samples",
+    "like_with_like",
     "settings_of",
     "suite_text",
     "side_by_side",
