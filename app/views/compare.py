@@ -55,6 +55,10 @@ run_a = cols[0].selectbox("A", ids, index=common.index_of(ids, pair.a), format_f
 run_b = cols[1].selectbox("B", ids, index=common.index_of(ids, pair.b), format_func=label.get, key=state.COMPARE_B)
 if (run_a, run_b) == (pair.a, pair.b):
     st.caption(f"Starting pair: {pair.reason}.")
+rows = {r["id"]: r for r in finished}
+across = sample_view.like_with_like(rows[run_a], rows[run_b])
+if across is not None:
+    st.caption(f"Not like with like, {across}.")
 metrics = metrics_of(store, [run_a, run_b])
 if not metrics:
     st.warning("These runs share no metric (different suites?).")
