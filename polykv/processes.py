@@ -11,6 +11,22 @@ import os
 from pathlib import Path
 
 
+def die_with_parent(parent: int) -> None:
+    """End this process when `parent`, the process that started it, dies, whatever kills it: on Linux the kernel
+    is asked to send SIGTERM then (prctl PR_SET_PDEATHSIG); elsewhere, and should the parent already be gone,
+    the check of the parent's pid is all there is. For helpers that exist only for their parent's call."""
+    import signal
+    import sys
+
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
+
+
 def have_proc() -> bool:
     return Path("/proc/self/stat").is_file()
 

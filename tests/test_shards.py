@@ -39,3 +39,39 @@ def test_sharded_runs_equal_the_runs_of_one_process(demo_model, tmp_path):
     assert seen and seen[-1][1] == 6
     # asked again, the finished runs are found: no worker starts
     assert run_sharded(sharded, "demo", model, tokenizer, plans, "ruler", settings, workers=2) == ids
+
+
+def test_a_worker_ends_when_the_process_that_started_it_is_killed():
+    """A parent killed by a signal runs no `finally`: its workers must not go on scoring (and writing) alone."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    child = (
+        "from polykv.processes import die_with_parent; import sys, time; "
+        "die_with_parent(int(sys.argv[1])); time.sleep(60)"
+    )
+    parent = (
+        "import os, subprocess, sys, time\n"
+        f"p = subprocess.Popen([sys.executable, '-c', {child!r}, str(os.getpid())])\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    started = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True)
+    worker = int(started.stdout.readline())
+    time.sleep(1.0)  # the worker has asked for the signal
+    started.send_signal(signal.SIGTERM)
+    started.wait(timeout=10)
+    for _ in range(100):
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            break
+        if open(f"/proc/{worker}/stat").read().split(")")[-1].split()[0] == "Z":  # ended, not yet reaped
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(worker, signal.SIGKILL)
+        raise AssertionError("the worker outlived its parent")

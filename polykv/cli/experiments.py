@@ -314,6 +314,14 @@ def experiment_study(
             "timed (the time an earlier run measured: the study rendered again from its database)."
         ),
     ] = None,
+    replay: Annotated[
+        bool,
+        typer.Option(
+            "--replay",
+            help="Run nothing: read the profile and every run from the workspace, whatever code revisions made "
+            "them (the study rendered again from its database; with --samples auto, give --sample-seconds).",
+        ),
+    ] = False,
     sweep_matched: Annotated[
         bool,
         typer.Option(
@@ -366,6 +374,7 @@ def experiment_study(
         sweep_ppl=sweep_ppl,
         sweep_matched=sweep_matched,
         sample_seconds=sample_seconds,
+        replay=replay,
     )
     with Progress() as bars:
 

@@ -209,7 +209,7 @@ def sign_flip_interval(
                 inside = middle
             else:
                 outside = middle
-        return inside
+        return 0.0 if abs(inside) < 1e-9 * scale else inside  # a bound at 0 itself, not a rounding hair off it
 
     return bound(-1.0), bound(1.0)
 

@@ -35,7 +35,9 @@ def _shard(arguments: dict) -> None:
     from polykv.eval.backends import _model
     from polykv.eval.runner import run_suites
     from polykv.eval.settings import suite_settings
+    from polykv.processes import die_with_parent
 
+    die_with_parent(arguments["parent"])  # a parent killed by a signal leaves no worker scoring on its own
     torch.set_num_threads(arguments["threads"])
     model, tokenizer = _model(arguments["model"], arguments["device"])
     plans = [Plan.from_json(text) for text in arguments["plans"]]
@@ -81,6 +83,7 @@ def run_sharded(
             "settings": json.dumps(settings.to_dict()),
             "seed": seed,
             "threads": threads,
+            "parent": os.getpid(),
         }
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         processes, logs = [], []

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -89,6 +90,9 @@ class StudySettings:
     # earlier run of the same study measured, so that a study rendered again from its database chooses the same
     # samples per task and finds every run it made)
     sample_seconds: float | None = None
+    # run nothing: the profile and every run are read from the workspace, the runs whatever code revisions made
+    # them (the study rendered again from its database, e.g. with this version's statistics and sentences)
+    replay: bool = False
 
     def __post_init__(self):
         if Scope(self.scope) is Scope.BOTH:
@@ -156,6 +160,7 @@ class StudyResult:
     accuracy: dict[str, Any] = field(default_factory=dict)  # "factorial" and "sweep <phase>" in accuracy
     accuracy_settings: dict = field(default_factory=dict)
     runs_reused: tuple[int, int] = (0, 0)  # (runs cited that were finished before this study started, runs cited)
+    revisions: list[dict] = field(default_factory=list)  # the code revisions the cited runs were made with
 
 
 def anchor_for(rule: str, route: Plan, phase: Phase) -> str | None:
@@ -365,6 +370,8 @@ def run_study(
     cited |= {report.data.full.run for report in sweeps.values()}
     made = [store.run(run) for run in cited | {cell.run for cell in reports["factorial"].data.cells.values()}]
     reused = sum(1 for run in made if run is not None and run["created"] < began)
+    revisions = [json.loads(run["versions"]).get("revisions", {}) for run in made if run is not None]
+    suites = sorted({r.get("suite") for r in revisions if r.get("suite") is not None})
     return StudyResult(
         settings=settings,
         profile=profile,
@@ -387,6 +394,7 @@ def run_study(
         accuracy=accuracy,
         accuracy_settings=accuracy_settings,
         runs_reused=(reused, len(made)),
+        revisions=[{"suite": suite} for suite in suites],
     )
 
 

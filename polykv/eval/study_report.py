@@ -184,7 +184,18 @@ def what_ran(result) -> list[str]:
 # ---- the report ---------------------------------------------------------------------------------------
 def _reused(result) -> str:
     """What the wall time covers when the database already held runs this study cites."""
+    from polykv.eval.runner import SUITES
+
     reused, cited = result.runs_reused
+    if result.settings.replay:
+        made = ", ".join(str(r["suite"]) for r in result.revisions) or "unknown"
+        now = SUITES[result.settings.suite].REVISION
+        return (
+            f" Rendered again from its database (--replay): nothing was run; every run it cites was read from the "
+            f"database as the study's first run made it (the {result.settings.suite} suite at revision {made}; this "
+            f"version's is {now}), so the wall time is this rendering's, and the statistics and sentences are this "
+            "version's."
+        )
     if not reused:
         return ""
     every = "every run" if reused == cited else f"{reused} of the {cited} runs"

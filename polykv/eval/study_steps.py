@@ -60,6 +60,7 @@ def profile(context: StudyContext, on_profile=None):
         capacity=s.b_cal,
         scopes=tuple(Phase(p) for p in sorted(s.swept, key=lambda p: p != "prefill")),
         progress=on_profile,
+        compute=not s.replay,
     )
 
 
@@ -82,6 +83,7 @@ def runner(context: StudyContext, suite: str, suite_settings, metric: str, seed:
         device=s.device,
         batched=s.batched,
         workers=s.workers,
+        replay=s.replay,
     )
 
 
@@ -180,6 +182,8 @@ def choose_samples(context: StudyContext, primary, plans: list[Plan], pilot_diff
     allowed = None if s.time_limit is None else s.time_limit * 60.0
     if s.sample_seconds is not None:  # measured before (the study rendered again from its database)
         return plan_samples(pilot_diffs, s.mde, s.sample_seconds, allowed, s.min_samples)
+    if s.replay:
+        raise ValueError("a replay times nothing: give --sample-seconds (the time the study's first run measured)")
     module = SUITES[s.suite]
     one = dataclasses.replace(primary, samples_per_task=1)
     samples = module.build_samples(context.tokenizer, context.model, one, s.seed)

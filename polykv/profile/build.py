@@ -41,6 +41,7 @@ def build_profile(
     reuse: bool = True,
     progress: Callable[[float, str], None] | None = None,
     workload: WorkloadCorpus | None = None,
+    compute: bool = True,
 ) -> Profile:
     """Profile `model` on the calibration corpus at b_cal = `capacity` (default: scaled to the context).
 
@@ -81,6 +82,8 @@ def build_profile(
     existing = find_profile(root, key)
     if reuse and existing is not None:
         return existing
+    if not compute:  # a replay: what is not there already is not made
+        raise ProfileError(f"no profile {key} in {root}, and this call computes none")
 
     result = profile_methods(
         model,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from polykv.eval.backends import backend
 from polykv.eval.compare import Paired, direction, macro_average, paired, sample_scores
 from polykv.eval.paired_samples import detectable
-from polykv.eval.runner import run_suite
+from polykv.eval.runner import SUITES, plan_hash, run_suite
 from polykv.eval.shards import run_sharded
 from polykv.eval.store import Store
 from polykv.eval.unit import Unit
@@ -60,11 +60,25 @@ class ExperimentRunner:
     batched: bool = False
     # batched, local: share the samples out over this many processes (`polykv.eval.shards`; 1: this process)
     workers: int = 1
+    # run nothing: every plan's run is read from the store, the newest finished one of the same model, plan, suite,
+    # settings and seed whatever code revisions made it (a report rendered again from its database)
+    replay: bool = False
 
     def run(self, plan: Plan) -> str:
         return self.run_all([plan])[0]
 
+    def _replayed(self, plan: Plan) -> str:
+        settings = (self.settings or SUITES[self.suite].Settings()).to_dict()
+        found = self.store.finished_run(self.model_name, plan_hash(plan), self.suite, settings, self.seed)
+        if found is None:
+            raise ValueError(
+                f"replay: the database holds no finished run of {plan.name} on {self.suite} with these settings"
+            )
+        return found
+
     def run_all(self, plans: list[Plan]) -> list[str]:
+        if self.replay:
+            return [self._replayed(plan) for plan in plans]
         chosen = backend(self.backend, waiting=True)  # the scores are read next: a backend that waits for them
         if chosen.name == "local" and self.batched and (len(plans) > 1 or self.workers > 1):
             if self.progress is not None:
@@ -110,11 +124,18 @@ class ExperimentRunner:
         return chosen.run(units, self.store.path)
 
     def task_scores(self, run_id: str) -> dict[str, float]:
-        return {task: values[self.metric] for task, values in self.store.task_scores(run_id).items()}
+        return {
+            task: values[self.metric] for task, values in self.store.task_scores(run_id).items() if self._asked(task)
+        }
 
     def sample_scores(self, run_id: str) -> dict[str, dict[str, float]]:
         """{task: {sample id: the metric}}: what the sample-level tests pair."""
-        return sample_scores(self.store, run_id, self.metric)
+        return {task: v for task, v in sample_scores(self.store, run_id, self.metric).items() if self._asked(task)}
+
+    def _asked(self, task: str) -> bool:
+        """Is `task` one of the settings' tasks? (A replayed run may hold more: `Store.finished_run`.)"""
+        tasks = getattr(self.settings, "tasks", None)
+        return not self.replay or tasks is None or task.split("@")[0] in tasks  # RULER's task@length
 
     def scores(self, run_id: str) -> Scores:
         return Scores(self.task_scores(run_id), self.sample_scores(run_id))

@@ -205,8 +205,9 @@ def sweep(
             match = {"worse": "falls short", "better": "exceeds"}.get(result.verdict(), "no significant difference")
             table[b] = AtDoubleBudget(baseline=best, match=match, **Contrast.fields_of(result))
             across = "" if what == "same" else _across(route_plan, plans[(2 * b, best)])
+            said = "" if match == "no significant difference" else f": {match}"  # `_ci` ends with the verdict
             report.lines.append(
-                f"2b: route-uniform at {b} - {_BEST[what]} at {2 * b} ({best}) = {_ci(result)}: {match}{across}"
+                f"2b: route-uniform at {b} - {_BEST[what]} at {2 * b} ({best}) = {_ci(result)}{said}{across}"
             )
     series = routes + names + [n for n in same if n not in names]
     report.data = SweepData(
