@@ -21,6 +21,7 @@ from polykv.eval.experiments import (
     factorial,
 )
 from polykv.eval.experiments.report import BestBaseline, RunScore, VersusBaseline
+from polykv.eval.protocols import homogeneous_plans
 from polykv.eval.store import Store
 from polykv.eval.unit import Unit
 from polykv.jobs.experiment import launch_job, read_report
@@ -60,8 +61,10 @@ def test_an_experiment_job_names_its_experiment_and_counts_its_runs(ws, small_pr
         ws, "demo", "cpu", "sweep", profile=small_profile.key, scope="decode", budget=24, budgets=[16, 32],
         baselines=["tova", "h2o"],
     )  # fmt: skip
-    # per budget: route-uniform, route-ppl (a profile is given), two baselines; then FullKV once
-    assert "(top1, 9 runs)" in sweep.title
+    # per budget: route-uniform, route-ppl (a profile is given), two baselines and every method alone in the
+    # route's scope (like with like); then FullKV once
+    alone = len(homogeneous_plans("decode", 16, 5))
+    assert f"(top1, {2 * (4 + alone) + 1} runs)" in sweep.title and alone >= 8
     jobs.save_job(job, ws)
     assert jobs.load_job(ws, job.id).experiment == job.experiment  # the file round-trips
     assert jobs.state(job, ws).status == "waiting" and jobs.state(job, ws).fraction == 0.0
