@@ -237,3 +237,25 @@ def test_compare_says_when_two_runs_compare_across_protocols(polykv, tmp_path):
     assert "across protocols: A's question is after-compression, B's in-prompt; A acts in prefill, B in both" in (
         shown.stdout
     )
+
+
+def test_a_longbench_prompt_cut_in_the_middle_keeps_its_question_after_the_cut(demo_model, tmp_path):
+    model, tokenizer = demo_model
+    story = "Once upon a time there was a little girl named Lily. She liked to play in the park. " * 30
+    write_task(tmp_path, "hotpotqa", [record("hotpotqa", 0, story, "Who played in the park?", ["Lily"])])
+    settings = longbench.LongBenchSettings(tasks=("hotpotqa",), data_dir=str(tmp_path), max_length=200, question=AFTER)
+    ((_, _, payload),) = longbench.build_samples(tokenizer, model, settings, 0)
+    assert len(payload["ids"]) <= 200  # cut in the middle
+    question = tokenizer.decode(payload["ids"][payload["question_start"] :])
+    assert question.startswith("Answer the question based on the given passages") and "Who played" in question
+    too_short = longbench.LongBenchSettings(tasks=("hotpotqa",), data_dir=str(tmp_path), max_length=40, question=AFTER)
+    with pytest.raises(ValueError, match="the middle truncation cut into the question"):
+        longbench.build_samples(tokenizer, model, too_short, 0)
+
+
+def test_a_one_token_answer_after_compression_is_profiled(llama):
+    generator = torch.Generator().manual_seed(2)
+    context, asked = 40, 6
+    sequences = [torch.randint(3, llama.config.vocab_size, (context + asked + 1,), generator=generator).tolist()]
+    profile = profile_methods(llama, sequences, 12, continuations=[asked], scored=[1], kept=[asked], methods=["tova"])
+    assert profile.reference_nll[0] > 0 and len(profile.sequences) == 2 * 2 * llama.config.num_hidden_layers

@@ -9,6 +9,7 @@ from app import charts, common, designer_controls, plan_draft, session, state
 from polykv import jobs
 from polykv.errors import PolyKVError
 from polykv.eval.experiments import plan_budget
+from polykv.eval.settings import COMPETENCE_THRESHOLD
 from polykv.jobs.search import launch_search, live, read_search, search_start
 from polykv.plan import Plan, PlanError, Scope
 from polykv.search.report import difference_text
@@ -99,7 +100,7 @@ else:
                 "FullKV competence (%)",
                 min_value=0.0,
                 max_value=100.0,
-                value=20.0,
+                value=COMPETENCE_THRESHOLD,
                 help="A task on which FullKV's accuracy (a pilot of 10 held-out samples) is under this leaves the "
                 "verdict: no plan can be told from another where the model itself fails.",
             )

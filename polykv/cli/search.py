@@ -16,6 +16,7 @@ import typer
 
 from polykv.cli.common import DEFAULT_WORKSPACE, ModelOption, WorkspaceOption, _load_model, _profile_arg, _table
 from polykv.cli.progress import Progress
+from polykv.eval.settings import COMPETENCE_THRESHOLD
 from polykv.plan import Scope
 
 PROFILE_HELP = (
@@ -106,7 +107,7 @@ def search(
             help="With a workload: FullKV's accuracy (%) on a pilot of the held-out samples under which a task "
             "leaves the verdict.",
         ),
-    ] = 20.0,
+    ] = COMPETENCE_THRESHOLD,
     workers: Annotated[int, typer.Option(min=1, help="Processes sharing the verdict's samples.")] = 1,
     accuracy_samples: Annotated[
         int | None,
@@ -165,7 +166,7 @@ def search(
     )
     if question != "in-prompt":
         workload_only += (("--question", question),)
-    if competence != 20.0:
+    if competence != COMPETENCE_THRESHOLD:
         workload_only += (("--competence", competence),)
     for name, value in workload_only:
         if value is not None:

@@ -17,6 +17,7 @@ import typer
 from polykv.cli.common import _load_model, _profile_arg, _table
 from polykv.cli.progress import Progress
 from polykv.errors import SettingsError
+from polykv.eval.settings import COMPETENCE_THRESHOLD
 from polykv.plan import Plan, Scope
 
 
@@ -62,7 +63,7 @@ def search_workload(
     workspace: Path,
     accuracy_samples: int | None = None,
     question: str = "in-prompt",
-    competence: float = 20.0,
+    competence: float = COMPETENCE_THRESHOLD,
 ) -> None:
     from polykv.eval.fit import check_fits
     from polykv.eval.store import Store

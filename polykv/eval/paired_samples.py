@@ -17,9 +17,9 @@ mean paired difference (every task weighs the same, whatever its sample count).
                       contrasts never share their flips
   sign_flip_interval  the interval that agrees with the test: every shift delta of the differences that the
                       sign-flip test at level alpha does not reject (the test inverted); exact for up to
-                      EXACT_DIFFERING samples, else from N random flips. It holds 0 exactly when the test does not
-                      reject, up to the Monte Carlo error when the p is exact and the interval is not
-                      (`SampleTest.agrees` says whether they agree)
+                      EXACT_DIFFERING paired samples, else from N random flips. It holds 0 when the test does not
+                      reject, up to the Monte Carlo error when the p is exact (few samples differ) and the
+                      interval is not (many samples paired): `SampleTest.agrees` says whether they agree
   macro_standard_error sqrt(sum_t s_t^2 / n_t) / T, s_t the standard deviation of task t's differences
   minimal_detectable_difference
                       (t_{df}(1 - alpha/2) + t_{df}(power)) x SE: the smallest true difference a two-sided
@@ -131,7 +131,7 @@ def format_p(p: float) -> str:
 
 def _rng(seed: int, *arrays: np.ndarray) -> np.random.Generator:
     """A generator seeded with `seed` and the data: the same data and seed draw the same flips, other data
-    (another contrast) draw others."""
+    (another contrast) draw others. Seeded with magnitudes, so that A - B and B - A draw the same flips."""
     digest = hashlib.blake2b(digest_size=8)
     for array in arrays:
         digest.update(np.ascontiguousarray(array, dtype=float).tobytes())
@@ -167,7 +167,7 @@ def sign_flip_p(diffs: Mapping[str, np.ndarray], permutations: int = PERMUTATION
     if len(nonzero) <= EXACT_DIFFERING:
         extreme = sum(int(np.sum(np.abs(signs @ nonzero) >= threshold)) for signs in _all_signs(len(nonzero)))
         return extreme / 2 ** len(nonzero)
-    rng = _rng(seed, values, weights)
+    rng = _rng(seed, np.abs(values), weights)
     extreme = sum(int(np.sum(np.abs(s @ weighted) >= threshold)) for s in _random_signs(rng, len(values), permutations))
     return (extreme + 1) / (permutations + 1)
 
@@ -179,7 +179,8 @@ def sign_flip_interval(
     docstring): the bounds where its p crosses the level, found by bisection on each side of the estimate."""
     values, weights = _weights(diffs)
     exact = len(values) <= EXACT_DIFFERING
-    signs = _all_signs(len(values)) if exact else _random_signs(_rng(seed, values, weights), len(values), permutations)
+    rng = _rng(seed, np.abs(values), weights)
+    signs = _all_signs(len(values)) if exact else _random_signs(rng, len(values), permutations)
     flipped, totals = [], []
     for block in signs:  # each row's permuted statistic is A - delta B: linear in the shift
         flipped.append(block @ (values * weights))

@@ -15,6 +15,7 @@ from polykv.errors import PolyKVError, SettingsError, first_line, validation_lin
 from polykv.files import parse_json
 
 SUITE_NAMES = ("fidelity", "longbench", "ruler")
+COMPETENCE_THRESHOLD = 20.0  # FullKV accuracy (0-100) under which a task is at the floor (`polykv.eval.workload`)
 
 
 def suite_module(suite: str):

@@ -371,33 +371,18 @@ class Store:
             row = db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
         return None if row is None else reported(dict(row))
 
-    def finished_run(self, model: str, plan_hash: str, suite: str, settings: dict, seed: int) -> str | None:
-        """The newest finished run of this model, plan, suite, settings and seed, whatever code revisions it was
-        made with (its id hashes them too), or None: what a replay reads instead of running. Failing that, one
-        whose settings differ only in holding more tasks (each task's samples do not depend on the others: its
-        tasks hold the samples asked for; a reader takes only those tasks)."""
+    def finished_runs(self, model: str, plan_hash: str, suite: str, seed: int) -> list[tuple[str, dict]]:
+        """(id, settings) of every finished run of this model, plan, suite and seed, newest first, whatever code
+        revisions made them (their ids hash those too): what a replay chooses from instead of running."""
         if not self._check_readable():
-            return None
+            return []
         with self._connect() as db:
             rows = db.execute(
                 "SELECT id, settings FROM runs WHERE model = ? AND plan_hash = ? AND suite = ? AND seed = ? "
                 "AND status = 'finished' ORDER BY created DESC",
                 (model, plan_hash, suite, seed),
             ).fetchall()
-        stored = [(row["id"], json.loads(row["settings"])) for row in rows]
-        exact = next((run for run, given in stored if given == settings), None)
-        if exact is not None or "tasks" not in settings:
-            return exact
-        rest = {k: v for k, v in settings.items() if k != "tasks"}
-        return next(
-            (
-                run
-                for run, given in stored
-                if {k: v for k, v in given.items() if k != "tasks"} == rest
-                and set(settings["tasks"]) <= set(given.get("tasks") or ())
-            ),
-            None,
-        )
+        return [(row["id"], json.loads(row["settings"])) for row in rows]
 
     def runs(self) -> list[dict[str, Any]]:
         if not self._check_readable():

@@ -192,9 +192,9 @@ def _reused(result) -> str:
         now = SUITES[result.settings.suite].REVISION
         return (
             f" Rendered again from its database (--replay): nothing was run; every run it cites was read from the "
-            f"database as the study's first run made it (the {result.settings.suite} suite at revision {made}; this "
-            f"version's is {now}), so the wall time is this rendering's, and the statistics and sentences are this "
-            "version's."
+            "database (the newest finished run of each plan and settings, whatever code revision made it: here the "
+            f"{result.settings.suite} suite at revision {made}; this version's is {now}), so the wall time is this "
+            "rendering's, and the statistics and sentences are this version's."
         )
     if not reused:
         return ""

@@ -10,7 +10,7 @@ import pandas as pd
 
 from polykv.eval import paper
 from polykv.eval.experiments.report import Contrast, FactorialData, PlacementData, SweepData, stat_text
-from polykv.eval.paired_samples import detectable
+from polykv.eval.paired_samples import detectable, format_p
 
 
 def md_table(frame: pd.DataFrame, floats: str = "{:.4f}") -> str:
@@ -71,7 +71,8 @@ def sample_p_text(contrast: Contrast) -> str:
     sample = contrast.sample
     if sample is None:
         return f"task bootstrap {ci_text(contrast)}"
-    return f"p = {stat_text(sample.p)} over {sample.samples} paired samples, detects {mde_text(sample.mde)}"
+    p = "undefined" if sample.p is None else format_p(sample.p)
+    return f"p = {p} over {sample.samples} paired samples, detects {mde_text(sample.mde)}"
 
 
 def accuracy_words(suite: str) -> str:
@@ -229,8 +230,7 @@ def placement_section(result, folder: str, drawn: dict) -> list[str]:
 def sweep_section(number: int, phase: str, report, folder: str, figure: str, first: bool) -> list[str]:
     data, notes = report.data, report.lines
     budgets = data.budgets
-    same = [name for name in data.matched if name not in data.baselines]
-    series = data.baselines + same + data.routes
+    series = data.baselines + data.matched + data.routes
     label = lambda name: name + across(data, name)  # noqa: E731 - a baseline acting in other phases says so
     matched = (
         [

@@ -141,8 +141,9 @@ def competence_pilot(context: StudyContext, primary, layers: int) -> Competence:
     s = context.settings
     fullkv = Plan.homogeneous(FULL, None, layers)
     piloted = dataclasses.replace(primary, samples_per_task=s.pilot_samples)
-    (full_run,) = runner(context, s.suite, dataclasses.replace(piloted, mode="both"), "score").run_all([fullkv])
-    accuracy = {task: values["score"] for task, values in context.store.task_scores(full_run).items()}
+    pilot = runner(context, s.suite, dataclasses.replace(piloted, mode="both"), "score")
+    (full_run,) = pilot.run_all([fullkv])
+    accuracy = pilot.task_scores(full_run)  # the pilot's tasks (a replayed run may hold more)
     ordered = {task: accuracy[task] for task in sorted(accuracy, key=list(piloted.tasks).index)}
     kept, excluded = competent_tasks(ordered, s.competence_threshold)
     competence = Competence(s.competence_threshold, ordered, tuple(kept), tuple(excluded), s.pilot_samples, full_run)

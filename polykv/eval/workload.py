@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from polykv.eval.paired_samples import minimal_detectable_difference, samples_for
+from polykv.eval.settings import COMPETENCE_THRESHOLD
 
-COMPETENCE_THRESHOLD = 20.0  # FullKV accuracy (0-100) under which a task is at the floor
 QUESTION_SUITES = ("ruler", "longbench")  # suites whose `score` is an accuracy a model can fail at
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from polykv.errors import JobError
+from polykv.eval.settings import COMPETENCE_THRESHOLD
 from polykv.files import atomic_write_json, read_json
 from polykv.jobs import worker
 from polykv.jobs.experiment import profile_for_job
@@ -79,7 +80,7 @@ def launch_search(
     accuracy_samples: int | None = None,
     loaded: tuple[Any, Any] | None = None,
     question: str = "in-prompt",
-    competence: float = 20.0,
+    competence: float = COMPETENCE_THRESHOLD,
 ) -> Job:
     """The search job these arguments describe, checked (JobError or ValueError, one line); `start` is used
     when it is in the search space, or rescaled to the budget when only its total is off (`search_start`).
@@ -134,7 +135,8 @@ def launch_search(
     }
     origin = f"from {start.name}, " if start is not None else ""
     what = f"workload {sources}" if sources else (loaded.key if profile != "auto" else "auto")
-    title = f"search · {what} · {scope} b{budget} · {origin}{evaluations} executions"
+    asked = f" · question {question}" if sources else ""
+    title = f"search · {what}{asked} · {scope} b{budget} · {origin}{evaluations} executions"
     return search_job(model, device, spec, title)
 
 

@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from polykv.errors import JobError, PolyKVError, validation_line
+from polykv.eval.settings import COMPETENCE_THRESHOLD
 from polykv.eval.unit import Unit
 from polykv.files import atomic_write_json, read_json
 from polykv.plan import Phase, Plan
@@ -147,7 +148,7 @@ class SearchSpec(BaseModel):
     text_profile: str | None = Field(default=None, max_length=4096)
     accuracy_samples: int | None = Field(default=None, ge=1, le=10_000)
     question: Literal["in-prompt", "after-compression"] = "in-prompt"  # a workload's question protocol
-    competence: float = Field(default=20.0, ge=0.0, le=100.0)  # FullKV accuracy (%) a judged task needs
+    competence: float = Field(default=COMPETENCE_THRESHOLD, ge=0.0, le=100.0)  # FullKV accuracy (%) a judged task needs
 
 
 class RunUnit(BaseModel):

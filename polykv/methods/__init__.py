@@ -65,10 +65,7 @@ def params_that_fit(method: str, capacity: int) -> dict:
     """Default parameters, except windows / sinks that would not fit under `capacity`: a quarter of it.
 
     The values are plain Python ints (parameters are strict), whatever integer type `capacity` has."""
-    cls = REGISTRY[method]
-    capacity = operator.index(capacity)
-    defaults = cls.defaults()
-    return {name: max(1, capacity // 4) for name in cls.below_capacity if defaults[name] >= capacity}
+    return fit_params(method, {}, operator.index(capacity))
 
 
 def fit_params(method: str, params: Mapping[str, Any], capacity: int) -> dict[str, Any]:

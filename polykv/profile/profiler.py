@@ -193,7 +193,7 @@ def profile_methods(
         raise ValueError(f"{len(scored)} scored and {len(kept)} kept counts for {len(sequences)} sequences")
     for sequence, tokens, score, keep in zip(sequences, continuations, scored, kept):
         prompt = len(sequence) - 1 - tokens
-        if not (1 <= score <= tokens and 0 <= keep < tokens):
+        if not (1 <= score <= tokens and 0 <= keep <= tokens):
             raise ValueError(f"a {tokens}-token continuation cannot score {score} tokens and keep {keep}")
         if tokens < 1 or prompt < 2:
             raise ValueError(f"sequences of {len(sequence)} tokens are too short for a {tokens}-token continuation")

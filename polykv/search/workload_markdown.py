@@ -5,7 +5,8 @@ when few samples differ), the samples it rests on, the interval that agrees with
 detectable difference; a contrast of plans of different scopes says so in the line ("across protocols").
 
 `python -m polykv.search.workload_markdown REPORT.json --out PAGE.md` renders a saved report again, its verdicts
-recomputed from the runs in the results database beside it (`polykv.search.workload.rejudge`).
+recomputed from the runs in the results database beside it (`polykv.search.workload_verdict.rejudge`); the saved
+report keeps the verdicts the search computed.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from polykv.eval.paired_samples import EXACT_DIFFERING, PERMUTATIONS
+from polykv.eval.settings import COMPETENCE_THRESHOLD
 from polykv.search.workload_verdict import FAMILIES, ROLES, kv_kept
 
 PAPER_OPEN = (
@@ -57,7 +60,7 @@ def mde_text(value: float | None, short: bool = False) -> str:
 def test_text(c: Mapping[str, Any]) -> str:
     from polykv.eval.paired_samples import format_p
 
-    kind = "exact sign-flip" if c.get("exact") else "sign-flip (10,000 random flips)"
+    kind = "exact sign-flip" if c.get("exact") else f"sign-flip ({PERMUTATIONS:,} random flips)"
     return f"{kind} p = {format_p(c['p'])} over {c['samples']} samples in {c['tasks']} tasks ({c['differing']} differ)"
 
 
@@ -235,12 +238,14 @@ def _lines_for(report, kind_pairs, families=FAMILIES, metrics=("answer_nll", "sc
 
 def competence_lines(report: Mapping[str, Any]) -> list[str]:
     competence = report.get("competence", {})
-    threshold = competence.get("threshold", 20.0)
+    threshold = competence.get("threshold", COMPETENCE_THRESHOLD)
     accuracy = report.get("fullkv_accuracy", {})
+    n = competence.get("samples", "?")
     out = [
-        f"FullKV's accuracy on the first {competence.get('samples', '?')} held-out samples of each task (run "
-        f"`{competence.get('pilot', '?')}`), before any plan was judged; a task under {threshold:g}% leaves the "
-        "verdict (it cannot tell plans apart, and its answer_nll scores an answer the model cannot give):",
+        f"FullKV's accuracy, generating, on {n} samples per task of the evaluation split (RULER: the first {n} "
+        f"held-out ones; run `{competence.get('pilot', '?')}`), before any plan was judged; a task under "
+        f"{threshold:g}% leaves the verdict (it cannot tell plans apart, and its answer_nll scores an answer the "
+        "model cannot give):",
         "",
     ]
     rows = [(task, f"{value:.1f}", "yes" if value >= threshold else "no: left out") for task, value in accuracy.items()]
@@ -312,10 +317,11 @@ def markdown(report: Mapping[str, Any], store_dir: Path | None = None, figure: P
         "prefill and decode), **envelope** (the best of the nine baselines, each under its own protocol: its phases "
         "and allocation, as the sweep runs them). FullKV beside them. Every plan runs under the same question "
         "protocol.",
-        "- Verdicts: the sample-level sign-flip permutation test (tasks fixed; exact by enumeration when at most 20 "
-        "samples differ, else 10,000 random flips seeded by the data), the 95% interval of the differences the "
-        "test does not reject (it excludes 0 exactly when the test rejects), and the minimal detectable difference "
-        "(MDE) at 80% power; W/T/L counts samples.",
+        "- Verdicts: the sample-level sign-flip permutation test (tasks fixed; exact by enumeration when at most "
+        f"{EXACT_DIFFERING} samples differ, else {PERMUTATIONS:,} random flips seeded by the data), the 95% interval "
+        "of the shifts the test does not reject (it agrees with the test; a line says so where an exact p and an "
+        "interval from random flips disagree at the level), and the minimal detectable difference (MDE) at 80% "
+        "power; W/T/L counts samples.",
         "",
         "## Competence",
         "",
@@ -410,7 +416,7 @@ def figure(report: Mapping[str, Any], folder: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from polykv.eval.store import Store
-    from polykv.files import atomic_write_json, atomic_write_text, read_json
+    from polykv.files import atomic_write_text, read_json
     from polykv.search.workload_verdict import rejudge
 
     parser = argparse.ArgumentParser(description="Render a saved workload search report as Markdown again.")
@@ -420,7 +426,6 @@ def main(argv: list[str] | None = None) -> int:
     data = read_json(args.report, "workload report")
     folder = args.report.parent
     data = rejudge(data, Store(folder / "results.sqlite", readonly=True))
-    atomic_write_json(args.report, data)
     atomic_write_text(args.out, markdown(data, folder, folder / figure(data, folder), args.out))
     return 0
 

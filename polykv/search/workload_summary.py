@@ -5,7 +5,7 @@ is saved, and the paper's Section 4.4 shape beside the paper's numbers.
     python -m polykv.search.workload_summary --out docs/smollm2-workload.md docs/smollm2-workload/<run> ...
 
 Each folder holds a search's report.json and results.sqlite; the verdicts are recomputed from the runs
-(`polykv.search.workload.rejudge`) and every run id printed is in the database named beside it.
+(`polykv.search.workload_verdict.rejudge`) and every run id printed is in the database named beside it.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from polykv.eval.paired_samples import EXACT_DIFFERING
+from polykv.eval.settings import COMPETENCE_THRESHOLD
 from polykv.search.workload_markdown import (
     KV_HEADER,
     PAPER_OPEN,
@@ -121,10 +123,10 @@ def protocol_rows(runs, stores: Mapping[str, Any]) -> list[tuple]:
                 continue
             tasks = set(entry["verdict"].get(FAMILIES[0], {}).get("tasks", ()))
             tasks &= set(other["verdict"].get(FAMILIES[0], {}).get("tasks", ()))
-            roles_before = {name_of(other, role): role for role in other["runs"]["answer_nll"]}
+            roles_before = {_plan_of(other, role): role for role in other["runs"]["answer_nll"]}
             done = set()
             for role in entry["runs"]["answer_nll"]:
-                plan = name_of(entry, role)
+                plan = _plan_of(entry, role)  # the same plan, not the same name: a search's plans differ by protocol
                 if plan in done or plan not in roles_before:
                     continue
                 done.add(plan)
@@ -141,7 +143,7 @@ def protocol_rows(runs, stores: Mapping[str, Any]) -> list[tuple]:
                     (
                         scope,
                         entry["budget"],
-                        f"`{plan}`",
+                        f"`{name_of(entry, role)}`",
                         f"{number(c['difference'])} {interval(c)}",
                         test_text(c),
                         mde_text(c["mde"], short=True),
@@ -151,6 +153,15 @@ def protocol_rows(runs, stores: Mapping[str, Any]) -> list[tuple]:
                     )
                 )
     return rows
+
+
+def _plan_of(entry, role: str) -> str:
+    """A role's plan as its key (`plan_key`: what it runs, not what it is called); FullKV's for fullkv."""
+    from polykv.plan import Plan
+    from polykv.search.objective import plan_key
+
+    plan = entry["plans"].get(role)
+    return "fullkv" if plan is None else plan_key(Plan.from_dict(plan))
 
 
 PROTOCOL_HEADER = ("scope", "budget", "plan", "after - in-prompt [95% CI]", "test", "MDE", "W/T/L", "after is", "runs")
@@ -188,7 +199,7 @@ def summary(runs: Sequence[tuple[str, Mapping[str, Any], Path]], page: Path, sto
     lines = [
         f"# Plans for a workload on {first['model']}, by scope and question protocol",
         "",
-        f"Which plan should `{first['model']}` use for RULER's {tasks}"
+        f"Which plan should `{first['model']}` use for {samples['suite']}'s {tasks}"
         + (f" at {length} tokens" if length else "")
         + ", where the KV memory of a long prompt is actually saved, and does it matter whether the question is "
         "in the prompt the plan compresses? One workload search per scope and question protocol, each judged on "
@@ -212,8 +223,9 @@ def summary(runs: Sequence[tuple[str, Mapping[str, Any], Path]], page: Path, sto
         f"Samples: {samples['search_per_task']} search samples per task from the calibration split, {held} held-out "
         f"samples per task scored (answer_nll, the gold answer's mean NLL per token; lower is better), accuracy "
         f"generated on the first {accuracy}; transfer tasks {', '.join(samples['transfer']) or 'none'}; the same "
-        "held-out prompts in every search. Tests: the sample-level sign-flip test (exact when at most 20 samples "
-        "differ), the interval of shifts it does not reject, the minimal detectable difference at 80% power.",
+        "held-out prompts in every search. Tests: the sample-level sign-flip test (exact when at most "
+        f"{EXACT_DIFFERING} samples differ), the interval of shifts it does not reject, the minimal detectable "
+        "difference at 80% power.",
         "",
         "## What it shows",
         "",
@@ -276,9 +288,10 @@ def summary(runs: Sequence[tuple[str, Mapping[str, Any], Path]], page: Path, sto
         "",
         "## What the question protocol changes: the same plan, in the prompt and after compression",
         "",
-        "answer_nll on the searched tasks, sample by sample (the two searches scored the same prompts); a plan "
-        "that compresses the prompt loses, after compression, what it learnt from the question (SnapKV's window, "
-        "TOVA's last query), and FullKV, which evicts nothing, should not move:",
+        "answer_nll on the searched tasks, sample by sample (the two searches scored the same prompts), for every "
+        "plan both searches ran (the same layers, methods, capacities and parameters): after compression a "
+        "prefill method compresses the context without the question in view (SnapKV's window, TOVA's last "
+        "query); FullKV, which evicts nothing, is the control:",
         "",
         *table(PROTOCOL_HEADER, protocol_rows(runs, stores)),
         "",
@@ -295,7 +308,7 @@ def summary(runs: Sequence[tuple[str, Mapping[str, Any], Path]], page: Path, sto
     for name, report, _ in runs:
         competence = report.get("competence", {})
         for task, value in report.get("fullkv_accuracy", {}).items():
-            judged = "yes" if value >= competence.get("threshold", 20.0) else "no: left out"
+            judged = "yes" if value >= competence.get("threshold", COMPETENCE_THRESHOLD) else "no: left out"
             accuracy_rows.append((name, task, f"{value:.1f}", judged, f"`{competence.get('pilot', '')}`"))
     lines += [
         "FullKV's accuracy on a pilot of the held-out samples decides, before any plan is judged, which tasks stay "

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from polykv.eval.backends import backend
 from polykv.eval.compare import Paired, direction, macro_average, paired, sample_scores
-from polykv.eval.paired_samples import detectable
+from polykv.eval.paired_samples import detectable, format_p
 from polykv.eval.runner import SUITES, plan_hash, run_suite
 from polykv.eval.shards import run_sharded
 from polykv.eval.store import Store
@@ -68,8 +68,15 @@ class ExperimentRunner:
         return self.run_all([plan])[0]
 
     def _replayed(self, plan: Plan) -> str:
+        """The newest finished run of the plan with these settings, or failing that one whose settings differ only
+        in holding more tasks (each task's samples do not depend on the others: `_asked` reads only these)."""
         settings = (self.settings or SUITES[self.suite].Settings()).to_dict()
-        found = self.store.finished_run(self.model_name, plan_hash(plan), self.suite, settings, self.seed)
+        stored = self.store.finished_runs(self.model_name, plan_hash(plan), self.suite, self.seed)
+        rest = lambda given: {k: v for k, v in given.items() if k != "tasks"}  # noqa: E731
+        more = lambda given: set(settings.get("tasks") or ()) <= set(given.get("tasks") or ())  # noqa: E731
+        found = next((run for run, given in stored if given == settings), None)
+        if found is None and "tasks" in settings:
+            found = next((run for run, given in stored if rest(given) == rest(settings) and more(given)), None)
         if found is None:
             raise ValueError(
                 f"replay: the database holds no finished run of {plan.name} on {self.suite} with these settings"
@@ -186,7 +193,7 @@ def _ci(result: Paired) -> str:
     if result.samples is not None:
         test = result.samples
         text += (
-            f"; sample level 95% CI [{test.low:+.4f}, {test.high:+.4f}], sign-flip p = {test.p_value:.4f} over "
+            f"; sample level 95% CI [{test.low:+.4f}, {test.high:+.4f}], sign-flip p = {format_p(test.p_value)} over "
             f"{test.samples} paired samples ({test.differing} differ), "
             f"minimal detectable difference {detectable(test.mde, '.4g')}"
         )

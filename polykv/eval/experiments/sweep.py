@@ -209,7 +209,7 @@ def sweep(
             report.lines.append(
                 f"2b: route-uniform at {b} - {_BEST[what]} at {2 * b} ({best}) = {_ci(result)}{said}{across}"
             )
-    series = routes + names + [n for n in same if n not in names]
+    series = routes + names + same
     report.data = SweepData(
         metric=metric,
         direction=direction(metric),

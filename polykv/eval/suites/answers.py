@@ -235,7 +235,8 @@ def teacher_forced_nll(model, question: Question) -> float:
 
 def _generate(model, question: Question, pad_token_id: int | None, split: bool = False) -> list[int]:
     """Greedy tokens after the prompt. `split`: a question after compression gets the context's pass first
-    (`_context_pass`); `generate` then feeds the question and the answer through that cache."""
+    (`_context_pass`; a plain cache when no plan is routed); `generate` then feeds the question and the answer
+    through that cache."""
     from polykv.models import cache_argument_name
 
     ids = torch.tensor([question.prompt_ids], device=model.device)
@@ -315,6 +316,7 @@ def _reference_key(model, question: Question) -> tuple:
         question.max_new_tokens,
         question.stop,
         question.min_new_tokens,
+        question.question_start,
     )
 
 
@@ -349,8 +351,8 @@ def fullkv_answer(model, question: Question, pad_token_id: int | None = None) ->
     cached = cached_reference(model, question)
     if cached is not None:
         return cached
-    with torch.no_grad():
-        return remember_reference(model, question, _generate(model, question, pad_token_id))
+    with torch.no_grad():  # the vanilla model, with the question fed after the context when it comes apart
+        return remember_reference(model, question, _generate(model, question, pad_token_id, split=True))
 
 
 # ---- a suite's samples scored in any mode -------------------------------------------------------------------

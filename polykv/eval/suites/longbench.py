@@ -301,12 +301,19 @@ def after_context(task: str, record: dict) -> str:
 
 def question_start(tokenizer, task: str, record: dict, prompt: str, ids: list[int], use_chat: bool) -> int:
     """Where a sample's question starts in its prompt ids (`polykv.eval.suites.questions`): at the text after
-    ``{context}``; a prompt whose middle truncation cut into that text keeps the part that is left."""
+    ``{context}``. A prompt cut in the middle carries that text as decoding the whole prompt's last tokens gives
+    it (their text may differ from the template's in spaces): the question is found as those tokens' text; a cut
+    that reached into the question is an error (one line)."""
+    formatted = format_prompt(task, record)
     tail = after_context(task, record)
-    kept = next((k for k in range(len(tail), 0, -1) if prompt.endswith(tail[-k:])), 0)
-    if not kept:
-        raise ValueError(f"LongBench {task}: the prompt does not end with the text after its context")
-    start = questions.after_whitespace(prompt, len(prompt) - kept)
+    if prompt != formatted:  # cut in the middle: the tail is the decoded text of the original's last tokens
+        original = list(tokenizer(formatted).input_ids)
+        start = questions.after_whitespace(formatted, len(formatted) - len(tail))
+        asked = len(original) - questions.question_start(tokenizer, original, formatted, start, False)
+        tail = tokenizer.decode(original[-asked:], skip_special_tokens=True)
+    if not tail.strip() or not prompt.endswith(tail):
+        raise ValueError(f"LongBench {task}: the middle truncation cut into the question; give a larger max_length")
+    start = questions.after_whitespace(prompt, len(prompt) - len(tail))
     return questions.question_start(tokenizer, ids, prompt, start, use_chat and task not in NO_CHAT_TASKS)
 
 
