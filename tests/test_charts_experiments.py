@@ -50,18 +50,26 @@ def test_the_sweep_figure_has_a_log_budget_axis_a_fullkv_line_and_a_route_minus_
     fig = charts.sweep_figure(frame, "kl", full, versus)
     assert fig.layout.xaxis.type == "log" and fig.layout.xaxis2.type == "log"  # 8 .. 64 spans a factor 8
     traces = {t.name: t for t in fig.data}
-    assert list(traces)[:4] == ["tova", "h2o", "best baseline (envelope)", "route-uniform"]
+    assert list(traces)[:5] == [
+        "tova",
+        "h2o",
+        "best baseline (envelope)",
+        "best alone in the route's scope",
+        "route-uniform",
+    ]
     assert list(traces["route-uniform"].y) == [data.scores["route-uniform"][b] for b in (8, 16, 64)]
     fullkv = traces["FullKV"]  # horizontal, across the budgets
     assert list(fullkv.x) == [8, 64] and list(fullkv.y) == [0.0, 0.0] and fullkv.yaxis == "y"
-    panel = traces["route-uniform - envelope (95% CI)"]
+    alone = traces["route-uniform - best alone in its scope (95% CI)"]  # like with like, drawn first
+    assert alone.yaxis == "y2" and list(alone.y) == [data.versus_matched[b].difference for b in (8, 16, 64)]
+    panel = traces["route-uniform - envelope (across protocols) (95% CI)"]
     assert panel.yaxis == "y2" and list(panel.x) == [8, 16, 64]
     contrasts = [data.versus_envelope[b] for b in (8, 16, 64)]
     assert list(panel.y) == [c.difference for c in contrasts]
     assert list(panel.error_y.array) == pytest.approx([c.high - c.difference for c in contrasts])
     assert list(panel.error_y.arrayminus) == pytest.approx([c.difference - c.low for c in contrasts])
     assert any(shape.y0 == 0 and shape.yref == "y2" for shape in fig.layout.shapes)  # the zero line
-    assert "route - envelope (kl)" == fig.layout.yaxis2.title.text
+    assert "route - best (kl)" == fig.layout.yaxis2.title.text
 
 
 def test_the_sweep_budget_axis_is_linear_within_a_factor_two_and_the_eval_job_table_still_draws(tmp_path):

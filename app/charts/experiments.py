@@ -17,7 +17,7 @@ from polykv.eval.experiments.report import GUIDED_INDEX, FactorialData, PlacedRu
 
 ROUTE_COLORS = {"route": "#D62728", "route-uniform": "#D62728", "route-ppl": "#6A3D9A"}
 GUIDED_COLOR = "#D62728"
-NOT_BASELINES = ("budget", "best baseline", "envelope")
+NOT_BASELINES = ("budget", "best baseline", "envelope", "best alone in scope", "alone in scope")
 
 
 def _is_route(column: str) -> bool:
@@ -29,8 +29,9 @@ def sweep_figure(
 ) -> go.Figure:
     """Suite score against budget: each baseline, the best-baseline envelope and the route(s); the budget
     axis is logarithmic when the budgets span more than a factor 2. `full`: the FullKV score, drawn as a
-    horizontal line. `versus` (columns series, budget, difference, low, high): route minus envelope per
-    budget with its paired CI, drawn in a second panel below."""
+    horizontal line. `versus` (columns series, against, budget, difference, low, high): route minus the best
+    alone in its scope (like with like) and minus the envelope per budget with its paired CI, in a second panel.
+    The best method alone in the route's scope ("alone in scope"), when the sweep ran it, is drawn too."""
     columns = [c for c in frame.columns if c not in NOT_BASELINES and " - " not in c]
     baselines = [c for c in columns if not _is_route(c)]
     routes = [c for c in columns if _is_route(c)]
@@ -66,6 +67,20 @@ def sweep_figure(
         ),
         **top,
     )
+    if "alone in scope" in frame:  # like with like: the best method alone in the route's own scope
+        fig.add_trace(
+            go.Scatter(
+                x=budgets,
+                y=frame["alone in scope"],
+                mode="lines+markers",
+                name="best alone in the route's scope",
+                marker=dict(symbol="diamond-open", size=11),
+                line=dict(color="#111", width=2),
+                text=frame["best alone in scope"],
+                hovertemplate="budget %{x}<br>%{text}: %{y:.4f}<extra></extra>",
+            ),
+            **top,
+        )
     for name in routes:
         fig.add_trace(
             go.Scatter(
@@ -86,15 +101,16 @@ def sweep_figure(
             **top,
         )
     if panels:
-        for name, rows in versus.groupby("series", sort=False):
+        for (name, against), rows in versus.groupby(["series", "against"], sort=False):
             rows = rows.sort_values("budget")
+            alone = against == "alone in scope"
             fig.add_trace(
                 go.Scatter(
                     x=[int(b) for b in rows["budget"]],
                     y=rows["difference"],
                     mode="lines+markers",
-                    name=f"{name} - envelope (95% CI)",
-                    line=dict(color=ROUTE_COLORS.get(name, "#D62728"), width=2),
+                    name=f"{name} - {'best alone in its scope' if alone else 'envelope (across protocols)'} (95% CI)",
+                    line=dict(color=ROUTE_COLORS.get(name, "#D62728"), width=2, dash="solid" if alone else "dot"),
                     error_y=dict(
                         type="data",
                         array=list(rows["high"] - rows["difference"]),
@@ -105,7 +121,7 @@ def sweep_figure(
                 col=1,
             )
         fig.add_hline(y=0, line_color="#888", line_width=1, row=2, col=1)
-        fig.update_yaxes(title_text=f"route - envelope ({metric})", row=2, col=1)
+        fig.update_yaxes(title_text=f"route - best ({metric})", row=2, col=1)
         fig.update_yaxes(title_text=metric, row=1, col=1)
     else:
         fig.update_yaxes(title_text=metric)
@@ -126,19 +142,31 @@ def sweep_frames(data: SweepData) -> tuple[pd.DataFrame, pd.DataFrame, float | N
                 **{label: scores[label][b] for label in data.baselines},
                 "best baseline": envelope[b].baseline,
                 "envelope": envelope[b].score,
+                **(
+                    {
+                        "best alone in scope": data.matched_envelope[b].baseline,
+                        "alone in scope": data.matched_envelope[b].score,
+                    }
+                    if data.matched
+                    else {}
+                ),
                 **{label: scores[label][b] for label in data.routes},
             }
             for b in data.budgets
         ]
     )
-    contrasts = {"route-uniform": data.versus_envelope, "route-ppl": data.ppl_versus_envelope}
+    contrasts = [
+        ("route-uniform", "alone in scope", data.versus_matched),
+        ("route-uniform", "envelope", data.versus_envelope),
+        ("route-ppl", "envelope", data.ppl_versus_envelope),
+    ]
     versus = pd.DataFrame(
         [
-            {"series": label, "budget": b, "difference": c.difference, "low": c.low, "high": c.high}
-            for label, per_budget in contrasts.items()
+            {"series": label, "against": against, "budget": b, "difference": c.difference, "low": c.low, "high": c.high}
+            for label, against, per_budget in contrasts
             for b, c in per_budget.items()
         ],
-        columns=["series", "budget", "difference", "low", "high"],
+        columns=["series", "against", "budget", "difference", "low", "high"],
     ).astype({"difference": float, "low": float, "high": float})  # an undefined one (None) is NaN: not drawn
     return frame, versus, data.full.score
 
