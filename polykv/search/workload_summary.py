@@ -85,6 +85,32 @@ def _rows(runs, pairs, families=FAMILIES, metric="answer_nll") -> list[tuple]:
     return rows
 
 
+def _kept(runs) -> list[str]:
+    """Per search: the share of FullKV's KV its searched plan keeps entering the answer, at each budget."""
+    from polykv.plan import Plan
+
+    out = []
+    for name, report, _ in runs:
+        samples = report["samples"]
+        lengths = [samples["lengths"][t] for t in samples["settings"]["tasks"] if t in samples.get("lengths", {})]
+        if not lengths or not report.get("kv"):
+            continue
+        full = _entering(Plan.homogeneous("full", None, report["kv"]["layers"]), lengths)
+        shares = [
+            f"{entry['budget']}: {_entering(Plan.from_dict(entry['plans']['searched']), lengths) / full:.0%}"
+            for entry in report["budgets"]
+        ]
+        out.append(f"{name}: " + ", ".join(shares))
+    return out
+
+
+def _entering(plan, lengths) -> float:
+    """The KV tokens a plan keeps entering the answer, summed over layers, mean over the tasks' lengths."""
+    from polykv.search.workload_verdict import kv_kept
+
+    return sum(kv_kept(plan, x)[0] for x in lengths) / len(lengths)
+
+
 def _tally(runs, a: str, b: str, family: str) -> list[str]:
     """Per search: how many budgets the contrast is better, worse or not significantly different."""
     out = []
@@ -242,6 +268,15 @@ def summary(runs: Sequence[tuple[str, Mapping[str, Any], Path]], page: Path, sto
         "protocol (a comparison across protocols wherever the envelope's plan acts in other phases):",
         "",
         *(f"- {line}" for line in _tally(runs, "homogeneous", "envelope", FAMILIES[0])),
+        "",
+        "The workload's TopRank route against the homogeneous plan of its majority method (the paper's Section 4.4 "
+        "anchor, same scope):",
+        "",
+        *(f"- {line}" for line in _tally(runs, "toprank-workload", "anchor", FAMILIES[0])),
+        "",
+        "What each search's plans keep of the KV cache entering the answer (the searched plan, share of FullKV's):",
+        "",
+        *(f"- {line}" for line in _kept(runs)),
         "",
         "## Held-out answer_nll of every contender",
         "",
