@@ -138,7 +138,9 @@ def sweep(
     same = list(dict.fromkeys(name for b, name in plans if b is not None and name not in (*names, *ROUTES)))
     routes = [ROUTE_UNIFORM] + ([ROUTE_PPL] if profile is not None else [])
     metric, seed = runner.metric, runner.seed
-    ids = dict(zip(plans, runner.run_all(list(plans.values()))))
+    unique = {plan.to_json(): plan for plan in plans.values()}  # a baseline's own protocol may be its scope's too
+    made = dict(zip(unique, runner.run_all(list(unique.values()))))
+    ids = {key: made[plan.to_json()] for key, plan in plans.items()}
     scores = {key: runner.scores(run_id) for key, run_id in ids.items()}
     score = {key: macro_average(s.tasks) for key, s in scores.items()}
 
