@@ -138,9 +138,11 @@ def test_the_sweep_report_draws_the_route_baselines_fullkv_and_route_minus_envel
     assert not at.exception and not at.error
     (figure,) = (json.loads(chart.proto.spec) for chart in at.get("plotly_chart"))
     names = [t.get("name") for t in figure["data"]]
-    assert names[:4] == ["tova", "best baseline (envelope)", "route-uniform", "route-ppl"] and "FullKV" in names
+    assert names[:3] == ["tova", "best baseline (envelope)", "best alone in the route's scope"]
+    assert names[3:5] == ["route-uniform", "route-ppl"] and "FullKV" in names
+    assert "route-uniform - best alone in its scope (95% CI)" in names  # like with like, beside the envelope's
     assert figure["layout"]["xaxis"]["type"] == "log"
-    assert "route - envelope" in figure["layout"]["yaxis2"]["title"]["text"]
+    assert "route - best" in figure["layout"]["yaxis2"]["title"]["text"]
 
 
 @pytest.mark.slow  # resumes a cancelled experiment job (a worker, four tiny runs)
