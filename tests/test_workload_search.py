@@ -11,11 +11,12 @@ from hypothesis import strategies as st
 
 from polykv.eval import calibration
 from polykv.eval.calibration import calibration_samples, evaluation_samples, parse_workload, prompt_hash
+from polykv.eval.store import Store
 from polykv.plan import Plan, Scope
-from polykv.search import workload_summary
+from polykv.search import workload_markdown, workload_summary
 from polykv.search.answer_objective import AnswerObjective
 from polykv.search.search import SearchSettings, search
-from polykv.search.workload_verdict import contrast
+from polykv.search.workload_verdict import contrast, rejudge
 from tests.helpers import plan_of
 from tests.planted_needle import needle_model, needle_questions
 
@@ -193,10 +194,44 @@ def test_polykv_search_on_a_workload_writes_its_verdict(polykv, tmp_path):
     assert report["competence"]["samples"] == 3 and set(report["fullkv_accuracy"]) == {"niah_single_1"}
     # one page over searches; every run id it prints is in the database it names
     summary = tmp_path / "summary.md"
-    assert workload_summary.main(["--out", str(summary), str(out)]) == 0
+    notes = tmp_path / "reading.md"
+    notes.write_text("The searched plan wins nothing here.\n")
+    assert workload_summary.main(["--out", str(summary), "--reading", str(notes), str(out)]) == 0
     text = summary.read_text()
+    assert "## Reading\n\nThe searched plan wins nothing here.\n" in text  # a person's words, before the numbers
     assert "## Like with like: the searched plan against the best homogeneous plan of its scope" in text
     assert "out/results.sqlite" in text and entry["runs"]["answer_nll"]["searched"] in text
+    # rendered again: the verdicts recomputed from the database equal the search's own; report.json untouched
+    saved = (out / "report.json").read_bytes()
+    again = rejudge(json.loads(saved), Store(out / "results.sqlite", readonly=True))["budgets"][0]["verdict"]
+    assert json.dumps(again, sort_keys=True) == json.dumps(entry["verdict"], sort_keys=True)
+    assert workload_markdown.main([str(out / "report.json"), "--out", str(out / "again.md")]) == 0
+    assert (out / "report.json").read_bytes() == saved
+    assert "computed again from those runs" in (out / "again.md").read_text()
+    assert "computed again" not in page  # the search's own page prints the verdicts it computed
+
+
+@pytest.mark.slow
+def test_the_summary_pairs_the_same_plan_under_both_question_protocols(polykv, tmp_path):
+    folders = []
+    for question in ("in-prompt", "after-compression"):
+        folders.append(tmp_path / question)
+        result = polykv(
+            "search", "--model", "demo", "-o", str(folders[-1]), "-b", "32", "--objective", "answer_nll",
+            "--sources", NIAH, "--search-sequences", "2", "--held-out", "3", "--evaluations", "8",
+            "--competence", "0", "--scope", "prefill", "--question", question, "--workspace", str(tmp_path / "ws"),
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+    reports = [json.loads((f / "report.json").read_text()) for f in folders]
+    stores = {f.name: Store(f / "results.sqlite", readonly=True) for f in folders}
+    rows = workload_summary.protocol_rows([(f.name, r, f) for f, r in zip(folders, reports)], stores)
+    by_plan = {row[2]: row for row in rows}
+    assert len(by_plan) == len(rows)  # each plan once, FullKV's control included
+    control = by_plan["`fullkv`"]
+    assert control[7] == "no significant difference" and abs(float(control[3].split()[0])) < 1e-3
+    # a plan is paired with the same plan (its key), whatever role it had in each search
+    keys = [{workload_summary._plan_of(e, role) for e in r["budgets"] for role in e["plans"]} for r in reports]
+    assert len(rows) == 1 + len(keys[0] & keys[1])
 
 
 @pytest.mark.parametrize(

@@ -288,7 +288,13 @@ def markdown(report: Mapping[str, Any], store_dir: Path | None = None, figure: P
         "",
         f"Every held-out number is a run in `{where}/results.sqlite`: `polykv runs show RUN --workspace {where}` "
         f"lists a run's samples with the model's answers, `polykv compare A B --samples --workspace {where}` any "
-        "contrast sample by sample.",
+        "contrast sample by sample."
+        + (
+            " The verdicts below were computed again from those runs by `python -m polykv.search.workload_markdown` "
+            "(the current statistics); `report.json` keeps the ones the search printed."
+            if report.get("rejudged")
+            else ""
+        ),
         "",
         "## What ran",
         "",

@@ -2,7 +2,8 @@
 (`polykv.search.workload_markdown` renders each alone): like-with-like verdicts side by side, where the KV memory
 is saved, and the paper's Section 4.4 shape beside the paper's numbers.
 
-    python -m polykv.search.workload_summary --out docs/smollm2-workload.md docs/smollm2-workload/<run> ...
+    python -m polykv.search.workload_summary --out docs/smollm2-workload.md [--reading NOTES.md] \
+        docs/smollm2-workload/<run> ...
 
 Each folder holds a search's report.json and results.sqlite; the verdicts are recomputed from the runs
 (`polykv.search.workload_verdict.rejudge`) and every run id printed is in the database named beside it.
@@ -143,6 +144,7 @@ def protocol_rows(runs, stores: Mapping[str, Any]) -> list[tuple]:
             continue
         (inside, before), (after, later) = pair["in-prompt"], pair["after-compression"]
         earlier = {entry["budget"]: entry for entry in before["budgets"]}
+        shown = set()  # run pairs already in the table: FullKV's runs are every budget's
         for entry in later["budgets"]:
             other = earlier.get(entry["budget"])
             if other is None:
@@ -160,6 +162,9 @@ def protocol_rows(runs, stores: Mapping[str, Any]) -> list[tuple]:
                     entry["runs"]["answer_nll"][role],
                     other["runs"]["answer_nll"][roles_before[plan]],
                 )
+                if (run_after, run_before) in shown:
+                    continue
+                shown.add((run_after, run_before))
                 a = {t: v for t, v in sample_scores(stores[after], run_after, "answer_nll").items() if t in tasks}
                 b = {t: v for t, v in sample_scores(stores[inside], run_before, "answer_nll").items() if t in tasks}
                 if not a or not b:
@@ -215,8 +220,11 @@ MEANS_HEADER = ("searches", "budget", "FullKV", "searched", "toprank-workload", 
 MEANS_HEADER += ("anchor", "tova", "envelope")
 
 
-def summary(runs: Sequence[tuple[str, Mapping[str, Any], Path]], page: Path, stores: Mapping[str, Any]) -> str:
-    """The page; `runs`: (name, report, folder) of each search, `stores`: name -> its results database."""
+def summary(
+    runs: Sequence[tuple[str, Mapping[str, Any], Path]], page: Path, stores: Mapping[str, Any], reading: str = ""
+) -> str:
+    """The page; `runs`: (name, report, folder) of each search, `stores`: name -> its results database, `reading`:
+    Markdown a person wrote about what the numbers show (placed before them, under "Reading")."""
     first = runs[0][1]
     samples = first["samples"]
     tasks = ", ".join(samples["settings"]["tasks"])
@@ -253,6 +261,7 @@ def summary(runs: Sequence[tuple[str, Mapping[str, Any], Path]], page: Path, sto
         f"{EXACT_DIFFERING} samples differ), the interval of shifts it does not reject, the minimal detectable "
         "difference at 80% power.",
         "",
+        *(["## Reading", "", reading.strip(), ""] if reading.strip() else []),
         "## What it shows",
         "",
         "The searched plan against the best homogeneous plan of its own scope and protocol (answer_nll, the "
@@ -363,13 +372,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="One page over several workload searches (report.json folders).")
     parser.add_argument("folders", type=Path, nargs="+")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--reading", type=Path, help="a Markdown file: what the numbers show, in a person's words")
     args = parser.parse_args(argv)
+    reading = args.reading.read_text(encoding="utf-8") if args.reading else ""
     runs, stores = [], {}
     for folder in args.folders:
         report = read_json(folder / "report.json", "workload report")
         stores[folder.name] = Store(folder / "results.sqlite", readonly=True)
         runs.append((folder.name, rejudge(report, stores[folder.name]), folder))
-    atomic_write_text(args.out, summary(runs, args.out, stores))
+    atomic_write_text(args.out, summary(runs, args.out, stores, reading))
     return 0
 
 

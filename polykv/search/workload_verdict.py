@@ -198,6 +198,7 @@ def rejudge(report: dict[str, Any], store) -> dict[str, Any]:
     for entry in report["budgets"]:
         scopes = {role: Plan.from_dict(plan).scope.value for role, plan in entry["plans"].items()}
         entry["verdict"] = verdict(store, entry["runs"], families, report["seed"], scopes)
+    report["rejudged"] = True
     return report
 
 
