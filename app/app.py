@@ -35,8 +35,8 @@ with st.sidebar:
         st.text_input(
             "Model",
             key=state.MODEL_TEXT,
-            help="'demo' (the embedded stories260K), 'smollm2' (SmolLM2-135M-Instruct, 30 layers), a Hugging Face "
-            "id, a local model directory or a .gguf file",
+            help="'demo' (the embedded stories260K), 'smollm2' (SmolLM2-135M-Instruct, 30 layers), 'gemma3' (Gemma 3 "
+            "270M, 18 layers: 15 local, 3 global), a Hugging Face id, a local model directory or a .gguf file",
         )
         devices = session.devices()
         st.selectbox("Device", devices, index=common.index_of(devices, device), key=state.MODEL_DEVICE)
@@ -51,7 +51,7 @@ with st.sidebar:
         st.error(session.model_error())
     try:
         loaded_name, loaded_device, model, _ = session.current_model()
-        st.caption(f"Model: **{loaded_name}** on {loaded_device}, {session.num_layers()} layers")
+        st.caption(f"Model: **{loaded_name}** on {loaded_device}, {session.num_layers()} layers{session.layer_kinds()}")
     except Exception as exc:  # the last good model could not be reloaded: fall back to the demo
         plan_draft.fall_back_to_demo()
         st.error(f"Model unavailable ({common.first_line(exc)}); using the demo model.")

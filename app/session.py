@@ -107,6 +107,21 @@ def num_layers() -> int:
     return models.num_layers(current_model()[2])
 
 
+def layer_windows() -> list[int | None]:
+    """Each layer's sliding window (a local layer) or None (a global one) of the current model."""
+    return models.layer_windows(current_model()[2])
+
+
+def layer_kinds() -> str:
+    """ ", 15 local (window 512) and 3 global" for a hybrid model; "" when every layer is global."""
+    windows = layer_windows()
+    local = [w for w in windows if w is not None]
+    if not local:
+        return ""
+    sizes = "/".join(str(w) for w in sorted(set(local)))
+    return f", {len(local)} local (window {sizes}) and {len(windows) - len(local)} global"
+
+
 def check_plan(plan: Plan) -> Plan:
     """`plan` if it fits the current model (its layers, and its context for every token count, capacities
     included); PlanError (one line) otherwise."""

@@ -90,6 +90,27 @@ def smollm2(smollm2_home):
     return load_model(str(gguf_model_dir(smollm2_gguf_path(), smollm2_home)))
 
 
+@pytest.fixture(scope="session")
+def gemma3_home():
+    """The POLYKV_HOME holding the assembled and converted gemma3 (made first if it is not there)."""
+    from polykv.models.gemma3 import check_sha256, gemma3_gguf_path
+    from polykv.models.gguf import gguf_model_dir
+
+    gguf_model_dir(gemma3_gguf_path(USER_HOME), USER_HOME, verify=check_sha256)
+    return USER_HOME
+
+
+@pytest.fixture(scope="session")
+def gemma3(gemma3_home):
+    """Gemma 3 270M (the embedded `gemma3`: 18 layers, 15 of them local with a 512-token window), loaded once
+    per test session."""
+    from polykv.models import load_model
+    from polykv.models.gemma3 import check_sha256, gemma3_gguf_path
+    from polykv.models.gguf import gguf_model_dir
+
+    return load_model(str(gguf_model_dir(gemma3_gguf_path(gemma3_home), gemma3_home, verify=check_sha256)))
+
+
 @pytest.fixture
 def llama():
     return tiny_model("llama")

@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 import torch
 from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -80,6 +82,17 @@ FAMILIES = {
     "mistral": (MistralConfig, MistralForCausalLM, {"sliding_window": 4096}),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"head_dim": 16}),  # q_norm / k_norm before RoPE
+    # hybrid attention: two local layers (a 16-token sliding window, shorter than most test prompts) and a
+    # global one, as Gemma 3 interleaves them
+    "gemma3": (
+        Gemma3TextConfig,
+        Gemma3ForCausalLM,
+        {
+            "head_dim": 16,
+            "sliding_window": 16,
+            "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+        },
+    ),
 }
 
 

@@ -19,13 +19,16 @@ METHODS = ("streamingllm", "h2o", "tova", "snapkv", "pyramidkv", "cake", "d2o", 
 
 
 def vanilla_nll(model, question: answers.Question) -> float:
-    """The unmodified model (its own attention, a plain DynamicCache): the prompt in one pass, then the
-    answer token by token, each token's -log p in float64, averaged."""
+    """The unmodified model (its own attention, the DynamicCache it makes for itself: sliding-window layers
+    where its config has them): the prompt in one pass, then the answer token by token, each token's -log p
+    in float64, averaged."""
     from polykv.models import cache_argument_name
 
     prompt = torch.tensor([question.prompt_ids])
     with torch.no_grad():
-        out = model(prompt, use_cache=True, logits_to_keep=1, **{cache_argument_name(model): DynamicCache()})
+        out = model(
+            prompt, use_cache=True, logits_to_keep=1, **{cache_argument_name(model): DynamicCache(config=model.config)}
+        )
         cache, logits = out.past_key_values if hasattr(out, "past_key_values") else out.cache, [out.logits[0, -1]]
         for token in question.answer_ids[:-1]:
             out = model(torch.tensor([[token]]), use_cache=True, **{cache_argument_name(model): cache})

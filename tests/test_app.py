@@ -248,7 +248,7 @@ def test_a_model_path_that_does_not_exist_is_reported_and_the_demo_model_stays(a
 @pytest.mark.parametrize(
     ("config", "reason"),
     [
-        (BERT_CONFIG, "model_type 'bert'; PolyKV runs Llama, Mistral, Qwen2 and Qwen3 models"),
+        (BERT_CONFIG, "model_type 'bert'; PolyKV runs Llama, Mistral, Qwen2, Qwen3 and Gemma 3 models"),
         (HUGE_CONFIG, "GiB, the device (cpu) has"),
     ],
 )

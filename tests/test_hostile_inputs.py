@@ -409,10 +409,11 @@ CLI_CASES: dict[str, Case] = {
     ),
     "model-generate-bert": Case(
         lambda f: ["generate", "--model", model_dir(f, BERT_CONFIG)],
-        "model_type 'bert'; PolyKV runs Llama, Mistral, Qwen2 and Qwen3 models",
+        "model_type 'bert'; PolyKV runs Llama, Mistral, Qwen2, Qwen3 and Gemma 3 models",
     ),
     "model-profile-bert": Case(
-        lambda f: ["profile", "--model", model_dir(f, BERT_CONFIG)], "PolyKV runs Llama, Mistral, Qwen2 and Qwen3"
+        lambda f: ["profile", "--model", model_dir(f, BERT_CONFIG)],
+        "PolyKV runs Llama, Mistral, Qwen2, Qwen3 and Gemma 3",
     ),
     "model-bert-directory": Case(
         lambda f: ["plan", "validate", str(MIXED), "--model", model_dir(f, BERT_CONFIG)], "model_type 'bert'"

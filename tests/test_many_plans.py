@@ -55,7 +55,7 @@ def alone(model, plan: Plan, tokens: torch.Tensor) -> list[torch.Tensor]:
     return logits
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "mistral"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "mistral", "gemma3"])
 def test_every_plan_in_one_batch_gives_what_it_gives_alone(family):
     model = tiny_model(family, max_position_embeddings=256, vocab_size=128)
     plans = every_plan(model.config.num_hidden_layers)

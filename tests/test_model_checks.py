@@ -113,7 +113,7 @@ def test_an_unsupported_architecture_is_refused_before_its_weights_load(tmp_path
     bert = model_dir(tmp_path / "bert", BERT_CONFIG)
     for attempt in (lambda: load_model(bert), lambda: config_dimensions(bert)):
         with pytest.raises(
-            UnsupportedModelError, match="model_type 'bert'; PolyKV runs Llama, Mistral, Qwen2 and Qwen3"
+            UnsupportedModelError, match="model_type 'bert'; PolyKV runs Llama, Mistral, Qwen2, Qwen3 and Gemma 3"
         ):
             attempt()
 

@@ -279,7 +279,7 @@ def test_a_route_by_danswer_takes_every_allocation(workload_profile, allocation)
 
 
 def test_the_kv_a_plan_keeps_is_where_it_evicts():
-    from polykv.search.workload_verdict import kv_kept
+    from polykv.kv_memory import kv_kept
 
     lengths = {"prompt": 1000.0, "question": 40.0, "answer": 8.0}  # the question after a 960-token context
     layers = 4
@@ -293,6 +293,10 @@ def test_the_kv_a_plan_keeps_is_where_it_evicts():
     assert kv_kept(both, lengths) == (layers * 104.0, layers * 64.0)
     in_prompt = {**lengths, "question": 0.0}
     assert kv_kept(prefill, in_prompt) == (layers * 64.0, layers * 72.0)
+    # a local layer (a 100-token sliding window) holds at most 99 tokens whatever its plan: FullKV's and TOVA's too
+    windows = [100, None, 100, None]
+    assert kv_kept(full, lengths, windows) == (2 * 99 + 2 * 1000.0, 2 * 99 + 2 * 1008.0)
+    assert kv_kept(both, lengths, windows) == (2 * 99 + 2 * 104.0, layers * 64.0)
 
 
 def test_the_competence_rule_takes_tasks_out_of_both_families_and_names_the_majority_method():

@@ -21,10 +21,13 @@ def plan_figure(
     selected: Iterable[int] = (),
     phases: Iterable[str] = ("prefill", "decode"),
     boxes: Sequence[dict] = (),
+    windows: Sequence[int | None] = (),
 ) -> go.Figure:
     """Figure 1c: a strip of method cells (one row per phase) over capacity bars, the uniform average
     of each phase as a dashed line. Cells and bars are selectable (click, box, lasso); the cells of the
-    `selected` layers in `phases` are outlined."""
+    `selected` layers in `phases` are outlined. On a hybrid model (`windows`: each layer's sliding window or
+    None), every layer's tick says local (L) or global (G), and a local layer's window caps its bar: it never
+    holds more than W - 1 tokens, whatever its capacity."""
     selected, phases = set(selected), set(phases)
     layers = list(range(plan.num_layers))
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.4, 0.6], vertical_spacing=0.06)
@@ -107,6 +110,8 @@ def plan_figure(
                 row=2,
                 col=1,
             )
+    if any(w is not None for w in windows):
+        _mark_local_layers(fig, list(windows))
     fig.update_yaxes(categoryorder="array", categoryarray=PHASE_ROWS, row=1, col=1)
     fig.update_yaxes(title_text="capacity (tokens)", rangemode="tozero", row=2, col=1)
     fig.update_xaxes(title_text="layer", range=[-0.6, plan.num_layers - 0.4], row=2, col=1)
@@ -119,6 +124,36 @@ def plan_figure(
     fig.update_layout(legend=dict(font=dict(size=11), tracegroupgap=0, y=-0.16))  # one row at 800 px
     # Short enough that the paint controls fit under it in a 1280x800 window.
     return layout(fig, f"{plan.name}: method and capacity per layer", PLAN_CHART_HEIGHT)
+
+
+def _mark_local_layers(fig: go.Figure, windows: list[int | None]) -> None:
+    """Ticks "3 L" / "5 G" under every layer, and the most a local layer holds (its window less one) as a
+    short line over its bars."""
+    layers = range(len(windows))
+    fig.update_xaxes(
+        tickmode="array",
+        tickvals=list(layers),
+        ticktext=[f"{i} {'G' if w is None else 'L'}" for i, w in zip(layers, windows)],
+        row=2,
+        col=1,
+    )
+    xs, ys = [], []
+    for i, w in zip(layers, windows):
+        if w is not None:
+            xs += [i - 0.45, i + 0.45, None]
+            ys += [w - 1, w - 1, None]
+    fig.add_trace(
+        go.Scatter(
+            x=xs,
+            y=ys,
+            mode="lines",
+            name="local layer: its window (L = local, G = global)",
+            line=dict(color="#555", width=2, dash="dot"),
+            hoverinfo="skip",
+        ),
+        row=2,
+        col=1,
+    )
 
 
 def selection_boxes(layers: Iterable[int], phases: Iterable[str]) -> list[dict]:

@@ -23,12 +23,17 @@ def chart_selection(layers: int) -> None:
 
 
 def chart(plan) -> None:
-    figure = charts.plan_figure(plan, controls.selected_layers(), controls.shown_phases(), controls.selection_boxes())
+    figure = charts.plan_figure(
+        plan, controls.selected_layers(), controls.shown_phases(), controls.selection_boxes(), session.layer_windows()
+    )
     common.show(figure, "plan", key=state.PLAN_CHART, on_select="rerun", selection_mode=("points", "box", "lasso"))
 
 
 def summary(plan) -> None:
-    st.text("\n".join(plan.summary().lines()))
+    from polykv.kv_memory import window_notes
+
+    notes = [f"note: {n}" for n in window_notes(plan, session.layer_windows())]
+    st.text("\n".join([*plan.summary().lines(), *notes]))
 
 
 def provenance(plan) -> None:

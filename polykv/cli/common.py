@@ -22,6 +22,14 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 PLANS_DIR = REPO_ROOT / "plans"
 DEFAULT_PLAN = PLANS_DIR / "demo" / "mixed.json"
 
+
+def default_plan(model: str) -> Path:
+    """The plan a command runs when given none: an embedded model's mixed plan (plans/<model>/mixed.json), else
+    the demo's (which a model of another depth refuses in one line)."""
+    own = PLANS_DIR / model / "mixed.json"
+    return own if model.isidentifier() and own.is_file() else DEFAULT_PLAN
+
+
 BUDGET_HELP = "Budget b: the plan's average capacity per layer (tokens per KV head)."
 
 
@@ -34,7 +42,9 @@ def _workspace(value: Path | None) -> Path:
 ModelOption = Annotated[
     str,
     typer.Option(
-        "--model", "-m", help="'demo', 'smollm2', a local model directory or .gguf file, or a Hugging Face id."
+        "--model",
+        "-m",
+        help="'demo', 'smollm2', 'gemma3', a local model directory or .gguf file, or a Hugging Face id.",
     ),
 ]
 WorkspaceOption = Annotated[

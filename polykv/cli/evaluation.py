@@ -8,7 +8,6 @@ from typing import Annotated
 import typer
 
 from polykv.cli.common import (
-    DEFAULT_PLAN,
     DEFAULT_WORKSPACE,
     ModelOption,
     SamplesOption,
@@ -19,13 +18,17 @@ from polykv.cli.common import (
     _load_model,
     _suite_settings,
     _table,
+    default_plan,
 )
 from polykv.cli.progress import Progress
 from polykv.text import printable
 
 
 def evaluate(
-    plan: Annotated[Path, typer.Option("--plan", help="Plan file (JSON).")] = DEFAULT_PLAN,
+    plan: Annotated[
+        Path | None,
+        typer.Option("--plan", help="Plan file (JSON). Default: an embedded model's plans/<model>/mixed.json."),
+    ] = None,
     suite: SuiteOption = "fidelity",
     model: ModelOption = "demo",
     samples: SamplesOption = 4,
@@ -55,7 +58,7 @@ def evaluate(
 
     bars = Progress()  # the local backend reports every sample here; the others report in the store
     runs_on = backend_named(backend, load=load, progress=bars.sample)  # an unknown name fails first
-    loaded = _checked_plan(plan, model, device)  # bad input fails before anything is written
+    loaded = _checked_plan(plan or default_plan(model), model, device)  # bad input fails before anything is written
     settings = _suite_settings(suite, samples, tasks, prompt_tokens, settings_json, model)
     check_fits(suite, settings, *load(model, device), [loaded], seed)  # what cannot run is not started
     store = Store(workspace / "results.sqlite")

@@ -7,7 +7,15 @@ from typing import Annotated
 
 import typer
 
-from polykv.cli.common import DEFAULT_PLAN, ModelOption, _checked_plan, _load_model, _num_layers, _parse_params, _table
+from polykv.cli.common import (
+    ModelOption,
+    _checked_plan,
+    _load_model,
+    _num_layers,
+    _parse_params,
+    _table,
+    default_plan,
+)
 from polykv.plan import Phase, Plan, Scope
 
 # Long enough (~90 tokens on the demo model) that every capacity in the demo plans evicts at prefill.
@@ -32,7 +40,10 @@ def methods() -> None:
 
 def generate(
     prompt: Annotated[str, typer.Option("--prompt", "-p", help="Text to continue.")] = DEMO_PROMPT,
-    plan: Annotated[Path, typer.Option("--plan", help="Plan file (JSON).")] = DEFAULT_PLAN,
+    plan: Annotated[
+        Path | None,
+        typer.Option("--plan", help="Plan file (JSON). Default: an embedded model's plans/<model>/mixed.json."),
+    ] = None,
     model: ModelOption = "demo",
     max_new_tokens: Annotated[int, typer.Option(min=1)] = 96,
     device: str = "cpu",
@@ -43,10 +54,10 @@ def generate(
     """Generate text with a plan and print the retained cache per layer."""
     import torch
 
-    from polykv.models import num_layers
+    from polykv.models import layer_windows, num_layers
     from polykv.runtime import routed
 
-    routed_plan = _checked_plan(plan, model, device)  # bad input fails before the weights load
+    routed_plan = _checked_plan(plan or default_plan(model), model, device)  # bad input fails before the weights load
     hf_model, tokenizer = _load_model(model, device)
     ids = tokenizer(prompt, return_tensors="pt").input_ids.to(device)
     torch.manual_seed(seed)
@@ -60,26 +71,76 @@ def generate(
     typer.echo(f"prompt: {ids.shape[1]} tokens   generated: {len(new)} tokens\n")
     typer.echo(tokenizer.decode(out[0], skip_special_tokens=True))  # whole text: joins at the right space
     typer.echo("\nretained KV slots per KV head (after prefill -> at the end):")
+    windows = layer_windows(hf_model)
     rows = [
         (str(idx), str(lp.prefill), str(lp.decode), str(layer.retained_after_prefill), str(layer.retained))
         for idx, (lp, layer) in enumerate(zip(routed_plan.layers, session.cache.layers))
     ]
-    _table(("layer", "prefill", "decode", "after prefill", "end"), rows)
+    if any(windows):  # a hybrid model: say which layers are local (their cache never outgrows the window)
+        rows = [(r[0], "global" if w is None else f"local {w}", *r[1:]) for r, w in zip(rows, windows)]
+        _table(("layer", "attention", "prefill", "decode", "after prefill", "end"), rows)
+    else:
+        _table(("layer", "prefill", "decode", "after prefill", "end"), rows)
     typer.echo(f"true sequence length: {session.cache.get_seq_length()}")
 
 
-def plan_show(path: Path) -> None:
-    """Summarize a plan: totals, averages and method counts per phase, then every layer."""
-    loaded = Plan.load(path)
+def plan_show(
+    path: Path,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model", "-m", help="Show the plan on this model: its local and global layers and the KV each keeps."
+        ),
+    ] = None,
+    tokens: Annotated[
+        int | None,
+        typer.Option(min=1, help="With --model: the prompt length the KV is counted at (default: its context)."),
+    ] = None,
+) -> None:
+    """Summarize a plan: totals, averages and method counts per phase, then every layer (with --model, which layers
+    are local or global and the KV memory each keeps against FullKV's)."""
+    loaded = Plan.load(path) if model is None else _checked_plan(path, model)  # a wrong model fails first
     for line in loaded.summary().lines():
         typer.echo(line)
     if loaded.description:
         typer.echo(f"  {loaded.description}")
     typer.echo("")
-    _table(
-        ("layer", "prefill", "decode"),
-        [(str(i), str(lp.prefill), str(lp.decode)) for i, lp in enumerate(loaded.layers)],
+    if model is None:
+        _table(
+            ("layer", "prefill", "decode"),
+            [(str(i), str(lp.prefill), str(lp.decode)) for i, lp in enumerate(loaded.layers)],
+        )
+        return
+    _show_on_model(loaded, model, tokens)
+
+
+def _show_on_model(plan: Plan, model: str, tokens: int | None) -> None:
+    """Every layer's attention (local with its window, or global), methods and the tokens it keeps entering decode
+    after a prompt of `tokens`, against FullKV's; the totals in tokens and bytes; the window notes."""
+    from polykv.kv_memory import fullkv_tokens, layer_tokens, window_notes
+    from polykv.models import config_dimensions
+
+    dims = config_dimensions(model)
+    length = tokens or dims.context_length or 4096
+    windows = dims.windows or (None,) * plan.num_layers
+    kept = [entering for entering, _ in layer_tokens(plan, length, windows=windows)]
+    full = fullkv_tokens(length, windows)
+    rows = [
+        (str(i), "global" if w is None else f"local {w}", str(lp.prefill), str(lp.decode), f"{k:.0f}", f"{f:.0f}")
+        for i, (lp, w, k, f) in enumerate(zip(plan.layers, windows, kept, full))
+    ]
+    local = sum(w is not None for w in windows)
+    typer.echo(
+        f"on {model}: {plan.num_layers} layers, {local} local (sliding window) and {plan.num_layers - local} global; "
+        f"KV kept per KV head after a {length:,}-token prompt"
     )
+    _table(("layer", "attention", "prefill", "decode", "kept", "fullkv"), rows)
+    total, reference = sum(kept), sum(full)
+    size = dims.kv_token_bytes
+    memory = "" if size is None else f" ({total * size / 2**20:,.1f} MiB of {reference * size / 2**20:,.1f} MiB)"
+    typer.echo(f"total: {total:,.0f} of FullKV's {reference:,.0f} token-layers{memory}, {total / reference:.1%}")
+    for note in window_notes(plan, windows):
+        typer.echo(f"note: {note}")
 
 
 def plan_validate(
@@ -97,6 +158,11 @@ def plan_validate(
     validate_plan(loaded, num_layers, dims.context_length if dims else None, within_context=True)
     against = f" for a {num_layers}-layer model" if num_layers is not None else ""
     typer.echo(f"ok: {path} is a valid plan{against} ({loaded.num_layers} layers, scope {loaded.scope.value})")
+    if dims is not None and dims.windows:
+        from polykv.kv_memory import window_notes
+
+        for note in window_notes(loaded, dims.windows):
+            typer.echo(f"note: {note}")
 
 
 def plan_homogeneous(

@@ -93,6 +93,9 @@ class LayerView:
     # this step's tokens are kept whatever the capacity: the question fed after a compressed context (the
     # question-agnostic protocol, `RoutedCache.keep_until`); the method updates its state and evicts nothing
     holds: bool = False
+    # [b, h, n] slots no query can see any more, or None: a local layer's padding where its heads (or rows) keep
+    # different numbers of tokens within the window (`RoutedLayer.keep_window`); a method evicts them first
+    hidden: torch.Tensor | None = None
 
     @property
     def length(self) -> int:
@@ -283,17 +286,26 @@ class Method:
 
 
 # ---- choosing by score (what most methods' `step` returns) --------------------------------------------------
-def keep_top(scores: torch.Tensor, k: int, protected: torch.Tensor | None = None) -> torch.Tensor:
-    """Indices of the k highest scores per row (protected slots always kept), ascending."""
-    if protected is not None:
-        scores = scores.masked_fill(protected, float("inf"))
-    return scores.topk(k, dim=-1).indices.sort(dim=-1).values
+def keep_top(
+    scores: torch.Tensor, k: int, protected: torch.Tensor | None = None, hidden: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Indices of the k highest scores per row (protected slots always kept, `hidden` ones first to go: a local
+    layer's padding, `LayerView.hidden`), ascending."""
+    return _ranked(scores, protected, hidden).topk(k, dim=-1).indices.sort(dim=-1).values
 
 
-def evict_lowest(scores: torch.Tensor, k: int, protected: torch.Tensor | None = None) -> Eviction:
+def evict_lowest(
+    scores: torch.Tensor, k: int, protected: torch.Tensor | None = None, hidden: torch.Tensor | None = None
+) -> Eviction:
     """Keep the k highest-scoring slots of each [b, h, n] row; one argmin when a single slot goes."""
     if scores.shape[-1] - k != 1:
-        return Eviction(keep=keep_top(scores, k, protected))
+        return Eviction(keep=keep_top(scores, k, protected, hidden))
+    return Eviction(dropped=_ranked(scores, protected, hidden).argmin(dim=-1, keepdim=True))
+
+
+def _ranked(scores: torch.Tensor, protected: torch.Tensor | None, hidden: torch.Tensor | None) -> torch.Tensor:
     if protected is not None:
         scores = scores.masked_fill(protected, float("inf"))
-    return Eviction(dropped=scores.argmin(dim=-1, keepdim=True))
+    if hidden is not None:  # no query can see them: they go before anything the method would keep
+        scores = scores.masked_fill(hidden, float("-inf"))
+    return scores

@@ -134,9 +134,9 @@ class CAKE(Method):
         positions, order = view.positions.sort(dim=-1)
         score = pool_votes(view.grouped(view.rows[:, :, -1, :]).gather(-1, order), self.params.kernel_size, "avg")
         n, w = view.length, self.params.window
-        if n - self.capacity == 1 and self._window_is_last(view):  # the usual step: one argmin, no mask
+        if n - self.capacity == 1 and view.hidden is None and self._window_is_last(view):  # one argmin, no mask
             return Eviction(dropped=order.gather(-1, score[..., : n - w].argmin(dim=-1, keepdim=True)))
-        eviction = evict_lowest(score, self.capacity, protected=recent_mask(view, w, positions))
+        eviction = evict_lowest(score, self.capacity, recent_mask(view, w, positions), view.hidden)
         if eviction.dropped is not None:
             return Eviction(dropped=order.gather(-1, eviction.dropped))
         return Eviction(keep=order.gather(-1, eviction.keep).sort(dim=-1).values)
@@ -169,8 +169,8 @@ class CAKE(Method):
         score = torch.cat([prompt_score, new], dim=-1)  # slots are in position order until the first cut
         protected = min(self.params.window, self.prompt_length - self.held) + self.held + view.num_new
         if self.capacity < protected:  # no room for window and new tokens: the most recent ones stay
-            return evict_lowest(view.positions.to(score.dtype), self.capacity)
-        return evict_lowest(score, self.capacity)
+            return evict_lowest(view.positions.to(score.dtype), self.capacity, hidden=view.hidden)
+        return evict_lowest(score, self.capacity, hidden=view.hidden)
 
     def _prefill_indicator(self, view: LayerView) -> torch.Tensor:
         n, w = view.length, min(self.params.window, view.length)

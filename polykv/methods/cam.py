@@ -98,7 +98,9 @@ class CaM(Method):
                 return Eviction(dropped=dropped)
             eviction = Eviction(dropped=oldest.argmin(dim=-1, keepdim=True))
         else:
-            eviction = evict_lowest(view.positions.float(), self.capacity, protected=view.positions < self.params.sinks)
+            eviction = evict_lowest(
+                view.positions.float(), self.capacity, protected=view.positions < self.params.sinks, hidden=view.hidden
+            )
         if eviction.dropped is not None:
             self._merge_one(view, acc, eviction.dropped)
             return eviction

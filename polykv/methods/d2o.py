@@ -122,7 +122,7 @@ class D2O(AccumulatedAttention):
             # a capacity larger than `sinks`.)
             score.masked_fill_(view.positions < sinks, float("inf"))
             self._sinks_marked = True
-        eviction = evict_lowest(score, capacity, protected=recent_mask(view, recent))
+        eviction = evict_lowest(score, capacity, recent_mask(view, recent), view.hidden)
         if eviction.dropped is not None:
             if view.defer_merge:  # the runtime merges it with other layers' (`merge_together`)
                 eviction.merge_deferred = True

@@ -41,4 +41,4 @@ class H2O(AccumulatedAttention):
         if not self.over_capacity(view):
             return None
         heavy = min(self.capacity, max(0, round(self.params.heavy_ratio * self.capacity)))
-        return evict_lowest(score, self.capacity, protected=recent_mask(view, self.capacity - heavy))
+        return evict_lowest(score, self.capacity, recent_mask(view, self.capacity - heavy), view.hidden)

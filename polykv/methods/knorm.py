@@ -44,4 +44,4 @@ class Knorm(Method):
         self.per_token["score"] = score
         if not self.over_capacity(view):
             return None
-        return evict_lowest(score, self.capacity)
+        return evict_lowest(score, self.capacity, hidden=view.hidden)

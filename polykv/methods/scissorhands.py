@@ -116,7 +116,7 @@ class Scissorhands(Method):
         count = self.per_token["unimportant"].sum(-1).double()  # events in the window [b, h, n]
         # Most events goes first; among equal counts the older token (lower position) goes first.
         score = view.positions.double() - count * (view.positions.amax().double() + 1)
-        return evict_lowest(score, keep, protected=recent_mask(view, self.params.recent))
+        return evict_lowest(score, keep, recent_mask(view, self.params.recent), view.hidden)
 
     def _start(self, view: LayerView) -> None:
         b, h, n = view.positions.shape

@@ -39,4 +39,4 @@ class StreamingLLM(Method):
         # Positions are unique per head, so the top `capacity` positions with sinks forced in are
         # exactly sinks + the most recent tokens.
         sinks = view.positions < self.params.sinks
-        return evict_lowest(view.positions.float(), self.capacity, protected=sinks)
+        return evict_lowest(view.positions.float(), self.capacity, protected=sinks, hidden=view.hidden)

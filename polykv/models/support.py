@@ -1,5 +1,5 @@
 """What PolyKV can run, told from a model's config before any weight is allocated: the architecture
-(PolyKV's attention and cache run on Llama, Mistral, Qwen2 and Qwen3 models) and whether the weights
+(PolyKV's attention and cache run on Llama, Mistral, Qwen2, Qwen3 and Gemma 3 text models) and whether the weights
 and a KV cache fit the memory of the chosen device.
 
 The sizes are estimates from the config alone (no weights are read): the parameters of the
@@ -19,8 +19,8 @@ from typing import Any
 from polykv.errors import PolyKVError
 
 #: the `model_type`s of the configs PolyKV runs
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-SUPPORTED_NAMES = "Llama, Mistral, Qwen2 and Qwen3"
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+SUPPORTED_NAMES = "Llama, Mistral, Qwen2, Qwen3 and Gemma 3"
 KV_TOKENS_CHECKED = 32_768
 GIB = 1 << 30
 _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "float64": 8, "double": 8}

@@ -125,7 +125,7 @@ def choose_path(
     The fused paths need attention without dropout or soft-capping (`_fusable`); the one-row paths also need
     no recorder listening (a recorder reads every query's attention); a layer that never evicts is fused
     only as IDLE_ROW."""
-    plain_decode = q_len == 1 and window is None
+    plain_decode = _one_query_sees_all(layer, q_len, window)
     if row_when_idle and plain_decode and layer.idle and layer.phase is Phase.DECODE and not recording:
         if _fusable(dropout, kwargs):
             return Path.IDLE_ROW
@@ -145,15 +145,17 @@ def attend(layer, module, query, key, value, dropout: float, scaling: float, kwa
     with `row_when_idle`: a decode step of a layer that keeps everything takes its output from one softmax
     row too, which spares SDPA's copy of the keys for every query head; alone, such a layer runs SDPA, so
     that a `full` plan is the vanilla computation.)"""
-    window = kwargs.get("sliding_window")
+    window = layer.window = kwargs.get("sliding_window")  # a local layer keeps its window (`keep_window`)
     q_len = query.shape[2]
     needs, recording = layer.needs(), bool(_here.attention or _here.entropy)  # once per step: a hot path
     path = choose_path(layer, q_len, window, dropout, kwargs, row_when_idle, needs, recording)
     if path is Path.IDLE_ROW:
-        return _decode_output(query, key, value, scaling)[0], None
+        output = _decode_output(query, key, value, scaling)[0]
+        layer.keep_window()
+        return output, None
     if path is Path.FUSED_DECODE:
         return _decode_step(layer, module, query, key, value, scaling, needs)
-    plain_decode = q_len == 1 and window is None
+    plain_decode = _one_query_sees_all(layer, q_len, window)
     if path is Path.MASKED or (needs and not plain_decode) or recording:
         key_pos = layer.positions  # [b, h, n]
         query_pos = _query_positions(layer, q_len, query.device)
@@ -174,16 +176,20 @@ def attend(layer, module, query, key, value, dropout: float, scaling: float, kwa
         )
         attn_output = out.transpose(1, 2).contiguous()
     else:
+        # transformers hands a local layer a mask once it attends a window's worth of slots, even where the mask
+        # allows them all: so do we (the same kernel, the same bits)
+        mask = None
+        if window is not None and key.shape[2] >= window:
+            mask = query.new_ones((query.shape[0], 1, q_len, key.shape[2]), dtype=torch.bool)
         attn_output, _ = sdpa_attention_forward(
-            module, query, key, value, None, dropout=dropout, scaling=scaling, **kwargs
+            module, query, key, value, mask, dropout=dropout, scaling=scaling, **kwargs
         )
     for recorder in _here.attention:
         recorder.record(layer, attention_probs(query[:, :, -1:], key, query_pos[-1:], key_pos, scaling, window))
     for entropy_recorder in _here.entropy:
         entropy_recorder.record(layer.layer_idx, _entropy_sums(query, key, query_pos, key_pos, scaling, window), q_len)
     if layer.idle:
-        if layer.phase is Phase.PREFILL:
-            layer.settle_prefill(None)
+        layer.finish_idle_step()
         return attn_output, None
 
     view = _layer_view(layer, module, key, value, q_len)
@@ -368,11 +374,20 @@ def _entropy_sums(query, key, query_pos, key_pos, scaling, window) -> torch.Tens
     return total
 
 
+def _one_query_sees_all(layer, q_len: int, window: int | None) -> bool:
+    """A decode step of one query that may attend every held slot: no window, or a local layer whose every
+    slot lies in the window (`RoutedLayer.window_clean`: its window kept nothing older at the last step)."""
+    return q_len == 1 and (window is None or layer.window_clean)
+
+
 def _needs_explicit_mask(layer, q_len: int, window: int | None) -> bool:
-    """SDPA's own masking suffices for one query over its past, or a causal block over an empty cache."""
+    """SDPA's own masking suffices for one query over slots it may all see, or a causal block over an empty
+    cache (shorter than a local layer's window)."""
     fresh = layer.retained == q_len and layer.seen == q_len
-    if window is not None and layer.seen > window:
-        return True
+    if window is not None and q_len > 1:  # a local layer: a block's queries see windows ending where they are
+        return not fresh or q_len >= window
+    if window is not None:
+        return not layer.window_clean
     return q_len > 1 and not fresh
 
 

@@ -7,11 +7,17 @@ that derives RoPE positions from the cache keeps counting from the real length a
 
 The attention function (`attention.py`) calls `finish_step` right after computing the layer's output,
 handing over the attention signals the layer's methods asked for; the method then decides what stays.
+
+A local layer (sliding-window attention, as Gemma 3's and Mistral's: its attention tells the layer its window
+W at every step) holds only what a later query can see, as transformers' sliding-window cache does: after each
+step, slots at positions <= seen - W leave it, so it never holds more than W - 1 tokens between steps. Its
+method then chooses among the slots left: a capacity at or above the window keeps the window (`full`'s
+vanilla cache), a smaller one evicts within it (`keep_window`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
@@ -58,6 +64,9 @@ class RoutedLayer(DynamicLayer):
         self._newest_last = False  # does the last slot hold the newest position (seen - 1)?
         self.merge_groups: MergeGroups | None = None  # the cache's groups of layers that merge together
         self.keep_until = 0  # decode steps whose tokens all lie before this position evict nothing (`holding`)
+        self.window: int | None = None  # a local layer's sliding window, as its attention passes it (`keep_window`)
+        # does every held slot lie in the window of the next query? (then one query attends without a mask)
+        self.window_clean = True
 
     def attend(self, module, query, key, value, dropout: float, scaling: float, kwargs):
         """This layer's attention step (`polykv.runtime.attention.attend`: the `AttendingLayer` interface)."""
@@ -116,7 +125,7 @@ class RoutedLayer(DynamicLayer):
 
     def reset(self) -> None:
         super().reset()
-        self.seen, self._positions, self.keep_until = 0, None, 0
+        self.seen, self._positions, self.keep_until, self.window_clean = 0, None, 0, True
         self.slots.free()
         if self.merge_groups is not None:
             self.merge_groups.forget()
@@ -173,7 +182,9 @@ class RoutedLayer(DynamicLayer):
         return needs
 
     def finish_step(self, view: LayerView) -> None:
-        """After attention: let the phase's method evict (and, in prefill, brief the decode method)."""
+        """After attention: let the phase's method evict (and, in prefill, brief the decode method); a local
+        layer first drops what left its window."""
+        view = self.keep_window(view)
         if self.phase is Phase.DECODE:
             eviction = self.method.step(view)
             # the method left a one-slot merge to the runtime: the group does it after its last layer
@@ -190,6 +201,59 @@ class RoutedLayer(DynamicLayer):
             self.settle_prefill(eviction)
         else:  # native allocation: the cache settles every layer once all have seen the prompt
             self.on_prefill_done(self)
+
+    def finish_idle_step(self) -> None:
+        """After attention, for a layer whose methods have nothing to do (`idle`): the window, and the prefill
+        settled with nothing evicted."""
+        self.keep_window()
+        if self.phase is Phase.PREFILL:
+            self.settle_prefill(None)
+
+    def keep_window(self, view: LayerView | None = None) -> LayerView | None:
+        """A local layer drops the slots no later query can see (positions <= seen - window), as transformers'
+        sliding-window cache does, before its method chooses among the rest; this step's `view` follows.
+
+        Storage is rectangular ([b, h, n, d]): when heads (or rows) keep different numbers of visible slots (their
+        methods kept different tokens), one with fewer keeps its newest hidden ones as padding, which the window
+        mask hides from every query, which its method evicts first (`LayerView.hidden`), and which leave as soon
+        as no head needs the room."""
+        window = self.window
+        if window is None or self.seen < window or self.retained == 0:
+            self.window_clean = True
+            return view
+        positions = self.positions
+        visible = positions > self.seen - window  # [b, h, n]
+        fewest, k = (int(x) for x in visible.sum(dim=-1).aminmax())
+        self.window_clean = fewest == k  # then every slot left is visible
+        if k < positions.shape[-1]:
+            # visible slots first, then the newest; ascending slot order keeps the newest slot last
+            rank = positions + visible.to(positions.dtype) * (self.seen + 1)
+            keep = rank.topk(k, dim=-1, sorted=False).indices.sort(dim=-1).values
+            self.slots.gather(self, keep)
+            visible = visible.gather(-1, keep)
+        else:
+            keep = None
+        if view is None:
+            return None
+        hidden = None if self.window_clean else ~visible
+        if keep is None:
+            return view if hidden is None else replace(view, hidden=hidden)
+        index = keep.repeat_interleave(view.num_kv_groups, dim=1)  # [b, h*g, k]: each query head's slots
+        rows = view.rows
+        if rows is not None:
+            rows = rows.gather(-1, index[:, :, None, :].expand(-1, -1, rows.shape[2], -1))
+        sums = None if view.column_sums is None else view.column_sums.gather(-1, index)
+        return replace(
+            view,
+            keys=self.keys,
+            values=self.values,
+            positions=self.positions,
+            rows=rows,
+            column_sums=sums,
+            kv=None,
+            defer_merge=False,
+            hidden=hidden,
+        )
 
     def settle_prefill(self, eviction: Eviction | None) -> None:
         self.method.forget()  # the prefill method's scores are never used again
@@ -242,6 +306,7 @@ class RoutedLayer(DynamicLayer):
             raise RoutedCacheError(f"layer {self.layer_idx}: only a layer that keeps everything can adopt a prefix")
         self.lazy_initialization(keys, values)
         self.keys, self.values, self.seen = keys, values, keys.shape[-2]
+        self.window_clean = False  # a local layer's window drops the prefix's old slots at its next step
         self.retained_after_prefill = self.retained
 
     def evict_positions(self, positions: torch.Tensor) -> None:

@@ -265,8 +265,9 @@ class SharedPrompt(DynamicLayer):
         for target in self.targets:
             target.update(key, value)
             take_updated_layer(self.layer_idx)
+            target.window = window
             if target.idle:
-                target.settle_prefill(None)
+                target.finish_idle_step()
                 continue
             view = _layer_view(target, module, key, value, q_len)
             fresh = _fresh_prompt(target, q_len, window)

@@ -121,13 +121,19 @@ class LayerSlots:
 
     def gather(self, layer, keep: torch.Tensor) -> None:
         """A cut: the layer keeps slots `keep` [b, h, k] of its keys, values and positions, and its methods'
-        per-slot state follows; every tensor gets storage of its own (the next step makes a block again)."""
+        per-slot state follows; every tensor gets storage of its own (the next step makes a block again).
+
+        Mid-step (a local layer's window, before its method has seen the step's new slots) a method's state
+        covers only the slots held before the step, the first ones: it keeps the indices among them (the new
+        slots, last, are always kept)."""
+        n = layer.retained
         layer._positions = gather_slots(layer.positions, keep)
         layer.keys, layer.values = gather_slots(layer.keys, keep), gather_slots(layer.values, keep)
         self.free()
         for method in layer.methods.values():
             for name, tensor in method.per_token.items():
-                method.per_token[name] = gather_slots(tensor, keep)
+                older = keep if tensor.shape[2] == n else keep[..., : keep.shape[-1] - (n - tensor.shape[2])]
+                method.per_token[name] = gather_slots(tensor, older)
 
 
 def gather_slots(tensor: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,8 @@ from typing import Any
 
 from polykv.eval.paired_samples import EXACT_DIFFERING, PERMUTATIONS
 from polykv.eval.settings import COMPETENCE_THRESHOLD
-from polykv.search.workload_verdict import FAMILIES, ROLES, kv_kept
+from polykv.kv_memory import kv_kept
+from polykv.search.workload_verdict import FAMILIES, ROLES
 
 PAPER_OPEN = (
     '"These results do not identify a globally optimal route or establish reliable selection on unseen '
@@ -159,7 +160,8 @@ def kv_rows(report: Mapping[str, Any], budgets: Sequence[Mapping[str, Any]], rol
         return []
     per_token = 2 * dims["kv_heads"] * dims["head_dim"] * dims["bytes"] / 1e6  # MB per token and layer
     full = Plan.homogeneous("full", None, dims["layers"])
-    mean = lambda plan: [sum(v) / len(lengths) for v in zip(*(kv_kept(plan, x) for x in lengths))]  # noqa: E731
+    windows = dims.get("windows")  # reports before hybrid models: every layer global
+    mean = lambda plan: [sum(v) / len(lengths) for v in zip(*(kv_kept(plan, x, windows) for x in lengths))]  # noqa: E731
     reference = mean(full)
     rows = []
     for entry in budgets:
@@ -190,7 +192,9 @@ def kv_note(report: Mapping[str, Any]) -> str:
         "KV kept per layer in tokens (one K and one V per KV head; MB for all "
         f"{dims['layers']} layers at {dims['kv_heads']} KV heads x {dims['head_dim']} x {dims['bytes']} bytes; % of "
         "FullKV's), the mean over the searched tasks' held-out samples: nominal, each active layer keeps "
-        "min(capacity, what it has seen), as the methods do. Entering the answer is after the prompt's pass (and the "
+        "min(capacity, what it has seen), as the methods do"
+        + (", and a local layer at most its sliding window less one" if any(dims.get("windows") or ()) else "")
+        + ". Entering the answer is after the prompt's pass (and the "
         "question, when it comes after compression); a decode-only plan holds the whole prompt until then."
     )
 

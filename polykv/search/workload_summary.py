@@ -96,20 +96,21 @@ def _kept(runs) -> list[str]:
         lengths = [samples["lengths"][t] for t in samples["settings"]["tasks"] if t in samples.get("lengths", {})]
         if not lengths or not report.get("kv"):
             continue
-        full = _entering(Plan.homogeneous("full", None, report["kv"]["layers"]), lengths)
+        windows = report["kv"].get("windows")
+        full = _entering(Plan.homogeneous("full", None, report["kv"]["layers"]), lengths, windows)
         shares = [
-            f"{entry['budget']}: {_entering(Plan.from_dict(entry['plans']['searched']), lengths) / full:.0%}"
+            f"{entry['budget']}: {_entering(Plan.from_dict(entry['plans']['searched']), lengths, windows) / full:.0%}"
             for entry in report["budgets"]
         ]
         out.append(f"{name}: " + ", ".join(shares))
     return out
 
 
-def _entering(plan, lengths) -> float:
+def _entering(plan, lengths, windows=None) -> float:
     """The KV tokens a plan keeps entering the answer, summed over layers, mean over the tasks' lengths."""
-    from polykv.search.workload_verdict import kv_kept
+    from polykv.kv_memory import kv_kept
 
-    return sum(kv_kept(plan, x)[0] for x in lengths) / len(lengths)
+    return sum(kv_kept(plan, x, windows)[0] for x in lengths) / len(lengths)
 
 
 def _tally(runs, a: str, b: str, family: str) -> list[str]:

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from polykv.eval.workload import COMPETENCE_THRESHOLD
-from polykv.plan import FULL, Phase, Plan
+from polykv.plan import Plan
 
 ROLES = ("searched", "toprank-workload", "toprank-text", "homogeneous", "envelope", "anchor", "tova")
 # anchor: the homogeneous plan (same scope, uniform) of toprank-workload's majority method; tova: TOVA under its
@@ -165,27 +165,15 @@ def kv_dimensions(model) -> dict[str, int]:
     config = text_config(model)
     heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    from polykv.models import layer_windows
+
     return {
         "layers": config.num_hidden_layers,
         "kv_heads": heads,
         "head_dim": head_dim,
         "bytes": next(model.parameters()).element_size(),
+        "windows": layer_windows(model),  # a local layer's sliding window, None for a global one
     }
-
-
-def kv_kept(plan: Plan, lengths: Mapping[str, float]) -> tuple[float, float]:
-    """The KV tokens a plan keeps per KV head, summed over the layers, on a sample of these mean `lengths`
-    (prompt, question fed after compression, answer): (entering the answer, once the answer is in). Nominal:
-    each active layer keeps min(capacity, what it has seen), as the methods do (native allocation splits the
-    same total); a decode-only plan holds the whole prompt until the first answer token."""
-    prompt, question, answer = lengths["prompt"], lengths["question"], lengths["answer"]
-    entering = after = 0.0
-    for layer in plan.layers:
-        prefill, decode = layer[Phase.PREFILL], layer[Phase.DECODE]
-        held = (prompt - question if prefill.method == FULL else min(prefill.capacity, prompt - question)) + question
-        entering += held
-        after += held + answer if decode.method == FULL else min(decode.capacity, held + answer)
-    return entering, after
 
 
 def rejudge(report: dict[str, Any], store) -> dict[str, Any]:
@@ -210,7 +198,6 @@ __all__ = [
     "competent_families",
     "contrast",
     "kv_dimensions",
-    "kv_kept",
     "majority_method",
     "rejudge",
     "verdict",

@@ -1,0 +1,95 @@
+"""Where a plan keeps its KV memory: the tokens each layer holds, and their bytes, against FullKV's.
+
+Nominal counts, as the methods behave: an evicting layer keeps min(capacity, what it has seen); a local layer
+(sliding-window attention, e.g. 15 of Gemma 3 270M's 18 layers) never holds more than its window less the
+coming token (W - 1), whatever its plan says, as transformers' sliding-window cache does; a `full` layer keeps
+everything it may still attend. Native allocation splits the same total over the layers, so its sum is the same.
+
+One token in one layer costs a key and a value for every KV head: 2 x kv_heads x head_dim numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from polykv.plan import FULL, Phase, Plan
+
+
+def window_bound(window: int | None) -> float:
+    """The most tokens a layer holds between steps: a local layer its window less the coming token."""
+    return float("inf") if window is None else window - 1
+
+
+def layer_tokens(
+    plan: Plan, prompt: float, question: float = 0, answer: float = 0, windows: Sequence[int | None] | None = None
+) -> list[tuple[float, float]]:
+    """Per layer, the tokens (per KV head) a plan holds on a sample of these lengths (the prompt, a question fed
+    after compression and kept in full, the answer): (entering the answer, once the answer is in). A decode-only
+    plan holds the whole prompt until the first answer token."""
+    windows = windows or [None] * plan.num_layers
+    out = []
+    for layer, window in zip(plan.layers, windows):
+        bound = window_bound(window)
+        prefill, decode = layer[Phase.PREFILL], layer[Phase.DECODE]
+        context = prompt - question
+        held = (context if prefill.method == FULL else min(prefill.capacity, context)) + question
+        held = min(held, bound)
+        after = held + answer if decode.method == FULL else min(decode.capacity, held + answer)
+        out.append((held, min(after, bound)))
+    return out
+
+
+def fullkv_tokens(length: float, windows: Sequence[int | None]) -> list[float]:
+    """What FullKV holds per layer after `length` tokens: all of them, a local layer its window less one."""
+    return [min(length, window_bound(w)) for w in windows]
+
+
+def kv_kept(
+    plan: Plan, lengths: Mapping[str, float], windows: Sequence[int | None] | None = None
+) -> tuple[float, float]:
+    """The KV tokens a plan keeps per KV head, summed over the layers, on a sample of these mean `lengths`
+    (prompt, question fed after compression, answer): (entering the answer, once the answer is in)."""
+    per_layer = layer_tokens(plan, lengths["prompt"], lengths["question"], lengths["answer"], windows)
+    return sum(e for e, _ in per_layer), sum(a for _, a in per_layer)
+
+
+def layer_ranges(layers: Sequence[int]) -> str:
+    """0-4, 6-10, 12: consecutive layer indices joined."""
+    spans: list[list[int]] = []
+    for i in layers:
+        if spans and i == spans[-1][1] + 1:
+            spans[-1][1] = i
+        else:
+            spans.append([i, i])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def window_notes(plan: Plan, windows: Sequence[int | None]) -> list[str]:
+    """One line for each way a plan asks a local layer for what its window decides instead: a capacity at or
+    above the window (the layer keeps its window, as `full` does) and StreamingLLM's sink tokens (they leave
+    the window once the layer has seen W tokens: a local layer's queries can never see them again)."""
+    notes: dict[str, list[str]] = {}  # a note -> the phases it holds in
+    for phase in plan.scope.phases:
+        roomy: dict[tuple[int, int], list[int]] = {}
+        sinks: dict[int, list[int]] = {}
+        for idx, (layer, window) in enumerate(zip(plan.layers, windows)):
+            a = layer[phase]
+            if window is None or a.method == FULL:
+                continue
+            if a.capacity is not None and a.capacity >= window - 1:
+                roomy.setdefault((window, a.capacity), []).append(idx)
+            if a.method == "streamingllm" and a.params.get("sinks", 4):
+                sinks.setdefault(window, []).append(idx)
+        for (window, capacity), layers in roomy.items():
+            note = (
+                f"layers {layer_ranges(layers)} are local (sliding window {window}): capacity {capacity} keeps the "
+                f"window there (at most {window - 1} tokens), as 'full' does"
+            )
+            notes.setdefault(note, []).append(phase.value)
+        for window, layers in sinks.items():
+            note = (
+                f"layers {layer_ranges(layers)} are local (sliding window {window}): streamingllm's sink tokens leave "
+                f"the window once the layer has seen {window} tokens (its queries cannot see them)"
+            )
+            notes.setdefault(note, []).append(phase.value)
+    return [f"{' and '.join(phases)}: {note}" for note, phases in notes.items()]
