@@ -63,6 +63,15 @@ def test_a_full_phase_has_no_capacity_bars():
     assert [t.name for t in fig.data if t.type == "bar"] == ["decode capacity"]
 
 
+def test_on_a_hybrid_model_every_layer_is_marked_local_or_global_and_a_local_bar_shows_its_window():
+    fig = charts.plan_figure(Plan.homogeneous("tova", 16, 3), windows=[8, 8, None])
+    assert list(fig.layout.xaxis2.ticktext) == ["0 L", "1 L", "2 G"]
+    window = next(t for t in fig.data if t.name.startswith("local layer"))
+    assert list(window.y) == [7, 7, None, 7, 7, None]  # over layers 0 and 1: at most the window less one
+    plain = charts.plan_figure(Plan.homogeneous("tova", 16, 3), windows=[None, None, None])
+    assert plain.layout.xaxis2.ticktext is None and not [t for t in plain.data if t.name.startswith("local")]
+
+
 def test_support_figure_is_log_scale_with_asymmetric_intervals():
     frame = pd.DataFrame({"layer": [0, 1], "median": [10.0, 40.0], "ci_low": [8.0, 20.0], "ci_high": [15.0, 41.0]})
     fig = charts.support_figure(frame, 0.9)
