@@ -216,7 +216,9 @@ class RoutedLayer(DynamicLayer):
         Storage is rectangular ([b, h, n, d]): when heads (or rows) keep different numbers of visible slots (their
         methods kept different tokens), one with fewer keeps its newest hidden ones as padding, which the window
         mask hides from every query, which its method evicts first (`LayerView.hidden`), and which leave as soon
-        as no head needs the room."""
+        as no head needs the room. (A merging method, CaM or D2O, merges an evicted padding slot into the slots
+        it keeps as it does any evicted token, where alone the window would have dropped it: the one place a
+        padded row differs from the row alone; tests/test_hybrid_attention.py checks the slots kept.)"""
         window = self.window
         if window is None or self.seen < window or self.retained == 0:
             self.window_clean = True
