@@ -90,6 +90,15 @@ def smollm2(smollm2_home):
     return load_model(str(gguf_model_dir(smollm2_gguf_path(), smollm2_home)))
 
 
+@pytest.fixture
+def two_threads():
+    """Both cores for a real model's test (the other tests run one thread: tiny models beside other work)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def gemma3_home():
     """The POLYKV_HOME holding the assembled and converted gemma3 (made first if it is not there)."""

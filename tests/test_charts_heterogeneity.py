@@ -79,3 +79,13 @@ def test_a_frame_without_positive_sizes_still_gets_an_axis():
     assert len(fig.layout.yaxis.tickvals) >= 3
     zeros = charts.support_figure(frame([0.0], [0.0], [0.0]), 0.9)
     assert len(zeros.layout.yaxis.tickvals) >= 3
+
+
+def test_a_local_layers_window_bounds_its_support_on_the_chart():
+    frame = pd.DataFrame({"layer": [0, 1, 2], "median": [10.0, 40.0, 300.0], "ci_low": [8.0, 20.0, 200.0],
+                          "ci_high": [15.0, 41.0, 900.0]})  # fmt: skip
+    fig = charts.support_figure(frame, 0.9, windows=[64, 64, None])
+    window = next(t for t in fig.data if t.name == "a local layer's window")
+    assert list(window.y) == [64, 64, None, 64, 64, None]  # over layers 0 and 1, at the window
+    assert list(fig.layout.xaxis.ticktext) == ["0 L", "1 L", "2 G"]
+    assert len(charts.support_figure(frame, 0.9).data) == 1  # a model without local layers: no line

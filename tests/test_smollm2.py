@@ -20,18 +20,9 @@ from polykv.profile.corpus import CorpusSpec, build_corpus
 from polykv.runtime import routed
 from tests.helpers import REPO, run_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("two_threads")]
 
 LAYERS = 30
-
-
-@pytest.fixture(autouse=True)
-def two_threads():
-    # The other tests run one thread (tiny models beside other work); this model is worth both cores.
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -66,9 +67,11 @@ def log_axis(low: float, high: float) -> tuple[list[float], list[float]]:
     return [lo, hi], ticks
 
 
-def support_figure(frame: pd.DataFrame, coverage: float) -> go.Figure:
+def support_figure(frame: pd.DataFrame, coverage: float, windows: Sequence[int | None] = ()) -> go.Figure:
     """Per-layer median support size with its bootstrap 95% interval, log scale (Figure 1a). The axis's
-    range and ticks follow the data (`log_axis`); the hover names the median and the interval's ends."""
+    range and ticks follow the data (`log_axis`); the hover names the median and the interval's ends. On a hybrid
+    model (`windows`: each layer's sliding window or None), a local layer's window bounds its support: drawn as a
+    short line over the layer, and the layer's tick says L (local) or G (global)."""
     ends = [
         [_number(m), _number(lo), _number(hi)] for m, lo, hi in zip(frame["median"], frame["ci_low"], frame["ci_high"])
     ]
@@ -90,6 +93,20 @@ def support_figure(frame: pd.DataFrame, coverage: float) -> go.Figure:
         )
     )
     values = [float(v) for c in ("median", "ci_low", "ci_high") for v in frame[c] if v > 0 and math.isfinite(v)]
+    local = [(int(layer), windows[int(layer)]) for layer in frame["layer"] if int(layer) < len(windows)]
+    local = [(layer, w) for layer, w in local if w is not None]
+    if local:
+        values.extend(float(w) for _, w in local)
+        xs = [x for layer, _ in local for x in (layer - 0.4, layer + 0.4, None)]
+        ys = [y for _, w in local for y in (w, w, None)]
+        fig.add_trace(
+            go.Scatter(x=xs, y=ys, mode="lines", name="a local layer's window", line=dict(color="#555", dash="dot"))
+        )
+        fig.update_xaxes(
+            tickmode="array",
+            tickvals=list(frame["layer"]),
+            ticktext=[f"{int(i)} {'L' if int(i) < len(windows) and windows[int(i)] else 'G'}" for i in frame["layer"]],
+        )
     span, ticks = log_axis(min(values), max(values)) if values else log_axis(1.0, 10.0)
     fig.update_yaxes(
         type="log",
@@ -98,7 +115,7 @@ def support_figure(frame: pd.DataFrame, coverage: float) -> go.Figure:
         ticktext=[_number(t) for t in ticks],
         title_text=f"positions holding {coverage:.0%} of attention",
     )
-    fig.update_xaxes(title_text="layer", dtick=1 if len(frame) <= 40 else None)
+    fig.update_xaxes(title_text="layer", dtick=1 if len(frame) <= 40 and not local else None)
     return layout(fig, f"{coverage:.0%} attention support per layer (median, 95% interval)", 380)
 
 

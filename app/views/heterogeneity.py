@@ -37,7 +37,7 @@ except (ValueError, OSError) as exc:
     st.stop()
 
 st.caption(f"{int(inputs)} inputs of {length} tokens; median over inputs with a bootstrap 95% interval.")
-common.show(charts.support_figure(frame, coverage), "support")
+common.show(charts.support_figure(frame, coverage, session.layer_windows()), "support")
 st.caption(f"Density map: input {index}.")
 common.show(charts.density_figure(density), "density")
 with st.expander("Numbers"):
