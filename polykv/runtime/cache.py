@@ -225,7 +225,7 @@ class RoutedLayer(DynamicLayer):
             return view
         positions = self.positions
         visible = positions > self.seen - window  # [b, h, n]
-        fewest, k = (int(x) for x in visible.sum(dim=-1).aminmax())
+        fewest, k = torch.stack(visible.sum(dim=-1).aminmax()).tolist()  # one host read per step
         self.window_clean = fewest == k  # then every slot left is visible
         if k < positions.shape[-1]:
             # visible slots first, then the newest; ascending slot order keeps the newest slot last
