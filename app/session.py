@@ -112,6 +112,13 @@ def layer_windows() -> list[int | None]:
     return models.layer_windows(current_model()[2])
 
 
+def kv_token_bytes() -> int:
+    """One token's key and value in one layer of the current model, in bytes."""
+    from polykv.kv_memory import kv_dimensions, token_bytes
+
+    return token_bytes(kv_dimensions(current_model()[2]))
+
+
 def layer_kinds() -> str:
     """ ", 15 local (window 512) and 3 global" for a hybrid model; "" when every layer is global."""
     windows = layer_windows()

@@ -53,6 +53,60 @@ def kv_kept(
     return sum(e for e, _ in per_layer), sum(a for _, a in per_layer)
 
 
+def kv_dimensions(model) -> dict:
+    """What one retained token costs in a loaded model's KV cache: layers, KV heads, head size, bytes per number,
+    and each layer's sliding window (None: a global layer)."""
+    from polykv.models import layer_windows, text_config
+
+    config = text_config(model)
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return {
+        "layers": config.num_hidden_layers,
+        "kv_heads": heads,
+        "head_dim": head_dim,
+        "bytes": next(model.parameters()).element_size(),
+        "windows": layer_windows(model),
+    }
+
+
+def token_bytes(dimensions: Mapping) -> int:
+    """One token's key and value in one layer, in bytes: 2 x KV heads x head size x bytes per number."""
+    return 2 * dimensions["kv_heads"] * dimensions["head_dim"] * dimensions["bytes"]
+
+
+def budget_lines(plan: Plan, windows: Sequence[int | None]) -> list[str]:
+    """On a hybrid model, what a plan's budget counts: the capacities as written, and what the local layers can
+    hold of them (at most their window less one); then `window_notes`. [] when every layer is global."""
+    if all(w is None for w in windows):
+        return []
+    lines = []
+    for phase in plan.scope.phases:
+        caps = [layer[phase].capacity for layer in plan.layers]
+        if any(c is None for c in caps):
+            continue  # a `full` layer: no budget to count
+        held = sum(min(c, window_bound(w)) for c, w in zip(caps, windows))
+        lines.append(
+            f"{phase.value} budget: the capacities as written add up to {sum(caps):,} ({sum(caps) / len(caps):g} a "
+            f"layer); a local layer holds at most its window less one, so the plan holds at most {held:,.0f} "
+            f"token-layers ({held / len(caps):.4g} a layer)"
+        )
+    return lines + [f"note: {n}" for n in window_notes(plan, windows)]
+
+
+def kept_line(plan: Plan, prompt: float, windows: Sequence[int | None], token_bytes: int | None) -> str:
+    """One line: what `plan` keeps entering the answer after a prompt of `prompt` tokens against FullKV, in
+    token-layers (per KV head) and, with one token's bytes in one layer, in MiB."""
+    kept = sum(entering for entering, _ in layer_tokens(plan, prompt, windows=windows))
+    full = sum(fullkv_tokens(prompt, windows))
+    memory = (
+        ""
+        if token_bytes is None
+        else f" ({kept * token_bytes / 2**20:,.1f} MiB of {full * token_bytes / 2**20:,.1f} MiB)"
+    )
+    return f"{kept:,.0f} of FullKV's {full:,.0f} token-layers{memory}, {kept / full:.1%}"
+
+
 def layer_ranges(layers: Sequence[int]) -> str:
     """0-4, 6-10, 12: consecutive layer indices joined."""
     spans: list[list[int]] = []

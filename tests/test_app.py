@@ -69,8 +69,9 @@ def test_designer_opens_with_the_demo_plan_chart_table_and_summary(app_env):
     assert texts(at.title) == ["Plan designer"]
     assert current_plan(at).name == "mixed-demo" and current_plan(at).num_layers == 5
     assert any("total capacity B=" in t for t in texts(at.text))
-    assert len(at.get("plotly_chart")) == 1 and len(at.dataframe) >= 1
+    assert len(at.get("plotly_chart")) == 2 and len(at.dataframe) >= 1  # the plan, and its KV memory per layer
     assert "Model: **demo** on cpu, 5 layers" in texts(at.sidebar.caption)
+    assert any(t.startswith("Kept entering the answer: ") for t in texts(at.caption))
 
 
 def test_painting_a_selection_changes_only_those_cells_and_undo_restores(app_env):

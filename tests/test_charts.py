@@ -72,6 +72,20 @@ def test_on_a_hybrid_model_every_layer_is_marked_local_or_global_and_a_local_bar
     assert plain.layout.xaxis2.ticktext is None and not [t for t in plain.data if t.name.startswith("local")]
 
 
+def test_the_memory_figure_draws_each_layers_kv_against_fullkv_in_mib():
+    from polykv.kv_memory import fullkv_tokens, layer_tokens
+
+    plan, windows = Plan.homogeneous("tova", 16, 3, "prefill"), [8, 8, None]
+    kept = [entering for entering, _ in layer_tokens(plan, 100, windows=windows)]
+    full = fullkv_tokens(100, windows)
+    assert kept == [7, 7, 16] and full == [7, 7, 100]  # a local layer holds its window less one, whatever the plan
+    fig = charts.memory_figure(plan, kept, full, token_bytes=2**19, windows=windows)  # half a MiB a token
+    bars, fullkv = fig.data
+    assert list(bars.y) == [3.5, 3.5, 8.0] and list(fullkv.y) == [3.5, 3.5, 50.0]
+    assert bars.name.endswith("15.0 MiB") and fullkv.name == "FullKV: 57.0 MiB"
+    assert list(fig.layout.xaxis.ticktext) == ["0 L", "1 L", "2 G"]
+
+
 def test_support_figure_is_log_scale_with_asymmetric_intervals():
     frame = pd.DataFrame({"layer": [0, 1], "median": [10.0, 40.0], "ci_low": [8.0, 20.0], "ci_high": [15.0, 41.0]})
     fig = charts.support_figure(frame, 0.9)

@@ -55,6 +55,22 @@ def test_runs_show_lists_every_sample_with_its_gold_and_answer(polykv, workspace
     assert any("vt" in line and "QSOZV | JVSSA" in line for line in lines)  # several gold answers, one cell
 
 
+def test_runs_show_says_what_the_runs_plan_keeps_of_the_kv_cache_against_fullkv(polykv, workspace):
+    store = Store(workspace / "results.sqlite")
+    plan = Plan.homogeneous("tova", 8, 5)  # 8 tokens in each of the demo model's 5 layers
+    store.create_run(
+        "cccc3333", model="demo", plan_name=plan.name, plan_hash="h", plan_json=plan.to_json(), suite="ruler",
+        settings={**SETTINGS, "length": [100, 200]}, seed=0, total_samples=0, versions={},
+    )  # fmt: skip
+    lines = polykv("runs", "show", "cccc", "-w", str(workspace)).stdout.splitlines()
+    assert lines[1].startswith(
+        "KV kept entering the answer at the suite's length (200 tokens): 40 of FullKV's 1,000 token-layers ("
+    ) and lines[1].endswith("MiB), 4.0%")
+    assert not any(
+        line.startswith("KV kept") for line in polykv("runs", "show", "aaaa", "-w", str(workspace)).stdout.splitlines()
+    )  # no length: no line
+
+
 def test_runs_show_keeps_one_task_or_only_the_failed_samples(polykv, workspace):
     failed = polykv("runs", "show", "aaaa", "--failed", "-w", str(workspace))
     rows = failed.stdout.splitlines()[2:]

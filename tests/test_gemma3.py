@@ -138,6 +138,21 @@ def test_plan_show_on_gemma3_lists_local_and_global_layers_and_the_kv_they_keep(
     assert "total: 4,608 of FullKV's 19,953 token-layers (9.0 MiB of 39.0 MiB), 23.1%" in result.stdout
 
 
+def test_a_homogeneous_plan_on_gemma3_says_what_its_budget_counts(gemma3_home, tmp_path):
+    result = run_cli(
+        *("plan", "homogeneous", "tova", "--capacity", "512", "--scope", "prefill", "--model", "gemma3"),
+        *("-o", str(tmp_path / "tova.json")),
+        cwd=REPO,
+        env={**os.environ, "POLYKV_HOME": str(gemma3_home)},
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    # 18 x 512 as written; the 15 local layers hold at most 511 of theirs
+    assert "the capacities as written add up to 9,216 (512 a layer)" in result.stdout
+    assert "the plan holds at most 9,201 token-layers" in result.stdout
+    assert "capacity 512 keeps the window there (at most 511 tokens)" in result.stdout
+
+
 def test_generate_with_gemma3_runs_its_shipped_plan_and_marks_each_layer(gemma3_home):
     result = run_cli(
         "generate",

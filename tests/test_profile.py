@@ -299,6 +299,7 @@ def test_entropy_is_the_mean_over_every_prompt_query(family, overrides):
             ("llama", {"hidden_size": 72, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 8}),
             ("mistral", {"sliding_window": 20}),  # the window cuts through the prompt: masked above layer l too
             ("qwen3", {}),
+            ("gemma3", {}),  # local layers (a 16-token window) and a global one, each with its own rotary base
         ]
     ),
 )
@@ -321,3 +322,20 @@ def test_the_shared_profile_is_the_naive_loop_for_every_method_and_scope(family,
         assert row["cosine"] == pytest.approx(naive_cells[key]["cosine"], abs=1e-6), key
         assert row["nll"] == pytest.approx(naive_cells[key]["nll"], rel=1e-6), key
     assert fast.reference_nll == naive.reference_nll and fast.entropy == naive.entropy
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_the_profiles_fullkv_reference_is_the_vanilla_models_nll(family):
+    # The profiler runs the decoder's layers itself: on a hybrid model every layer must get its own layer type's
+    # rotary embedding and window, or FullKV's continuation NLL would not be the model's.
+    import torch
+
+    model = tiny_model(family)
+    g = torch.Generator().manual_seed(2)
+    sequences = [[1] + (torch.randperm(94, generator=g)[:47] + 2).tolist() for _ in range(2)]  # 48 > the window
+    result = profile_methods(model, sequences, 12, continuation=8, methods=["tova"])
+    with torch.no_grad():
+        logits = model(torch.tensor(sequences)).logits[:, -9:-1].double()
+    targets = torch.tensor(sequences)[:, -8:]
+    vanilla = -torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1).sum(-1)
+    assert result.reference_nll == pytest.approx(vanilla.tolist(), rel=1e-4)

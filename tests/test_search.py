@@ -86,6 +86,33 @@ def test_moves_are_ranked_by_the_profile():
     assert (first_transfer.donor, first_transfer.layer) == (0, 1)  # capacity goes where the method hurts most
 
 
+def test_on_a_hybrid_model_every_move_keeps_the_retained_kv_exact():
+    # Layers 0, 1 and 3 are local (window 9: they hold at most 8 tokens); layer 2 is global.
+    from polykv.kv_memory import layer_tokens
+
+    windows = [9, 9, None, 9]
+
+    def retained(plan):
+        return sum(after for _, after in layer_tokens(plan, prompt=100, answer=10, windows=windows))  # decode plans
+
+    roomy = plan_of(["tova"] * 4, [12] * 4)  # a budget above the window: the local layers keep their windows
+    neighbours = proposals(roomy, 12, base_params([roomy]), context_length=1024, windows=windows)
+    # only the global layer's method may change: it is the one global layer, and a local layer's capacity above
+    # its held tokens is not memory it could give
+    assert neighbours and {(m.kind, m.layer) for m, _ in neighbours} == {("method", 2)}
+    plan = plan_of(["tova"] * 4, [4] * 4)  # under the window: local capacity is held and may move
+    rng = random.Random(0)
+    receivers = set()
+    for _ in range(40):
+        neighbours = proposals(plan, 4, base_params([plan]), context_length=1024, windows=windows)
+        for move, after in neighbours:
+            assert retained(after) == retained(plan) == 16, move.describe()
+            assert all(a.decode.capacity <= 8 for a, w in zip(after.layers, windows) if w), move.describe()
+        move, plan = rng.choice(neighbours)
+        receivers.add(move.layer)
+    assert 2 in receivers and receivers & {0, 1, 3}  # the global layer and local ones both receive
+
+
 # ---- the search on a tiny random model ---------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny():

@@ -21,7 +21,7 @@ from app.charts.experiments import (
     sweep_frames,
 )
 from app.charts.heterogeneity import density_figure, log_axis, support_figure
-from app.charts.plan import plan_figure, selected_cells, selection_boxes
+from app.charts.plan import memory_figure, plan_figure, selected_cells, selection_boxes
 from app.charts.profiles import PROFILE_VIEWS, entropy_figure, profile_decision_figure, profile_heatmap
 from app.charts.search import search_trace_figure
 
@@ -44,6 +44,7 @@ __all__ = [
     "method_color",
     "placement_figure",
     "placement_scatter",
+    "memory_figure",
     "plan_figure",
     "profile_decision_figure",
     "profile_heatmap",

@@ -126,6 +126,47 @@ def plan_figure(
     return layout(fig, f"{plan.name}: method and capacity per layer", PLAN_CHART_HEIGHT)
 
 
+def memory_figure(
+    plan: Plan, kept: Sequence[float], fullkv: Sequence[float], token_bytes: int, windows: Sequence[int | None] = ()
+) -> go.Figure:
+    """Where the KV memory is: the MiB each layer holds entering the answer under `plan` (bars) and under FullKV
+    (open markers), from `polykv.kv_memory.layer_tokens` / `fullkv_tokens` and one token's bytes in one layer."""
+    mib = 2**20 / token_bytes
+    layers = list(range(plan.num_layers))
+    kinds = [("global" if w is None else f"local, window {w}") for w in (list(windows) or [None] * plan.num_layers)]
+    fig = go.Figure(
+        [
+            go.Bar(
+                x=layers,
+                y=[k / mib for k in kept],
+                name=f"{plan.name}: {sum(kept) / mib:,.1f} MiB",
+                marker_color="#4C72B0",
+                hovertext=[
+                    f"layer {i} ({kind}): {k:,.0f} tokens, {k / mib:,.2f} MiB"
+                    for i, kind, k in zip(layers, kinds, kept)
+                ],
+                hoverinfo="text",
+            ),
+            go.Scatter(
+                x=layers,
+                y=[f / mib for f in fullkv],
+                mode="markers",
+                name=f"FullKV: {sum(fullkv) / mib:,.1f} MiB",
+                marker=dict(symbol="line-ew-open", size=18, line=dict(width=2, color="#222")),
+                hovertext=[f"layer {i} FullKV: {f:,.0f} tokens, {f / mib:,.2f} MiB" for i, f in zip(layers, fullkv)],
+                hoverinfo="text",
+            ),
+        ]
+    )
+    if any(w is not None for w in windows):
+        ticks = [f"{i} {'G' if w is None else 'L'}" for i, w in zip(layers, windows)]
+        fig.update_xaxes(tickmode="array", tickvals=layers, ticktext=ticks)
+    fig.update_xaxes(title_text="layer", range=[-0.6, plan.num_layers - 0.4])
+    fig.update_yaxes(title_text="KV memory (MiB)", rangemode="tozero")
+    fig.update_layout(legend=dict(orientation="h", y=-0.3))
+    return layout(fig, f"{plan.name}: KV memory per layer entering the answer", 300)
+
+
 def _mark_local_layers(fig: go.Figure, windows: list[int | None]) -> None:
     """Ticks "3 L" / "5 G" under every layer, and the most a local layer holds (its window less one) as a
     short line over its bars."""

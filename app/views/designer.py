@@ -36,6 +36,31 @@ def summary(plan) -> None:
     st.text("\n".join([*plan.summary().lines(), *notes]))
 
 
+def memory(plan) -> None:
+    """Where the plan keeps its KV memory, layer by layer, after a prompt of the chosen length."""
+    from polykv.kv_memory import fullkv_tokens, layer_tokens
+    from polykv.models import context_length
+
+    windows = session.layer_windows()
+    longest = context_length(session.current_model()[2]) or 131072
+    with st.expander("KV memory per layer", expanded=any(w is not None for w in windows)):
+        tokens = st.number_input(
+            "After a prompt of (tokens)",
+            min_value=1,
+            max_value=longest,
+            value=min(4096, longest),
+            step=256,
+            key=state.MEMORY_TOKENS,
+        )
+        kept = [entering for entering, _ in layer_tokens(plan, tokens, windows=windows)]
+        full = fullkv_tokens(tokens, windows)
+        common.show(charts.memory_figure(plan, kept, full, session.kv_token_bytes(), windows), "kv-memory")
+        st.caption(
+            f"Kept entering the answer: {sum(kept):,.0f} of FullKV's {sum(full):,.0f} token-layers "
+            f"({sum(kept) / sum(full):.1%}); a local layer never holds more than its window less one."
+        )
+
+
 def provenance(plan) -> None:
     """Where the plan came from and every edit made to it since, oldest first."""
     edits = plan_edits.edits(plan)
@@ -254,6 +279,7 @@ chart(current)
 paint(current, num_layers)
 plan_draft.keep_selection()
 summary(current)
+memory(current)
 provenance(current)
 layer_table(current)
 files(current)

@@ -84,6 +84,16 @@ def _num_layers(model: str) -> int:
     return config_dimensions(model).num_layers
 
 
+def echo_budget_lines(plan: Plan, model: str) -> None:
+    """On a hybrid model, what the plan's budget counts there (`polykv.kv_memory.budget_lines`)."""
+    from polykv.kv_memory import budget_lines
+    from polykv.models import config_dimensions
+
+    windows = config_dimensions(model).windows
+    for line in budget_lines(plan, windows) if windows else []:
+        typer.echo(line)
+
+
 def _checked_plan(path: Path, model: str, device: str | None = None) -> Plan:
     """A plan file checked against the model's config (layers, context; with `device`, the memory the
     model needs there) before any weights load."""

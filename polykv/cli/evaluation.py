@@ -123,6 +123,9 @@ def runs_show(
         f"run {run_id} ({sample_view.one_line(info['plan_name'], 60)} on {sample_view.suite_text(info)}, "
         f"{sample_view.one_line(info['model'], 60)}): {len(rows)} samples shown"
     )
+    kept = sample_view.kv_kept_line(info)
+    if kept is not None:
+        typer.echo(kept)
     _table(
         ("task", "sample", "metrics", "gold", "answer"),
         [

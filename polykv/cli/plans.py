@@ -15,6 +15,7 @@ from polykv.cli.common import (
     _parse_params,
     _table,
     default_plan,
+    echo_budget_lines,
 )
 from polykv.plan import Phase, Plan, Scope
 
@@ -117,7 +118,7 @@ def plan_show(
 def _show_on_model(plan: Plan, model: str, tokens: int | None) -> None:
     """Every layer's attention (local with its window, or global), methods and the tokens it keeps entering decode
     after a prompt of `tokens`, against FullKV's; the totals in tokens and bytes; the window notes."""
-    from polykv.kv_memory import fullkv_tokens, layer_tokens, window_notes
+    from polykv.kv_memory import fullkv_tokens, kept_line, layer_tokens, window_notes
     from polykv.models import config_dimensions
 
     dims = config_dimensions(model)
@@ -135,10 +136,7 @@ def _show_on_model(plan: Plan, model: str, tokens: int | None) -> None:
         f"KV kept per KV head after a {length:,}-token prompt"
     )
     _table(("layer", "attention", "prefill", "decode", "kept", "fullkv"), rows)
-    total, reference = sum(kept), sum(full)
-    size = dims.kv_token_bytes
-    memory = "" if size is None else f" ({total * size / 2**20:,.1f} MiB of {reference * size / 2**20:,.1f} MiB)"
-    typer.echo(f"total: {total:,.0f} of FullKV's {reference:,.0f} token-layers{memory}, {total / reference:.1%}")
+    typer.echo(f"total: {kept_line(plan, length, windows, dims.kv_token_bytes)}")
     for note in window_notes(plan, windows):
         typer.echo(f"note: {note}")
 
@@ -187,6 +185,8 @@ def plan_homogeneous(
     plan = Plan.homogeneous(method, capacity, num_layers, scope, _parse_params(param or []), allocation=allocation)
     built = validate_plan(plan, num_layers)
     built.save(out)
+    if layers is None:
+        echo_budget_lines(built, model)
     typer.echo(f"wrote {out}")
 
 

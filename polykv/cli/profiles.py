@@ -16,6 +16,7 @@ from polykv.cli.common import (
     _load_model,
     _profile_for,
     _table,
+    echo_budget_lines,
 )
 from polykv.cli.progress import Progress
 from polykv.plan import Scope
@@ -190,4 +191,5 @@ def route(
         median = confidence.win_frequency.median()
         if median < NOISY_ROUTE:
             typer.echo(f"warning: {phase.value} median win frequency {median:.2f} < {NOISY_ROUTE}: {NOISE_WARNING}")
+    echo_budget_lines(plan, model)
     typer.echo(f"wrote {out}")

@@ -99,6 +99,31 @@ def settings_of(run: Mapping[str, Any]) -> dict:
     return json.loads(value) if isinstance(value, str) else dict(value or {})
 
 
+def kv_kept_line(run: Mapping[str, Any]) -> str | None:
+    """What the run's plan keeps of the KV cache entering the answer, at its suite's prompt length (the longest
+    when it runs several), against FullKV: one line, or None when the model's config or the length is unknown."""
+    from polykv.errors import PolyKVError
+    from polykv.kv_memory import kept_line
+    from polykv.models import config_dimensions
+    from polykv.plan import Plan
+
+    settings = settings_of(run)
+    length = settings.get("length") or settings.get("max_length") or settings.get("prompt_tokens")
+    length = max(length) if isinstance(length, list) and length else length
+    if not isinstance(length, int) or isinstance(length, bool) or length < 1:
+        return None
+    try:
+        plan = Plan.from_json(run["plan_json"])
+        dims = config_dimensions(run["model"])
+    except (PolyKVError, OSError, ValueError, KeyError):
+        return None
+    if dims.num_layers != plan.num_layers:
+        return None
+    windows = dims.windows or (None,) * plan.num_layers
+    kept = kept_line(plan, length, windows, dims.kv_token_bytes)
+    return f"KV kept entering the answer at the suite's length ({length:,} tokens): {kept}"
+
+
 def side_by_side(store: Store, run_a: str, run_b: str, task: str, only_differing: bool = False) -> list[dict[str, Any]]:
     """One task's samples of two runs side by side: sample, gold, A's and B's answers and metrics, and FullKV's
     answer when the store has a FullKV run of A's settings. `only_differing`: the samples whose answers or

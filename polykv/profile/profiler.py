@@ -34,6 +34,7 @@ token by token (the naive loop, for the benchmark and the equivalence test).
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from collections.abc import Callable
@@ -100,6 +101,16 @@ class _Stack:
         self.layers = self.decoder.layers
         self.cache_name = cache_argument_name(model)
 
+    def _rotary(self, hidden, position_ids) -> list:
+        """Each layer's rotary embedding: one for all layers, or one per layer type where the model has several
+        (Gemma 3: local layers rotate with another base than global ones)."""
+        rotary = self.decoder.rotary_emb
+        types = getattr(models.text_config(self.model), "layer_types", None)
+        if types and "layer_type" in inspect.signature(rotary.forward).parameters:
+            by_type = {kind: rotary(hidden, position_ids, kind) for kind in set(types)}
+            return [by_type[kind] for kind in types]
+        return [rotary(hidden, position_ids)] * len(self.layers)
+
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.decoder.embed_tokens(ids)
 
@@ -116,15 +127,15 @@ class _Stack:
         stop - 1 when stopped early). `keep(l, h)` sees each layer's input (and the last layer's output as
         l = number of layers)."""
         position_ids = positions.unsqueeze(0).expand(hidden.shape[0], -1)
-        rotary = self.decoder.rotary_emb(hidden, position_ids)
+        rotary = self._rotary(hidden, position_ids)
         for idx in range(start, len(self.layers) if stop is None else stop):
             if keep is not None:
                 keep(idx, hidden)
             out = self.layers[idx](
                 hidden,
-                attention_mask=None,
+                attention_mask=None,  # the routed cache masks by position (causal, and a local layer's window)
                 position_ids=position_ids,
-                position_embeddings=rotary,
+                position_embeddings=rotary[idx],
                 use_cache=True,
                 **{self.cache_name: cache},
             )

@@ -9,6 +9,14 @@ neighbour in that space:
   transfer  (phase p, donor d, receiver l, amount a): layer d gives a tokens of capacity to layer l in
             phase p. The total does not change; the donor keeps at least `min_capacity`.
 
+On a hybrid model (local layers with a sliding window W, `polykv.kv_memory`) the budget counts capacity as
+written, and the moves keep the retained KV exact too: a local layer never holds more than W - 1 tokens, so a
+transfer is proposed only when the donor's whole capacity is held (at most W - 1) and the receiver's stays
+held (at most W - 1 after it), and a method move only where the capacity is below W - 1 (at or above it the
+window decides what the layer keeps, and the method never evicts). Every neighbour then keeps exactly the
+KV tokens its plan keeps: at a budget of W or more the local layers keep their windows and the search moves
+the global layers' memory among them.
+
 A cell's parameters follow its capacity: the method's base parameters (the start plan's, else the
 profile's, else the defaults) with every window or sink that would not fit under the capacity shrunk
 to a quarter of it (`polykv.methods.params_that_fit`'s rule). A neighbour that fails validation (a
@@ -27,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from polykv.kv_memory import window_bound
 from polykv.methods import REGISTRY, fit_params, for_phase, validate_plan
 from polykv.plan import FULL, LayerPlan, Phase, PhaseAssignment, Plan, PlanError
 
@@ -135,9 +144,12 @@ def proposals(
     min_capacity: int = 2,
     steps: Sequence[float] = TRANSFER_STEPS,
     context_length: int | None = None,
+    windows: Sequence[int | None] | None = None,
 ) -> list[tuple[Move, Plan]]:
     """Every valid neighbour of `plan` as (move, plan), ranked by the profile (see the module docstring);
-    without a profile, in a fixed order (layer, then registry order; the search shuffles it)."""
+    without a profile, in a fixed order (layer, then registry order; the search shuffles it). `windows`: each
+    layer's sliding window (None: global), from `polykv.models.layer_windows`."""
+    bounds = [window_bound(w) for w in (windows or [None] * plan.num_layers)]
     amounts = sorted({max(1, round(f * budget)) for f in steps})
     method_moves: list[Move] = []
     transfer_moves: list[Move] = []
@@ -145,6 +157,8 @@ def proposals(
         scores = _profile_scores(profile, phase, statistic) if profile is not None else {}
         current = [layer[phase] for layer in plan.layers]
         for layer, cell in enumerate(current):
+            if cell.capacity >= bounds[layer]:
+                continue  # the window keeps what this layer holds: no method changes it
             here = scores.get((layer, cell.method), 0.0)
             for method in for_phase(phase):
                 if method != cell.method:
@@ -159,6 +173,11 @@ def proposals(
                 for amount in amounts:
                     if current[donor].capacity - amount < min_capacity:
                         continue
+                    if (
+                        current[donor].capacity > bounds[donor]
+                        or current[receiver].capacity + amount > bounds[receiver]
+                    ):
+                        continue  # the tokens moved would not be held on both sides: the retained KV would change
                     if context_length is not None and current[receiver].capacity + amount > context_length:
                         continue
                     transfer_moves.append(

@@ -180,9 +180,10 @@ def search(
         tried: set[str] = set()  # moves tried from the current incumbent
         moves: list[Move] = []
         rounds, stopped = 0, "converged"
-        from polykv.models import context_length
+        from polykv.models import context_length, layer_windows
 
         context = context_length(objective.model)
+        windows = layer_windows(objective.model)
         while True:
             neighbours = [
                 (m, p)
@@ -195,6 +196,7 @@ def search(
                     settings.min_capacity,
                     settings.steps,
                     context,
+                    windows,
                 )
                 if m.describe() not in tried
             ]

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from polykv.eval.workload import COMPETENCE_THRESHOLD
+from polykv.kv_memory import kv_dimensions
 from polykv.plan import FULL, Plan, Scope
 from polykv.search.answer_objective import METRIC, AnswerObjective
 from polykv.search.moves import base_params
@@ -39,7 +40,6 @@ from polykv.search.search import SearchSettings, search, with_provenance
 from polykv.search.workload_verdict import (
     FAMILIES,
     competent_families,
-    kv_dimensions,
     majority_method,
     verdict,
 )

@@ -20,7 +20,7 @@ from typing import Any
 
 from polykv.eval.paired_samples import EXACT_DIFFERING, PERMUTATIONS
 from polykv.eval.settings import COMPETENCE_THRESHOLD
-from polykv.kv_memory import kv_kept
+from polykv.kv_memory import kv_kept, token_bytes
 from polykv.search.workload_verdict import FAMILIES, ROLES
 
 PAPER_OPEN = (
@@ -158,7 +158,7 @@ def kv_rows(report: Mapping[str, Any], budgets: Sequence[Mapping[str, Any]], rol
     lengths = [report["samples"]["lengths"][t] for t in tasks if t in report["samples"].get("lengths", {})]
     if not dims or not lengths:
         return []
-    per_token = 2 * dims["kv_heads"] * dims["head_dim"] * dims["bytes"] / 1e6  # MB per token and layer
+    per_token = token_bytes(dims) / 1e6  # MB per token and layer
     full = Plan.homogeneous("full", None, dims["layers"])
     windows = dims.get("windows")  # reports before hybrid models: every layer global
     mean = lambda plan: [sum(v) / len(lengths) for v in zip(*(kv_kept(plan, x, windows) for x in lengths))]  # noqa: E731
@@ -181,6 +181,24 @@ def kv_rows(report: Mapping[str, Any], budgets: Sequence[Mapping[str, Any]], rol
                 )
             )
     return rows
+
+
+def hybrid_budget_lines(report: Mapping[str, Any]) -> list[str]:
+    """On a model with local (sliding-window) layers, what a budget counts and what the search conserves."""
+    windows = (report.get("kv") or {}).get("windows") or []
+    local = [w for w in windows if w is not None]
+    if not local:
+        return []
+    bound = min(local) - 1
+    return [
+        f"- What a budget counts on this hybrid model ({len(local)} local layers, window "
+        f"{'/'.join(map(str, sorted(set(local))))}, and {len(windows) - len(local)} global): b is the capacity per "
+        f"layer as plans write it; a local layer never holds more than its window less one ({bound} tokens), so at "
+        f"b >= {bound} every local layer keeps its window and the budget cuts the global layers only. The search "
+        "conserves the KV actually held: it moves capacity only between layers that hold all of it, and changes a "
+        "layer's method only where its capacity is under the window. Plans of other allocations (the envelope's "
+        "pyramids) hold less than they write on a local layer: the KV table below gives what each plan keeps."
+    ]
 
 
 KV_HEADER = ("budget", "role", "plan", "scope", "entering the answer", "after the answer")
@@ -327,6 +345,7 @@ def markdown(report: Mapping[str, Any], store_dir: Path | None = None, figure: P
         "prefill and decode), **envelope** (the best of the nine baselines, each under its own protocol: its phases "
         "and allocation, as the sweep runs them). FullKV beside them. Every plan runs under the same question "
         "protocol.",
+        *hybrid_budget_lines(report),
         "- Verdicts: the sample-level sign-flip permutation test (tasks fixed; exact by enumeration when at most "
         f"{EXACT_DIFFERING} samples differ, else {PERMUTATIONS:,} random flips seeded by the data), the 95% interval "
         "of the shifts the test does not reject (it agrees with the test; a line says so where an exact p and an "

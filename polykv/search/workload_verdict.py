@@ -158,24 +158,6 @@ def competent_families(
     return {FAMILIES[0]: keep(searched), FAMILIES[1]: keep(transfer)}
 
 
-def kv_dimensions(model) -> dict[str, int]:
-    """What one retained token costs in the KV cache: layers, KV heads, head size and bytes per number."""
-    from polykv.models import text_config
-
-    config = text_config(model)
-    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    from polykv.models import layer_windows
-
-    return {
-        "layers": config.num_hidden_layers,
-        "kv_heads": heads,
-        "head_dim": head_dim,
-        "bytes": next(model.parameters()).element_size(),
-        "windows": layer_windows(model),  # a local layer's sliding window, None for a global one
-    }
-
-
 def rejudge(report: dict[str, Any], store) -> dict[str, Any]:
     """The report with every budget's verdict computed again from its runs in `store` (the current statistics
     and the competence rule), for a report saved by an earlier version; the runs are not run again."""
@@ -197,7 +179,6 @@ __all__ = [
     "VERDICT_METRICS",
     "competent_families",
     "contrast",
-    "kv_dimensions",
     "majority_method",
     "rejudge",
     "verdict",

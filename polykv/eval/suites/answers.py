@@ -31,7 +31,8 @@ is predicted from the prompt's pass, which eviction never changes (the prompt at
 plan shares that term; the plans differ from the second token on.
 
 FullKV's greedy answer (for `agreement`) is computed once per process, model and prompt: alone with
-`model.generate` when one plan runs, else as one more row of the batch (or the batch's own FullKV plan).
+`model.generate` when one plan runs (a plan that evicts nothing is its own reference), else as one more row of
+the batch (or the batch's own FullKV plan).
 """
 
 from __future__ import annotations
@@ -360,7 +361,13 @@ def score_alone(model, plan: Plan, question: Question, mode: str, judge, pad_tok
     """One plan on one question, the reference path. `judge(prediction tokens, FullKV's tokens)` turns the
     generated tokens into the suite's metrics and its prediction text ((metrics, prediction))."""
     answer = answer_alone(model, plan, question, mode, pad_token_id)
-    reference = fullkv_answer(model, question, pad_token_id) if generates(mode) else None
+    reference = None
+    if generates(mode):
+        if keeps_everything(plan) and cached_reference(model, question) is None:
+            # a plan that evicts nothing generates FullKV's answer (tested bit for bit): not generated twice
+            reference = remember_reference(model, question, answer.tokens)
+        else:
+            reference = fullkv_answer(model, question, pad_token_id)
     return _scored(answer, reference, judge)
 
 
