@@ -1,4 +1,5 @@
-"""Backends: a detached subprocess and a local Ray cluster give the local backend's results."""
+"""Backends: a detached subprocess and a local Ray cluster give the local backend's results (on Ray, a gemma3 unit
+too: the hybrid model in a worker)."""
 
 from __future__ import annotations
 
@@ -37,11 +38,18 @@ def test_subprocess_backend_runs_detached_into_the_store(tmp_path, monkeypatch):
     ).task_scores(run["id"])
 
 
+def gemma3_unit() -> Unit:
+    """One RULER sample on gemma3, scored, longer than its local layers' 512-token window, under a plan that
+    cuts every layer (local ones below their window)."""
+    settings = {"tasks": ["niah_single_1"], "length": 700, "samples_per_task": 1, "mode": "score"}
+    return Unit.of("gemma3", Plan.homogeneous("tova", 256, 18), "ruler", settings)
+
+
 @pytest.mark.slow
-def test_ray_local_cluster_runs_units_in_parallel_with_local_results(tmp_path, monkeypatch):
+def test_ray_local_cluster_runs_units_in_parallel_with_local_results(gemma3_home, tmp_path, monkeypatch):
     import ray  # installed by the test set-up (`.[test]`)
 
-    home = str(tmp_path / "home")
+    home = str(gemma3_home)  # where the converted gemma3 is
     monkeypatch.setenv("POLYKV_HOME", home)
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     env = {"POLYKV_HOME": home, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0"}
@@ -65,7 +73,7 @@ def test_ray_local_cluster_runs_units_in_parallel_with_local_results(tmp_path, m
         # Two workers up, model loaded, before the units go: otherwise a short unit can finish in one
         # worker while the other is still importing torch or loading the model, and the runs need not overlap.
         assert len(set(ray.get([warm_worker.remote() for _ in range(2)]))) == 2
-        ray_ids = RayBackend().run(units(), tmp_path / "ray.sqlite")
+        ray_ids = RayBackend().run([*units(), gemma3_unit()], tmp_path / "ray.sqlite")
     finally:
         ray.shutdown()
     threads = torch.get_num_threads()
@@ -75,13 +83,14 @@ def test_ray_local_cluster_runs_units_in_parallel_with_local_results(tmp_path, m
     clear_reference_cache()
     clear_sample_cache()
     try:
-        local_ids = LocalBackend().run(units(), tmp_path / "local.sqlite")
+        local_ids = LocalBackend().run([*units(), gemma3_unit()], tmp_path / "local.sqlite")
     finally:
         torch.set_num_threads(threads)
     assert ray_ids == local_ids
     ray_store, local_store = Store(tmp_path / "ray.sqlite"), Store(tmp_path / "local.sqlite")
     for run_id in ray_ids:
+        assert ray_store.run(run_id)["status"] == "finished"
         assert ray_store.task_scores(run_id) == local_store.task_scores(run_id)
     # The two runs overlapped in time: each started before the other finished.
-    first, second = (ray_store.run(run_id) for run_id in ray_ids)
+    first, second = (ray_store.run(run_id) for run_id in ray_ids[:2])
     assert first["created"] < second["finished"] and second["created"] < first["finished"]

@@ -86,6 +86,20 @@ def test_the_memory_figure_draws_each_layers_kv_against_fullkv_in_mib():
     assert list(fig.layout.xaxis.ticktext) == ["0 L", "1 L", "2 G"]
 
 
+def test_the_profile_chart_marks_each_layer_local_or_global_on_a_hybrid_model():
+    from polykv.routing.confidence import ranked_cells
+
+    rows = [
+        {"layer": layer, "scope": "prefill", "method": method, "cosine": 0.9 + 0.01 * k, "dppl": 0.1 * k}
+        for layer in range(3)
+        for k, method in enumerate(["full", "h2o", "tova"])
+    ]
+    cells = ranked_cells(pd.DataFrame(rows), "prefill", "cosine")
+    fig = charts.profile_decision_figure(cells, "prefill", "rank", "cosine", windows=[8, 8, None])
+    assert list(fig.layout.yaxis.ticktext) == ["0 L", "1 L", "2 G"]
+    assert charts.profile_decision_figure(cells, "prefill", "rank", "cosine").layout.yaxis.ticktext is None
+
+
 def test_support_figure_is_log_scale_with_asymmetric_intervals():
     frame = pd.DataFrame({"layer": [0, 1], "median": [10.0, 40.0], "ci_low": [8.0, 20.0], "ci_high": [15.0, 41.0]})
     fig = charts.support_figure(frame, 0.9)

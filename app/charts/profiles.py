@@ -73,7 +73,12 @@ def _grid(cells: pd.DataFrame, column: str) -> pd.DataFrame:
 
 
 def profile_decision_figure(
-    cells: pd.DataFrame, scope: str, view: str, statistic: str, confidence: pd.DataFrame | None = None
+    cells: pd.DataFrame,
+    scope: str,
+    view: str,
+    statistic: str,
+    confidence: pd.DataFrame | None = None,
+    windows: Sequence[int | None] = (),
 ) -> go.Figure:
     """Layer x method grid of one scope that shows which method is best in each layer and by how much.
 
@@ -82,7 +87,8 @@ def profile_decision_figure(
     log10 colour scale) or "dPPL" (diverging around 0). Every view colours the better cells alike.
     A star in an outlined cell marks each layer's TopRank winner (the star's `customdata` is its layer):
     from `confidence` (`route_confidence`, whose hover adds the runner-up, margin and win frequency) when
-    given, else from `cells`. Each cell's hover gives cosine and dPPL with their intervals, and its rank."""
+    given, else from `cells`. Each cell's hover gives cosine and dPPL with their intervals, and its rank. On a
+    hybrid model (`windows`: each layer's sliding window or None) every layer's tick says local (L) or global (G)."""
     if view not in PROFILE_VIEWS:
         raise ValueError(f"unknown view {view!r} (known: {', '.join(PROFILE_VIEWS)})")
     ranks = _grid(cells, "rank")
@@ -155,6 +161,9 @@ def profile_decision_figure(
         )
     fig.update_xaxes(categoryorder="array", categoryarray=methods)
     fig.update_yaxes(title_text="layer", autorange="reversed", dtick=1 if len(layers) <= 40 else None)
+    if any(w is not None for w in windows):
+        ticks = [f"{int(i)} {'G' if windows[int(i)] is None else 'L'}" for i in layers]
+        fig.update_yaxes(tickmode="array", tickvals=layers, ticktext=ticks)
     better = "1 is best" if view == "rank" else "lower is better"
     return layout(
         fig,

@@ -122,6 +122,13 @@ view = right.radio(
     key=state.PROFILE_VIEW,
     help="rank: 1 = best in the layer; 1 - cosine on a log scale shows the gaps a cosine near 1 hides.",
 )
+windows = session.layer_windows() if profile.num_layers == session.num_layers() else []
+local = sorted({w for w in windows if w is not None})
+if local and profile.meta.b_cal >= local[0] - 1:
+    st.caption(
+        f"Local layers (L) keep their window ({local[0] - 1} tokens at most) at this profile's b_cal of "
+        f"{profile.meta.b_cal}: no method evicts there, so their rows tie; the global layers (G) are what it ranks."
+    )
 for scope in profile.meta.scopes:
     st.subheader(scope)
     try:
@@ -134,7 +141,7 @@ for scope in profile.meta.scopes:
     except (ProfileError, ValueError) as exc:  # stale, or saved without per-sequence values
         confidence = None
         st.info(f"No win frequencies for {scope}: {common.first_line(exc)}")
-    figure = charts.profile_decision_figure(cells, scope, view, statistic, confidence)
+    figure = charts.profile_decision_figure(cells, scope, view, statistic, confidence, windows)
     common.show(figure, f"{profile.key}-{scope}-{view}-{statistic}")
     if confidence is None:
         continue
