@@ -91,3 +91,18 @@ __all__ = [
     "debug",
     "first_line",
 ]
+
+
+def script_exit(main) -> int:
+    """Run a module's `main()` (`python -m polykv...`) as the CLI runs a command: a user error (a file that is
+    not what the script reads, a missing one) prints `error: <one line>` and returns 2; the traceback only
+    under POLYKV_DEBUG=1."""
+    import sys
+
+    try:
+        return main()
+    except (PolyKVError, OSError, ValueError, KeyError, TypeError) as exc:
+        if debug():
+            raise
+        print(f"error: {first_line(exc)}", file=sys.stderr)
+        return 2

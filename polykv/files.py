@@ -270,3 +270,11 @@ def try_file_lock(path: Path) -> Iterator[bool]:
             yield True
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def read_report(path, fmt: str, what: str) -> dict:
+    """A JSON report PolyKV wrote (its "format" is `fmt`), or FileError in one line naming what it is instead."""
+    data = read_json(path, what)
+    if not isinstance(data, dict) or data.get("format") != fmt:
+        raise FileError(f'{path} is not a {what} (a report.json with "format": "{fmt}")')
+    return data

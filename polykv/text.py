@@ -35,3 +35,11 @@ def printable(text: str) -> str:
     if not any(_unsafe(c) for c in text):
         return text
     return "".join(c.encode("unicode_escape").decode("ascii") if _unsafe(c) else c for c in text)
+
+
+def whole_number(text: str, most_digits: int = 12) -> int | None:
+    """`text` as an int when it is ASCII digits only (at most `most_digits` of them), else None: Python's
+    isdigit() also says yes to '²' and to other scripts' digits, which int() then refuses or reads."""
+    if text.isascii() and text.isdigit() and len(text) <= most_digits:
+        return int(text)
+    return None

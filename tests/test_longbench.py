@@ -10,6 +10,7 @@ import warnings
 
 import pytest
 
+from polykv.errors import FileError
 from polykv.eval import runner
 from polykv.eval.metrics import LONGBENCH_METRICS
 from polykv.eval.runner import run_suite
@@ -149,21 +150,31 @@ def test_malformed_and_incomplete_lines_are_skipped_with_a_warning_naming_file_a
         warnings.simplefilter("always")
         samples = lb.load_task("hotpotqa", tmp_path)
     assert [sid for sid, _ in samples] == ["00001", "00007"]
-    messages = [str(w.message) for w in caught]
-    assert len(messages) == 4  # the blank line 4 is not a sample and is not reported
-    assert f"{path}, line 2: malformed JSON" in messages[0]
-    assert f"{path}, line 3: missing field(s) answers" in messages[1]
-    assert f"{path}, line 5: not a JSON object" in messages[2]
-    assert f"{path}, line 6: field answers is not a non-empty list of strings" in messages[3]
+    (message,) = [str(w.message) for w in caught]  # one warning for the file, one line
+    assert message.startswith(f"LongBench: skipped 4 line(s) of {path}: line 2: malformed JSON")
+    assert "\n" not in message  # the blank line 4 is not a sample and is not reported
+    assert "; line 3: missing field(s) answers; line 5: not a JSON object" in message
+    assert message.endswith("; line 6: field answers is not a non-empty list of strings")
 
     trec = samples_for("trec", 2)
     write_task(tmp_path, "trec", [{**trec[0], "all_classes": None}, trec[1]])
-    with pytest.warns(UserWarning, match=r"trec\.jsonl, line 1: missing field\(s\) all_classes"):
+    with pytest.warns(UserWarning, match=r"trec\.jsonl: line 1: missing field\(s\) all_classes"):
         assert [sid for sid, _ in lb.load_task("trec", tmp_path)] == ["00002"]
 
     write_task(tmp_path, "lcc", ["not json"])
     with pytest.warns(UserWarning, match="line 1"), pytest.raises(ValueError, match="holds no usable sample"):
         lb.load_task("lcc", tmp_path)
+
+
+def test_a_file_without_newlines_is_refused_at_the_line_cap_not_read_whole(tmp_path, monkeypatch):
+    monkeypatch.setattr(lb, "MAX_LINE_BYTES", 1000)
+    (tmp_path / "hotpotqa.jsonl").write_bytes(b"x" * 5000)  # one "line" of 5,000 bytes and no newline
+    with pytest.raises(FileError, match=r"hotpotqa\.jsonl, line 1: longer than"):
+        lb.load_task("hotpotqa", tmp_path)
+    many = [samples_for("hotpotqa", 1)[0]] + ["not json"] * 8
+    write_task(tmp_path, "hotpotqa", many)
+    with pytest.warns(UserWarning, match=r"skipped 8 line\(s\) .*line 6: malformed JSON .*; and 3 more$"):
+        lb.load_task("hotpotqa", tmp_path)
 
 
 def test_missing_directory_missing_task_file_and_unknown_task_are_one_line_errors(tmp_path, data_dir, demo_model):

@@ -263,7 +263,9 @@ def test_a_longbench_file_splits_into_calibration_and_evaluation_samples_that_ne
         evaluation = evaluation_samples(workload, tokenizer, model, 4, seed)
         drawn = calibration_samples(workload, tokenizer, model, 6, seed, _hashes(workload, evaluation, seed))
         assert len(drawn) == 6 and not _hashes(workload, drawn, seed) & _hashes(workload, evaluation, seed)
-    with pytest.raises(ValueError, match="holds 6 samples apart from the evaluation ones"):
+    with pytest.raises(
+        ValueError, match=r"holds 6 sample\(s\) apart from the evaluation ones, 7 asked: ask for at most 6"
+    ):
         calibration_samples(
             workload, tokenizer, model, 7, 0, _hashes(workload, evaluation_samples(workload, tokenizer, model, 4, 0), 0)
         )

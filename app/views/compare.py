@@ -59,6 +59,9 @@ rows = {r["id"]: r for r in finished}
 across = sample_view.like_with_like(rows[run_a], rows[run_b])
 if across is not None:
     st.caption(f"Not like with like, {across}.")
+models = sample_view.other_models(rows[run_a], rows[run_b])
+if models is not None:
+    st.warning(f"{models}.")
 metrics = metrics_of(store, [run_a, run_b])
 if not metrics:
     st.warning("These runs share no metric (different suites?).")

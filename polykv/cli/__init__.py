@@ -11,6 +11,7 @@ helpers and option types in `common`.
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import Annotated
 
 import typer
@@ -72,15 +73,42 @@ app.add_typer(experiment_app, name="experiment")
 app.add_typer(jobs_app, name="jobs")
 
 
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning as one line, `warning: ...`, not Python's two (the source file and the line of code)."""
+    from polykv.errors import first_line
+
+    print(f"warning: {first_line(message) if isinstance(message, BaseException) else str(message)}", file=sys.stderr)
+
+
 def main() -> None:
     """Run the CLI: a user error prints `error: <one line>` and exits 2; a bug prints one line too and
     exits 1, with the traceback only under POLYKV_DEBUG=1."""
     import sqlite3
 
+    try:  # typer 0.2x carries its own copy of click: its exceptions are the ones raised
+        from typer._click import exceptions as click
+    except ImportError:  # an older typer runs on click itself
+        from click import exceptions as click
+
     from polykv.errors import PolyKVError, debug, first_line
 
+    warnings.showwarning = _one_line_warning
     try:
-        app()  # typer handles --help, usage errors (exit 2) and exits itself
+        # --help prints and returns 0; a command's typer.Exit returns its code
+        code = app(standalone_mode=False, prog_name="polykv")
+    except click.NoArgsIsHelpError as exc:
+        exc.show()  # a group called bare: its help
+        sys.exit(exc.exit_code)
+    except click.UsageError as exc:  # a bad option or value: one line, not typer's box
+        where = f" (`{exc.ctx.command_path} --help` lists the options)" if exc.ctx is not None else ""
+        typer.echo(f"error: {first_line(exc.format_message())}{where}", err=True)
+        sys.exit(2)
+    except click.ClickException as exc:
+        typer.echo(f"error: {first_line(exc.format_message())}", err=True)
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        typer.echo("interrupted", err=True)
+        sys.exit(130)
     except (PolyKVError, OSError, sqlite3.Error, ValueError) as exc:
         if debug():
             raise
@@ -98,3 +126,4 @@ def main() -> None:
             err=True,
         )
         sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)

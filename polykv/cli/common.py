@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+from polykv import limits
 from polykv.errors import FileError, SettingsError
 from polykv.files import parse_json
 from polykv.plan import Plan
@@ -59,7 +60,7 @@ WorkspaceOption = Annotated[
 ]
 DEFAULT_WORKSPACE = None  # resolved by `_workspace` when the command runs
 SuiteOption = Annotated[str, typer.Option(help="Evaluation suite.")]
-SamplesOption = Annotated[int, typer.Option(min=1, help="Samples per task.")]
+SamplesOption = Annotated[int, typer.Option(min=1, max=limits.SAMPLES_PER_TASK, help="Samples per task.")]
 TasksOption = Annotated[
     str | None, typer.Option(help="Comma-separated fidelity tasks (default: the model's default tasks).")
 ]
@@ -116,9 +117,11 @@ def _profile_for(profile_dir: Path, model: str):
 def _load_model(model: str, device: str):
     """(model, tokenizer), saying on a terminal what is being loaded (it can take a while); quiet when
     stderr is not a terminal, so scripts see only results and one-line errors."""
+    from polykv.models import check_device, load_model
+
+    check_device(device)  # a device this machine lacks: one line, before anything loads
     if sys.stderr.isatty():
         typer.echo(f"loading model {model} on {device} ...", err=True)
-    from polykv.models import load_model
 
     return load_model(model, device=device)  # quiet: no progress bars
 

@@ -173,9 +173,10 @@ def compare(
         f"A = {a_id} ({name[a_id]}), B = {b_id} ({name[b_id]}); metric {metric} "
         f"({'higher' if result.sign > 0 else 'lower'} is better)"
     )
-    across = sample_view.like_with_like(store.run(a_id), store.run(b_id))
-    if across is not None:
-        typer.echo(across)
+    for caveat in (sample_view.other_models, sample_view.like_with_like):
+        line = caveat(store.run(a_id), store.run(b_id))
+        if line is not None:
+            typer.echo(line)
     _table(
         ("task", "A", "B", "A - B"),
         [(task, f"{a:.4f}", f"{b:.4f}", f"{d:+.4f}") for task, a, b, d in result.table.itertuples(index=False)],

@@ -19,6 +19,7 @@ from typing import Annotated
 
 import typer
 
+from polykv import limits
 from polykv.cli.common import (
     BUDGET_HELP,
     DEFAULT_WORKSPACE,
@@ -131,9 +132,12 @@ def _print_report(report) -> None:
 
 
 def _samples(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
+    from polykv.text import whole_number
+
+    value = whole_number(text)
+    if value is None or value < 1:
         raise typer.BadParameter(f"a positive number or auto, got {text!r}", param_hint="--samples")
-    return int(text)
+    return value
 
 
 def _parse_budgets(budgets: str) -> list[int]:
@@ -169,7 +173,7 @@ def experiment_placement(
     options: ExperimentOptions,
     profile_dir: Annotated[Path, typer.Option("--profile", help="Profile directory.")],
     plan: Annotated[Path, typer.Option("--plan", help="The guided single-phase plan (e.g. from `polykv route`).")],
-    k: Annotated[int, typer.Option("--k", min=1, help="Random count-matched placements.")] = 99,
+    k: Annotated[int, typer.Option("--k", min=1, max=limits.PLACEMENTS, help="Random count-matched placements.")] = 99,
     statistic: str = "cosine",
 ) -> None:
     """The guided route vs K random placements with the same method counts: rank, p, Spearman."""
@@ -233,7 +237,7 @@ def experiment_study(
     budgets: Annotated[
         str, typer.Option(help="The sweep's budgets (average capacities per layer), comma-separated.")
     ] = "16,32,64,128,256",
-    k: Annotated[int, typer.Option("--k", min=1, help="Random count-matched placements.")] = 99,
+    k: Annotated[int, typer.Option("--k", min=1, max=limits.PLACEMENTS, help="Random count-matched placements.")] = 99,
     statistic: str = "dppl",
     allocation: Annotated[str, typer.Option(help="The factorial's allocated arm: entropy or ppl.")] = "ppl",
     baseline: Annotated[
@@ -258,19 +262,33 @@ def experiment_study(
     time_limit: Annotated[
         float | None, typer.Option(help="--samples auto: minutes the primary runs may take (measured per sample).")
     ] = None,
-    min_samples: Annotated[int, typer.Option(min=2, help="--samples auto: at least this many per task.")] = 2,
+    min_samples: Annotated[
+        int, typer.Option(min=2, max=limits.SAMPLES_PER_TASK, help="--samples auto: at least this many per task.")
+    ] = 2,
     pilot_samples: Annotated[
-        int, typer.Option(min=2, help="ruler/longbench: pilot samples per task (competence, the anchor's spread).")
+        int,
+        typer.Option(
+            min=2,
+            max=limits.SAMPLES_PER_TASK,
+            help="ruler/longbench: pilot samples per task (competence, the anchor's spread).",
+        ),
     ] = 10,
     competence: Annotated[
         float, typer.Option(help="ruler/longbench: FullKV accuracy (%) under which a task leaves the macro-average.")
     ] = 20.0,
     accuracy_samples: Annotated[
         int | None,
-        typer.Option(min=1, help="With --metric answer_nll: also generate on this many samples per task (accuracy)."),
+        typer.Option(
+            min=1,
+            max=limits.SAMPLES_PER_TASK,
+            help="With --metric answer_nll: also generate on this many samples per task (accuracy).",
+        ),
     ] = None,
     placement_samples: Annotated[
-        int | None, typer.Option(min=1, help="Placement control on the primary suite: its samples per task.")
+        int | None,
+        typer.Option(
+            min=1, max=limits.SAMPLES_PER_TASK, help="Placement control on the primary suite: its samples per task."
+        ),
     ] = None,
     seed: int = 0,
     device: str = "cpu",
@@ -289,7 +307,9 @@ def experiment_study(
     sweep_scopes: Annotated[
         str | None, typer.Option(help="Also sweep the TopRank routes of these phases, e.g. prefill (comma-separated).")
     ] = None,
-    calibration_sequences: Annotated[int, typer.Option(min=1, help="Calibration sequences of the profile.")] = 20,
+    calibration_sequences: Annotated[
+        int, typer.Option(min=1, max=limits.SEQUENCES, help="Calibration sequences of the profile.")
+    ] = 20,
     calibration_tokens: Annotated[int, typer.Option(min=16, help="Tokens per calibration sequence.")] = 2048,
     sources: Annotated[
         str | None, typer.Option(help="Calibration sources, comma-separated (default: the model's own).")
@@ -302,7 +322,10 @@ def experiment_study(
         str | None, typer.Option(help="The sweep's baselines, comma-separated (default: every method's protocol).")
     ] = None,
     workers: Annotated[
-        int, typer.Option(min=1, help="With --batch: share each suite's samples out over this many processes.")
+        int,
+        typer.Option(
+            min=1, max=limits.WORKERS, help="With --batch: share each suite's samples out over this many processes."
+        ),
     ] = 1,
     sweep_ppl: Annotated[
         bool, typer.Option(help="The sweep's route-ppl row (the route with the profile's PPL capacities).")

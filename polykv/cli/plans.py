@@ -55,10 +55,20 @@ def generate(
     """Generate text with a plan and print the retained cache per layer."""
     import torch
 
-    from polykv.models import layer_windows, num_layers
+    from polykv.errors import SettingsError
+    from polykv.models import config_dimensions, layer_windows, load_tokenizer, num_layers, quiet_transformers
     from polykv.runtime import routed
 
     routed_plan = _checked_plan(plan or default_plan(model), model, device)  # bad input fails before the weights load
+    with quiet_transformers():  # its "longer than the maximum" warning: said below in one line
+        prompt_tokens = len(load_tokenizer(model)(prompt).input_ids)
+    context = config_dimensions(model).context_length
+    if context is not None and prompt_tokens + max_new_tokens > context:
+        room = f"at most {context - prompt_tokens} new tokens" if prompt_tokens < context else "a shorter prompt"
+        raise SettingsError(
+            f"the prompt is {prompt_tokens:,} tokens and --max-new-tokens {max_new_tokens}: more than the model's "
+            f"{context:,}-token context (ask for {room})"
+        )
     hf_model, tokenizer = _load_model(model, device)
     ids = tokenizer(prompt, return_tensors="pt").input_ids.to(device)
     torch.manual_seed(seed)

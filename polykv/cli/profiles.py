@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from polykv import limits
 from polykv.cli.common import (
     BUDGET_HELP,
     DEFAULT_WORKSPACE,
@@ -40,7 +41,7 @@ def _corpus_sources(sources: str | None, model: str) -> tuple[str, ...]:
 
 def profile(
     model: ModelOption = "demo",
-    sequences: Annotated[int, typer.Option(min=1, help="Calibration sequences.")] = 20,
+    sequences: Annotated[int, typer.Option(min=1, max=limits.SEQUENCES, help="Calibration sequences.")] = 20,
     max_tokens: Annotated[int, typer.Option(min=16, help="Tokens per sequence (clipped to the context).")] = 2048,
     b_cal: Annotated[
         int | None,
@@ -122,7 +123,7 @@ def _fullkv_line(ppl: dict) -> str:
 
 def heterogeneity(
     model: ModelOption = "demo",
-    inputs: Annotated[int, typer.Option(min=1, help="Calibration inputs to measure.")] = 8,
+    inputs: Annotated[int, typer.Option(min=1, max=limits.SEQUENCES, help="Calibration inputs to measure.")] = 8,
     max_tokens: Annotated[int, typer.Option(min=16)] = 2048,
     coverage: Annotated[float, typer.Option(min=0.01, max=1.0, help="Attention mass the support set covers.")] = 0.9,
     bins: Annotated[int, typer.Option(min=1)] = 32,

@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 
+from polykv import limits
 from polykv.cli.common import DEFAULT_WORKSPACE, ModelOption, WorkspaceOption, _load_model, _profile_arg, _table
 from polykv.cli.progress import Progress
 from polykv.eval.settings import COMPETENCE_THRESHOLD
@@ -62,22 +63,29 @@ def search(
     scope: Scope = Scope.DECODE,
     profile: Annotated[str, typer.Option(help=PROFILE_HELP)] = "auto",
     evaluations: Annotated[
-        int, typer.Option(min=1, help="Plan executions (one plan on one sequence) the search may run per budget.")
+        int,
+        typer.Option(
+            min=1,
+            max=limits.EVALUATIONS,
+            help="Plan executions (one plan on one sequence) the search may run per budget.",
+        ),
     ] = 800,
     seed: int = 0,
-    search_sequences: Annotated[int, typer.Option(min=1, help="Calibration sequences the search scores on.")] = 16,
-    held_out: Annotated[int, typer.Option(min=2, help="Held-out sequences of the verdict.")] = 48,
+    search_sequences: Annotated[
+        int, typer.Option(min=1, max=limits.SEQUENCES, help="Calibration sequences the search scores on.")
+    ] = 16,
+    held_out: Annotated[int, typer.Option(min=2, max=limits.SEQUENCES, help="Held-out sequences of the verdict.")] = 48,
     max_tokens: Annotated[int, typer.Option(min=16, help="Tokens per sequence (clipped to the context).")] = 512,
-    candidates: Annotated[int, typer.Option(min=1, help="Neighbours tried per round.")] = 8,
+    candidates: Annotated[int, typer.Option(min=1, max=limits.CANDIDATES, help="Neighbours tried per round.")] = 8,
     metric: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--objective",
             "--metric",
             help="What the search minimises: kl (KL(FullKV || plan)) or dppl on text, or answer_nll on a workload "
-            "(--sources).",
+            "(--sources). Default: kl, answer_nll with --sources.",
         ),
-    ] = "kl",
+    ] = None,
     sources: Annotated[str | None, typer.Option(help=SOURCES_HELP)] = None,
     transfer: Annotated[
         str | None,
@@ -108,10 +116,16 @@ def search(
             "leaves the verdict.",
         ),
     ] = COMPETENCE_THRESHOLD,
-    workers: Annotated[int, typer.Option(min=1, help="Processes sharing the verdict's samples.")] = 1,
+    workers: Annotated[
+        int, typer.Option(min=1, max=limits.WORKERS, help="Processes sharing the verdict's samples.")
+    ] = 1,
     accuracy_samples: Annotated[
         int | None,
-        typer.Option(min=1, help="With a workload: held-out samples per task that also generate (default: all)."),
+        typer.Option(
+            min=1,
+            max=limits.SAMPLES_PER_TASK,
+            help="With a workload: held-out samples per task that also generate (default: all).",
+        ),
     ] = None,
     report: Annotated[Path | None, typer.Option(help="Where the Markdown report goes (default: <out>/report.md).")] = (
         None
@@ -147,7 +161,13 @@ def search(
 
         if importlib.util.find_spec("ray") is None:
             raise SettingsError("--backend ray needs Ray: pip install 'polykv[ray]'")
-    if metric == "answer_nll" or sources is not None:
+    if statistic not in ("cosine", "dppl"):  # what ranks a text profile's moves (a workload's: danswer, always)
+        raise SettingsError(f"--statistic must be cosine or dppl (got {statistic!r})")
+    if metric is None:
+        metric = "answer_nll" if sources is not None else "kl"
+    if sources is not None and metric != "answer_nll":
+        raise SettingsError(f"a workload search (--sources) minimises answer_nll, not --objective {metric}")
+    if metric == "answer_nll":
         import inspect
 
         from polykv.cli.search_workload import search_workload

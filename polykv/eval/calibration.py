@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from polykv.text import whole_number
+
 if TYPE_CHECKING:
     from polykv.profile.corpus import WorkloadCorpus
 
@@ -54,9 +56,10 @@ def parse_source(source: str) -> WorkloadSource:
             )
         if not at:
             return WorkloadSource("ruler", task)
-        if not length.isdigit() or int(length) < 2:
+        tokens = whole_number(length)
+        if tokens is None or tokens < 2:
             raise ValueError(f"workload source {source!r}: the length after @ must be a whole number of tokens")
-        return WorkloadSource("ruler", task, int(length))
+        return WorkloadSource("ruler", task, tokens)
     if suite == "longbench":
         from polykv.eval.suites.longbench_tasks import TASK_PROMPTS
 
@@ -184,9 +187,11 @@ def calibration_samples(
             taken[task] += 1
     short = [task for task, n in taken.items() if n < samples]
     if short:
+        held = taken[short[0]]
+        advice = f"ask for at most {held}" if held else "it needs more samples than the evaluation takes"
         raise ValueError(
-            f"the calibration split of {short[0]} holds {taken[short[0]]} samples apart from the evaluation ones; "
-            f"ask for fewer than {samples}"
+            f"the calibration split of {short[0]} holds {held} sample(s) apart from the evaluation ones, "
+            f"{samples} asked: {advice}"
         )
     order = {task: i for i, task in enumerate(workload.tasks)}
     return sorted(out, key=lambda row: order[row[0]])  # tasks in source order, samples in draw order

@@ -75,6 +75,17 @@ def suite_text(run: Mapping[str, Any]) -> str:
     return run["suite"] if question in (None, "in-prompt") else f"{run['suite']} (question {question})"
 
 
+def other_models(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
+    """A line when two runs (store rows) ran on different models: their difference is the models' as well as the
+    plans'. None when the model is the same."""
+    if a["model"] == b["model"]:
+        return None
+    return (
+        f"A ran on {one_line(a['model'], 60)} and B on {one_line(b['model'], 60)}: the difference is the models' "
+        "as well as the plans'"
+    )
+
+
 def like_with_like(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
     """Why two runs (store rows) compare across protocols, or None when their plans act in the same phases under
     the same question protocol: one line for `compare` to print."""

@@ -13,6 +13,7 @@ from typing import Any
 
 from polykv.errors import PolyKVError, SettingsError, first_line, validation_line
 from polykv.files import parse_json
+from polykv.text import whole_number
 
 SUITE_NAMES = ("fidelity", "longbench", "ruler")
 COMPETENCE_THRESHOLD = 20.0  # FullKV accuracy (0-100) under which a task is at the floor (`polykv.eval.workload`)
@@ -33,8 +34,13 @@ def suite_settings(suite: str, settings: str | bytes | Mapping[str, Any] | None 
     Types are strict (no "2" for 2, no true for 1; lists stand for tuples), unknown keys are refused, and
     the suite's own checks run (the fields', then the module's `check_settings`, e.g. that LongBench's
     `data_dir` holds the chosen tasks' files); every problem is one line naming the field."""
+    from polykv import limits
+
     module = suite_module(suite)
     parsed = _parse(suite, module.Settings, settings)
+    limits.check_at_most(
+        f"{suite} samples_per_task", getattr(parsed, "samples_per_task", None), limits.SAMPLES_PER_TASK
+    )
     check = getattr(module, "check_settings", None)  # what a suite checks beyond the fields (files, ...)
     if check is not None:
         try:
@@ -96,9 +102,10 @@ def parse_budgets(text: str | None, what: str = "budgets") -> list[int]:
         item = item.strip()
         if not item:
             continue
-        if not item.isdigit() or int(item) < 1 or len(item) > 9:
+        value = whole_number(item, most_digits=9)
+        if value is None or value < 1:
             raise SettingsError(f"{what} are positive whole numbers separated by commas, e.g. 64,128 (got {item!r})")
-        budgets.append(int(item))
+        budgets.append(value)
     return budgets
 
 

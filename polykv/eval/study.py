@@ -126,6 +126,41 @@ class StudySettings:
                 )
         if not 0 <= self.competence_threshold <= 100:
             raise ValueError(f"the competence threshold is a percentage, got {self.competence_threshold}")
+        self._check_choices()
+
+    def _check_choices(self) -> None:
+        """Every named choice and count checked before anything loads (a bad one is one line at once)."""
+        from polykv import limits
+        from polykv.eval.backends import BACKENDS
+        from polykv.models import check_device
+        from polykv.profile.corpus import CorpusSpec, is_workload_source
+        from polykv.routing import ALLOCATIONS
+
+        text_statistics = ("cosine", "dppl")  # a text profile's (danswer needs a workload's prompts)
+        if self.statistic not in text_statistics:
+            raise ValueError(f"--statistic must be one of {', '.join(text_statistics)} (got {self.statistic!r})")
+        arms = [a for a in ALLOCATIONS if a != "uniform"]
+        if self.allocation not in arms:
+            raise ValueError(f"--allocation must be one of {', '.join(arms)} (got {self.allocation!r})")
+        backends = [b for b in BACKENDS if b != "subprocess"]
+        if self.backend not in backends:
+            raise ValueError(f"--backend must be one of {', '.join(backends)} (got {self.backend!r})")
+        check_device(self.device)
+        for name, value in (("--mde", self.mde), ("--time-limit", self.time_limit)):
+            limits.check_finite(name, value)
+        limits.check_finite("--sample-seconds", self.sample_seconds)
+        limits.check_at_most("--k", self.placements, limits.PLACEMENTS)
+        limits.check_at_most("--workers", self.workers, limits.WORKERS)
+        limits.check_at_most("--samples", self.samples_per_task, limits.SAMPLES_PER_TASK)
+        limits.check_at_most("--calibration-sequences", self.calibration_sequences, limits.SEQUENCES)
+        if self.calibration_sources:
+            workload = [s for s in self.calibration_sources if is_workload_source(s)]
+            if workload:
+                raise ValueError(
+                    f"--sources {workload[0]}: the study profiles text (kjv, jargon, stdlib, model, file:PATH); a "
+                    "workload's own prompts rank plans in `polykv search --sources`"
+                )
+            CorpusSpec(sources=self.calibration_sources, num_sequences=1, max_tokens=16)  # the sources' own checks
 
     @property
     def swept(self) -> tuple[str, ...]:

@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from polykv import limits
 from polykv.errors import JobError, PolyKVError, validation_line
 from polykv.eval.settings import COMPETENCE_THRESHOLD
 from polykv.eval.unit import Unit
@@ -103,7 +104,7 @@ class ExperimentSpec(BaseModel):
     baselines: list[str] | None = None  # the sweep's (None: every method with a protocol)
     statistic: Literal["cosine", "dppl"] = "cosine"
     allocation: Literal["uniform", "entropy", "ppl"] = "uniform"
-    k: int = Field(default=0, ge=0)  # the placement control's random placements
+    k: int = Field(default=0, ge=0, le=limits.PLACEMENTS)  # the placement control's random placements
     suite: Literal["fidelity", "longbench", "ruler"] = "fidelity"
     settings: dict[str, Any] = Field(default_factory=dict)
     metric: str = "top1"
@@ -133,12 +134,12 @@ class SearchSpec(BaseModel):
     profile: str = Field(min_length=1, max_length=4096)  # a profile key in <workspace>/profiles, or a path
     scope: Literal["prefill", "decode", "both"]
     budget: int = Field(ge=2)
-    evaluations: int = Field(ge=1, le=1_000_000)
+    evaluations: int = Field(ge=1, le=limits.EVALUATIONS)
     seed: int = Field(default=0, ge=0)
-    search_sequences: int = Field(ge=1, le=10_000)
-    held_out: int = Field(ge=2, le=10_000)
+    search_sequences: int = Field(ge=1, le=limits.SEQUENCES)
+    held_out: int = Field(ge=2, le=limits.SEQUENCES)
     max_tokens: int = Field(ge=16, le=1_048_576)
-    candidates: int = Field(default=8, ge=1, le=1000)
+    candidates: int = Field(default=8, ge=1, le=limits.CANDIDATES)
     metric: Literal["kl", "dppl", "answer_nll"] = "kl"
     statistic: Literal["cosine", "dppl", "danswer"] = "dppl"
     start: str | None = Field(default=None, max_length=4 * 1024 * 1024)
@@ -146,7 +147,7 @@ class SearchSpec(BaseModel):
     sources: str | None = Field(default=None, max_length=4096)
     transfer: str | None = Field(default=None, max_length=4096)
     text_profile: str | None = Field(default=None, max_length=4096)
-    accuracy_samples: int | None = Field(default=None, ge=1, le=10_000)
+    accuracy_samples: int | None = Field(default=None, ge=1, le=limits.SAMPLES_PER_TASK)
     question: Literal["in-prompt", "after-compression"] = "in-prompt"  # a workload's question protocol
     competence: float = Field(default=COMPETENCE_THRESHOLD, ge=0.0, le=100.0)  # FullKV accuracy (%) a judged task needs
 

@@ -37,6 +37,7 @@ from .support import (
     ModelTooLargeError,
     UnsupportedModelError,
     check_architecture,
+    check_device,
     check_fits,
     dtype_bytes,
     memory_needed,
@@ -294,6 +295,15 @@ def _hub_files_only(source: str) -> bool:
     return not Path(source).exists() and hub_files_only(source)
 
 
+def load_tokenizer(name_or_path: str | os.PathLike | None = None):
+    """The model's tokenizer alone (no weights): what a prompt's length is measured with before the model loads."""
+    from transformers import AutoTokenizer
+
+    source = resolve_model_path(name_or_path)
+    with quiet_transformers():
+        return AutoTokenizer.from_pretrained(source, local_files_only=_hub_files_only(source))
+
+
 def load_model(
     name_or_path: str | os.PathLike | None = None,
     *,
@@ -314,6 +324,7 @@ def load_model(
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()
+    check_device(device)
     source = resolve_model_path(name_or_path)
     local_only = _hub_files_only(source)
     _checked_config(source, local_only, device, dtype)  # before any weight is allocated

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from polykv.errors import PolyKVError
+from polykv.errors import PolyKVError, SettingsError
 
 #: the `model_type`s of the configs PolyKV runs
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
@@ -93,6 +93,31 @@ def memory_needed(config: Any, bytes_per_value: int) -> int:
     context = getattr(config, "max_position_embeddings", None)
     tokens = min(context, KV_TOKENS_CHECKED) if isinstance(context, int) and context > 0 else KV_TOKENS_CHECKED
     return weights + kv_per_token * tokens
+
+
+def check_device(device: str) -> str:
+    """`device` if this machine has it (cpu; cuda or cuda:N with that many CUDA devices; mps where torch has it),
+    else one line saying what is here: checked before any work starts."""
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise SettingsError(f"--device {device!r} is not a device (cpu, cuda, cuda:N or mps)") from None
+    if parsed.type == "cpu":
+        return device
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise SettingsError(f"--device {device}: this machine has no CUDA device (torch sees none): use cpu")
+        if parsed.index is not None and parsed.index >= count:
+            raise SettingsError(
+                f"--device {device}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+            )
+        return device
+    if parsed.type == "mps" and getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return device
+    raise SettingsError(f"--device {device}: not available here (cpu{', cuda' if torch.cuda.is_available() else ''})")
 
 
 def device_memory(device: str) -> int | None:

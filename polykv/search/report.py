@@ -450,9 +450,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("report", type=Path, help="report.json written by `polykv search`")
     parser.add_argument("--out", type=Path, default=None, help="Markdown file (default: stdout)")
     args = parser.parse_args(argv)
-    from polykv.files import atomic_write_text, read_json
+    from polykv.files import atomic_write_text, read_report
 
-    report = read_json(args.report, "search report")
+    report = read_report(args.report, FORMAT, "search report")
     text = markdown(report)
     if args.out is None:
         print(text, end="")
@@ -462,7 +462,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from polykv.errors import script_exit
+
+    raise SystemExit(script_exit(main))
 
 
 __all__ = [

@@ -445,14 +445,15 @@ def figure(report: Mapping[str, Any], folder: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from polykv.eval.store import Store
-    from polykv.files import atomic_write_text, read_json
+    from polykv.files import atomic_write_text, read_report
+    from polykv.search.workload import FORMAT
     from polykv.search.workload_verdict import rejudge
 
     parser = argparse.ArgumentParser(description="Render a saved workload search report as Markdown again.")
     parser.add_argument("report", type=Path)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    data = read_json(args.report, "workload report")
+    data = read_report(args.report, FORMAT, "workload report")
     folder = args.report.parent
     data = rejudge(data, Store(folder / "results.sqlite", readonly=True))
     atomic_write_text(args.out, markdown(data, folder, folder / figure(data, folder), args.out))
@@ -460,4 +461,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from polykv.errors import script_exit
+
+    raise SystemExit(script_exit(main))

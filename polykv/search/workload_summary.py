@@ -367,7 +367,8 @@ def summary(
 
 def main(argv: list[str] | None = None) -> int:
     from polykv.eval.store import Store
-    from polykv.files import atomic_write_text, read_json
+    from polykv.files import atomic_write_text, read_report
+    from polykv.search.workload import FORMAT
     from polykv.search.workload_verdict import rejudge
 
     parser = argparse.ArgumentParser(description="One page over several workload searches (report.json folders).")
@@ -378,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     reading = args.reading.read_text(encoding="utf-8") if args.reading else ""
     runs, stores = [], {}
     for folder in args.folders:
-        report = read_json(folder / "report.json", "workload report")
+        report = read_report(folder / "report.json", FORMAT, "workload report")
         stores[folder.name] = Store(folder / "results.sqlite", readonly=True)
         runs.append((folder.name, rejudge(report, stores[folder.name]), folder))
     atomic_write_text(args.out, summary(runs, args.out, stores, reading))
@@ -386,4 +387,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from polykv.errors import script_exit
+
+    raise SystemExit(script_exit(main))

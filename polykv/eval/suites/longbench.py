@@ -61,7 +61,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from polykv.errors import FileError
+from polykv.errors import FileError, first_line
 from polykv.eval.metrics import LONGBENCH_FIRST_LINE_TASKS, longbench_sample_score
 from polykv.files import parse_json
 from polykv.lazy import lazy_import, no_grad
@@ -180,30 +180,47 @@ def _keep(task: str, record: Any, where: str) -> bool:
     return problem is None
 
 
+MAX_LINE_BYTES = 64 * 2**20  # a LongBench line (one sample, its context included) is at most a few MB
+SKIPS_SHOWN = 5  # skipped lines a file's warning names
+
+
 def read_task_file(task: str, path: str | Path) -> list[tuple[str, dict]]:
     """(sample id, record) for every usable line of an official ``<task>.jsonl`` file.
 
     The sample id is the 1-based line number (zero-padded). Blank lines are ignored; a line that is not
-    UTF-8 JSON, not an object, or lacks a field scoring needs is skipped with a warning
-    ``"<path>, line <n>: ..."``. A file with no usable line is an error."""
+    UTF-8 JSON, not an object, or lacks a field scoring needs is skipped, and one warning per file names them
+    (``"skipped 2 line(s) of <path>: line 3: ...; line 7: ..."``). A file with no usable line is an error, and
+    so is a line longer than MAX_LINE_BYTES (a file with no newline is not read whole)."""
     _check_task(task)
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"LongBench task file {path} not found")
-    samples = []
+    samples, skipped = [], []  # skipped: (line number, why)
     with path.open("rb") as handle:
-        for lineno, raw in enumerate(handle, start=1):
-            where = f"{path}, line {lineno}"
+        lineno = 0
+        while raw := handle.readline(MAX_LINE_BYTES + 1):
+            lineno += 1
+            if len(raw) > MAX_LINE_BYTES:  # e.g. a file with no newline: not read whole
+                raise FileError(
+                    f"{path}, line {lineno}: longer than {MAX_LINE_BYTES // 2**20} MiB: not a LongBench jsonl file"
+                )
             try:
                 text = raw.decode("utf-8")
                 if not text.strip():
                     continue
                 record = parse_json(text)
             except (UnicodeDecodeError, FileError) as exc:
-                warnings.warn(f"LongBench: skipped {where}: malformed JSON ({exc})", stacklevel=2)
+                skipped.append((lineno, f"malformed JSON ({first_line(exc)})"))
                 continue
-            if _keep(task, record, where):
+            problem = _problem(task, record)
+            if problem is None:
                 samples.append((f"{lineno:05d}", record))
+            else:
+                skipped.append((lineno, problem))
+    if skipped:  # one warning per file, however many lines (a pretty-printed file would give one per line)
+        shown = "; ".join(f"line {n}: {why}" for n, why in skipped[:SKIPS_SHOWN])
+        more = f"; and {len(skipped) - SKIPS_SHOWN} more" if len(skipped) > SKIPS_SHOWN else ""
+        warnings.warn(f"LongBench: skipped {len(skipped)} line(s) of {path}: {shown}{more}", stacklevel=2)
     if not samples:
         raise ValueError(f"LongBench task file {path} holds no usable sample")
     return samples
