@@ -74,8 +74,8 @@ def test_compare_starts_on_the_route_and_its_best_baseline_and_colours_by_direct
     assert at.selectbox(key="compare_metric").value == "kl"
     expected = compare_runs(store, route, tova, "kl")
     delta = metric(at, "A - B in kl (lower is better)")
-    assert delta.proto.delta == expected.outcome()
-    assert delta.proto.color == COLOR[charts.OUTCOME_DELTA_COLORS[expected.outcome()]]
+    assert delta.proto.delta == expected.badge()  # the verdict's, never a winner beside "no significant difference"
+    assert delta.proto.color == COLOR[charts.OUTCOME_DELTA_COLORS[expected.badge()]]
     assert bar_colours(at) == [charts.OUTCOME_COLORS[o] for o in expected.outcomes()]
     assert "A wins / ties / losses" in [m.label for m in at.metric]
 
@@ -84,7 +84,7 @@ def test_compare_starts_on_the_route_and_its_best_baseline_and_colours_by_direct
     assert not at.exception and at.toggle(key="compare_log").value is True
     log = compare_runs(store, route, tova, "ppl", log=True)
     shown = metric(at, "A - B in log ppl (lower is better)")
-    assert "×" in shown.value and shown.proto.delta == log.outcome()
+    assert "×" in shown.value and shown.proto.delta == log.badge()
     assert metric(at, "95% paired bootstrap CI").proto.delta.startswith("A / B ×")
     assert bar_colours(at) == [charts.OUTCOME_COLORS[o] for o in log.outcomes()]
     at.toggle(key="compare_log").set_value(False).run()
@@ -114,15 +114,18 @@ def test_compare_without_jobs_starts_on_the_two_newest_and_refuses_a_log_of_zero
     fake_run(store, "waiting", scores(0.1, 9.0), status="running")
     at = open_app("compare")
     assert (at.selectbox(key="compare_a").value, at.selectbox(key="compare_b").value) == ("newer", "older")
-    shown = metric(at, "A - B in kl (lower is better)")  # A's KL is lower: A is better, in green
-    assert (shown.proto.delta, shown.proto.color) == ("A better", MetricProto.MetricColor.GREEN)
+    # A's KL is lower on both tasks (each bar green), but two samples cannot make a significant test: the badge
+    # says so rather than name a winner
+    shown = metric(at, "A - B in kl (lower is better)")
+    assert (shown.proto.delta, shown.proto.color) == ("no significant difference", MetricProto.MetricColor.GRAY)
     assert bar_colours(at) == [charts.OUTCOME_COLORS["A better"]] * 2
     at.selectbox(key="compare_metric").select("ppl").run()
     assert not at.exception
     assert any("log ppl needs positive scores" in w for w in texts(at.warning))
     at.toggle(key="compare_log").set_value(False).run()
-    shown = metric(at, "A - B in ppl (lower is better)")  # A's perplexity is higher: B is better, in red
-    assert (shown.proto.delta, shown.proto.color) == ("B better", MetricProto.MetricColor.RED)
+    shown = metric(at, "A - B in ppl (lower is better)")  # A's perplexity is higher, not significantly
+    assert (shown.proto.delta, shown.proto.color) == ("no significant difference", MetricProto.MetricColor.GRAY)
+    assert bar_colours(at) == [charts.OUTCOME_COLORS["B better"]] * 2  # each task's bar: B better, in red
     assert set(at.dataframe[-1].value["status"]) == {"finished", "running"}  # the runs table lists every run
 
 

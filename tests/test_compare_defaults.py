@@ -139,7 +139,12 @@ def test_per_task_bars_are_coloured_by_the_better_run_for_the_metrics_direction(
     # the summary's colour: the macro-average difference here is 0 (a tie); one task more decides it
     assert result.outcome() == "tie"
     assert paired({**a, "t4": 1.0}, {**b, "t4": 0.0}, metric).outcome() == expected[0]
-    assert charts.OUTCOME_DELTA_COLORS == {"A better": "green", "B better": "red", "tie": "gray"}
+    assert charts.OUTCOME_DELTA_COLORS == {
+        "A better": "green",
+        "B better": "red",
+        "tie": "gray",
+        "no significant difference": "gray",
+    }
 
 
 def test_log_perplexity_compares_log_ratios_and_reports_them_as_ratios(store):
@@ -222,3 +227,20 @@ def test_the_runs_table_lists_every_run_with_its_jobs_tags(store):
     assert pd.isna(rows["loose"]["series"]) and pd.isna(rows["loose"]["job"]) and pd.isna(rows["loose"]["budget"])
     assert str(frame["budget"].dtype) == "Int64"  # sorts as numbers
     assert len(rows["route16"]["created"]) == 19
+
+
+def test_the_badge_names_a_winner_only_when_the_verdict_does(tmp_path):
+    from polykv.eval.compare import compare_runs
+    from polykv.eval.store import Store
+    from tests.helpers import fake_run
+
+    store = Store(tmp_path / "results.sqlite")
+    fake_run(store, "a", {"t1": {"kl": 0.1}, "t2": {"kl": 0.9}})  # A lower on t1, higher on t2: a mixed picture
+    fake_run(store, "b", {"t1": {"kl": 0.5}, "t2": {"kl": 0.6}})
+    mixed = compare_runs(store, "a", "b", "kl")
+    assert mixed.outcome() == "A better" and mixed.verdict() == "no significant difference"
+    assert mixed.badge() == "no significant difference"  # not "A better" beside a verdict of none
+    fake_run(store, "c", {t: {"kl": 0.1} for t in ("t1", "t2", "t3", "t4", "t5", "t6")})
+    fake_run(store, "d", {t: {"kl": 0.5 + 0.01 * i} for i, t in enumerate(("t1", "t2", "t3", "t4", "t5", "t6"))})
+    clear = compare_runs(store, "c", "d", "kl")
+    assert clear.verdict() == "better" and clear.badge() == "A better"

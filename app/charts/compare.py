@@ -13,7 +13,7 @@ from polykv.eval.compare import OUTCOMES, interval_text, outcome, ratio_text, si
 # Better / worse for the metric's direction (`polykv.eval.compare.outcome`): bar colours, and the
 # Streamlit colour names of the summary's delta (st.metric's `delta_color`).
 OUTCOME_COLORS = {"A better": "#2E7D32", "B better": "#C62828", "tie": "#9E9E9E"}
-OUTCOME_DELTA_COLORS = {"A better": "green", "B better": "red", "tie": "gray"}
+OUTCOME_DELTA_COLORS = {"A better": "green", "B better": "red", "tie": "gray", "no significant difference": "gray"}
 
 
 def difference_figure(

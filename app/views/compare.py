@@ -81,7 +81,7 @@ else:
     else:
         if run_a == run_b:
             st.info("A and B are the same run: pick two different runs.")
-        verdict = result.outcome()
+        verdict = result.badge()  # the test's verdict: a winner only when it is significant
         difference = signed(result.difference, result.low, result.high)
         ratios = result.ratio() if log else None  # raw differences are not log-ratios: no ratio to show
         summary = st.columns([1, 1, 1.2, 1.7, 1])  # the interval needs the room

@@ -63,6 +63,9 @@ def preferred_metric(metrics: Sequence[str]) -> str | None:
     return next((m for m in PREFERRED_METRICS if m in metrics), metrics[0] if metrics else None)
 
 
+NO_DIFFERENCE = "no significant difference"
+
+
 def outcome(difference: float, metric: str) -> str:
     """ "A better", "B better" or "tie" for an A - B `difference` in `metric`'s own units and sign."""
     better = direction(metric) * difference
@@ -184,6 +187,11 @@ class Paired:
             return f"{self.verdict()} ({self.samples.describe()}; {power})"
         tasks = f"; it detects {self.task_mde:.3g} with 80% power" if self.task_mde == self.task_mde else ""
         return f"{self.verdict()} (95% paired bootstrap over {len(self.table)} tasks{tasks})"
+
+    def badge(self) -> str:
+        """What a page's badge says: "A better" or "B better" only when the verdict says so, else "no significant
+        difference" (never a winner beside a verdict of none)."""
+        return {"better": "A better", "worse": "B better"}.get(self.verdict(), NO_DIFFERENCE)
 
     def outcomes(self) -> list[str]:
         """Per task (the table's rows, in order): "A better", "B better" or "tie" (as wins/ties/losses)."""
