@@ -367,6 +367,10 @@ def test_runs_page_refuses_bad_settings_and_budgets_inline(app_env):
     at.run()
     assert not at.exception
     assert any(e.startswith("Not launched: fidelity settings") for e in texts(at.error))
+    at.text_area(key="settings_fidelity").set_value('{"samples_per_task": 1000000000}')  # launched, before
+    button(at, "Launch").click()
+    at.run()
+    assert any("samples_per_task 1,000,000,000 is more than PolyKV takes (at most 10,000" in e for e in texts(at.error))
     at.text_area(key="settings_fidelity").set_value("{}")
     [t for t in at.text_input if t.label == "Budgets"][0].set_value("16, x")
     button(at, "Launch").click()
