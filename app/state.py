@@ -41,6 +41,7 @@ BUILD_STATISTIC = "build_statistic"  # radio: the TopRank statistic, "cosine" or
 BUILD_ALLOCATION = "build_allocation"  # radio: how the budget is split over the layers
 PLAN_UPLOAD = "plan_upload"  # file uploader: a plan file to load
 UPLOAD_SEEN = "upload_seen"  # file id of the upload already loaded (so a rerun does not load it again)
+HETEROGENEITY_ASKED = "heterogeneity_asked"  # Measure was pressed once: the page measures (and remeasures) from then on
 MEMORY_TOKENS = "memory_tokens"  # number input: the prompt length the designer's KV memory chart is drawn at
 DIFF_WITH = "diff_with"  # selectbox: the saved plan file the current plan is compared with
 

@@ -69,9 +69,12 @@ def test_designer_opens_with_the_demo_plan_chart_table_and_summary(app_env):
     assert texts(at.title) == ["Plan designer"]
     assert current_plan(at).name == "mixed-demo" and current_plan(at).num_layers == 5
     assert any("total capacity B=" in t for t in texts(at.text))
-    assert len(at.get("plotly_chart")) == 2 and len(at.dataframe) >= 1  # the plan, and its KV memory per layer
+    assert len(at.get("plotly_chart")) == 1 and len(at.dataframe) >= 1  # the plan (a KV chart on hybrid models only)
     assert "Model: **demo** on cpu, 5 layers" in texts(at.sidebar.caption)
-    assert any(t.startswith("Kept entering the answer: ") for t in texts(at.caption))
+    # 5 layers of the demo's mixed plan after a 512-token prompt (its context), against FullKV's 5 x 512
+    assert any(
+        t.startswith("Kept entering the answer: ") and "of FullKV's 2,560 token-layers" in t for t in texts(at.caption)
+    )
 
 
 def test_painting_a_selection_changes_only_those_cells_and_undo_restores(app_env):
@@ -276,6 +279,10 @@ def test_a_capacity_past_the_models_context_is_refused_in_the_designer(app_env):
 def test_heterogeneity_page_draws_support_sizes_and_density(app_env):
     at = open_app("heterogeneity")
     assert texts(at.title) == ["Attention heterogeneity"]
+    assert not at.get("plotly_chart")  # opening the page measures nothing
+    assert any(i.startswith("Nothing is measured until you press Measure") for i in texts(at.info))
+    button(at, "Measure").click()
+    at.run()
     support, density = (json.loads(chart.proto.spec) for chart in at.get("plotly_chart"))  # these two, in order
     assert [(t["type"], t.get("name")) for t in support["data"]] == [("scatter", "median")]
     assert support["layout"]["title"]["text"].startswith("90% attention support per layer")

@@ -37,13 +37,16 @@ def summary(plan) -> None:
 
 
 def memory(plan) -> None:
-    """Where the plan keeps its KV memory, layer by layer, after a prompt of the chosen length."""
-    from polykv.kv_memory import fullkv_tokens, layer_tokens
+    """Where the plan keeps its KV memory after a prompt of the chosen length. On a hybrid model a chart, layer by
+    layer (local layers hold their window at most, global ones the prompt); on others, where memory follows the
+    capacity bars above, its total against FullKV's."""
+    from polykv.kv_memory import fullkv_tokens, kept_line, layer_tokens
     from polykv.models import context_length
 
     windows = session.layer_windows()
     longest = context_length(session.current_model()[2]) or 131072
-    with st.expander("KV memory per layer", expanded=any(w is not None for w in windows)):
+    hybrid = any(w is not None for w in windows)
+    with st.expander("KV memory per layer", expanded=hybrid):
         tokens = st.number_input(
             "After a prompt of (tokens)",
             min_value=1,
@@ -52,12 +55,13 @@ def memory(plan) -> None:
             step=256,
             key=state.MEMORY_TOKENS,
         )
-        kept = [entering for entering, _ in layer_tokens(plan, tokens, windows=windows)]
-        full = fullkv_tokens(tokens, windows)
-        common.show(charts.memory_figure(plan, kept, full, session.kv_token_bytes(), windows), "kv-memory")
+        if hybrid:
+            kept = [entering for entering, _ in layer_tokens(plan, tokens, windows=windows)]
+            full = fullkv_tokens(tokens, windows)
+            common.show(charts.memory_figure(plan, kept, full, session.kv_token_bytes(), windows), "kv-memory")
         st.caption(
-            f"Kept entering the answer: {sum(kept):,.0f} of FullKV's {sum(full):,.0f} token-layers "
-            f"({sum(kept) / sum(full):.1%}); a local layer never holds more than its window less one."
+            f"Kept entering the answer: {kept_line(plan, tokens, windows, session.kv_token_bytes())}"
+            + ("; a local layer never holds more than its window less one." if hybrid else ".")
         )
 
 

@@ -23,7 +23,15 @@ with st.form(state.HETEROGENEITY_FORM):
     coverage = cols[2].slider("Attention share", 0.5, 0.99, 0.9, 0.01)
     sources = cols[3].multiselect("Sources", common.source_choices(name), default=list(default_sources(name)))
     density_input = cols[4].number_input("Density map of input", min_value=0, max_value=63, value=0, step=1)
-    st.form_submit_button("Measure")
+    measured = st.form_submit_button("Measure")
+if measured:
+    st.session_state[state.HETEROGENEITY_ASKED] = True
+if not st.session_state.get(state.HETEROGENEITY_ASKED):  # opening the page computes nothing
+    st.info(
+        "Nothing is measured until you press Measure: each input is one pass of the model over its tokens "
+        "(the defaults take seconds on the demo model, about a minute on a 135M model on a laptop CPU)."
+    )
+    st.stop()
 
 if not sources:
     st.error("Choose at least one source.")
