@@ -140,6 +140,7 @@ RUN_BUDGETS = "run_budgets"  # text: the Runs page's budgets
 RUN_BASELINES = "run_baselines"  # multiselect: the Runs page's baselines
 RUN_PLACEMENTS = "run_placements"  # number: random placements
 RUN_SEED = "run_seed"  # number: the Runs page's seed
+RUNS_READ = "runs_read"  # selectbox: the run whose answers the Runs page shows
 REMEMBERED = (
     RUN_PLAN,
     RUN_SUITE,

@@ -193,3 +193,19 @@ def test_the_runs_page_warns_when_fullkv_is_at_the_floor_of_a_task(app_env):
     at = open_app("runs")
     warnings = [w for w in texts(at.warning) if "FullKV run full-run scores under 20% on vt (0%)" in w]
     assert warnings and "3 runs share these settings" in warnings[0]
+
+
+def test_the_runs_page_reads_a_runs_answers_beside_gold_and_fullkvs(app_env):
+    ws = app_env / "ws"
+    ws.mkdir()
+    _answered_runs(Store(ws / "results.sqlite"))
+    at = open_app("runs")
+    at.selectbox(key="runs_read").select("tova-run").run()
+    assert not at.exception
+    table = at.dataframe[-1].value
+    assert list(table.columns) == ["task", "sample", "metrics", "gold", "answer", "FullKV"]
+    wrong = table[(table["task"] == "niah_single_1") & (table["sample"] == "001")].iloc[0]
+    # the plan answered wrong where FullKV answered right: the plan's failure, not the model's
+    assert (wrong["gold"], wrong["answer"], wrong["FullKV"]) == ("8530575", " 1234567.", " 8530575.")
+    assert any(c.startswith("agreement: 1 when the plan's greedy answer is FullKV's") for c in texts(at.caption))
+    assert "full" in at.multiselect(key="run_baselines").options  # FullKV is a baseline like the others

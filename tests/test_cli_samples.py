@@ -50,7 +50,7 @@ def test_runs_show_lists_every_sample_with_its_gold_and_answer(polykv, workspace
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith("run aaaa1111 (tova-both-8 on ruler, demo): 3 samples shown")
-    assert lines[1].split() == ["task", "sample", "metrics", "gold", "answer"]
+    assert lines[1].split() == ["task", "sample", "metrics", "gold", "answer", "fullkv"]  # a FullKV twin: its answers
     assert any("niah_single_1" in line and "8094927" in line and "1234567." in line for line in lines)
     assert any("vt" in line and "QSOZV | JVSSA" in line for line in lines)  # several gold answers, one cell
 
@@ -71,12 +71,19 @@ def test_runs_show_says_what_the_runs_plan_keeps_of_the_kv_cache_against_fullkv(
     )  # no length: no line
 
 
+def test_runs_show_puts_fullkvs_answer_beside_the_plans_when_the_database_has_it(polykv, workspace):
+    lines = polykv("runs", "show", "bbbb", "--task", "vt", "--width", "80", "-w", str(workspace)).stdout.splitlines()
+    assert lines[1].split() == ["task", "sample", "metrics", "gold", "answer", "fullkv"]
+    assert "QSOZV, JVSSA" in lines[2].split("green.")[-1]  # FullKV (run ffff0000) answered right where h2o did not
+    assert lines[-1].startswith("fullkv: run ffff0000's answer to the same prompt; agreement: 1 when")
+
+
 def test_runs_show_keeps_one_task_or_only_the_failed_samples(polykv, workspace):
     failed = polykv("runs", "show", "aaaa", "--failed", "-w", str(workspace))
-    rows = failed.stdout.splitlines()[2:]
+    rows = failed.stdout.splitlines()[2:-1]  # the last line says where FullKV's answers come from
     assert len(rows) == 1 and "001" in rows[0] and "score=0" in rows[0]
     one_task = polykv("runs", "show", "bbbb", "--task", "vt", "-w", str(workspace))
-    rows = one_task.stdout.splitlines()[2:]
+    rows = one_task.stdout.splitlines()[2:-1]
     assert len(rows) == 1 and rows[0].startswith("vt")
     assert "\\n" in rows[0] and "\x1b" not in one_task.stdout  # a newline and an escape shown, not obeyed
     assert_one_line_error(polykv("runs", "show", "aaaa", "--task", "cwe", "-w", str(workspace)), "has no task 'cwe'")

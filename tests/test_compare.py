@@ -106,6 +106,9 @@ def test_launch_plans_label_the_route_baselines_budgets_and_placements():
         {"series": s, "budget": b} for b in (16, 64) for s in ("route", "h2o", "cake")
     ]
     assert all(plan_budget(p) == label["budget"] for label, p in swept)
+    with_fullkv = launch_plans(plan, [16, 64], ["full", "h2o"])  # FullKV once, whatever the budgets: the reference
+    assert [label for label, _ in with_fullkv][-1] == {"series": "full"}
+    assert [p.name for label, p in with_fullkv if label["series"] == "full"] == ["full-both"]
     assert swept[0][1].scope.value == "decode"  # the route keeps its own phase
     assert swept[2][1].allocation == "native" and swept[2][1].scope.value == "both"  # CAKE alone: its own budgets
     decode_tova = launch_plans(plan, [16], ["tova"], overrides={"tova": "decode"})

@@ -6,6 +6,7 @@ import streamlit as st
 from app import common, designer_controls, plan_draft, session, state
 from polykv import jobs
 from polykv.errors import PolyKVError
+from polykv.eval import sample_view
 from polykv.eval.experiments import baseline_methods, plan_budget
 from polykv.eval.runner import SUITES
 from polykv.eval.store import Store, StoreError
@@ -56,8 +57,9 @@ with st.container(border=True):  # no form: what is typed here is kept (`state.R
     )
     baselines = cols[1].multiselect(
         "Baselines",
-        baseline_methods(),
-        help="Each method alone at the same budget, under its own protocol (phases, allocation)",
+        ["full", *baseline_methods()],
+        help="Each method alone at the same budget, under its own protocol (phases, allocation); full: FullKV "
+        "once, the reference an answer's agreement is measured against",
         key=state.RUN_BASELINES,
     )
     placements = cols[2].number_input(
@@ -126,6 +128,14 @@ except StoreError as exc:
 if rows:
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
     st.caption("Scores are macro-averages over tasks; compare runs task by task on the Compare page.")
+    with st.expander("A run's answers, beside the gold answer and FullKV's"):
+        names = {r["id"]: f"{r['id']} · {r['plan_name']} · {r['suite']}" for r in store.runs()}
+        read = st.selectbox("Run", list(names), format_func=names.get, key=state.RUNS_READ)
+        st.dataframe(pd.DataFrame(sample_view.answers(store, read)), hide_index=True, width="stretch")
+        st.caption(
+            f"{sample_view.AGREEMENT}. FullKV's answer is shown when the database holds a finished FullKV run of "
+            "the same model, suite and settings (launch `full` as a baseline)."
+        )
     for warning in floor_warnings(store):  # tasks the model fails with its whole cache
         st.warning(warning)
 else:

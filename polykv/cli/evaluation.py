@@ -126,8 +126,10 @@ def runs_show(
     kept = sample_view.kv_kept_line(info)
     if kept is not None:
         typer.echo(kept)
+    twin = sample_view.fullkv_twin(store, info)
+    full = {(r["task"], r["sample"]): r["prediction"] for r in store.samples(twin)} if twin and twin != run_id else {}
     _table(
-        ("task", "sample", "metrics", "gold", "answer"),
+        ("task", "sample", "metrics", "gold", "answer", *(["fullkv"] if full else [])),
         [
             (
                 row["task"],
@@ -135,10 +137,13 @@ def runs_show(
                 sample_view.metrics_text(row["metrics"]),
                 sample_view.one_line(row["gold"], width // 2),
                 sample_view.one_line(row["prediction"], width),
+                *([sample_view.one_line(full.get((row["task"], row["sample"])), width)] if full else []),
             )
             for row in rows
         ],
     )
+    if full:
+        typer.echo(f"fullkv: run {twin}'s answer to the same prompt; {sample_view.AGREEMENT}")
 
 
 def compare(

@@ -46,6 +46,35 @@ def samples(store: Store, run_id: str, task: str | None = None, only_failed: boo
     return rows
 
 
+AGREEMENT = (
+    "agreement: 1 when the plan's greedy answer is FullKV's (the same model keeping every token) on the same "
+    "prompt; a sample FullKV fails too is the model's failure, not the plan's"
+)
+
+
+def answers(store: Store, run_id: str) -> list[dict[str, Any]]:
+    """A run's samples as rows to read: task, sample, metrics, the gold answer(s), the plan's answer and FullKV's
+    (from a finished FullKV run of the same model, suite and settings, when the store has one; else None)."""
+    run = store.run(run_id)
+    if run is None:
+        raise ValueError(f"no run {run_id}")
+    twin = fullkv_twin(store, run)
+    full = {(row["task"], row["sample"]): row["prediction"] for row in store.samples(twin)} if twin else {}
+    return [
+        {
+            "task": row["task"],
+            "sample": row["sample"],
+            "metrics": metrics_text(row["metrics"]),
+            "gold": one_line(row["gold"], 200),
+            "answer": one_line(row["prediction"], 200),
+            "FullKV": one_line(full[(row["task"], row["sample"])], 200)
+            if (row["task"], row["sample"]) in full
+            else None,
+        }
+        for row in store.samples(run_id)
+    ]
+
+
 def fullkv_twin(store: Store, run: Mapping[str, Any]) -> str | None:
     """A finished FullKV run of the same model, suite and settings as `run` (a store row), or None."""
     settings = settings_of(run)
@@ -192,7 +221,9 @@ def metrics_text(metrics: Mapping[str, float]) -> str:
 
 
 __all__ = [
+    "AGREEMENT",
     "PERFECT",
+    "answers",
     "differing",
     "failed",
     "fullkv_twin",

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from polykv.eval.experiments.placement import placement_plans
 from polykv.eval.experiments.sweep import _check_budgets
 from polykv.eval.protocols import baseline_plan, protocol
-from polykv.plan import Plan, Scope
+from polykv.plan import FULL, Plan, Scope
 from polykv.routing import (
     scale_budget,
 )
@@ -37,8 +37,11 @@ def launch_plans(
       {"series": <baseline>, "budget": b}     each baseline alone at each budget under its protocol
                                               (`protocols.baseline_plan`)
       {"series": "placement", "index": i}     k count-matched random placements of the plan's route
+      {"series": "full"}                      FullKV, once, when `baselines` names `full` (the reference every
+                                              answer's agreement is measured against, as a run to read)
     The unscaled plan is also labelled {"role": "guided"} when placements are asked for."""
-    baselines = list(baselines or [])
+    fullkv = FULL in (baselines or [])
+    baselines = [name for name in baselines or [] if name != FULL]
     for name in baselines:
         protocol(name, overrides)
     own = plan_budget(plan)
@@ -62,4 +65,6 @@ def launch_plans(
         out += [
             ({"series": "placement", "index": i}, p) for i, p in enumerate(placement_plans(plan, placements, seed)[1:])
         ]
+    if fullkv:
+        out.append(({"series": FULL}, Plan.homogeneous(FULL, None, layers)))
     return out
