@@ -3,6 +3,7 @@ list), the paint palette, and the plan files a user saves, loads or uploads."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -145,10 +146,22 @@ def new_upload(upload) -> bool:
     return True
 
 
-def saved_plans() -> list[Path]:
-    """Plan files under the plans directory (regular files only), relative to it."""
+def saved_plans(layers: int | None = None) -> list[Path]:
+    """Plan files under the plans directory (regular files only), relative to it; with `layers`, only the plans of
+    that many layers (a file that does not read as a plan stays listed: picking it says what is wrong)."""
     root = plans_dir()
-    return sorted(p.relative_to(root) for p in root.rglob("*.json") if p.is_file()) if root.is_dir() else []
+    found = sorted(p.relative_to(root) for p in root.rglob("*.json") if p.is_file()) if root.is_dir() else []
+    return found if layers is None else [p for p in found if _layer_count(root / p) in (layers, None)]
+
+
+def _layer_count(path: Path) -> int | None:
+    """How many layers a plan file lists, or None when it does not read as a plan."""
+    try:
+        data = json.loads(read_text(path, "plan file", MAX_PLAN_BYTES, error=PlanError))
+    except (PlanError, OSError, ValueError):
+        return None
+    layers = data.get("layers") if isinstance(data, dict) else None
+    return len(layers) if isinstance(layers, list) else None
 
 
 def read_plan_file(relative: Path) -> Plan:

@@ -537,8 +537,9 @@ def test_runs_launches_the_plan_it_shows_and_offers_saved_plans(app_env):
     saved = Plan.homogeneous("h2o", 24, 5, "decode", name="saved-h2o")
     (app_env / "plans").mkdir(exist_ok=True)
     saved.save(app_env / "plans" / "saved-h2o.json")
+    Plan.homogeneous("h2o", 24, 30, "decode", name="smollm2-h2o").save(app_env / "plans" / "smollm2-h2o.json")
     at = open_app("runs")
-    picker = at.selectbox(key="run_plan")
+    picker = at.selectbox(key="run_plan")  # the 30-layer plan is not offered for the 5-layer demo model
     assert picker.value == "(designer)" and picker.options == [
         "the designer's plan (this session's draft)",
         "saved-h2o.json",

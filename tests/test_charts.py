@@ -28,6 +28,11 @@ def test_plan_figure_draws_one_selectable_marker_per_cell_and_the_uniform_averag
     averages = {t.name: t.y[0] for t in fig.data if t.type == "scatter" and t.mode == "lines"}
     assert averages == {"prefill average 36.8": 36.8, "decode average 46.4": 46.4}
     assert {t.line.dash for t in fig.data if t.type == "scatter" and t.mode == "lines"} == {"dash"}
+    # an average of 640/3 reads 213.3, not 213.333
+    odd = Plan.homogeneous("tova", 213, 3, "decode").with_layers(
+        [Plan.homogeneous("tova", c, 1, "decode").layers[0] for c in (213, 213, 214)]
+    )
+    assert any(t.name == "decode average 213.3" for t in charts.plan_figure(odd).data)
     (outline,) = [t for t in cells if t.name == "selected"]
     assert [list(d) for d in outline.customdata] == [[1, "prefill"], [1, "decode"]]  # the selected layer is outlined
     decode_only = charts.plan_figure(plan, selected=[1, 2], phases=["decode"])

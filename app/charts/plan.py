@@ -103,7 +103,7 @@ def plan_figure(
                     x=[-0.5, plan.num_layers - 0.5],
                     y=[average, average],
                     mode="lines",
-                    name=f"{phase.value} average {average:g}",
+                    name=f"{phase.value} average {round(average, 1):g}",
                     line=dict(dash="dash", color=color, width=1.5),
                     hoverinfo="name",
                 ),

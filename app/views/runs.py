@@ -18,7 +18,7 @@ workspace = session.workspace()
 
 
 # ---- launch --------------------------------------------------------------------------------------------
-choices = [common.DESIGNER_PLAN, *designer_controls.saved_plans()]
+choices = [common.DESIGNER_PLAN, *designer_controls.saved_plans(session.num_layers())]  # the model's plans only
 picked = st.selectbox(
     "Plan to evaluate",
     choices,
