@@ -105,6 +105,9 @@ def test_profiles_page_marks_winners_shows_the_winner_table_and_switches_views(p
 def test_profiles_page_warns_of_a_noisy_route_and_explains_missing_win_frequencies(profile, monkeypatch):
     at = open_app("profiles")
     assert not any(NOISE_WARNING in w for w in texts(at.warning))  # 2 sequences, median win frequency ~0.75
+    # ... but 2 sequences are too few for any win frequency to be evidence: said for every scope
+    few = [w for w in texts(at.warning) if "only 2 calibration sequence(s)" in w]
+    assert [w.split(":")[0] for w in few] == list(profile.meta.scopes)
 
     monkeypatch.setattr("polykv.routing.confidence.NOISY_ROUTE", 1.01)  # now every route counts as noisy
     at.run()

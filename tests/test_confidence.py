@@ -162,3 +162,10 @@ def test_fullkv_perplexity_per_source():
     # per-token NLL: a -> (2 + 4) / 2 = 3 nats, b -> 1 nat
     got = fullkv_perplexity([2.0 * T, 1.0 * T, 4.0 * T], ["a", "b", "a"], T)
     assert list(got) == ["a", "b"] and got["a"] == pytest.approx(math.exp(3)) and got["b"] == pytest.approx(math.e)
+
+
+def test_a_profile_of_few_sequences_is_warned_of_whatever_its_win_frequencies():
+    from polykv.routing.confidence import FEW_SEQUENCES, few_sequences_warning
+
+    assert "only 2 calibration sequence(s)" in few_sequences_warning(2)
+    assert few_sequences_warning(FEW_SEQUENCES) is None

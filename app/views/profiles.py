@@ -11,7 +11,7 @@ from polykv.errors import PolyKVError
 from polykv.plan import Scope
 from polykv.profile.corpus import default_sources
 from polykv.profile.store import ProfileError, refresh_command
-from polykv.routing.confidence import NOISE_WARNING, is_noisy, ranked_cells, route_confidence
+from polykv.routing.confidence import NOISE_WARNING, few_sequences_warning, is_noisy, ranked_cells, route_confidence
 
 st.title("Method profiles")
 st.caption(
@@ -145,6 +145,9 @@ for scope in profile.meta.scopes:
     common.show(figure, f"{profile.key}-{scope}-{view}-{statistic}")
     if confidence is None:
         continue
+    few = few_sequences_warning(profile.meta.corpus.num_sequences)
+    if few is not None:
+        st.warning(f"{scope}: {few}.")
     if is_noisy(confidence):
         st.warning(f"{scope}: {NOISE_WARNING} (median win frequency {confidence['win_frequency'].median():.0%}).")
     st.dataframe(

@@ -167,7 +167,13 @@ def route(
     """Build a plan from a profile: TopRank route per phase, capacities by the chosen allocation."""
     from polykv.methods import validate_plan
     from polykv.routing import plan_from_profile
-    from polykv.routing.confidence import NOISE_WARNING, NOISY_ROUTE, REPLICATES, route_confidence
+    from polykv.routing.confidence import (
+        NOISE_WARNING,
+        NOISY_ROUTE,
+        REPLICATES,
+        few_sequences_warning,
+        route_confidence,
+    )
 
     loaded = _profile_for(profile_dir, model)
     plan = validate_plan(plan_from_profile(loaded, scope, budget, statistic, allocation), loaded.num_layers)
@@ -192,5 +198,8 @@ def route(
         median = confidence.win_frequency.median()
         if median < NOISY_ROUTE:
             typer.echo(f"warning: {phase.value} median win frequency {median:.2f} < {NOISY_ROUTE}: {NOISE_WARNING}")
+    few = few_sequences_warning(count)
+    if few is not None:
+        typer.echo(f"warning: {few}")
     echo_budget_lines(plan, model)
     typer.echo(f"wrote {out}")

@@ -118,9 +118,33 @@ def ranked_cells(table: pd.DataFrame, phase: Phase | str, statistic: str = "cosi
     return rows[CELL_COLUMNS]
 
 
+FEW_SEQUENCES = 8  # below it, resampling the calibration sequences says little: high win frequencies mislead
+
+
+def few_sequences_warning(count: int) -> str | None:
+    """A warning when a profile has too few calibration sequences for its win frequencies to mean much (a
+    bootstrap over 2 sequences has 3 distinct resamples: a route can win 100% of them by chance)."""
+    if count >= FEW_SEQUENCES:
+        return None
+    return (
+        f"only {count} calibration sequence(s): win frequencies from resampling so few are not evidence "
+        f"(profile at least {FEW_SEQUENCES})"
+    )
+
+
 def is_noisy(confidence: pd.DataFrame) -> bool:
     """True when the median win frequency over layers is below NOISY_ROUTE."""
     return bool(confidence["win_frequency"].median() < NOISY_ROUTE)
 
 
-__all__ = ["CELL_COLUMNS", "NOISE_WARNING", "NOISY_ROUTE", "REPLICATES", "is_noisy", "ranked_cells", "route_confidence"]
+__all__ = [
+    "CELL_COLUMNS",
+    "FEW_SEQUENCES",
+    "NOISE_WARNING",
+    "NOISY_ROUTE",
+    "REPLICATES",
+    "few_sequences_warning",
+    "is_noisy",
+    "ranked_cells",
+    "route_confidence",
+]
