@@ -26,6 +26,14 @@ def plans_dir() -> Path:
     return Path(os.environ.get("POLYKV_PLANS", REPO / "plans"))
 
 
+def model_plans_dir(model: str) -> Path:
+    """Where the designer saves a plan of `model`: plans/<model>/ for an embedded model (beside its shipped plans),
+    plans/ for a model given by path or hub id."""
+    from polykv.models import EMBEDDED_MODELS
+
+    return plans_dir() / model if model in EMBEDDED_MODELS else plans_dir()
+
+
 def flash(key: str, text: str, kind: str = "success") -> None:
     """Show `text` (st.success, st.warning, ...) once, after the next rerun, where `show_flash(key)` is."""
     st.session_state.setdefault(key, []).append((kind, text))

@@ -407,13 +407,17 @@ class SavedPlan(NamedTuple):
 
 
 def save_plan(plan: Plan, folder: str | os.PathLike, name: str, overwrite: bool = False) -> SavedPlan:
-    """Save `plan`, renamed `name` (stripped), to `folder` under the safe file name `plan_filename(name)`.
+    """Save `plan`, renamed `name` (stripped; a new name's description says which plan it was edited from), to
+    `folder` under the safe file name `plan_filename(name)`.
     An existing file (or link) of that name is replaced only when `overwrite` is true; otherwise nothing
     is written and the message says the file exists. PlanError for an empty name, OSError when the
     file cannot be written."""
     folder = Path(folder)
     target = folder / plan_filename(name)
-    named = plan.model_copy(update={"name": name.strip()})
+    renamed = name.strip() != plan.name
+    # a new name is a new plan: the old one's description no longer says what it is
+    description = f"edited from {plan.name}" if renamed else plan.description
+    named = plan.model_copy(update={"name": name.strip(), "description": description})
     if os.path.lexists(target) and not overwrite:
         return SavedPlan(None, f"{target.name} exists in {folder}", named)
     named.save(target)

@@ -184,9 +184,10 @@ def test_save_sanitizes_the_name_and_load_and_diff_read_it_back(app_env):
     [t for t in at.text_input if t.label == "Plan name"][0].set_value("../My plan!")
     button(at, "Save to plans/").click()
     at.run()
-    saved = app_env / "plans" / "My-plan.json"
+    saved = app_env / "plans" / "demo" / "My-plan.json"  # beside the model's shipped plans
     assert saved.is_file() and any("Saved" in s for s in texts(at.success))
     assert Plan.load(saved).name == "../My plan!"  # the name inside is kept; only the file name is made safe
+    assert Plan.load(saved).description == "edited from mixed-demo"  # not the shipped plan's description
     # refuse to overwrite without the tick
     button(at, "Save to plans/").click()
     at.run()
@@ -197,10 +198,10 @@ def test_save_sanitizes_the_name_and_load_and_diff_read_it_back(app_env):
     at.run()
     button(at, "Paint selection").click()
     at.run()
-    at.selectbox(key="diff_with").select(Path("My-plan.json"))
+    at.selectbox(key="diff_with").select(Path("demo/My-plan.json"))
     at.run()
     assert any("difference" in c for c in texts(at.caption))
-    [s for s in at.selectbox if s.label == "Saved plans"][0].select(Path("My-plan.json"))
+    [s for s in at.selectbox if s.label == "Saved plans"][0].select(Path("demo/My-plan.json"))
     at.run()
     button(at, "Load").click()
     at.run()

@@ -106,7 +106,7 @@ def test_design_save_evaluate_and_compare_a_plan(app, page):
     name.press("Enter")
     settle(page)
     page.get_by_role("button", name="Save to plans/").click()
-    saved = root / "plans" / "browser-plan.json"
+    saved = root / "plans" / "demo" / "browser-plan.json"  # beside the model's shipped plans
     expect(page.get_by_text(f"Saved {saved}")).to_be_visible(timeout=WAIT)
     plan = Plan.load(saved)
     assert plan.name == "browser-plan"

@@ -164,7 +164,7 @@ def test_save_plan_writes_a_safe_file_and_overwrites_only_when_told(mixed, tmp_p
     path, message, named = plan_edits.save_plan(mixed, tmp_path, "  ../My plan!  ")
     assert path == tmp_path / "My-plan.json" and message == f"Saved {path}"
     assert Plan.load(path) == named and named.name == "../My plan!"  # the name inside is kept, stripped
-    assert named.layers == mixed.layers
+    assert named.layers == mixed.layers and named.description == f"edited from {mixed.name}"
     changed = plan_edits.paint(mixed, [0], "decode", "h2o", 40)
     refused = plan_edits.save_plan(changed, tmp_path, "My plan!")
     assert refused.path is None and refused.message == f"My-plan.json exists in {tmp_path}"

@@ -230,7 +230,9 @@ def save(plan) -> None:
     overwrite = st.checkbox("Overwrite an existing file")
     if st.button("Save to plans/"):
         try:
-            outcome = plan_edits.save_plan(plan, controls.plans_dir(), name, overwrite)
+            folder = controls.model_plans_dir(session.current_model()[0])
+            folder.mkdir(parents=True, exist_ok=True)
+            outcome = plan_edits.save_plan(plan, folder, name, overwrite)
         except (PlanError, OSError) as exc:
             st.error(common.first_line(exc))
         else:
