@@ -138,6 +138,58 @@ def load_session_model(workspace: Path, session: str) -> tuple[str, str] | None:
     return checked.model, checked.device
 
 
+@dataclass(frozen=True)
+class DraftEntry:
+    """One draft of the workspace as a list shows it: whose session, which model, the plan's name, when it was
+    last written (UTC, ISO seconds), and why it cannot be read when it cannot (`problem`)."""
+
+    session: str
+    model: str
+    plan_name: str
+    modified: str
+    path: Path
+    problem: str | None = None
+
+
+def list_drafts(workspace: Path) -> list[DraftEntry]:
+    """Every draft of the workspace, newest first; a damaged one listed with its problem (never fatal)."""
+    import datetime
+
+    root = Path(workspace) / "drafts"
+    found = []
+    for folder in sorted(root.iterdir()) if root.is_dir() else []:
+        if not folder.is_dir() or valid_session_id(folder.name) is None:
+            continue
+        for path in folder.glob("*.json"):
+            if path.name in ("session.json", "pages.json") or not path.is_file():
+                continue
+            stamp = datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.UTC).isoformat(timespec="seconds")
+            try:
+                checked = _DraftFile.model_validate(read_json(path, "draft", MAX_DRAFT_BYTES, error=DraftError))
+                name = Plan.from_json(checked.plan).name
+            except (DraftError, PlanError, ValidationError, OSError) as exc:
+                found.append(
+                    DraftEntry(
+                        folder.name,
+                        "?",
+                        "?",
+                        stamp,
+                        path,
+                        validation_line(exc) if isinstance(exc, ValidationError) else str(exc).splitlines()[0],
+                    )
+                )
+                continue
+            found.append(DraftEntry(folder.name, checked.model, name, stamp, path))
+    return sorted(found, key=lambda d: d.modified, reverse=True)
+
+
+def delete_draft(entry: DraftEntry) -> None:
+    """Remove a draft's file (its session's other files stay: another model's draft, the pages' entries)."""
+    if entry.path.parent.parent.name != "drafts" or valid_session_id(entry.path.parent.name) is None:
+        raise DraftError(f"{entry.path} is not a draft")
+    entry.path.unlink(missing_ok=True)
+
+
 # What a page entry may be, as saved: a text, a number, a flag, or a list of texts or numbers.
 PageValue = str | int | float | bool | None | list[str | int | float]
 MAX_PAGES_BYTES = 256 * 1024
@@ -168,7 +220,10 @@ def load_pages(workspace: Path, session: str) -> dict[str, PageValue]:
 __all__ = [
     "HISTORY",
     "Draft",
+    "DraftEntry",
     "DraftError",
+    "delete_draft",
+    "list_drafts",
     "draft_path",
     "load_draft",
     "load_pages",

@@ -517,6 +517,24 @@ def test_the_designers_selection_survives_a_reload(app_env):
     assert fresh.radio(key="designer_phase").value == "prefill"  # not reset to the plan's scope
 
 
+def test_the_designer_lists_the_workspaces_drafts_to_reopen_or_delete(app_env):
+    other = open_app()  # another tab: its own session, a draft of its own
+    paint_selection(other, [1], "decode", "h2o", 40)
+    at = open_app()
+    paint_selection(at, [2], "decode", "tova", 20)
+    table = at.dataframe[-1].value
+    assert len(table) == 2 and set(table["model"]) == {"demo"} and set(table["plan"]) == {"mixed-demo"}
+    mine = at.query_params["session"]
+    assert sorted(table["open"]) == sorted([f"?session={mine}", f"?session={other.query_params['session']}"])
+    assert any(s.endswith("(this one)") for s in table["session"])
+    delete = at.selectbox(key="draft_delete")
+    assert len(delete.options) == 1  # the other tab's; the plan being designed here is not offered
+    delete.select_index(0).run()
+    button(at, "Delete").click()
+    at.run()
+    assert not at.exception and list(at.dataframe[-1].value["open"]) == [f"?session={mine}"]
+
+
 def test_undo_and_redo_walk_the_history_and_a_new_edit_drops_the_redo(app_env):
     at = open_app()
     start = current_plan(at)

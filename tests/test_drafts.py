@@ -101,3 +101,29 @@ def test_a_draft_keeps_the_designers_selection_and_older_drafts_without_one_stil
     path.write_text(json.dumps(old))
     with pytest.raises(drafts.DraftError, match="phase"):
         drafts.load_draft(tmp_path, SESSION, "demo")
+
+
+def test_the_workspaces_drafts_are_listed_newest_first_a_damaged_one_with_its_problem(tmp_path):
+    import os
+
+    plan = Plan.load(MIXED)
+    first = drafts.save_draft(tmp_path, "aaaa1111", "demo", drafts.Draft(plan))
+    drafts.save_draft(tmp_path, "bbbb2222", "smollm2", drafts.Draft(plan.model_copy(update={"name": "other"})))
+    os.utime(first, (1_000_000_000, 1_000_000_000))  # the older one
+    drafts.save_pages(tmp_path, "aaaa1111", {"run_seed": 3})  # not a draft: not listed
+    (tmp_path / "drafts" / "cccc3333").mkdir()
+    (tmp_path / "drafts" / "cccc3333" / "x.json").write_text("{")
+    (tmp_path / "drafts" / "not-a-session").mkdir()  # not a session's folder: not listed
+    found = drafts.list_drafts(tmp_path)
+    assert [(d.session, d.model, d.plan_name) for d in found if d.problem is None] == [
+        ("bbbb2222", "smollm2", "other"),
+        ("aaaa1111", "demo", plan.name),
+    ]
+    (damaged,) = [d for d in found if d.problem is not None]
+    assert damaged.session == "cccc3333" and "malformed JSON" in damaged.problem
+    drafts.delete_draft(next(d for d in found if d.session == "aaaa1111"))
+    assert [d.session for d in drafts.list_drafts(tmp_path)] == ["bbbb2222", "cccc3333"] or [
+        d.session for d in drafts.list_drafts(tmp_path)
+    ] == ["cccc3333", "bbbb2222"]  # the damaged one's time is the test's own: either order
+    assert (tmp_path / "drafts" / "aaaa1111" / "pages.json").is_file()  # the session's other files stay
+    assert drafts.list_drafts(tmp_path / "nowhere") == []

@@ -225,6 +225,40 @@ def files(plan) -> None:
         diff(plan, saved)
 
 
+def drafts_list() -> None:
+    """This workspace's drafts (every session's, every model's), to reopen by their link or delete."""
+    from polykv import drafts
+
+    found = drafts.list_drafts(session.workspace())
+    here = (session.session_id(), session.current_model()[0])
+    with st.expander(f"Drafts in this workspace ({len(found)})"):
+        if not found:
+            st.caption("No draft yet: every edit here is kept as this session's draft.")
+            return
+        st.dataframe(
+            [
+                {
+                    "model": d.model,
+                    "plan": d.plan_name if d.problem is None else f"damaged: {d.problem}",
+                    "last edit (UTC)": d.modified,
+                    "open": f"?session={d.session}",
+                    "session": d.session + (" (this one)" if d.session == here[0] else ""),
+                }
+                for d in found
+            ],
+            column_config={"open": st.column_config.LinkColumn("open", display_text="open")},
+            hide_index=True,
+            width="stretch",
+        )
+        others = [d for d in found if (d.session, d.model) != here]  # the plan being designed is not deleted here
+        by_label = {f"{d.model} · {d.plan_name} · {d.modified} · session {d.session}": d for d in others}
+        chosen = st.selectbox("Delete a draft", list(by_label), index=None, key=state.DRAFT_DELETE)
+        if st.button("Delete", disabled=chosen is None):
+            drafts.delete_draft(by_label[chosen])
+            st.session_state.pop(state.DRAFT_DELETE, None)
+            st.rerun()
+
+
 def save(plan) -> None:
     name = st.text_input("Plan name", value=plan.name, key=state.plan_name(plan_draft.plan_version()))
     overwrite = st.checkbox("Overwrite an existing file")
@@ -289,3 +323,4 @@ memory(current)
 provenance(current)
 layer_table(current)
 files(current)
+drafts_list()
