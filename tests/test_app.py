@@ -145,6 +145,13 @@ def test_the_paint_phase_starts_at_the_plans_scope_and_a_scope_change_is_announc
     assert at.radio(key="designer_phase").value == "both"  # the phase follows the new scope
 
 
+def _walk(node):
+    """Every element under an AppTest node, in page order."""
+    for child in getattr(node, "children", {}).values():
+        yield child
+        yield from _walk(child)
+
+
 def test_a_capacity_of_zero_typed_into_the_table_is_refused_with_a_message(app_env):
     at = open_app()
     before = current_plan(at)
@@ -154,6 +161,9 @@ def test_a_capacity_of_zero_typed_into_the_table_is_refused_with_a_message(app_e
     assert any(
         "layer 2, decode, capacity: must be a positive whole number of tokens (got 0)" in e for e in texts(at.error)
     )
+    order = [node.type for node in _walk(at.main)]  # the page top to bottom
+    table = order.index("dataframe")
+    assert "error" in order[:table]  # said above the table, where the eye is, not below its ten rows
     assert current_plan(at) == before
     # a valid edit in the same table applies
     at.session_state[table_key(at)] = {

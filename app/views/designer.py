@@ -193,6 +193,7 @@ def layer_table(plan) -> None:
         **{f"{p.value}_capacity": st.column_config.NumberColumn(f"{p.value} capacity", step=1) for p in Phase},
         **{f"{p.value}_params": st.column_config.TextColumn(f"{p.value} params") for p in Phase},
     }
+    problem = st.container()  # above the table: a refused cell is said where the eye is, not below ten rows
     edited = st.data_editor(
         plan_edits.to_table(plan),
         key=state.plan_table(plan_draft.plan_version()),
@@ -203,10 +204,11 @@ def layer_table(plan) -> None:
     try:
         from_table = plan_edits.from_table(plan, edited)
     except PlanError as exc:
-        st.error(f"Table: {exc}. The plan keeps its last valid state; fix the cell or press Undo edits.")
-        if st.button("Undo edits"):
-            plan_draft.new_plan_version()
-            st.rerun()
+        with problem:
+            st.error(f"Table: {exc}. The plan keeps its last valid state; fix the cell or press Undo edits.")
+            if st.button("Undo edits"):
+                plan_draft.new_plan_version()  # a fresh table: the refused cell shows the plan's value again
+                st.rerun()
         return
     if from_table != plan:
         controls.commit(from_table, "Table edit applied.", TABLE)
