@@ -43,6 +43,7 @@ PLAN_UPLOAD = "plan_upload"  # file uploader: a plan file to load
 UPLOAD_SEEN = "upload_seen"  # file id of the upload already loaded (so a rerun does not load it again)
 HETEROGENEITY_ASKED = "heterogeneity_asked"  # Measure was pressed once: the page measures (and remeasures) from then on
 MEMORY_TOKENS = "memory_tokens"  # number input: the prompt length the designer's KV memory chart is drawn at
+RESCALE_FORM = "rescale_form"  # form: the designer's Rescale popover (Enter in its budget submits it)
 DRAFT_DELETE = "draft_delete"  # selectbox: the draft (its file) the designer's draft list would delete
 DIFF_WITH = "diff_with"  # selectbox: the saved plan file the current plan is compared with
 

@@ -145,13 +145,15 @@ def palette() -> list[tuple[str, str | None]]:
 
 
 def rescale_to_budget(plan) -> None:
-    target = st.number_input(
-        "Budget (average capacity per layer)",
-        min_value=1.0,
-        value=float(round(plan_edits.current_budget(plan))),
-        step=1.0,
-    )
-    if st.button("Rescale (keep the route)"):
+    with st.form(state.RESCALE_FORM, border=False):  # a form: Enter in the budget rescales (it closed the popover)
+        target = st.number_input(
+            "Budget (average capacity per layer)",
+            min_value=1.0,
+            value=float(round(plan_edits.current_budget(plan))),
+            step=1.0,
+        )
+        rescale = st.form_submit_button("Rescale (keep the route)")
+    if rescale:
         controls.attempt(
             lambda: plan_edits.rescale(plan, target),
             f"Rescaled to a budget of {target:g} (average capacity per layer).",
