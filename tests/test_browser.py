@@ -118,6 +118,7 @@ def test_design_save_evaluate_and_compare_a_plan(app, page):
     upload = page.get_by_test_id("stFileUploaderDropzoneInput")
     for filename, content, message in [
         ("notes.json", b"these are not the droids", "notes.json: malformed JSON"),
+        ("notes.txt", b"not a plan either", "notes.txt: malformed JSON"),  # any file type: said in one line
         (
             "other-model.json",
             Plan.homogeneous("tova", 32, 3).to_json().encode(),

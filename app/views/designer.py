@@ -288,7 +288,8 @@ def load(saved) -> None:
     choice = st.selectbox("Saved plans", saved, index=None, placeholder="choose a plan file", format_func=str)
     if st.button("Load", disabled=choice is None):
         controls.attempt(lambda: controls.read_plan_file(choice), f"Loaded {choice}.", LOADS)
-    upload = st.file_uploader("Upload a plan (JSON)", type=["json"], key=state.PLAN_UPLOAD)
+    # no type filter: a file of another kind is refused by PolyKV in one line, not by a red chip that says nothing
+    upload = st.file_uploader("Upload a plan (JSON)", key=state.PLAN_UPLOAD)
     if controls.new_upload(upload):
         controls.attempt(lambda: controls.read_plan(upload.getvalue(), upload.name), f"Loaded {upload.name}.", LOADS)
     controls.show_flash(state.designer_flash(LOADS))
