@@ -138,7 +138,14 @@ def check_plan(plan: Plan) -> Plan:
 
 def remember_pages() -> None:
     """Keep the pages' entries (`state.REMEMBERED`) across page changes: a widget's value survives a run of a
-    page without it only when the script sets it (Streamlit's documented way). First in every run."""
+    page without it only when the script sets it (Streamlit's documented way). First in every run.
+
+    A fragment's run (the Runs page polls a running job every 2 s) counts only the fragment's widgets as seen,
+    so a page switch right after one drops every other widget of that page: the values the last full run left
+    (`save_pages` keeps them) are put back."""
+    for key, value in st.session_state.get(state.PAGES_KEPT, {}).items():
+        if key not in st.session_state:
+            st.session_state[key] = value
     for key in list(st.session_state.keys()):
         if _remembered(key):
             st.session_state[key] = st.session_state[key]
@@ -152,6 +159,7 @@ def save_pages() -> None:
     """Write the pages' entries to the session's `pages.json` (a reload brings them back) when one has changed
     since it first appeared: pages only looked at write nothing. Last in every run, so that an entry's first
     value is the one its page drew."""
+    st.session_state[state.PAGES_KEPT] = {k: v for k, v in st.session_state.items() if _remembered(k)}
     entries = {}
     first_seen = st.session_state.setdefault(state.PAGES_FIRST_SEEN, {})
     for key in list(st.session_state.keys()):

@@ -158,5 +158,6 @@ REMEMBERED = (
 )
 KEPT_IN_DRAFT = (DESIGNER_LAYERS, DESIGNER_PHASE)  # the designer's selection: saved with its plan (per model)
 PAGES_SAVED = "pages_saved"  # the page entries last written to (or read from) the session's pages.json
+PAGES_KEPT = "pages_kept"  # the pages' entries as the last full run left them (what a fragment's run makes lost)
 PAGES_FIRST_SEEN = "pages_first_seen"  # each page entry's value when it first appeared in this session
 REMEMBERED_PREFIXES = ("settings_", "experiment_settings_")  # each suite's settings text (Runs, Experiments)

@@ -1,0 +1,67 @@
+"""The Runs page keeps what was entered whatever runs, in a real browser: leave it while a job runs (its progress
+polled every 2 s by a fragment) and come back, then reload. A fragment's run counts only the fragment's widgets
+as seen, so a page switch right after one used to drop every other entry of the page (seed 9 -> 0, budgets
+emptied, the edited settings gone), and `pages.json` then saved the defaults."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.browser import MODEL_WAIT, WAIT, go_to, served_app, settle, tab
+
+pytestmark = pytest.mark.slow
+
+# a fidelity job on the demo model that runs for a while (about a minute here): still running when we come back
+SLOW = {"tasks": ["stories"], "samples_per_task": 40, "prompt_tokens": 200, "continuation": 8, "generate": 8}
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    root = tmp_path_factory.mktemp("browser-runs")
+    with served_app(root, POLYKV_HOME=str(root / "home"), POLYKV_APP_MODEL="demo") as url:
+        yield url
+
+
+def entries(page) -> tuple[str, str, dict]:
+    """(seed, budgets, settings) as the Runs page shows them."""
+    seed = page.get_by_role("spinbutton", name="Seed").input_value()
+    budgets = page.get_by_role("textbox", name="Budgets").input_value()
+    settings = json.loads(page.get_by_role("textbox", name="Suite settings").input_value())
+    return seed, budgets, settings
+
+
+def test_the_runs_page_keeps_its_entries_when_left_during_a_job_and_after_a_reload(app, browser):
+    with tab(browser, {"width": 1280, "height": 800}) as page:
+        page.goto(app + "/runs")
+        expect(page.get_by_role("heading", name="Runs", level=1)).to_be_visible(timeout=MODEL_WAIT)
+        settle(page)
+        for role, name, value in [
+            ("spinbutton", "Seed", "9"),
+            ("textbox", "Budgets", "60"),
+            ("textbox", "Suite settings", json.dumps(SLOW)),
+        ]:
+            field = page.get_by_role(role, name=name)
+            field.fill(value)
+            field.press("Control+Enter" if name == "Suite settings" else "Enter")
+            settle(page)
+        want = ("9", "60", SLOW)
+        assert entries(page) == want
+        page.get_by_role("button", name="Launch").click()
+        expect(page.get_by_text("· running").first).to_be_visible(timeout=WAIT)
+        time.sleep(5)  # the job list polls: at least one fragment run before we leave
+        go_to(page, "Plan designer")
+        expect(page.get_by_role("heading", name="Plan designer", level=1)).to_be_visible(timeout=WAIT)
+        time.sleep(3)
+        go_to(page, "Runs")
+        expect(page.get_by_role("heading", name="Runs", level=1)).to_be_visible(timeout=WAIT)
+        settle(page)
+        assert page.get_by_text("· running").count() >= 1  # the job was still running all along
+        assert entries(page) == want
+        page.reload()  # a new Streamlit session, the same ?session= URL: pages.json brings them back
+        expect(page.get_by_role("heading", name="Runs", level=1)).to_be_visible(timeout=WAIT)
+        settle(page)
+        assert entries(page) == want
