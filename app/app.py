@@ -41,12 +41,6 @@ with st.sidebar:
         devices = session.devices()
         st.selectbox("Device", devices, index=common.index_of(devices, device), key=state.MODEL_DEVICE)
         st.form_submit_button("Load model", on_click=plan_draft.request_model_from_form)
-    pending = plan_draft.pending_model()
-    if pending is not None:  # the plan does not fit the new model: ask before it leaves the designer
-        st.warning(pending[2])
-        switch, stay = st.columns(2)
-        switch.button("Switch", type="primary", on_click=plan_draft.answer_pending_model, args=(True,))
-        stay.button("Stay", on_click=plan_draft.answer_pending_model, args=(False,))
     if session.model_error():
         st.error(session.model_error())
     try:
@@ -56,6 +50,14 @@ with st.sidebar:
         plan_draft.fall_back_to_demo()
         st.error(f"Model unavailable ({common.first_line(exc)}); using the demo model.")
     st.radio("Figure downloads (camera button)", ["png", "svg"], horizontal=True, key=state.FIGURE_FORMAT)
+
+pending = plan_draft.pending_model()
+if pending is not None:  # the plan does not fit the new model: ask, at the top of the page, before it leaves
+    with st.container(border=True):
+        st.warning(pending[2])
+        with st.container(horizontal=True):
+            st.button("Switch", type="primary", on_click=plan_draft.answer_pending_model, args=(True,))
+            st.button("Stay", on_click=plan_draft.answer_pending_model, args=(False,))
 
 # Navigation icons (":material/...:") come with Streamlit's own font: nothing is fetched for them.
 designer = st.Page("views/designer.py", title="Plan designer", icon=":material/brush:", url_path="designer")

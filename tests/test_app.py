@@ -450,13 +450,13 @@ def test_a_model_switch_asks_before_it_replaces_the_plan_and_keeps_the_old_one_a
     edited = current_plan(at)
     load_in_sidebar(at, local)
     assert not at.exception and not at.sidebar.error
-    (question,) = texts(at.sidebar.warning)
+    (question,) = texts(at.main.warning)  # at the top of the page, its buttons beside it: not below the sidebar's fold
     assert question.startswith("The plan on the designer, 'mixed-demo', does not fit") and "Switch anyway?" in question
     assert "Model: **demo** on cpu, 5 layers" in texts(at.sidebar.caption)  # nothing changed yet
     button(at, "Stay").click()
     at.run()
     assert (
-        not at.sidebar.warning
+        not at.main.warning
         and current_plan(at) == edited
         and "Model: **demo** on cpu, 5 layers" in texts(at.sidebar.caption)
     )
