@@ -146,7 +146,7 @@ def test_cli_lists_jobs_and_refuses_unknown_ones_in_one_line(workspace, polykv):
     assert_one_line_error(polykv("jobs", "resume", "nope", "-w", str(workspace)), "no job 'nope'")
 
 
-def test_the_eta_waits_for_a_few_pieces_of_real_work_and_uses_only_their_pace(tmp_path, monkeypatch):
+def test_the_eta_comes_with_the_first_piece_of_work_and_then_uses_only_their_pace(tmp_path, monkeypatch):
     import datetime
 
     from polykv.files import atomic_write_json
@@ -162,8 +162,12 @@ def test_the_eta_waits_for_a_few_pieces_of_real_work_and_uses_only_their_pace(tm
     # 100 s ago the worker started; loading took 80 s; the first piece of work ended 20 s ago at 10%
     written = {"status": "running", "fraction": 0.3, "started": at(100), "pace_from": at(20), "pace_fraction": 0.1}
     atomic_write_json(state_file, {**written, "pace_steps": 1})
-    assert jobs.state(job, tmp_path).eta_s is None  # one piece after the first: too few to measure a pace
+    first = jobs.state(job, tmp_path)  # one piece after the first: too few for a pace, but an upper estimate
+    # 30% in about 100 s since the worker started, loading included: at most about 233 s for the 70% to go
+    assert first.eta_upper and 200.0 < first.eta_s < 300.0 and "at most about" in first.summary()
     atomic_write_json(state_file, {**written, "pace_steps": 2})
-    left = jobs.state(job, tmp_path).eta_s
+    measured = jobs.state(job, tmp_path)
+    left = measured.eta_s
+    assert not measured.eta_upper
     # 20% in about 20 s (the clock moved on since): about 70 s for the 70% to go; from the start's pace: 233 s
     assert 60.0 < left < 120.0

@@ -36,6 +36,7 @@ class JobState:
     runs: list[RunProgress]
     elapsed_s: float | None = None  # seconds the latest worker has run (until its last report once it ended)
     eta_s: float | None = None  # seconds left at the worker's pace so far (running jobs with some progress)
+    eta_upper: bool = False  # the ETA is the first piece's: loading counted in, so at most that
 
     def summary(self) -> str:
         """`42% · 1 min 3 s elapsed · about 1 min 27 s left`: what a progress bar's text says."""
@@ -43,12 +44,13 @@ class JobState:
         if self.elapsed_s is not None:
             parts.append(f"{duration(self.elapsed_s)} elapsed")
         if self.eta_s is not None:
-            parts.append(f"about {duration(self.eta_s)} left")
+            parts.append(f"{'at most ' if self.eta_upper else ''}about {duration(self.eta_s)} left")
         return " · ".join(parts)
 
 
-# The ETA appears once this many pieces of work (samples, cells, executions) followed the first one: it is
-# their measured pace, never loading the model or building samples.
+# The ETA is the pace of real work once this many pieces (samples, cells, executions) followed the first one,
+# never loading the model or building samples. From the first finished piece until then it is the pace since
+# the worker started, loading included: an upper estimate, said as one ("at most about ...").
 PACE_STEPS = 2
 
 
@@ -114,6 +116,7 @@ def state(job: Job, workspace: Path) -> JobState:
         elif job.pid is not None:
             status = "stopped"
     elapsed = left = None
+    upper = False
     started = written.get("started")
     if started is not None:
         end = datetime.datetime.now(datetime.UTC) if status == "running" else written.get("updated") or started
@@ -121,6 +124,8 @@ def state(job: Job, workspace: Path) -> JobState:
         pace_from = written.get("pace_from")
         if status == "running" and pace_from is not None and written.get("pace_steps", 0) >= PACE_STEPS:
             left = eta(max(0.0, (end - pace_from).total_seconds()), fraction, float(written["pace_fraction"]))
+        elif status == "running" and pace_from is not None:  # one piece done: the pace since the start, at most
+            left, upper = eta(elapsed, fraction, float(written.get("start_fraction", 0.0))), True
     return JobState(
         status,
         fraction,
@@ -130,6 +135,7 @@ def state(job: Job, workspace: Path) -> JobState:
         runs,
         elapsed,
         left,
+        upper and left is not None,
     )
 
 
