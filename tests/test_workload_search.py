@@ -310,3 +310,10 @@ def test_the_competence_rule_takes_tasks_out_of_both_families_and_names_the_majo
     assert competent_families(["niah_multikey_1"], ["vt"], accuracy, threshold=0)["transfer tasks"] == ["vt"]
     route = plan_of(["snapkv", "tova", "snapkv"], [8, 8, 8], "prefill")
     assert majority_method(route) == "snapkv"
+    # on a hybrid model only the layers where the method acts count: local layers that keep their window (a
+    # capacity at or above W - 1) name a method TopRank picked from a tie
+    hybrid = plan_of(
+        ["streamingllm", "streamingllm", "tova", "streamingllm", "pyramidkv", "tova"], [16, 16, 8, 16, 8, 8], "prefill"
+    )
+    windows = [9, 9, None, 9, None, None]
+    assert majority_method(hybrid) == "streamingllm" and majority_method(hybrid, windows) == "tova"

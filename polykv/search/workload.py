@@ -226,7 +226,9 @@ def contenders(
     if text is not None:
         plans["toprank-text"] = text
     plans.update({"homogeneous": best_homogeneous, "envelope": envelope})
-    majority = majority_method(toprank)
+    from polykv.models import layer_windows
+
+    majority = majority_method(toprank, layer_windows(objective.model))  # where the methods act
     anchor = next((p for p in homogeneous if p.allocation == "fixed" and majority_method(p) == majority), None)
     tova = next((p for p in baselines if majority_method(p) == "tova"), None)
     plans.update({role: plan for role, plan in (("anchor", anchor), ("tova", tova)) if plan is not None})

@@ -23,9 +23,16 @@ VERDICT_METRICS = ("answer_nll", "score")  # score: the suite's accuracy (0-100)
 FAMILIES = ("searched tasks", "transfer tasks")
 
 
-def majority_method(plan: Plan) -> str:
-    """The method in most of the plan's active layer entries (ties: the first such method in layer order)."""
-    methods = [layer[phase].method for layer in plan.layers for phase in plan.scope.phases]
+def majority_method(plan: Plan, windows: Sequence[int | None] | None = None) -> str:
+    """The method in most of the plan's active layer entries (ties: the first such method in layer order). On a
+    hybrid model (`windows`) only the entries where the method acts count: a local layer whose capacity keeps
+    its window evicts nothing, whatever method it names (TopRank's pick there is a tie among all of them)."""
+    from polykv.kv_memory import window_bound
+
+    bounds = [window_bound(w) for w in (windows or [None] * plan.num_layers)]
+    entries = [(layer[phase], bound) for layer, bound in zip(plan.layers, bounds) for phase in plan.scope.phases]
+    acting = [a.method for a, bound in entries if a.capacity is None or a.capacity < bound]
+    methods = acting or [a.method for a, _ in entries]
     return max(dict.fromkeys(methods), key=methods.count)
 
 
