@@ -41,7 +41,11 @@ def test_subprocess_backend_runs_detached_into_the_store(tmp_path, monkeypatch):
 def gemma3_unit() -> Unit:
     """One RULER sample on gemma3, scored, longer than its local layers' 512-token window, under a plan that
     cuts every layer (local ones below their window)."""
-    settings = {"tasks": ["niah_single_1"], "length": 700, "samples_per_task": 1, "mode": "score"}
+    from polykv.eval.settings import suite_settings
+
+    settings = suite_settings(
+        "ruler", {"tasks": ["niah_single_1"], "length": 700, "samples_per_task": 1, "mode": "score"}
+    )
     return Unit.of("gemma3", Plan.homogeneous("tova", 256, 18), "ruler", settings)
 
 
