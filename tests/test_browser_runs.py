@@ -26,6 +26,14 @@ def app(tmp_path_factory):
         yield url
 
 
+def shows(page, seed: str, budgets: str, settings: dict) -> None:
+    """The Runs page shows these entries (waiting for them: a page's first render after a reload draws its
+    widgets' defaults for a moment before the session's values arrive)."""
+    expect(page.get_by_role("spinbutton", name="Seed")).to_have_value(seed, timeout=WAIT)
+    expect(page.get_by_role("textbox", name="Budgets")).to_have_value(budgets, timeout=WAIT)
+    expect(page.get_by_role("textbox", name="Suite settings")).to_have_value(json.dumps(settings), timeout=WAIT)
+
+
 def entries(page) -> tuple[str, str, dict]:
     """(seed, budgets, settings) as the Runs page shows them."""
     seed = page.get_by_role("spinbutton", name="Seed").input_value()
@@ -60,8 +68,9 @@ def test_the_runs_page_keeps_its_entries_when_left_during_a_job_and_after_a_relo
         expect(page.get_by_role("heading", name="Runs", level=1)).to_be_visible(timeout=WAIT)
         settle(page)
         assert page.get_by_text("· running").count() >= 1  # the job was still running all along
-        assert entries(page) == want
+        shows(page, *want)
         page.reload()  # a new Streamlit session, the same ?session= URL: pages.json brings them back
         expect(page.get_by_role("heading", name="Runs", level=1)).to_be_visible(timeout=WAIT)
+        shows(page, *want)
         settle(page)
-        assert entries(page) == want
+        assert entries(page) == want  # and they stay
