@@ -55,12 +55,13 @@ def memory(plan) -> None:
             step=256,
             key=state.MEMORY_TOKENS,
         )
+        token_bytes = session.kv_token_bytes()
         if hybrid:
             kept = [entering for entering, _ in layer_tokens(plan, tokens, windows=windows)]
             full = fullkv_tokens(tokens, windows)
-            common.show(charts.memory_figure(plan, kept, full, session.kv_token_bytes(), windows), "kv-memory")
+            common.show(charts.memory_figure(plan, kept, full, token_bytes, windows), "kv-memory")
         st.caption(
-            f"Kept entering the answer: {kept_line(plan, tokens, windows, session.kv_token_bytes())}"
+            f"Kept entering the answer: {kept_line(plan, tokens, windows, token_bytes)}"
             + ("; a local layer never holds more than its window less one." if hybrid else ".")
         )
 

@@ -126,8 +126,7 @@ def runs_show(
     kept = sample_view.kv_kept_line(info)
     if kept is not None:
         typer.echo(kept)
-    twin = sample_view.fullkv_twin(store, info)
-    full = {(r["task"], r["sample"]): r["prediction"] for r in store.samples(twin)} if twin and twin != run_id else {}
+    full = sample_view.fullkv_predictions(store, info)
     _table(
         ("task", "sample", "metrics", "gold", "answer", *(["fullkv"] if full else [])),
         [
@@ -143,7 +142,9 @@ def runs_show(
         ],
     )
     if full:
-        typer.echo(f"fullkv: run {twin}'s answer to the same prompt; {sample_view.AGREEMENT}")
+        typer.echo(
+            f"fullkv: run {sample_view.fullkv_twin(store, info)}'s answer to the same prompt; {sample_view.AGREEMENT}"
+        )
 
 
 def compare(

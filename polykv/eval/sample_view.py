@@ -52,14 +52,22 @@ AGREEMENT = (
 )
 
 
+def fullkv_predictions(store: Store, run: Mapping[str, Any]) -> dict[tuple[str, str], str | None]:
+    """{(task, sample): FullKV's answer} from the run's FullKV twin (`fullkv_twin`); {} when there is none or the
+    run is FullKV itself."""
+    twin = fullkv_twin(store, run)
+    if twin is None or twin == run["id"]:
+        return {}
+    return {(row["task"], row["sample"]): row["prediction"] for row in store.samples(twin)}
+
+
 def answers(store: Store, run_id: str) -> list[dict[str, Any]]:
     """A run's samples as rows to read: task, sample, metrics, the gold answer(s), the plan's answer and FullKV's
     (from a finished FullKV run of the same model, suite and settings, when the store has one; else None)."""
     run = store.run(run_id)
     if run is None:
         raise ValueError(f"no run {run_id}")
-    twin = fullkv_twin(store, run)
-    full = {(row["task"], row["sample"]): row["prediction"] for row in store.samples(twin)} if twin else {}
+    full = fullkv_predictions(store, run)
     return [
         {
             "task": row["task"],
@@ -173,8 +181,7 @@ def side_by_side(store: Store, run_a: str, run_b: str, task: str, only_differing
         raise ValueError(f"no run {run_a}")
     a = {row["sample"]: row for row in store.samples(run_a) if row["task"] == task}
     b = {row["sample"]: row for row in store.samples(run_b) if row["task"] == task}
-    twin = fullkv_twin(store, run)
-    full = {row["sample"]: row for row in store.samples(twin) if row["task"] == task} if twin else {}
+    full = {sample: answer for (where, sample), answer in fullkv_predictions(store, run).items() if where == task}
     out = []
     for sample in sorted(set(a) & set(b)):
         left, right = a[sample], b[sample]
@@ -187,7 +194,7 @@ def side_by_side(store: Store, run_a: str, run_b: str, task: str, only_differing
                 "gold": left["gold"],
                 "A": left["prediction"],
                 "B": right["prediction"],
-                "FullKV": full[sample]["prediction"] if sample in full else None,
+                "FullKV": full.get(sample),
                 "A metrics": left["metrics"],
                 "B metrics": right["metrics"],
                 "differ": differ,
@@ -226,6 +233,7 @@ __all__ = [
     "answers",
     "differing",
     "failed",
+    "fullkv_predictions",
     "fullkv_twin",
     "is_fullkv",
     "metrics_text",

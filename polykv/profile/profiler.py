@@ -100,16 +100,19 @@ class _Stack:
         self.decoder = model.get_decoder()
         self.layers = self.decoder.layers
         self.cache_name = cache_argument_name(model)
+        # one rotary embedding for every layer, or one per layer type where the model has several (Gemma 3:
+        # local layers rotate with another base than global ones)
+        types = getattr(models.text_config(model), "layer_types", None)
+        typed = types and "layer_type" in inspect.signature(self.decoder.rotary_emb.forward).parameters
+        self.layer_types = list(types) if typed else None
 
     def _rotary(self, hidden, position_ids) -> list:
-        """Each layer's rotary embedding: one for all layers, or one per layer type where the model has several
-        (Gemma 3: local layers rotate with another base than global ones)."""
+        """Each layer's rotary embedding (cos, sin) at these positions."""
         rotary = self.decoder.rotary_emb
-        types = getattr(models.text_config(self.model), "layer_types", None)
-        if types and "layer_type" in inspect.signature(rotary.forward).parameters:
-            by_type = {kind: rotary(hidden, position_ids, kind) for kind in set(types)}
-            return [by_type[kind] for kind in types]
-        return [rotary(hidden, position_ids)] * len(self.layers)
+        if self.layer_types is None:
+            return [rotary(hidden, position_ids)] * len(self.layers)
+        by_type = {kind: rotary(hidden, position_ids, kind) for kind in set(self.layer_types)}
+        return [by_type[kind] for kind in self.layer_types]
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.decoder.embed_tokens(ids)

@@ -173,11 +173,12 @@ def _problem(task: str, record: Any) -> str | None:
     return None
 
 
-def _keep(task: str, record: Any, where: str) -> bool:
-    problem = _problem(task, record)
-    if problem is not None:
-        warnings.warn(f"LongBench: skipped {where}: {problem}", stacklevel=3)
-    return problem is None
+def _warn_skipped(where: str, unit: str, skipped: list[tuple[int, str]]) -> None:
+    """One warning for a file's (or the hub task's) skipped lines or rows, however many: the first few named."""
+    if skipped:
+        shown = "; ".join(f"{unit} {n}: {why}" for n, why in skipped[:SKIPS_SHOWN])
+        more = f"; and {len(skipped) - SKIPS_SHOWN} more" if len(skipped) > SKIPS_SHOWN else ""
+        warnings.warn(f"LongBench: skipped {len(skipped)} {unit}(s) of {where}: {shown}{more}", stacklevel=3)
 
 
 MAX_LINE_BYTES = 64 * 2**20  # a LongBench line (one sample, its context included) is at most a few MB
@@ -217,10 +218,7 @@ def read_task_file(task: str, path: str | Path) -> list[tuple[str, dict]]:
                 samples.append((f"{lineno:05d}", record))
             else:
                 skipped.append((lineno, problem))
-    if skipped:  # one warning per file, however many lines (a pretty-printed file would give one per line)
-        shown = "; ".join(f"line {n}: {why}" for n, why in skipped[:SKIPS_SHOWN])
-        more = f"; and {len(skipped) - SKIPS_SHOWN} more" if len(skipped) > SKIPS_SHOWN else ""
-        warnings.warn(f"LongBench: skipped {len(skipped)} line(s) of {path}: {shown}{more}", stacklevel=2)
+    _warn_skipped(str(path), "line", skipped)  # one warning, not one per line of a pretty-printed file
     if not samples:
         raise ValueError(f"LongBench task file {path} holds no usable sample")
     return samples
@@ -241,7 +239,9 @@ def _hub_task(task: str) -> list[tuple[str, dict]]:
             f"({exc.__class__.__name__}: {reason}); {hint}"
         ) from None
     samples = [(f"{n:05d}", dict(row)) for n, row in enumerate(rows, start=1)]
-    samples = [(sid, row) for sid, row in samples if _keep(task, row, f"{HUB_DATASET}/{task}, row {int(sid)}")]
+    problems = [(sid, row, _problem(task, row)) for sid, row in samples]
+    _warn_skipped(f"{HUB_DATASET}/{task}", "row", [(int(sid), why) for sid, _, why in problems if why is not None])
+    samples = [(sid, row) for sid, row, why in problems if why is None]
     if not samples:
         raise ValueError(f"LongBench: {HUB_DATASET} ({task}) holds no usable sample; {hint}")
     return samples
