@@ -120,6 +120,47 @@ def eval_job(
     return jobs.eval_job(units, f"{plan.name} on {suite}{more}")
 
 
+def first_run(model_name: str, device: str, plan: Plan, minutes: float):
+    """The Runs page's proposed first run for `plan` (`polykv.eval.first_run`): from this workspace's runs, the
+    model's profiles and its measured speed (the decisive run's samples fit `minutes` here)."""
+    from polykv import costs
+    from polykv.eval import first_run as proposal
+    from polykv.eval.launch_work import sample_shapes, suite_work
+    from polykv.eval.store import Store
+
+    _, _, model, tokenizer = current_model()
+    store = Store(workspace() / "results.sqlite", readonly=True)
+    length = min(proposal.LENGTH, _fitting_ruler(model_name, device)["length"])
+    scoped = [p for p in profiles(model_name)[0] if p.num_layers == plan.num_layers]
+    rates = costs.stored_rates(model_name, device)
+    per_sample = None
+    if rates is not None:  # one sample of every task with the three plans, then the mean over tasks
+        tasks = proposal.competent(model_name, store, length)[0]
+        shapes = sample_shapes("ruler", proposal.settings_for(tasks, length, 1), model, tokenizer)
+        per_sample = costs.estimate(suite_work("eval", shapes, 3, batched=False).loaded(0), rates).seconds / len(tasks)
+    return proposal.propose(
+        model_name,
+        plan,
+        store,
+        length,
+        profile=scoped[0] if scoped else None,
+        seconds_per_sample=per_sample,
+        allowance_s=60.0 * minutes,
+    )
+
+
+def first_run_job(model_name: str, device: str, proposed):
+    """The evaluation job of a proposed first run (its pilot or its decisive run)."""
+    from polykv.eval.unit import Unit
+
+    units = [
+        (label, Unit.of(model_name, plan, "ruler", proposed.settings, proposed.seed, device))
+        for label, plan in proposed.plans
+    ]
+    step = "pilot" if proposed.pilot else "decisive run"
+    return jobs.eval_job(units, f"first run ({step}): {proposed.plans[0][1].name} vs {proposed.baseline}, answer_nll")
+
+
 def profile_job(
     model_name: str, device: str, sources: Sequence[str], sequences: int, max_tokens: int, b_cal: int, scope: str
 ):
@@ -154,9 +195,12 @@ def start_job(build: Callable[[], Any], flash_key: str | None = None, refused: s
     """Build a job (`build()`) and start it in the background, then redraw the page (saying "Started <id>"
     where `show_flash(flash_key)` is). Bad input, or a job that cannot start, is one inline line
     ("<refused>: why") and starts nothing."""
+    from polykv.jobs.costs import with_estimate
+
     try:
         job = build()
-        jobs.start(job, workspace())
+        _, _, model, tokenizer = current_model()
+        jobs.start(with_estimate(job, model, tokenizer), workspace())  # the estimate goes with it, to be checked
     except (PolyKVError, ValueError) as exc:
         st.error(f"{refused}: {first_line(exc)}")
         return
@@ -164,6 +208,52 @@ def start_job(build: Callable[[], Any], flash_key: str | None = None, refused: s
         runs = len(job.runs)
         flash(flash_key, f"Started {job.id}" + (f" ({runs} run{'s' * (runs > 1)})." if runs else f": {job.title}."))
     st.rerun()
+
+
+def show_estimate(work: Callable[[], Any], key: str) -> None:
+    """Beside a launch button: what the work `work()` counts (`polykv.costs.Work`) would take here, before it
+    starts; until the model's speed on this device is measured, a button that measures it (seconds, once).
+    Nothing when the launch cannot be described: launching says why."""
+    from polykv import costs
+
+    name, device, model, _ = current_model()
+    if costs.stored_rates(name, device) is None:
+        cols = st.columns([3, 1])
+        cols[0].caption(f"Estimates need {name}'s speed on {device}: measured once, in seconds, then kept.")
+        if cols[1].button("Measure speed", key=key):
+            with st.spinner(f"Timing {name}'s prompt passes and decode steps ..."):
+                costs.measure_rates(model, name, device)
+            st.rerun()
+        return
+    try:
+        counted = work()
+    except (PolyKVError, ValueError, OSError):
+        return
+    found = costs.estimate(counted, costs.stored_rates(name, device))
+    st.caption(found.line().replace("estimate:", "Estimated here:", 1))
+
+
+def launch_estimate(build: Callable[[], Any], key: str) -> None:
+    """`show_estimate` for the job `build()` describes (`polykv.jobs.costs`)."""
+    from polykv.jobs.costs import job_work
+
+    _, _, model, tokenizer = current_model()
+    show_estimate(lambda: job_work(build(), model, tokenizer), key)
+
+
+def started_job_progress(where: Path) -> None:
+    """Right under the button that started it, the newest job's progress (polled while it runs): what was just
+    launched is seen at once, wherever the page's job list is."""
+    newest = next(iter(jobs.list_jobs(where)), None)
+    if newest is None:
+        return
+
+    @st.fragment(run_every=2)
+    def bar():
+        progress = jobs.state(newest, where)
+        st.progress(min(1.0, progress.fraction), text=f"{newest.title} · {progress.summary()} · {progress.message}")
+
+    bar()
 
 
 def failed_before_any_sample(job, progress) -> bool:

@@ -39,9 +39,12 @@ def flash(key: str, text: str, kind: str = "success") -> None:
     st.session_state.setdefault(key, []).append((kind, text))
 
 
-def show_flash(key: str) -> None:
-    for kind, text in st.session_state.pop(key, []):
+def show_flash(key: str) -> bool:
+    """Show what `flash(key, ...)` left; whether there was anything."""
+    shown = st.session_state.pop(key, [])
+    for kind, text in shown:
         getattr(st, kind)(text)
+    return bool(shown)
 
 
 def commit(new: Plan, message: str | None = None, where: str = PLAN_MESSAGES) -> None:

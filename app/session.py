@@ -107,6 +107,10 @@ def num_layers() -> int:
     return models.num_layers(current_model()[2])
 
 
+def context_length() -> int | None:
+    return models.context_length(current_model()[2])
+
+
 def layer_windows() -> list[int | None]:
     """Each layer's sliding window (a local layer) or None (a global one) of the current model."""
     return models.layer_windows(current_model()[2])

@@ -51,6 +51,12 @@ DIFF_WITH = "diff_with"  # selectbox: the saved plan file the current plan is co
 RUN_PLAN = "run_plan"  # selectbox: the plan to evaluate, the designer's ("(designer)") or a saved file
 RUN_SUITE = "run_suite"  # selectbox: the suite the current plan is evaluated on
 RUNS_FLASH = "runs_flash"  # the "Started <job>" message, shown once after the launch's rerun
+# the "Measure speed" buttons beside each launch (`common.launch_estimate`): the model's rates, measured once
+RUN_MEASURE_SPEED = "run_measure_speed"
+PROFILE_MEASURE_SPEED = "profile_measure_speed"
+EXPERIMENT_MEASURE_SPEED = "experiment_measure_speed"
+SEARCH_MEASURE_SPEED = "search_measure_speed"
+HETEROGENEITY_MEASURE_SPEED = "heterogeneity_measure_speed"
 
 # ---- compare (app/views/compare.py) ---------------------------------------------------------------
 COMPARE_A = "compare_a"  # selectbox: run A (id) of the two-run comparison
@@ -143,6 +149,11 @@ RUN_BASELINES = "run_baselines"  # multiselect: the Runs page's baselines
 RUN_PLACEMENTS = "run_placements"  # number: random placements
 RUN_SEED = "run_seed"  # number: the Runs page's seed
 RUNS_READ = "runs_read"  # selectbox: the run whose answers the Runs page shows
+RUNS_READ_TASK = "runs_read_task"  # selectbox: the task whose answers it shows (or every task)
+FIRST_RUN_MINUTES = "first_run_minutes"  # number: the time the proposed first run may take here
+FIRST_RUN_LAUNCH = "first_run_launch"  # button: launch the proposed first run (its pilot, then the decisive run)
+FIRST_RUN_MEASURE_SPEED = "first_run_measure_speed"
+FIRST_RUN_FLASH = "first_run_flash"  # the "Started <job>" message of the proposed first run, under its button
 REMEMBERED = (
     RUN_PLAN,
     RUN_SUITE,
@@ -150,6 +161,7 @@ REMEMBERED = (
     RUN_BASELINES,
     RUN_PLACEMENTS,
     RUN_SEED,
+    FIRST_RUN_MINUTES,
     EXPERIMENT_KIND,
     EXPERIMENT_SUITE,
     SEARCH_OBJECTIVE,

@@ -43,3 +43,13 @@ def whole_number(text: str, most_digits: int = 12) -> int | None:
     if text.isascii() and text.isdigit() and len(text) <= most_digits:
         return int(text)
     return None
+
+
+def duration(seconds: float) -> str:
+    """A duration as people say it: `45 s`, `3 min 5 s`, `2 h 10 min`."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"

@@ -202,10 +202,50 @@ def test_the_runs_page_reads_a_runs_answers_beside_gold_and_fullkvs(app_env):
     at = open_app("runs")
     at.selectbox(key="runs_read").select("tova-run").run()
     assert not at.exception
-    table = at.dataframe[-1].value
+    table = at.table[-1].value
     assert list(table.columns) == ["task", "sample", "metrics", "gold", "answer", "FullKV"]
     wrong = table[(table["task"] == "niah_single_1") & (table["sample"] == "001")].iloc[0]
     # the plan answered wrong where FullKV answered right: the plan's failure, not the model's
     assert (wrong["gold"], wrong["answer"], wrong["FullKV"]) == ("8530575", " 1234567.", " 8530575.")
     assert any(c.startswith("agreement: 1 when the plan's greedy answer is FullKV's") for c in texts(at.caption))
     assert "full" in at.multiselect(key="run_baselines").options  # FullKV is a baseline like the others
+    at.selectbox(key="runs_read_task").select("niah_single_1").run()  # one task's samples
+    assert set(at.table[-1].value["task"]) == {"niah_single_1"}
+
+
+def _top_to_bottom(node) -> list:
+    """The page's elements in the order they render (a block's children by their index)."""
+    children = getattr(node, "children", None)
+    if children is None:
+        return [node]
+    return [n for i in sorted(children) for n in _top_to_bottom(children[i])]
+
+
+def test_a_clicked_bars_samples_open_right_under_the_chart(app_env, monkeypatch):
+    """Below the tables, a clicked task's samples rendered out of sight: they open under the chart instead.
+    AppTest cannot click a chart: the click is the task `common.clicked_task` reads from its selection."""
+    from app import common
+
+    ws = app_env / "ws"
+    ws.mkdir()
+    _answered_runs(Store(ws / "results.sqlite"))
+    at = open_app("compare")
+    at.selectbox(key="compare_a").select("tova-run").run()
+    at.selectbox(key="compare_b").select("h2o-run").run()
+
+    def where() -> tuple[int, int, int]:
+        page = _top_to_bottom(at.main)
+        kinds = [n.type for n in page]
+        samples = next(i for i, n in enumerate(page) if n.type == "subheader" and n.value.startswith("Samples"))
+        return kinds.index("plotly_chart"), samples, kinds.index("dataframe")  # the first table: A - B per task
+
+    chart, samples, report = where()
+    assert chart < report < samples  # no bar clicked: the samples come after the tables
+    monkeypatch.setattr(common, "clicked_task", lambda chart, tasks: "vt")
+    at.run()
+    assert not at.exception
+    assert at.selectbox(key="compare_task").value == "vt"
+    chart, samples, report = where()
+    assert chart < samples < report and samples == chart + 1  # right under the chart: in view
+    at.toggle(key="compare_differing").set_value(True).run()  # the selection outlives reruns: they stay there
+    assert where()[1] == where()[0] + 1 and not at.exception

@@ -6,6 +6,7 @@ emptied, the edited settings gone), and `pages.json` then saved the defaults."""
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -74,3 +75,65 @@ def test_the_runs_page_keeps_its_entries_when_left_during_a_job_and_after_a_relo
         shows(page, *want)
         settle(page)
         assert entries(page) == want  # and they stay
+
+
+TINY_RULER = {"tasks": ["niah_single_1"], "length": 512, "samples_per_task": 2}
+
+
+def test_heterogeneity_computes_only_when_asked_and_every_launch_says_its_cost_first(app, browser):
+    """Issue 41, point 3: opening Heterogeneity computes nothing (no figure, a line saying so) and it states its
+    estimate before Measure; the Runs page states the launch's time and memory here before Launch, once the
+    model's speed is measured (a button, seconds, once); the finished job shows its estimate beside its time."""
+    with tab(browser, {"width": 1280, "height": 800}) as page:
+        page.goto(app + "/heterogeneity")
+        expect(page.get_by_role("heading", name="Attention heterogeneity", level=1)).to_be_visible(timeout=MODEL_WAIT)
+        settle(page)
+        expect(page.get_by_text("Nothing is measured until you press Measure")).to_be_visible()
+        assert page.locator(".js-plotly-plot").count() == 0
+        measure = page.get_by_role("button", name="Measure speed")  # a fresh home: the speed is not measured yet
+        expect(measure).to_be_visible(timeout=WAIT)
+        measure.click()
+        expect(page.get_by_text(re.compile(r"^Estimated here: about .+ on cpu; 8 inputs of 512 tokens"))).to_be_visible(
+            timeout=MODEL_WAIT
+        )
+        assert page.locator(".js-plotly-plot").count() == 0  # measuring the speed measured no heterogeneity
+
+        go_to(page, "Runs")
+        expect(page.get_by_role("heading", name="Runs", level=1)).to_be_visible(timeout=WAIT)
+        settle(page)
+        expect(page.get_by_text(re.compile(r"^Step 1 of 2, the pilot:"))).to_be_visible(timeout=WAIT)
+        suite = page.get_by_role("combobox", name="Suite")
+        suite.click()
+        page.keyboard.type("ruler")
+        page.keyboard.press("Enter")
+        expect(suite).to_have_value("ruler", timeout=WAIT)
+        settle(page)
+        settings = page.get_by_role("textbox", name="Suite settings")
+        settings.fill(json.dumps(TINY_RULER))
+        settings.press("Control+Enter")
+        settle(page)
+        baselines = page.get_by_test_id("stMultiSelect").filter(has_text="Baselines")
+        baselines.click()
+        page.get_by_role("option", name="full", exact=True).click()
+        page.keyboard.press("Escape")
+        settle(page)
+        before = page.get_by_text(
+            re.compile(r"^Estimated here: about .+ on cpu; 2 samples x 2 plans at up to \d+ tokens")
+        )
+        expect(before).to_be_visible(timeout=WAIT)
+        page.get_by_role("button", name="Launch", exact=True).click()
+        expect(page.get_by_text(re.compile(r"^Started \S+-eval-\S+ \(2 runs\)\.$"))).to_be_visible(timeout=WAIT)
+        header = page.get_by_test_id("stMarkdownContainer").filter(has_text="on ruler")
+        expect(header.first).to_have_text(re.compile(r"· finished$"), timeout=MODEL_WAIT)
+        settle(page)
+        expect(page.get_by_test_id("stProgress").first).to_contain_text(re.compile(r"estimated about .+, took .+"))
+
+        # ---- point 5: the run's answers, beside the gold answer and FullKV's, with agreement explained -----------
+        page.get_by_text("A run's answers, beside the gold answer and FullKV's").click()
+        settle(page)
+        expect(page.get_by_text(re.compile(r"^agreement: 1 when the plan's greedy answer is FullKV's"))).to_be_visible()
+        table = page.get_by_test_id("stTable").last
+        for column in ("gold", "answer", "FullKV"):
+            expect(table.locator("th").filter(has_text=column).first).to_be_visible(timeout=WAIT)
+        expect(table.locator("tbody tr")).to_have_count(2)  # the run's 2 samples
+        expect(table).to_contain_text("niah_single_1")

@@ -139,7 +139,7 @@ def test_a_ruler_run_with_the_proposed_settings_finishes_and_an_impossible_one_i
     proposed = json.loads(settings.input_value())
     assert proposed["length"] == FIRST_RUN_LENGTH and proposed["samples_per_task"] == 1
     assert proposed["tasks"] == list(FIRST_RUN_TASKS)  # each fits smollm2's context at 1,024 tokens
-    expect(page.get_by_text(re.compile(r"^Proposed for a first run on a CPU"))).to_be_visible()
+    expect(page.get_by_text(re.compile(r"^These settings start small on a CPU"))).to_be_visible()
 
     # ---- an impossible length: refused beside the button, no job and no run -----------------------------------
     settings.fill(json.dumps({**proposed, "length": 100000}))
@@ -172,7 +172,7 @@ def test_a_ruler_run_with_the_proposed_settings_finishes_and_an_impossible_one_i
     expect(header).to_have_text([re.compile(r"· finished$")], timeout=RULER_RUN_WAIT)
     settle(page)
     expect(page.get_by_test_id("stProgress").first).to_contain_text(
-        re.compile(r"^100% · (\d+ min )?\d+ s elapsed · finished")
+        re.compile(r"^100% · (\d+ min )?\d+ s elapsed( · estimated about .+, took .+)? · finished")
     )
     (run,) = Store(results).runs()
     assert (run["suite"], run["status"], run["done_samples"], run["total_samples"]) == (
@@ -182,3 +182,59 @@ def test_a_ruler_run_with_the_proposed_settings_finishes_and_an_impossible_one_i
         len(FIRST_RUN_TASKS),
     )
     shoot(page, "runs-smollm2-ruler")
+
+
+FIRST_RUN_WAIT = 600_000  # ms: the pilot (40 prompt passes of 1,024 tokens) or the decisive run, on shared cores
+
+
+def test_the_proposed_first_run_states_its_cost_and_what_it_detects_and_compare_gives_the_verdict(app, page):
+    """Point 2 of issue 41: the Runs page proposes a pilot (the plan against the best homogeneous plan of its
+    scope and budget, answer_nll, tasks where FullKV succeeds), says what it costs here before it starts, then a
+    decisive run sized from the pilot with the difference it will detect; Compare states the verdict with its
+    test and MDE, and its badge agrees with it."""
+    url, root = app
+    page.goto(url + "/runs")
+    expect(page.get_by_role("heading", name="Runs", level=1)).to_be_visible(timeout=MODEL_WAIT)
+    settle(page)
+    expect(page.get_by_text(re.compile(r"^Step 1 of 2, the pilot:"))).to_be_visible(timeout=WAIT)
+    measure = page.get_by_role("button", name="Measure speed")
+    if measure.count():  # the machine's model cache has no measured speed yet: measured once, in seconds
+        measure.first.click()
+    estimate = page.get_by_text(re.compile(r"^Estimated here: about .+ on cpu; \d+ samples x 2 plans"))
+    expect(estimate).to_be_visible(timeout=2 * MODEL_WAIT)
+    minutes = page.get_by_label("Time it may take here (minutes)")
+    minutes.fill("1")
+    minutes.press("Enter")
+    settle(page)
+    page.get_by_role("button", name="Launch the pilot").click()
+    expect(page.get_by_text(re.compile(r"^Started \S+-eval-\S+ \(2 runs\)\.$"))).to_be_visible(timeout=WAIT)
+    pilot = page.get_by_test_id("stMarkdownContainer").filter(has_text="first run (pilot)")
+    expect(pilot.first).to_have_text(re.compile(r"· finished$"), timeout=FIRST_RUN_WAIT)
+    settle(page)
+
+    decisive = page.get_by_test_id("stMarkdownContainer").filter(has_text="Step 2 of 2, the decisive run:").first
+    expect(decisive).to_be_visible(timeout=WAIT)
+    expect(decisive).to_contain_text(re.compile(r"It will detect a difference of \d+\.\d+ nats"))
+    expect(page.get_by_text(re.compile(r"^Estimated here: about .+; \d+ samples x 3 plans"))).to_be_visible()
+    page.get_by_role("button", name="Launch the decisive run").click()
+    expect(page.get_by_text(re.compile(r"^Started \S+-eval-\S+ \(3 runs\)\.$"))).to_be_visible(timeout=WAIT)
+    header = page.get_by_test_id("stMarkdownContainer").filter(has_text="first run (decisive run)")
+    expect(header.first).to_have_text(re.compile(r"· finished$"), timeout=FIRST_RUN_WAIT)
+    settle(page)
+    expect(page.get_by_test_id("stProgress").first).to_contain_text(re.compile(r"estimated about .+, took "))
+
+    page.goto(url + "/compare")
+    expect(page.get_by_role("heading", name="Compare", level=1)).to_be_visible(timeout=MODEL_WAIT)
+    settle(page)
+    lines = page.get_by_text(
+        re.compile(r"minimal detectable difference \(80% power, two-sided 5%\): [\d.]+ over samples")
+    )
+    expect(lines.first).to_be_visible(timeout=WAIT)  # Compare's caption: the test, its MDE, then the verdict
+    expect(lines.first).to_contain_text(
+        re.compile(r"verdict: (A better|A worse|no significant difference) \((exact )?sign-flip")
+    )
+    verdict = re.search(r"verdict: (A better|A worse|no significant difference)", lines.first.inner_text()).group(1)
+    badge = {"A better": "A better", "A worse": "B better"}.get(verdict, "no significant difference")
+    expect(page.get_by_test_id("stMetricDelta").filter(has_text=badge).first).to_be_visible()
+    (ARTIFACTS / "first_run_verdict.txt").write_text(lines.first.inner_text())  # for the note
+    shoot(page, "first-run-compare-smollm2")

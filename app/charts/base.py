@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import plotly.graph_objects as go
 
 from polykv.methods import REGISTRY
@@ -20,6 +22,22 @@ PHASE_ROWS = [Phase.DECODE.value, Phase.PREFILL.value]  # top to bottom in the s
 def method_color(name: str) -> str:
     """The colour of method `name` in every chart (`OTHER_METHOD_COLOR` for a name not registered)."""
     return METHOD_COLORS.get(name, OTHER_METHOD_COLOR)
+
+
+# Most layer ticks a per-layer axis labels; more layers, and it labels every 2nd, 5th, 10th... layer.
+MAX_LAYER_TICKS = 40
+
+
+def layer_axis(layers: int | Iterable[int], reverse: bool = False) -> dict:
+    """The layer axis of a per-layer chart (pass to `update_xaxes` / `update_yaxes`): it spans exactly the
+    layers (`layers`: their count, or the layers drawn), half a layer beyond the first and the last, with
+    integer ticks. Left to autorange, plotly pads an axis for its markers, and a 30-layer chart ran from -1 to
+    30. `reverse`: layer 0 at the top (a heatmap's rows)."""
+    drawn = list(range(layers)) if isinstance(layers, int) else [int(v) for v in layers]
+    first, last = (min(drawn), max(drawn)) if drawn else (0, 0)
+    span = [first - 0.5, last + 0.5]
+    step = next(s for s in (m * 10**k for k in range(6) for m in (1, 2, 5)) if (last - first) // s < MAX_LAYER_TICKS)
+    return dict(range=span[::-1] if reverse else span, autorange=False, tickmode="linear", tick0=0, dtick=step)
 
 
 def layout(fig: go.Figure, title: str, height: int) -> go.Figure:

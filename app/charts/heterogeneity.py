@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from app.charts.base import layout
+from app.charts.base import layer_axis, layout
 
 MIN_SPAN = math.log10(3)  # the y axis spans at least a factor of 3, so a 1-token difference near 16 is small
 PAD = 0.08  # share of the data's log span added above and below it
@@ -92,6 +92,8 @@ def support_figure(frame: pd.DataFrame, coverage: float, windows: Sequence[int |
             "[%{customdata[1]}, %{customdata[2]}]<extra></extra>",
         )
     )
+    # the exact layers: the markers would pad the axis to -1 and L, ticks that are no layer
+    fig.update_xaxes(title_text="layer", **layer_axis(frame["layer"]))
     values = [float(v) for c in ("median", "ci_low", "ci_high") for v in frame[c] if v > 0 and math.isfinite(v)]
     local = [(int(layer), windows[int(layer)]) for layer in frame["layer"] if int(layer) < len(windows)]
     local = [(layer, w) for layer, w in local if w is not None]
@@ -115,7 +117,6 @@ def support_figure(frame: pd.DataFrame, coverage: float, windows: Sequence[int |
         ticktext=[_number(t) for t in ticks],
         title_text=f"positions holding {coverage:.0%} of attention",
     )
-    fig.update_xaxes(title_text="layer", dtick=1 if len(frame) <= 40 and not local else None)
     return layout(fig, f"{coverage:.0%} attention support per layer (median, 95% interval)", 380)
 
 
@@ -133,6 +134,6 @@ def density_figure(density: np.ndarray) -> go.Figure:
     )
     fig.update_xaxes(title_text="relative position in the input (bin centre)")
     layers = density.shape[0]
-    fig.update_yaxes(title_text="layer", autorange="reversed", dtick=1 if layers <= 40 else None)
+    fig.update_yaxes(title_text="layer", **layer_axis(layers, reverse=True))
     # a readable row per layer: 5 layers fit the base height, 30 need about 18 px each
     return layout(fig, "support density over the input (one input)", max(380, min(900, 120 + 18 * layers)))

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from app.charts.base import PHASE_ROWS, SELECTION_COLOR, layout, method_color
+from app.charts.base import PHASE_ROWS, SELECTION_COLOR, layer_axis, layout, method_color
 from polykv.methods import REGISTRY
 from polykv.plan import Phase, Plan
 
@@ -110,11 +110,13 @@ def plan_figure(
                 row=2,
                 col=1,
             )
+    # both rows' axes: the strip's square markers would otherwise pad its (shared) axis past the layers
+    fig.update_xaxes(**layer_axis(plan.num_layers))
+    fig.update_xaxes(title_text="layer", row=2, col=1)
     if any(w is not None for w in windows):
         _mark_local_layers(fig, list(windows))
     fig.update_yaxes(categoryorder="array", categoryarray=PHASE_ROWS, row=1, col=1)
     fig.update_yaxes(title_text="capacity (tokens)", rangemode="tozero", row=2, col=1)
-    fig.update_xaxes(title_text="layer", range=[-0.6, plan.num_layers - 0.4], row=2, col=1)
     for box in boxes:  # the selection's boxes, drawn again: a shift-drag adds a box to them
         fig.add_selection(
             x0=box["x"][0], x1=box["x"][1], y0=box["y"][0], y1=box["y"][1], xref=box["xref"], yref=box["yref"]
@@ -158,10 +160,10 @@ def memory_figure(
             ),
         ]
     )
+    fig.update_xaxes(title_text="layer", **layer_axis(plan.num_layers))
     if any(w is not None for w in windows):
         ticks = [f"{i} {'G' if w is None else 'L'}" for i, w in zip(layers, windows)]
         fig.update_xaxes(tickmode="array", tickvals=layers, ticktext=ticks)
-    fig.update_xaxes(title_text="layer", range=[-0.6, plan.num_layers - 0.4])
     fig.update_yaxes(title_text="KV memory (MiB)", rangemode="tozero")
     fig.update_layout(legend=dict(orientation="h", y=-0.3))
     return layout(fig, f"{plan.name}: KV memory per layer entering the answer", 300)

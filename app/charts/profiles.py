@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from app.charts.base import layout
+from app.charts.base import layer_axis, layout
 
 
 def profile_heatmap(table: pd.DataFrame, scope: str, value: str) -> go.Figure:
@@ -34,7 +34,7 @@ def profile_heatmap(table: pd.DataFrame, scope: str, value: str) -> go.Figure:
             colorbar=dict(title=value),
         )
     )
-    fig.update_yaxes(title_text="layer", autorange="reversed", dtick=1 if len(grid) <= 40 else None)
+    fig.update_yaxes(title_text="layer", **layer_axis(grid.index, reverse=True))
     return layout(
         fig, f"{scope}: {value} per layer and method ({better} is better)", max(320, min(900, 140 + 36 * len(grid)))
     )
@@ -160,7 +160,8 @@ def profile_decision_figure(
             line=dict(color="black", width=2),
         )
     fig.update_xaxes(categoryorder="array", categoryarray=methods)
-    fig.update_yaxes(title_text="layer", autorange="reversed", dtick=1 if len(layers) <= 40 else None)
+    # the exact layers: the stars' markers (drawn above their cells' centres) would pad the axis past layer 0
+    fig.update_yaxes(title_text="layer", **layer_axis(layers, reverse=True))
     if any(w is not None for w in windows):
         ticks = [f"{int(i)} {'G' if windows[int(i)] is None else 'L'}" for i in layers]
         fig.update_yaxes(tickmode="array", tickvals=layers, ticktext=ticks)
@@ -181,6 +182,6 @@ def entropy_figure(entropy: Sequence[float]) -> go.Figure:
             hovertemplate="layer %{x}<br>entropy %{y:.4f} nats<extra></extra>",
         )
     )
-    fig.update_xaxes(title_text="layer")
+    fig.update_xaxes(title_text="layer", **layer_axis(len(entropy)))
     fig.update_yaxes(title_text="attention entropy (nats)")
     return layout(fig, "attention entropy per layer", 320)

@@ -110,6 +110,13 @@ else:
             on_select="rerun",
             selection_mode="points",
         )
+        tasks = list(result.table["task"])
+        clicked = common.clicked_task(chart, tasks)
+        if clicked != st.session_state.get(state.COMPARE_CLICKED):  # a new click (the selection outlives reruns)
+            st.session_state[state.COMPARE_CLICKED] = clicked
+            if clicked is not None:
+                st.session_state[state.COMPARE_TASK] = clicked
+        below_chart = st.container()  # the clicked task's samples
         left, right = st.columns(2)
         left.dataframe(result.report_table(), hide_index=True, width="stretch")
         if result.leave_one_out:
@@ -123,22 +130,19 @@ else:
             st.caption(f"Left out (not in both runs): {', '.join(result.only_in_a + result.only_in_b)}")
 
         # ---- the samples behind a task: click its bar, or pick it ----
-        tasks = list(result.table["task"])
-        clicked = common.clicked_task(chart, tasks)
-        if clicked != st.session_state.get(state.COMPARE_CLICKED):  # a new click (the selection outlives reruns)
-            st.session_state[state.COMPARE_CLICKED] = clicked
-            if clicked is not None:
-                st.session_state[state.COMPARE_TASK] = clicked
-        st.subheader("Samples of a task, side by side")
-        pick = st.columns([3, 2])
-        task = pick[0].selectbox("Task (or click its bar above)", tasks, key=state.COMPARE_TASK)
-        only = pick[1].toggle("Only where A and B differ", value=False, key=state.COMPARE_DIFFERING)
-        rows = sample_view.side_by_side(store, run_a, run_b, task, only_differing=only)
-        if not rows:
-            st.info("No sample of this task to show" + (" where A and B differ." if only else "."))
-        else:
-            if all(row["A"] is None and row["B"] is None for row in rows):
-                st.caption("These runs scored the gold answer without generating (mode score): no answers to show.")
-            st.table(common.samples_frame(rows).set_index("sample"))  # HTML: long answers wrap and can be read
+        # A clicked bar's samples open right under the chart, in view where the click was (below the tables they
+        # rendered out of sight); picked from the list with no bar selected, they stay at the end.
+        with below_chart if clicked is not None else st.container():
+            st.subheader("Samples of a task, side by side")
+            pick = st.columns([3, 2])
+            task = pick[0].selectbox("Task (or click its bar above)", tasks, key=state.COMPARE_TASK)
+            only = pick[1].toggle("Only where A and B differ", value=False, key=state.COMPARE_DIFFERING)
+            rows = sample_view.side_by_side(store, run_a, run_b, task, only_differing=only)
+            if not rows:
+                st.info("No sample of this task to show" + (" where A and B differ." if only else "."))
+            else:
+                if all(row["A"] is None and row["B"] is None for row in rows):
+                    st.caption("These runs scored the gold answer without generating (mode score): no answers to show.")
+                st.table(common.samples_frame(rows).set_index("sample"))  # HTML: long answers wrap and can be read
 
 show_runs()

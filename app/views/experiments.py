@@ -68,31 +68,35 @@ else:
         cols = st.columns(2)
         metric = cols[0].selectbox("Metric", metrics, index=common.default_metric(metrics))
         seed = cols[1].number_input("Seed", min_value=0, value=0, step=1)
-        launched = st.form_submit_button("Start experiment", type="primary")
-    if launched:
-        common.start_job(
-            lambda: launch_job(
-                workspace,
-                name,
-                device,
-                kind,
-                profile=profile,
-                scope=scope,
-                budget=int(budget),
-                budgets=parse_budgets(budgets_text),
-                baseline=baseline,
-                baselines=baselines or None,
-                statistic=statistic,
-                allocation=allocation,
-                k=int(k),
-                suite=suite,
-                settings=suite_settings(suite, settings_text).to_dict(),
-                metric=metric,
-                seed=int(seed),
-                loaded=session.current_model()[2:],
-            ),
-            state.EXPERIMENT_FLASH,
+        cols = st.columns([1, 1, 4])
+        launched = cols[0].form_submit_button("Start experiment", type="primary")
+        cols[1].form_submit_button("Estimate", help="Estimate the time these settings take here, without starting")
+
+    def described_job():
+        return launch_job(
+            workspace,
+            name,
+            device,
+            kind,
+            profile=profile,
+            scope=scope,
+            budget=int(budget),
+            budgets=parse_budgets(budgets_text),
+            baseline=baseline,
+            baselines=baselines or None,
+            statistic=statistic,
+            allocation=allocation,
+            k=int(k),
+            suite=suite,
+            settings=suite_settings(suite, settings_text).to_dict(),
+            metric=metric,
+            seed=int(seed),
+            loaded=session.current_model()[2:],
         )
+
+    common.launch_estimate(described_job, state.EXPERIMENT_MEASURE_SPEED)
+    if launched:
+        common.start_job(described_job, state.EXPERIMENT_FLASH)
 designer_controls.show_flash(state.EXPERIMENT_FLASH)
 
 # ---- experiment jobs (polled while any runs) ----------------------------------------------------------------

@@ -3,6 +3,7 @@
 import streamlit as st
 
 from app import charts, common, session, state
+from polykv.eval.launch_work import heterogeneity_work
 from polykv.profile.corpus import default_sources
 
 st.title("Attention heterogeneity")
@@ -23,7 +24,13 @@ with st.form(state.HETEROGENEITY_FORM):
     coverage = cols[2].slider("Attention share", 0.5, 0.99, 0.9, 0.01)
     sources = cols[3].multiselect("Sources", common.source_choices(name), default=list(default_sources(name)))
     density_input = cols[4].number_input("Density map of input", min_value=0, max_value=63, value=0, step=1)
-    measured = st.form_submit_button("Measure")
+    cols = st.columns([1, 1, 4])
+    measured = cols[0].form_submit_button("Measure", type="primary")
+    cols[1].form_submit_button("Estimate", help="Estimate the time these settings take here, without measuring")
+common.show_estimate(
+    lambda: heterogeneity_work(sources, int(inputs), min(int(max_tokens), session.context_length() or int(max_tokens))),
+    state.HETEROGENEITY_MEASURE_SPEED,
+)
 if measured:
     st.session_state[state.HETEROGENEITY_ASKED] = True
 if not st.session_state.get(state.HETEROGENEITY_ASKED):  # opening the page computes nothing

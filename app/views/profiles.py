@@ -37,11 +37,19 @@ with st.expander("Compute a profile", expanded=not root.is_dir()):
         scope = cols[3].selectbox("Scopes", scopes, index=common.index_of(scopes, Scope.BOTH.value))
         # The model's own default sources first (for the demo: its samples, the text it models well).
         sources = cols[4].multiselect("Sources", common.source_choices(name), default=list(default_sources(name)))
-        if st.form_submit_button("Start profiling"):
-            if not sources:
-                st.error("Choose at least one source.")
-            else:
-                common.start_job(lambda: common.profile_job(name, device, sources, sequences, max_tokens, b_cal, scope))
+        cols = st.columns([1, 1, 4])
+        started = cols[0].form_submit_button("Start profiling", type="primary")
+        cols[1].form_submit_button("Estimate", help="Estimate the time these settings take here, without starting")
+
+    def described_job():
+        return common.profile_job(name, device, sources, sequences, max_tokens, b_cal, scope)
+
+    if not sources:
+        st.error("Choose at least one source.")
+    else:
+        common.launch_estimate(described_job, state.PROFILE_MEASURE_SPEED)
+        if started:
+            common.start_job(described_job)
 
 
 profile_jobs = common.jobs_of(jobs.list_jobs(workspace), "profile", name, limit=3)

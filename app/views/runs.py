@@ -12,6 +12,8 @@ from polykv.eval.runner import SUITES
 from polykv.eval.store import Store, StoreError
 from polykv.eval.workload import floor_warnings
 
+ANSWERS_SHOWN = 50  # samples a run's answers table shows at once
+
 st.title("Runs")
 name, device, model, tokenizer = session.current_model()
 workspace = session.workspace()
@@ -33,6 +35,42 @@ except PolyKVError as exc:
     st.stop()
 st.subheader(f"Evaluate {'the current plan' if picked == common.DESIGNER_PLAN else 'the saved plan'}: {plan.name}")
 st.caption(" · ".join(plan.summary().lines()[1:]))
+
+with st.expander("Proposed: a first run that can tell this plan from a homogeneous one", expanded=True):
+    minutes = st.number_input(
+        "Time it may take here (minutes)", min_value=1, max_value=600, value=10, key=state.FIRST_RUN_MINUTES
+    )
+    try:
+        proposed = common.first_run(name, device, plan, float(minutes))
+    except (PolyKVError, ValueError) as exc:
+        st.info(f"No first run to propose: {common.first_line(exc)}")
+    else:
+        tasks = proposed.settings.tasks
+        if proposed.pilot:
+            st.markdown(
+                f"**Step 1 of 2, the pilot:** {plan.name} and {proposed.baseline} (same scope and budget) on "
+                f"{proposed.settings.samples_per_task} samples of {len(tasks)} RULER tasks at "
+                f"{proposed.settings.length} tokens, scored by answer_nll (the gold answer's likelihood, no "
+                "generation). What the decisive run can detect is stated once the pilot has finished."
+            )
+        else:
+            chosen = proposed.samples
+            st.markdown(
+                f"**Step 2 of 2, the decisive run:** {plan.name}, {proposed.baseline} and FullKV on "
+                f"{chosen.samples_per_task} samples of each of {len(tasks)} RULER tasks at {proposed.settings.length} "
+                f"tokens, answer_nll. It will detect a difference of **{chosen.expected_mde:.3f} nats** between the "
+                "plan and the baseline (80% power, two-sided 5%; sign-flip test over samples, from the pilot's "
+                "spread). Then open Compare for the verdict."
+            )
+        for line in proposed.reasons:
+            st.caption(line)
+        common.launch_estimate(lambda: common.first_run_job(name, device, proposed), state.FIRST_RUN_MEASURE_SPEED)
+        if st.button("Launch the pilot" if proposed.pilot else "Launch the decisive run", key=state.FIRST_RUN_LAUNCH):
+            common.start_job(
+                lambda: common.first_run_job(name, device, proposed), state.FIRST_RUN_FLASH, refused="Not launched"
+            )
+        if designer_controls.show_flash(state.FIRST_RUN_FLASH):
+            common.started_job_progress(workspace)  # where the button is, not below the fold
 suite = st.selectbox("Suite", list(SUITES), key=state.RUN_SUITE)
 st.session_state.setdefault(state.settings_text(suite), common.default_settings(suite, name))
 with st.container(border=True):  # no form: what is typed here is kept (`state.REMEMBERED`) until launched
@@ -45,8 +83,8 @@ with st.container(border=True):  # no form: what is typed here is kept (`state.R
         )
     if suite == "ruler" and device == "cpu":
         st.caption(
-            "Proposed for a first run on a CPU: one sample of one task per RULER category at up to 1,024 tokens "
-            "(a minute or two). Raise samples_per_task, tasks and length for evidence that can separate plans."
+            "These settings start small on a CPU (one sample of one task per RULER category at up to 1,024 "
+            "tokens): a look at answers, not evidence; the proposed first run above is sized to decide."
         )
     cols = st.columns(4)
     budgets_text = cols[0].text_input(
@@ -70,17 +108,19 @@ with st.container(border=True):  # no form: what is typed here is kept (`state.R
         key=state.RUN_PLACEMENTS,
     )
     seed = cols[3].number_input("Seed", min_value=0, step=1, key=state.RUN_SEED)
+
+    def described_job():
+        return common.eval_job(
+            name, device, plan, suite, settings_text, budgets_text, baselines, placements, seed, (model, tokenizer)
+        )
+
+    common.launch_estimate(described_job, state.RUN_MEASURE_SPEED)
     launched = st.button("Launch", type="primary")
 
 if launched:
-    common.start_job(
-        lambda: common.eval_job(
-            name, device, plan, suite, settings_text, budgets_text, baselines, placements, seed, (model, tokenizer)
-        ),
-        state.RUNS_FLASH,
-        refused="Not launched",
-    )
-designer_controls.show_flash(state.RUNS_FLASH)
+    common.start_job(described_job, state.RUNS_FLASH, refused="Not launched")
+if designer_controls.show_flash(state.RUNS_FLASH):
+    common.started_job_progress(workspace)  # where the button is, not below the fold
 
 # ---- jobs (polled while any runs) -----------------------------------------------------------------------
 # Cancel and Resume refuse with a JobError (or a FileError when the job file cannot be written)
@@ -130,8 +170,16 @@ if rows:
     st.caption("Scores are macro-averages over tasks; compare runs task by task on the Compare page.")
     with st.expander("A run's answers, beside the gold answer and FullKV's"):
         names = {r["id"]: f"{r['id']} · {r['plan_name']} · {r['suite']}" for r in store.runs()}
-        read = st.selectbox("Run", list(names), format_func=names.get, key=state.RUNS_READ)
-        st.dataframe(pd.DataFrame(sample_view.answers(store, read)), hide_index=True, width="stretch")
+        cols = st.columns([3, 2])
+        read = cols[0].selectbox("Run", list(names), format_func=names.get, key=state.RUNS_READ)
+        answers = sample_view.answers(store, read)
+        tasks = sorted({row["task"] for row in answers})
+        task = cols[1].selectbox("Task", ["every task", *tasks], key=state.RUNS_READ_TASK)
+        shown = [row for row in answers if task in ("every task", row["task"])]
+        # a table, not a data grid: answers are sentences to read whole, and a screen reader reads a table
+        st.table(pd.DataFrame(shown[:ANSWERS_SHOWN]))
+        if len(shown) > ANSWERS_SHOWN:
+            st.caption(f"The first {ANSWERS_SHOWN} of {len(shown)} samples: choose a task, or `polykv runs show`.")
         st.caption(
             f"{sample_view.AGREEMENT}. FullKV's answer is shown when the database holds a finished FullKV run of "
             "the same model, suite and settings (launch `full` as a baseline)."

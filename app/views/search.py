@@ -104,45 +104,49 @@ else:
                 help="A task on which FullKV's accuracy (a pilot of 10 held-out samples) is under this leaves the "
                 "verdict: no plan can be told from another where the model itself fails.",
             )
-        started = st.form_submit_button("Start search", type="primary")
+        cols = st.columns([1, 1, 4])
+        started = cols[0].form_submit_button("Start search", type="primary")
+        cols[1].form_submit_button("Estimate", help="Estimate the time these settings take here, without starting")
     if workload:
         st.caption("Starts from TopRank by danswer and the best homogeneous plan, chosen on the search samples.")
     else:
         start, start_note = search_start(plan, scope, int(budget))
         also = ", TopRank and the best homogeneous plan." if start else ": the search starts from TopRank and the best"
         st.caption(start_note + also + ("" if start else " homogeneous plan."))
+    extra = (
+        {
+            "metric": "answer_nll",
+            "sources": sources,
+            "transfer": transfer.strip() or None,
+            "text_profile": None if text_profile == "none" else text_profile,
+            "question": question,
+            "competence": float(competence),
+            "loaded": session.current_model()[2:],
+        }
+        if workload
+        else {}
+    )
+
+    def described_job():
+        return launch_search(
+            workspace,
+            name,
+            device,
+            profile=profile,
+            scope=scope,
+            budget=int(budget),
+            start=plan,
+            evaluations=int(evaluations),
+            seed=int(seed),
+            search_sequences=int(search_sequences),
+            held_out=int(held_out),
+            max_tokens=int(max_tokens),
+            **extra,
+        )
+
+    common.launch_estimate(described_job, state.SEARCH_MEASURE_SPEED)
     if started:
-        extra = (
-            {
-                "metric": "answer_nll",
-                "sources": sources,
-                "transfer": transfer.strip() or None,
-                "text_profile": None if text_profile == "none" else text_profile,
-                "question": question,
-                "competence": float(competence),
-                "loaded": session.current_model()[2:],
-            }
-            if workload
-            else {}
-        )
-        common.start_job(
-            lambda: launch_search(
-                workspace,
-                name,
-                device,
-                profile=profile,
-                scope=scope,
-                budget=int(budget),
-                start=plan,
-                evaluations=int(evaluations),
-                seed=int(seed),
-                search_sequences=int(search_sequences),
-                held_out=int(held_out),
-                max_tokens=int(max_tokens),
-                **extra,
-            ),
-            state.SEARCH_FLASH,
-        )
+        common.start_job(described_job, state.SEARCH_FLASH)
 designer_controls.show_flash(state.SEARCH_FLASH)
 
 # ---- the searches (polled while one runs) -----------------------------------------------------------------------

@@ -114,16 +114,44 @@ def _profile_for(profile_dir: Path, model: str):
     return loaded
 
 
+_LOAD_SECONDS: dict[tuple[str, str], float] = {}  # how long this process took to load each model (the rates')
+
+
 def _load_model(model: str, device: str):
     """(model, tokenizer), saying on a terminal what is being loaded (it can take a while); quiet when
     stderr is not a terminal, so scripts see only results and one-line errors."""
+    import time
+
     from polykv.models import check_device, load_model
 
     check_device(device)  # a device this machine lacks: one line, before anything loads
     if sys.stderr.isatty():
         typer.echo(f"loading model {model} on {device} ...", err=True)
+    start = time.perf_counter()
+    loaded = load_model(model, device=device)  # quiet: no progress bars
+    _LOAD_SECONDS[(model, device)] = time.perf_counter() - start
+    return loaded
 
-    return load_model(model, device=device)  # quiet: no progress bars
+
+DryRunOption = Annotated[
+    bool, typer.Option("--dry-run", help="Say what the command would run and its cost here, then stop.")
+]
+
+
+def announce_cost(work, model: str, device: str, hf_model, dry_run: bool = False):
+    """The launch's estimated time and memory on this machine (`polykv.costs`), said before it starts: on
+    stderr, or on stdout with `dry_run`, which then stops the command (exit 0). The model's speed here is
+    measured once (seconds) and kept."""
+    from polykv import costs
+
+    if costs.stored_rates(model, device) is None:
+        typer.echo(f"measuring {model}'s speed on {device} (once; a few seconds) ...", err=True)
+    rates = costs.rates_for(hf_model, model, device, _LOAD_SECONDS.get((model, device)))
+    found = costs.estimate(work, rates)
+    typer.echo(found.line(), err=not dry_run)
+    if dry_run:
+        raise typer.Exit(0)
+    return found
 
 
 def _suite_settings(

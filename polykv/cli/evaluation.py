@@ -9,6 +9,7 @@ import typer
 
 from polykv.cli.common import (
     DEFAULT_WORKSPACE,
+    DryRunOption,
     ModelOption,
     SamplesOption,
     SuiteOption,
@@ -18,6 +19,7 @@ from polykv.cli.common import (
     _load_model,
     _suite_settings,
     _table,
+    announce_cost,
     default_plan,
 )
 from polykv.cli.progress import Progress
@@ -41,6 +43,7 @@ def evaluate(
     device: str = "cpu",
     workspace: WorkspaceOption = DEFAULT_WORKSPACE,
     backend: Annotated[str, typer.Option(help="local, subprocess (detached, returns at once) or ray.")] = "local",
+    dry_run: DryRunOption = False,
 ) -> None:
     """Evaluate a plan on a suite; results go to <workspace>/results.sqlite as they finish (resumable)."""
     import polykv.jobs  # noqa: F401  registers the "subprocess" backend (jobs sit above eval)
@@ -61,6 +64,15 @@ def evaluate(
     loaded = _checked_plan(plan or default_plan(model), model, device)  # bad input fails before anything is written
     settings = _suite_settings(suite, samples, tasks, prompt_tokens, settings_json, model)
     check_fits(suite, settings, *load(model, device), [loaded], seed)  # what cannot run is not started
+    from polykv.eval.launch_work import eval_work
+
+    announce_cost(
+        eval_work(suite, settings, *load(model, device), [loaded], seed).loaded(0),
+        model,
+        device,
+        load(model, device)[0],
+        dry_run,
+    )
     store = Store(workspace / "results.sqlite")
     unit = Unit.of(model, loaded, suite, settings, seed, device)
     if runs_on.detached:  # this command returns at once; `polykv runs` shows progress

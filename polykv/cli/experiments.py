@@ -24,6 +24,7 @@ from polykv.cli.common import (
     BUDGET_HELP,
     DEFAULT_WORKSPACE,
     BackendOption,
+    DryRunOption,
     MetricOption,
     ModelOption,
     SamplesOption,
@@ -34,6 +35,7 @@ from polykv.cli.common import (
     _load_model,
     _profile_for,
     _suite_settings,
+    announce_cost,
 )
 from polykv.cli.progress import Progress
 from polykv.plan import Plan, Scope
@@ -62,10 +64,12 @@ class ExperimentOptions:
             "equal to one at a time up to float rounding, several times faster)."
         ),
     ] = False
+    dry_run: DryRunOption = False
 
-    def runner(self, bars: Progress):
+    def runner(self, bars: Progress, name: str, plans: int):
         """An `ExperimentRunner` for these options, reporting its runs and samples to `bars`: the backend and
-        the suite's settings are checked before the model loads."""
+        the suite's settings are checked before the model loads, and the cost of the experiment `name` (its
+        `plans` on the suite's samples) is said before it starts (`--dry-run`: then it stops)."""
         from polykv.eval.backends import backend as backend_named
         from polykv.eval.experiments import ExperimentRunner
         from polykv.eval.experiments.runner import check_metric
@@ -82,6 +86,11 @@ class ExperimentOptions:
         from polykv.eval.fit import check_fits
 
         check_fits(self.suite, settings, hf_model, tokenizer, seed=self.seed)  # what cannot run is not started
+        from polykv.eval.launch_work import experiment_work, sample_shapes
+
+        shapes = sample_shapes(self.suite, settings, hf_model, tokenizer, self.seed)
+        work = experiment_work(shapes, name, plans, batched=self.batch).loaded(0)
+        announce_cost(work, self.model, self.device, hf_model, self.dry_run)
         return ExperimentRunner(
             Store(self.workspace / "results.sqlite"),
             self.model,
@@ -164,7 +173,7 @@ def experiment_factorial(
     from polykv.eval.experiments import factorial  # torch and transformers: after the cheap checks
 
     with Progress() as bars:  # closed (the last bar finished) before the report prints
-        report = factorial(options.runner(bars), loaded, scope, budget, baseline, statistic, allocation)
+        report = factorial(options.runner(bars, "factorial", 4), loaded, scope, budget, baseline, statistic, allocation)
     _print_report(report)
 
 
@@ -182,7 +191,7 @@ def experiment_placement(
     from polykv.eval.experiments import placement  # torch and transformers: after the cheap checks
 
     with Progress() as bars:
-        report = placement(options.runner(bars), loaded, guided, k, statistic)
+        report = placement(options.runner(bars, "placement", k + 1), loaded, guided, k, statistic)
     _print_report(report)
 
 
@@ -216,9 +225,9 @@ def experiment_sweep(
     loaded = _profile_for(profile_dir, options.model) if profile_dir is not None else None
     from polykv.eval.experiments import sweep, sweep_plans  # torch and transformers: after the cheap checks
 
-    sweep_plans(route, levels, names, loaded, overrides)  # bad input fails before the model loads
+    plans = sweep_plans(route, levels, names, loaded, overrides)  # bad input fails before the model loads
     with Progress() as bars:
-        report = sweep(options.runner(bars), route, levels, names, loaded, overrides)
+        report = sweep(options.runner(bars, "sweep", len(plans)), route, levels, names, loaded, overrides)
     _print_report(report)
 
 
@@ -352,6 +361,7 @@ def experiment_study(
             "(--no-sweep-matched: only the baselines under their own protocols, as studies made before it)."
         ),
     ] = True,
+    dry_run: DryRunOption = False,
 ) -> None:
     """The paper's study: profile, TopRank routes, factorial, placement (K), sweeps; writes a report."""
     import shlex
@@ -399,6 +409,17 @@ def experiment_study(
         sample_seconds=sample_seconds,
         replay=replay,
     )
+
+    def say_cost(hf_model, tokenizer, primary) -> None:
+        from polykv.eval.launch_work import sample_shapes, study_work
+        from polykv.models import context_length, num_layers
+
+        if replay:
+            return  # nothing runs
+        shapes = sample_shapes(suite, primary, hf_model, tokenizer, seed)
+        work = study_work(settings, shapes, num_layers(hf_model), context_length(hf_model)).loaded(0)
+        announce_cost(work, model, device, hf_model, dry_run)
+
     with Progress() as bars:
 
         def step(name: str) -> None:  # a line per step, on a terminal too; the profile's bar is named after it
@@ -406,7 +427,13 @@ def experiment_study(
             bars.note(f"study: {name}")
 
         result = run_study(
-            settings, workspace, progress=step, on_run=bars.run, on_sample=bars.sample, on_profile=bars.fraction
+            settings,
+            workspace,
+            progress=step,
+            on_run=bars.run,
+            on_sample=bars.sample,
+            on_profile=bars.fraction,
+            on_model=say_cost,
         )
     argv = [a for a in sys.argv[1:] if a != "--no-progress"]  # the global flag changes no number in the report
     given = argv[2:] if argv[:2] == ["experiment", "study"] else []

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from polykv.cli.common import DEFAULT_WORKSPACE, WorkspaceOption, _table
-from polykv.text import printable
+from polykv.text import duration, printable
 
 
 def jobs_list(workspace: WorkspaceOption = DEFAULT_WORKSPACE) -> None:
@@ -18,8 +18,9 @@ def jobs_list(workspace: WorkspaceOption = DEFAULT_WORKSPACE) -> None:
     rows = []
     for job in found:
         state = jobs.state(job, workspace)
-        rows.append((job.id, job.kind, job.title, state.status, f"{state.fraction:.0%}", job.created[:19]))
-    _table(("job", "kind", "title", "status", "done", "created"), rows)
+        cost = state.cost_line() or (f"estimated {duration(job.estimate_s)}" if job.estimate_s is not None else "-")
+        rows.append((job.id, job.kind, job.title, state.status, f"{state.fraction:.0%}", job.created[:19], cost))
+    _table(("job", "kind", "title", "status", "done", "created", "time"), rows)
     for bad in damaged:  # one line each; the valid jobs above are listed all the same
         typer.echo(printable(f"damaged: {bad.path}: {bad.reason}"))
 

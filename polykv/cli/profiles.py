@@ -12,11 +12,13 @@ from polykv import limits
 from polykv.cli.common import (
     BUDGET_HELP,
     DEFAULT_WORKSPACE,
+    DryRunOption,
     ModelOption,
     WorkspaceOption,
     _load_model,
     _profile_for,
     _table,
+    announce_cost,
     echo_budget_lines,
 )
 from polykv.cli.progress import Progress
@@ -54,6 +56,7 @@ def profile(
     device: str = "cpu",
     workspace: WorkspaceOption = DEFAULT_WORKSPACE,
     fresh: Annotated[bool, typer.Option(help="Recompute even if this profile exists.")] = False,
+    dry_run: DryRunOption = False,
 ) -> None:
     """Profile every layer x method x scope against FullKV (cosine, dPPL) and each layer's entropy."""
     from polykv.profile.corpus import CorpusSpec
@@ -73,6 +76,12 @@ def profile(
         from polykv.eval.calibration import workload_corpus
 
         workload = workload_corpus(tokenizer, hf_model, spec)
+    from polykv.eval.launch_work import profile_work
+    from polykv.models import context_length, num_layers
+
+    tokens = min(max_tokens, context_length(hf_model) or max_tokens)
+    work = profile_work(spec.sources, sequences, tokens, scope.phases, num_layers(hf_model))
+    announce_cost(work.loaded(0), model, device, hf_model, dry_run)
     with Progress() as bars:  # a found profile draws no bar
         bars.start("profile")
         result = build_profile(
@@ -130,13 +139,18 @@ def heterogeneity(
     sources: Annotated[str | None, typer.Option(help=SOURCES_HELP)] = None,
     seed: int = 0,
     device: str = "cpu",
+    dry_run: DryRunOption = False,
 ) -> None:
     """Per layer: how many positions hold `coverage` of the first decoding query's attention."""
+    from polykv.eval.launch_work import heterogeneity_work
+    from polykv.models import context_length
     from polykv.profile.corpus import CorpusSpec, build_corpus
     from polykv.profile.heterogeneity import measure_heterogeneity
 
-    hf_model, tokenizer = _load_model(model, device)
     spec = CorpusSpec(sources=_corpus_sources(sources, model), num_sequences=inputs, max_tokens=max_tokens, seed=seed)
+    hf_model, tokenizer = _load_model(model, device)
+    tokens = min(max_tokens, context_length(hf_model) or max_tokens)
+    announce_cost(heterogeneity_work(spec.sources, inputs, tokens).loaded(0), model, device, hf_model, dry_run)
     corpus = build_corpus(tokenizer, spec, model=hf_model)
     with Progress() as bars:
         bars.start("heterogeneity", unit="input")

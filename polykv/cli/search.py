@@ -15,7 +15,16 @@ from typing import Annotated
 import typer
 
 from polykv import limits
-from polykv.cli.common import DEFAULT_WORKSPACE, ModelOption, WorkspaceOption, _load_model, _profile_arg, _table
+from polykv.cli.common import (
+    DEFAULT_WORKSPACE,
+    DryRunOption,
+    ModelOption,
+    WorkspaceOption,
+    _load_model,
+    _profile_arg,
+    _table,
+    announce_cost,
+)
 from polykv.cli.progress import Progress
 from polykv.eval.settings import COMPETENCE_THRESHOLD
 from polykv.plan import Scope
@@ -142,6 +151,7 @@ def search(
         ),
     ] = "local",
     workspace: WorkspaceOption = DEFAULT_WORKSPACE,
+    dry_run: DryRunOption = False,
 ) -> None:
     """Search plans at a fixed total capacity for the lowest divergence from FullKV, starting from TopRank
     and the best homogeneous plan; compare on held-out text with paired bootstrap intervals."""
@@ -210,6 +220,17 @@ def search(
 
     started = time.perf_counter()
     hf_model, tokenizer = _load_model(model, device)
+    from polykv.eval.launch_work import profile_work, text_search_work
+    from polykv.models import context_length, num_layers
+    from polykv.profile.corpus import default_sources
+
+    tokens = min(max_tokens, context_length(hf_model) or max_tokens)
+    work = text_search_work(search_sequences, held_out, tokens, evaluations, len(budget))
+    if profile == "auto":
+        work = work + profile_work(
+            default_sources(model), AUTO_PROFILE_SEQUENCES, tokens, scope.phases, num_layers(hf_model)
+        )
+    announce_cost(work.loaded(0), model, device, hf_model, dry_run)
     first_step: list[float] = []  # when the search scored its first candidate (start-up: load, profile, starts)
 
     def on_step(used: int, total: int, where: str) -> None:

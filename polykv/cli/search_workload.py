@@ -14,7 +14,7 @@ from pathlib import Path
 
 import typer
 
-from polykv.cli.common import _load_model, _profile_arg, _table
+from polykv.cli.common import _load_model, _profile_arg, _table, announce_cost
 from polykv.cli.progress import Progress
 from polykv.errors import SettingsError
 from polykv.eval.settings import COMPETENCE_THRESHOLD
@@ -64,8 +64,12 @@ def search_workload(
     accuracy_samples: int | None = None,
     question: str = "in-prompt",
     competence: float = COMPETENCE_THRESHOLD,
+    dry_run: bool = False,
 ) -> None:
+    import dataclasses
+
     from polykv.eval.fit import check_fits
+    from polykv.eval.launch_work import sample_shapes, workload_search_work
     from polykv.eval.store import Store
     from polykv.files import atomic_write_json, atomic_write_text
     from polykv.models import config_dimensions, num_layers
@@ -92,9 +96,14 @@ def search_workload(
     loaded_in = time.perf_counter() - started
     tasks = len(workload.tasks) + len(transfer_tasks)
     with Progress() as bars:
+        held: list = []
         for suite_settings in verdict_settings(workload, held_out, transfer_tasks, accuracy_samples).values():
             check_fits(workload.suite, suite_settings, hf_model, tokenizer, seed=seed)
+            held += sample_shapes(workload.suite, suite_settings, hf_model, tokenizer, seed)
         layers = num_layers(hf_model)
+        searched = [dataclasses.replace(s, count=search_sequences) for s in held if s.task in workload.tasks]
+        work = workload_search_work(searched or held, held, evaluations, len(budget), layers)
+        announce_cost(work.loaded(0), model, device, hf_model, dry_run)
         bars.note(
             f"workload search on {', '.join(workload.tasks)} ({workload.suite}"
             f"{f' at {workload.settings.length} tokens' if workload.suite == 'ruler' else ''}), "

@@ -253,12 +253,14 @@ def run_study(
     on_run: Callable[[str], None] | None = None,
     on_sample: Callable[[int, int, str], None] | None = None,
     on_profile: Callable[[float, str], None] | None = None,
+    on_model: Callable[[Any, Any, Any], None] | None = None,
 ) -> StudyResult:
     """Run the whole study into `workspace` (profiles/ and results.sqlite); finished work is reused.
 
     `progress` is told each step (and `run <plan>` before each run unless `on_run` is given, which is then
     told the plan's name instead); `on_sample` is `ExperimentRunner.on_sample`, `on_profile` is
-    `build_profile(progress=)`: for progress bars."""
+    `build_profile(progress=)`: for progress bars. `on_model(model, tokenizer, primary suite settings)` is
+    called once the model is loaded and the settings checked, before any work (the CLI says the cost there)."""
     from polykv.eval import study_steps as steps
     from polykv.eval.experiments import factorial, factorial_plans, placement, placement_plans, sweep, sweep_plans
     from polykv.eval.experiments.runner import check_metric
@@ -288,6 +290,8 @@ def run_study(
     if settings.placement_suite:
         placing = suite_settings_for(settings.placement_suite, settings.placement_settings, settings.model, None)
         check_fits(settings.placement_suite, placing, context.model, context.tokenizer, seed=settings.seed)
+    if on_model is not None:
+        on_model(context.model, context.tokenizer, primary)
     workspace.mkdir(parents=True, exist_ok=True)
 
     started = time.perf_counter()

@@ -14,6 +14,7 @@ from polykv.errors import PolyKVError
 from polykv.eval.store import Store
 from polykv.jobs.process import _alive
 from polykv.jobs.spec import FINAL, Job, _read_state, _spec_path
+from polykv.text import duration
 
 
 @dataclass
@@ -37,31 +38,35 @@ class JobState:
     elapsed_s: float | None = None  # seconds the latest worker has run (until its last report once it ended)
     eta_s: float | None = None  # seconds left at the worker's pace so far (running jobs with some progress)
     eta_upper: bool = False  # the ETA is the first piece's: loading counted in, so at most that
+    estimate_s: float | None = None  # what the launch estimated (`polykv.costs`)
+    measured_s: float | None = None  # what a finished job took
 
     def summary(self) -> str:
-        """`42% · 1 min 3 s elapsed · about 1 min 27 s left`: what a progress bar's text says."""
+        """`42% · 1 min 3 s elapsed · about 1 min 27 s left`: what a progress bar's text says (before the first
+        piece of work is done, the launch's estimate)."""
         parts = [f"{self.fraction:.0%}"]
         if self.elapsed_s is not None:
             parts.append(f"{duration(self.elapsed_s)} elapsed")
         if self.eta_s is not None:
             parts.append(f"{'at most ' if self.eta_upper else ''}about {duration(self.eta_s)} left")
+        elif self.estimate_s is not None and self.status == "running":
+            parts.append(f"estimated about {duration(self.estimate_s)} in all")
+        if self.cost_line() is not None:
+            parts.append(self.cost_line())
         return " · ".join(parts)
+
+    def cost_line(self) -> str | None:
+        """`estimated about 2 min 10 s, took 2 min 31 s (x1.16)` for a finished job that had an estimate."""
+        if self.estimate_s is None or self.measured_s is None:
+            return None
+        ratio = f" (x{self.measured_s / self.estimate_s:.2f})" if self.estimate_s > 0 else ""
+        return f"estimated about {duration(self.estimate_s)}, took {duration(self.measured_s)}{ratio}"
 
 
 # The ETA is the pace of real work once this many pieces (samples, cells, executions) followed the first one,
 # never loading the model or building samples. From the first finished piece until then it is the pace since
 # the worker started, loading included: an upper estimate, said as one ("at most about ...").
 PACE_STEPS = 2
-
-
-def duration(seconds: float) -> str:
-    """A duration as people say it: `45 s`, `3 min 5 s`, `2 h 10 min`."""
-    seconds = max(0, round(seconds))
-    if seconds < 60:
-        return f"{seconds} s"
-    if seconds < 3600:
-        return f"{seconds // 60} min {seconds % 60} s"
-    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
 
 
 def eta(elapsed: float, fraction: float, start_fraction: float = 0.0) -> float | None:
@@ -136,6 +141,8 @@ def state(job: Job, workspace: Path) -> JobState:
         elapsed,
         left,
         upper and left is not None,
+        job.estimate_s,
+        written.get("measured_s"),
     )
 
 

@@ -186,6 +186,8 @@ class Job(BaseModel):
     pid_start: int | None = Field(default=None, ge=0)
     host: str | None = None
     cancelled: bool = False
+    # what the launch said it would take here (`polykv.costs`); the worker records the time it took beside it
+    estimate_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
     @classmethod
     def from_dict(cls, data: Any) -> Job:
@@ -234,6 +236,7 @@ class _StateFile(BaseModel):
     pace_from: datetime.datetime | None = None
     pace_fraction: float = Field(default=0.0, ge=0.0, le=1.0, allow_inf_nan=False)
     pace_steps: int = Field(default=0, ge=0)
+    measured_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)  # a finished job's wall time
 
     @field_validator("started", "updated", "pace_from")
     @classmethod

@@ -123,6 +123,7 @@ def _run(job: Job, workspace: Path, experiment: JobWork | None = None) -> None:
                 progress=lambda fraction, message: report(fraction=fraction, message=message),
             )
             report(result={"profile": str(profile.path), "key": profile.key})
+        _record_cost(job, current)
         report(status="finished", fraction=1.0, message="finished")
     except _Cancelled:
         run = store.run(active) if active is not None else None
@@ -133,6 +134,19 @@ def _run(job: Job, workspace: Path, experiment: JobWork | None = None) -> None:
     except BaseException as exc:
         report(status="failed", error=f"{exc.__class__.__name__}: {first_line(exc)}"[:500], message="failed")
         raise
+
+
+def _record_cost(job: Job, current: dict[str, Any]) -> None:
+    """A finished job's wall time beside its estimate, and their ratio kept to correct later estimates (a
+    resumed evaluation ran only part of its work here: its time is kept, not its ratio)."""
+    import datetime
+
+    from polykv import costs
+
+    started = datetime.datetime.fromisoformat(current["started"])
+    current["measured_s"] = (datetime.datetime.now(datetime.UTC) - started).total_seconds()
+    if job.estimate_s and not current.get("start_fraction"):
+        costs.record_ratio(job.model, job.device, job.kind, job.estimate_s, current["measured_s"])
 
 
 def main(argv: list[str] | None = None, experiment: JobWork | None = None, prog: str = "polykv.jobs") -> int:

@@ -1,0 +1,109 @@
+"""Estimates against measured times, for five kinds of launch (issue 41): on a model (smollm2 by default), each
+launch's estimate is computed as the app and the CLI state it before it starts (`polykv.jobs.costs`, the
+stored rates of the model measured first), then it runs as the app runs it (a background job; heterogeneity
+in-process, as its page measures) and its wall time is taken. The rates' corrections from earlier jobs are
+cleared first, so each ratio is the plain cost model's (the jobs here then record theirs, as any job does).
+
+    .venv/bin/python benchmarks/launch_costs.py --model smollm2 --out benchmarks/results/launch_costs.json
+
+Run it on an idle machine: the rates and the runs must see the same load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import tempfile
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/launch_costs.json"))
+    args = parser.parse_args()
+    ws = Path(tempfile.mkdtemp(prefix="launch-costs-")) / "ws"
+    from polykv import costs, jobs
+    from polykv.eval.launch_work import heterogeneity_work
+    from polykv.eval.settings import suite_settings
+    from polykv.eval.unit import Unit
+    from polykv.jobs.costs import with_estimate
+    from polykv.jobs.experiment import launch_job
+    from polykv.jobs.search import launch_search
+    from polykv.models import context_length, load_model
+    from polykv.plan import Plan
+    from polykv.profile.corpus import CorpusSpec, build_corpus, default_sources
+    from polykv.profile.heterogeneity import measure_heterogeneity
+
+    name, device = args.model, "cpu"
+    started = time.perf_counter()
+    model, tokenizer = load_model(name, device=device)
+    rates = dataclasses.replace(costs.measure_rates(model, name, device, time.perf_counter() - started), ratios={})
+    costs.save_rates(rates)
+    print(f"rates: {rates}")
+    rows = []
+
+    def run_job(kind: str, job) -> None:
+        job = with_estimate(job, model, tokenizer)
+        jobs.start(job, ws)
+        while (state := jobs.state(jobs.load_job(ws, job.id), ws)).status not in jobs.FINAL:
+            time.sleep(1)
+        assert state.status == "finished", (state.error, jobs.log_tail(job, ws))
+        rows.append({"kind": kind, "title": job.title, "estimate_s": job.estimate_s, "measured_s": state.measured_s})
+        print(rows[-1], flush=True)
+
+    # 1. an evaluation: a plan and TOVA on RULER at 1,024 tokens, answer_nll (the proposed first run's pilot)
+    ruler = suite_settings(
+        "ruler",
+        {"tasks": ["niah_single_1", "niah_single_2"], "length": 1024, "samples_per_task": 3, "mode": "score"},
+    )
+    layers = len(model.model.layers)
+    plans = [Plan.load(Path("plans") / name / "mixed.json"), Plan.homogeneous("tova", 256, layers, "decode")]
+    run_job("eval", jobs.eval_job([({"series": p.name}, Unit.of(name, p, "ruler", ruler)) for p in plans], "eval"))
+
+    # 2. a profile: 4 text sequences of 512 tokens, both scopes
+    spec = CorpusSpec(sources=("kjv", "jargon"), num_sequences=4, max_tokens=512)
+    run_job("profile", jobs.profile_job(name, device, spec.to_dict(), None, ["prefill", "decode"], "profile"))
+    profile = next(iter((ws / "profiles").iterdir())).name
+
+    # 3. heterogeneity, in-process as its page measures it: 4 inputs of 512 tokens
+    sources = default_sources(name)
+    tokens = min(512, context_length(model) or 512)
+    estimate = costs.estimate(heterogeneity_work(sources, 4, tokens).loaded(0), rates)
+    start = time.perf_counter()
+    corpus = build_corpus(tokenizer, CorpusSpec(sources=sources, num_sequences=4, max_tokens=tokens), model=model)
+    measure_heterogeneity(model, corpus.sequences)
+    measured = time.perf_counter() - start
+    rows.append({"kind": "heterogeneity", "title": "4 x 512", "estimate_s": estimate.seconds, "measured_s": measured})
+    print(rows[-1], flush=True)
+
+    # 4. an experiment: the factorial on fidelity, 2 samples of 2 tasks
+    fidelity = {"tasks": ["kjv", "jargon"], "samples_per_task": 2, "prompt_tokens": 512}
+    experiment = launch_job(
+        ws, name, device, "factorial", profile=profile, scope="decode", budget=128, baseline="tova",
+        allocation="entropy", settings=fidelity, metric="kl", loaded=(model, tokenizer),
+    )  # fmt: skip
+    run_job("experiment", experiment)
+
+    # 5. a search: 40 plan executions on 4 text sequences of 256 tokens, 8 held out
+    search = launch_search(
+        ws, name, device, profile=profile, scope="decode", budget=128, evaluations=40, search_sequences=4,
+        held_out=8, max_tokens=256,
+    )  # fmt: skip
+    run_job("search", search)
+
+    for row in rows:
+        row["ratio"] = round(row["measured_s"] / row["estimate_s"], 2)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
+        json.dumps({"model": name, "device": device, "rates": dataclasses.asdict(rates), "launches": rows}, indent=1)
+    )
+    for row in rows:
+        estimated, measured = row["estimate_s"], row["measured_s"]
+        print(f"{row['kind']:<14} estimate {estimated:7.1f} s   measured {measured:7.1f} s   x{row['ratio']}")
+
+
+if __name__ == "__main__":
+    main()

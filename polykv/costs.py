@@ -1,0 +1,313 @@
+"""What a launch will cost on this machine, said before it starts, and checked against the run afterwards.
+
+The cost model has two parts:
+
+- **Rates**, measured per model and device (`measure_rates`: a few seconds): one forward pass of `new` tokens
+  over `context` cached ones, for `batch` rows, takes
+
+      fixed_s + batch * (token_s * new + pair_s * new * (context + new / 2))
+
+  fixed_s is the per-call overhead (Python, kernel launches), token_s the weights' work per token and pair_s
+  attention's per query-key pair. They are fitted (non-negative least squares) to timed prompt passes and
+  decode steps at two lengths; a decode step under a plan's routed cache (TOVA in every layer) adds routed_s
+  per row, its methods' work. With the model's load time they are kept in `$POLYKV_HOME/rates.json`.
+- **Work**: what a launch runs, counted as forward passes of those shapes (`polykv.launch_costs` counts them
+  for each kind of launch: eval, profile, heterogeneity, experiment, study, search).
+
+An estimate is the work priced at the rates, times a correction per kind of launch: the median ratio of
+measured to estimated time over the last finished jobs of that kind on this model and device (1 until one
+finished), so what the simple model misses (methods' scoring, Python between steps) is learned from runs.
+Memory is the weights plus the largest batch's full KV cache.
+"""
+
+from __future__ import annotations
+
+import datetime
+import inspect
+import statistics
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from polykv.errors import FileError
+from polykv.files import atomic_write_json, read_json
+from polykv.text import duration
+
+RATES_FILE = "rates.json"
+HISTORY = 5  # finished jobs per kind whose measured / estimated ratio corrects the next estimates
+CORRECTION_RANGE = (0.25, 4.0)  # a correction outside this says the model is wrong, not that it needs a factor
+# The factor within which a test holds the estimate of a real small run (tests/test_costs.py).
+STATED_FACTOR = 3.0
+
+
+@dataclass(frozen=True)
+class Forward:
+    """`count` forward passes of `new` tokens each over `context` cached tokens, `batch` rows at once."""
+
+    count: float
+    new: int
+    context: int = 0
+    batch: int = 1
+    routed: bool = True  # under a plan's routed cache: its methods' work per layer comes on top
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a launch runs: model loads and forward passes; `kv_tokens` the longest sequence a batch holds in
+    full and `kv_rows` how many rows hold it at once (for the memory estimate)."""
+
+    kind: str  # eval, profile, heterogeneity, experiment, study, search
+    forwards: tuple[Forward, ...]
+    loads: int = 1
+    kv_tokens: int = 0
+    kv_rows: int = 1
+    what: str = ""  # one phrase: "24 samples x 2 plans at 4,096 tokens"
+
+    def __add__(self, other: Work) -> Work:
+        return Work(
+            self.kind,
+            self.forwards + other.forwards,
+            self.loads + other.loads,
+            max(self.kv_tokens, other.kv_tokens),
+            max(self.kv_rows, other.kv_rows),
+            "; ".join(w for w in (self.what, other.what) if w),
+        )
+
+    def loaded(self, loads: int) -> Work:
+        return replace(self, loads=loads)
+
+
+class _RatesFields(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    fixed_s: float = Field(ge=0)
+    token_s: float = Field(ge=0)
+    pair_s: float = Field(ge=0)
+    routed_s: float = Field(ge=0)
+    load_s: float = Field(ge=0)
+    weights_bytes: int = Field(ge=0)
+    kv_token_bytes: int = Field(ge=0)
+    measured: str
+    ratios: dict[str, list[float]] = Field(default_factory=dict)  # kind -> measured / estimated, newest last
+
+
+@dataclass(frozen=True)
+class Rates:
+    """A model's measured speed on one device (see the module docstring)."""
+
+    model: str
+    device: str
+    fixed_s: float
+    token_s: float
+    pair_s: float
+    routed_s: float  # what a forward under a plan's routed cache adds, per row (its methods' scoring, the hook)
+    load_s: float
+    weights_bytes: int
+    kv_token_bytes: int  # keys and values of one token in every layer
+    measured: str  # when (UTC, ISO)
+    ratios: dict[str, list[float]] = field(default_factory=dict)
+
+    def forward_s(self, new: int, context: int = 0, batch: int = 1, routed: bool = False) -> float:
+        routing = self.routed_s * batch if routed else 0.0
+        return self.fixed_s + routing + batch * (self.token_s * new + self.pair_s * new * (context + new / 2))
+
+    def correction(self, kind: str) -> float:
+        ratios = self.ratios.get(kind) or []
+        if not ratios:
+            return 1.0
+        low, high = CORRECTION_RANGE
+        return min(high, max(low, statistics.median(ratios)))
+
+
+@dataclass(frozen=True)
+class Estimate:
+    seconds: float
+    memory_bytes: int
+    work: Work
+    rates: Rates
+    correction: float
+
+    def line(self) -> str:
+        """`estimate: about 3 min 5 s and 1.2 GiB here (cpu; 24 samples x 2 plans at 4,096 tokens)`."""
+        learned = f", x{self.correction:.2f} from earlier {self.work.kind} jobs" if self.correction != 1.0 else ""
+        what = f"; {self.work.what}" if self.work.what else ""
+        return (
+            f"estimate: about {duration(self.seconds)} and {self.memory_bytes / 2**30:.1f} GiB on "
+            f"{self.rates.device}{what} (speed measured {self.rates.measured[:10]}{learned})"
+        )
+
+
+def estimate(work: Work, rates: Rates) -> Estimate:
+    raw = work.loads * rates.load_s + sum(
+        f.count * rates.forward_s(f.new, f.context, f.batch, f.routed) for f in work.forwards
+    )
+    correction = rates.correction(work.kind)
+    memory = rates.weights_bytes + rates.kv_token_bytes * work.kv_tokens * max(1, work.kv_rows)
+    return Estimate(raw * correction, memory, work, rates, correction)
+
+
+# ---- stored rates -------------------------------------------------------------------------------------
+def rates_path() -> Path:
+    from polykv.models import polykv_home
+
+    return polykv_home() / RATES_FILE
+
+
+def _key(model: str, device: str) -> str:
+    return f"{model}|{device}"
+
+
+def _read_all(path: Path) -> dict[str, dict]:
+    if not path.is_file():
+        return {}
+    try:
+        data = read_json(path, "rates file")
+    except FileError:
+        return {}  # a damaged rates file is measured again, never fatal
+    return data if isinstance(data, dict) else {}
+
+
+def stored_rates(model: str, device: str) -> Rates | None:
+    """The rates measured for `model` on `device` on this machine, or None (never measured, or damaged)."""
+    entry = _read_all(rates_path()).get(_key(model, device))
+    try:
+        fields = _RatesFields.model_validate(entry)
+    except ValidationError:
+        return None
+    return Rates(model, device, **fields.model_dump())
+
+
+def save_rates(rates: Rates) -> None:
+    path = rates_path()
+    everything = _read_all(path)
+    data = asdict(rates)
+    del data["model"], data["device"]
+    everything[_key(rates.model, rates.device)] = data
+    atomic_write_json(path, everything)
+
+
+def record_ratio(model: str, device: str, kind: str, estimated_s: float, measured_s: float) -> None:
+    """Remember how a finished job's measured time compared with its estimate (corrects later estimates)."""
+    rates = stored_rates(model, device)
+    if rates is None or estimated_s <= 0 or measured_s <= 0:
+        return
+    ratios = dict(rates.ratios)
+    ratios[kind] = [*ratios.get(kind, []), measured_s / estimated_s][-HISTORY:]
+    save_rates(replace(rates, ratios=ratios))
+
+
+# ---- measuring ------------------------------------------------------------------------------------------
+def _median_time(run, repeats: int = 3) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _fit(rows: Sequence[tuple[int, int]], seconds: Sequence[float]) -> tuple[float, float, float]:
+    """(fixed_s, token_s, pair_s) >= 0 fitting forward passes of (new, context) to their measured seconds."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    design = np.array([[1.0, new, new * (context + new / 2)] for new, context in rows])
+    scale = design.max(axis=0)  # columns of very different sizes: solve in units of each column's largest
+    solution, _ = nnls(design / scale, np.array(seconds))
+    fixed, token, pair = (solution / scale).tolist()
+    return fixed, token, pair
+
+
+def _routed_step_s(model, ids, length: int) -> float:
+    """A decode step's seconds under a routed plan (TOVA at half the context in every layer), after its prompt."""
+    from polykv.models import cache_argument_name, num_layers, output_cache
+    from polykv.plan import Plan
+    from polykv.runtime.routed import routed
+
+    plan = Plan.homogeneous("tova", max(1, length // 2), num_layers(model))
+    with routed(model, plan):
+        cache = output_cache(model(ids, use_cache=True, logits_to_keep=1))
+        step_input = {"input_ids": ids[:, -1:], cache_argument_name(model): cache, "use_cache": True}
+        return _median_time(lambda: model(**step_input), repeats=5)
+
+
+def measure_rates(model, name: str, device: str, load_s: float | None = None, lengths: Iterable[int] = ()) -> Rates:
+    """Time prompt passes and decode steps of `model` (loaded on `device`) at two lengths and fit the rates.
+    About ten seconds on a 135M model on a laptop CPU; `load_s`: the load time measured by the caller
+    (else the stored one, else 0)."""
+    import torch
+
+    from polykv.models import cache_argument_name, context_length, output_cache
+    from polykv.models.support import dtype_bytes, model_bytes
+
+    context = context_length(model) or 2048
+    chosen = tuple(lengths) or (min(128, context // 4), min(512, context // 2))
+    vocab = int(model.config.get_text_config().vocab_size)
+    generator = torch.Generator().manual_seed(0)
+    # a prompt pass as the runs make it: the last position's logits only (a 262K vocabulary's are large)
+    last_logits = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    rows, seconds = [], []
+    with torch.inference_mode():
+        for length in chosen:
+            ids = torch.randint(3, vocab, (1, length), generator=generator).to(device)
+            prompt = _median_time(lambda ids=ids: model(ids, use_cache=False, **last_logits))
+            rows.append((length, 0))
+            seconds.append(prompt)
+            cache = output_cache(model(ids, use_cache=True))
+            step_input = {"input_ids": ids[:, -1:], cache_argument_name(model): cache, "use_cache": True}
+
+            def step(step_input=step_input):
+                model(**step_input)  # the context grows by one per step: 5 steps on hundreds are the same
+
+            rows.append((1, length))
+            seconds.append(_median_time(step, repeats=5))
+        routed_extra = _routed_step_s(model, ids, length) - seconds[-1]
+    fixed, token, pair = _fit(rows, seconds)
+    previous = stored_rates(name, device)
+    config = model.config.get_text_config()
+    weights, kv_token = model_bytes(config, dtype_bytes(None, config))
+    rates = Rates(
+        name,
+        device,
+        fixed,
+        token,
+        pair,
+        max(0.0, routed_extra),
+        load_s if load_s is not None else previous.load_s if previous else 0.0,
+        weights,
+        kv_token,
+        datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        previous.ratios if previous else {},
+    )
+    save_rates(rates)
+    return rates
+
+
+def rates_for(model, name: str, device: str, load_s: float | None = None) -> Rates:
+    """The stored rates, else measured now (the model is loaded)."""
+    stored = stored_rates(name, device)
+    if stored is not None:
+        if load_s is not None and stored.load_s == 0:
+            stored = replace(stored, load_s=load_s)
+            save_rates(stored)
+        return stored
+    return measure_rates(model, name, device, load_s)
+
+
+__all__ = [
+    "CORRECTION_RANGE",
+    "STATED_FACTOR",
+    "Estimate",
+    "Forward",
+    "Rates",
+    "Work",
+    "estimate",
+    "measure_rates",
+    "rates_for",
+    "record_ratio",
+    "save_rates",
+    "stored_rates",
+]

@@ -1,0 +1,139 @@
+"""The cost model (`polykv.costs`, `polykv.eval.launch_work`, `polykv.jobs.costs`): rates fitted and kept per
+model and device, work counted from a launch's own settings, estimates said before a launch (`--dry-run` stops
+there), and a real small job's time held within the stated factor of its estimate."""
+
+import json
+
+import numpy as np
+import pytest
+
+from polykv import costs, jobs
+from polykv.costs import Forward, Rates, Work
+from polykv.eval import launch_work
+from polykv.eval.settings import suite_settings
+from polykv.eval.unit import Unit
+from polykv.plan import Plan
+from tests.helpers import wait_for_job
+
+
+def _rates(**changes) -> Rates:
+    base = dict(
+        model="m",
+        device="cpu",
+        fixed_s=0.01,
+        token_s=0.001,
+        pair_s=1e-6,
+        routed_s=0.002,
+        load_s=2.0,
+        weights_bytes=2**30,
+        kv_token_bytes=1024,
+        measured="2026-12-05T00:00:00+00:00",
+    )
+    return Rates(**{**base, **changes})
+
+
+def test_the_fit_recovers_known_rates():
+    fixed, token, pair = 0.02, 3e-4, 2e-7
+    rows = [(128, 0), (1, 128), (512, 0), (1, 512), (256, 0)]
+    seconds = [fixed + token * n + pair * n * (c + n / 2) for n, c in rows]
+    fitted = costs._fit(rows, seconds)
+    assert np.allclose(fitted, (fixed, token, pair), rtol=1e-6)
+
+
+def test_an_estimate_prices_each_forward_and_the_load():
+    rates = _rates()
+    work = Work("eval", (Forward(10, 100), Forward(40, 1, 100, batch=2, routed=False)), kv_tokens=200, kv_rows=3)
+    found = costs.estimate(work, rates)
+    expected = 2.0 + 10 * (0.01 + 0.002 + 0.1 + 1e-6 * 100 * 50) + 40 * (0.01 + 2 * (0.001 + 1e-6 * 100.5))
+    assert found.seconds == pytest.approx(expected)
+    assert found.memory_bytes == 2**30 + 1024 * 200 * 3
+    assert "estimate: about" in found.line() and "1.0 GiB on cpu" in found.line()
+
+
+def test_rates_are_kept_per_model_and_device_and_finished_jobs_correct_them(tmp_path, monkeypatch):
+    monkeypatch.setenv("POLYKV_HOME", str(tmp_path))
+    assert costs.stored_rates("m", "cpu") is None
+    costs.save_rates(_rates())
+    assert costs.stored_rates("m", "cpu") == _rates()
+    assert costs.stored_rates("m", "cuda") is None  # another device: measured on its own
+    for ratio in (2.0, 2.5, 1.5):
+        costs.record_ratio("m", "cpu", "eval", 10.0, 10.0 * ratio)
+    rates = costs.stored_rates("m", "cpu")
+    assert rates.correction("eval") == 2.0 and rates.correction("profile") == 1.0
+    work = Work("eval", (Forward(1, 10),), loads=0)
+    assert costs.estimate(work, rates).seconds == pytest.approx(2 * rates.forward_s(10, routed=True))
+    for _ in range(costs.HISTORY):
+        costs.record_ratio("m", "cpu", "eval", 1.0, 100.0)  # only the last few count, and within a range
+    assert costs.stored_rates("m", "cpu").correction("eval") == costs.CORRECTION_RANGE[1]
+    (tmp_path / costs.RATES_FILE).write_text("{not json")
+    assert costs.stored_rates("m", "cpu") is None  # damaged: measured again, never fatal
+
+
+def test_measured_rates_are_positive_and_stored(tmp_path, monkeypatch, demo_model):
+    model, _ = demo_model
+    monkeypatch.setenv("POLYKV_HOME", str(tmp_path))
+    rates = costs.measure_rates(model, "demo", "cpu", load_s=1.5)
+    assert rates.forward_s(256) > rates.forward_s(1, 256) > 0
+    assert rates.load_s == 1.5 and rates.kv_token_bytes == 2 * 5 * 4 * 8 * 4  # 5 layers, 4 KV heads of 8, fp32
+    assert costs.stored_rates("demo", "cpu") == rates
+
+
+def test_suite_work_counts_each_sample_as_a_run_builds_it(demo_model):
+    model, tokenizer = demo_model
+    settings = suite_settings("ruler", {"tasks": ["niah_single_1", "fwe"], "length": 512, "samples_per_task": 3})
+    shapes = launch_work.sample_shapes("ruler", settings, model, tokenizer)
+    assert [s.task for s in shapes] == ["niah_single_1", "fwe"] and all(s.count == 3 for s in shapes)
+    from polykv.eval.suites.ruler import build_samples
+
+    first: dict = {}
+    for task, _, payload in build_samples(tokenizer, model, settings, 0):
+        first.setdefault(task, payload)
+    for shape in shapes:
+        assert shape.prompt == len(first[shape.task]["prompt_ids"])
+        assert shape.steps == shape.reference_steps == first[shape.task]["tokens_to_generate"]
+    alone = launch_work.suite_work("eval", shapes, plans=4, batched=False)
+    batched = launch_work.suite_work("eval", shapes, plans=4, batched=True)
+    prompts = lambda w: sum(f.count for f in w.forwards if f.new > 1)  # noqa: E731
+    assert prompts(alone) == 6 * 4 + 6 and prompts(batched) == 6 + 6  # FullKV's reference once per sample
+    assert batched.kv_rows == 4 and alone.kv_rows == 1
+
+
+def test_dry_run_states_the_estimate_and_runs_nothing(polykv, tmp_path):
+    ws = tmp_path / "ws"
+    result = polykv(
+        "eval", "--model", "demo", "--suite", "ruler", "--settings", '{"tasks": ["fwe"], "length": 512}', "--dry-run",
+        "-w", str(ws),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("estimate: about ") and "4 samples x 1 plan" in result.stdout
+    assert not (ws / "results.sqlite").exists()
+    result = polykv("profile", "--model", "demo", "--sequences", "2", "--max-tokens", "64", "--dry-run", "-w", str(ws))
+    assert result.returncode == 0 and result.stdout.startswith("estimate: about ") and not (ws / "profiles").exists()
+
+
+def test_a_real_small_job_takes_within_the_stated_factor_of_its_estimate(workspace, demo_model, monkeypatch, tmp_path):
+    """The estimate written into an evaluation job before it starts, against the time its worker took
+    (recorded by the worker, and kept as a correction for the next estimates of its kind)."""
+    import time
+
+    from polykv.jobs.costs import with_estimate
+    from polykv.models import load_model
+
+    monkeypatch.setenv("POLYKV_HOME", str(tmp_path / "home"))
+    started = time.perf_counter()
+    model, tokenizer = load_model("demo")
+    costs.measure_rates(model, "demo", "cpu", load_s=time.perf_counter() - started)
+    settings = suite_settings("ruler", {"tasks": ["niah_single_1"], "length": 512, "samples_per_task": 3})
+    plans = [Plan.homogeneous("tova", 64, 5), Plan.homogeneous("snapkv", 64, 5, scope="prefill")]
+    units = [({"series": p.name}, Unit.of("demo", p, "ruler", settings)) for p in plans]
+    job = with_estimate(jobs.eval_job(units, "cost check"), model, tokenizer)
+    assert job.estimate_s is not None and job.estimate_s > 0
+    jobs.start(job, workspace)
+    done = wait_for_job(job, workspace)
+    assert done.status == "finished", done.error
+    ratio = done.measured_s / job.estimate_s
+    assert 1 / costs.STATED_FACTOR <= ratio <= costs.STATED_FACTOR, done.cost_line()
+    assert costs.stored_rates("demo", "cpu").ratios["eval"] == [pytest.approx(ratio)]
+    assert "took" in done.summary()
+    saved = json.loads((workspace / "jobs" / f"{job.id}.json").read_text())
+    assert saved["estimate_s"] == job.estimate_s
