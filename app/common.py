@@ -123,21 +123,15 @@ def eval_job(
 def first_run(model_name: str, device: str, plan: Plan, minutes: float):
     """The Runs page's proposed first run for `plan` (`polykv.eval.first_run`): from this workspace's runs, the
     model's profiles and its measured speed (the decisive run's samples fit `minutes` here)."""
-    from polykv import costs
     from polykv.eval import first_run as proposal
-    from polykv.eval.launch_work import sample_shapes, suite_work
     from polykv.eval.store import Store
 
     _, _, model, tokenizer = current_model()
     store = Store(workspace() / "results.sqlite", readonly=True)
     length = min(proposal.LENGTH, _fitting_ruler(model_name, device)["length"])
     scoped = [p for p in profiles(model_name)[0] if p.num_layers == plan.num_layers]
-    rates = costs.stored_rates(model_name, device)
-    per_sample = None
-    if rates is not None:  # one sample of every task with the three plans, then the mean over tasks
-        tasks = proposal.competent(model_name, store, length)[0]
-        shapes = sample_shapes("ruler", proposal.settings_for(tasks, length, 1), model, tokenizer)
-        per_sample = costs.estimate(suite_work("eval", shapes, 3, batched=False).loaded(0), rates).seconds / len(tasks)
+    tasks = proposal.competent(model_name, store, length)[0]
+    per_sample = proposal.cost_per_sample(model_name, device, model, tokenizer, tasks, length)
     return proposal.propose(
         model_name,
         plan,
@@ -200,7 +194,10 @@ def start_job(build: Callable[[], Any], flash_key: str | None = None, refused: s
     try:
         job = build()
         _, _, model, tokenizer = current_model()
-        jobs.start(with_estimate(job, model, tokenizer), workspace())  # the estimate goes with it, to be checked
+        jobs.start(
+            with_estimate(job, model, tokenizer, workspace()), workspace()
+        )  # the estimate goes with it, to be checked
+        st.session_state[state.LAST_STARTED] = job.id
     except (PolyKVError, ValueError) as exc:
         st.error(f"{refused}: {first_line(exc)}")
         return
@@ -221,15 +218,18 @@ def show_estimate(work: Callable[[], Any], key: str) -> None:
         cols = st.columns([3, 1])
         cols[0].caption(f"Estimates need {name}'s speed on {device}: measured once, in seconds, then kept.")
         if cols[1].button("Measure speed", key=key):
-            with st.spinner(f"Timing {name}'s prompt passes and decode steps ..."):
-                costs.measure_rates(model, name, device)
+            try:
+                with st.spinner(f"Timing {name}'s prompt passes and decode steps ..."):
+                    costs.measure_rates(model, name, device)
+            except (PolyKVError, OSError, ValueError, RuntimeError) as exc:
+                st.error(f"Not measured: {first_line(exc)}")
+                return
             st.rerun()
         return
     try:
-        counted = work()
+        found = costs.estimate(work(), costs.stored_rates(name, device))
     except (PolyKVError, ValueError, OSError):
-        return
-    found = costs.estimate(counted, costs.stored_rates(name, device))
+        return  # launching says what is wrong
     st.caption(found.line().replace("estimate:", "Estimated here:", 1))
 
 
@@ -238,14 +238,15 @@ def launch_estimate(build: Callable[[], Any], key: str) -> None:
     from polykv.jobs.costs import job_work
 
     _, _, model, tokenizer = current_model()
-    show_estimate(lambda: job_work(build(), model, tokenizer), key)
+    show_estimate(lambda: job_work(build(), model, tokenizer, workspace()), key)
 
 
 def started_job_progress(where: Path) -> None:
-    """Right under the button that started it, the newest job's progress (polled while it runs): what was just
+    """Right under the button that started it, that job's progress (polled while it runs): what was just
     launched is seen at once, wherever the page's job list is."""
-    newest = next(iter(jobs.list_jobs(where)), None)
-    if newest is None:
+    try:
+        newest = jobs.load_job(where, st.session_state.get(state.LAST_STARTED, ""))
+    except PolyKVError:
         return
 
     @st.fragment(run_every=2)

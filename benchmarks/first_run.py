@@ -26,7 +26,6 @@ def main() -> None:
     from polykv import costs, jobs
     from polykv.eval import first_run
     from polykv.eval.compare import compare_runs
-    from polykv.eval.launch_work import sample_shapes, suite_work
     from polykv.eval.store import Store
     from polykv.eval.unit import Unit
     from polykv.jobs.costs import with_estimate
@@ -36,14 +35,13 @@ def main() -> None:
     name, device, ws = args.model, "cpu", args.workspace
     plan = Plan.load(args.plan or Path("plans") / name / "mixed.json")
     model, tokenizer = load_model(name, device=device)
-    rates = costs.rates_for(model, name, device)
+    costs.rates_for(model, name, device)  # measured here if they are not yet
     out: dict = {"model": name, "plan": plan.name, "minutes": args.minutes, "steps": []}
 
     def proposal():
         store = Store(ws / "results.sqlite")
         tasks = first_run.competent(name, store, first_run.LENGTH)[0]
-        shapes = sample_shapes("ruler", first_run.settings_for(tasks, first_run.LENGTH, 1), model, tokenizer)
-        per_sample = costs.estimate(suite_work("eval", shapes, 3, batched=False).loaded(0), rates).seconds / len(tasks)
+        per_sample = first_run.cost_per_sample(name, device, model, tokenizer, tasks, first_run.LENGTH)
         return first_run.propose(
             name, plan, store, first_run.LENGTH, seconds_per_sample=per_sample, allowance_s=60 * args.minutes
         )
@@ -53,7 +51,7 @@ def main() -> None:
         units = [
             (label, Unit.of(name, p, "ruler", proposed.settings, proposed.seed, device)) for label, p in proposed.plans
         ]
-        job = with_estimate(jobs.eval_job(units, "pilot" if proposed.pilot else "decisive run"), model, tokenizer)
+        job = with_estimate(jobs.eval_job(units, "pilot" if proposed.pilot else "decisive run"), model, tokenizer, ws)
         step = {
             "step": job.title,
             "tasks": list(proposed.settings.tasks),

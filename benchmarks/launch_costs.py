@@ -46,7 +46,7 @@ def main() -> None:
     rows = []
 
     def run_job(kind: str, job) -> None:
-        job = with_estimate(job, model, tokenizer)
+        job = with_estimate(job, model, tokenizer, ws)
         jobs.start(job, ws)
         while (state := jobs.state(jobs.load_job(ws, job.id), ws)).status not in jobs.FINAL:
             time.sleep(1)
@@ -80,7 +80,7 @@ def main() -> None:
     print(rows[-1], flush=True)
 
     # 4. an experiment: the factorial on fidelity, 2 samples of 2 tasks
-    fidelity = {"tasks": ["kjv", "jargon"], "samples_per_task": 2, "prompt_tokens": 512}
+    fidelity = {"tasks": ["prose", "jargon"], "samples_per_task": 2, "prompt_tokens": 512}
     experiment = launch_job(
         ws, name, device, "factorial", profile=profile, scope="decode", budget=128, baseline="tova",
         allocation="entropy", settings=fidelity, metric="kl", loaded=(model, tokenizer),

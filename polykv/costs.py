@@ -11,12 +11,13 @@ The cost model has two parts:
   attention's per query-key pair. They are fitted (non-negative least squares) to timed prompt passes and
   decode steps at two lengths; a decode step under a plan's routed cache (TOVA in every layer) adds routed_s
   per row, its methods' work. With the model's load time they are kept in `$POLYKV_HOME/rates.json`.
-- **Work**: what a launch runs, counted as forward passes of those shapes (`polykv.launch_costs` counts them
+- **Work**: what a launch runs, counted as forward passes of those shapes (`polykv.eval.launch_work` counts them
   for each kind of launch: eval, profile, heterogeneity, experiment, study, search).
 
 An estimate is the work priced at the rates, times a correction per kind of launch: the median ratio of
-measured to estimated time over the last finished jobs of that kind on this model and device (1 until one
-finished), so what the simple model misses (methods' scoring, Python between steps) is learned from runs.
+measured time to the model's (uncorrected) estimate over the last finished jobs of that kind on this model and
+device (1 until one finished), so what the simple model misses (methods' scoring, Python between steps) is
+learned from runs.
 Memory is the weights plus the largest batch's full KV cache.
 """
 
@@ -33,7 +34,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from polykv.errors import FileError
-from polykv.files import atomic_write_json, read_json
+from polykv.files import atomic_write_json, file_lock, read_json
 from polykv.text import duration
 
 RATES_FILE = "rates.json"
@@ -124,11 +125,16 @@ class Rates:
 
 @dataclass(frozen=True)
 class Estimate:
-    seconds: float
+    seconds: float  # the model's estimate times the correction learned from finished jobs
     memory_bytes: int
     work: Work
     rates: Rates
     correction: float
+
+    @property
+    def model_seconds(self) -> float:
+        """The cost model's own estimate, before the correction (what a finished job's time is compared with)."""
+        return self.seconds / self.correction
 
     def line(self) -> str:
         """`estimate: about 3 min 5 s and 1.2 GiB here (cpu; 24 samples x 2 plans at 4,096 tokens)`."""
@@ -180,7 +186,14 @@ def stored_rates(model: str, device: str) -> Rates | None:
     return Rates(model, device, **fields.model_dump())
 
 
-def save_rates(rates: Rates) -> None:
+def _locked():
+    """One writer of the rates file at a time (a worker recording its ratio while the app measures a speed)."""
+    path = rates_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return file_lock(path.with_name(RATES_FILE + ".lock"))
+
+
+def _save(rates: Rates) -> None:
     path = rates_path()
     everything = _read_all(path)
     data = asdict(rates)
@@ -189,22 +202,40 @@ def save_rates(rates: Rates) -> None:
     atomic_write_json(path, everything)
 
 
-def record_ratio(model: str, device: str, kind: str, estimated_s: float, measured_s: float) -> None:
-    """Remember how a finished job's measured time compared with its estimate (corrects later estimates)."""
-    rates = stored_rates(model, device)
-    if rates is None or estimated_s <= 0 or measured_s <= 0:
+def save_rates(rates: Rates) -> None:
+    with _locked():
+        _save(rates)
+
+
+def record_ratio(model: str, device: str, kind: str, model_estimate_s: float, measured_s: float) -> None:
+    """Remember how a finished job's measured time compared with the cost model's own estimate for it (before
+    any correction: a corrected estimate would make the correction converge to its square root)."""
+    if model_estimate_s <= 0 or measured_s <= 0:
         return
-    ratios = dict(rates.ratios)
-    ratios[kind] = [*ratios.get(kind, []), measured_s / estimated_s][-HISTORY:]
-    save_rates(replace(rates, ratios=ratios))
+    with _locked():
+        rates = stored_rates(model, device)
+        if rates is None:
+            return
+        ratios = dict(rates.ratios)
+        ratios[kind] = [*ratios.get(kind, []), measured_s / model_estimate_s][-HISTORY:]
+        _save(replace(rates, ratios=ratios))
 
 
 # ---- measuring ------------------------------------------------------------------------------------------
-def _median_time(run, repeats: int = 3) -> float:
+def _median_time(run, repeats: int = 3, device: str = "cpu") -> float:
+    """The median wall time of `run()`; on an accelerator, its queued kernels included (synchronised)."""
+    import torch
+
+    def wait():
+        if str(device).startswith("cuda"):
+            torch.cuda.synchronize(device)
+
     times = []
     for _ in range(repeats):
+        wait()
         start = time.perf_counter()
         run()
+        wait()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -221,7 +252,7 @@ def _fit(rows: Sequence[tuple[int, int]], seconds: Sequence[float]) -> tuple[flo
     return fixed, token, pair
 
 
-def _routed_step_s(model, ids, length: int) -> float:
+def _routed_step_s(model, ids, length: int, device: str) -> float:
     """A decode step's seconds under a routed plan (TOVA at half the context in every layer), after its prompt."""
     from polykv.models import cache_argument_name, num_layers, output_cache
     from polykv.plan import Plan
@@ -231,7 +262,7 @@ def _routed_step_s(model, ids, length: int) -> float:
     with routed(model, plan):
         cache = output_cache(model(ids, use_cache=True, logits_to_keep=1))
         step_input = {"input_ids": ids[:, -1:], cache_argument_name(model): cache, "use_cache": True}
-        return _median_time(lambda: model(**step_input), repeats=5)
+        return _median_time(lambda: model(**step_input), repeats=5, device=device)
 
 
 def measure_rates(model, name: str, device: str, load_s: float | None = None, lengths: Iterable[int] = ()) -> Rates:
@@ -253,7 +284,7 @@ def measure_rates(model, name: str, device: str, load_s: float | None = None, le
     with torch.inference_mode():
         for length in chosen:
             ids = torch.randint(3, vocab, (1, length), generator=generator).to(device)
-            prompt = _median_time(lambda ids=ids: model(ids, use_cache=False, **last_logits))
+            prompt = _median_time(lambda ids=ids: model(ids, use_cache=False, **last_logits), device=device)
             rows.append((length, 0))
             seconds.append(prompt)
             cache = output_cache(model(ids, use_cache=True))
@@ -263,8 +294,9 @@ def measure_rates(model, name: str, device: str, load_s: float | None = None, le
                 model(**step_input)  # the context grows by one per step: 5 steps on hundreds are the same
 
             rows.append((1, length))
-            seconds.append(_median_time(step, repeats=5))
-        routed_extra = _routed_step_s(model, ids, length) - seconds[-1]
+            seconds.append(_median_time(step, repeats=5, device=device))
+        # at the longest length: a routed decode step against the plain one just timed
+        routed_extra = _routed_step_s(model, ids, length, device) - seconds[-1]
     fixed, token, pair = _fit(rows, seconds)
     previous = stored_rates(name, device)
     config = model.config.get_text_config()

@@ -214,7 +214,7 @@ def test_the_proposed_first_run_states_its_cost_and_what_it_detects_and_compare_
 
     decisive = page.get_by_test_id("stMarkdownContainer").filter(has_text="Step 2 of 2, the decisive run:").first
     expect(decisive).to_be_visible(timeout=WAIT)
-    expect(decisive).to_contain_text(re.compile(r"It will detect a difference of \d+\.\d+ nats"))
+    expect(decisive).to_contain_text(re.compile(r"It is expected to detect a difference of \d+\.\d+ nats"))
     expect(page.get_by_text(re.compile(r"^Estimated here: about .+; \d+ samples x 3 plans"))).to_be_visible()
     page.get_by_role("button", name="Launch the decisive run").click()
     expect(page.get_by_text(re.compile(r"^Started \S+-eval-\S+ \(3 runs\)\.$"))).to_be_visible(timeout=WAIT)

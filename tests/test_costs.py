@@ -57,7 +57,7 @@ def test_rates_are_kept_per_model_and_device_and_finished_jobs_correct_them(tmp_
     assert costs.stored_rates("m", "cpu") == _rates()
     assert costs.stored_rates("m", "cuda") is None  # another device: measured on its own
     for ratio in (2.0, 2.5, 1.5):
-        costs.record_ratio("m", "cpu", "eval", 10.0, 10.0 * ratio)
+        costs.record_ratio("m", "cpu", "eval", 10.0, 10.0 * ratio)  # measured against the model's own estimate
     rates = costs.stored_rates("m", "cpu")
     assert rates.correction("eval") == 2.0 and rates.correction("profile") == 1.0
     work = Work("eval", (Forward(1, 10),), loads=0)
@@ -67,6 +67,18 @@ def test_rates_are_kept_per_model_and_device_and_finished_jobs_correct_them(tmp_
     assert costs.stored_rates("m", "cpu").correction("eval") == costs.CORRECTION_RANGE[1]
     (tmp_path / costs.RATES_FILE).write_text("{not json")
     assert costs.stored_rates("m", "cpu") is None  # damaged: measured again, never fatal
+
+
+def test_the_correction_converges_to_the_true_factor(tmp_path, monkeypatch):
+    """Jobs that always take twice the model's estimate: the correction becomes 2 (measured against the model's
+    own figure, not the corrected one shown, which would settle at the square root)."""
+    monkeypatch.setenv("POLYKV_HOME", str(tmp_path))
+    costs.save_rates(_rates())
+    work = Work("eval", (Forward(100, 64),))
+    for _ in range(costs.HISTORY):
+        found = costs.estimate(work, costs.stored_rates("m", "cpu"))
+        costs.record_ratio("m", "cpu", "eval", found.model_seconds, 2.0 * found.model_seconds)
+    assert costs.estimate(work, costs.stored_rates("m", "cpu")).correction == pytest.approx(2.0)
 
 
 def test_measured_rates_are_positive_and_stored(tmp_path, monkeypatch, demo_model):
@@ -91,6 +103,11 @@ def test_suite_work_counts_each_sample_as_a_run_builds_it(demo_model):
     for shape in shapes:
         assert shape.prompt == len(first[shape.task]["prompt_ids"])
         assert shape.steps == shape.reference_steps == first[shape.task]["tokens_to_generate"]
+    fidelity = suite_settings("fidelity", {"tasks": ["prose", "stories"], "samples_per_task": 2, "prompt_tokens": 100})
+    (prose, stories) = launch_work.sample_shapes("fidelity", fidelity, model, tokenizer)
+    assert (prose.count, prose.prompt, prose.steps, prose.prompts) == (2, 100, 32 + 32, 2)  # from the settings
+    sampled = launch_work.samples_work("fidelity", fidelity, model)  # the stories are generated first
+    assert [(f.count, f.batch) for f in sampled.forwards] == [(100 + 33, 2)]
     alone = launch_work.suite_work("eval", shapes, plans=4, batched=False)
     batched = launch_work.suite_work("eval", shapes, plans=4, batched=True)
     prompts = lambda w: sum(f.count for f in w.forwards if f.new > 1)  # noqa: E731
@@ -98,7 +115,7 @@ def test_suite_work_counts_each_sample_as_a_run_builds_it(demo_model):
     assert batched.kv_rows == 4 and alone.kv_rows == 1
 
 
-def test_dry_run_states_the_estimate_and_runs_nothing(polykv, tmp_path):
+def test_dry_run_states_the_estimate_and_starts_no_work(polykv, tmp_path):
     ws = tmp_path / "ws"
     result = polykv(
         "eval", "--model", "demo", "--suite", "ruler", "--settings", '{"tasks": ["fwe"], "length": 512}', "--dry-run",
@@ -111,9 +128,26 @@ def test_dry_run_states_the_estimate_and_runs_nothing(polykv, tmp_path):
     assert result.returncode == 0 and result.stdout.startswith("estimate: about ") and not (ws / "profiles").exists()
 
 
+def test_an_estimate_that_cannot_be_made_never_stops_a_launch(workspace, demo_model, monkeypatch, tmp_path):
+    from polykv.jobs import costs as job_costs
+
+    monkeypatch.setenv("POLYKV_HOME", str(tmp_path / "home"))
+    costs.save_rates(_rates(model="demo"))
+    settings = suite_settings("ruler", {"tasks": ["niah_single_1"], "length": 512, "samples_per_task": 1})
+    job = jobs.eval_job([({}, Unit.of("demo", Plan.homogeneous("tova", 64, 5), "ruler", settings))], "x")
+
+    def broken(*args):
+        raise OSError("the task file went away")
+
+    monkeypatch.setattr(job_costs, "job_work", broken)
+    assert job_costs.with_estimate(job, *demo_model, workspace) == job  # launched without an estimate
+
+
+@pytest.mark.slow  # a real job in a worker process, for ten seconds or more
 def test_a_real_small_job_takes_within_the_stated_factor_of_its_estimate(workspace, demo_model, monkeypatch, tmp_path):
     """The estimate written into an evaluation job before it starts, against the time its worker took
-    (recorded by the worker, and kept as a correction for the next estimates of its kind)."""
+    (recorded by the worker, and kept as a correction for the next estimates of its kind). A generous factor
+    (these machines are shared), on a job long enough that start-up is not all of it."""
     import time
 
     from polykv.jobs.costs import with_estimate
@@ -123,17 +157,17 @@ def test_a_real_small_job_takes_within_the_stated_factor_of_its_estimate(workspa
     started = time.perf_counter()
     model, tokenizer = load_model("demo")
     costs.measure_rates(model, "demo", "cpu", load_s=time.perf_counter() - started)
-    settings = suite_settings("ruler", {"tasks": ["niah_single_1"], "length": 512, "samples_per_task": 3})
+    settings = suite_settings("ruler", {"tasks": ["niah_single_1", "fwe"], "length": 512, "samples_per_task": 4})
     plans = [Plan.homogeneous("tova", 64, 5), Plan.homogeneous("snapkv", 64, 5, scope="prefill")]
     units = [({"series": p.name}, Unit.of("demo", p, "ruler", settings)) for p in plans]
-    job = with_estimate(jobs.eval_job(units, "cost check"), model, tokenizer)
+    job = with_estimate(jobs.eval_job(units, "cost check"), model, tokenizer, workspace)
     assert job.estimate_s is not None and job.estimate_s > 0
     jobs.start(job, workspace)
     done = wait_for_job(job, workspace)
     assert done.status == "finished", done.error
     ratio = done.measured_s / job.estimate_s
     assert 1 / costs.STATED_FACTOR <= ratio <= costs.STATED_FACTOR, done.cost_line()
-    assert costs.stored_rates("demo", "cpu").ratios["eval"] == [pytest.approx(ratio)]
+    assert costs.stored_rates("demo", "cpu").ratios["eval"] == [pytest.approx(done.measured_s / job.estimate_model_s)]
     assert "took" in done.summary()
     saved = json.loads((workspace / "jobs" / f"{job.id}.json").read_text())
     assert saved["estimate_s"] == job.estimate_s

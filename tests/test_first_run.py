@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from polykv.eval import first_run
+from polykv.eval.paired_samples import samples_for
 from polykv.eval.runner import run_id_for
 from polykv.eval.store import Store
 from polykv.eval.workload import expected_mde
@@ -77,16 +78,41 @@ def test_after_the_pilot_the_decisive_run_is_sized_from_its_spread(tmp_path, pla
     ours = {t: list(np.asarray(base[t]) + noise[t]) for t in tasks}
     for p, values in zip([p for _, p in pilot.plans], (ours, base)):
         _run(store, "demo", p, pilot.settings, pilot.seed, values, "answer_nll")
-    decisive = first_run.propose("demo", plan, store, 512, seconds_per_sample=1.0, allowance_s=600)
+    decisive = first_run.propose("demo", plan, store, 512, seconds_per_sample=99.0, allowance_s=600)
     assert not decisive.pilot and decisive.seed == 0
     assert [label["series"] for label, _ in decisive.plans] == ["route", "tova", "full"]
     chosen = decisive.samples
-    assert decisive.settings.samples_per_task == chosen.samples_per_task <= 600 // (3 * len(tasks))
+    # timed by the pilot's own samples (0.1 s each, two plans), with FullKV's third: not the 99 s given
+    assert chosen.seconds_per_sample == pytest.approx(0.3)
+    assert chosen.for_time == int(600 // (chosen.seconds_per_sample * len(tasks)))
     sds = [float(np.std(noise[t], ddof=1)) for t in tasks]
+    assert chosen.for_target == samples_for(sds, first_run.TARGET_MDE)
+    assert decisive.settings.samples_per_task == chosen.samples_per_task == min(chosen.for_target, chosen.for_time)
     assert chosen.expected_mde == pytest.approx(expected_mde(sds, chosen.samples_per_task))
-    assert chosen.expected_mde <= first_run.TARGET_MDE or "time allowance" in chosen.reason
-    # a pilot of every homogeneous plan there: the best one becomes the baseline
-    snap = Plan.homogeneous("streamingllm", 32, 5, scope="decode")
-    _run(store, "demo", snap, pilot.settings, pilot.seed, {t: [v - 1 for v in base[t]] for t in tasks}, "answer_nll")
+    # a pilot of another homogeneous plan there that did better: it becomes the baseline
+    rival = first_run.rivals(plan)["streamingllm"]
+    _run(store, "demo", rival, pilot.settings, pilot.seed, {t: [v - 1 for v in base[t]] for t in tasks}, "answer_nll")
     method, why = first_run.best_homogeneous(plan, store, pilot.settings.to_dict(), "demo", pilot.seed)
     assert method == "streamingllm" and "pilots" in why
+
+
+def test_the_baseline_is_never_the_plan_itself_and_always_runs_at_the_budget(tmp_path):
+    tova = Plan.homogeneous("tova", 32, 5, scope="decode")
+    assert "tova" not in first_run.rivals(tova)  # the plan is homogeneous TOVA: another method is its rival
+    proposed = first_run.propose("demo", tova, Store(tmp_path / "results.sqlite"), 512)
+    assert proposed.baseline != "tova" and proposed.plans[1][1].layers != tova.layers
+    small = Plan.homogeneous("h2o", 8, 5, scope="prefill")  # SnapKV's default window (32) does not fit 8
+    from polykv.methods import validate_plan
+
+    for rival in first_run.rivals(small).values():
+        validate_plan(rival, 5)
+
+
+def test_a_pilot_with_no_difference_sizes_no_run(tmp_path, plan):
+    store = Store(tmp_path / "results.sqlite")
+    pilot = first_run.propose("demo", plan, store, 512)
+    same = {t: [2.0] * first_run.PILOT_SAMPLES for t in pilot.settings.tasks}
+    for _, p in pilot.plans:
+        _run(store, "demo", p, pilot.settings, pilot.seed, same, "answer_nll")
+    with pytest.raises(ValueError, match="same answer_nll on every pilot sample"):
+        first_run.propose("demo", plan, store, 512)

@@ -6,7 +6,7 @@ import streamlit as st
 from app import common, designer_controls, plan_draft, session, state
 from polykv import jobs
 from polykv.errors import PolyKVError
-from polykv.eval import sample_view
+from polykv.eval import first_run, sample_view
 from polykv.eval.experiments import baseline_methods, plan_budget
 from polykv.eval.runner import SUITES
 from polykv.eval.store import Store, StoreError
@@ -58,9 +58,10 @@ with st.expander("Proposed: a first run that can tell this plan from a homogeneo
             st.markdown(
                 f"**Step 2 of 2, the decisive run:** {plan.name}, {proposed.baseline} and FullKV on "
                 f"{chosen.samples_per_task} samples of each of {len(tasks)} RULER tasks at {proposed.settings.length} "
-                f"tokens, answer_nll. It will detect a difference of **{chosen.expected_mde:.3f} nats** between the "
-                "plan and the baseline (80% power, two-sided 5%; sign-flip test over samples, from the pilot's "
-                "spread). Then open Compare for the verdict."
+                f"tokens, answer_nll. It is expected to detect a difference of **{chosen.expected_mde:.3f} nats** "
+                "between the plan and the baseline (80% power, two-sided 5%; a normal approximation from the "
+                f"pilot's spread over {first_run.PILOT_SAMPLES} samples per task, so a rough figure: Compare states "
+                "the test's own). Then open Compare for the verdict."
             )
         for line in proposed.reasons:
             st.caption(line)

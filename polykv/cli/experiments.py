@@ -86,10 +86,11 @@ class ExperimentOptions:
         from polykv.eval.fit import check_fits
 
         check_fits(self.suite, settings, hf_model, tokenizer, seed=self.seed)  # what cannot run is not started
-        from polykv.eval.launch_work import experiment_work, sample_shapes
+        from polykv.eval.launch_work import experiment_work, sample_shapes, samples_work
 
         shapes = sample_shapes(self.suite, settings, hf_model, tokenizer, self.seed)
         work = experiment_work(shapes, name, plans, batched=self.batch).loaded(0)
+        work = work + dataclasses.replace(samples_work(self.suite, settings, hf_model), kind="experiment", loads=0)
         announce_cost(work, self.model, self.device, hf_model, self.dry_run)
         return ExperimentRunner(
             Store(self.workspace / "results.sqlite"),
@@ -414,8 +415,10 @@ def experiment_study(
         from polykv.eval.launch_work import sample_shapes, study_work
         from polykv.models import context_length, num_layers
 
-        if replay:
-            return  # nothing runs
+        if replay:  # nothing runs: no cost to state
+            if dry_run:
+                raise typer.Exit(0)
+            return
         shapes = sample_shapes(suite, primary, hf_model, tokenizer, seed)
         work = study_work(settings, shapes, num_layers(hf_model), context_length(hf_model)).loaded(0)
         announce_cost(work, model, device, hf_model, dry_run)

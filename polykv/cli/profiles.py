@@ -71,17 +71,17 @@ def profile(
     from polykv.profile.build import build_profile  # torch and transformers: after the cheap checks
 
     hf_model, tokenizer = _load_model(model, device)
-    workload = None
-    if spec.is_workload:
-        from polykv.eval.calibration import workload_corpus
-
-        workload = workload_corpus(tokenizer, hf_model, spec)
     from polykv.eval.launch_work import profile_work
     from polykv.models import context_length, num_layers
 
     tokens = min(max_tokens, context_length(hf_model) or max_tokens)
     work = profile_work(spec.sources, sequences, tokens, scope.phases, num_layers(hf_model))
     announce_cost(work.loaded(0), model, device, hf_model, dry_run)
+    workload = None
+    if spec.is_workload:
+        from polykv.eval.calibration import workload_corpus
+
+        workload = workload_corpus(tokenizer, hf_model, spec)
     with Progress() as bars:  # a found profile draws no bar
         bars.start("profile")
         result = build_profile(

@@ -102,7 +102,7 @@ def search_workload(
             held += sample_shapes(workload.suite, suite_settings, hf_model, tokenizer, seed)
         layers = num_layers(hf_model)
         searched = [dataclasses.replace(s, count=search_sequences) for s in held if s.task in workload.tasks]
-        work = workload_search_work(searched or held, held, evaluations, len(budget), layers)
+        work = workload_search_work(searched or held, held, evaluations, len(budget), layers, profile == "auto")
         announce_cost(work.loaded(0), model, device, hf_model, dry_run)
         bars.note(
             f"workload search on {', '.join(workload.tasks)} ({workload.suite}"

@@ -90,6 +90,19 @@ def competent(model_name: str, store, length: int) -> tuple[tuple[str, ...], str
     return NEEDLES, "the needle tasks (FullKV's competence on them unchecked here: launch full, generating, to check)"
 
 
+def rivals(plan: Plan) -> dict[str, Plan]:
+    """Method -> the homogeneous plan of `plan`'s scope at its budget (parameters fitted to it; a method that
+    cannot run there, or whose plan is `plan` itself, left out): the like-with-like baselines."""
+    from polykv.eval.protocols import homogeneous_plans
+
+    found = {}
+    for rival in homogeneous_plans(plan.scope, _budget(plan), plan.num_layers):
+        method = rival.layers[0][plan.scope.phases[0]].method
+        if rival.allocation == "fixed" and method not in found and rival.layers != plan.layers:
+            found[method] = rival
+    return found
+
+
 def best_homogeneous(
     plan: Plan, store, settings_dict: dict, model_name: str, seed: int, profile=None
 ) -> tuple[str, str]:
@@ -97,17 +110,17 @@ def best_homogeneous(
     from polykv.eval.compare import sample_scores
     from polykv.eval.runner import run_id_for
 
-    scope, budget = plan.scope, _budget(plan)
+    candidates = rivals(plan)
+    if not candidates:
+        raise ValueError(f"no homogeneous plan runs in the {plan.scope.value} scope at budget {_budget(plan)}")
     found = []
-    if store is not None and budget is not None:
-        for method in _methods(scope):
-            rival = Plan.homogeneous(method, budget, plan.num_layers, scope)
-            run_id = run_id_for(model_name, rival, "ruler", settings_dict, seed)
-            row = store.run(run_id)
-            if row is not None and row["status"] == "finished":
-                values = [v for task in sample_scores(store, run_id, "answer_nll").values() for v in task.values()]
-                if values:
-                    found.append((float(np.mean(values)), method, run_id))
+    for method, rival in candidates.items():
+        run_id = run_id_for(model_name, rival, "ruler", settings_dict, seed)
+        row = store.run(run_id) if store is not None else None
+        if row is not None and row["status"] == "finished":
+            values = [v for task in sample_scores(store, run_id, "answer_nll").values() for v in task.values()]
+            if values:
+                found.append((float(np.mean(values)), method, run_id))
     if found:
         value, method, run_id = min(found)
         return (
@@ -117,20 +130,17 @@ def best_homogeneous(
     if profile is not None:
         from polykv.eval.study import best_mean_method
 
-        phase = Phase.PREFILL if scope is Scope.PREFILL else Phase.DECODE
+        phase = Phase.PREFILL if plan.scope is Scope.PREFILL else Phase.DECODE
         method = best_mean_method(profile, phase, "cosine")
-        return (
-            method,
-            f"{method}: the best method alone in profile {profile.key} ({phase.value}, mean cosine over layers)",
-        )
-    method = PAPER_ANCHOR[scope]
-    return method, f"{method}: the paper's homogeneous anchor for a {scope.value} plan (no pilot or profile here)"
-
-
-def _methods(scope: Scope) -> list[str]:
-    from polykv.methods import for_phase
-
-    return [m for m in for_phase(scope.phases[0]) if all(m in for_phase(p) for p in scope.phases)]
+        if method in candidates:
+            return (
+                method,
+                f"{method}: the best method alone in profile {profile.key} ({phase.value}, mean cosine over layers)",
+            )
+    preferred = [PAPER_ANCHOR[plan.scope], *candidates]
+    method = next(m for m in preferred if m in candidates)
+    why = "the paper's homogeneous anchor" if method == PAPER_ANCHOR[plan.scope] else "a homogeneous plan"
+    return method, f"{method}: {why} for a {plan.scope.value} plan (no pilot or profile here)"
 
 
 def settings_for(tasks: Sequence[str], length: int, samples: int):
@@ -147,13 +157,26 @@ def labelled(plan: Plan, baseline: str) -> tuple[tuple[dict, Plan], ...]:
     from polykv.plan import FULL
 
     budget = _budget(plan)
-    rival = Plan.homogeneous(baseline, budget, plan.num_layers, plan.scope)
+    rival = rivals(plan)[baseline]
     full = Plan.homogeneous(FULL, None, plan.num_layers)
     return (
         ({"series": "route", "budget": budget}, plan),
         ({"series": baseline, "budget": budget}, rival),
         ({"series": "full"}, full),
     )
+
+
+def pilot_seconds(store, model_name: str, plans: Sequence[Plan], settings, seed: int) -> float | None:
+    """Seconds one pilot sample took with all of `plans` (the mean over samples), as the runs recorded them."""
+    from polykv.eval.runner import run_id_for
+
+    per_plan = []
+    for plan in plans:
+        rows = store.samples(run_id_for(model_name, plan, "ruler", settings.to_dict(), seed))
+        if not rows:
+            return None
+        per_plan.append(float(np.mean([row["seconds"] for row in rows])))
+    return sum(per_plan)
 
 
 def pilot_differences(
@@ -171,6 +194,26 @@ def pilot_differences(
     return paired_differences(*(sample_scores(store, i, "answer_nll") for i in ids))
 
 
+_PER_SAMPLE: dict[tuple, float] = {}  # (model, device, tasks, length, rates' date) -> seconds: a page asks often
+
+
+def cost_per_sample(model_name: str, device: str, model, tokenizer, tasks: Sequence[str], length: int) -> float | None:
+    """The cost model's seconds for one sample of the decisive run (its three plans), the mean over `tasks`;
+    None until the model's speed here is measured (`polykv.costs`)."""
+    from polykv import costs
+    from polykv.eval.launch_work import sample_shapes, suite_work
+
+    rates = costs.stored_rates(model_name, device)
+    if rates is None:
+        return None
+    key = (model_name, device, tuple(tasks), length, rates.measured, tuple(map(tuple, rates.ratios.items())))
+    if key not in _PER_SAMPLE:
+        shapes = sample_shapes("ruler", settings_for(tasks, length, 1), model, tokenizer)
+        work = suite_work("eval", shapes, 3, batched=False).loaded(0)
+        _PER_SAMPLE[key] = costs.estimate(work, rates).seconds / len(tasks)
+    return _PER_SAMPLE[key]
+
+
 def propose(
     model_name: str,
     plan: Plan,
@@ -182,8 +225,9 @@ def propose(
     allowance_s: float = ALLOWANCE_S,
     target: float = TARGET_MDE,
 ) -> FirstRun:
-    """The proposed first run for `plan` on `model_name` (see the module docstring). `seconds_per_sample`: one
-    sample with the three plans here (the cost model's), to keep the decisive run within `allowance_s`."""
+    """The proposed first run for `plan` on `model_name` (see the module docstring). The decisive run's samples
+    fit `allowance_s` at the pilot's own measured seconds per sample (its two plans, scaled to three with FullKV),
+    else at `seconds_per_sample` (the cost model's, three plans)."""
     from polykv.eval.workload import plan_samples
 
     if _budget(plan) is None:
@@ -202,7 +246,14 @@ def propose(
             "the baseline differ sample by sample; the decisive run's size and what it can detect follow from it",
         )
         return FirstRun(pilot_settings, pilot_seed, baseline, plans[:2], True, None, reasons)
-    chosen = plan_samples(diffs, target, seconds_per_sample, allowance_s, minimum=PILOT_SAMPLES)
+    if not any(np.any(d != 0) for d in diffs.values()):
+        raise ValueError(
+            f"the plan and {baseline} gave the same answer_nll on every pilot sample: there is no difference to size "
+            "a run for"
+        )
+    measured = pilot_seconds(store, model_name, [p for _, p in plans[:2]], pilot_settings, pilot_seed)
+    per_sample = measured * 1.5 if measured is not None else seconds_per_sample  # FullKV joins the two plans
+    chosen = plan_samples(diffs, target, per_sample, allowance_s, minimum=PILOT_SAMPLES)
     reasons = (
         f"tasks: {why_tasks}",
         f"baseline: {why_baseline}",
@@ -211,4 +262,13 @@ def propose(
     return FirstRun(settings_for(tasks, length, chosen.samples_per_task), seed, baseline, plans, False, chosen, reasons)
 
 
-__all__ = ["ALLOWANCE_S", "PILOT_SAMPLES", "TARGET_MDE", "FirstRun", "best_homogeneous", "competent", "propose"]
+__all__ = [
+    "ALLOWANCE_S",
+    "cost_per_sample",
+    "PILOT_SAMPLES",
+    "TARGET_MDE",
+    "FirstRun",
+    "best_homogeneous",
+    "competent",
+    "propose",
+]

@@ -10,10 +10,7 @@ from collections.abc import Sequence
 
 from polykv.costs import Forward, Work
 from polykv.plan import Phase, Plan
-
-# What a search or study step does per sample, where the launch's settings do not say: the text search's
-# teacher-forced continuation (`polykv.search.objective.CONTINUATION`) and the profiler's (`profile.profiler`)
-CONTINUATION = 32
+from polykv.profile.profiler import CONTINUATION  # the profiler's teacher-forced tokens (the text search's too)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,14 +23,12 @@ class SampleShape:
     prompt: int
     steps: int
     reference_steps: int
-    rows: int = 1  # rows a plan steps in at once (fidelity: its teacher-forced and its greedy trace)
+    rows: int = 1  # rows a plan steps in at once in a batch (fidelity: its teacher-forced and its greedy trace)
+    prompts: int = 1  # prompt passes a plan (and FullKV's reference) makes alone (fidelity: one per trace)
 
 
 def _shape(suite: str, settings, task: str, count: int, payload) -> SampleShape:
-    if suite == "fidelity":  # payload: prompt + continuation + 1 token ids
-        prompt = len(payload) - settings.continuation - 1
-        steps = max(settings.continuation, settings.generate)
-        return SampleShape(task, count, prompt, steps, settings.continuation + settings.generate, rows=2)
+    """A question suite's task from its first sample's payload (RULER, LongBench)."""
     from polykv.eval.suites import answers
 
     prompt = len(payload.get("prompt_ids") or payload.get("ids") or [])
@@ -44,11 +39,37 @@ def _shape(suite: str, settings, task: str, count: int, payload) -> SampleShape:
     return SampleShape(task, count, prompt, steps, generated if answers.generates(mode) else 0)
 
 
+def fidelity_shapes(settings, context: int | None) -> list[SampleShape]:
+    """The fidelity suite's tasks from its settings alone (its samples are not built: model-sampled tasks
+    generate theirs, which `fidelity_corpus_work` counts). A plan runs a teacher-forced trace over the
+    continuation and a greedy one, each after its own prompt pass (`rows` 2 in a batch); FullKV too."""
+    tail = max(settings.continuation + 1, settings.generate)
+    prompt = min(settings.prompt_tokens, (context or 10**9) - tail - 1)
+    steps = settings.continuation + settings.generate
+    return [
+        SampleShape(task, settings.samples_per_task, prompt, steps, steps, rows=2, prompts=2) for task in settings.tasks
+    ]
+
+
+def fidelity_corpus_work(settings, context: int | None) -> Work:
+    """Sampling the fidelity tasks drawn from the model (stories, tales): every such sample generated."""
+    from polykv.eval.suites.fidelity import TASK_SOURCES
+
+    tail = max(settings.continuation + 1, settings.generate)
+    length = min(settings.prompt_tokens, (context or 10**9) - tail - 1) + tail
+    sources = [TASK_SOURCES[t] for t in settings.tasks]
+    return corpus_work(sources, len(sources) * settings.samples_per_task, length)
+
+
 def sample_shapes(suite: str, settings, model, tokenizer, seed: int = 0) -> list[SampleShape]:
     """Each task's samples as a run builds them (one sample per task built to measure it; LongBench with no
-    sample count: every sample, since how many there are is known only by reading them)."""
+    sample count: every sample, since how many there are is known only by reading them; fidelity from its
+    settings, `fidelity_shapes`)."""
     from polykv.eval.settings import suite_module
+    from polykv.models import context_length
 
+    if suite == "fidelity":
+        return fidelity_shapes(settings, context_length(model))
     module = suite_module(suite)
     per_task = getattr(settings, "samples_per_task", None)
     one = dataclasses.replace(settings, samples_per_task=1) if per_task is not None else settings
@@ -78,11 +99,18 @@ def suite_work(
     for s in shapes:
         longest = max(longest, s.prompt + s.steps)
         if batched:
-            forwards += [Forward(s.count, s.prompt), Forward(s.count * s.steps, 1, s.prompt, plans * s.rows)]
+            per_row = s.steps if s.rows == 1 else max(1, s.steps // s.rows)  # the traces step side by side
+            forwards += [Forward(s.count, s.prompt), Forward(s.count * per_row, 1, s.prompt, plans * s.rows)]
         else:
-            forwards += [Forward(s.count * plans, s.prompt), Forward(s.count * plans * s.steps, 1, s.prompt, s.rows)]
-        if reference and s.reference_steps:
-            forwards += [Forward(s.count, s.prompt), Forward(s.count * s.reference_steps, 1, s.prompt)]
+            forwards += [
+                Forward(s.count * plans * s.prompts, s.prompt),
+                Forward(s.count * plans * s.steps, 1, s.prompt),
+            ]
+        if reference and s.reference_steps:  # FullKV's: plain passes, no routed cache
+            forwards += [
+                Forward(s.count * s.prompts, s.prompt, routed=False),
+                Forward(s.count * s.reference_steps, 1, s.prompt, routed=False),
+            ]
     count = _samples(shapes)
     longest_prompt = max((s.prompt for s in shapes), default=0)
     default = f"{count} samples x {plans} plan{'s' if plans != 1 else ''} at up to {longest_prompt:,} tokens"
@@ -91,7 +119,17 @@ def suite_work(
 
 def eval_work(suite: str, settings, model, tokenizer, plans: Sequence[Plan], seed: int = 0) -> Work:
     """An evaluation (the CLI's `eval`, the Runs page's launch): each plan's run in turn, in one process."""
-    return suite_work("eval", sample_shapes(suite, settings, model, tokenizer, seed), len(plans), batched=False)
+    work = suite_work("eval", sample_shapes(suite, settings, model, tokenizer, seed), len(plans), batched=False)
+    return work + samples_work(suite, settings, model)
+
+
+def samples_work(suite: str, settings, model) -> Work:
+    """Building a suite's samples where that costs model time (fidelity's model-sampled tasks); else nothing."""
+    from polykv.models import context_length
+
+    if suite != "fidelity":
+        return Work("eval", (), loads=0)
+    return dataclasses.replace(fidelity_corpus_work(settings, context_length(model)), kind="eval")
 
 
 def corpus_work(sources: Sequence[str], sequences: int, tokens: int) -> Work:
@@ -140,18 +178,6 @@ def heterogeneity_work(sources: Sequence[str], inputs: int, tokens: int) -> Work
     return dataclasses.replace(work + corpus_work(sources, inputs, tokens), kind="heterogeneity")
 
 
-def experiment_plans(name: str, k: int = 0, budgets: int = 1, baselines: int | None = None) -> int:
-    """How many plans an experiment runs: the factorial's 2 x 2 cells; the placement control's guided plan,
-    its homogeneous anchor and k placements; the sweep's route, route-ppl and baselines at every budget."""
-    from polykv.eval.protocols import baseline_methods
-
-    if name == "factorial":
-        return 4
-    if name == "placement":
-        return k + 2
-    return budgets * (2 + (len(baseline_methods()) if baselines is None else baselines))
-
-
 def experiment_work(shapes: Sequence[SampleShape], name: str, plans: int, batched: bool = True) -> Work:
     """An experiment's `plans` on the suite's samples: as one batch per sample (the jobs, `--batch`), or each
     plan alone."""
@@ -161,13 +187,17 @@ def experiment_work(shapes: Sequence[SampleShape], name: str, plans: int, batche
 
 
 def text_search_work(
-    sequences: int, held_out: int, tokens: int, evaluations: int, budgets: int, contenders: int = 12
+    sequences: int, held_out: int, tokens: int, evaluations: int, budgets: int, scope: str = "decode"
 ) -> Work:
-    """The text search: each plan execution scores one search sequence (a prompt pass, the continuation
-    teacher-forced); the start plans score all of them; then the contenders and FullKV score the held-out
-    sequences."""
+    """The text search: every homogeneous plan of the scope scores the search sequences (the best is a start),
+    then each plan execution scores one sequence (a prompt pass, the continuation teacher-forced); the verdict
+    scores the held-out sequences with its three plans and FullKV's reference."""
+    from polykv.methods import for_phase
+    from polykv.plan import Scope
+
+    homogeneous = len(for_phase(Scope(scope).phases[0]))
     prompt = max(1, tokens - CONTINUATION)
-    runs = budgets * (evaluations + 2 * sequences + contenders * held_out)
+    runs = budgets * (evaluations + homogeneous * sequences + 4 * held_out)
     return Work(
         "search",
         (Forward(runs, prompt), Forward(runs * CONTINUATION, 1, prompt)),
@@ -177,18 +207,26 @@ def text_search_work(
 
 
 def workload_search_work(
-    search: Sequence[SampleShape], held_out: Sequence[SampleShape], evaluations: int, budgets: int, num_layers: int
+    search: Sequence[SampleShape],
+    held_out: Sequence[SampleShape],
+    evaluations: int,
+    budgets: int,
+    num_layers: int,
+    profiled: bool = True,
 ) -> Work:
-    """The workload search: its workload profile (one pass per search sample and layer cell), the baselines and
-    the evaluations on the search samples, then every contender on the held-out samples (batched)."""
+    """The workload search: its workload profile when it makes one (`profiled`: one pass per search sample and
+    layer cell), the baselines and the evaluations on the search samples, then every contender on the held-out
+    samples (batched). FullKV's competence pilot (generating) is not counted: its length is the model's."""
     from polykv.methods import REGISTRY
 
     methods = len(REGISTRY)
-    profile = [Forward(s.count * (1 + methods * (num_layers + 1) / 2), s.prompt, routed=False) for s in search]
+    profile = [
+        Forward(s.count * (1 + methods * (num_layers + 1) / 2), s.prompt, routed=False) for s in search if profiled
+    ]
     per_budget = suite_work("search", search, 1, batched=False, reference=False)
     # the homogeneous plans and the route on every search sample, each evaluation on one
     runs = methods + 1 + evaluations / max(1, _samples(search))
-    verdict = suite_work("search", held_out, methods + 4, batched=True)
+    verdict = suite_work("search", held_out, 8, batched=True)  # at most 8 distinct contenders, FullKV beside
     forwards = tuple(profile) + tuple(
         dataclasses.replace(f, count=f.count * runs * budgets) for f in per_budget.forwards
     )
@@ -235,7 +273,6 @@ __all__ = [
     "SampleShape",
     "corpus_work",
     "eval_work",
-    "experiment_plans",
     "experiment_work",
     "heterogeneity_work",
     "profile_work",

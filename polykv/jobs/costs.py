@@ -5,11 +5,14 @@ estimates of that kind (`polykv.jobs.worker`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import defaultdict
+from pathlib import Path
 
 from polykv import costs
 from polykv.costs import Work
+from polykv.errors import PolyKVError
 from polykv.jobs.spec import Job
 
 _SHAPES: dict[tuple, list] = {}  # (model, suite, settings, seed) -> shapes: a page asks again on every redraw
@@ -27,9 +30,10 @@ def _shapes(suite: str, settings_json: str, model, tokenizer, seed: int):
     return _SHAPES[key]
 
 
-def job_work(job: Job, model, tokenizer) -> Work:
+def job_work(job: Job, model, tokenizer, workspace: Path) -> Work:
     """The work `job` runs on `model` (loaded: its suites' first samples are built to measure them)."""
     from polykv.eval import launch_work as counted
+    from polykv.eval.settings import suite_settings
     from polykv.models import context_length, num_layers
 
     layers, context = num_layers(model), context_length(model)
@@ -40,7 +44,9 @@ def job_work(job: Job, model, tokenizer) -> Work:
         work = Work("eval", (), loads=0)
         for (suite, settings_json, seed), plans in groups.items():
             shapes = _shapes(suite, settings_json, model, tokenizer, seed)
+            settings = suite_settings(suite, settings_json)
             work = work + counted.suite_work("eval", shapes, plans, batched=False)
+            work = work + counted.samples_work(suite, settings, model)
         return work.loaded(1)
     if job.kind == "profile":
         spec = job.profile
@@ -49,17 +55,18 @@ def job_work(job: Job, model, tokenizer) -> Work:
         return counted.profile_work(
             tuple(corpus.get("sources") or ()), int(corpus.get("num_sequences", 20)), tokens, spec.scopes, layers
         )
-    if job.kind == "experiment":
+    if job.kind == "experiment":  # its plans as the job makes them, run one after another (`run_job`)
+        from polykv.jobs.experiment import job_experiment
+
         spec = job.experiment
         shapes = _shapes(spec.suite, json.dumps(spec.settings), model, tokenizer, spec.seed)
-        plans = counted.experiment_plans(
-            spec.name, spec.k, len(spec.budgets), None if spec.baselines is None else len(spec.baselines)
-        )
-        return counted.experiment_work(shapes, spec.name, plans)
+        _, settings, plans, _ = job_experiment(spec, job.model, workspace)
+        work = counted.experiment_work(shapes, spec.name, len(plans), batched=False)
+        return work + dataclasses.replace(counted.samples_work(spec.suite, settings, model), kind="experiment")
     spec = job.search
     tokens = min(spec.max_tokens, context or spec.max_tokens)
     if spec.sources is None:
-        return counted.text_search_work(spec.search_sequences, spec.held_out, tokens, spec.evaluations, 1)
+        return counted.text_search_work(spec.search_sequences, spec.held_out, tokens, spec.evaluations, 1, spec.scope)
     from polykv.eval.calibration import parse_workload, split_sources
     from polykv.search.workload import verdict_settings
 
@@ -69,20 +76,28 @@ def job_work(job: Job, model, tokenizer) -> Work:
     for settings in verdict_settings(workload, spec.held_out, others, spec.accuracy_samples).values():
         held += counted.sample_shapes(workload.suite, settings, model, tokenizer, spec.seed)
     searched = [s for s in held if s.task in workload.tasks]
-    searched = [type(s)(s.task, spec.search_sequences, s.prompt, s.steps, s.reference_steps, s.rows) for s in searched]
-    return counted.workload_search_work(searched or held, held, spec.evaluations, 1, layers)
+    searched = [dataclasses.replace(s, count=spec.search_sequences) for s in searched]
+    return counted.workload_search_work(
+        searched or held, held, spec.evaluations, 1, layers, profiled=spec.profile == "auto"
+    )
 
 
-def job_estimate(job: Job, model, tokenizer) -> costs.Estimate | None:
+def job_estimate(job: Job, model, tokenizer, workspace: Path) -> costs.Estimate | None:
     """The job's estimate at the stored rates of its model and device; None until they are measured."""
     rates = costs.stored_rates(job.model, job.device)
-    return None if rates is None else costs.estimate(job_work(job, model, tokenizer), rates)
+    return None if rates is None else costs.estimate(job_work(job, model, tokenizer, workspace), rates)
 
 
-def with_estimate(job: Job, model, tokenizer) -> Job:
-    """`job` with its estimate written in (unchanged when its model's rates are not measured here yet)."""
-    found = job_estimate(job, model, tokenizer)
-    return job if found is None else job.model_copy(update={"estimate_s": round(found.seconds, 1)})
+def with_estimate(job: Job, model, tokenizer, workspace: Path) -> Job:
+    """`job` with its estimate written in; unchanged when its model's rates are not measured here yet, or the
+    estimate cannot be made (an estimate never stops a launch)."""
+    try:
+        found = job_estimate(job, model, tokenizer, workspace)
+    except (PolyKVError, ValueError, OSError):
+        return job
+    if found is None:
+        return job
+    return job.model_copy(update={"estimate_s": round(found.seconds, 1), "estimate_model_s": found.model_seconds})
 
 
 __all__ = ["job_estimate", "job_work", "with_estimate"]

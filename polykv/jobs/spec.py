@@ -186,8 +186,10 @@ class Job(BaseModel):
     pid_start: int | None = Field(default=None, ge=0)
     host: str | None = None
     cancelled: bool = False
-    # what the launch said it would take here (`polykv.costs`); the worker records the time it took beside it
+    # what the launch said it would take here (`polykv.costs`), and the cost model's own figure before the
+    # correction learned from earlier jobs; the worker records the time it took beside them
     estimate_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    estimate_model_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
     @classmethod
     def from_dict(cls, data: Any) -> Job:

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from polykv.errors import JobError, first_line
+from polykv.errors import JobError, PolyKVError, first_line
 from polykv.eval.store import Store
 from polykv.eval.unit import Unit
 from polykv.files import atomic_write_json
@@ -38,6 +39,7 @@ JobWork = Callable[[Job, Path, Store, Callable[..., dict], Callable[[str | None]
 
 def _run(job: Job, workspace: Path, experiment: JobWork | None = None) -> None:
     state_path = _spec_path(workspace, job.id).with_suffix(".state.json")
+    began = time.perf_counter()
     current = {
         "status": "running",
         "fraction": 0.0,
@@ -123,7 +125,7 @@ def _run(job: Job, workspace: Path, experiment: JobWork | None = None) -> None:
                 progress=lambda fraction, message: report(fraction=fraction, message=message),
             )
             report(result={"profile": str(profile.path), "key": profile.key})
-        _record_cost(job, current)
+        _record_cost(job, current, began)
         report(status="finished", fraction=1.0, message="finished")
     except _Cancelled:
         run = store.run(active) if active is not None else None
@@ -136,17 +138,18 @@ def _run(job: Job, workspace: Path, experiment: JobWork | None = None) -> None:
         raise
 
 
-def _record_cost(job: Job, current: dict[str, Any]) -> None:
-    """A finished job's wall time beside its estimate, and their ratio kept to correct later estimates (a
-    resumed evaluation ran only part of its work here: its time is kept, not its ratio)."""
-    import datetime
-
+def _record_cost(job: Job, current: dict[str, Any], started: float) -> None:
+    """A finished job's wall time (from `started`, a perf_counter reading) beside its estimate, and its ratio to
+    the cost model's own estimate kept to correct later ones (a resumed evaluation ran only part of its work
+    here: its time is kept, not its ratio). Best effort: a rates file that cannot be written fails no job."""
     from polykv import costs
 
-    started = datetime.datetime.fromisoformat(current["started"])
-    current["measured_s"] = (datetime.datetime.now(datetime.UTC) - started).total_seconds()
-    if job.estimate_s and not current.get("start_fraction"):
-        costs.record_ratio(job.model, job.device, job.kind, job.estimate_s, current["measured_s"])
+    current["measured_s"] = time.perf_counter() - started
+    if job.estimate_model_s and not current.get("start_fraction"):
+        try:
+            costs.record_ratio(job.model, job.device, job.kind, job.estimate_model_s, current["measured_s"])
+        except (PolyKVError, OSError) as exc:
+            print(f"the time it took was not kept for later estimates: {first_line(exc)}", flush=True)
 
 
 def main(argv: list[str] | None = None, experiment: JobWork | None = None, prog: str = "polykv.jobs") -> int:
