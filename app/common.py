@@ -197,7 +197,6 @@ def start_job(build: Callable[[], Any], flash_key: str | None = None, refused: s
         jobs.start(
             with_estimate(job, model, tokenizer, workspace()), workspace()
         )  # the estimate goes with it, to be checked
-        st.session_state[state.LAST_STARTED] = job.id
     except (PolyKVError, ValueError) as exc:
         st.error(f"{refused}: {first_line(exc)}")
         return
@@ -239,22 +238,6 @@ def launch_estimate(build: Callable[[], Any], key: str) -> None:
 
     _, _, model, tokenizer = current_model()
     show_estimate(lambda: job_work(build(), model, tokenizer, workspace()), key)
-
-
-def started_job_progress(where: Path) -> None:
-    """Right under the button that started it, that job's progress (polled while it runs): what was just
-    launched is seen at once, wherever the page's job list is."""
-    try:
-        newest = jobs.load_job(where, st.session_state.get(state.LAST_STARTED, ""))
-    except PolyKVError:
-        return
-
-    @st.fragment(run_every=2)
-    def bar():
-        progress = jobs.state(newest, where)
-        st.progress(min(1.0, progress.fraction), text=f"{newest.title} · {progress.summary()} · {progress.message}")
-
-    bar()
 
 
 def failed_before_any_sample(job, progress) -> bool:

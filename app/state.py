@@ -153,7 +153,6 @@ RUNS_READ_TASK = "runs_read_task"  # selectbox: the task whose answers it shows 
 FIRST_RUN_MINUTES = "first_run_minutes"  # number: the time the proposed first run may take here
 FIRST_RUN_LAUNCH = "first_run_launch"  # button: launch the proposed first run (its pilot, then the decisive run)
 FIRST_RUN_MEASURE_SPEED = "first_run_measure_speed"
-LAST_STARTED = "last_started"  # the id of the job this session started last (its progress shows under its button)
 FIRST_RUN_FLASH = "first_run_flash"  # the "Started <job>" message of the proposed first run, under its button
 REMEMBERED = (
     RUN_PLAN,

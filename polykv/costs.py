@@ -9,8 +9,9 @@ The cost model has two parts:
 
   fixed_s is the per-call overhead (Python, kernel launches), token_s the weights' work per token and pair_s
   attention's per query-key pair. They are fitted (non-negative least squares) to timed prompt passes and
-  decode steps at two lengths; a decode step under a plan's routed cache (TOVA in every layer) adds routed_s
-  per row, its methods' work. With the model's load time they are kept in `$POLYKV_HOME/rates.json`.
+  decode steps at two lengths; a decode step under a plan's routed cache (TOVA evicting in every layer, a cache
+  as long) adds routed_s per row, its methods' work. With the model's load time they are kept in
+  `$POLYKV_HOME/rates.json`.
 - **Work**: what a launch runs, counted as forward passes of those shapes (`polykv.eval.launch_work` counts them
   for each kind of launch: eval, profile, heterogeneity, experiment, study, search).
 
@@ -253,12 +254,14 @@ def _fit(rows: Sequence[tuple[int, int]], seconds: Sequence[float]) -> tuple[flo
 
 
 def _routed_step_s(model, ids, length: int, device: str) -> float:
-    """A decode step's seconds under a routed plan (TOVA at half the context in every layer), after its prompt."""
+    """A decode step's seconds under a routed plan (TOVA evicting in every layer), after its prompt. Its capacity
+    is just under the prompt, so the cache is as long as the plain step's: the difference is the routing's cost,
+    not a shorter cache's saving."""
     from polykv.models import cache_argument_name, num_layers, output_cache
     from polykv.plan import Plan
     from polykv.runtime.routed import routed
 
-    plan = Plan.homogeneous("tova", max(1, length // 2), num_layers(model))
+    plan = Plan.homogeneous("tova", max(1, length - 8), num_layers(model))
     with routed(model, plan):
         cache = output_cache(model(ids, use_cache=True, logits_to_keep=1))
         step_input = {"input_ids": ids[:, -1:], cache_argument_name(model): cache, "use_cache": True}

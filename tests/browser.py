@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -114,6 +115,12 @@ def served_app(root: Path, **env: str) -> Iterator[str]:
                     os.killpg(pid, signal.SIGTERM)
                 except ProcessLookupError:
                     pass
+
+
+def job_header(title_part: str) -> re.Pattern:
+    """A job list's header line (`<title> · <job id> · <status>`) of a job whose title holds `title_part`, not the
+    progress bar under a launch button, whose text holds the title too."""
+    return re.compile(re.escape(title_part) + r".* · \d{8}-\d{6}-eval-\w+ · ")
 
 
 def settle(page, quiet_ms: int = 300) -> None:

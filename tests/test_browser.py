@@ -27,6 +27,7 @@ from tests.browser import (
     box_select_decode_cells,
     click_on,
     go_to,
+    job_header,
     job_pids,
     paint_decode_cells,
     palette,
@@ -140,13 +141,13 @@ def test_design_save_evaluate_and_compare_a_plan(app, page):
     page.keyboard.press("Escape")
     page.get_by_role("button", name="Launch").click()
     expect(page.get_by_text(re.compile(r"^Started \S+-eval-\S+ \(2 runs\)\.$"))).to_be_visible(timeout=WAIT)
-    header = page.get_by_test_id("stMarkdownContainer").filter(has_text="browser-plan on fidelity")
+    header = page.get_by_test_id("stMarkdownContainer").filter(has_text=job_header("browser-plan on fidelity"))
     # While the page switches from polling to a full redraw, the old "running" box can briefly stand
     # next to the new one: wait for exactly one, finished.
     expect(header).to_have_text([re.compile(r"· finished$")], timeout=JOB_WAIT)
     settle(page)
     expect(page.get_by_test_id("stProgress").first).to_contain_text(
-        re.compile(r"^100% · (\d+ min )?\d+ s elapsed · finished")
+        re.compile(r"^100% · (\d+ min )?\d+ s elapsed( · estimated about .+, took .+)? · finished")
     )
     expect(page.get_by_role("heading", name="Runs in the results database")).to_have_count(1)
     # Dataframes are drawn on a canvas, over an accessible grid of the same cells.

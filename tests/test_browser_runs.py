@@ -12,7 +12,7 @@ import time
 import pytest
 from playwright.sync_api import expect
 
-from tests.browser import MODEL_WAIT, WAIT, go_to, served_app, settle, tab
+from tests.browser import MODEL_WAIT, WAIT, go_to, job_header, served_app, settle, tab
 
 pytestmark = pytest.mark.slow
 
@@ -123,7 +123,7 @@ def test_heterogeneity_computes_only_when_asked_and_every_launch_says_its_cost_f
         expect(before).to_be_visible(timeout=WAIT)
         page.get_by_role("button", name="Launch", exact=True).click()
         expect(page.get_by_text(re.compile(r"^Started \S+-eval-\S+ \(2 runs\)\.$"))).to_be_visible(timeout=WAIT)
-        header = page.get_by_test_id("stMarkdownContainer").filter(has_text="on ruler")
+        header = page.get_by_test_id("stMarkdownContainer").filter(has_text=job_header("on ruler"))
         expect(header.first).to_have_text(re.compile(r"· finished$"), timeout=MODEL_WAIT)
         settle(page)
         expect(page.get_by_test_id("stProgress").first).to_contain_text(re.compile(r"estimated about .+, took .+"))

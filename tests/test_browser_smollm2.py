@@ -22,6 +22,7 @@ from tests.browser import (
     ARTIFACTS,
     MODEL_WAIT,
     WAIT,
+    job_header,
     paint_decode_cells,
     selected_layer_tags,
     served_app,
@@ -168,7 +169,7 @@ def test_a_ruler_run_with_the_proposed_settings_finishes_and_an_impossible_one_i
     expect(page.get_by_text(re.compile(r"^Started \S+-eval-\S+ \(1 run\)\.$"))).to_be_visible(timeout=WAIT)
     progress = page.get_by_test_id("stProgress").first
     expect(progress).to_contain_text(re.compile(r"\d+% · (\d+ min )?\d+ s elapsed"), timeout=MODEL_WAIT)
-    header = page.get_by_test_id("stMarkdownContainer").filter(has_text="on ruler")
+    header = page.get_by_test_id("stMarkdownContainer").filter(has_text=job_header("on ruler"))
     expect(header).to_have_text([re.compile(r"· finished$")], timeout=RULER_RUN_WAIT)
     settle(page)
     expect(page.get_by_test_id("stProgress").first).to_contain_text(
@@ -208,7 +209,7 @@ def test_the_proposed_first_run_states_its_cost_and_what_it_detects_and_compare_
     settle(page)
     page.get_by_role("button", name="Launch the pilot").click()
     expect(page.get_by_text(re.compile(r"^Started \S+-eval-\S+ \(2 runs\)\.$"))).to_be_visible(timeout=WAIT)
-    pilot = page.get_by_test_id("stMarkdownContainer").filter(has_text="first run (pilot)")
+    pilot = page.get_by_test_id("stMarkdownContainer").filter(has_text=job_header("first run (pilot)"))
     expect(pilot.first).to_have_text(re.compile(r"· finished$"), timeout=FIRST_RUN_WAIT)
     settle(page)
 
@@ -218,7 +219,7 @@ def test_the_proposed_first_run_states_its_cost_and_what_it_detects_and_compare_
     expect(page.get_by_text(re.compile(r"^Estimated here: about .+; \d+ samples x 3 plans"))).to_be_visible()
     page.get_by_role("button", name="Launch the decisive run").click()
     expect(page.get_by_text(re.compile(r"^Started \S+-eval-\S+ \(3 runs\)\.$"))).to_be_visible(timeout=WAIT)
-    header = page.get_by_test_id("stMarkdownContainer").filter(has_text="first run (decisive run)")
+    header = page.get_by_test_id("stMarkdownContainer").filter(has_text=job_header("first run (decisive run)"))
     expect(header.first).to_have_text(re.compile(r"· finished$"), timeout=FIRST_RUN_WAIT)
     settle(page)
     expect(page.get_by_test_id("stProgress").first).to_contain_text(re.compile(r"estimated about .+, took "))

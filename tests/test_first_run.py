@@ -116,3 +116,15 @@ def test_a_pilot_with_no_difference_sizes_no_run(tmp_path, plan):
         _run(store, "demo", p, pilot.settings, pilot.seed, same, "answer_nll")
     with pytest.raises(ValueError, match="same answer_nll on every pilot sample"):
         first_run.propose("demo", plan, store, 512)
+
+
+def test_the_cost_model_times_a_decisive_sample_once_the_speed_is_measured(tmp_path, monkeypatch, demo_model):
+    from polykv import costs
+
+    monkeypatch.setenv("POLYKV_HOME", str(tmp_path))
+    tasks = ("niah_single_1", "fwe")
+    assert first_run.cost_per_sample("demo", "cpu", *demo_model, tasks, 512) is None  # not measured yet
+    costs.measure_rates(demo_model[0], "demo", "cpu")
+    costs.record_ratio("demo", "cpu", "eval", 1.0, 1.5)  # a learned correction is part of it
+    seconds = first_run.cost_per_sample("demo", "cpu", *demo_model, tasks, 512)
+    assert seconds > 0 and first_run.cost_per_sample("demo", "cpu", *demo_model, tasks, 512) == seconds

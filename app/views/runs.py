@@ -15,6 +15,7 @@ from polykv.eval.workload import floor_warnings
 ANSWERS_SHOWN = 50  # samples a run's answers table shows at once
 
 st.title("Runs")
+launch_slot = None  # after a launch, where the job list shows (then back under its heading)
 name, device, model, tokenizer = session.current_model()
 workspace = session.workspace()
 
@@ -71,7 +72,7 @@ with st.expander("Proposed: a first run that can tell this plan from a homogeneo
                 lambda: common.first_run_job(name, device, proposed), state.FIRST_RUN_FLASH, refused="Not launched"
             )
         if designer_controls.show_flash(state.FIRST_RUN_FLASH):
-            common.started_job_progress(workspace)  # where the button is, not below the fold
+            launch_slot = st.container()  # the job list goes here this once: under the button, not below the fold
 suite = st.selectbox("Suite", list(SUITES), key=state.RUN_SUITE)
 st.session_state.setdefault(state.settings_text(suite), common.default_settings(suite, name))
 with st.container(border=True):  # no form: what is typed here is kept (`state.REMEMBERED`) until launched
@@ -121,7 +122,7 @@ with st.container(border=True):  # no form: what is typed here is kept (`state.R
 if launched:
     common.start_job(described_job, state.RUNS_FLASH, refused="Not launched")
 if designer_controls.show_flash(state.RUNS_FLASH):
-    common.started_job_progress(workspace)  # where the button is, not below the fold
+    launch_slot = st.container()  # the job list goes here this once: under the button, not below the fold
 
 # ---- jobs (polled while any runs) -----------------------------------------------------------------------
 # Cancel and Resume refuse with a JobError (or a FileError when the job file cannot be written)
@@ -156,7 +157,8 @@ def job_list():
             common.job_controls(job, progress, workspace)
 
 
-job_list()
+with launch_slot if launch_slot is not None else st.container():
+    job_list()
 
 # ---- results ----------------------------------------------------------------------------------------------
 st.subheader("Runs in the results database")

@@ -206,7 +206,8 @@ def cost_per_sample(model_name: str, device: str, model, tokenizer, tasks: Seque
     rates = costs.stored_rates(model_name, device)
     if rates is None:
         return None
-    key = (model_name, device, tuple(tasks), length, rates.measured, tuple(map(tuple, rates.ratios.items())))
+    learned = tuple((kind, tuple(r)) for kind, r in sorted(rates.ratios.items()))
+    key = (model_name, device, tuple(tasks), length, rates.measured, learned)
     if key not in _PER_SAMPLE:
         shapes = sample_shapes("ruler", settings_for(tasks, length, 1), model, tokenizer)
         work = suite_work("eval", shapes, 3, batched=False).loaded(0)
