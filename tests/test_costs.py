@@ -171,3 +171,11 @@ def test_a_real_small_job_takes_within_the_stated_factor_of_its_estimate(workspa
     assert "took" in done.summary()
     saved = json.loads((workspace / "jobs" / f"{job.id}.json").read_text())
     assert saved["estimate_s"] == job.estimate_s
+
+
+def test_a_text_search_counts_the_sequences_it_samples_from_the_model():
+    plain = launch_work.text_search_work(4, 8, 256, 40, 1, "decode", ("kjv", "jargon"))
+    sampled = launch_work.text_search_work(4, 8, 256, 40, 1, "decode", ("kjv", "model"))
+    generated = [f for f in sampled.forwards if f not in plain.forwards]
+    # half of the 4 search and 8 held-out sequences come from the model: 256 steps each, in one batch per split
+    assert [(f.count, f.batch) for f in generated] == [(256, 2), (256, 4)]

@@ -225,7 +225,9 @@ def search(
     from polykv.profile.corpus import default_sources
 
     tokens = min(max_tokens, context_length(hf_model) or max_tokens)
-    work = text_search_work(search_sequences, held_out, tokens, evaluations, len(budget), scope.value)
+    work = text_search_work(
+        search_sequences, held_out, tokens, evaluations, len(budget), scope.value, default_sources(model)
+    )
     if profile == "auto":
         work = work + profile_work(
             default_sources(model), AUTO_PROFILE_SEQUENCES, tokens, scope.phases, num_layers(hf_model)

@@ -187,23 +187,32 @@ def experiment_work(shapes: Sequence[SampleShape], name: str, plans: int, batche
 
 
 def text_search_work(
-    sequences: int, held_out: int, tokens: int, evaluations: int, budgets: int, scope: str = "decode"
+    sequences: int,
+    held_out: int,
+    tokens: int,
+    evaluations: int,
+    budgets: int,
+    scope: str = "decode",
+    sources: Sequence[str] = (),
 ) -> Work:
     """The text search: every homogeneous plan of the scope scores the search sequences (the best is a start),
     then each plan execution scores one sequence (a prompt pass, the continuation teacher-forced); the verdict
-    scores the held-out sequences with its three plans and FullKV's reference."""
+    scores the held-out sequences with its three plans and FullKV's reference. Its sequences come from `sources`
+    (the model's calibration sources): those sampled from the model are generated first."""
     from polykv.methods import for_phase
     from polykv.plan import Scope
 
     homogeneous = len(for_phase(Scope(scope).phases[0]))
     prompt = max(1, tokens - CONTINUATION)
     runs = budgets * (evaluations + homogeneous * sequences + 4 * held_out)
-    return Work(
+    drawn = corpus_work(sources, sequences, tokens) + corpus_work(sources, held_out, tokens) if sources else None
+    work = Work(
         "search",
         (Forward(runs, prompt), Forward(runs * CONTINUATION, 1, prompt)),
         kv_tokens=tokens,
         what=f"{budgets} budget(s) x {evaluations} evaluations on {sequences} sequences of {tokens:,} tokens",
     )
+    return work if drawn is None else work + dataclasses.replace(drawn, kind="search")
 
 
 def workload_search_work(

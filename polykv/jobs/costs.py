@@ -66,7 +66,11 @@ def job_work(job: Job, model, tokenizer, workspace: Path) -> Work:
     spec = job.search
     tokens = min(spec.max_tokens, context or spec.max_tokens)
     if spec.sources is None:
-        return counted.text_search_work(spec.search_sequences, spec.held_out, tokens, spec.evaluations, 1, spec.scope)
+        from polykv.profile.corpus import default_sources
+
+        return counted.text_search_work(
+            spec.search_sequences, spec.held_out, tokens, spec.evaluations, 1, spec.scope, default_sources(job.model)
+        )
     from polykv.eval.calibration import parse_workload, split_sources
     from polykv.search.workload import verdict_settings
 
