@@ -139,7 +139,7 @@ def test_design_save_evaluate_and_compare_a_plan(app, page):
     page.get_by_test_id("stMultiSelect").filter(has_text="Baselines").click()
     page.get_by_role("option", name="tova", exact=True).click()
     page.keyboard.press("Escape")
-    page.get_by_role("button", name="Launch").click()
+    page.get_by_role("button", name="Launch", exact=True).click()
     expect(page.get_by_text(re.compile(r"^Started \S+-eval-\S+ \(2 runs\)\.$"))).to_be_visible(timeout=WAIT)
     header = page.get_by_test_id("stMarkdownContainer").filter(has_text=job_header("browser-plan on fidelity"))
     # While the page switches from polling to a full redraw, the old "running" box can briefly stand

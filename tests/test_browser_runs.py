@@ -59,7 +59,7 @@ def test_the_runs_page_keeps_its_entries_when_left_during_a_job_and_after_a_relo
             settle(page)
         want = ("9", "60", SLOW)
         assert entries(page) == want
-        page.get_by_role("button", name="Launch").click()
+        page.get_by_role("button", name="Launch", exact=True).click()
         expect(page.get_by_text("· running").first).to_be_visible(timeout=WAIT)
         time.sleep(5)  # the job list polls: at least one fragment run before we leave
         go_to(page, "Plan designer")

@@ -146,7 +146,7 @@ def test_a_ruler_run_with_the_proposed_settings_finishes_and_an_impossible_one_i
     settings.fill(json.dumps({**proposed, "length": 100000}))
     settings.blur()
     settle(page)
-    page.get_by_role("button", name="Launch").click()
+    page.get_by_role("button", name="Launch", exact=True).click()
     refusal = page.get_by_test_id("stAlertContentError").filter(has_text="exceeds the model's context")
     expect(refusal).to_be_visible(timeout=WAIT)
     expect(refusal).to_contain_text("Not launched")
@@ -165,7 +165,7 @@ def test_a_ruler_run_with_the_proposed_settings_finishes_and_an_impossible_one_i
     page.get_by_label("Suite settings (JSON)").fill(json.dumps(proposed))
     page.get_by_label("Suite settings (JSON)").blur()
     settle(page)
-    page.get_by_role("button", name="Launch").click()
+    page.get_by_role("button", name="Launch", exact=True).click()
     expect(page.get_by_text(re.compile(r"^Started \S+-eval-\S+ \(1 run\)\.$"))).to_be_visible(timeout=WAIT)
     progress = page.get_by_test_id("stProgress").first
     expect(progress).to_contain_text(re.compile(r"\d+% · (\d+ min )?\d+ s elapsed"), timeout=MODEL_WAIT)

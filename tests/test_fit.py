@@ -147,7 +147,7 @@ def test_rulers_defaults_fit_the_loaded_model_and_the_runs_page_proposes_them(ap
     at.run()
     proposed = json.loads(at.text_area(key="settings_ruler").value)
     assert proposed["length"] == 512 and proposed["tasks"] == list(first.tasks) and proposed["samples_per_task"] == 1
-    assert any(c.startswith("Proposed for a first run on a CPU") for c in texts(at.caption))
+    assert any(c.startswith("These settings start small on a CPU") for c in texts(at.caption))
 
 
 RUNS_SETTINGS = {"length": 256, "tasks": ["niah_single_1"]}

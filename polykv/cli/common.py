@@ -139,24 +139,27 @@ DryRunOption = Annotated[
 
 
 def announce_cost(work, model: str, device: str, hf_model, dry_run: bool = False):
-    """The launch's estimated time and memory on this machine (`polykv.costs`), said before it starts: on
-    stderr, or on stdout with `dry_run`, which then stops the command (exit 0). The model's speed here is
+    """The launch's estimated time and memory on this machine (`polykv.costs`), said before it starts: on a
+    terminal's stderr, or on stdout with `dry_run`, which then stops the command (exit 0). The model's speed here is
     measured once (seconds) and kept in $POLYKV_HOME/rates.json, a dry run's included. An estimate that cannot be
     made says so in one line and stops nothing but a dry run."""
     from polykv import costs
     from polykv.errors import PolyKVError, first_line
 
+    said = dry_run or sys.stderr.isatty()  # scripts see only results and one-line errors, as for the loading
     try:
-        if costs.stored_rates(model, device) is None:
+        if costs.stored_rates(model, device) is None and said:
             typer.echo(f"measuring {model}'s speed on {device} (once; a few seconds) ...", err=True)
         rates = costs.rates_for(hf_model, model, device, _LOAD_SECONDS.get((model, device)))
         found = costs.estimate(work, rates)
     except (PolyKVError, OSError, ValueError, RuntimeError) as exc:
         if dry_run:
             raise
-        typer.echo(f"no estimate: {first_line(exc)}", err=True)
+        if said:
+            typer.echo(f"no estimate: {first_line(exc)}", err=True)
         return None
-    typer.echo(found.line(), err=not dry_run)
+    if said:
+        typer.echo(found.line(), err=not dry_run)
     if dry_run:
         raise typer.Exit(0)
     return found
