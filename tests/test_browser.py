@@ -277,7 +277,7 @@ def test_every_page_renders_by_url_once_the_model_is_loaded(app, page):
         settle(page)
         timings[name] = round(time.monotonic() - start, 2)
         if name == "heterogeneity":  # it measures when asked, not when opened
-            page.get_by_role("button", name="Measure").click()
+            page.get_by_role("button", name="Measure", exact=True).click()
             expect(page.get_by_text("Density map: input 0.")).to_be_visible(timeout=WAIT)
             expect(page.locator(".js-plotly-plot")).to_have_count(2, timeout=WAIT)
             settle(page)

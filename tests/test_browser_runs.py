@@ -131,6 +131,11 @@ def test_heterogeneity_computes_only_when_asked_and_every_launch_says_its_cost_f
         # ---- point 5: the run's answers, beside the gold answer and FullKV's, with agreement explained -----------
         page.get_by_text("A run's answers, beside the gold answer and FullKV's").click()
         settle(page)
+        run = page.get_by_role("combobox", name="Run")  # the module's workspace holds the first test's run too
+        run.click()
+        page.keyboard.type("mixed-demo · ruler")
+        page.keyboard.press("Enter")
+        settle(page)
         expect(page.get_by_text(re.compile(r"^agreement: 1 when the plan's greedy answer is FullKV's"))).to_be_visible()
         table = page.get_by_test_id("stTable").last
         for column in ("gold", "answer", "FullKV"):

@@ -132,8 +132,11 @@ def test_a_ruler_run_with_the_proposed_settings_finishes_and_an_impossible_one_i
     page.goto(url + "/runs")
     expect(page.get_by_role("heading", name="Runs", level=1)).to_be_visible(timeout=MODEL_WAIT)
     settle(page)
-    page.get_by_test_id("stSelectbox").filter(has_text="Suite").click()
-    page.get_by_role("option", name="ruler", exact=True).click()
+    suite = page.get_by_role("combobox", name="Suite")  # typed: the page is long, a list of options may not open
+    suite.click()
+    page.keyboard.type("ruler")
+    page.keyboard.press("Enter")
+    expect(suite).to_have_value("ruler", timeout=WAIT)
     settle(page)
     settings = page.get_by_label("Suite settings (JSON)")
     expect(settings).to_have_value(re.compile(r'"length": \d+'), timeout=WAIT)  # the proposal, drawn
