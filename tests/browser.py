@@ -195,6 +195,23 @@ def paint_decode_cells(page, first: int, last: int, method: str, capacity: int) 
     page.get_by_role("button", name="Paint selection").click()
 
 
+def choose_option(page, label: str, option: str) -> None:
+    """Add `option` to the multiselect labelled `label` and wait until its tag shows. A click that lands while
+    the page reruns (a text field's blur starts one) can be lost with the dropdown, so a missing tag is
+    chosen once more."""
+    select = page.get_by_test_id("stMultiSelect").filter(has_text=label)
+    tag = select.locator("[data-tag]").filter(has_text=re.compile(f"^{re.escape(option)}$"))
+    for _ in range(2):
+        settle(page)
+        select.click()
+        page.get_by_role("option", name=option, exact=True).click()
+        page.keyboard.press("Escape")
+        settle(page)
+        if tag.count():
+            return
+    expect(tag).to_have_count(1, timeout=WAIT)
+
+
 def palette(page, method: str):
     """The paint palette's button for `method`."""
     return page.locator(f".st-key-palette_{method} button").first  # a disabled one with help has two

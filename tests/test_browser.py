@@ -25,6 +25,7 @@ from tests.browser import (
     WAIT,
     alive,
     box_select_decode_cells,
+    choose_option,
     click_on,
     go_to,
     job_header,
@@ -135,10 +136,10 @@ def test_design_save_evaluate_and_compare_a_plan(app, page):
     go_to(page, "Runs")
     expect(page.get_by_role("heading", name="Evaluate the current plan: browser-plan")).to_be_visible(timeout=WAIT)
     settle(page)
-    page.get_by_label("Suite settings (JSON)").fill(json.dumps(TINY_SETTINGS))
-    page.get_by_test_id("stMultiSelect").filter(has_text="Baselines").click()
-    page.get_by_role("option", name="tova", exact=True).click()
-    page.keyboard.press("Escape")
+    settings = page.get_by_label("Suite settings (JSON)")
+    settings.fill(json.dumps(TINY_SETTINGS))
+    settings.press("Control+Enter")
+    choose_option(page, "Baselines", "tova")
     page.get_by_role("button", name="Launch", exact=True).click()
     expect(page.get_by_text(re.compile(r"^Started \S+-eval-\S+ \(2 runs\)\.$"))).to_be_visible(timeout=WAIT)
     header = page.get_by_test_id("stMarkdownContainer").filter(has_text=job_header("browser-plan on fidelity"))
