@@ -16,6 +16,7 @@ if _ROOT not in sys.path[:1]:
 import streamlit as st  # noqa: E402
 
 from app import common, plan_draft, session, state  # noqa: E402
+from polykv.errors import first_line  # noqa: E402
 
 # An emoji favicon is drawn in the browser; a ":material/...:" one would be fetched from a CDN.
 st.set_page_config(page_title="PolyKV", page_icon="🧩", layout="wide")
@@ -48,7 +49,7 @@ with st.sidebar:
         st.caption(f"Model: **{loaded_name}** on {loaded_device}, {session.num_layers()} layers{session.layer_kinds()}")
     except Exception as exc:  # the last good model could not be reloaded: fall back to the demo
         plan_draft.fall_back_to_demo()
-        st.error(f"Model unavailable ({common.first_line(exc)}); using the demo model.")
+        st.error(f"Model unavailable ({first_line(exc)}); using the demo model.")
     st.radio("Figure downloads (camera button)", ["png", "svg"], horizontal=True, key=state.FIGURE_FORMAT)
 
 pending = plan_draft.pending_model()

@@ -13,9 +13,9 @@ import streamlit as st
 from app import charts, state
 from app.plan_draft import REPO, plan, set_plan
 from app.session import check_plan, current_model
-from polykv import plan_edits
 from polykv.files import read_text
 from polykv.plan import MAX_PLAN_BYTES, Plan, PlanError
+from polykv.plan_edits import choices
 
 KEEP = "(keep)"  # the paint palette's "leave the method as it is"
 PLAN_MESSAGES = "plan"  # the message slot under the paint controls (paint, undo, redo, rescale, build, reset)
@@ -58,7 +58,7 @@ def commit(new: Plan, message: str | None = None, where: str = PLAN_MESSAGES) ->
         return
     if message:
         flash(state.designer_flash(where), message)
-    changed = plan_edits.scope_change(before, new)
+    changed = choices.scope_change(before, new)
     if changed:
         flash(state.designer_flash(where), changed, "warning")
     st.rerun()
@@ -84,12 +84,10 @@ def follow_chart_selection(layers: int) -> None:
         chart_layers, chart_phases = picked
         if chart_layers:
             st.session_state[state.DESIGNER_LAYERS] = chart_layers
-            phase = plan_edits.phase_choice(chart_phases)
+            phase = choices.phase_choice(chart_phases)
             if phase is not None:
                 st.session_state[state.DESIGNER_PHASE] = phase
-    st.session_state[state.DESIGNER_LAYERS] = plan_edits.layers_in(
-        st.session_state.get(state.DESIGNER_LAYERS, []), layers
-    )
+    st.session_state[state.DESIGNER_LAYERS] = choices.layers_in(st.session_state.get(state.DESIGNER_LAYERS, []), layers)
 
 
 def selection_boxes() -> list[dict]:
@@ -117,7 +115,7 @@ def phase_follows_scope(current: Plan) -> None:
 def paint_palette() -> list[tuple[str, str | None]]:
     """The palette for the chosen phase: every method with None or why it cannot be painted there. A chosen
     method that cannot run in the phase is dropped (back to keeping the method)."""
-    entries = plan_edits.palette(st.session_state.get(state.DESIGNER_PHASE, plan_edits.PHASE_CHOICES[0]))
+    entries = choices.palette(st.session_state.get(state.DESIGNER_PHASE, choices.PHASE_CHOICES[0]))
     if dict(entries).get(st.session_state.get(state.PAINT_METHOD)) is not None:
         st.session_state[state.PAINT_METHOD] = KEEP
     return entries
@@ -134,7 +132,7 @@ def chosen_method() -> str:
 
 def shown_phases() -> tuple[str, ...]:
     """The phases whose selected cells the chart outlines: those the phase choice names."""
-    return plan_edits.phase_values(st.session_state.get(state.DESIGNER_PHASE, plan_edits.PHASE_CHOICES[0]))
+    return choices.phase_values(st.session_state.get(state.DESIGNER_PHASE, choices.PHASE_CHOICES[0]))
 
 
 def paint_request() -> tuple[list[int], str, str | None, int | None]:
@@ -143,7 +141,7 @@ def paint_request() -> tuple[list[int], str, str | None, int | None]:
     capacity = st.session_state.get(state.PAINT_CAPACITY)
     return (
         selected_layers(),
-        st.session_state.get(state.DESIGNER_PHASE, plan_edits.PHASE_CHOICES[0]),
+        st.session_state.get(state.DESIGNER_PHASE, choices.PHASE_CHOICES[0]),
         None if method == KEEP else method,
         None if capacity is None else int(capacity),
     )

@@ -21,10 +21,11 @@ from app.session import (
     set_model_error,
     workspace,
 )
-from polykv import drafts, models, plan_edits
+from polykv import drafts, models
 from polykv.errors import PolyKVError, first_line
 from polykv.methods import validate_plan
 from polykv.plan import Plan, PlanError
+from polykv.plan_edits.comparison import change_summary
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -220,13 +221,13 @@ def can_redo() -> bool:
 def undo() -> str | None:
     """Back to the plan before the last edit (Redo brings the edit back); says what it undid."""
     restored = _step(state.UNDO, state.REDO)
-    return None if restored is None else f"Undid: {plan_edits.change_summary(restored, _after_step(state.REDO))}."
+    return None if restored is None else f"Undid: {change_summary(restored, _after_step(state.REDO))}."
 
 
 def redo() -> str | None:
     """The edit Undo took back, again; says what it redid."""
     restored = _step(state.REDO, state.UNDO)
-    return None if restored is None else f"Redid: {plan_edits.change_summary(_after_step(state.UNDO), restored)}."
+    return None if restored is None else f"Redid: {change_summary(_after_step(state.UNDO), restored)}."
 
 
 def _after_step(target: str) -> Plan:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 from pathlib import Path
 
 import streamlit as st
@@ -40,12 +41,35 @@ def workspace() -> Path:
 def load_cached(name: str, device: str):
     model, tokenizer = models.load_model(name, device=device)  # quiet: no download progress bars
     if device == "cpu" and sum(p.numel() for p in model.parameters()) < 20_000_000:
-        import torch
-
         # A tiny model's matmuls are too small to share: extra threads only add hand-offs, which stall
         # badly when another process holds a core (measured: 4.2 s -> 1.1 s for the demo's inputs).
-        torch.set_num_threads(1)
+        run_forwards_on_threads(model, 1)
     return model, tokenizer
+
+
+def run_forwards_on_threads(model, threads: int) -> None:
+    """Every forward of `model` runs on `threads` intra-op threads: torch's count is set for the calling thread
+    as the forward starts and put back when it ends (an error included), so the count belongs to this model,
+    not to the process, whose other work and other models keep theirs. Kept on the model as `polykv_threads`."""
+    import torch
+
+    model.polykv_threads = threads
+    outer = threading.local()  # per calling thread: the count to put back, and how deep in forwards it is
+
+    def before(module, args):
+        depth = getattr(outer, "depth", 0)
+        if depth == 0:
+            outer.previous = torch.get_num_threads()
+            torch.set_num_threads(module.polykv_threads)
+        outer.depth = depth + 1
+
+    def after(module, args, output):
+        outer.depth -= 1
+        if outer.depth == 0:
+            torch.set_num_threads(outer.previous)
+
+    model.register_forward_pre_hook(before)
+    model.register_forward_hook(after, always_call=True)
 
 
 def show_failure(exc: BaseException) -> None:

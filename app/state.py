@@ -51,7 +51,7 @@ DIFF_WITH = "diff_with"  # selectbox: the saved plan file the current plan is co
 RUN_PLAN = "run_plan"  # selectbox: the plan to evaluate, the designer's ("(designer)") or a saved file
 RUN_SUITE = "run_suite"  # selectbox: the suite the current plan is evaluated on
 RUNS_FLASH = "runs_flash"  # the "Started <job>" message, shown once after the launch's rerun
-# the "Measure speed" buttons beside each launch (`common.launch_estimate`): the model's rates, measured once
+# the "Measure speed" buttons beside each launch (`job_controls.launch_estimate`): the model's rates, measured once
 RUN_MEASURE_SPEED = "run_measure_speed"
 PROFILE_MEASURE_SPEED = "profile_measure_speed"
 EXPERIMENT_MEASURE_SPEED = "experiment_measure_speed"

@@ -15,8 +15,8 @@ import time
 
 import torch
 
-from polykv.eval.protocols import baseline_plan
-from polykv.eval.settings import suite_settings
+from polykv.eval.method_protocols import baseline_plan
+from polykv.eval.running.settings import suite_settings
 from polykv.eval.suites import ruler
 from polykv.models import load_model, num_layers
 from polykv.plan import Plan

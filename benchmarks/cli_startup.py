@@ -47,7 +47,7 @@ main()
 
 def workspace(folder: Path) -> Path:
     from polykv import jobs
-    from polykv.eval.store import Store
+    from polykv.eval.results.store import Store
 
     ws = folder / "ws"
     store = Store(ws / "results.sqlite")

@@ -24,10 +24,10 @@ def main() -> None:
     args = parser.parse_args()
 
     from polykv import costs, jobs
-    from polykv.eval import first_run
-    from polykv.eval.compare import compare_runs
-    from polykv.eval.store import Store
-    from polykv.eval.unit import Unit
+    from polykv.eval.comparing.compare import compare_runs
+    from polykv.eval.launch import first_run
+    from polykv.eval.results.store import Store
+    from polykv.eval.running.unit import Unit
     from polykv.jobs.costs import with_estimate
     from polykv.models import load_model
     from polykv.plan import Plan

@@ -26,9 +26,9 @@ def main() -> None:
     args = parser.parse_args()
     ws = Path(tempfile.mkdtemp(prefix="launch-costs-")) / "ws"
     from polykv import costs, jobs
-    from polykv.eval.launch_work import heterogeneity_work
-    from polykv.eval.settings import suite_settings
-    from polykv.eval.unit import Unit
+    from polykv.eval.launch.work import heterogeneity_work
+    from polykv.eval.running.settings import suite_settings
+    from polykv.eval.running.unit import Unit
     from polykv.jobs.costs import with_estimate
     from polykv.jobs.experiment import launch_job
     from polykv.jobs.search import launch_search

@@ -34,7 +34,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from polykv.files import atomic_write_text, read_json
-    from polykv.search.report import markdown
+    from polykv.search.text.report import markdown
 
     timing = args.out / "wall-seconds.txt"
     if not args.markdown_only:

@@ -21,7 +21,7 @@ and measures
 
 Configurations: `vanilla HF` (DynamicCache + SDPA, no routed cache), a `full` plan, an H2O/TOVA
 composition (fixed plan, scope both, H2O in even layers and TOVA in odd ones, the same capacity
-everywhere), then every method of `polykv.eval.protocols.baseline_methods()` alone, under its authors'
+everywhere), then every method of `polykv.eval.method_protocols.baseline_methods()` alone, under its authors'
 standalone protocol (`baseline_plan` at the same per-layer capacity; native allocation splits L x that
 budget itself). Configurations are interleaved within each repetition; medians are reported.
 
@@ -73,7 +73,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))
 from gpu_check import LLAMA_31_8B  # noqa: E402
 from runtime import CPU_CONFIG, build_model, cpu_name, kv_bytes, nominal_bytes, nominal_slots, run_once  # noqa: E402
 
-from polykv.eval.protocols import baseline_methods, baseline_plan  # noqa: E402
+from polykv.eval.method_protocols import baseline_methods, baseline_plan  # noqa: E402
 from polykv.files import atomic_write_bytes, atomic_write_json  # noqa: E402
 from polykv.plan import Phase, Plan, Scope  # noqa: E402
 from polykv.runtime import routed  # noqa: E402

@@ -12,7 +12,7 @@ The cost model has two parts:
   decode steps at two lengths; a decode step under a plan's routed cache (TOVA evicting in every layer, a cache
   as long) adds routed_s per row, its methods' work. With the model's load time they are kept in
   `$POLYKV_HOME/rates.json`.
-- **Work**: what a launch runs, counted as forward passes of those shapes (`polykv.eval.launch_work` counts them
+- **Work**: what a launch runs, counted as forward passes of those shapes (`polykv.eval.launch.work` counts them
   for each kind of launch: eval, profile, heterogeneity, experiment, study, search).
 
 An estimate is the work priced at the rates, times a correction per kind of launch: the median ratio of

@@ -31,6 +31,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from polykv.eval.results.rows import RunRow
 from polykv.eval.suites.fidelity import FidelitySettings
 from polykv.methods.base import Eviction, LayerView
 from polykv.models import cache_argument_name, output_cache
@@ -362,6 +363,13 @@ def fake_run(
             store.add_sample(run_id, task, "0", metrics, 0.1)
     store.set_task_scores(run_id, scores, {t: 1 for t in scores})
     store.set_status(run_id, status)
+
+
+def run_row(run_id: str, status: str = "finished", **fields: Any) -> RunRow:
+    """A run as the store reads it back, made by hand (what a test says about it in `fields`, the rest filler)."""
+    filler = dict(model="demo", plan_name=run_id, plan_hash="h", plan_json="{}", suite="fidelity", settings="{}")
+    filler |= dict(seed=0, total_samples=1, versions="{}", created="2026-01-01T00:00:00.000+00:00")
+    return RunRow(id=run_id, status=status, **{**filler, **fields})
 
 
 def wait_until(condition: Callable[[], Any], timeout: float, describe: Callable[[], str] = lambda: "") -> Any:

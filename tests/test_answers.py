@@ -7,10 +7,10 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from polykv.eval.protocols import baseline_plan
-from polykv.eval.runner import run_suite, run_suites
-from polykv.eval.store import Store
-from polykv.eval.suites import answers, ruler
+from polykv.eval.method_protocols import baseline_plan
+from polykv.eval.results.store import Store
+from polykv.eval.running.suite_runner import run_suite, run_suites
+from polykv.eval.suites import answer_settings, answers, ruler
 from polykv.eval.suites.ruler import RulerSettings
 from polykv.plan import Plan
 from tests.helpers import FAMILIES, tiny_model
@@ -119,7 +119,7 @@ def test_modes_report_their_metrics_and_runs_keep_every_answer(demo_model, tmp_p
     store = Store(tmp_path / "results.sqlite")
     full = Plan.homogeneous("full", None, 5)
     tova = Plan.homogeneous("tova", 32, 5)
-    for mode, metrics in answers.MODE_METRICS.items():
+    for mode, metrics in answer_settings.MODE_METRICS.items():
         settings = RulerSettings(tasks=("niah_single_1",), length=400, samples_per_task=2, mode=mode)
         alone = run_suite(store, "demo", model, tokenizer, tova, "ruler", settings)
         together = run_suites(
@@ -127,23 +127,17 @@ def test_modes_report_their_metrics_and_runs_keep_every_answer(demo_model, tmp_p
         )
         for run_id in (alone, *together):
             rows = store.samples(run_id)
-            assert all(set(row["metrics"]) == set(metrics) for row in rows), (mode, rows[0]["metrics"])
-            assert all(
-                row["gold"] and len(row["gold"]) == 1 and row["prompt"]["task"] == "niah_single_1" for row in rows
-            )
-            assert all((row["prediction"] is not None) == answers.generates(mode) for row in rows)
+            assert all(set(row.metrics) == set(metrics) for row in rows), (mode, rows[0]["metrics"])
+            assert all(row.gold and len(row.gold) == 1 and row.prompt["task"] == "niah_single_1" for row in rows)
+            assert all((row.prediction is not None) == answer_settings.generates(mode) for row in rows)
         # the same samples, alone or batched: the same answer_nll up to rounding, the same answers
         a, b = store.samples(alone), store.samples(together[0])
-        if answers.scores_answer(mode):
-            assert [r["metrics"]["answer_nll"] for r in a] == pytest.approx(
-                [r["metrics"]["answer_nll"] for r in b], abs=1e-5
-            )
-        if answers.generates(mode):
-            assert [r["prediction"] for r in a] == [r["prediction"] for r in b]
-            assert all(
-                r["metrics"]["agreement"] == 1.0 for r in store.samples(together[1])
-            )  # FullKV agrees with itself
-    prompts = {r["prompt"]["sha256"] for r in store.samples(alone)}
+        if answer_settings.scores_answer(mode):
+            assert [r.metrics["answer_nll"] for r in a] == pytest.approx([r.metrics["answer_nll"] for r in b], abs=1e-5)
+        if answer_settings.generates(mode):
+            assert [r.prediction for r in a] == [r.prediction for r in b]
+            assert all(r.metrics["agreement"] == 1.0 for r in store.samples(together[1]))  # FullKV agrees with itself
+    prompts = {r.prompt["sha256"] for r in store.samples(alone)}
     assert len(prompts) == 2 and all(len(h) == 16 for h in prompts)  # a hash of the prompt, not the prompt
 
 

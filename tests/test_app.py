@@ -17,10 +17,10 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app import charts, common
+from app import charts, common, job_controls, job_forms
 from polykv import jobs
-from polykv.eval.compare import macro_average
-from polykv.eval.store import Store
+from polykv.eval.comparing.compare import macro_average
+from polykv.eval.results.store import Store
 from polykv.methods import REGISTRY
 from polykv.plan import Plan
 from tests.helpers import (
@@ -31,6 +31,7 @@ from tests.helpers import (
     button,
     fake_run,
     open_app,
+    run_row,
     texts,
     wait_for_job,
 )
@@ -364,7 +365,7 @@ def test_runs_page_launches_a_background_run_and_compare_shows_its_scores(app_en
     at.run()
     assert any("finished" in m for m in texts(at.markdown))
     runs = Store(app_env / "ws" / "results.sqlite").runs()
-    assert sorted(r["status"] for r in runs) == ["finished", "finished"]
+    assert sorted(r.status for r in runs) == ["finished", "finished"]
 
     at.switch_page("views/compare.py")
     at.run()
@@ -587,7 +588,7 @@ def test_runs_launches_the_plan_it_shows_and_offers_saved_plans(app_env):
 
 @pytest.mark.slow  # launches a four-run eval job and waits for its worker
 def test_a_placement_control_launched_from_runs_is_drawn_on_experiments(app_env):
-    from polykv.plan_edits import paint
+    from polykv.plan_edits.painting import paint
 
     guided = paint(Plan.homogeneous("tova", 24, 5, "decode", name="guided"), [2, 3, 4], "decode", "h2o")
     at = open_app("runs")
@@ -645,7 +646,7 @@ def test_knorm_is_in_the_palette_the_table_and_the_chart_in_its_own_colour(app_e
     assert cells["marker"]["color"] == REGISTRY["knorm"].colour and len(cells["x"]) == 4
 
 
-# ---- what the pages decide, in app/common.py and app/charts.py (no page run) ---------------------------
+# ---- what the pages decide, in app/common.py, app/job_forms.py, app/job_controls.py and app/charts.py (no page run)
 def test_no_chart_breaks_on_a_method_without_a_colour_and_no_file_spells_a_method_colour():
     retired = Plan.homogeneous("retired", 16, 3, "decode")  # e.g. a method an old plan or run still names
     figure = charts.plan_figure(retired)
@@ -672,24 +673,25 @@ def test_the_runs_table_averages_each_metric_over_the_tasks_that_report_it(tmp_p
 
 
 def test_run_settings_and_profile_forms_start_small_on_the_demo_model():
-    from polykv.eval.fit import FIRST_RUN_TASKS
-    from polykv.eval.runner import SUITES
+    from polykv.eval.running.defaults import SMALL_SETTINGS
+    from polykv.eval.running.fit import FIRST_RUN_TASKS
+    from polykv.eval.running.suite_runner import SUITES
     from polykv.eval.suites.fidelity import default_tasks
     from polykv.profile.corpus import KNOWN_SOURCES, default_sources
 
-    demo = json.loads(common.default_settings("fidelity", "demo"))
+    demo = json.loads(job_forms.default_settings("fidelity", "demo"))
     assert demo == {
         **SUITES["fidelity"].Settings().to_dict(),
         "tasks": list(default_tasks("demo")),
-        **common.DEMO_SETTINGS["fidelity"],
+        **SMALL_SETTINGS["fidelity"],
     }
-    other = json.loads(common.default_settings("fidelity", "org/model"))
+    other = json.loads(job_forms.default_settings("fidelity", "org/model"))
     assert other == {**SUITES["fidelity"].Settings().to_dict(), "tasks": list(default_tasks("org/model"))}
-    ruler = json.loads(common.default_settings("ruler", "demo"))  # fitted to the demo's 512-token context, on CPU
+    ruler = json.loads(job_forms.default_settings("ruler", "demo"))  # fitted to the demo's 512-token context, on CPU
     expected = {**SUITES["ruler"].Settings().to_dict(), "length": 512, "tasks": ruler["tasks"], "samples_per_task": 1}
     assert ruler == expected and set(ruler["tasks"]) <= set(FIRST_RUN_TASKS)
-    assert common.profile_defaults("demo") == {"sequences": 4, "max_tokens": 512}
-    assert common.profile_defaults("org/model") == {"sequences": 20, "max_tokens": 2048}
+    assert job_forms.profile_defaults("demo") == {"sequences": 4, "max_tokens": 512}
+    assert job_forms.profile_defaults("org/model") == {"sequences": 20, "max_tokens": 2048}
     choices = common.source_choices("demo")
     assert choices[: len(default_sources("demo"))] == list(default_sources("demo"))
     assert set(KNOWN_SOURCES) <= set(choices)
@@ -700,24 +702,24 @@ def test_run_settings_and_profile_forms_start_small_on_the_demo_model():
 
 def test_the_launch_form_becomes_one_job_or_a_one_line_refusal():
     plan = Plan.load(MIXED)
-    job = common.eval_job("demo", "cpu", plan, "fidelity", json.dumps(TINY_SETTINGS), "16", ["tova"], 0, 0)
+    job = job_forms.eval_job("demo", "cpu", plan, "fidelity", json.dumps(TINY_SETTINGS), "16", ["tova"], 0, 0)
     assert [r.label for r in job.runs] == [{"series": "route", "budget": 16}, {"series": "tova", "budget": 16}]
     assert job.title == "mixed-demo on fidelity + 1 more" and (job.model, job.device) == ("demo", "cpu")
-    assert common.eval_job("demo", "cpu", plan, "fidelity", "{}", "", [], 0, 0).title == "mixed-demo on fidelity"
+    assert job_forms.eval_job("demo", "cpu", plan, "fidelity", "{}", "", [], 0, 0).title == "mixed-demo on fidelity"
     with pytest.raises(ValueError, match=r"budgets are positive whole numbers .* \(got 'x'\)"):
-        common.eval_job("demo", "cpu", plan, "fidelity", "{}", "16, x", [], 0, 0)
+        job_forms.eval_job("demo", "cpu", plan, "fidelity", "{}", "16, x", [], 0, 0)
     with pytest.raises(ValueError, match="fidelity settings"):
-        common.eval_job("demo", "cpu", plan, "fidelity", '{"samples_per_task": 0}', "", [], 0, 0)
+        job_forms.eval_job("demo", "cpu", plan, "fidelity", '{"samples_per_task": 0}', "", [], 0, 0)
 
 
 def test_the_profile_form_becomes_one_job_or_a_one_line_refusal():
-    job = common.profile_job("demo", "cpu", ["kjv"], 1, 96, 0, "both")
+    job = job_forms.profile_job("demo", "cpu", ["kjv"], 1, 96, 0, "both")
     assert (job.kind, job.model, job.device, job.title) == ("profile", "demo", "cpu", "profile demo")
     assert job.profile.capacity is None and job.profile.scopes == ["prefill", "decode"]  # b_cal 0: automatic
     assert (job.profile.corpus["sources"], job.profile.corpus["num_sequences"]) == (["kjv"], 1)
-    assert common.profile_job("demo", "cpu", ["kjv"], 1, 96, 24, "decode").profile.capacity == 24
+    assert job_forms.profile_job("demo", "cpu", ["kjv"], 1, 96, 24, "decode").profile.capacity == 24
     with pytest.raises(ValueError, match="sources is empty"):
-        common.profile_job("demo", "cpu", [], 1, 96, 0, "decode")
+        job_forms.profile_job("demo", "cpu", [], 1, 96, 0, "decode")
 
 
 def test_compare_finds_sweeps_and_placements_in_the_jobs_that_launched_them():
@@ -735,9 +737,12 @@ def test_compare_finds_sweeps_and_placements_in_the_jobs_that_launched_them():
     )
     profile = SimpleNamespace(kind="profile", model="demo", runs=[])
     every = [route_only, sweep, placed, profile]
-    assert common.jobs_of(every, "eval") == [route_only, sweep, placed]
-    assert common.jobs_of(every, "eval", limit=1) == [route_only]
-    assert common.jobs_of(every, "profile", "demo") == [profile] and common.jobs_of(every, "profile", "other") == []
+    assert job_controls.jobs_of(every, "eval") == [route_only, sweep, placed]
+    assert job_controls.jobs_of(every, "eval", limit=1) == [route_only]
+    assert (
+        job_controls.jobs_of(every, "profile", "demo") == [profile]
+        and job_controls.jobs_of(every, "profile", "other") == []
+    )
     assert common.sweep_jobs(every[:3]) == [sweep] and common.placement_jobs(every[:3]) == [placed]
     assert common.sweep_runs(sweep) == [
         ({"series": "route", "budget": 16}, "b"),
@@ -750,12 +755,12 @@ def test_compare_finds_sweeps_and_placements_in_the_jobs_that_launched_them():
     guided, controls = common.placement_runs(placed, {"d", "f"})
     assert guided.run_id == "d" and [r.run_id for r in controls] == ["f"]
     assert common.placement_runs(sweep, {"b", "c"}) == (None, [])
-    assert set(common.RESUMABLE) == {"stopped", "cancelled", "failed"}
-    finished = {"id": "r2", "status": "finished", "plan_name": "p", "suite": "fidelity", "model": "demo"}
-    older = [{"id": "r1", "status": "finished"}, {"id": "r0", "status": "running"}]
+    assert set(job_controls.RESUMABLE) == {"stopped", "cancelled", "failed"}
+    finished = run_row("r2", plan_name="p")
+    older = [run_row("r1"), run_row("r0", "running")]
     runs = SimpleNamespace(runs=lambda: [*older, finished])
-    assert [r["id"] for r in common.finished_run_rows(runs)] == ["r2", "r1"]  # newest first
-    assert common.run_label({**finished, "id": "0123456789"}) == "p · fidelity · demo · 01234567"
+    assert [r.id for r in common.finished_run_rows(runs)] == ["r2", "r1"]  # newest first
+    assert common.run_label(run_row("0123456789", plan_name="p")) == "p · fidelity · demo · 01234567"
 
 
 def test_a_job_runs_label_leaves_out_fields_without_a_value():

@@ -10,13 +10,13 @@ from streamlit.proto.Metric_pb2 import Metric as MetricProto
 
 from app import charts
 from polykv import jobs
-from polykv.eval.compare import compare_runs
+from polykv.eval.comparing.compare import compare_runs
 from polykv.eval.experiments import launch_plans
-from polykv.eval.runner import run_suite
-from polykv.eval.store import Store
-from polykv.eval.unit import Unit
+from polykv.eval.results.store import Store
+from polykv.eval.running.suite_runner import run_suite
+from polykv.eval.running.unit import Unit
 from polykv.plan import Plan
-from polykv.plan_edits import paint
+from polykv.plan_edits.painting import paint
 from tests.helpers import TINY_FIDELITY, fake_run, open_app, texts
 
 COLOR = {
@@ -52,8 +52,8 @@ def test_compare_starts_on_the_route_and_its_best_baseline_and_colours_by_direct
     sweep = jobs.eval_job([(lab, Unit.of("demo", p, "fidelity", TINY_FIDELITY)) for lab, p in labelled], "sweep")
     for (_, p), r in zip(labelled, sweep.runs):
         assert run_suite(store, "demo", model, tokenizer, p, "fidelity", TINY_FIDELITY) == r.run_id
-    real = [r for r in store.runs() if r["id"] in {u.run_id for u in sweep.runs}]
-    assert [(r["status"], r["done_samples"]) for r in real] == [("finished", 4), ("finished", 4)]
+    real = [r for r in store.runs() if r.id in {u.run_id for u in sweep.runs}]
+    assert [(r.status, r.done_samples) for r in real] == [("finished", 4), ("finished", 4)]
     sweep.created = "2024-01-01T00:00:00+00:00"
     jobs.save_job(sweep, ws)
     # a later job's two random placements are the newest finished runs (their scores made up)
@@ -93,7 +93,7 @@ def test_compare_starts_on_the_route_and_its_best_baseline_and_colours_by_direct
 
     # every run, with the tags of the job it came from
     table = at.dataframe[-1].value
-    assert list(table["run"]) == [r["id"] for r in reversed(store.runs())]
+    assert list(table["run"]) == [r.id for r in reversed(store.runs())]
     rows = {r["run"]: r for r in table.to_dict("records")}
     assert (rows[route]["series"], rows[route]["budget"], rows[route]["job"]) == ("route", 16, f"sweep · {sweep.id}")
     assert (rows[tova]["series"], rows[tova]["plan"]) == ("tova", sweep.runs[1].plan_name)
@@ -140,7 +140,7 @@ def test_compare_with_only_unfinished_runs_still_lists_them(app_env):
 
 def _answered_runs(store) -> None:
     """Three RULER-like runs (tova, h2o, FullKV) of the same settings whose samples keep their answers."""
-    from polykv.eval.store import SampleRecord
+    from polykv.eval.results.store import SampleRecord
 
     answers = {
         "tova-run": {"000": (" 8094927.", 100.0), "001": (" 1234567.", 0.0)},

@@ -165,7 +165,7 @@ def test_a_cancelled_experiment_shows_its_progress_and_resume_runs_it_to_its_rep
 
 
 def test_another_models_sweep_job_is_not_drawn_for_the_loaded_model(app_ws):
-    from app.common import eval_job
+    from app.job_forms import eval_job
     from polykv.jobs.spec import save_job
 
     route = Plan.homogeneous("tova", 229, 30, "decode", name="smollm2-route")

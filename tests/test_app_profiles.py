@@ -125,7 +125,7 @@ def test_profiles_page_warns_of_a_noisy_route_and_explains_missing_win_frequenci
 
 
 def test_a_workload_profile_offers_danswer_and_ranks_its_winners_by_it(app_env, demo_model):
-    from polykv.eval.calibration import workload_corpus
+    from polykv.eval.workloads.workload import workload_corpus
     from polykv.plan import Phase
     from polykv.profile.build import build_profile
     from polykv.profile.corpus import CorpusSpec

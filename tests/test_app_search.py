@@ -92,8 +92,8 @@ def test_a_search_started_on_the_page_shows_its_trace_best_plan_and_verdict_and_
     state = wait_for_job(job, app_ws)
     assert state.status == "finished", jobs.log_tail(job, app_ws)
     trace, best = live(state)
-    report = read_search(job, app_ws)["budgets"][0]
-    assert trace == report["search"]["trace"] and best == Plan.from_dict(report["plan"])
+    report = read_search(job, app_ws).budgets[0]
+    assert trace == [point.model_dump() for point in report.search.trace] and best == report.plan
     assert trace[-1]["objective"] <= trace[0]["objective"]  # never worse than the best start
     at.run()
     assert not at.exception

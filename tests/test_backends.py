@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from polykv.eval.backends import LocalBackend, RayBackend
-from polykv.eval.runner import clear_sample_cache
-from polykv.eval.store import Store
+from polykv.eval.results.store import Store
+from polykv.eval.running.backends import LocalBackend, RayBackend
+from polykv.eval.running.suite_runner import clear_sample_cache
+from polykv.eval.running.unit import Unit
 from polykv.eval.suites.fidelity import clear_reference_cache
-from polykv.eval.unit import Unit
 from polykv.jobs.backend import SubprocessBackend
 from polykv.plan import Plan
 from tests.helpers import TINY_FIDELITY
@@ -30,18 +30,18 @@ def test_subprocess_backend_runs_detached_into_the_store(tmp_path, monkeypatch):
     process = SubprocessBackend().start(unit, tmp_path / "bg")
     assert process.wait(timeout=300) == 0
     (run,) = Store(tmp_path / "bg" / "results.sqlite").runs()
-    assert run["status"] == "finished" and run["done_samples"] == 4
+    assert run.status == "finished" and run.done_samples == 4
     local = LocalBackend().run([unit], tmp_path / "local.sqlite")
-    assert local == [run["id"]]  # same unit, same run id
+    assert local == [run.id]  # same unit, same run id
     assert Store(tmp_path / "local.sqlite").task_scores(local[0]) == Store(
         tmp_path / "bg" / "results.sqlite"
-    ).task_scores(run["id"])
+    ).task_scores(run.id)
 
 
 def gemma3_unit() -> Unit:
     """One RULER sample on gemma3, scored, longer than its local layers' 512-token window, under a plan that
     cuts every layer (local ones below their window)."""
-    from polykv.eval.settings import suite_settings
+    from polykv.eval.running.settings import suite_settings
 
     settings = suite_settings(
         "ruler", {"tasks": ["niah_single_1"], "length": 700, "samples_per_task": 1, "mode": "score"}
@@ -67,7 +67,7 @@ def test_ray_local_cluster_runs_units_in_parallel_with_local_results(gemma3_home
         import os
         import time
 
-        from polykv.eval.backends import _model
+        from polykv.eval.running.backends import _model
 
         _model("demo", "cpu")  # the worker's model cache, as a unit would fill it
         time.sleep(1.0)
@@ -93,8 +93,8 @@ def test_ray_local_cluster_runs_units_in_parallel_with_local_results(gemma3_home
     assert ray_ids == local_ids
     ray_store, local_store = Store(tmp_path / "ray.sqlite"), Store(tmp_path / "local.sqlite")
     for run_id in ray_ids:
-        assert ray_store.run(run_id)["status"] == "finished"
+        assert ray_store.run(run_id).status == "finished"
         assert ray_store.task_scores(run_id) == local_store.task_scores(run_id)
     # The two runs overlapped in time: each started before the other finished.
     first, second = (ray_store.run(run_id) for run_id in ray_ids[:2])
-    assert first["created"] < second["finished"] and second["created"] < first["finished"]
+    assert first.created < second.finished and second.created < first.finished

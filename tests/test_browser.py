@@ -15,9 +15,9 @@ import urllib.parse
 import pytest
 from playwright.sync_api import expect
 
-from polykv import plan_edits
-from polykv.eval.store import Store
+from polykv.eval.results.store import Store
 from polykv.plan import Plan
+from polykv.plan_edits import choices, painting
 from tests.browser import (
     ARTIFACTS,
     JOB_WAIT,
@@ -96,7 +96,7 @@ def test_design_save_evaluate_and_compare_a_plan(app, page):
     paint_decode_cells(page, 1, 3, "h2o", 40)
     expect(page.get_by_text("Painted h2o @40 onto layers 1, 2, 3 (decode).")).to_be_visible(timeout=WAIT)
     settle(page)
-    painted = plan_edits.paint(Plan.load(MIXED), [1, 2, 3], "decode", "h2o", 40)
+    painted = painting.paint(Plan.load(MIXED), [1, 2, 3], "decode", "h2o", 40)
     decode_line = painted.summary().lines()[2].strip()
     assert "h2o x4" in decode_line  # h2o was already in layers 2 and 4
     expect(page.get_by_test_id("stText").first).to_contain_text(decode_line)
@@ -160,11 +160,11 @@ def test_design_save_evaluate_and_compare_a_plan(app, page):
         ["browser-plan", "fidelity", "demo", "finished", "2/2"],
     ]  # newest first
     runs = Store(root / "ws" / "results.sqlite").runs()
-    assert [(r["plan_name"], r["suite"], r["status"]) for r in runs] == [
+    assert [(r.plan_name, r.suite, r.status) for r in runs] == [
         ("browser-plan", "fidelity", "finished"),
         ("tova-both-40", "fidelity", "finished"),
     ]
-    assert all(r["done_samples"] == r["total_samples"] == 2 for r in runs)
+    assert all(r.done_samples == r.total_samples == 2 for r in runs)
     shoot(page, "runs")
 
     # ---- compare the plan with its baseline, and the (one-budget) sweep ----------------------------------
@@ -222,7 +222,7 @@ def test_painting_feels_direct_and_a_reload_keeps_the_edited_plan(app, page):
     expect(palette(page, "snapkv")).to_be_disabled()  # prefill only
     expect(palette(page, "d2o")).to_be_enabled()
     page.evaluate("document.activeElement && document.activeElement.blur()")  # shortcuts skip focused inputs
-    page.keyboard.press(plan_edits.shortcuts([name for name, _ in plan_edits.palette("decode")])["tova"])
+    page.keyboard.press(choices.shortcuts([name for name, _ in choices.palette("decode")])["tova"])
     expect(palette(page, "tova")).to_have_attribute("kind", "primary", timeout=WAIT)
     settle(page)
     capacity = page.get_by_label("Capacity (tokens per KV head)")
@@ -257,7 +257,7 @@ def test_every_page_renders_by_url_once_the_model_is_loaded(app, page):
     after the test above, so that Compare has a finished run (and a chart) to draw and no job worker takes
     the CPU."""
     url, root = app
-    assert any(r["status"] == "finished" for r in Store(root / "ws" / "results.sqlite").runs()), (
+    assert any(r.status == "finished" for r in Store(root / "ws" / "results.sqlite").runs()), (
         "no finished run: test_design_save_evaluate_and_compare_a_plan must run first (same module)"
     )
     for pid in job_pids(root / "ws"):
@@ -347,7 +347,7 @@ def test_no_page_makes_a_request_beyond_this_machine(app, page):
 def _seed_answered_runs(store: Store) -> dict[str, str]:
     """Two RULER-like runs and FullKV's, of the same settings, whose samples keep what the model answered;
     returns each run's label as the Compare page lists it."""
-    from polykv.eval.store import SampleRecord
+    from polykv.eval.results.store import SampleRecord
 
     answers = {  # run -> task -> (prediction, score) of sample 000
         "answers-tova": {"niah_single_1": (" 8094927.", 100.0), "fwe": (" sxttmk, vppicw", 66.67)},

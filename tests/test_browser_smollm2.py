@@ -16,8 +16,8 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from polykv.eval.fit import FIRST_RUN_LENGTH, FIRST_RUN_TASKS
-from polykv.eval.store import Store
+from polykv.eval.results.store import Store
+from polykv.eval.running.fit import FIRST_RUN_LENGTH, FIRST_RUN_TASKS
 from tests.browser import (
     ARTIFACTS,
     MODEL_WAIT,
@@ -179,7 +179,7 @@ def test_a_ruler_run_with_the_proposed_settings_finishes_and_an_impossible_one_i
         re.compile(r"^100% · (\d+ min )?\d+ s elapsed( · estimated about .+, took .+)? · finished")
     )
     (run,) = Store(results).runs()
-    assert (run["suite"], run["status"], run["done_samples"], run["total_samples"]) == (
+    assert (run.suite, run.status, run.done_samples, run.total_samples) == (
         "ruler",
         "finished",
         len(FIRST_RUN_TASKS),

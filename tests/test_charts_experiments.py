@@ -12,7 +12,7 @@ import pytest
 from app import charts
 from polykv.eval.experiments import FACTORIAL_CELLS, ExperimentRunner, Report, plan_budget, sweep
 from polykv.eval.experiments.report import FactorialData, PlacedRun
-from polykv.eval.store import Store
+from polykv.eval.results.store import Store
 from polykv.plan import FULL, Plan
 from tests.helpers import fake_run
 
@@ -106,7 +106,7 @@ def test_the_placement_scatter_carries_each_placements_index_and_states_spearman
     assert (list(guided.x), list(guided.y), guided.marker.symbol) == ([0.9], [0.1], "star")
     assert "Spearman rho = +0.500, one-sided permutation p = 0.2500" in fig.layout.title.text
     assert fig.layout.xaxis.title.text == "profile score S(rho)" and fig.layout.yaxis.title.text == "kl"
-    assert "Spearman undefined" in charts.placement_scatter(GUIDED, RANDOM[:1], "kl", None, None).layout.title.text
+    assert "Spearman not estimable" in charts.placement_scatter(GUIDED, RANDOM[:1], "kl", None, None).layout.title.text
 
 
 def test_a_selected_point_names_its_placement():

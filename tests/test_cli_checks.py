@@ -104,7 +104,7 @@ def test_a_prompt_longer_than_the_context_is_refused_before_the_model_loads(poly
 
 
 def test_compare_says_when_two_runs_ran_on_different_models(polykv, tmp_path):
-    from polykv.eval.store import Store
+    from polykv.eval.results.store import Store
     from polykv.plan import Plan
 
     store = Store(tmp_path / "ws" / "results.sqlite")
@@ -120,7 +120,7 @@ def test_compare_says_when_two_runs_ran_on_different_models(polykv, tmp_path):
     assert "A ran on demo and B on smollm2: the difference is the models' as well as the plans'" in result.stdout
 
 
-@pytest.mark.parametrize("module", ["polykv.search.report", "polykv.search.workload_markdown"])
+@pytest.mark.parametrize("module", ["polykv.search.text.report", "polykv.search.workload.markdown"])
 def test_a_report_script_given_another_json_says_so_in_one_line(module, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{}")

@@ -12,7 +12,7 @@ import pytest
 
 from polykv.cli import progress as progress_module
 from polykv.cli.progress import Progress
-from polykv.eval.protocols import homogeneous_plans
+from polykv.eval.method_protocols import homogeneous_plans
 from tests.helpers import MIXED, REPO, TINY_FIDELITY, CliResult, run_cli
 
 # Tiny fidelity settings: one run of the demo model takes a couple of seconds.

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from polykv.eval.store import SampleRecord, Store
+from polykv.eval.results.store import SampleRecord, Store
 from polykv.plan import Plan
 from tests.helpers import assert_one_line_error
 
@@ -106,16 +106,16 @@ def test_compare_samples_shows_where_two_runs_differ_gold_and_fullkv_beside(poly
 
 
 def test_the_settings_of_a_stored_run_are_what_a_twin_must_match(workspace):
-    from polykv.eval.sample_view import fullkv_twin
+    from polykv.eval.comparing.answers import fullkv_twin
 
     store = Store(workspace / "results.sqlite", readonly=True)
     assert fullkv_twin(store, store.run("aaaa1111")) == "ffff0000"
-    assert json.loads(store.run("aaaa1111")["settings"]) == SETTINGS
+    assert json.loads(store.run("aaaa1111").settings) == SETTINGS
 
 
 def test_samples_pair_only_when_they_asked_the_same_prompt(tmp_path):
     """Runs of two seeds share sample ids, not prompts: compared over tasks alone, not as paired samples."""
-    from polykv.eval.compare import compare_runs
+    from polykv.eval.comparing.compare import compare_runs
 
     store = Store(tmp_path / "results.sqlite")
     plan = Plan.homogeneous("tova", 8, 5)
@@ -133,3 +133,27 @@ def test_samples_pair_only_when_they_asked_the_same_prompt(tmp_path):
     assert same.samples is not None and same.samples.samples == 2
     other = compare_runs(store, "seed0a", "seed1", "answer_nll")
     assert other.samples is None and other.difference == pytest.approx(1.5)  # A - B over the one task
+
+
+def test_answers_pair_by_prompt_and_fullkv_is_the_same_seeds(tmp_path):
+    """Side by side, and FullKV's answer beside a run's, pair samples one way (`sample_key`): the same prompt.
+    Another seed's run shares sample ids, not prompts: its samples never pair, and its FullKV is no twin."""
+    from polykv.eval.comparing.answers import answers, fullkv_twin, side_by_side
+
+    store = Store(tmp_path / "results.sqlite")
+    routed, full = Plan.homogeneous("tova", 8, 5), Plan.homogeneous("full", None, 5)
+    for run_id, plan, seed in (("plan0", routed, 0), ("plan1", routed, 1), ("full1", full, 1)):
+        store.create_run(
+            run_id, model="demo", plan_name=run_id, plan_hash=run_id, plan_json=plan.to_json(), suite="ruler",
+            settings=SETTINGS, seed=seed, total_samples=1, versions={},
+        )  # fmt: skip
+        prompt = {"task": "vt", "sample": "000", "seed": seed, "sha256": f"prompt-of-seed-{seed}"}
+        store.add_sample(run_id, "vt", "000", {"score": 0.0}, 0.1, SampleRecord(f"{run_id} says", ["x"], prompt))
+        store.set_task_scores(run_id, {"vt": {"score": 0.0}}, {"vt": 1})
+        store.set_status(run_id, "finished")
+    assert side_by_side(store, "plan0", "plan1", "vt") == []  # same id "000", other prompts
+    assert [row["B"] for row in side_by_side(store, "plan1", "full1", "vt")] == ["full1 says"]
+    assert fullkv_twin(store, store.run("plan0")) is None  # FullKV ran seed 1 only
+    assert fullkv_twin(store, store.run("plan1")) == "full1"
+    assert [row["FullKV"] for row in answers(store, "plan1")] == ["full1 says"]
+    assert [row["FullKV"] for row in answers(store, "plan0")] == [None]

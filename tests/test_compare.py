@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from polykv.eval.compare import (
+from polykv.eval.comparing.compare import (
     compare_runs,
-    direction_text,
     envelope,
     metrics_of,
     paired,
@@ -16,8 +15,9 @@ from polykv.eval.compare import (
     task_cluster,
 )
 from polykv.eval.experiments import launch_plans, plan_budget
-from polykv.eval.stats import paired_bootstrap
-from polykv.eval.store import Store
+from polykv.eval.results.store import Store
+from polykv.eval.statistics.contrast import direction_text
+from polykv.eval.statistics.tasks import paired_bootstrap
 from polykv.plan import Plan
 from tests.helpers import fake_run
 

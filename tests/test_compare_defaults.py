@@ -10,18 +10,12 @@ import pandas as pd
 import pytest
 
 from app import charts
-from polykv.eval.compare import (
-    can_log,
-    compare_runs,
-    interval_text,
-    outcome,
-    paired,
-    preferred_metric,
-    signed,
-)
-from polykv.eval.compare_defaults import default_pair, runs_table
-from polykv.eval.stats import paired_bootstrap
-from polykv.eval.store import Store
+from polykv.eval.comparing.compare import can_log, compare_runs, paired, preferred_metric
+from polykv.eval.comparing.default_pair import default_pair, runs_table
+from polykv.eval.results.store import Store
+from polykv.eval.statistics.contrast import outcome
+from polykv.eval.statistics.render import interval_text, signed
+from polykv.eval.statistics.tasks import paired_bootstrap
 from tests.helpers import fake_run
 
 
@@ -38,7 +32,7 @@ def job(job_id: str, *runs: tuple[str, dict], title: str = "mixed on fidelity"):
 
 
 def newest_first(store: Store) -> list[dict]:
-    return [r for r in reversed(store.runs()) if r["status"] == "finished"]
+    return [r for r in reversed(store.runs()) if r.status == "finished"]
 
 
 def kl(value: float, top1: float = 0.5) -> dict:
@@ -94,12 +88,12 @@ def test_without_a_finished_route_and_baseline_the_newest_runs_that_are_not_both
     assert "two newest finished runs" in pair.reason
     no_jobs = default_pair(newest_first(store), [], store)  # nothing says what a run is: the two newest
     assert (no_jobs.a, no_jobs.b) == ("p2", "p1")
-    only_placements = [r for r in newest_first(store) if r["id"] in ("p1", "p2", "other-model")]
+    only_placements = [r for r in newest_first(store) if r.id in ("p1", "p2", "other-model")]
     pair = default_pair(only_placements, [placed], store)
     assert (pair.a, pair.b) == ("other-model", "p2")  # a non-placement first, whatever its model
-    pair = default_pair([r for r in newest_first(store) if r["id"] in ("p1", "p2")], [placed], store)
+    pair = default_pair([r for r in newest_first(store) if r.id in ("p1", "p2")], [placed], store)
     assert (pair.a, pair.b) == ("p2", "p1")  # all placements: the two newest
-    single = default_pair([r for r in newest_first(store) if r["id"] == "p1"], [placed], store)
+    single = default_pair([r for r in newest_first(store) if r.id == "p1"], [placed], store)
     assert (single.a, single.b, single.reason) == ("p1", "p1", "the only finished run")
     assert default_pair([], [placed], store) is None
 
@@ -230,8 +224,8 @@ def test_the_runs_table_lists_every_run_with_its_jobs_tags(store):
 
 
 def test_the_badge_names_a_winner_only_when_the_verdict_does(tmp_path):
-    from polykv.eval.compare import compare_runs
-    from polykv.eval.store import Store
+    from polykv.eval.comparing.compare import compare_runs
+    from polykv.eval.results.store import Store
     from tests.helpers import fake_run
 
     store = Store(tmp_path / "results.sqlite")

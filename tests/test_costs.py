@@ -1,4 +1,4 @@
-"""The cost model (`polykv.costs`, `polykv.eval.launch_work`, `polykv.jobs.costs`): rates fitted and kept per
+"""The cost model (`polykv.costs`, `polykv.eval.launch.work`, `polykv.jobs.costs`): rates fitted and kept per
 model and device, work counted from a launch's own settings, estimates said before a launch (`--dry-run` stops
 there), and a real small job's time held within the stated factor of its estimate."""
 
@@ -9,9 +9,9 @@ import pytest
 
 from polykv import costs, jobs
 from polykv.costs import Forward, Rates, Work
-from polykv.eval import launch_work
-from polykv.eval.settings import suite_settings
-from polykv.eval.unit import Unit
+from polykv.eval.launch import work as launch_work
+from polykv.eval.running.settings import suite_settings
+from polykv.eval.running.unit import Unit
 from polykv.plan import Plan
 from tests.helpers import wait_for_job
 

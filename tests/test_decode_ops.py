@@ -39,17 +39,17 @@ def test_visible_row_quantile_equals_torch_nanquantile(q):
 @pytest.mark.parametrize("chunk", [1, 3, 7, 256])
 @pytest.mark.parametrize("groups", [1, 2])
 def test_fused_prompt_attention_equals_sdpa_and_the_general_column_sums(chunk, groups, monkeypatch):
-    from polykv.runtime import attention
+    from polykv.runtime import attention_math
 
-    monkeypatch.setattr(attention, "_CAUSAL_CHUNK", {"cpu": chunk})
+    monkeypatch.setattr(attention_math, "_CAUSAL_CHUNK", {"cpu": chunk})
     g = torch.Generator().manual_seed(1)
     n, heads = 23, 2
     query = torch.randn(2, heads * groups, n, 8, generator=g)
     key = torch.randn(2, heads, n, 8, generator=g)
     value = torch.randn(2, heads, n, 6, generator=g)
     positions = torch.arange(n).expand(2, heads, n)
-    expected = attention._column_sums(query, key, torch.arange(n), positions, 0.35, None)
-    output, sums = attention._causal_attention_and_column_sums(query, key, value, 0.35)
+    expected = attention_math.column_sums(query, key, torch.arange(n), positions, 0.35, None)
+    output, sums = attention_math.causal_attention_and_column_sums(query, key, value, 0.35)
     assert sums.shape == expected.shape
     assert torch.allclose(sums, expected, rtol=1e-5, atol=1e-6)
     assert torch.allclose(sums.sum(-1), torch.full((2, heads * groups), float(n)), rtol=1e-5)  # each query sums to 1
@@ -65,11 +65,11 @@ def test_fused_prompt_attention_equals_sdpa_and_the_general_column_sums(chunk, g
 
 
 def test_fused_prompt_attention_returns_the_input_dtype():
-    from polykv.runtime import attention
+    from polykv.runtime.attention_math import causal_attention_and_column_sums
 
     g = torch.Generator().manual_seed(2)
     query, key, value = (torch.randn(1, 2, 9, 8, generator=g).bfloat16() for _ in range(3))
-    output, sums = attention._causal_attention_and_column_sums(query, key, value, 0.35)
+    output, sums = causal_attention_and_column_sums(query, key, value, 0.35)
     assert output.dtype == torch.bfloat16 and sums.dtype == torch.float32
     reference = torch.nn.functional.scaled_dot_product_attention(
         query.float(), key.float(), value.float(), is_causal=True, scale=0.35

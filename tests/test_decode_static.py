@@ -1,21 +1,24 @@
 """Static-shape decode: an evicting layer writes each new token into the slot its last eviction freed.
 
-The reference is the previous path, a cache built with `CacheOptions(in_place_slots=False)`:
-every step concatenates the new token (and every per-slot state) onto freshly allocated tensors. Both
-must keep the same positions and give the same logits, for every method.
+The reference (`concatenating_storage`, the path the runtime took before, now kept here) uses no blocks and
+writes nothing in place: every step concatenates onto new tensors, and a one-slot drop gathers every slot but
+the dropped one into new tensors. Both must keep the same positions and give the same logits, for every method.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 
 import pytest
 import torch
 
 from polykv.methods import REGISTRY, params_that_fit
+from polykv.methods.slots import SlotBlock, SlotStates
 from polykv.models import cache_argument_name
 from polykv.plan import Phase, Plan
-from polykv.runtime import CacheOptions, routed
+from polykv.runtime import routed
+from polykv.runtime.slots import LayerSlots
 from tests.helpers import prompt, tiny_model
 
 PROMPT, CAPACITY, STEPS = 40, 16, 12
@@ -38,12 +41,54 @@ def _plans(layers: int) -> dict[str, Plan]:
 PLANS = _plans(3)
 
 
-def _run(model, plan, ids, steps=STEPS, options=None):
+def _without(tensor: torch.Tensor, dropped: torch.Tensor) -> torch.Tensor:
+    """A new [b, h, n - 1, ...] tensor: slot dropped[b, h, 0] of each head gone, the last slot in its place (the
+    slot order the runtime keeps)."""
+    b, h, n = tensor.shape[:3]
+    index = torch.arange(n - 1, device=tensor.device).expand(b, h, n - 1)
+    index = torch.where(index == dropped, n - 1, index)
+    index = index.view(b, h, n - 1, *[1] * (tensor.dim() - 3)).expand(b, h, n - 1, *tensor.shape[3:])
+    return tensor.gather(2, index)
+
+
+@contextlib.contextmanager
+def concatenating_storage():
+    """The reference: inside the block, routed layers keep no blocks and write nothing in place."""
+
+    def write(self, layer, key_states, value_states):  # what a layer that keeps everything does
+        self.append(key_states, value_states, layer.seen)
+
+    def drop_one(self, layer, dropped, n, newest_last, deferred):
+        keep = _without(torch.arange(n, device=dropped.device).expand(*dropped.shape[:2], n), dropped)
+        self.gather(keep)
+
+    def grow(self, name, q, fill, room):
+        tensor = self[name]
+        new = tensor.new_empty(*tensor.shape[:2], q, *tensor.shape[3:])
+        if fill is not None:
+            new.fill_(fill)
+        grown = self[name] = torch.cat([tensor, new], dim=2)
+        return grown
+
+    def drop_states(self, dropped):
+        for name, tensor in self.items():
+            self[name] = _without(tensor, dropped)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(LayerSlots, "holds_kv", lambda self, slots: False)
+        patch.setattr(LayerSlots, "write", write)
+        patch.setattr(LayerSlots, "drop_one", drop_one)
+        patch.setattr(SlotStates, "grow", grow)
+        patch.setattr(SlotStates, "drop_one", drop_states)
+        yield
+
+
+def _run(model, plan, ids, steps=STEPS):
     """Logits of prefill and each step, and each layer's sorted kept positions after every step."""
 
     kept = []
     name = cache_argument_name(model)
-    with routed(model, plan, options) as session, torch.no_grad():
+    with routed(model, plan) as session, torch.no_grad():
         out = model(ids, use_cache=True)
         logits = [out.logits]
         token = out.logits[:, -1:].argmax(-1)
@@ -60,7 +105,8 @@ def test_in_place_decode_matches_the_concatenating_path(label):
     model = tiny_model("llama")
     ids = prompt(model, PROMPT, batch=2)
     logits, kept, _ = _run(model, PLANS[label], ids)
-    ref_logits, ref_kept, _ = _run(model, PLANS[label], ids, options=CacheOptions(in_place_slots=False))
+    with concatenating_storage():
+        ref_logits, ref_kept, _ = _run(model, PLANS[label], ids)
     assert max((a - b).abs().max().item() for a, b in zip(logits, ref_logits)) <= 1e-5
     for step, (ours, theirs) in enumerate(zip(kept, ref_kept)):
         for layer, (a, b) in enumerate(zip(ours, theirs)):
@@ -118,8 +164,6 @@ def test_per_slot_state_grows_in_its_block_only_while_it_is_the_view_handed_out(
 
 
 def test_slot_block_hands_out_the_same_views_and_drops_one_slot_per_head():
-    from polykv.methods.slots import SlotBlock
-
     block = SlotBlock.around(torch.arange(2 * 4.0).view(1, 2, 4), size=5)
     assert block.prefix(4) is block.prefix(4)  # cached: a steady step creates no view objects
     assert block.holds(block.prefix(4), room=5) and not block.holds(block.prefix(4), room=6)
@@ -140,8 +184,6 @@ def test_a_one_slot_drop_works_for_every_memory_layout(heads, feature):
     # prefix, must give the plain per-head result.
     import itertools
 
-    from polykv.methods.slots import SlotBlock
-
     b, h = heads
     shape = (b, h, 7) if feature is None else (b, h, 7, feature)
     generator = torch.Generator().manual_seed(0)
@@ -156,35 +198,37 @@ def test_a_one_slot_drop_works_for_every_memory_layout(heads, feature):
             assert torch.equal(SlotBlock(tensor.clone().copy_(tensor)).drop(dropped, n), expected[:, :, : n - 1])
 
 
-def test_the_concatenating_path_is_chosen_per_cache_and_allocates_every_step():
+def test_the_reference_allocates_at_every_step_and_the_default_again_after_it():
     model = tiny_model("llama")
     plan = Plan.homogeneous("tova", CAPACITY, 3, "decode")
     name = cache_argument_name(model)
-    with routed(model, plan, CacheOptions(in_place_slots=False)) as session, torch.no_grad():
-        out = model(prompt(model, PROMPT), use_cache=True)
-        token, held = out.logits[:, -1:].argmax(-1), []
-        for _ in range(4):
-            out = model(token, use_cache=True, **{name: session.cache})
-            token = out.logits[:, -1:].argmax(-1)
-            held.append(session.cache.layers[0].keys)  # held: the allocator cannot hand its memory out again
-            assert session.cache.layers[0].slots.kv is None  # no block
-    assert len({keys.untyped_storage().data_ptr() for keys in held}) == len(held)  # new storage at every step
-    with routed(model, plan) as session, torch.no_grad():  # another cache, the default again
-        model(prompt(model, PROMPT), use_cache=True)
-        assert all(layer.options.in_place_slots for layer in session.cache.layers)
+
+    def decode(steps: int) -> list:
+        with routed(model, plan) as session, torch.no_grad():
+            out = model(prompt(model, PROMPT), use_cache=True)
+            token, held = out.logits[:, -1:].argmax(-1), []
+            for _ in range(steps):
+                out = model(token, use_cache=True, **{name: session.cache})
+                token = out.logits[:, -1:].argmax(-1)
+                held.append(session.cache.layers[0].keys)  # held: the allocator cannot hand its memory out again
+        return [keys.untyped_storage().data_ptr() for keys in held]
+
+    with concatenating_storage():
+        assert len(set(decode(4))) == 4  # new storage at every step
+    assert len(set(decode(6)[2:])) == 1  # in place, once the first steps have made the block
 
 
 def _paths(monkeypatch, run) -> set:
-    from polykv.runtime import attention
+    from polykv.runtime import attention_step
 
-    seen, real = set(), attention.choose_path
-    monkeypatch.setattr(attention, "choose_path", lambda *a: seen.add(real(*a)) or real(*a))
+    seen, real = set(), attention_step.choose_path
+    monkeypatch.setattr(attention_step, "choose_path", lambda *a: seen.add(real(*a)) or real(*a))
     run()
     return seen
 
 
 def test_each_attention_path_is_taken_where_its_table_says(monkeypatch):
-    from polykv.runtime.attention import Path
+    from polykv.runtime.attention_step import Path
     from polykv.runtime.many_plans import generate_many
 
     model = tiny_model("llama")

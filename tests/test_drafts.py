@@ -6,8 +6,10 @@ import json
 
 import pytest
 
-from polykv import drafts, plan_edits
+from polykv import drafts
 from polykv.plan import Plan
+from polykv.plan_edits.choices import palette, scope_change, shortcuts
+from polykv.plan_edits.painting import paint
 from tests.helpers import MIXED
 
 SESSION = "0123456789abcdef"
@@ -68,19 +70,19 @@ def test_the_session_remembers_its_model(tmp_path):
 
 
 def test_the_palette_greys_methods_that_cannot_run_in_the_phase_and_says_why():
-    decode = dict(plan_edits.palette("decode"))
+    decode = dict(palette("decode"))
     assert decode["snapkv"] == "snapkv runs only in the prefill phase" and decode["d2o"] is None
-    both = dict(plan_edits.palette("both"))
+    both = dict(palette("both"))
     assert both["d2o"] == "d2o runs only in the decode phase" and both["tova"] is None and both["full"] is None
-    keys = plan_edits.shortcuts([name for name, _ in plan_edits.palette("both")])
+    keys = shortcuts([name for name, _ in palette("both")])
     assert len(set(keys.values())) == len(keys) and not {"C", "R"} & set(keys.values())
 
 
 def test_a_scope_change_is_put_in_words():
     decode = Plan.homogeneous("tova", 24, 5, "decode")
-    both = plan_edits.paint(decode, [0], "both", "h2o", 16)
-    assert plan_edits.scope_change(decode, both) == "The plan's scope changed from decode to both."
-    assert plan_edits.scope_change(decode, plan_edits.paint(decode, [0], "decode", "h2o")) is None
+    both = paint(decode, [0], "both", "h2o", 16)
+    assert scope_change(decode, both) == "The plan's scope changed from decode to both."
+    assert scope_change(decode, paint(decode, [0], "decode", "h2o")) is None
 
 
 def test_a_draft_keeps_the_designers_selection_and_older_drafts_without_one_still_open(tmp_path):

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from polykv.eval.runner import run_suite
-from polykv.eval.store import Store
+from polykv.eval.results.store import Store
+from polykv.eval.running.suite_runner import run_suite
 from polykv.eval.suites.fidelity import FidelitySettings, default_tasks, rouge_l
 from polykv.plan import Plan
 from tests.helpers import MIXED, REPO, TINY_FIDELITY, assert_one_line_error, run_cli, wait_until
@@ -33,7 +33,7 @@ def test_fullkv_scores_zero_kl_and_full_agreement(demo_model, tmp_path):
     assert set(scores) == {"prose", "stories"}
     for values in scores.values():
         assert values["kl"] <= 1e-9 and values["top1"] == 1.0 and values["rougeL"] == 1.0 and values["ppl"] > 1
-    assert store.run(run_id)["status"] == "finished" and len(store.samples(run_id)) == 4
+    assert store.run(run_id).status == "finished" and len(store.samples(run_id)) == 4
 
 
 def test_a_plan_scores_worse_than_fullkv_and_finished_runs_are_not_recomputed(demo_model, tmp_path):
@@ -43,9 +43,9 @@ def test_a_plan_scores_worse_than_fullkv_and_finished_runs_are_not_recomputed(de
     run_id = run_suite(store, "demo", model, tokenizer, plan, "fidelity", TINY_FIDELITY)
     scores = store.task_scores(run_id)
     assert all(v["kl"] > 0 for v in scores.values())
-    created = [row["created"] for row in store.samples(run_id)]
+    created = [row.created for row in store.samples(run_id)]
     assert run_suite(store, "demo", model, tokenizer, plan, "fidelity", TINY_FIDELITY) == run_id  # found, not rerun
-    assert [row["created"] for row in store.samples(run_id)] == created
+    assert [row.created for row in store.samples(run_id)] == created
 
 
 def test_unknown_suite_and_wrong_plan_are_refused(demo_model, tmp_path):
@@ -92,7 +92,7 @@ def test_a_killed_run_resumes_without_recomputing_finished_samples(tmp_path):
         if (killed / "results.sqlite").exists():
             store = Store(killed / "results.sqlite")
             runs = store.runs()
-            return store if runs and runs[0]["done_samples"] >= 2 else None
+            return store if runs and runs[0].done_samples >= 2 else None
         return None
 
     try:
@@ -101,17 +101,17 @@ def test_a_killed_run_resumes_without_recomputing_finished_samples(tmp_path):
         process.send_signal(signal.SIGKILL)
         process.wait()
     (run,) = store.runs()
-    before = {(r["task"], r["sample"]): r["created"] for r in store.samples(run["id"])}
-    assert 2 <= len(before) < run["total_samples"] and run["status"] == "stopped"  # its worker is gone
+    before = {(r.task, r.sample): r.created for r in store.samples(run.id)}
+    assert 2 <= len(before) < run.total_samples and run.status == "stopped"  # its worker is gone
 
     subprocess.run(_eval_command(killed), env=env, cwd=REPO, check=True, capture_output=True, timeout=300)
-    after = {(r["task"], r["sample"]): r["created"] for r in store.samples(run["id"])}
-    assert len(after) == run["total_samples"] and all(after[key] == created for key, created in before.items())
-    assert store.run(run["id"])["status"] == "finished"
+    after = {(r.task, r.sample): r.created for r in store.samples(run.id)}
+    assert len(after) == run.total_samples and all(after[key] == created for key, created in before.items())
+    assert store.run(run.id).status == "finished"
 
     fresh = tmp_path / "fresh"
     subprocess.run(_eval_command(fresh), env=env, cwd=REPO, check=True, capture_output=True, timeout=300)
-    assert Store(fresh / "results.sqlite").task_scores(run["id"]) == store.task_scores(run["id"])
+    assert Store(fresh / "results.sqlite").task_scores(run.id) == store.task_scores(run.id)
 
 
 @pytest.mark.slow  # the default-size fidelity run: 28 samples of 478-token prompts, in a fresh process
@@ -127,15 +127,15 @@ def test_cli_eval_of_a_shipped_plan_on_the_demo_model_scores_every_default_task(
     store = Store(tmp_path / "results.sqlite")
     (run,) = store.runs()
     tasks = sorted(default_tasks("demo"))
-    assert run["plan_name"] == "mixed-demo" and run["status"] == "finished"
-    assert run["done_samples"] == run["total_samples"] == 4 * len(tasks)
-    scores = store.task_scores(run["id"])
+    assert run.plan_name == "mixed-demo" and run.status == "finished"
+    assert run.done_samples == run.total_samples == 4 * len(tasks)
+    scores = store.task_scores(run.id)
     assert sorted(scores) == tasks
     for task, metrics in scores.items():
         assert set(metrics) == {"kl", "ppl", "rougeL", "top1"}, task
         assert metrics["kl"] >= 0 and metrics["ppl"] >= 1 and 0 <= metrics["top1"] <= 1 and 0 <= metrics["rougeL"] <= 1
     lines = result.stdout.splitlines()
-    assert lines[0] == f"run {run['id']}: mixed-demo on fidelity (demo), finished"
+    assert lines[0] == f"run {run.id}: mixed-demo on fidelity (demo), finished"
     header = lines[1].split()
     assert header == ["task", "kl", "ppl", "rougeL", "top1"]
     printed = {row.split()[0]: dict(zip(header[1:], row.split()[1:])) for row in lines[2:]}
@@ -169,29 +169,29 @@ def test_run_ids_cover_method_and_suite_revisions(demo_model, tmp_path, monkeypa
     tiny = FidelitySettings(tasks=("prose",), samples_per_task=1, prompt_tokens=48, continuation=2, generate=2)
     plan = Plan.homogeneous("streamingllm", 16, 5, params={"sinks": 4})
     first = run_suite(store, "demo", model, tokenizer, plan, "fidelity", tiny)
-    stored = json.loads(store.run(first)["versions"])["revisions"]
+    stored = json.loads(store.run(first).versions)["revisions"]
     assert stored == {"suite": fidelity.REVISION, "methods": {"streamingllm": REGISTRY["streamingllm"].revision}}
     first_samples = store.samples(first)
 
     # A method's rule changed: a new run id, computed afresh, the old run kept apart with its samples.
     monkeypatch.setattr(REGISTRY["streamingllm"], "revision", REGISTRY["streamingllm"].revision + 1)
     second = run_suite(store, "demo", model, tokenizer, plan, "fidelity", tiny)
-    assert second != first and store.run(second)["status"] == "finished"
-    now = json.loads(store.run(second)["versions"])["revisions"]
+    assert second != first and store.run(second).status == "finished"
+    now = json.loads(store.run(second).versions)["revisions"]
     assert now["methods"]["streamingllm"] == stored["methods"]["streamingllm"] + 1
-    assert len(store.samples(second)) == 1 and all(row["run_id"] == second for row in store.samples(second))
+    assert len(store.samples(second)) == 1 and all(row.run_id == second for row in store.samples(second))
     assert store.samples(first) == first_samples  # the old run is untouched and not counted as the new one
-    assert min(r["created"] for r in store.samples(second)) > max(r["created"] for r in first_samples)  # recomputed
+    assert min(r.created for r in store.samples(second)) > max(r.created for r in first_samples)  # recomputed
 
     # The suite's samples or scoring changed: again a new run.
     monkeypatch.setattr(fidelity, "REVISION", fidelity.REVISION + 1)
     third = run_suite(store, "demo", model, tokenizer, plan, "fidelity", tiny)
     assert third not in (first, second) and len(store.samples(third)) == 1
-    assert {run["id"] for run in store.runs()} == {first, second, third}
+    assert {run.id for run in store.runs()} == {first, second, third}
 
 
 def test_run_ids_cover_the_methods_of_both_phases(monkeypatch):
-    from polykv.eval.runner import code_revisions, run_id_for
+    from polykv.eval.running.suite_runner import code_revisions, run_id_for
     from polykv.methods import REGISTRY
 
     plan = Plan.load(MIXED)  # prefill snapkv/h2o/..., decode tova/h2o/...
@@ -283,3 +283,7 @@ def test_the_cli_fidelity_settings_use_the_models_default_tasks_unless_given():
     assert _suite_settings("fidelity", 4, None, 1024, None, "demo").tasks == DEMO_TASKS
     assert _suite_settings("fidelity", 4, None, 1024, None, "Qwen/Qwen3-8B").tasks == GENERAL_TASKS
     assert _suite_settings("fidelity", 2, "prose, tale-sun", 64, None, "demo").tasks == ("prose", "tale-sun")
+    # --settings without tasks: the model's default tasks too (`polykv.eval.running.defaults`, as the study and the
+    # app's forms), its other fields over the suite's defaults, and --samples / --prompt-tokens left out
+    given = _suite_settings("fidelity", 9, "prose", 64, '{"samples_per_task": 2}', "demo")
+    assert (given.tasks, given.samples_per_task, given.prompt_tokens) == (DEMO_TASKS, 2, 1024)

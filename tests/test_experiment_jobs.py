@@ -21,9 +21,9 @@ from polykv.eval.experiments import (
     factorial,
 )
 from polykv.eval.experiments.report import BestBaseline, RunScore, VersusBaseline
-from polykv.eval.protocols import homogeneous_plans
-from polykv.eval.store import Store
-from polykv.eval.unit import Unit
+from polykv.eval.method_protocols import homogeneous_plans
+from polykv.eval.results.store import Store
+from polykv.eval.running.unit import Unit
 from polykv.jobs.experiment import launch_job, read_report
 from polykv.plan import Plan
 from tests.helpers import SLOW_FIDELITY, TINY_FIDELITY, wait_for_job, with_profile
@@ -77,7 +77,8 @@ def test_an_experiment_job_names_its_experiment_and_counts_its_runs(ws, small_pr
         ("factorial", {"baseline": None}, "a factorial needs a baseline"),
         ("factorial", {"allocation": "uniform"}, "must differ from uniform"),
         ("factorial", {"budget": "24"}, "budget: Input should be a valid integer"),
-        ("factorial", {"statistic": "mean"}, "statistic: Input should be 'cosine' or 'dppl'"),
+        ("factorial", {"statistic": "mean"}, "statistic: Input should be 'cosine', 'dppl' or 'danswer'"),
+        ("factorial", {"statistic": "danswer"}, "danswer needs a workload profile"),  # a text profile has none
         ("factorial", {"settings": {"samples_per_task": 0}}, "fidelity settings"),
         ("factorial", {"profile": "no-such-profile"}, "not a profile directory"),
         ("placement", {"k": 0}, "at least one random placement"),
@@ -95,6 +96,15 @@ def test_bad_experiment_arguments_are_refused_in_one_line_before_anything_starts
         launch_job(ws, "demo", "cpu", experiment, **{**args, **changes})
     assert message in str(caught.value) and "\n" not in str(caught.value)
     assert not jobs.jobs_dir(ws).exists()  # nothing written
+
+
+def test_an_experiment_job_takes_every_statistic_of_the_registry():
+    import typing
+
+    from polykv.jobs.spec import ExperimentSpec
+    from polykv.profile.statistics import STATISTICS
+
+    assert typing.get_args(ExperimentSpec.model_fields["statistic"].annotation) == tuple(STATISTICS)
 
 
 def test_a_profile_of_another_model_is_refused(ws, small_profile):
@@ -272,7 +282,7 @@ def test_a_placement_job_cancels_resumes_and_reports_each_placements_plan(ws, sm
     state = jobs.state(jobs.load_job(ws, job.id), ws)
     assert state.status == "cancelled" and 0 < state.fraction < 1 / 3
     (run,) = Store(ws / "results.sqlite").runs()
-    assert run["status"] == "cancelled"  # the run under way is marked, as in an evaluation job
+    assert run.status == "cancelled"  # the run under way is marked, as in an evaluation job
 
     jobs.start(jobs.load_job(ws, job.id), ws).wait(timeout=600)
     state = jobs.state(jobs.load_job(ws, job.id), ws)

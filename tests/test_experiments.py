@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 
 from polykv.eval.experiments import ExperimentRunner, factorial, placement, sweep, sweep_plans
-from polykv.eval.protocols import baseline_methods
-from polykv.eval.stats import spearman
-from polykv.eval.store import Store
+from polykv.eval.method_protocols import baseline_methods
+from polykv.eval.results.store import Store
+from polykv.eval.statistics.tasks import spearman
 from polykv.eval.suites.fidelity import FidelitySettings
 from polykv.methods import REGISTRY
 from polykv.plan import FULL, LayerPlan, Phase, Plan, Scope
@@ -282,10 +282,10 @@ def test_factorial_primary_contrast_is_routing_under_uniform_allocation(tmp_path
     }
     assert cells[("routed", "uniform")][metric] == pytest.approx(sum(R_U) / 4)
     for row in report.rows:  # the same total capacity everywhere; the homogeneous cells copy the routed capacities
-        plan = Plan.from_json(runner.store.run(row["run"])["plan_json"])
+        plan = Plan.from_json(runner.store.run(row["run"]).plan_json)
         assert plan.summary().phases[Phase.DECODE].total_capacity == 4 * 24
-    routed = Plan.from_json(runner.store.run(cells[("routed", "entropy")]["run"])["plan_json"])
-    homogeneous = Plan.from_json(runner.store.run(cells[("homogeneous", "entropy")]["run"])["plan_json"])
+    routed = Plan.from_json(runner.store.run(cells[("routed", "entropy")]["run"]).plan_json)
+    homogeneous = Plan.from_json(runner.store.run(cells[("homogeneous", "entropy")]["run"]).plan_json)
     assert [lay.decode.capacity for lay in homogeneous.layers] == [lay.decode.capacity for lay in routed.layers]
     assert [lay.decode.method for lay in routed.layers] == ["tova", "tova", "h2o", "h2o"]
     assert {lay.decode.method for lay in homogeneous.layers} == {"h2o"}
@@ -352,7 +352,7 @@ def test_placement_statistics_exclude_the_guided_route_and_count_one_sided(tmp_p
     report = placement(runner, profile, guided, k=4)
     data = report.data
     assert len(data.random) == 4 and all(r.plan != "guided" for r in data.random)
-    assert len({tova_weight(Plan.from_json(runner.store.run(r.run)["plan_json"])) for r in data.random}) == 4
+    assert len({tova_weight(Plan.from_json(runner.store.run(r.run).plan_json)) for r in data.random}) == 4
     assert data.guided.profile_score == pytest.approx(0.12)
     assert [r.profile_score for r in data.random] == pytest.approx([r.score * 2 - 0.5 for r in data.random])
     # Spearman over the 4 random placements only: exactly +1 (with the guided route it would not be)
@@ -407,7 +407,7 @@ def test_factorial_runs_four_cells_at_matched_capacity(setup):
         ("routed", "entropy"),
     }
     for row in report.rows:  # every cell keeps the same total capacity, L x b
-        plan = Plan.from_json(runner.store.run(row["run"])["plan_json"])
+        plan = Plan.from_json(runner.store.run(row["run"]).plan_json)
         assert plan.summary().phases[Phase.DECODE].total_capacity == 5 * 24
     assert any(line.startswith("primary: routing under uniform allocation") for line in report.lines)
     assert any(line.startswith("secondary: interaction") for line in report.lines)
@@ -420,7 +420,7 @@ def test_placement_ranks_the_guided_route_among_nine_placements(setup):
     report = placement(runner, profile, guided, k=9)
     assert len(report.rows) == 10 and len({r["run"] for r in report.rows}) == 10
     assert [r["role"] for r in report.rows] == ["guided"] + ["random"] * 9
-    plans = [Plan.from_json(runner.store.run(r["run"])["plan_json"]) for r in report.rows]
+    plans = [Plan.from_json(runner.store.run(r["run"]).plan_json) for r in report.rows]
     assert plans[0].layers == guided.layers  # the guided route itself is ranked among them
     # every placement runs the guided route's decode methods, as many layers each, over the same per-layer
     # capacities and prefill; and the ten routes differ (no placement repeats another or the guided one)
@@ -448,7 +448,7 @@ def test_sweep_compares_the_route_with_every_baseline(setup):
         assert row["envelope"] == best and row["best baseline"] in ("tova", "d2o")
         assert "route-ppl" in row and "route-ppl - envelope" in row
     assert 16 in report.data.double and report.data.full.score == pytest.approx(0.0, abs=1e-6)
-    tova = Plan.from_json(runner.store.run(report.data.runs["tova"][16])["plan_json"])
+    tova = Plan.from_json(runner.store.run(report.data.runs["tova"][16]).plan_json)
     assert tova.scope is Scope.BOTH  # the decode route meets TOVA in both phases
 
 

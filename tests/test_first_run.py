@@ -1,15 +1,14 @@
-"""The proposed first run (`polykv.eval.first_run`): a pilot of the plan and the best homogeneous plan of its scope
-and budget, then a decisive run sized from the pilot's spread within the time allowed, on tasks where FullKV
+"""The proposed first run (`polykv.eval.launch.first_run`): a pilot of the plan and the best homogeneous plan of its
+scope and budget, then a decisive run sized from the pilot's spread within the time allowed, on tasks where FullKV
 succeeds."""
 
 import numpy as np
 import pytest
 
-from polykv.eval import first_run
-from polykv.eval.paired_samples import samples_for
-from polykv.eval.runner import run_id_for
-from polykv.eval.store import Store
-from polykv.eval.workload import expected_mde
+from polykv.eval.launch import first_run
+from polykv.eval.results.store import Store
+from polykv.eval.running.suite_runner import run_id_for
+from polykv.eval.statistics.samples import expected_mde, samples_for
 from polykv.plan import FULL, Plan
 
 

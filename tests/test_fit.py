@@ -1,5 +1,5 @@
 """Runs that cannot start on the model are refused before anything starts: a RULER length past the context,
-a task whose shortest prompt does not fit the length, a capacity past the context (`polykv.eval.fit`), in the
+a task whose shortest prompt does not fit the length, a capacity past the context (`polykv.eval.running.fit`), in the
 library, the CLI (no workspace written, no background job) and the app's Runs page (inline, no job)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 
 from polykv import jobs
 from polykv.errors import SettingsError
-from polykv.eval.fit import check_fits
-from polykv.eval.settings import suite_settings
+from polykv.eval.running.fit import check_fits
+from polykv.eval.running.settings import suite_settings
 from polykv.plan import Plan
 from tests.helpers import assert_one_line_error, button, open_app, texts
 
@@ -110,7 +110,7 @@ def test_a_workload_search_refuses_a_task_that_cannot_fit_before_any_job(app_env
 
 
 def test_a_job_that_failed_before_its_first_sample_offers_edit_settings_not_resume(app_env, demo_model):
-    from polykv.eval.unit import Unit
+    from polykv.eval.running.unit import Unit
     from tests.helpers import wait_for_job
 
     workspace = app_env / "ws"
@@ -131,7 +131,7 @@ def test_a_job_that_failed_before_its_first_sample_offers_edit_settings_not_resu
 
 
 def test_rulers_defaults_fit_the_loaded_model_and_the_runs_page_proposes_them(app_env, demo_model):
-    from polykv.eval.fit import FIRST_RUN_TASKS, fitting_ruler_settings
+    from polykv.eval.running.fit import FIRST_RUN_TASKS, fitting_ruler_settings
 
     model, tokenizer = demo_model
     fitting = fitting_ruler_settings(model, tokenizer)

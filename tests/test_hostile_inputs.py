@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from polykv.errors import FileError, PolyKVError, SettingsError
-from polykv.eval.store import Store
+from polykv.eval.results.store import Store
 from polykv.plan import Plan, PlanError
 from tests.helpers import (
     BERT_CONFIG,
@@ -689,7 +689,7 @@ def test_the_api_refuses_directories_and_fifos_as_write_targets(tmp_path):
     ],
 )
 def test_the_api_parses_suite_settings_strictly(suite, text, message):
-    from polykv.eval.settings import suite_settings
+    from polykv.eval.running.settings import suite_settings
 
     with pytest.raises(SettingsError, match=message):
         suite_settings(suite, text)
@@ -697,7 +697,7 @@ def test_the_api_parses_suite_settings_strictly(suite, text, message):
 
 @pytest.mark.parametrize("text", ['{"tasks": []}', '{"length": [512, 512]}', '{"samples_per_task": 0}'])
 def test_a_suites_own_check_names_its_settings_once(text):
-    from polykv.eval.settings import suite_settings
+    from polykv.eval.running.settings import suite_settings
 
     with pytest.raises(SettingsError) as refused:
         suite_settings("ruler", text)
@@ -706,7 +706,7 @@ def test_a_suites_own_check_names_its_settings_once(text):
 
 @pytest.mark.parametrize("text", ["0", "1.5", "x", "1,,-2", "9" * 12])
 def test_the_api_refuses_budget_lists_that_are_not_positive_whole_numbers(text):
-    from polykv.eval.settings import parse_budgets
+    from polykv.eval.running.settings import parse_budgets
 
     with pytest.raises(SettingsError, match="positive whole numbers"):
         parse_budgets(text)

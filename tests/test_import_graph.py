@@ -113,7 +113,7 @@ GRAPH = import_graph()
 def test_the_graph_sees_the_project():
     assert {"polykv.plan", "polykv.methods", "polykv.routing", "polykv.cli", "app.common"} <= set(GRAPH)
     assert "polykv.plan" in GRAPH["polykv.methods"]  # a top-level import
-    assert "polykv.eval.runner" in GRAPH["polykv.jobs.spec"]  # one made inside a function
+    assert "polykv.eval.running.suite_runner" in GRAPH["polykv.jobs.spec"]  # one made inside a function
     assert "polykv.models.llama2c" in GRAPH["polykv.models"]  # a relative one
 
 
@@ -144,21 +144,22 @@ def test_layers_do_not_import_upward(layer, forbidden):
 
 
 # ---- the floors of CONTRIBUTING.md's map of the house ---------------------------------------------------
-def floors(text: str) -> dict[str, int]:
-    """{component: floor} from the map's table rows `| <floor> | `a`, `b` | ... |`."""
-    found: dict[str, int] = {}
+def floors(text: str) -> dict[str, float]:
+    """{component: floor} from the map's table rows `| <floor> | `a`, `b` | ... |`; a sub-floor such as 8.3 lies
+    between floors 8 and 9 (the rooms of polykv.eval)."""
+    found: dict[str, float] = {}
     for line in text.splitlines():
-        row = re.match(r"\|\s*(\d+)\s*\|([^|]*)\|", line)
+        row = re.match(r"\|\s*(\d+(?:\.\d+)?)\s*\|([^|]*)\|", line)
         if row:
             for name in re.findall(r"`([\w.]+)`", row.group(2)):
-                found[name] = int(row.group(1))
+                found[name] = float(row.group(1))
     return found
 
 
 FLOORS = floors((ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8"))
 
 
-def component(module: str, floors_of: dict[str, int]) -> str | None:
+def component(module: str, floors_of: dict[str, float]) -> str | None:
     """The longest component of the map that `module` is or lies in."""
     parts = module.split(".")
     for n in range(len(parts), 0, -1):
@@ -167,7 +168,7 @@ def component(module: str, floors_of: dict[str, int]) -> str | None:
     return None
 
 
-def arrows_against_the_floors(graph: dict[str, set[str]], floors_of: dict[str, int]) -> list[str]:
+def arrows_against_the_floors(graph: dict[str, set[str]], floors_of: dict[str, float]) -> list[str]:
     """Every import from one component to another on the same or a higher floor."""
     bad = []
     for module, deps in sorted(graph.items()):
@@ -176,7 +177,7 @@ def arrows_against_the_floors(graph: dict[str, set[str]], floors_of: dict[str, i
             target = component(dep, floors_of)
             if source != target and floors_of[target] >= floors_of[source]:
                 up = "up" if floors_of[target] > floors_of[source] else "sideways"
-                bad.append(f"{module} (floor {floors_of[source]}) -> {dep} (floor {floors_of[target]}, {up})")
+                bad.append(f"{module} (floor {floors_of[source]:g}) -> {dep} (floor {floors_of[target]:g}, {up})")
     return bad
 
 
@@ -192,10 +193,13 @@ def test_every_import_points_down_the_floors():
 
 def test_an_upward_import_is_caught():
     # what the rule sees when eval reaches up for jobs (the circle the jobs package removed), or plan for methods
-    graph = {**GRAPH, "polykv.eval.runner": GRAPH["polykv.eval.runner"] | {"polykv.jobs.spec"}}
+    graph = {
+        **GRAPH,
+        "polykv.eval.running.suite_runner": GRAPH["polykv.eval.running.suite_runner"] | {"polykv.jobs.spec"},
+    }
     graph["polykv.plan"] = GRAPH["polykv.plan"] | {"polykv.methods.h2o"}
     assert arrows_against_the_floors(graph, FLOORS) == [
-        "polykv.eval.runner (floor 8) -> polykv.jobs.spec (floor 10, up)",
+        "polykv.eval.running.suite_runner (floor 8.3) -> polykv.jobs.spec (floor 10, up)",
         "polykv.plan (floor 2) -> polykv.methods.h2o (floor 3, up)",
     ]
     sideways = {**GRAPH, "polykv.models": GRAPH["polykv.models"] | {"polykv.workspace"}}
@@ -204,5 +208,41 @@ def test_an_upward_import_is_caught():
     ]
 
 
+def test_the_rooms_of_eval_and_search_have_their_own_floors():
+    # statistics sit below everything that states a verdict; the study and the searches above what they run
+    assert FLOORS["polykv.eval"] < FLOORS["polykv.eval.statistics"] < FLOORS["polykv.eval.comparing"]
+    assert FLOORS["polykv.eval.running"] < FLOORS["polykv.eval.experiments"] < FLOORS["polykv.eval.study"] < 9
+    assert FLOORS["polykv.search"] < FLOORS["polykv.search.text"] < FLOORS["polykv.search.workload"] < 10
+    graph = {
+        **GRAPH,
+        "polykv.eval.statistics.samples": GRAPH["polykv.eval.statistics.samples"] | {"polykv.eval.study.run"},
+    }
+    graph["polykv.search.text.report"] = GRAPH["polykv.search.text.report"] | {"polykv.search.workload.run"}
+    assert arrows_against_the_floors(graph, FLOORS) == [
+        "polykv.eval.statistics.samples (floor 8.1) -> polykv.eval.study.run (floor 8.7, up)",
+        "polykv.search.text.report (floor 9.1) -> polykv.search.workload.run (floor 9.2, up)",
+    ]
+
+
+def test_no_folder_holds_more_than_fifteen_modules_and_no_file_more_than_400_lines():
+    """The house's limits (CONTRIBUTING.md): a folder of polykv/ holds at most 15 modules at its top level
+    (its __init__.py counted), and no file of polykv/ or app/ is over 400 lines."""
+    crowded = {
+        str(folder.relative_to(ROOT)): n
+        for folder in [ROOT / "polykv", *(p for p in (ROOT / "polykv").rglob("*") if p.is_dir())]
+        if (n := len(list(folder.glob("*.py")))) > 15
+    }
+    assert not crowded, crowded
+    long = {
+        str(path.relative_to(ROOT)): n
+        for package in PACKAGES
+        for path in (ROOT / package).rglob("*.py")
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > 400
+    }
+    assert not long, long
+
+
 def test_plan_imports_only_errors_files_and_text():
-    assert GRAPH["polykv.plan"] <= {"polykv.errors", "polykv.files", "polykv.text"}, sorted(GRAPH["polykv.plan"])
+    plan = _imports_of(GRAPH, "polykv.plan")  # the package and its modules
+    outside = {d for deps in plan.values() for d in deps if not _under(d, ("polykv.plan",))}
+    assert outside <= {"polykv.errors", "polykv.files", "polykv.text"}, sorted(outside)

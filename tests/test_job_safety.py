@@ -16,7 +16,7 @@ import pytest
 
 from polykv import jobs
 from polykv.errors import JobError
-from polykv.eval.unit import Unit
+from polykv.eval.running.unit import Unit
 from polykv.plan import Plan
 from tests.helpers import (
     SLOW_FIDELITY,

@@ -11,8 +11,8 @@ import signal
 import pytest
 
 from polykv import jobs
-from polykv.eval.store import Store
-from polykv.eval.unit import Unit
+from polykv.eval.results.store import Store
+from polykv.eval.running.unit import Unit
 from polykv.plan import Plan, PlanError
 from tests.helpers import SLOW_FIDELITY, TINY_FIDELITY, assert_one_line_error, wait_for_job
 
@@ -31,7 +31,7 @@ def test_an_eval_job_runs_its_units_in_order_and_reports_progress_per_run(worksp
     state = jobs.state(jobs.load_job(workspace, job.id), workspace)
     assert state.status == "finished" and state.fraction == 1.0
     assert [(r.done, r.total, r.status) for r in state.runs] == [(4, 4, "finished"), (4, 4, "finished")]
-    assert {r["id"] for r in Store(workspace / "results.sqlite").runs()} == {r.run_id for r in job.runs}
+    assert {r.id for r in Store(workspace / "results.sqlite").runs()} == {r.run_id for r in job.runs}
     log = jobs.log_tail(job, workspace, lines=50)
     assert "run 2/2 h2o-both-24: 4/4" in log and log.splitlines()[-1].endswith("finished")
     stamp = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00 \[ *\d+\.\d%\] ")
@@ -39,7 +39,7 @@ def test_an_eval_job_runs_its_units_in_order_and_reports_progress_per_run(worksp
     assert state.elapsed_s is not None and state.elapsed_s >= 0 and state.eta_s is None  # finished: no ETA
     assert state.summary().startswith("100% · ") and " elapsed" in state.summary()
     written = jobs.spec._read_state(workspace, job.id)  # the pace of real work: 8 samples, the first one aside
-    assert written["pace_from"] is not None and written["pace_steps"] == 7 and written["pace_fraction"] == 0.125
+    assert written.pace_from is not None and written.pace_steps == 7 and written.pace_fraction == 0.125
 
 
 def test_progress_says_elapsed_time_and_an_eta_from_this_workers_pace():
@@ -47,9 +47,9 @@ def test_progress_says_elapsed_time_and_an_eta_from_this_workers_pace():
     assert jobs.eta(60.0, 0.25) == pytest.approx(180.0)  # a quarter in a minute: three more minutes
     assert jobs.eta(60.0, 0.75, start_fraction=0.5) == pytest.approx(60.0)  # resumed at half: its own pace
     assert jobs.eta(60.0, 0.5, start_fraction=0.5) is None and jobs.eta(5.0, 1.0) is None
-    running = jobs.JobState("running", 0.25, "", None, {}, [], elapsed_s=60.0, eta_s=180.0)
+    running = jobs.JobState(status="running", fraction=0.25, elapsed_s=60.0, eta_s=180.0)
     assert running.summary() == "25% · 1 min 0 s elapsed · about 3 min 0 s left"
-    assert jobs.JobState("waiting", 0.0, "", None, {}, []).summary() == "0%"
+    assert jobs.JobState(status="waiting", fraction=0.0).summary() == "0%"
 
 
 def test_a_job_refuses_a_bad_plan_before_it_starts(workspace):
@@ -69,7 +69,7 @@ def test_cancel_stops_the_process_and_marks_the_run_and_job_cancelled(workspace)
     assert process.poll() is not None
     state = jobs.state(jobs.load_job(workspace, job.id), workspace)
     assert state.status == "cancelled" and 1 <= state.runs[0].done < state.runs[0].total
-    assert Store(workspace / "results.sqlite").run(job.runs[0].run_id)["status"] == "cancelled"
+    assert Store(workspace / "results.sqlite").run(job.runs[0].run_id).status == "cancelled"
 
 
 @pytest.mark.slow  # spawns a job worker twice (24 samples)
@@ -82,15 +82,13 @@ def test_a_killed_job_is_stopped_and_resumes_without_recomputing(workspace):
     state = jobs.state(jobs.load_job(workspace, job.id), workspace)
     assert state.status == "stopped"
     done_before = {
-        s["sample"] + s["task"]: s["created"] for s in Store(workspace / "results.sqlite").samples(job.runs[0].run_id)
+        s.sample + s.task: s.created for s in Store(workspace / "results.sqlite").samples(job.runs[0].run_id)
     }
     assert len(done_before) >= 2
     jobs.start(jobs.load_job(workspace, job.id), workspace).wait(timeout=600)
     state = jobs.state(jobs.load_job(workspace, job.id), workspace)
     assert state.status == "finished" and state.runs[0].done == state.runs[0].total == 24
-    after = {
-        s["sample"] + s["task"]: s["created"] for s in Store(workspace / "results.sqlite").samples(job.runs[0].run_id)
-    }
+    after = {s.sample + s.task: s.created for s in Store(workspace / "results.sqlite").samples(job.runs[0].run_id)}
     assert all(after[k] == v for k, v in done_before.items())  # finished samples were kept, not redone
 
 
@@ -154,7 +152,8 @@ def test_the_eta_comes_with_the_first_piece_of_work_and_then_uses_only_their_pac
 
     job = spec.profile_job("demo", "cpu", {"sources": ["kjv"]}, None, ["decode"], "p")
     job = job.model_copy(update={"id": "20261204-000000-profile-abcdef"})
-    now = datetime.datetime.now(datetime.UTC)
+    now = datetime.datetime(2026, 12, 4, 12, 0, 0, tzinfo=datetime.UTC)
+    clock = lambda: now  # noqa: E731  the state is read at `now`, whatever time it is
     at = lambda seconds: (now - datetime.timedelta(seconds=seconds)).isoformat(timespec="seconds")  # noqa: E731
     state_file = spec._spec_path(tmp_path, job.id).with_suffix(".state.json")
     state_file.parent.mkdir(parents=True)
@@ -162,12 +161,48 @@ def test_the_eta_comes_with_the_first_piece_of_work_and_then_uses_only_their_pac
     # 100 s ago the worker started; loading took 80 s; the first piece of work ended 20 s ago at 10%
     written = {"status": "running", "fraction": 0.3, "started": at(100), "pace_from": at(20), "pace_fraction": 0.1}
     atomic_write_json(state_file, {**written, "pace_steps": 1})
-    first = jobs.state(job, tmp_path)  # one piece after the first: too few for a pace, but an upper estimate
-    # 30% in about 100 s since the worker started, loading included: at most about 233 s for the 70% to go
-    assert first.eta_upper and 200.0 < first.eta_s < 300.0 and "at most about" in first.summary()
+    first = jobs.state(job, tmp_path, clock=clock)  # one piece after the first: too few for a pace, but an upper one
+    # 30% in 100 s since the worker started, loading included: at most 233 s for the 70% to go
+    assert first.elapsed_s == 100.0 and first.eta_upper and first.eta_s == pytest.approx(100 * 0.7 / 0.3)
+    assert "at most about 3 min 53 s left" in first.summary()
     atomic_write_json(state_file, {**written, "pace_steps": 2})
-    measured = jobs.state(job, tmp_path)
-    left = measured.eta_s
-    assert not measured.eta_upper
-    # 20% in about 20 s (the clock moved on since): about 70 s for the 70% to go; from the start's pace: 233 s
-    assert 60.0 < left < 120.0
+    measured = jobs.state(job, tmp_path, clock=clock)
+    # 20% in the 20 s since the first piece: 70 s for the 70% to go (from the start's pace it would be 233 s)
+    assert not measured.eta_upper and measured.eta_s == pytest.approx(70.0)
+    assert measured.summary() == "30% · 1 min 40 s elapsed · about 1 min 10 s left"
+
+
+def test_a_state_file_of_the_format_the_worker_writes_reads_back_typed_and_is_written_the_same(tmp_path):
+    from polykv.files import atomic_write_json
+    from polykv.jobs import spec
+
+    job = spec.profile_job("demo", "cpu", {"sources": ["kjv"]}, None, ["decode"], "p")
+    # a state file as the worker wrote it before the state was a model (a job resumed at a quarter, then finished)
+    saved = {
+        "status": "finished",
+        "fraction": 1.0,
+        "message": "finished",
+        "error": None,
+        "result": {"profile": "/ws/profiles/p", "key": "p"},
+        "started": "2026-12-04T11:58:20+00:00",
+        "start_fraction": 0.25,
+        "updated": "2026-12-04T12:00:00+00:00",
+        "pace_from": "2026-12-04T11:58:40+00:00",
+        "pace_fraction": 0.375,
+        "pace_steps": 5,
+        "measured_s": 101.5,
+    }
+    atomic_write_json(spec._spec_path(tmp_path, job.id).with_suffix(".state.json"), saved)
+    written = spec._read_state(tmp_path, job.id)
+    assert isinstance(written, spec.StateFile) and written.pace_steps == 5 and written.start_fraction == 0.25
+    assert written.started.tzinfo is not None and written.result == {"profile": "/ws/profiles/p", "key": "p"}
+    state = jobs.state(job, tmp_path)
+    assert (state.status, state.fraction, state.elapsed_s, state.measured_s) == ("finished", 1.0, 100.0, 101.5)
+    assert state.result["key"] == "p" and state.eta_s is None
+    # what the worker writes now (the fields it set, as JSON) is that same file
+    assert written.model_dump(mode="json", exclude_unset=True) == saved
+    # a file the worker wrote before any piece of work: no pace yet, the reader's defaults
+    early = {k: saved[k] for k in ("status", "fraction", "message", "error", "result", "started", "updated")}
+    atomic_write_json(spec._spec_path(tmp_path, job.id).with_suffix(".state.json"), {**early, "status": "running"})
+    again = spec._read_state(tmp_path, job.id)
+    assert (again.pace_from, again.pace_steps, again.start_fraction, again.measured_s) == (None, 0, 0.0, None)

@@ -11,11 +11,11 @@ import warnings
 import pytest
 
 from polykv.errors import FileError
-from polykv.eval import runner
 from polykv.eval.metrics import LONGBENCH_METRICS
-from polykv.eval.runner import run_suite
-from polykv.eval.store import Store
-from polykv.eval.suites import answers
+from polykv.eval.results.store import Store
+from polykv.eval.running import suite_runner as runner
+from polykv.eval.running.suite_runner import run_suite
+from polykv.eval.suites import answers, longbench_data
 from polykv.eval.suites import longbench as lb
 from polykv.plan import Plan
 
@@ -167,7 +167,7 @@ def test_malformed_and_incomplete_lines_are_skipped_with_a_warning_naming_file_a
 
 
 def test_a_file_without_newlines_is_refused_at_the_line_cap_not_read_whole(tmp_path, monkeypatch):
-    monkeypatch.setattr(lb, "MAX_LINE_BYTES", 1000)
+    monkeypatch.setattr(longbench_data, "MAX_LINE_BYTES", 1000)  # read_task_file reads it there
     (tmp_path / "hotpotqa.jsonl").write_bytes(b"x" * 5000)  # one "line" of 5,000 bytes and no newline
     with pytest.raises(FileError, match=r"hotpotqa\.jsonl, line 1: longer than"):
         lb.load_task("hotpotqa", tmp_path)
@@ -201,7 +201,7 @@ def test_missing_directory_missing_task_file_and_unknown_task_are_one_line_error
 
 def test_a_data_dir_without_the_chosen_tasks_files_is_refused_when_the_settings_are_parsed(tmp_path, data_dir):
     from polykv.errors import SettingsError
-    from polykv.eval.settings import suite_settings
+    from polykv.eval.running.settings import suite_settings
 
     nowhere = tmp_path / "nope"
     with pytest.raises(SettingsError) as exc:
@@ -386,7 +386,7 @@ def test_end_to_end_run_on_the_demo_model_stores_a_score_per_task(demo_model, da
     )
     plan = Plan.homogeneous("full", None, 5)
     run_id = run_suite(store, "demo", model, tokenizer, plan, "longbench", settings)
-    assert store.run(run_id)["status"] == "finished" and len(store.samples(run_id)) == 8
+    assert store.run(run_id).status == "finished" and len(store.samples(run_id)) == 8
     scores = store.task_scores(run_id)
     assert set(scores) == {"hotpotqa", "trec", "passage_count", "lcc"}
     for values in scores.values():

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from polykv.eval.runner import run_suite, run_suites
-from polykv.eval.store import Store
+from polykv.eval.results.store import Store
+from polykv.eval.running.suite_runner import run_suite, run_suites
 from polykv.eval.suites import fidelity, ruler
 from polykv.eval.suites.ruler import RulerSettings
 from polykv.methods import REGISTRY, params_that_fit
@@ -137,7 +137,7 @@ def test_run_suites_stores_each_run_as_run_suite_does(tmp_path, demo_model):
     alone_store = Store(tmp_path / "alone.sqlite")
     for plan, run_id in zip(plans, ids):
         assert run_suite(alone_store, "demo", model, tokenizer, plan, "fidelity", TINY_FIDELITY) == run_id
-        assert store.run(run_id)["status"] == "finished"
+        assert store.run(run_id).status == "finished"
         together, single = store.task_scores(run_id), alone_store.task_scores(run_id)
         assert together.keys() == single.keys()
         for task in together:

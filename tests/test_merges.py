@@ -1,11 +1,12 @@
 """Layers that merge together (`polykv.runtime.merges`): the one-slot merges of D2O and CaM in every layer of
 the same parameters and capacity, done at once after the step's last of them, give the numbers of each
-layer merging alone, bit for bit. The reference is the previous path, still reachable with
-a cache built with `CacheOptions(merge_together=False)`: each layer merges at its own step."""
+layer merging alone, bit for bit. The reference (`merging_alone`) is each layer merging at its own step: the
+methods then say they cannot merge together (`Method.merges_together`), so the runtime forms no group."""
 
 from __future__ import annotations
 
 import collections
+import contextlib
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from polykv.methods.cam import CaM
 from polykv.methods.d2o import D2O
 from polykv.models import cache_argument_name
 from polykv.plan import Plan
-from polykv.runtime import CacheOptions, routed
+from polykv.runtime import routed
 from polykv.runtime.many_plans import generate_many
 from tests.helpers import cache_state, decode_logits, identical, plan_of, prompt, tiny_model
 
@@ -49,11 +50,20 @@ def _plans(method: str) -> dict[str, Plan]:
 
 CASES = [(method, label) for method in ("d2o", "cam") for label in sorted(_plans(method))]
 PLANS = _plans("d2o")
-ALONE = CacheOptions(merge_together=False)  # the reference: each layer merges alone, at its own step
 
 
-def _run(model, plan, ids, steps=STEPS, options=None):
-    """Logits of every step and the state after each; and how many layers each merge_together call had."""
+@contextlib.contextmanager
+def merging_alone():
+    """The reference: inside the block, every layer of D2O or CaM merges alone, at its own step."""
+    with pytest.MonkeyPatch.context() as patch:
+        for method in (D2O, CaM):
+            patch.setattr(method, "merges_together", False)
+        yield
+
+
+def _run(model, plan, ids, steps=STEPS, alone=False):
+    """Logits of every step and the state after each; and how many layers each merge_together call had.
+    `alone`: each layer merges at its own step (`merging_alone`)."""
     sizes = collections.Counter()
     method = REGISTRY[plan.layers[0].decode.method]
     original = method.merge_together.__func__
@@ -63,7 +73,8 @@ def _run(model, plan, ids, steps=STEPS, options=None):
         return original(cls, methods, kv, dropped)
 
     name = cache_argument_name(model)
-    with pytest.MonkeyPatch.context() as patch, routed(model, plan, options) as session, torch.no_grad():
+    reference = merging_alone() if alone else contextlib.nullcontext()
+    with reference, pytest.MonkeyPatch.context() as patch, routed(model, plan) as session, torch.no_grad():
         patch.setattr(method, "merge_together", classmethod(counting))
         out = model(ids, use_cache=True)
         logits, states = [out.logits], []
@@ -82,7 +93,7 @@ def test_merging_together_gives_the_numbers_of_each_layer_alone(method, label, b
     ids = prompt(model, PROMPT, batch=batch)
     plan = _plans(method)[label]
     together, sizes = _run(model, plan, ids)
-    alone, sizes_alone = _run(model, plan, ids, options=ALONE)
+    alone, sizes_alone = _run(model, plan, ids, alone=True)
     assert identical(together, alone)
     assert not sizes_alone  # the reference merged each layer at its own step
     if label != "native":  # native allocation gives each layer its own capacity: no group
@@ -170,8 +181,8 @@ def test_a_new_sequence_in_the_same_cache_gets_a_new_block_and_the_same_numbers(
     model = tiny_model("llama", num_hidden_layers=LAYERS)
     plan, name = PLANS["homogeneous"], cache_argument_name(model)
 
-    def two_sequences(options=None):
-        with routed(model, plan, options), torch.no_grad():
+    def two_sequences():
+        with routed(model, plan), torch.no_grad():
             first, cache = decode_logits(model, prompt(model, PROMPT), 12, name)
             held = [layer.keys for layer in cache.layers]
             before = [t.clone() for t in held]
@@ -181,7 +192,8 @@ def test_a_new_sequence_in_the_same_cache_gets_a_new_block_and_the_same_numbers(
         return first + second + cache_state(cache)
 
     together = two_sequences()
-    assert identical(together, two_sequences(ALONE))
+    with merging_alone():
+        assert identical(together, two_sequences())
 
 
 def test_plans_decoding_as_one_batch_merge_as_alone():
@@ -189,7 +201,8 @@ def test_plans_decoding_as_one_batch_merge_as_alone():
     ids = prompt(model, PROMPT)[0].tolist()
     plans = [Plan.homogeneous("d2o", c, LAYERS, scope="decode") for c in (8, 12, 30)]
     together = generate_many(model, plans, ids, 20, min_new_tokens=20)
-    assert together == generate_many(model, plans, ids, 20, min_new_tokens=20, options=ALONE)
+    with merging_alone():
+        assert together == generate_many(model, plans, ids, 20, min_new_tokens=20)
 
 
 def test_a_forward_pass_stopped_halfway_merges_before_the_layer_runs_again():

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from polykv.methods.scissorhands import Scissorhands
+from polykv.methods.slots import gather_slots
 from polykv.models import cache_argument_name
 from polykv.plan import Phase, Plan
-from polykv.runtime.slots import gather_slots
 from tests.helpers import decode_logits, decode_sizes, kept, layer_view, max_diff, prompt, run_routed, tiny_model
 
 H, L = 0.5, 0.05  # attention of an important / unimportant token in hand-made rows

@@ -1,4 +1,4 @@
-"""The sample-level test and the minimal detectable difference (polykv.eval.paired_samples), checked against
+"""The sample-level test and the minimal detectable difference (polykv.eval.statistics.samples), checked against
 direct computations on synthetic paired data with a known effect; the samples a target asks for."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from polykv.eval import paired_samples as ps
+from polykv.eval.statistics import samples as ps
 
 
 def scores(values_by_task: dict[str, list[float]]) -> dict[str, dict[str, float]]:
@@ -168,4 +168,4 @@ def test_no_detectable_difference_is_stated_when_too_few_samples_differ_or_none_
     assert six.differing == 6 and six.mde > 0
     constant = ps.sample_test(scores({"t": [1.0] * 10}), scores({"t": [0.0] * 10}), permutations=200)
     assert constant.differing == 10 and math.isnan(constant.mde)  # SD 0: no spread to measure power with
-    assert ps.detectable(math.nan) == ps.NOT_ESTIMABLE and ps.detectable(0.25) == "0.25"
+    assert ps.detectable(math.nan) == f"not estimable ({ps.NO_MDE_WHY})" and ps.detectable(0.25) == "0.25"

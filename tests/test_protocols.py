@@ -1,10 +1,10 @@
-"""polykv.eval.protocols: the standalone-baseline table, baseline plans under it, and overrides."""
+"""polykv.eval.method_protocols: the standalone-baseline table, baseline plans under it, and overrides."""
 
 from __future__ import annotations
 
 import pytest
 
-from polykv.eval.protocols import (
+from polykv.eval.method_protocols import (
     PROTOCOLS,
     baseline_methods,
     baseline_plan,

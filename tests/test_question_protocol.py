@@ -12,21 +12,22 @@ import json
 import pytest
 import torch
 
-from polykv.eval.protocols import baseline_plan
-from polykv.eval.settings import suite_settings
-from polykv.eval.suites import answers, longbench, ruler
+from polykv.eval.method_protocols import baseline_plan
+from polykv.eval.running.settings import suite_settings
+from polykv.eval.suites import answer_settings, answers, longbench, ruler
 from polykv.eval.suites.ruler import RulerSettings
 from polykv.methods import params_that_fit
 from polykv.methods.snapkv import SnapKV
 from polykv.models import cache_argument_name
 from polykv.plan import Phase, Plan
-from polykv.profile.profiler import profile_methods, single_layer_plan
+from polykv.profile.cell_plan import single_layer_plan
+from polykv.profile.profiler import profile_methods
 from polykv.runtime import routed
 from tests.helpers import FAMILIES, REPO, assert_one_line_error, tiny_model
 from tests.test_answers import METHODS, question_for, vanilla_nll
 from tests.test_longbench import record, write_task
 
-AFTER = answers.AFTER_COMPRESSION
+AFTER = answer_settings.AFTER_COMPRESSION
 
 
 def split(question: answers.Question, start: int) -> answers.Question:
@@ -211,11 +212,11 @@ def test_the_workload_profile_after_compression_measures_what_a_plan_scores_alon
 
 
 def test_the_runs_page_launches_a_run_whose_question_comes_after_compression(demo_model):
-    from app import common
+    from app import job_forms
 
     plan = Plan.load(REPO / "plans" / "demo" / "snapkv-prefill-64.json")
     settings = json.dumps({"tasks": ["niah_single_1"], "length": 512, "samples_per_task": 1, "question": AFTER})
-    job = common.eval_job("demo", "cpu", plan, "ruler", settings, "", [], 0, 0, demo_model)
+    job = job_forms.eval_job("demo", "cpu", plan, "ruler", settings, "", [], 0, 0, demo_model)
     (run,) = job.runs
     assert json.loads(run.unit.settings_json)["question"] == AFTER  # the run carries the protocol to the worker
 

@@ -9,8 +9,8 @@ from collections import Counter
 
 import pytest
 
-from polykv.eval.runner import run_suite
-from polykv.eval.store import Store
+from polykv.eval.results.store import Store
+from polykv.eval.running.suite_runner import run_suite
 from polykv.eval.suites import ruler
 from polykv.eval.suites.ruler import DEPTHS, RulerLengthError, RulerSettings, build_samples, make_sample
 from polykv.plan import Plan
@@ -338,8 +338,8 @@ def test_the_suite_runs_end_to_end(demo_model, tmp_path):
     assert all(set(v) == {"score", "agreement"} and 0.0 <= v["score"] <= 100.0 for v in scores.values())
     assert all(v["agreement"] == 1.0 for v in scores.values())
     rows = store.samples(run_id)
-    assert store.run(run_id)["status"] == "finished" and len(rows) == 2
-    assert all(isinstance(row["prediction"], str) and row["gold"] and row["prompt"]["sha256"] for row in rows)
+    assert store.run(run_id).status == "finished" and len(rows) == 2
+    assert all(isinstance(row.prediction, str) and row.gold and row.prompt["sha256"] for row in rows)
 
 
 # ---- variable tracking: where the chain lines go ----------------------------------------------------
@@ -449,4 +449,4 @@ def test_several_lengths_run_end_to_end(demo_model, tmp_path):
     settings = RulerSettings(tasks=("niah_single_1",), length=[400, 512], samples_per_task=1)
     run_id = run_suite(store, "demo", model, tokenizer, Plan.homogeneous("full", None, 5), "ruler", settings)
     assert set(store.task_scores(run_id)) == {"niah_single_1@400", "niah_single_1@512"}
-    assert json.loads(store.run(run_id)["settings"])["length"] == [400, 512]
+    assert json.loads(store.run(run_id).settings)["length"] == [400, 512]

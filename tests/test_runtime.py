@@ -182,6 +182,8 @@ def test_padded_batch_is_refused_with_a_clear_error(llama):
     with routed(llama, capacity_plan(llama, "tova", 16)):
         with pytest.raises(RoutedCacheError, match="padded batches are not supported"):
             llama(ids, attention_mask=mask, use_cache=True)
+        with pytest.raises(RoutedCacheError, match="this forward would get no padding mask"):
+            llama(ids, attention_mask=mask, use_cache=False)  # no routed cache, and still no mask in this thread
 
 
 def test_routed_refuses_a_plan_for_another_model(llama):

@@ -16,19 +16,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from polykv.methods import for_phase, validate_plan
 from polykv.plan import Plan, Scope
-from polykv.search import (
-    Objective,
-    SearchSettings,
-    apply,
-    build_sequences,
-    check_disjoint,
-    proposals,
-    search,
-    totals,
-)
+from polykv.search import Objective, SearchSettings, apply, build_sequences, check_disjoint, proposals, search, totals
 from polykv.search.moves import Move, base_params, check_space
 from polykv.search.objective import plan_key
-from polykv.search.report import held_out_verdict, homogeneous_plans
+from polykv.search.text.run import held_out_verdict, homogeneous_plans
 from tests.helpers import assert_one_line_error, plan_of, random_sequences, tiny_model
 
 
@@ -283,19 +274,17 @@ def test_held_out_verdict_pairs_sequences(tiny):
     model, sequences = tiny
     held_out = Objective(model, sequences, continuation=8)
     a, b = plan_of(["tova"] * 3, [8] * 3), plan_of(["streamingllm"] * 3, [8] * 3)
-    verdict = held_out_verdict(held_out, {"searched": a, "toprank": a, "homogeneous": b}).to_dict()
-    json.dumps(verdict)
-    same = [c for c in verdict["contrasts"] if (c["a"], c["b"]) == ("searched", "toprank")]
-    assert {c["metric"] for c in same} == {"kl", "top1", "ppl"}
-    assert all(c["difference"] == 0 and c["low"] == 0 and c["high"] == 0 for c in same if not c["log"])
-    kl = next(c for c in verdict["contrasts"] if (c["a"], c["b"], c["metric"]) == ("searched", "homogeneous", "kl"))
-    per = verdict["plans"]
-    expected = sum(
-        x["kl"] - y["kl"] for x, y in zip(per["searched"]["per_sequence"], per["homogeneous"]["per_sequence"])
-    )
-    assert kl["difference"] == pytest.approx(expected / len(sequences))
-    assert kl["low"] <= kl["difference"] <= kl["high"]
-    assert len(per["searched"]["per_sequence"]) == len(sequences)
+    verdict = held_out_verdict(held_out, {"searched": a, "toprank": a, "homogeneous": b})
+    json.dumps(verdict.model_dump(mode="json"))
+    same = [c for c in verdict.contrasts if (c.a, c.b) == ("searched", "toprank")]
+    assert {c.metric for c in same} == {"kl", "top1", "ppl"}
+    assert all(c.difference == 0 and c.low == 0 and c.high == 0 for c in same if not c.log)
+    kl = next(c for c in verdict.contrasts if (c.a, c.b, c.metric) == ("searched", "homogeneous", "kl"))
+    per = verdict.plans
+    expected = sum(x.kl - y.kl for x, y in zip(per["searched"].per_sequence, per["homogeneous"].per_sequence))
+    assert kl.difference == pytest.approx(expected / len(sequences))
+    assert kl.low <= kl.difference <= kl.high
+    assert len(per["searched"].per_sequence) == len(sequences)
 
 
 def test_homogeneous_candidates_cover_the_scope():
@@ -361,7 +350,7 @@ def test_search_command_end_to_end(polykv, tmp_path):
         assert totals(plan) == {"decode": 5 * entry["budget"]}
         assert entry["search"]["evaluations"] <= 40
         assert entry["search"]["objective"] <= min(entry["search"]["starts"].values())
-    from polykv.search.report import main
+    from polykv.search.text.report import main
 
     assert main([str(out / "report.json"), "--out", str(tmp_path / "search.md")]) == 0
     text = (tmp_path / "search.md").read_text()

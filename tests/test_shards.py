@@ -1,12 +1,12 @@
-"""Many plans' samples shared out over processes (polykv.eval.shards): the same runs, the same numbers."""
+"""Many plans' samples shared out over processes (polykv.eval.running.shards): the same runs, the same numbers."""
 
 from __future__ import annotations
 
 import pytest
 
-from polykv.eval.runner import run_suites
-from polykv.eval.shards import run_sharded
-from polykv.eval.store import Store
+from polykv.eval.results.store import Store
+from polykv.eval.running.shards import run_sharded
+from polykv.eval.running.suite_runner import run_suites
 from polykv.eval.suites.ruler import RulerSettings
 from polykv.plan import Plan
 
@@ -23,18 +23,13 @@ def test_sharded_runs_equal_the_runs_of_one_process(demo_model, tmp_path):
     got = run_sharded(
         sharded, "demo", model, tokenizer, plans, "ruler", settings, workers=2, progress=lambda *a: seen.append(a)
     )
-    assert got == ids and all(sharded.run(r)["status"] == "finished" for r in got)
+    assert got == ids and all(sharded.run(r).status == "finished" for r in got)
     for run_id in ids:
         a, b = one.samples(run_id), sharded.samples(run_id)
-        assert [(r["task"], r["sample"], r["prediction"]) for r in a] == [
-            (r["task"], r["sample"], r["prediction"]) for r in b
-        ]
+        assert [(r.task, r.sample, r.prediction) for r in a] == [(r.task, r.sample, r.prediction) for r in b]
         for x, y in zip(a, b):
-            assert (
-                x["metrics"]["score"] == y["metrics"]["score"]
-                and x["metrics"]["agreement"] == y["metrics"]["agreement"]
-            )
-            assert x["metrics"]["answer_nll"] == pytest.approx(y["metrics"]["answer_nll"], abs=1e-5)  # other threads
+            assert x.metrics["score"] == y.metrics["score"] and x.metrics["agreement"] == y.metrics["agreement"]
+            assert x.metrics["answer_nll"] == pytest.approx(y.metrics["answer_nll"], abs=1e-5)  # other threads
         assert one.task_scores(run_id).keys() == sharded.task_scores(run_id).keys()
     assert seen and seen[-1][1] == 6
     # asked again, the finished runs are found: no worker starts

@@ -1,17 +1,21 @@
 """One model shared by threads (the app caches one model for every browser session): a routed block belongs to
-the thread that opened it. Another thread's plan never runs in it, another thread's plain forward stays the
-vanilla computation, and attention recorders see only their own thread's forwards."""
+the thread that opened it. Blocks on one model run one after another, another thread's plan never runs in a
+block, another thread's plain forward (padded included) stays the vanilla computation, attention recorders see
+only their own thread's forwards, and a block inside another on the same model, in the same thread, is
+refused."""
 
 from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 
 from polykv.models import cache_argument_name
 from polykv.plan import Plan
-from polykv.runtime import routed
+from polykv.runtime import RoutedCacheError, routed
 from polykv.runtime.attention import record_attention
+from polykv.runtime.many_plans import many
 from tests.helpers import decode_logits, prompt, tiny_model
 
 STEPS = 6
@@ -94,8 +98,90 @@ def test_another_threads_plain_forward_is_vanilla_while_a_routed_block_is_open()
         plain_done.set()
 
     _run_threads(run_routed, run_plain)
-    assert [a.argmax(-1).tolist() for a in got] == [a.argmax(-1).tolist() for a in vanilla]
-    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(got, vanilla))  # SDPA under another name
+    assert all(torch.equal(a, b) for a, b in zip(got, vanilla))  # the model's own attention: the same bits
+
+
+def test_a_second_threads_block_opens_only_once_the_first_has_put_the_model_back():
+    """The second thread asks for its block while the first holds one open, and decodes once the first has closed.
+
+    Without the model lock the second block would open inside the first: the first's exit would put the model's
+    own attention back under the second, whose decode would then evict nothing (logits unlike its plan's alone),
+    and the second's exit would leave the model on PolyKV's attention, the implementation it found on entry."""
+    model, ids = _model()
+    layers = model.config.num_hidden_layers
+    first, second = Plan.homogeneous("streamingllm", 12, layers), Plan.homogeneous("tova", 16, layers)
+    expected = _alone(model, second, ids)
+    assert not torch.allclose(expected[-1], _alone(model, None, ids)[-1])  # a lost plan would show
+    got: list[torch.Tensor] = []
+    first_inside, second_inside, first_closed = threading.Event(), threading.Event(), threading.Event()
+
+    def run_first():
+        with routed(model, first):
+            first_inside.set()
+            second_inside.wait(WAIT)  # the second block would open here if nothing kept it out
+        first_closed.set()
+
+    def run_second():
+        first_inside.wait(10)
+        with routed(model, second):
+            second_inside.set()
+            first_closed.wait(10)
+            got.extend(decode_logits(model, ids, STEPS, CACHE)[0])
+
+    _run_threads(run_first, run_second)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert model.config._attn_implementation == "sdpa"
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_another_threads_padded_forward_keeps_its_mask_while_a_routed_block_is_open(implementation):
+    model, _ = _model()
+    model.set_attn_implementation(implementation)
+    ids = prompt(model, length=24, batch=2)
+    mask = torch.ones_like(ids)
+    mask[1, :9] = 0  # the second prompt is 9 tokens shorter: left padding
+    ids[1, :9] = 0
+
+    def padded_forward() -> torch.Tensor:
+        with torch.no_grad():
+            return model(ids, attention_mask=mask).logits
+
+    vanilla = padded_forward()
+    with torch.no_grad():
+        assert not torch.allclose(model(ids).logits[1], vanilla[1])  # a lost mask would show
+    got: list[torch.Tensor] = []
+    inside, plain_done = threading.Event(), threading.Event()
+
+    def run_routed():
+        with routed(model, Plan.homogeneous("streamingllm", 8, model.config.num_hidden_layers)):
+            inside.set()
+            plain_done.wait(WAIT)
+
+    def run_plain():
+        inside.wait(10)
+        got.append(padded_forward())
+        plain_done.set()
+
+    _run_threads(run_routed, run_plain)
+    assert torch.equal(got[0], vanilla)
+    assert model.config._attn_implementation == implementation
+
+
+def test_a_block_inside_another_on_the_same_model_is_refused_and_the_outer_one_goes_on():
+    model, ids = _model()
+    layers = model.config.num_hidden_layers
+    outer, inner = Plan.homogeneous("tova", 16, layers), Plan.homogeneous("streamingllm", 8, layers)
+    expected = _alone(model, outer, ids)
+    with routed(model, outer):
+        for nested in (lambda: routed(model, inner), lambda: many(model, [inner])):
+            with pytest.raises(RoutedCacheError, match="already open on this model in this thread"):
+                with nested():
+                    pass
+        got = decode_logits(model, ids, STEPS, CACHE)[0]
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert model.config._attn_implementation == "sdpa"
+    with routed(model, inner), routed(tiny_model("llama", seed=1), inner):  # another model: its own block
+        pass
 
 
 def test_two_threads_recording_attention_on_one_model_keep_their_own_rows():

@@ -1,4 +1,4 @@
-"""polykv.eval.stats: hand-checked values and properties of the run-comparison statistics."""
+"""polykv.eval.statistics.tasks: hand-checked values and properties of the run-comparison statistics."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from polykv.eval.stats import (
+from polykv.eval.statistics.tasks import (
     BootstrapResult,
     bootstrap_means,
     leave_one_task_out,

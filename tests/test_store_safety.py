@@ -35,11 +35,11 @@ from streamlit.testing.v1 import AppTest
 
 from polykv import jobs
 from polykv.errors import StoreError
-from polykv.eval.run_workers import Worker, process_start_time
-from polykv.eval.runner import run_suite
-from polykv.eval.store import SCHEMA_VERSION, SampleRecord, Store
+from polykv.eval.results.run_workers import Worker, process_start_time
+from polykv.eval.results.store import SCHEMA_VERSION, SampleRecord, Store
+from polykv.eval.running.suite_runner import run_suite
+from polykv.eval.running.unit import Unit
 from polykv.eval.suites.fidelity import FidelitySettings
-from polykv.eval.unit import Unit
 from polykv.plan import Plan
 from tests.helpers import APP, assert_one_line_error, fake_run, open_app, slow_after
 
@@ -271,7 +271,7 @@ def test_reading_a_missing_database_creates_nothing(tmp_path, polykv):
     writer = Store(tmp_path / "ws" / "results.sqlite")
     fake_run(writer, "r1", {"t": {"kl": 0.5}})
     late = Store(tmp_path / "ws" / "results.sqlite", readonly=True)
-    assert [r["id"] for r in late.runs()] == ["r1"]
+    assert [r.id for r in late.runs()] == ["r1"]
 
 
 def test_a_new_database_is_created_whole_and_has_the_current_schema(tmp_path):
@@ -299,7 +299,7 @@ def test_every_connection_of_a_reader_is_a_read_only_uri(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sqlite3, "connect", spy)
     reader = Store(folder / "results.sqlite", readonly=True)
-    assert [r["id"] for r in reader.runs()] == ["r"] and reader.task_scores("r") == {"t": {"kl": 0.1}}
+    assert [r.id for r in reader.runs()] == ["r"] and reader.task_scores("r") == {"t": {"kl": 0.1}}
     assert opened and all(
         uri and database.startswith("file:///") and "?mode=ro" in database for database, uri in opened
     )
@@ -448,7 +448,7 @@ def test_a_foreign_or_empty_database_is_never_turned_into_a_results_database(tmp
     empty = tmp_path / "empty.sqlite"
     _empty(empty)
     fake_run(Store(empty), "r", {"t": {"kl": 0.1}})  # an empty file is an empty database: initialised
-    assert [r["id"] for r in Store(empty, readonly=True).runs()] == ["r"]
+    assert [r.id for r in Store(empty, readonly=True).runs()] == ["r"]
 
 
 def _pages(at: AppTest) -> dict[str, dict[str, list[str]]]:
@@ -486,7 +486,7 @@ def test_the_pages_on_a_missing_workspace_create_nothing(app_env):
 # ---- FIFOs and devices: SQLite would block on opening a FIFO, so each runs in a child process under a timeout --
 _OPEN_EACH_WAY = """
 import sys
-from polykv.eval.store import Store
+from polykv.eval.results.store import Store
 from polykv.errors import StoreError
 for readonly in (True, False):
     try:
@@ -603,11 +603,11 @@ def test_a_run_whose_worker_died_is_reported_stopped(tmp_path):
             "legacy": "running",
             "done": "finished",
         }
-        assert {r["id"]: r["status"] for r in store.runs()} == expected
+        assert {r.id: r.status for r in store.runs()} == expected
         assert {k: v[2] for k, v in store.progress(list(expected)).items()} == expected
-        assert {k: store.run(k)["status"] for k in expected} == expected
+        assert {k: store.run(k).status for k in expected} == expected
         reader = Store(store.path, readonly=True)
-        assert {r["id"]: r["status"] for r in reader.runs()} == expected
+        assert {r.id: r.status for r in reader.runs()} == expected
         with sqlite3.connect(store.path) as db:  # computed when read, never written
             stored = dict(db.execute("SELECT id, status FROM runs").fetchall())
         db.close()
@@ -615,7 +615,7 @@ def test_a_run_whose_worker_died_is_reported_stopped(tmp_path):
     finally:
         sleeper.kill()
         sleeper.wait()
-    assert store.run("alive")["status"] == "stopped"
+    assert store.run("alive").status == "stopped"
 
 
 def test_a_stopped_run_resumes_where_it_stopped_and_finishes(demo_model, tmp_path):
@@ -630,11 +630,11 @@ def test_a_stopped_run_resumes_where_it_stopped_and_finishes(demo_model, tmp_pat
     with pytest.raises(KeyboardInterrupt):
         run_suite(store, "demo", model, tokenizer, plan, "fidelity", TINY, progress=stop_after_two)
     (run,) = store.runs()
-    assert run["done_samples"] == 2 and run["worker_pid"] == os.getpid()
-    assert run["worker_host"] == socket.gethostname() and run["worker_started"] == process_start_time(os.getpid())
-    store.set_running(run["id"], _killed_worker())  # as if its worker had been killed -9 mid-run
-    assert store.runs()[0]["status"] == "stopped" and store.progress([run["id"]])[run["id"]] == (2, 3, "stopped")
-    before = {(s["task"], s["sample"]): s["created"] for s in store.samples(run["id"])}
+    assert run.done_samples == 2 and run.worker_pid == os.getpid()
+    assert run.worker_host == socket.gethostname() and run.worker_started == process_start_time(os.getpid())
+    store.set_running(run.id, _killed_worker())  # as if its worker had been killed -9 mid-run
+    assert store.runs()[0].status == "stopped" and store.progress([run.id])[run.id] == (2, 3, "stopped")
+    before = {(s.task, s.sample): s.created for s in store.samples(run.id)}
 
     seen = []
     assert (
@@ -646,16 +646,16 @@ def test_a_stopped_run_resumes_where_it_stopped_and_finishes(demo_model, tmp_pat
             plan,
             "fidelity",
             TINY,
-            progress=lambda d, t, w: seen.append(store.run(run["id"])["status"]),
+            progress=lambda d, t, w: seen.append(store.run(run.id).status),
         )
-        == run["id"]
+        == run.id
     )
     assert set(seen) == {"running"}  # resuming made this process its worker
-    after = store.run(run["id"])
-    assert after["status"] == "finished" and after["worker_pid"] == os.getpid() and after["error"] is None
-    samples = {(s["task"], s["sample"]): s["created"] for s in store.samples(run["id"])}
+    after = store.run(run.id)
+    assert after.status == "finished" and after.worker_pid == os.getpid() and after.error is None
+    samples = {(s.task, s.sample): s.created for s in store.samples(run.id)}
     assert len(samples) == 3 and all(samples[key] == created for key, created in before.items())
-    assert store.progress([run["id"]])[run["id"]] == (3, 3, "finished")
+    assert store.progress([run.id])[run.id] == (3, 3, "finished")
 
 
 # ---- (e) a version-1 database -----------------------------------------------------------------------------------
@@ -682,8 +682,8 @@ def test_a_version_1_database_is_read_as_it_is_and_migrated_when_opened_for_writ
     data = db.read_bytes()
     reader = Store(db, readonly=True)
     (run,) = reader.runs()
-    assert run["id"] == "old" and run["status"] == "running" and run["done_samples"] == 1  # no worker: as stored
-    assert run["worker_pid"] is None and run["worker_host"] is None and run["worker_started"] is None
+    assert run.id == "old" and run.status == "running" and run.done_samples == 1  # no worker: as stored
+    assert run.worker_pid is None and run.worker_host is None and run.worker_started is None
     assert reader.task_scores("old") == {"t": {"kl": 0.25}} and reader.progress(["old"]) == {"old": (1, 2, "running")}
     listed = polykv("runs", "-w", str(tmp_path / "ws"))
     assert listed.returncode == 0 and "old-plan" in listed.stdout and "1/2" in listed.stdout
@@ -700,14 +700,40 @@ def test_a_version_1_database_is_read_as_it_is_and_migrated_when_opened_for_writ
     conn.close()
     assert columns[-3:] == ["worker_pid", "worker_host", "worker_started"]
     assert samples[-3:] == ["prediction", "gold", "prompt"]  # version 3: what a question suite's model answered
-    assert writer.run("old")["plan_name"] == "old-plan" and writer.samples("old")[0]["metrics"] == {"kl": 0.25}
+    assert writer.run("old").plan_name == "old-plan" and writer.samples("old")[0].metrics == {"kl": 0.25}
     old = writer.samples("old")[0]
-    assert (old["prediction"], old["gold"], old["prompt"]) == (None, None, None)  # an older row keeps no answer
+    assert (old.prediction, old.gold, old.prompt) == (None, None, None)  # an older row keeps no answer
     writer.add_sample(
         "old", "t", "1", {"score": 100.0}, 0.1, SampleRecord(" 42.", ["42"], {"task": "t", "sha256": "ab"})
     )
     new = writer.samples("old")[1]
-    assert (new["prediction"], new["gold"], new["prompt"]) == (" 42.", ["42"], {"task": "t", "sha256": "ab"})
-    assert writer.set_running("old") and writer.run("old")["worker_pid"] == os.getpid()
+    assert (new.prediction, new.gold, new.prompt) == (" 42.", ["42"], {"task": "t", "sha256": "ab"})
+    assert writer.set_running("old") and writer.run("old").worker_pid == os.getpid()
     Store(db)  # opening the migrated database again changes nothing
-    assert Store(db, readonly=True).run("old")["status"] == "running"
+    assert Store(db, readonly=True).run("old").status == "running"
+
+
+# ---- (f) what the store reads back ----------------------------------------------------------------------------
+def test_runs_and_samples_read_back_as_typed_frozen_rows_with_the_columns_names(tmp_path):
+    import dataclasses
+
+    from polykv.eval.results.rows import RunRow, SampleRow, sample_key
+
+    store = Store(tmp_path / "results.sqlite")
+    fake_run(store, "r", {"t": {"kl": 0.25}})
+    store.add_sample("r", "t", "1", {"kl": 0.5}, 0.2, SampleRecord("42", ["42"], {"task": "t", "sha256": "ab"}))
+    run = store.run("r")
+    assert isinstance(run, RunRow) and store.runs() == [run] and run.done_samples == 2
+    assert (run.id, run.status, run.plan_name, run.seed, json.loads(run.settings)) == ("r", "finished", "r", 0, {})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.status = "running"
+    old, new = store.samples("r")
+    assert isinstance(old, SampleRow) and (old.metrics, old.prediction, old.gold, old.prompt) == (
+        {"kl": 0.25},
+        None,
+        None,
+        None,
+    )
+    assert (new.task, new.sample, new.prediction, new.gold, new.prompt["sha256"]) == ("t", "1", "42", ["42"], "ab")
+    assert (sample_key(old, 0), sample_key(new, 0)) == ("0#seed0", "1#ab")  # a stored prompt pairs by its hash
+    assert store.progress(["r", "missing"]) == {"r": (2, 1, "finished")} and store.run("missing") is None

@@ -1,4 +1,4 @@
-"""The workload checks before a study judges plans (polykv.eval.workload): the competence rule, the samples
+"""The workload checks before a study judges plans (polykv.eval.workloads.competence): the competence rule, the samples
 per task from a pilot, FullKV's floor tasks for any run; and the paper's S(rho) in the placement control."""
 
 from __future__ import annotations
@@ -8,10 +8,11 @@ import json
 import numpy as np
 import pytest
 
-from polykv.eval import paper, workload
 from polykv.eval.experiments.placement import majority_method
-from polykv.eval.paired_samples import minimal_detectable_difference
-from polykv.eval.store import Store
+from polykv.eval.results.store import Store
+from polykv.eval.statistics.samples import expected_mde, minimal_detectable_difference
+from polykv.eval.study import paper
+from polykv.eval.workloads import competence as workload
 from polykv.plan import Plan
 from polykv.routing import route_score
 from tests.helpers import fake_run
@@ -31,7 +32,7 @@ def test_the_samples_reach_the_target_unless_the_time_says_otherwise():
     pilot = {t: rng.normal(0.0, 0.4, 10) for t in ("a", "b", "c")}
     free = workload.plan_samples(pilot, target=0.05, seconds_per_sample=None, seconds_allowed=None, minimum=2)
     assert free.for_target == free.samples_per_task and free.expected_mde <= 0.05
-    assert workload.expected_mde(list(free.pilot_sd.values()), free.samples_per_task - 1) > 0.05
+    assert expected_mde(list(free.pilot_sd.values()), free.samples_per_task - 1) > 0.05
     # a minute at 1 s per sample: 20 samples in each of the 3 tasks; the time bound wins and says so
     tight = workload.plan_samples(pilot, target=0.05, seconds_per_sample=1.0, seconds_allowed=60.0, minimum=50)
     assert tight.samples_per_task == 20 and "time allowance affords 20" in tight.reason
@@ -58,7 +59,7 @@ def test_without_a_target_the_time_allowance_sets_the_samples_and_an_unreachable
 def test_the_expected_mde_is_the_power_formula():
     sds = [0.5, 1.0]
     se = np.sqrt((0.25 + 1.0) / 40) / 2
-    assert workload.expected_mde(sds, 40) == pytest.approx(minimal_detectable_difference(se, 2 * 39))
+    assert expected_mde(sds, 40) == pytest.approx(minimal_detectable_difference(se, 2 * 39))
 
 
 def test_floor_tasks_come_from_a_fullkv_run_of_the_same_settings(tmp_path):

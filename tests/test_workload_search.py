@@ -9,14 +9,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from polykv.eval import calibration
-from polykv.eval.calibration import calibration_samples, evaluation_samples, parse_workload, prompt_hash
-from polykv.eval.store import Store
+from polykv.eval.results.store import Store
+from polykv.eval.workloads import workload as calibration
+from polykv.eval.workloads.workload import calibration_samples, evaluation_samples, parse_workload, prompt_hash
 from polykv.plan import Plan, Scope
-from polykv.search import workload_markdown, workload_summary
-from polykv.search.answer_objective import AnswerObjective
-from polykv.search.search import SearchSettings, search
-from polykv.search.workload_verdict import contrast, rejudge
+from polykv.search.local_search import SearchSettings, search
+from polykv.search.workload import markdown as workload_markdown
+from polykv.search.workload import summary as workload_summary
+from polykv.search.workload.objective import AnswerObjective
+from polykv.search.workload.report import WorkloadReport
+from polykv.search.workload.verdict import contrast, rejudge
 from tests.helpers import plan_of
 from tests.planted_needle import needle_model, needle_questions
 
@@ -76,7 +78,7 @@ def test_bad_workload_sources_are_refused_in_one_line(sources, problem):
 
 @pytest.fixture(scope="module")
 def workload_profile(tmp_path_factory, demo_model):
-    from polykv.eval.calibration import workload_corpus
+    from polykv.eval.workloads.workload import workload_corpus
     from polykv.plan import Phase
     from polykv.profile.build import build_profile
     from polykv.profile.corpus import CorpusSpec
@@ -203,8 +205,8 @@ def test_polykv_search_on_a_workload_writes_its_verdict(polykv, tmp_path):
     assert "out/results.sqlite" in text and entry["runs"]["answer_nll"]["searched"] in text
     # rendered again: the verdicts recomputed from the database equal the search's own; report.json untouched
     saved = (out / "report.json").read_bytes()
-    again = rejudge(json.loads(saved), Store(out / "results.sqlite", readonly=True))["budgets"][0]["verdict"]
-    assert json.dumps(again, sort_keys=True) == json.dumps(entry["verdict"], sort_keys=True)
+    again = rejudge(WorkloadReport.load(out / "report.json"), Store(out / "results.sqlite", readonly=True))
+    assert again.rejudged and again.to_dict()["budgets"][0]["verdict"] == entry["verdict"]
     assert workload_markdown.main([str(out / "report.json"), "--out", str(out / "again.md")]) == 0
     assert (out / "report.json").read_bytes() == saved
     assert "computed again from those runs" in (out / "again.md").read_text()
@@ -222,7 +224,7 @@ def test_the_summary_pairs_the_same_plan_under_both_question_protocols(polykv, t
             "--competence", "0", "--scope", "prefill", "--question", question, "--workspace", str(tmp_path / "ws"),
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
-    reports = [json.loads((f / "report.json").read_text()) for f in folders]
+    reports = [WorkloadReport.load(f / "report.json") for f in folders]
     stores = {f.name: Store(f / "results.sqlite", readonly=True) for f in folders}
     rows = workload_summary.protocol_rows([(f.name, r, f) for f, r in zip(folders, reports)], stores)
     by_plan = {row[2]: row for row in rows}
@@ -230,7 +232,7 @@ def test_the_summary_pairs_the_same_plan_under_both_question_protocols(polykv, t
     control = by_plan["`fullkv`"]
     assert control[7] == "no significant difference" and abs(float(control[3].split()[0])) < 1e-3
     # a plan is paired with the same plan (its key), whatever role it had in each search
-    keys = [{workload_summary._plan_of(e, role) for e in r["budgets"] for role in e["plans"]} for r in reports]
+    keys = [{workload_summary._plan_of(e, role) for e in r.budgets for role in e.plans} for r in reports]
     assert len(rows) == 1 + len(keys[0] & keys[1])
 
 
@@ -302,7 +304,7 @@ def test_the_kv_a_plan_keeps_is_where_it_evicts():
 
 
 def test_the_competence_rule_takes_tasks_out_of_both_families_and_names_the_majority_method():
-    from polykv.search.workload_verdict import competent_families, majority_method
+    from polykv.search.workload.verdict import competent_families, majority_method
 
     accuracy = {"niah_single_2": 100.0, "niah_multikey_1": 19.9, "fwe": 50.0, "vt": 0.0}
     families = competent_families(["niah_single_2", "niah_multikey_1"], ["fwe", "vt"], accuracy)

@@ -8,9 +8,11 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from app.charts.base import layout
-from polykv.eval.compare import OUTCOMES, interval_text, outcome, ratio_text, signed
+from polykv.eval.comparing.compare import OUTCOMES
+from polykv.eval.statistics.contrast import outcome
+from polykv.eval.statistics.render import interval_text, ratio_text, signed
 
-# Better / worse for the metric's direction (`polykv.eval.compare.outcome`): bar colours, and the
+# Better / worse for the metric's direction (`polykv.eval.statistics.contrast.outcome`): bar colours, and the
 # Streamlit colour names of the summary's delta (st.metric's `delta_color`).
 OUTCOME_COLORS = {"A better": "#2E7D32", "B better": "#C62828", "tie": "#9E9E9E"}
 OUTCOME_DELTA_COLORS = {"A better": "green", "B better": "red", "tie": "gray", "no significant difference": "gray"}

@@ -227,7 +227,7 @@ def placement_scatter(
         )
     )
     if spearman is None or p is None:
-        stats = "Spearman undefined (needs 2 or more placements with varying scores)"
+        stats = "Spearman not estimable (needs 2 or more placements with varying scores)"
     else:
         stats = f"Spearman rho = {spearman:+.3f}, one-sided permutation p = {p:.4f}"
     fig.update_xaxes(title_text="profile score S(rho)")

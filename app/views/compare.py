@@ -3,23 +3,15 @@ tags. Budget sweeps and placement controls are on the Experiments page."""
 
 import streamlit as st
 
-from app import charts, common, session, state
+from app import charts, common, job_controls, session, state
 from polykv import jobs
-from polykv.errors import StoreError
-from polykv.eval import sample_view
-from polykv.eval.compare import (
-    can_log,
-    compare_runs,
-    direction,
-    interval_text,
-    metrics_of,
-    preferred_metric,
-    ratio_text,
-    signed,
-    suite_score,
-)
-from polykv.eval.compare_defaults import default_pair, runs_table
-from polykv.eval.store import Store
+from polykv.errors import StoreError, first_line
+from polykv.eval.comparing import answers as sample_view
+from polykv.eval.comparing.compare import can_log, compare_runs, metrics_of, preferred_metric, suite_score
+from polykv.eval.comparing.default_pair import default_pair, runs_table
+from polykv.eval.results.store import Store
+from polykv.eval.statistics.contrast import direction
+from polykv.eval.statistics.render import interval_text, ratio_text, signed
 
 st.title("Compare")
 workspace = session.workspace()
@@ -28,9 +20,9 @@ try:  # read-only: opening the page never creates or changes the results databas
     every_run = list(reversed(store.runs()))  # newest first
     finished = common.finished_run_rows(store)
 except StoreError as exc:
-    st.error(common.first_line(exc))
+    st.error(first_line(exc))
     st.stop()
-eval_jobs = common.jobs_of(jobs.list_jobs(workspace), "eval")
+eval_jobs = job_controls.jobs_of(jobs.list_jobs(workspace), "eval")
 
 
 def show_runs() -> None:
@@ -44,8 +36,8 @@ if not finished:
     if every_run:
         show_runs()
     st.stop()
-label = {r["id"]: common.run_label(r) for r in finished}
-ids = [r["id"] for r in finished]
+label = {r.id: common.run_label(r) for r in finished}
+ids = [r.id for r in finished]
 pair = default_pair(finished, eval_jobs, store)
 
 # ---- two runs --------------------------------------------------------------------------------------------
@@ -55,7 +47,7 @@ run_a = cols[0].selectbox("A", ids, index=common.index_of(ids, pair.a), format_f
 run_b = cols[1].selectbox("B", ids, index=common.index_of(ids, pair.b), format_func=label.get, key=state.COMPARE_B)
 if (run_a, run_b) == (pair.a, pair.b):
     st.caption(f"Starting pair: {pair.reason}.")
-rows = {r["id"]: r for r in finished}
+rows = {r.id: r for r in finished}
 across = sample_view.like_with_like(rows[run_a], rows[run_b])
 if across is not None:
     st.caption(f"Not like with like, {across}.")
@@ -77,7 +69,7 @@ else:
     try:
         result = compare_runs(store, run_a, run_b, metric, log=log)
     except ValueError as exc:
-        st.warning(common.first_line(exc))
+        st.warning(first_line(exc))
     else:
         if run_a == run_b:
             st.info("A and B are the same run: pick two different runs.")

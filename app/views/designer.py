@@ -9,8 +9,9 @@ import streamlit as st
 
 from app import charts, common, plan_draft, session, state
 from app import designer_controls as controls
-from polykv import plan_edits
+from polykv.errors import first_line
 from polykv.plan import Phase, PlanError
+from polykv.plan_edits import choices, comparison, edit_history, painting, saving, table, whole_plan
 from polykv.routing import ALLOCATIONS
 
 # Message slots beside the controls that fill them (the paint controls' is `controls.PLAN_MESSAGES`).
@@ -68,7 +69,7 @@ def memory(plan) -> None:
 
 def provenance(plan) -> None:
     """Where the plan came from and every edit made to it since, oldest first."""
-    edits = plan_edits.edits(plan)
+    edits = edit_history.edits(plan)
     with st.expander(f"Provenance ({len(edits)} edit{'' if len(edits) == 1 else 's'})"):
         st.caption(f"Built by: {plan.provenance.get('built_by', 'unknown')}")
         st.text("\n".join(f"{i}. {edit}" for i, edit in enumerate(edits, 1)) if edits else "No edits yet.")
@@ -81,7 +82,7 @@ def paint(plan, layers: int) -> None:
     with left:
         st.multiselect("Selected layers", list(range(layers)), key=state.DESIGNER_LAYERS)
     with middle:
-        st.radio("Phase", plan_edits.PHASE_CHOICES, key=state.DESIGNER_PHASE, horizontal=True)
+        st.radio("Phase", choices.PHASE_CHOICES, key=state.DESIGNER_PHASE, horizontal=True)
     with right:
         st.number_input(
             "Capacity (tokens per KV head)",
@@ -104,8 +105,8 @@ def paint(plan, layers: int) -> None:
     if painted:
         chosen, phase, method, capacity = controls.paint_request()
         controls.attempt(
-            lambda: plan_edits.paint(plan, chosen, phase, method, capacity),
-            plan_edits.paint_message(chosen, phase, method, capacity),
+            lambda: painting.paint(plan, chosen, phase, method, capacity),
+            choices.paint_message(chosen, phase, method, capacity),
         )
     if undone or redone:
         said = plan_draft.undo() if undone else plan_draft.redo()
@@ -118,7 +119,7 @@ def paint(plan, layers: int) -> None:
         with st.popover("Build from profile"):
             build_from_profile()
         if st.button("Reset to full"):
-            controls.commit(plan_edits.reset_to_full(plan), "Reset every layer to full (no eviction).")
+            controls.commit(whole_plan.reset_to_full(plan), "Reset every layer to full (no eviction).")
     unavailable = [why for _, why in entries if why]
     if unavailable:
         st.caption("Not offered here: " + "; ".join(unavailable) + ".")
@@ -128,7 +129,7 @@ def palette() -> list[tuple[str, str | None]]:
     """One button per method: the chosen one highlighted, those that cannot run in the phase greyed with
     the reason as their tooltip; each has a one-key shortcut (shown on the button). Returns the entries."""
     entries = controls.paint_palette()
-    keys = plan_edits.shortcuts([name for name, _ in entries])
+    keys = choices.shortcuts([name for name, _ in entries])
     chosen = controls.chosen_method()
     with st.container(horizontal=True):
         for name, why_not in [(controls.KEEP, None), *entries]:
@@ -150,13 +151,13 @@ def rescale_to_budget(plan) -> None:
         target = st.number_input(
             "Budget (average capacity per layer)",
             min_value=1.0,
-            value=float(round(plan_edits.current_budget(plan))),
+            value=float(round(whole_plan.current_budget(plan))),
             step=1.0,
         )
         rescale = st.form_submit_button("Rescale (keep the route)")
     if rescale:
         controls.attempt(
-            lambda: plan_edits.rescale(plan, target),
+            lambda: whole_plan.rescale(plan, target),
             f"Rescaled to a budget of {target:g} (average capacity per layer).",
         )
 
@@ -167,7 +168,7 @@ def build_from_profile() -> None:
         st.info("No profile for this model yet: compute one on the Profiles page.")
         return
     picked = by_key[st.selectbox("Profile", list(by_key))]
-    scope = st.selectbox("Scope", plan_edits.profile_scopes(picked), key=state.BUILD_SCOPE)
+    scope = st.selectbox("Scope", whole_plan.profile_scopes(picked), key=state.BUILD_SCOPE)
     budget = st.number_input(
         "Budget (average capacity per layer)", min_value=1, value=picked.meta.b_cal, step=1, key=state.BUILD_BUDGET
     )
@@ -178,7 +179,7 @@ def build_from_profile() -> None:
     allocation = st.radio("Allocation", list(ALLOCATIONS), horizontal=True, key=state.BUILD_ALLOCATION)
     if st.button("Build plan"):
         controls.attempt(
-            lambda: plan_edits.build_from_profile(picked, scope, budget, statistic, allocation),
+            lambda: whole_plan.build_from_profile(picked, scope, budget, statistic, allocation),
             f"Built from profile {picked.key} ({statistic}, {allocation}).",
         )
 
@@ -189,7 +190,7 @@ def layer_table(plan) -> None:
     columns = {
         **{
             f"{p.value}_method": st.column_config.SelectboxColumn(
-                f"{p.value} method", options=plan_edits.table_methods(p), required=True
+                f"{p.value} method", options=table.table_methods(p), required=True
             )
             for p in Phase
         },
@@ -198,14 +199,14 @@ def layer_table(plan) -> None:
     }
     problem = st.container()  # above the table: a refused cell is said where the eye is, not below ten rows
     edited = st.data_editor(
-        plan_edits.to_table(plan),
+        table.to_table(plan),
         key=state.plan_table(plan_draft.plan_version()),
         hide_index=True,
         disabled=["layer"],
         column_config=columns,
     )
     try:
-        from_table = plan_edits.from_table(plan, edited)
+        from_table = table.from_table(plan, edited)
     except PlanError as exc:
         with problem:
             st.error(f"Table: {exc}. The plan keeps its last valid state; fix the cell or press Undo edits.")
@@ -271,9 +272,9 @@ def save(plan) -> None:
         try:
             folder = controls.model_plans_dir(session.current_model()[0])
             folder.mkdir(parents=True, exist_ok=True)
-            outcome = plan_edits.save_plan(plan, folder, name, overwrite)
+            outcome = saving.save_plan(plan, folder, name, overwrite)
         except (PlanError, OSError) as exc:
-            st.error(common.first_line(exc))
+            st.error(first_line(exc))
         else:
             if outcome.path is None:
                 st.warning(f"{outcome.message}: tick 'Overwrite' to replace it.")
@@ -281,7 +282,7 @@ def save(plan) -> None:
                 controls.commit(outcome.plan, outcome.message, FILES)
     controls.show_flash(state.designer_flash(FILES))
     st.download_button(
-        "Download JSON", plan.to_json(), file_name=plan_edits.plan_filename(plan.name), mime="application/json"
+        "Download JSON", plan.to_json(), file_name=saving.plan_filename(plan.name), mime="application/json"
     )
 
 
@@ -307,7 +308,7 @@ def diff(plan, saved) -> None:
     except PlanError as exc:
         st.error(str(exc))
         return
-    changes = plan_edits.diff(against, plan)
+    changes = comparison.diff(against, plan)
     st.caption(f"a = {other}, b = the current plan: {len(changes)} difference(s)")
     st.dataframe(changes, hide_index=True, width="stretch")
 

@@ -6,18 +6,19 @@ import json
 import pandas as pd
 import streamlit as st
 
-from app import charts, common, designer_controls, plan_draft, session, state
+from app import charts, common, designer_controls, job_controls, job_forms, plan_draft, session, state
 from polykv import jobs
-from polykv.errors import PolyKVError, StoreError
-from polykv.eval.compare import metrics_of, placement_summary, suite_score, sweep_table
+from polykv.errors import PolyKVError, StoreError, first_line
+from polykv.eval.comparing.compare import metrics_of, placement_summary, suite_score, sweep_table
 from polykv.eval.experiments import FactorialData, PlacementData, SweepData, suite_metrics
-from polykv.eval.experiments.report import stat_text
-from polykv.eval.protocols import baseline_methods
-from polykv.eval.runner import SUITES
-from polykv.eval.settings import parse_budgets, suite_settings
-from polykv.eval.store import Store
+from polykv.eval.method_protocols import baseline_methods
+from polykv.eval.results.store import Store
+from polykv.eval.running.settings import parse_budgets, suite_settings
+from polykv.eval.running.suite_runner import SUITES
+from polykv.eval.statistics.render import number
 from polykv.jobs.experiment import launch_job, read_report
 from polykv.plan import Plan, PlanError
+from polykv.profile.statistics import STATISTICS
 
 st.title("Experiments")
 name, device, _, _ = session.current_model()
@@ -47,7 +48,9 @@ else:
         budget = cols[1].number_input(
             "Budget", min_value=1, value=24 if demo else 256, step=1, help="Average capacity per layer of the route"
         )
-        statistic = cols[2].radio("Statistic", ["cosine", "dppl"], horizontal=True, help="TopRank's profile score")
+        statistic = cols[2].radio(
+            "Statistic", list(STATISTICS), horizontal=True, help="TopRank's profile score (danswer: a workload's)"
+        )
         allocation = cols[3].selectbox(
             "Allocation",
             ["entropy", "ppl"] if kind == "factorial" else ["uniform", "entropy", "ppl"],
@@ -63,7 +66,7 @@ else:
             baselines = st.multiselect(
                 "Baselines", baseline_methods(), help="None chosen: every one, each under its protocol"
             )
-        st.session_state.setdefault(state.experiment_settings(suite), common.default_settings(suite, name))
+        st.session_state.setdefault(state.experiment_settings(suite), job_forms.default_settings(suite, name))
         settings_text = st.text_area("Suite settings (JSON)", key=state.experiment_settings(suite))
         cols = st.columns(2)
         metric = cols[0].selectbox("Metric", metrics, index=common.default_metric(metrics))
@@ -94,15 +97,15 @@ else:
             loaded=session.current_model()[2:],
         )
 
-    common.launch_estimate(described_job, state.EXPERIMENT_MEASURE_SPEED)
+    job_controls.launch_estimate(described_job, state.EXPERIMENT_MEASURE_SPEED)
     if launched:
-        common.start_job(described_job, state.EXPERIMENT_FLASH)
+        job_controls.start_job(described_job, state.EXPERIMENT_FLASH)
 designer_controls.show_flash(state.EXPERIMENT_FLASH)
 
 # ---- experiment jobs (polled while any runs) ----------------------------------------------------------------
 st.subheader("Experiment jobs")
-experiment_jobs = common.jobs_of(jobs.list_jobs(workspace), "experiment", name, limit=10)
-running_at_load = common.running(experiment_jobs, workspace)
+experiment_jobs = job_controls.jobs_of(jobs.list_jobs(workspace), "experiment", name, limit=10)
+running_at_load = job_controls.running(experiment_jobs, workspace)
 
 
 @st.fragment(run_every=2 if running_at_load else None)
@@ -118,7 +121,7 @@ def job_list():
             st.progress(min(1.0, progress.fraction), text=f"{progress.summary()} · {progress.message}")
             if progress.error:
                 st.error(progress.error)
-            common.job_controls(job, progress, workspace)
+            job_controls.job_controls(job, progress, workspace)
 
 
 job_list()
@@ -129,8 +132,8 @@ def show_factorial(data: FactorialData) -> None:
     st.dataframe(charts.factorial_table(data), hide_index=True)
     primary = data.routing_uniform
     cols = st.columns(3)
-    cols[0].metric("Primary: routed-uniform - homogeneous-uniform", stat_text(primary.difference, "+.4f"))
-    cols[1].metric("95% paired bootstrap CI", f"[{stat_text(primary.low, '+.4f')}, {stat_text(primary.high, '+.4f')}]")
+    cols[0].metric("Primary: routed-uniform - homogeneous-uniform", number(primary.difference, "+.4f"))
+    cols[1].metric("95% paired bootstrap CI", f"[{number(primary.low, '+.4f')}, {number(primary.high, '+.4f')}]")
     cols[2].metric("Wins / ties / losses", f"{primary.wins} / {primary.ties} / {primary.losses}")
     if primary.verdict_text:  # reports made before samples were paired have none
         st.caption(common.literal(f"Primary: {primary.verdict_text}"))
@@ -151,11 +154,11 @@ def show_placement(data: PlacementData) -> None:
         selection_mode=("points",),
     )
     if data.spearman is None:
-        st.caption("Spearman over the random placements is undefined (fewer than 2, or constant scores).")
+        st.caption("Spearman over the random placements is not estimable (fewer than 2, or constant scores).")
     else:
         st.caption(
             f"Spearman rho (S(rho) vs {data.metric} in the better direction, {data.k} random placements) = "
-            f"{data.spearman:+.4f}; one-sided permutation p = {stat_text(data.spearman_p)}. Guided route rank "
+            f"{data.spearman:+.4f}; one-sided permutation p = {number(data.spearman_p)}. Guided route rank "
             f"{data.guided_rank} of {data.k + 1}. Click a point to open its placement."
         )
     points = ((event or {}).get("selection") or {}).get("points", [])
@@ -163,13 +166,13 @@ def show_placement(data: PlacementData) -> None:
     if entry is None:
         return
     st.markdown(
-        f"Selected: **{entry.plan}** · S(rho) {stat_text(entry.profile_score)} · {data.metric} {stat_text(entry.score)}"
+        f"Selected: **{entry.plan}** · S(rho) {number(entry.profile_score)} · {data.metric} {number(entry.score)}"
     )
     if st.button("Open in the designer", type="primary"):
         try:
             plan_draft.set_plan(Plan.from_json(entry.plan_json))
         except PlanError as exc:
-            st.error(f"Not opened: {common.first_line(exc)}")
+            st.error(f"Not opened: {first_line(exc)}")
         else:
             st.switch_page("views/designer.py")
 
@@ -199,15 +202,15 @@ if finished:
             st.text("\n".join(report.lines))
             st.code(json.dumps(report.to_dict()["data"], indent=1)[:20_000], language="json")
     except (PolyKVError, KeyError, TypeError, ValueError) as exc:  # a report from another version, edited
-        st.error(f"Cannot draw report of {job.id}: {common.first_line(exc)}")
+        st.error(f"Cannot draw report of {job.id}: {first_line(exc)}")
 
 # ---- sweeps and placements from the evaluation jobs that launched them ----------------------------------------
 try:  # read-only: opening the page never creates or changes the results database
     store = Store(workspace / "results.sqlite", readonly=True)
 except StoreError as exc:
-    st.error(common.first_line(exc))
+    st.error(first_line(exc))
     st.stop()
-eval_jobs = common.jobs_of(jobs.list_jobs(workspace), "eval", name)  # the loaded model's: its layers, its budgets
+eval_jobs = job_controls.jobs_of(jobs.list_jobs(workspace), "eval", name)  # the loaded model's: its layers, its budgets
 sweeps, placements = common.sweep_jobs(eval_jobs), common.placement_jobs(eval_jobs)
 
 st.subheader("Budget sweep: route vs baselines")

@@ -2,8 +2,9 @@
 
 import streamlit as st
 
-from app import charts, common, session, state
-from polykv.eval.launch_work import heterogeneity_work
+from app import charts, common, job_controls, session, state
+from polykv.errors import first_line
+from polykv.eval.launch.work import heterogeneity_work
 from polykv.profile.corpus import default_sources
 
 st.title("Attention heterogeneity")
@@ -27,7 +28,7 @@ with st.form(state.HETEROGENEITY_FORM):
     cols = st.columns([1, 1, 4])
     measured = cols[0].form_submit_button("Measure", type="primary")
     cols[1].form_submit_button("Estimate", help="Estimate the time these settings take here, without measuring")
-common.show_estimate(
+job_controls.show_estimate(
     lambda: heterogeneity_work(sources, int(inputs), min(int(max_tokens), session.context_length() or int(max_tokens))),
     state.HETEROGENEITY_MEASURE_SPEED,
 )
@@ -48,7 +49,7 @@ try:
         (name, device), int(inputs), int(max_tokens), float(coverage), tuple(sources), int(density_input)
     )
 except (ValueError, OSError) as exc:
-    st.error(f"Could not measure: {common.first_line(exc)}")
+    st.error(f"Could not measure: {first_line(exc)}")
     st.stop()
 
 st.caption(f"{int(inputs)} inputs of {length} tokens; median over inputs with a bootstrap 95% interval.")

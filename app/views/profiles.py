@@ -5,9 +5,10 @@ import itertools
 
 import streamlit as st
 
-from app import charts, common, session, state
+from app import charts, common, job_controls, job_forms, session, state
 from polykv import jobs
-from polykv.errors import PolyKVError
+from polykv.errors import PolyKVError, first_line
+from polykv.eval.statistics.render import number
 from polykv.plan import Scope
 from polykv.profile.corpus import default_sources
 from polykv.profile.store import ProfileError, refresh_command
@@ -27,7 +28,7 @@ root = workspace / "profiles"
 with st.expander("Compute a profile", expanded=not root.is_dir()):
     with st.form(state.PROFILE_FORM):
         cols = st.columns(5)
-        defaults = common.profile_defaults(name)
+        defaults = job_forms.profile_defaults(name)
         sequences = cols[0].number_input("Sequences", min_value=1, max_value=200, value=defaults["sequences"])
         max_tokens = cols[1].number_input(
             "Tokens per sequence", min_value=32, max_value=32768, value=defaults["max_tokens"], step=32
@@ -42,18 +43,18 @@ with st.expander("Compute a profile", expanded=not root.is_dir()):
         cols[1].form_submit_button("Estimate", help="Estimate the time these settings take here, without starting")
 
     def described_job():
-        return common.profile_job(name, device, sources, sequences, max_tokens, b_cal, scope)
+        return job_forms.profile_job(name, device, sources, sequences, max_tokens, b_cal, scope)
 
     if not sources:
         st.error("Choose at least one source.")
     else:
-        common.launch_estimate(described_job, state.PROFILE_MEASURE_SPEED)
+        job_controls.launch_estimate(described_job, state.PROFILE_MEASURE_SPEED)
         if started:
-            common.start_job(described_job)
+            job_controls.start_job(described_job)
 
 
-profile_jobs = common.jobs_of(jobs.list_jobs(workspace), "profile", name, limit=3)
-running_at_load = common.running(profile_jobs, workspace)
+profile_jobs = job_controls.jobs_of(jobs.list_jobs(workspace), "profile", name, limit=3)
+running_at_load = job_controls.running(profile_jobs, workspace)
 
 
 @st.fragment(run_every=2 if running_at_load else None)
@@ -75,7 +76,7 @@ def profile_progress():
             try:
                 jobs.cancel(job, workspace)
             except PolyKVError as exc:
-                st.error(common.first_line(exc))
+                st.error(first_line(exc))
             else:
                 st.rerun()
 
@@ -98,7 +99,7 @@ if profile.meta.fullkv_ppl:  # the reference every dPPL is measured against, one
     for column, (source, ppl) in zip(
         itertools.cycle(st.columns(min(4, len(profile.meta.fullkv_ppl)))), profile.meta.fullkv_ppl.items()
     ):
-        column.metric(f"FullKV perplexity · {source}", "n/a" if ppl is None else f"{ppl:.2f}")
+        column.metric(f"FullKV perplexity · {source}", number(ppl, ".2f"))
     st.caption(
         f"Each cell's 95% interval is a bootstrap over the {profile.meta.corpus.num_sequences} calibration "
         "sequences; the win frequency is how often the winner stays the best across those resamples."
@@ -142,13 +143,13 @@ for scope in profile.meta.scopes:
     try:
         cells = ranked_cells(profile.table, scope, statistic)
     except ValueError as exc:
-        st.error(f"{scope}: {common.first_line(exc)}")
+        st.error(f"{scope}: {first_line(exc)}")
         continue
     try:
         confidence = route_confidence(profile, scope, statistic)
     except (ProfileError, ValueError) as exc:  # stale, or saved without per-sequence values
         confidence = None
-        st.info(f"No win frequencies for {scope}: {common.first_line(exc)}")
+        st.info(f"No win frequencies for {scope}: {first_line(exc)}")
     figure = charts.profile_decision_figure(cells, scope, view, statistic, confidence, windows)
     common.show(figure, f"{profile.key}-{scope}-{view}-{statistic}")
     if confidence is None:

@@ -3,14 +3,15 @@
 import pandas as pd
 import streamlit as st
 
-from app import common, designer_controls, plan_draft, session, state
+from app import common, designer_controls, job_controls, job_forms, plan_draft, session, state
 from polykv import jobs
-from polykv.errors import PolyKVError
-from polykv.eval import first_run, sample_view
+from polykv.errors import PolyKVError, StoreError, first_line
+from polykv.eval.comparing import answers as sample_view
 from polykv.eval.experiments import baseline_methods, plan_budget
-from polykv.eval.runner import SUITES
-from polykv.eval.store import Store, StoreError
-from polykv.eval.workload import floor_warnings
+from polykv.eval.launch import first_run
+from polykv.eval.results.store import Store
+from polykv.eval.running.suite_runner import SUITES
+from polykv.eval.workloads.competence import floor_warnings
 
 ANSWERS_SHOWN = 50  # samples a run's answers table shows at once
 
@@ -32,7 +33,7 @@ picked = st.selectbox(
 try:
     plan = plan_draft.plan() if picked == common.DESIGNER_PLAN else designer_controls.read_plan_file(picked)
 except PolyKVError as exc:
-    st.error(common.first_line(exc))
+    st.error(first_line(exc))
     st.stop()
 st.subheader(f"Evaluate {'the current plan' if picked == common.DESIGNER_PLAN else 'the saved plan'}: {plan.name}")
 st.caption(" · ".join(plan.summary().lines()[1:]))
@@ -42,9 +43,9 @@ with st.expander("Proposed: a first run that can tell this plan from a homogeneo
         "Time it may take here (minutes)", min_value=1, max_value=600, value=10, key=state.FIRST_RUN_MINUTES
     )
     try:
-        proposed = common.first_run(name, device, plan, float(minutes))
+        proposed = job_forms.first_run(name, device, plan, float(minutes))
     except (PolyKVError, ValueError) as exc:
-        st.info(f"No first run to propose: {common.first_line(exc)}")
+        st.info(f"No first run to propose: {first_line(exc)}")
     else:
         tasks = proposed.settings.tasks
         if proposed.pilot:
@@ -66,15 +67,17 @@ with st.expander("Proposed: a first run that can tell this plan from a homogeneo
             )
         for line in proposed.reasons:
             st.caption(line)
-        common.launch_estimate(lambda: common.first_run_job(name, device, proposed), state.FIRST_RUN_MEASURE_SPEED)
+        job_controls.launch_estimate(
+            lambda: job_forms.first_run_job(name, device, proposed), state.FIRST_RUN_MEASURE_SPEED
+        )
         if st.button("Launch the pilot" if proposed.pilot else "Launch the decisive run", key=state.FIRST_RUN_LAUNCH):
-            common.start_job(
-                lambda: common.first_run_job(name, device, proposed), state.FIRST_RUN_FLASH, refused="Not launched"
+            job_controls.start_job(
+                lambda: job_forms.first_run_job(name, device, proposed), state.FIRST_RUN_FLASH, refused="Not launched"
             )
         if designer_controls.show_flash(state.FIRST_RUN_FLASH):
             launch_slot = st.container()  # the job list goes here this once: under the button, not below the fold
 suite = st.selectbox("Suite", list(SUITES), key=state.RUN_SUITE)
-st.session_state.setdefault(state.settings_text(suite), common.default_settings(suite, name))
+st.session_state.setdefault(state.settings_text(suite), job_forms.default_settings(suite, name))
 with st.container(border=True):  # no form: what is typed here is kept (`state.REMEMBERED`) until launched
     settings_text = st.text_area("Suite settings (JSON)", key=state.settings_text(suite))
     if suite in ("ruler", "longbench"):
@@ -112,15 +115,15 @@ with st.container(border=True):  # no form: what is typed here is kept (`state.R
     seed = cols[3].number_input("Seed", min_value=0, step=1, key=state.RUN_SEED)
 
     def described_job():
-        return common.eval_job(
+        return job_forms.eval_job(
             name, device, plan, suite, settings_text, budgets_text, baselines, placements, seed, (model, tokenizer)
         )
 
-    common.launch_estimate(described_job, state.RUN_MEASURE_SPEED)
+    job_controls.launch_estimate(described_job, state.RUN_MEASURE_SPEED)
     launched = st.button("Launch", type="primary")
 
 if launched:
-    common.start_job(described_job, state.RUNS_FLASH, refused="Not launched")
+    job_controls.start_job(described_job, state.RUNS_FLASH, refused="Not launched")
 if designer_controls.show_flash(state.RUNS_FLASH):
     launch_slot = st.container()  # the job list goes here this once: under the button, not below the fold
 
@@ -128,10 +131,10 @@ if designer_controls.show_flash(state.RUNS_FLASH):
 # Cancel and Resume refuse with a JobError (or a FileError when the job file cannot be written)
 st.subheader("Jobs")
 all_jobs, damaged_jobs = jobs.scan_jobs(workspace)
-all_jobs = common.jobs_of(all_jobs, "eval")
+all_jobs = job_controls.jobs_of(all_jobs, "eval")
 for damaged in damaged_jobs:  # listed, never fatal: the valid jobs below still show
     st.warning(f"Damaged job file {damaged.path.name}: {damaged.reason}")
-running_at_load = common.running(all_jobs, workspace)
+running_at_load = job_controls.running(all_jobs, workspace)
 
 
 @st.fragment(run_every=2 if running_at_load else None)
@@ -154,7 +157,7 @@ def job_list():
                 )
             if progress.error:
                 st.error(progress.error)
-            common.job_controls(job, progress, workspace)
+            job_controls.job_controls(job, progress, workspace)
 
 
 with launch_slot if launch_slot is not None else st.container():
@@ -166,13 +169,13 @@ try:  # read-only: showing the runs never creates or changes the results databas
     store = Store(workspace / "results.sqlite", readonly=True)
     rows = common.run_rows(store)
 except StoreError as exc:
-    st.error(common.first_line(exc))
+    st.error(first_line(exc))
     st.stop()
 if rows:
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
     st.caption("Scores are macro-averages over tasks; compare runs task by task on the Compare page.")
     with st.expander("A run's answers, beside the gold answer and FullKV's"):
-        names = {r["id"]: f"{r['id']} · {r['plan_name']} · {r['suite']}" for r in store.runs()}
+        names = {r.id: f"{r.id} · {r.plan_name} · {r.suite}" for r in store.runs()}
         cols = st.columns([3, 2])
         read = cols[0].selectbox("Run", list(names), format_func=names.get, key=state.RUNS_READ)
         answers = sample_view.answers(store, read)

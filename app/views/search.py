@@ -5,16 +5,16 @@ plan live; read the held-out verdict; open the result in the designer. The work 
 import pandas as pd
 import streamlit as st
 
-from app import charts, common, designer_controls, plan_draft, session, state
+from app import charts, common, designer_controls, job_controls, plan_draft, session, state
 from polykv import jobs
-from polykv.errors import PolyKVError
+from polykv.errors import PolyKVError, first_line
 from polykv.eval.experiments import plan_budget
-from polykv.eval.settings import COMPETENCE_THRESHOLD
+from polykv.eval.running.settings import COMPETENCE_THRESHOLD
 from polykv.jobs.search import launch_search, live, read_search, search_start
 from polykv.plan import Plan, PlanError, Scope
-from polykv.search.report import difference_text
-from polykv.search.workload import FORMAT as WORKLOAD_FORMAT
-from polykv.search.workload_markdown import MDE_NOTE, VERDICT_HEADER, verdict_rows
+from polykv.search.text.report import difference_text
+from polykv.search.workload.report import WorkloadReport
+from polykv.search.workload.verdict_text import MDE_NOTE, VERDICT_HEADER, verdict_rows
 
 st.title("Plan search")
 st.caption(
@@ -144,28 +144,28 @@ else:
             **extra,
         )
 
-    common.launch_estimate(described_job, state.SEARCH_MEASURE_SPEED)
+    job_controls.launch_estimate(described_job, state.SEARCH_MEASURE_SPEED)
     if started:
-        common.start_job(described_job, state.SEARCH_FLASH)
+        job_controls.start_job(described_job, state.SEARCH_FLASH)
 designer_controls.show_flash(state.SEARCH_FLASH)
 
 # ---- the searches (polled while one runs) -----------------------------------------------------------------------
-searches = common.jobs_of(jobs.list_jobs(workspace), "search", name, limit=10)
+searches = job_controls.jobs_of(jobs.list_jobs(workspace), "search", name, limit=10)
 if not searches:
     st.stop()
 chosen = st.selectbox("Search", searches, format_func=lambda j: f"{j.title} · {j.id}", key=state.SEARCH_JOB)
-running_at_load = common.running([chosen], workspace)
+running_at_load = job_controls.running([chosen], workspace)
 
 
 def workload_verdict(entry) -> None:
     """A workload search's verdict: each role's held-out means per family of tasks, and the contrasts."""
-    for family, data in entry["verdict"].items():
-        st.subheader(f"Held-out, {family}: {', '.join(data['tasks'])}")
+    for family, data in entry.verdict.items():
+        st.subheader(f"Held-out, {family}: {', '.join(data.tasks)}")
         st.dataframe(
             pd.DataFrame(
                 [
-                    {"role": role, "plan": entry["plans"].get(role, {}).get("name", "fullkv"), **means}
-                    for role, means in data["means"].items()
+                    {"role": role, "plan": entry.name_of(role), "answer_nll": means.answer_nll, "score": means.score}
+                    for role, means in data.means.items()
                 ]
             ).rename(columns={"score": "accuracy"}),
             hide_index=True,
@@ -179,45 +179,39 @@ def verdict(job) -> None:
     """The held-out verdict of a finished search, and its plan into the designer."""
     try:
         found_report = read_search(job, workspace)
-        entry = found_report["budgets"][0]
     except PolyKVError as exc:
-        st.error(common.first_line(exc))
+        st.error(first_line(exc))
         return
-    if found_report.get("format") == WORKLOAD_FORMAT:
+    entry = found_report.budgets[0]
+    if isinstance(found_report, WorkloadReport):
         workload_verdict(entry)
-        open_in_designer(entry["plans"]["searched"], entry["search"]["moves"])
+        open_in_designer(entry.plans["searched"], [m.text for m in entry.search.moves])
         return
-    found = entry["verdict"]
-    st.subheader(f"Held-out verdict: {found['sequences']} sequences (FullKV perplexity {found['fullkv_ppl']:.3f})")
+    found = entry.verdict
+    st.subheader(f"Held-out verdict: {found.sequences} sequences (FullKV perplexity {found.fullkv_ppl:.3f})")
     st.dataframe(
         pd.DataFrame(
-            [{"role": role, **{k: p[k] for k in ("name", "kl", "top1", "ppl")}} for role, p in found["plans"].items()]
+            [dict(role=role, name=p.name, kl=p.kl, top1=p.top1, ppl=p.ppl) for role, p in found.plans.items()]
         ),
         hide_index=True,
         width="stretch",
     )
     rows = [
-        {
-            "A - B": f"{c['a']} - {c['b']}",
-            "metric": c["metric"],
-            "difference [95% CI]": difference_text(c),
-            "A is": c["verdict"],
-        }
-        for c in found["contrasts"]
-        if c["a"] == "searched"
+        {"A - B": f"{c.a} - {c.b}", "metric": c.metric, "difference [95% CI]": difference_text(c), "A is": c.verdict}
+        for c in found.contrasts
+        if c.a == "searched"
     ]
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
-    open_in_designer(entry["plan"], entry["plan"].get("provenance", {}).get("moves", []))
+    open_in_designer(entry.plan, [m.text for m in entry.search.moves])
 
 
-def open_in_designer(plan_data, moves) -> None:
-    moves = [m if isinstance(m, str) else m.get("text", str(m)) for m in moves]
+def open_in_designer(plan: Plan, moves: list[str]) -> None:
     st.caption(f"{len(moves)} moves taken: " + ("; ".join(moves) if moves else "none (the start was best)"))
     if st.button("Open the searched plan in the designer", type="primary"):
         try:
-            plan_draft.set_plan(Plan.from_dict(plan_data))
+            plan_draft.set_plan(plan)
         except PlanError as exc:
-            st.error(common.first_line(exc))
+            st.error(first_line(exc))
         else:
             st.switch_page("views/designer.py")
 
@@ -231,7 +225,7 @@ def follow() -> None:
     st.progress(min(1.0, progress.fraction), text=f"{progress.summary()} · {progress.message}")
     if progress.error:
         st.error(progress.error)
-    common.job_controls(chosen, progress, workspace)
+    job_controls.job_controls(chosen, progress, workspace)
     trace, best = live(progress)
     if trace:
         common.show(charts.search_trace_figure(trace, chosen.search.metric), f"{chosen.id}-trace")

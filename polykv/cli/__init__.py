@@ -4,8 +4,8 @@ User errors (a bad plan, a missing file, an unknown model) print one line and ex
 set POLYKV_DEBUG=1 to see the traceback instead.
 
 This package holds the typer app, its sub-apps and `main()`; the commands live by topic in `plans`,
-`profiles`, `evaluation`, `experiments` and `jobs` (plain functions, registered here), their shared
-helpers and option types in `common`.
+`profiles`, `evaluation`, `experiments` (the paper's study in `study`) and `jobs` (plain functions, registered
+here), their shared helpers and option types in `common`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from polykv.cli import evaluation, experiments, jobs, plans, profiles, progress, search
+from polykv.cli import evaluation, experiments, jobs, plans, profiles, progress, search, study
 
 app = typer.Typer(
     add_completion=False,
@@ -48,7 +48,7 @@ COMMANDS = (  # (app, name, function), in the order `--help` lists them
     (experiment_app, "factorial", experiments.experiment_factorial),
     (experiment_app, "placement", experiments.experiment_placement),
     (experiment_app, "sweep", experiments.experiment_sweep),
-    (experiment_app, "study", experiments.experiment_study),
+    (experiment_app, "study", study.experiment_study),
     (jobs_app, "list", jobs.jobs_list),
     (jobs_app, "cancel", jobs.jobs_cancel),
     (jobs_app, "resume", jobs.jobs_resume),

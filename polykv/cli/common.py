@@ -6,7 +6,6 @@ Nothing here imports torch or transformers at module level: the commands that to
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -14,7 +13,7 @@ from typing import Annotated
 import typer
 
 from polykv import limits
-from polykv.errors import FileError, SettingsError
+from polykv.errors import FileError
 from polykv.files import parse_json
 from polykv.plan import Plan
 from polykv.text import printable
@@ -174,22 +173,18 @@ def _suite_settings(
     model: str | None = None,
     metric: str | None = None,
 ):
-    """A suite's settings: from --settings JSON, from the fidelity options (no --tasks: the model's default
-    tasks), or the suite's defaults. A question suite scored by `metric` (an experiment's) runs in the mode
-    that reports it when --settings names none (answer_nll: score, no generation)."""
-    from polykv.eval.settings import suite_settings
-    from polykv.eval.suites.answers import MODE_METRICS, mode_for
-    from polykv.eval.suites.fidelity import default_tasks
+    """A suite's settings on the model (`polykv.eval.running.defaults.settings_on_model`): from --settings JSON,
+    else, for the fidelity suite, its options (no --tasks: the model's default tasks), else the suite's defaults.
+    A question suite scored by `metric` (an experiment's) runs in the mode that reports it when --settings names
+    none (answer_nll: score, no generation)."""
+    from polykv.eval.running.defaults import settings_on_model
 
-    if settings_json is not None or suite != "fidelity":
-        text = (settings_json or "").strip()
-        given = parse_json(text, f"{suite} settings", error=SettingsError) if text else None
-        settings = suite_settings(suite, given)  # refuses what is not a JSON object of its fields
-        if metric in MODE_METRICS["both"] and hasattr(settings, "mode"):  # other metrics: the runner refuses them
-            settings = dataclasses.replace(settings, mode=mode_for(metric, (given or {}).get("mode")))
-        return settings
-    chosen = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else list(default_tasks(model))
-    return suite_settings(suite, {"tasks": chosen, "samples_per_task": samples, "prompt_tokens": prompt_tokens})
+    options = {}
+    if settings_json is None and suite == "fidelity":  # --settings overrides --samples/--tasks/--prompt-tokens
+        options = {"samples_per_task": samples, "prompt_tokens": prompt_tokens}
+        if tasks:
+            options["tasks"] = [t.strip() for t in tasks.split(",") if t.strip()]
+    return settings_on_model(suite, model, settings_json, options=options, metric=metric)
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:

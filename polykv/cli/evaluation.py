@@ -47,10 +47,10 @@ def evaluate(
 ) -> None:
     """Evaluate a plan on a suite; results go to <workspace>/results.sqlite as they finish (resumable)."""
     import polykv.jobs  # noqa: F401  registers the "subprocess" backend (jobs sit above eval)
-    from polykv.eval.backends import backend as backend_named
-    from polykv.eval.fit import check_fits
-    from polykv.eval.store import Store
-    from polykv.eval.unit import Unit
+    from polykv.eval.results.store import Store
+    from polykv.eval.running.backends import backend as backend_named
+    from polykv.eval.running.fit import check_fits
+    from polykv.eval.running.unit import Unit
 
     models: dict[tuple[str, str], tuple] = {}
 
@@ -64,7 +64,7 @@ def evaluate(
     loaded = _checked_plan(plan or default_plan(model), model, device)  # bad input fails before anything is written
     settings = _suite_settings(suite, samples, tasks, prompt_tokens, settings_json, model)
     check_fits(suite, settings, *load(model, device), [loaded], seed)  # what cannot run is not started
-    from polykv.eval.launch_work import eval_work
+    from polykv.eval.launch.work import eval_work
 
     announce_cost(
         eval_work(suite, settings, *load(model, device), [loaded], seed).loaded(0),
@@ -82,7 +82,7 @@ def evaluate(
     bars.start(f"{loaded.name} on {suite}")
     with bars:
         (run_id,) = runs_on.run([unit], store.path)
-    typer.echo(f"run {run_id}: {loaded.name} on {suite} ({model}), {store.run(run_id)['status']}")
+    typer.echo(f"run {run_id}: {loaded.name} on {suite} ({model}), {store.run(run_id).status}")
     scores = store.task_scores(run_id)
     metrics = sorted({m for values in scores.values() for m in values})
     _table(
@@ -92,22 +92,22 @@ def evaluate(
 
 def runs(ctx: typer.Context, workspace: WorkspaceOption = DEFAULT_WORKSPACE) -> None:
     """List the runs in the workspace's results database with their progress (`runs show RUN`: its samples)."""
-    from polykv.eval.store import Store
+    from polykv.eval.results.store import Store
 
     if ctx.invoked_subcommand is not None:
         return
-    from polykv.eval.sample_view import suite_text
+    from polykv.eval.comparing.answers import suite_text
 
     store = Store(workspace / "results.sqlite", readonly=True)
     rows = [
         (
-            r["id"],
-            r["plan_name"],
+            r.id,
+            r.plan_name,
             suite_text(r),
-            r["model"],
-            r["status"],
-            f"{r['done_samples']}/{r['total_samples']}",
-            r["created"][:19],
+            r.model,
+            r.status,
+            f"{r.done_samples}/{r.total_samples}",
+            r.created[:19],
         )
         for r in store.runs()
     ]
@@ -124,16 +124,16 @@ def runs_show(
     workspace: WorkspaceOption = DEFAULT_WORKSPACE,
 ) -> None:
     """A run's samples: task, sample, metrics, the gold answer(s) and what the model answered."""
-    from polykv.eval import sample_view
-    from polykv.eval.store import Store
+    from polykv.eval.comparing import answers as sample_view
+    from polykv.eval.results.store import Store
 
     store = Store(workspace / "results.sqlite", readonly=True)
     run_id = sample_view.resolve_run(store, run, str(workspace))
     rows = sample_view.samples(store, run_id, task, failed)
     info = store.run(run_id)
     typer.echo(
-        f"run {run_id} ({sample_view.one_line(info['plan_name'], 60)} on {sample_view.suite_text(info)}, "
-        f"{sample_view.one_line(info['model'], 60)}): {len(rows)} samples shown"
+        f"run {run_id} ({sample_view.one_line(info.plan_name, 60)} on {sample_view.suite_text(info)}, "
+        f"{sample_view.one_line(info.model, 60)}): {len(rows)} samples shown"
     )
     kept = sample_view.kv_kept_line(info)
     if kept is not None:
@@ -143,12 +143,12 @@ def runs_show(
         ("task", "sample", "metrics", "gold", "answer", *(["fullkv"] if full else [])),
         [
             (
-                row["task"],
-                row["sample"],
-                sample_view.metrics_text(row["metrics"]),
-                sample_view.one_line(row["gold"], width // 2),
-                sample_view.one_line(row["prediction"], width),
-                *([sample_view.one_line(full.get((row["task"], row["sample"])), width)] if full else []),
+                row.task,
+                row.sample,
+                sample_view.metrics_text(row.metrics),
+                sample_view.one_line(row.gold, width // 2),
+                sample_view.one_line(row.prediction, width),
+                *([sample_view.one_line(sample_view.fullkv_answer(full, row, info.seed), width)] if full else []),
             )
             for row in rows
         ],
@@ -178,15 +178,15 @@ def compare(
 ) -> None:
     """Paired comparison of two runs: over tasks (bootstrap CI, wins/ties/losses, leave-one-task-out) and over
     samples (sign-flip test, minimal detectable difference); `--samples` lists where their answers differ."""
-    from polykv.eval import sample_view
-    from polykv.eval.compare import compare_runs
-    from polykv.eval.store import Store
+    from polykv.eval.comparing import answers as sample_view
+    from polykv.eval.comparing.compare import compare_runs
+    from polykv.eval.results.store import Store
 
     store = Store(workspace / "results.sqlite", readonly=True)
     a_id = sample_view.resolve_run(store, run_a, str(workspace))
     b_id = sample_view.resolve_run(store, run_b, str(workspace))
     result = compare_runs(store, a_id, b_id, metric, seed)
-    name = {r["id"]: printable(r["plan_name"]) for r in store.runs()}
+    name = {r.id: printable(r.plan_name) for r in store.runs()}
     typer.echo(
         f"A = {a_id} ({name[a_id]}), B = {b_id} ({name[b_id]}); metric {metric} "
         f"({'higher' if result.sign > 0 else 'lower'} is better)"
@@ -206,7 +206,7 @@ def compare(
 
 
 def _differing_samples(store, a_id: str, b_id: str, width: int) -> None:
-    from polykv.eval import sample_view
+    from polykv.eval.comparing import answers as sample_view
 
     for task, rows in sample_view.differing(store, a_id, b_id).items():
         typer.echo(f"\n{task}: {len(rows)} samples differ")

@@ -65,13 +65,13 @@ def profile(
         sources=_corpus_sources(sources, model), num_sequences=sequences, max_tokens=max_tokens, seed=seed
     )
     if spec.is_workload:
-        from polykv.eval.calibration import parse_workload
+        from polykv.eval.workloads.workload import parse_workload
 
         parse_workload(spec.sources, max_tokens)  # a bad task or length: one line before the weights load
     from polykv.profile.build import build_profile  # torch and transformers: after the cheap checks
 
     hf_model, tokenizer = _load_model(model, device)
-    from polykv.eval.launch_work import profile_work
+    from polykv.eval.launch.work import profile_work
     from polykv.models import context_length, num_layers
 
     tokens = min(max_tokens, context_length(hf_model) or max_tokens)
@@ -79,7 +79,7 @@ def profile(
     announce_cost(work.loaded(0), model, device, hf_model, dry_run)
     workload = None
     if spec.is_workload:
-        from polykv.eval.calibration import workload_corpus
+        from polykv.eval.workloads.workload import workload_corpus
 
         workload = workload_corpus(tokenizer, hf_model, spec)
     with Progress() as bars:  # a found profile draws no bar
@@ -142,7 +142,7 @@ def heterogeneity(
     dry_run: DryRunOption = False,
 ) -> None:
     """Per layer: how many positions hold `coverage` of the first decoding query's attention."""
-    from polykv.eval.launch_work import heterogeneity_work
+    from polykv.eval.launch.work import heterogeneity_work
     from polykv.models import context_length
     from polykv.profile.corpus import CorpusSpec, build_corpus
     from polykv.profile.heterogeneity import measure_heterogeneity
@@ -160,7 +160,7 @@ def heterogeneity(
             coverage=coverage,
             bins=bins,
             seed=seed,
-            progress=lambda done, total: bars.sample(done, total),
+            progress=bars.sample,
         )
     typer.echo(
         f"{int(coverage * 100)}% attention support per layer, {inputs} inputs of {corpus.sequence_length} tokens "

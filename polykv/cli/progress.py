@@ -1,8 +1,9 @@
 """Progress bars for the CLI's long commands: tqdm bars on stderr (percentage, elapsed, ETA, the current
 run or step), drawn only when stderr is a terminal and `--no-progress` was not given.
 
-Elsewhere (CI, pipes, log files) nothing is drawn per sample or step; `run()` then prints one line per
-run (`run: <plan>`), which says in a log where a long experiment stands. tqdm is imported only when a
+The time left is `polykv.progress.eta`, the rule the jobs' state uses too. Elsewhere (CI, pipes, log files)
+nothing is drawn per sample or step; `run()` then prints one line per run (`run: <plan>`), which says in a log
+where a long experiment stands. tqdm is imported only when a
 bar is drawn, so commands that never draw one pay nothing for it at start-up.
 """
 
@@ -21,8 +22,8 @@ class Progress:
     """The bars of one command, one after another (a bar per run or step; the previous one is closed when
     the next starts). Use it as a context manager so that the last bar is closed before results print.
 
-    `sample(done, total, where)` fits `run_suite(progress=)` and `ExperimentRunner.on_sample`,
-    `fraction(f, message)` fits `build_profile(progress=)`, `run(name)` fits `ExperimentRunner.progress`.
+    `sample` is a `polykv.progress.Progress` (`run_suite(progress=)`, `ExperimentRunner.on_sample`), `fraction`
+    a `Fraction` (`build_profile(progress=)`), `run` a `Step` (`ExperimentRunner.progress`).
     """
 
     def __init__(self, stream: TextIO | None = None, enabled: bool | None = None):
@@ -85,11 +86,36 @@ class Progress:
 
     def _open(self, **options):
         if self._bar is None:
-            from tqdm import tqdm  # here, not at the top: reading commands never import it
-
             # disable=False: whether to draw was decided above (tqdm's own check would redo it)
-            self._bar = tqdm(desc=self.name or None, file=self.stream, disable=False, leave=True, **options)
+            self._bar = _bar_class()(desc=self.name or None, file=self.stream, disable=False, leave=True, **options)
         return self._bar
+
+
+_BAR = None
+
+
+def _bar_class():
+    """tqdm whose time left is PolyKV's one rule (`polykv.progress.eta`, as the jobs say it): the pace since the
+    bar started, not tqdm's smoothed rate. tqdm is imported here, not at the top: reading commands never import
+    it."""
+    global _BAR
+    if _BAR is None:
+        from tqdm import tqdm
+
+        from polykv.progress import eta
+
+        class Bar(tqdm):
+            @property
+            def format_dict(self):
+                found = super().format_dict
+                total, elapsed = found.get("total"), found.get("elapsed") or 0.0
+                left = eta(elapsed, found["n"] / total) if total else None
+                # tqdm says the time left as (total - n) / rate: the rate that makes it `left`
+                found["rate"] = (total - found["n"]) / left if left else None
+                return found
+
+        _BAR = Bar
+    return _BAR
 
 
 def _isatty(stream) -> bool:

@@ -26,7 +26,7 @@ from polykv.cli.common import (
     announce_cost,
 )
 from polykv.cli.progress import Progress
-from polykv.eval.settings import COMPETENCE_THRESHOLD
+from polykv.eval.running.settings import COMPETENCE_THRESHOLD
 from polykv.plan import Scope
 
 PROFILE_HELP = (
@@ -38,29 +38,6 @@ SOURCES_HELP = (
     "With --objective answer_nll: the workload, comma-separated ruler:TASK[@LENGTH] (one length) or "
     "longbench:PATH/<task>.jsonl; the search scores its calibration samples and the verdict its held-out ones."
 )
-
-
-AUTO_PROFILE_SEQUENCES = 8  # a search's own text profile: enough to rank moves, minutes on a laptop
-
-
-def _resolve_profile(value: str, workspace: Path, model: str, hf_model, tokenizer, bars: Progress, scope, max_tokens):
-    """The profile that ranks the moves: the one named, or ('auto') a profile of the searched scope only, on
-    AUTO_PROFILE_SEQUENCES text sequences of the search's length (computed once and reused)."""
-    from polykv.profile.build import build_profile
-    from polykv.profile.corpus import CorpusSpec, default_sources
-
-    if value != "auto":
-        return _profile_arg(value, workspace, model)
-    bars.start("profile")
-    return build_profile(
-        model,
-        hf_model,
-        tokenizer,
-        workspace / "profiles",
-        CorpusSpec(sources=default_sources(model), num_sequences=AUTO_PROFILE_SEQUENCES, max_tokens=max_tokens),
-        scopes=tuple(Scope(scope).phases),
-        progress=bars.fraction,
-    )
 
 
 def search(
@@ -156,7 +133,6 @@ def search(
     """Search plans at a fixed total capacity for the lowest divergence from FullKV, starting from TopRank
     and the best homogeneous plan; compare on held-out text with paired bootstrap intervals."""
     from polykv.errors import SettingsError
-    from polykv.files import atomic_write_json, atomic_write_text
 
     report_path = report
     from polykv.models import config_dimensions
@@ -211,19 +187,17 @@ def search(
         raise SettingsError(f"--budget {too_big[0]} is not below the model's context ({dims.context_length} tokens)")
     if out.exists() and not out.is_dir():
         raise SettingsError(f"--out {out} exists and is not a folder")
-    if profile != "auto":
-        _profile_arg(profile, workspace, model)  # refused before the weights load
+    loaded = profile if profile == "auto" else _profile_arg(profile, workspace, model)  # refused before the load
 
-    from polykv.search.objective import build_sequences, executing
-    from polykv.search.parallel import executor, init_ray
-    from polykv.search.report import build_report, difference_text, markdown
+    from polykv.eval.launch.work import profile_work, text_search_work
+    from polykv.models import context_length, num_layers
+    from polykv.profile.corpus import default_sources
+    from polykv.search.hooks import SearchHooks
+    from polykv.search.text.report import difference_text
+    from polykv.search.text.run import AUTO_PROFILE_SEQUENCES, TextSearchSettings, run_text_search
 
     started = time.perf_counter()
     hf_model, tokenizer = _load_model(model, device)
-    from polykv.eval.launch_work import profile_work, text_search_work
-    from polykv.models import context_length, num_layers
-    from polykv.profile.corpus import default_sources
-
     tokens = min(max_tokens, context_length(hf_model) or max_tokens)
     work = text_search_work(
         search_sequences, held_out, tokens, evaluations, len(budget), scope.value, default_sources(model)
@@ -233,13 +207,18 @@ def search(
             default_sources(model), AUTO_PROFILE_SEQUENCES, tokens, scope.phases, num_layers(hf_model)
         )
     announce_cost(work.loaded(0), model, device, hf_model, dry_run)
-    first_step: list[float] = []  # when the search scored its first candidate (start-up: load, profile, starts)
-
-    def on_step(used: int, total: int, where: str) -> None:
-        if not first_step:
-            first_step.append(time.perf_counter() - started)
-        bars.sample(used, total, where)
-
+    settings = TextSearchSettings(
+        scope=scope,
+        budgets=tuple(budget),
+        evaluations=evaluations,
+        seed=seed,
+        search_sequences=search_sequences,
+        held_out=held_out,
+        max_tokens=max_tokens,
+        candidates=candidates,
+        metric=metric,
+        statistic=statistic,
+    )
     args = sys.argv[1:]
     command = "polykv " + " ".join(shlex.quote(a) for a in args) if "search" in args else ""
     with Progress() as bars:
@@ -248,72 +227,55 @@ def search(
             f"the homogeneous plans on {search_sequences} search sequences, then up to {evaluations} executions "
             f"per budget, then the verdict on {held_out} held-out sequences"
         )
-        loaded = _resolve_profile(profile, workspace, model, hf_model, tokenizer, bars, scope, max_tokens)
-        sequences = build_sequences(
-            tokenizer, hf_model, model, search=search_sequences, held_out=held_out, max_tokens=max_tokens, seed=seed
-        )
 
-        def starting(b: int, message: str) -> None:
+        def starting(b: int) -> None:
             bars.start(f"search b{b}", unit="execution")
             if not bars.enabled:
                 bars.note(f"search: budget {b}")
 
-        started_ray = False
-        if backend == "ray":
-            import ray
-
-            started_ray = not ray.is_initialized()
-            init_ray()
-        try:
-            with executing(executor(backend, model, device)):
-                report, plans = build_report(
-                    hf_model,
-                    model,
-                    sequences,
-                    loaded,
-                    scope,
-                    budget,
-                    evaluations=evaluations,
-                    seed=seed,
-                    metric=metric,
-                    statistic=statistic,
-                    candidates=candidates,
-                    command=command,
-                    progress=starting,
-                    on_step=on_step,
-                )
-        finally:
-            if started_ray:
-                ray.shutdown()
-    out.mkdir(parents=True, exist_ok=True)
-    for plan in plans:
-        plan.save(out / f"{plan.name}.json")
-    report["first_candidate_seconds"] = first_step[0] if first_step else None  # start-up, model load included
-    atomic_write_json(out / "report.json", report)
-    atomic_write_text(report_path or out / "report.md", markdown(report))
-    for entry in report["budgets"]:
-        verdict = entry["verdict"]
+        found, plans = run_text_search(
+            hf_model,
+            tokenizer,
+            model,
+            loaded,
+            settings,
+            profiles=workspace / "profiles",
+            out=out,
+            markdown_file=report_path,
+            command=command,
+            backend=backend,
+            device=device,
+            started=started,
+            hooks=SearchHooks(
+                stage=lambda stage: bars.start("profile") if stage == "profile" else None,
+                profile=bars.fraction,
+                budget=starting,
+                step=bars.sample,
+            ),
+        )
+    for entry in found.budgets:
+        verdict = entry.verdict
         typer.echo(
-            f"\nbudget {entry['budget']}: held-out, {verdict['sequences']} sequences "
-            f"(FullKV perplexity {verdict['fullkv_ppl']:.3f}); search {entry['search']['evaluations']} executions, "
-            f"{len(entry['search']['moves'])} moves, {entry['seconds']:.0f} s"
+            f"\nbudget {entry.budget}: held-out, {verdict.sequences} sequences "
+            f"(FullKV perplexity {verdict.fullkv_ppl:.3f}); search {entry.search.evaluations} executions, "
+            f"{len(entry.search.moves)} moves, {entry.seconds:.0f} s"
         )
         _table(
             ("role", "plan", "kl", "top1", "ppl"),
-            [
-                (role, p["name"], f"{p['kl']:.5f}", f"{p['top1']:.4f}", f"{p['ppl']:.4f}")
-                for role, p in verdict["plans"].items()
-            ],
+            [(role, p.name, f"{p.kl:.5f}", f"{p.top1:.4f}", f"{p.ppl:.4f}") for role, p in verdict.plans.items()],
         )
         typer.echo("")
         _table(
             ("A - B", "metric", "difference [95% CI]", "A is"),
             [
-                (f"{c['a']} - {c['b']}", c["metric"], difference_text(c), c["verdict"])
-                for c in verdict["contrasts"]
-                if c["a"] == "searched"
+                (f"{c.a} - {c.b}", c.metric, difference_text(c), c.verdict)
+                for c in verdict.contrasts
+                if c.a == "searched"
             ],
         )
-    if first_step:
-        typer.echo(f"\nfirst candidate scored {first_step[0]:.1f} s after the command started (model load included)")
+    if found.first_candidate_seconds is not None:
+        typer.echo(
+            f"\nfirst candidate scored {found.first_candidate_seconds:.1f} s after the command started "
+            "(model load included)"
+        )
     typer.echo(f"\nwrote {out / 'report.json'}, {out / 'report.md'} and {len(plans)} plan(s)")

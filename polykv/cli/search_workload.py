@@ -1,5 +1,5 @@
 """`polykv search --objective answer_nll --sources ruler:...`: a plan searched on a workload's calibration
-samples, judged on its held-out samples against the envelope (`polykv.search.workload`).
+samples, judged on its held-out samples against the envelope (`polykv.search.workload.run`).
 
 Everything given is checked before the weights load, and the suite's first sample of every task is built
 and checked against the model before any profile or search; the command says what it will compute first.
@@ -17,14 +17,14 @@ import typer
 from polykv.cli.common import _load_model, _profile_arg, _table, announce_cost
 from polykv.cli.progress import Progress
 from polykv.errors import SettingsError
-from polykv.eval.settings import COMPETENCE_THRESHOLD
-from polykv.plan import Plan, Scope
+from polykv.eval.running.settings import COMPETENCE_THRESHOLD
+from polykv.plan import Scope
 
 
 def _workload(sources: str | None, transfer: str | None, max_tokens: int, question: str = "in-prompt"):
     """(workload, transfer task names), refused in one line before any weights load."""
-    from polykv.eval.calibration import parse_source, parse_workload
-    from polykv.eval.calibration import split_sources as _split
+    from polykv.eval.workloads.workload import parse_source, parse_workload
+    from polykv.eval.workloads.workload import split_sources as _split
 
     if not _split(sources):
         raise SettingsError("--objective answer_nll needs --sources: the workload, e.g. ruler:niah_single_2@2048")
@@ -68,13 +68,13 @@ def search_workload(
 ) -> None:
     import dataclasses
 
-    from polykv.eval.fit import check_fits
-    from polykv.eval.launch_work import sample_shapes, workload_search_work
-    from polykv.eval.store import Store
-    from polykv.files import atomic_write_json, atomic_write_text
+    from polykv.eval.launch.work import sample_shapes, workload_search_work
+    from polykv.eval.running.fit import check_fits
     from polykv.models import config_dimensions, num_layers
-    from polykv.search.workload import build_workload_profile, draw_samples, verdict_settings, workload_report
-    from polykv.search.workload_markdown import VERDICT_HEADER, figure, markdown, verdict_rows
+    from polykv.search.hooks import SearchHooks
+    from polykv.search.workload.run import WorkloadSearchSettings, run_workload_search
+    from polykv.search.workload.samples import verdict_settings
+    from polykv.search.workload.verdict_text import VERDICT_HEADER, verdict_rows
 
     workload, transfer_tasks = _workload(sources, transfer, max_tokens, question)
     dims = config_dimensions(model)
@@ -88,7 +88,8 @@ def search_workload(
     text = None if text_profile is None else _profile_arg(text_profile, workspace, model)
     if text is not None and not set(p.value for p in scope.phases) <= set(text.meta.scopes):
         raise SettingsError(f"--text-profile {text_profile} does not measure the {scope.value} scope")
-    if profile != "auto" and not _profile_arg(profile, workspace, model).is_workload:
+    loaded = profile if profile == "auto" else _profile_arg(profile, workspace, model)
+    if profile != "auto" and not loaded.is_workload:
         raise SettingsError(f"--profile {profile}: a workload search needs a workload profile (it has no danswer)")
 
     started = time.perf_counter()
@@ -121,29 +122,6 @@ def search_workload(
             + (f" and generating on {accuracy_samples} per task" if accuracy_samples else " and generating")
             + ". Progress bars give the measured rate of each step."
         )
-        samples = draw_samples(
-            workload, tokenizer, hf_model, search_sequences, held_out, seed, transfer_tasks, accuracy_samples
-        )
-        timed = time.perf_counter()  # one execution measured here: what the counts above cost on this machine
-        samples.objective(hf_model).value(Plan.homogeneous("full", None, layers), [0])
-        bars.note(
-            f"one plan execution on one search sample (its prompt pass included) takes "
-            f"{time.perf_counter() - timed:.1f} s here; each budget's step reports how long it took"
-        )
-        profile_started = time.perf_counter()
-        if profile == "auto":
-            bars.start("workload profile")
-            loaded = build_workload_profile(
-                model, hf_model, tokenizer, workspace / "profiles", samples, scope, b_cal, bars.fraction
-            )
-        else:
-            loaded = _profile_arg(profile, workspace, model)
-        profile_seconds = time.perf_counter() - profile_started
-        out.mkdir(parents=True, exist_ok=True)
-        store = Store(out / "results.sqlite")
-
-        def on_step(used: int, total: int, where: str) -> None:
-            bars.sample(used, total, where)
 
         def say(message: str) -> None:
             bars.note(message)
@@ -154,35 +132,45 @@ def search_workload(
 
         args = sys.argv[1:]
         command = "polykv " + " ".join(shlex.quote(a) for a in args) if "search" in args else ""
-        result, plans = workload_report(
-            hf_model,
-            model,
-            tokenizer,
-            samples,
-            loaded,
-            text,
-            scope,
-            budget,
-            store,
+        settings = WorkloadSearchSettings(
+            scope=scope,
+            budgets=tuple(budget),
             evaluations=evaluations,
             candidates=candidates,
             seed=seed,
+            search_per_task=search_sequences,
+            held_out=held_out,
+            transfer=transfer_tasks,
+            accuracy=accuracy_samples,
+            b_cal=b_cal,
             text_statistic=statistic,
-            command=command,
-            say=say,
-            on_step=on_step,
-            on_sample=lambda done, total, where: bars.sample(done, total, where),
             workers=workers,
             competence=competence,
         )
-    result["seconds_steps"] = {"load model": loaded_in, "workload profile": profile_seconds}
-    for plan in plans:
-        plan.save(out / f"{plan.name}.json")
-    atomic_write_json(out / "report.json", result)
-    markdown_path = report or out / "report.md"
-    figure_name = figure(result, out)
-    atomic_write_text(markdown_path, markdown(result, store_dir=out, figure=out / figure_name, page=markdown_path))
-    for entry in result["budgets"]:
-        typer.echo(f"\nbudget {entry['budget']}:")
+        found, plans = run_workload_search(
+            hf_model,
+            tokenizer,
+            model,
+            workload,
+            loaded,
+            settings,
+            text_profile=text,
+            profiles=workspace / "profiles",
+            out=out,
+            markdown_file=report,
+            command=command,
+            load_seconds=loaded_in,
+            time_one=True,
+            hooks=SearchHooks(
+                stage=lambda stage: bars.start("workload profile") if stage == "profile" else None,
+                profile=bars.fraction,
+                say=say,
+                step=bars.sample,
+                sample=bars.sample,
+            ),
+        )
+    for entry in found.budgets:
+        typer.echo(f"\nbudget {entry.budget}:")
         _table(VERDICT_HEADER, verdict_rows(entry))
+    markdown_path = report or out / "report.md"
     typer.echo(f"\nwrote {markdown_path}, {out / 'report.json'}, {out / 'results.sqlite'} and {len(plans)} plan(s)")

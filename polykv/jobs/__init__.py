@@ -10,8 +10,9 @@ it lives in files under `<workspace>/jobs/`:
 An evaluation job runs its units one after another in one process (the model loads once) through
 `run_suite`, so progress per run is the store's sample count, and a stopped job resumes where it
 stopped when started again. A profile job runs `build_profile`. An experiment job runs one of the
-library's experiments (`polykv.eval.experiments`: factorial, placement or sweep) through an
-`ExperimentRunner`; its runs are found again in the store, so it too resumes where it stopped.
+library's experiments (`polykv.eval.experiments`: factorial, placement or sweep) through the entry point the CLI
+calls too (`polykv.eval.experiments.run.run_experiment`); its runs are found again in the store, so it too resumes
+where it stopped.
 
 A job file records its worker: pid, the process's start time and the host. A process counts as the
 job's worker only when all three match and its exact command line is the worker command for this

@@ -1,5 +1,5 @@
 """The eval backend "subprocess": the units as one detached background job, registered in
-`polykv.eval.backends.BACKENDS` when this module is imported (`polykv.jobs` imports it)."""
+`polykv.eval.running.backends.BACKENDS` when this module is imported (`polykv.jobs` imports it)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from polykv.errors import SettingsError
-from polykv.eval.backends import BACKENDS
-from polykv.eval.unit import Unit
+from polykv.eval.running.backends import BACKENDS
+from polykv.eval.running.unit import Unit
 from polykv.jobs.process import start
 from polykv.jobs.spec import eval_job
 from polykv.plan import Plan

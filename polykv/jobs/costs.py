@@ -1,4 +1,4 @@
-"""What a job will cost before it starts: its work counted from its own file (`polykv.eval.launch_work`) and
+"""What a job will cost before it starts: its work counted from its own file (`polykv.eval.launch.work`) and
 priced at the model's measured rates (`polykv.costs`). The launcher writes the estimate into the job
 (`Job.estimate_s`); the worker records the time it took beside it, and their ratio corrects the next
 estimates of that kind (`polykv.jobs.worker`)."""
@@ -19,8 +19,8 @@ _SHAPES: dict[tuple, list] = {}  # (model, suite, settings, seed) -> shapes: a p
 
 
 def _shapes(suite: str, settings_json: str, model, tokenizer, seed: int):
-    from polykv.eval.launch_work import sample_shapes
-    from polykv.eval.settings import suite_settings
+    from polykv.eval.launch.work import sample_shapes
+    from polykv.eval.running.settings import suite_settings
 
     key = (id(model), suite, settings_json, seed)
     if key not in _SHAPES:
@@ -32,8 +32,8 @@ def _shapes(suite: str, settings_json: str, model, tokenizer, seed: int):
 
 def job_work(job: Job, model, tokenizer, workspace: Path) -> Work:
     """The work `job` runs on `model` (loaded: its suites' first samples are built to measure them)."""
-    from polykv.eval import launch_work as counted
-    from polykv.eval.settings import suite_settings
+    from polykv.eval.launch import work as counted
+    from polykv.eval.running.settings import suite_settings
     from polykv.models import context_length, num_layers
 
     layers, context = num_layers(model), context_length(model)
@@ -60,8 +60,8 @@ def job_work(job: Job, model, tokenizer, workspace: Path) -> Work:
 
         spec = job.experiment
         shapes = _shapes(spec.suite, json.dumps(spec.settings), model, tokenizer, spec.seed)
-        _, settings, plans, _ = job_experiment(spec, job.model, workspace)
-        work = counted.experiment_work(shapes, spec.name, len(plans), batched=False)
+        _, settings, experiment = job_experiment(spec, job.model, workspace)
+        work = counted.experiment_work(shapes, spec.name, len(experiment.plans), batched=False)
         return work + dataclasses.replace(counted.samples_work(spec.suite, settings, model), kind="experiment")
     spec = job.search
     tokens = min(spec.max_tokens, context or spec.max_tokens)
@@ -71,8 +71,8 @@ def job_work(job: Job, model, tokenizer, workspace: Path) -> Work:
         return counted.text_search_work(
             spec.search_sequences, spec.held_out, tokens, spec.evaluations, 1, spec.scope, default_sources(job.model)
         )
-    from polykv.eval.calibration import parse_workload, split_sources
-    from polykv.search.workload import verdict_settings
+    from polykv.eval.workloads.workload import parse_workload, split_sources
+    from polykv.search.workload.run import verdict_settings
 
     workload = parse_workload(split_sources(spec.sources), spec.max_tokens, question=spec.question)
     others = tuple(parse_workload(split_sources(spec.transfer), spec.max_tokens).tasks) if spec.transfer else ()

@@ -11,25 +11,18 @@ from pathlib import Path
 from typing import Any
 
 from polykv.errors import JobError
-from polykv.eval.experiments import (
-    ExperimentRunner,
-    Report,
-    factorial,
-    factorial_plans,
-    placement,
-    placement_plans,
-    suite_metrics,
-    sweep,
-    sweep_plans,
-)
-from polykv.eval.runner import run_id_for
-from polykv.eval.settings import suite_settings
-from polykv.eval.store import Store
+from polykv.eval.experiments import Report
+from polykv.eval.experiments.experiment_runner import suite_metrics
+from polykv.eval.experiments.run import Experiment, factorial_experiment, placement_experiment, sweep_experiment
+from polykv.eval.results.store import Store
+from polykv.eval.running.settings import suite_settings
+from polykv.eval.running.suite_runner import run_id_for
 from polykv.files import atomic_write_json, read_json
 from polykv.jobs import worker
 from polykv.jobs.spec import MAX_REPORT_BYTES, ExperimentSpec, experiment_job, report_path
 from polykv.methods import validate_plan
 from polykv.profile.store import Profile, profile_named
+from polykv.progress import fraction_of
 from polykv.routing import plan_from_profile
 
 
@@ -62,7 +55,7 @@ def launch_job(
     Everything is checked before anything runs in the background: the description, the profile (this
     model's), the settings, the metric (one the suite reports) and every plan the experiment would run; with
     `loaded` (the model and tokenizer), that the suite's first sample of each task and every plan fit the model
-    (`polykv.eval.fit`). JobError or ValueError (one line) when not."""
+    (`polykv.eval.running.fit`). JobError or ValueError (one line) when not."""
     spec = {
         "name": experiment,
         "profile": str(profile),
@@ -80,9 +73,10 @@ def launch_job(
         "seed": seed,
     }
     job = experiment_job(model, device, spec, title or "")
-    found, suite_settings_, plans, _ = job_experiment(job.experiment, model, Path(workspace))
+    found, suite_settings_, described = job_experiment(job.experiment, model, Path(workspace))
+    plans = described.plans
     if loaded is not None:
-        from polykv.eval.fit import check_fits
+        from polykv.eval.running.fit import check_fits
 
         check_fits(suite, suite_settings_, *loaded, plans, seed)
     runs = f"{len(plans)} run{'s' * (len(plans) > 1)}"
@@ -99,9 +93,9 @@ def profile_for_job(value: str, workspace: Path, model: str) -> Profile:
     return profile
 
 
-def job_experiment(spec: ExperimentSpec, model: str, workspace: Path):
-    """(profile, suite settings, the plans it runs, a call that runs it on an `ExperimentRunner` and returns
-    its Report) of an experiment job's description: what `launch_job` checks and `run_job` runs."""
+def job_experiment(spec: ExperimentSpec, model: str, workspace: Path) -> tuple[Profile, Any, Experiment]:
+    """(profile, suite settings, the `Experiment`: its plans and its call) of an experiment job's description:
+    what `launch_job` checks and `run_job` runs."""
 
     profile = profile_for_job(spec.profile, workspace, model)
     settings = suite_settings(spec.suite, spec.settings)
@@ -110,71 +104,48 @@ def job_experiment(spec: ExperimentSpec, model: str, workspace: Path):
         raise JobError(f"the {spec.suite} suite reports {', '.join(metrics)}, not {spec.metric!r}")
     name, scope, budget, statistic, k = spec.name, spec.scope, spec.budget, spec.statistic, spec.k
     if name == "factorial":
-        args = (profile, scope, budget, spec.baseline, statistic, spec.allocation)
-        plans = list(factorial_plans(*args).values())
-
-        def call(runner: ExperimentRunner) -> Report:
-            return factorial(runner, *args)
+        experiment = factorial_experiment(profile, scope, budget, spec.baseline, statistic, spec.allocation)
     else:
         route = plan_from_profile(profile, scope, budget, statistic, spec.allocation)
         if name == "placement":
-            plans = placement_plans(route, k, spec.seed)
-
-            def call(runner: ExperimentRunner) -> Report:
-                return placement(runner, profile, route, k, statistic)
+            experiment = placement_experiment(profile, route, k, statistic, spec.seed)
         else:
-            budgets, baselines = spec.budgets, spec.baselines
-            plans = list(sweep_plans(route, budgets, baselines, profile).values())
-
-            def call(runner: ExperimentRunner) -> Report:
-                return sweep(runner, route, budgets, baselines, profile)
-
-    for plan in plans:
+            experiment = sweep_experiment(route, spec.budgets, spec.baselines, profile)
+    for plan in experiment.plans:
         validate_plan(plan, profile.num_layers)
-    return profile, settings, plans, call
+    return profile, settings, experiment
 
 
-def run_job(job, workspace: Path, store: Store, report: Callable[..., dict], activate: Callable[[str | None], None]):
-    """The work of an experiment job's worker (`polykv.jobs` keeps its state, log and cancel): load the
-    model, run the experiment through an `ExperimentRunner` on the job's store, save its report. Progress:
-    the runs done plus the fraction of the run under way, over the experiment's runs; runs found finished
-    in the store (a resumed job) are where it starts, so its ETA counts only this worker's pace."""
-    from polykv.models import load_model
+def run_job(job, workspace: Path, store: Store, report: worker.Reporter, activate: Callable[[str | None], None]):
+    """The work of an experiment job's worker (`polykv.jobs` keeps its state, log and cancel): the experiment
+    run by the library's one entry point (`polykv.eval.experiments.run.run_experiment`, as the CLI runs it) on
+    the job's store, its report saved. Progress: the runs done plus the fraction of the run under way, over the
+    experiment's runs; runs found finished in the store (a resumed job) are where it starts, so its ETA counts
+    only this worker's pace."""
+    from polykv.eval.experiments import run
 
     spec = job.experiment
-    _, settings, plans, call = job_experiment(spec, job.model, workspace)
+    _, settings, experiment = job_experiment(spec, job.model, workspace)
+    plans = experiment.plans
     run_ids = {p.name: run_id_for(job.model, p, spec.suite, settings.to_dict(), spec.seed) for p in plans}
     found = store.progress(list(run_ids.values()))
-    parts = [1.0 if status == "finished" else min(1.0, d / t) if t else 0.0 for d, t, status in found.values()]
+    parts = [1.0 if status == "finished" else fraction_of(d, t) for d, t, status in found.values()]
     done = sum(parts) / len(plans)
     report(start_fraction=done, fraction=done, message="loading the model")
-    model, tokenizer = load_model(job.model, device=job.device)  # quiet: no progress bars in the log
     at = {"index": -1, "name": ""}  # the run under way (the runner names each plan before its run)
 
     def before(name: str) -> None:
         at["index"], at["name"] = at["index"] + 1, name
         activate(run_ids.get(name))
-        fraction = max(report()["fraction"], min(1.0, at["index"] / len(plans)))  # never back: found runs pass again
+        fraction = max(report().fraction, min(1.0, at["index"] / len(plans)))  # never back: found runs pass again
         report(fraction=fraction, message=f"run {at['index'] + 1}/{len(plans)} {name}: building samples")
 
     def on_sample(count: int, total: int, where: str) -> None:
-        fraction = max(report()["fraction"], min(1.0, (at["index"] + count / total) / len(plans)))
+        fraction = max(report().fraction, min(1.0, (at["index"] + count / total) / len(plans)))
         report(fraction=fraction, message=f"run {at['index'] + 1}/{len(plans)} {at['name']}: {count}/{total} {where}")
 
-    runner = ExperimentRunner(
-        store,
-        job.model,
-        model,
-        tokenizer,
-        spec.suite,
-        settings,
-        spec.seed,
-        spec.metric,
-        progress=before,
-        on_sample=on_sample,
-        device=job.device,
-    )
-    result = call(runner)
+    setup = run.ExperimentSetup(job.model, spec.suite, settings, spec.seed, spec.metric, device=job.device)
+    result = run.run_experiment(experiment, setup, store, on_run=before, on_sample=on_sample)
     activate(None)
     path = atomic_write_json(report_path(workspace, job.id), result.to_dict())
     report(result={"report": str(path), "title": result.title}, message="report written")

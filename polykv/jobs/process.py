@@ -101,7 +101,8 @@ def start(job: Job, workspace: Path) -> subprocess.Popen:
             raise JobError(f"job {job.id}: its log {log_path} is not a regular file")
         job.cancelled, job.pid, job.pid_start, job.host = False, None, None, None
         save_job(job, workspace)
-        if _read_state(workspace, job.id).get("status") != "finished":  # a fresh start: forget how the last one ended
+        written = _read_state(workspace, job.id)
+        if written is None or written.status != "finished":  # a fresh start: forget how the last one ended
             try:
                 path.with_suffix(".state.json").unlink(missing_ok=True)
                 report_path(workspace, job.id).unlink(missing_ok=True)  # a report says the job finished

@@ -6,19 +6,30 @@ from __future__ import annotations
 import datetime
 import os
 import sqlite3
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from polykv.errors import PolyKVError
-from polykv.eval.store import Store
+from polykv.eval.results.store import Store
 from polykv.jobs.process import _alive
 from polykv.jobs.spec import FINAL, Job, _read_state, _spec_path
+from polykv.progress import eta, fraction_of
 from polykv.text import duration
 
+Status = Literal["waiting", "running", "finished", "failed", "cancelled", "stopped"]
+Clock = Callable[[], datetime.datetime]  # now, in UTC
 
-@dataclass
-class RunProgress:
+
+def utc_now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+class RunProgress(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
     run_id: str
     plan_name: str
     label: dict[str, Any]
@@ -27,14 +38,17 @@ class RunProgress:
     status: str  # the store's status, or "waiting"
 
 
-@dataclass
-class JobState:
-    status: str  # waiting, running, finished, failed, cancelled, stopped (the process died)
+class JobState(BaseModel):
+    """Where a job stands, as the pages and `polykv jobs` show it (`state` reads it from the job's files)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    status: Status  # the process died: stopped
     fraction: float
-    message: str
-    error: str | None
-    result: dict[str, Any]
-    runs: list[RunProgress]
+    message: str = ""
+    error: str | None = None
+    result: dict[str, Any] = {}  # what the job's kind reports (a profile's key, a report's path, a search's trace)
+    runs: list[RunProgress] = []
     elapsed_s: float | None = None  # seconds the latest worker has run (until its last report once it ended)
     eta_s: float | None = None  # seconds left at the worker's pace so far (running jobs with some progress)
     eta_upper: bool = False  # the ETA is the first piece's: loading counted in, so at most that
@@ -69,15 +83,6 @@ class JobState:
 PACE_STEPS = 2
 
 
-def eta(elapsed: float, fraction: float, start_fraction: float = 0.0) -> float | None:
-    """Seconds left if the rest goes at the pace since the worker started (at `start_fraction`: a resumed
-    job does not count work done before); None until there is progress to extrapolate from."""
-    gained = fraction - start_fraction
-    if gained <= 1e-6 or fraction >= 1.0:
-        return None
-    return elapsed * (1.0 - fraction) / gained
-
-
 def _progress(workspace: Path, run_ids: list[str]) -> dict[str, tuple[int, int, str]]:
     path = Path(workspace) / "results.sqlite"
     if not path.is_file():
@@ -89,7 +94,7 @@ def _progress(workspace: Path, run_ids: list[str]) -> dict[str, tuple[int, int, 
 
 
 def _eval_fraction(runs: list[RunProgress]) -> float:
-    parts = [1.0 if r.status == "finished" else min(1.0, r.done / r.total) if r.total else 0.0 for r in runs]
+    parts = [1.0 if r.status == "finished" else fraction_of(r.done, r.total or 0) for r in runs]
     return sum(parts) / len(parts) if parts else 0.0
 
 
@@ -98,12 +103,15 @@ def _run_progress(job: Job, workspace: Path) -> list[RunProgress]:
     runs = []
     for r in job.runs:
         done, total, status = progress.get(r.run_id, (0, None, "waiting"))
-        runs.append(RunProgress(r.run_id, r.plan_name, r.label, done, total, status))
+        runs.append(
+            RunProgress(run_id=r.run_id, plan_name=r.plan_name, label=r.label, done=done, total=total, status=status)
+        )
     return runs
 
 
-def state(job: Job, workspace: Path) -> JobState:
-    """Where a job stands, from its state file, its process and (for evaluations) the results store."""
+def state(job: Job, workspace: Path, clock: Clock = utc_now) -> JobState:
+    """Where a job stands, from its state file, its process and (for evaluations) the results store; `clock`
+    says what time it is (the elapsed time and the ETA of a running job count to it)."""
     workspace = Path(workspace)
     written = _read_state(workspace, job.id)
     runs: list[RunProgress] = []
@@ -111,8 +119,8 @@ def state(job: Job, workspace: Path) -> JobState:
         runs = _run_progress(job, workspace)
         fraction = _eval_fraction(runs)
     else:
-        fraction = float(written.get("fraction", 0.0))
-    status = written.get("status", "waiting")
+        fraction = written.fraction if written is not None else 0.0
+    status: Status = written.status if written is not None else "waiting"
     if status not in FINAL:
         if job.cancelled:
             status = "cancelled"
@@ -122,27 +130,26 @@ def state(job: Job, workspace: Path) -> JobState:
             status = "stopped"
     elapsed = left = None
     upper = False
-    started = written.get("started")
-    if started is not None:
-        end = datetime.datetime.now(datetime.UTC) if status == "running" else written.get("updated") or started
-        elapsed = max(0.0, (end - started).total_seconds())
-        pace_from = written.get("pace_from")
-        if status == "running" and pace_from is not None and written.get("pace_steps", 0) >= PACE_STEPS:
-            left = eta(max(0.0, (end - pace_from).total_seconds()), fraction, float(written["pace_fraction"]))
+    if written is not None and written.started is not None:
+        end = clock() if status == "running" else written.updated or written.started
+        elapsed = max(0.0, (end - written.started).total_seconds())
+        pace_from = written.pace_from
+        if status == "running" and pace_from is not None and written.pace_steps >= PACE_STEPS:
+            left = eta(max(0.0, (end - pace_from).total_seconds()), fraction, written.pace_fraction)
         elif status == "running" and pace_from is not None:  # one piece done: the pace since the start, at most
-            left, upper = eta(elapsed, fraction, float(written.get("start_fraction", 0.0))), True
+            left, upper = eta(elapsed, fraction, written.start_fraction), True
     return JobState(
-        status,
-        fraction,
-        written.get("message", ""),
-        written.get("error"),
-        written.get("result", {}),
-        runs,
-        elapsed,
-        left,
-        upper and left is not None,
-        job.estimate_s,
-        written.get("measured_s"),
+        status=status,
+        fraction=fraction,
+        message=written.message if written is not None else "",
+        error=written.error if written is not None else None,
+        result=written.result if written is not None else {},
+        runs=runs,
+        elapsed_s=elapsed,
+        eta_s=left,
+        eta_upper=upper and left is not None,
+        estimate_s=job.estimate_s,
+        measured_s=written.measured_s if written is not None else None,
     )
 
 

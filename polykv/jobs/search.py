@@ -3,9 +3,10 @@
 `launch_search` builds the job (not started) after checking what it names: the profile (this model's),
 the start plan (the designer's, when it is in the search space or rescaled into it: `search_start`) and the
 settings. The worker (`python -m polykv.jobs.search run <job file> --workspace W`, started by
-`polykv.jobs.start`) runs `report.build_report` at the job's one budget; while it searches, the job's state
-holds the trace so far and the best plan so far (`live`), and at the end the report is saved next to the
-job (`polykv.jobs.report_path`) and read back by `read_search`.
+`polykv.jobs.start`) calls the search's one entry point at the job's one budget, as `polykv search` does
+(`polykv.search.text.run.run_text_search`, `polykv.search.workload.run.run_workload_search`); while it searches,
+the job's state holds the trace so far and the best plan so far (`live`), and at the end the report is saved next
+to the job (`polykv.jobs.report_path`) and read back, typed, by `read_search`.
 """
 
 from __future__ import annotations
@@ -16,15 +17,18 @@ from pathlib import Path
 from typing import Any
 
 from polykv.errors import JobError
-from polykv.eval.settings import COMPETENCE_THRESHOLD
-from polykv.files import atomic_write_json, read_json
+from polykv.eval.running.settings import COMPETENCE_THRESHOLD
+from polykv.files import read_json
 from polykv.jobs import worker
 from polykv.jobs.experiment import profile_for_job
 from polykv.jobs.progress import JobState
 from polykv.jobs.spec import MAX_REPORT_BYTES, Job, report_path, search_job
 from polykv.plan import Plan, PlanError, Scope
 from polykv.routing import scale_budget
+from polykv.search.hooks import SearchHooks
 from polykv.search.moves import check_space
+from polykv.search.text.report import SearchReport
+from polykv.search.workload.report import WorkloadReport
 
 LIVE_TRACE = 400  # trace points kept in the job's state file (the report keeps them all)
 
@@ -87,14 +91,14 @@ def launch_search(
     With `sources`, a workload search (answer_nll): `profile` is a workload profile or "auto", `text_profile`
     (optional) a text profile for toprank-text."""
     if sources is not None:
-        from polykv.eval.calibration import parse_workload
-        from polykv.eval.calibration import split_sources as split
+        from polykv.eval.workloads.workload import parse_workload
+        from polykv.eval.workloads.workload import split_sources as split
 
         workload = parse_workload(split(sources), max_tokens, question=question)  # one line when bad
         others = tuple(parse_workload(split(transfer), max_tokens).tasks) if transfer else ()
-        if loaded is not None:  # the model at hand: each task's first sample must fit it (`polykv.eval.fit`)
-            from polykv.eval.fit import check_fits
-            from polykv.search.workload import verdict_settings
+        if loaded is not None:  # the model at hand: each task's first sample must fit it (`polykv.eval.running.fit`)
+            from polykv.eval.running.fit import check_fits
+            from polykv.search.workload.samples import verdict_settings
 
             for suite_settings in verdict_settings(workload, held_out, others, accuracy_samples).values():
                 check_fits(workload.suite, suite_settings, *loaded, seed=seed)
@@ -152,10 +156,10 @@ def live(state: JobState) -> tuple[list[dict[str, Any]], Plan | None]:
 
 
 def run_job(job, workspace: Path, store, report: Callable[..., dict], activate: Callable[[str | None], None]):
-    """The work of a search job's worker (`polykv.jobs` keeps its state, log and cancel)."""
+    """The work of a search job's worker (`polykv.jobs` keeps its state, log and cancel): the text search
+    (`polykv.search.text.run.run_text_search`), its report saved next to the job."""
     from polykv.models import load_model
-    from polykv.search.objective import build_sequences
-    from polykv.search.report import build_report
+    from polykv.search.text.run import TextSearchSettings, run_text_search
 
     spec = job.search
     if spec.sources:
@@ -163,119 +167,135 @@ def run_job(job, workspace: Path, store, report: Callable[..., dict], activate: 
     profile = profile_for_job(spec.profile, Path(workspace), job.model)
     start = Plan.from_json(spec.start) if spec.start else None
     model, tokenizer = load_model(job.model, device=job.device)  # quiet: no progress bars in the log
-    report(message="building the search and held-out sequences")
-    sequences = build_sequences(
-        tokenizer,
-        model,
-        job.model,
-        search=spec.search_sequences,
-        held_out=spec.held_out,
-        max_tokens=spec.max_tokens,
-        seed=spec.seed,
-    )
-    trace: list[dict[str, Any]] = []
 
     def on_step(used: int, total: int, where: str) -> None:
         # the held-out verdict comes after the search: the search is 90% of the work shown
         report(fraction=min(0.9, 0.9 * used / total), message=f"{used}/{total} executions · {where}")
 
-    def on_trace(point, best: Plan) -> None:
-        trace.append(point.to_dict())
-        report(result={"trace": trace[-LIVE_TRACE:], "best": best.to_json()})
-
-    found, plans = build_report(
-        model,
-        job.model,
-        sequences,
-        profile,
-        spec.scope,
-        [spec.budget],
+    settings = TextSearchSettings(
+        scope=spec.scope,
+        budgets=(spec.budget,),
         evaluations=spec.evaluations,
         seed=spec.seed,
+        search_sequences=spec.search_sequences,
+        held_out=spec.held_out,
+        max_tokens=spec.max_tokens,
+        candidates=spec.candidates,
         metric=spec.metric,
         statistic=spec.statistic,
-        candidates=spec.candidates,
-        command=f"app search job {job.id}",
-        start=start,
-        on_step=on_step,
-        on_trace=on_trace,
     )
-    path = atomic_write_json(report_path(workspace, job.id), found)
-    report(result={"trace": trace[-LIVE_TRACE:], "best": plans[0].to_json(), "report": str(path)}, message="done")
+    stages = {"sequences": "building the search and held-out sequences"}
+    trace = _LiveTrace(report)
+    path = report_path(workspace, job.id)
+    found, plans = run_text_search(
+        model,
+        tokenizer,
+        job.model,
+        profile,
+        settings,
+        start=start,
+        report_file=path,
+        command=f"app search job {job.id}",
+        hooks=SearchHooks(stage=lambda stage: _say(report, stages.get(stage)), step=on_step, trace=trace),
+    )
+    report(result={**trace.result(plans[0]), "report": str(path)}, message="done")
 
 
 def run_workload_job(job, workspace: Path, report: Callable[..., dict]) -> None:
-    """A workload search's worker (`polykv.search.workload`): its held-out runs go to the workspace's store, so
-    the Runs and Compare pages show them beside every other run."""
-    from polykv.eval.calibration import parse_workload
-    from polykv.eval.calibration import split_sources as split
-    from polykv.eval.store import Store
+    """A workload search's worker (`polykv.search.workload.run.run_workload_search`): its held-out runs go to the
+    workspace's store, so the Runs and Compare pages show them beside every other run."""
+    from polykv.eval.results.store import Store
+    from polykv.eval.workloads.workload import parse_workload
+    from polykv.eval.workloads.workload import split_sources as split
     from polykv.models import load_model
-    from polykv.search.workload import build_workload_profile, draw_samples, workload_report
+    from polykv.search.workload.run import WorkloadSearchSettings, run_workload_search
 
     spec, workspace = job.search, Path(workspace)
     workload = parse_workload(split(spec.sources), spec.max_tokens, question=spec.question)
     transfer = tuple(parse_workload(split(spec.transfer), spec.max_tokens).tasks) if spec.transfer else ()
     model, tokenizer = load_model(job.model, device=job.device)
-    report(message="drawing the search and held-out samples")
-    samples = draw_samples(
-        workload, tokenizer, model, spec.search_sequences, spec.held_out, spec.seed, transfer,
-        spec.accuracy_samples,
-    )  # fmt: skip
-    if spec.profile == "auto":
-        report(message="profiling the workload")
-        profile = build_workload_profile(
-            job.model, model, tokenizer, workspace / "profiles", samples, spec.scope,
-            progress=lambda fraction, message: report(fraction=0.3 * fraction, message=f"workload profile · {message}"),
-        )  # fmt: skip
-    else:
-        profile = profile_for_job(spec.profile, workspace, job.model)
+    profile = "auto" if spec.profile == "auto" else profile_for_job(spec.profile, workspace, job.model)
     text = profile_for_job(spec.text_profile, workspace, job.model) if spec.text_profile else None
-    trace: list[dict[str, Any]] = []
-
-    def on_trace(point, best: Plan) -> None:
-        trace.append(point.to_dict())
-        report(result={"trace": trace[-LIVE_TRACE:], "best": best.to_json()})
 
     def on_step(used: int, total: int, where: str) -> None:
         report(fraction=0.3 + min(0.4, 0.4 * used / total), message=f"{used}/{total} executions · {where}")
 
-    found, plans = workload_report(
-        model,
-        job.model,
-        tokenizer,
-        samples,
-        profile,
-        text,
-        spec.scope,
-        [spec.budget],
-        Store(workspace / "results.sqlite"),
+    def on_sample(done: int, total: int, where: str) -> None:
+        report(fraction=0.7 + 0.3 * done / max(total, 1), message=f"verdict · {done}/{total} samples")
+
+    settings = WorkloadSearchSettings(
+        scope=spec.scope,
+        budgets=(spec.budget,),
         evaluations=spec.evaluations,
         candidates=spec.candidates,
         seed=spec.seed,
-        command=f"app search job {job.id}",
-        say=lambda message: report(message=message),
-        on_step=on_step,
-        on_sample=lambda done, total, where: report(
-            fraction=0.7 + 0.3 * done / max(total, 1), message=f"verdict · {done}/{total} samples"
-        ),
-        on_trace=on_trace,
+        search_per_task=spec.search_sequences,
+        held_out=spec.held_out,
+        transfer=transfer,
+        accuracy=spec.accuracy_samples,
         competence=spec.competence,
     )
-    path = atomic_write_json(report_path(workspace, job.id), found)
-    report(result={"trace": trace[-LIVE_TRACE:], "best": plans[0].to_json(), "report": str(path)}, message="done")
+    stages = {"samples": "drawing the search and held-out samples", "profile": "profiling the workload"}
+    trace = _LiveTrace(report)
+    path = report_path(workspace, job.id)
+    found, plans = run_workload_search(
+        model,
+        tokenizer,
+        job.model,
+        workload,
+        profile,
+        settings,
+        text_profile=text,
+        store=Store(workspace / "results.sqlite"),
+        profiles=workspace / "profiles",
+        report_file=path,
+        command=f"app search job {job.id}",
+        hooks=SearchHooks(
+            stage=lambda stage: _say(report, stages.get(stage)),
+            profile=lambda fraction, message: report(fraction=0.3 * fraction, message=f"workload profile · {message}"),
+            say=lambda message: report(message=message),
+            step=on_step,
+            trace=trace,
+            sample=on_sample,
+        ),
+    )
+    report(result={**trace.result(plans[0]), "report": str(path)}, message="done")
 
 
-def read_search(job, workspace: Path) -> dict[str, Any]:
-    """The report a finished search job saved (`report.build_report`); JobError (one line) when it has none
-    or it cannot be read."""
+class _LiveTrace:
+    """The trace so far and the best plan so far, in the job's state (`live` reads them back)."""
+
+    def __init__(self, report: Callable[..., dict]):
+        self.report, self.points = report, []
+
+    def __call__(self, point, best: Plan) -> None:
+        self.points.append(point.to_dict())
+        self.report(result=self.result(best))
+
+    def result(self, best: Plan) -> dict[str, Any]:
+        return {"trace": self.points[-LIVE_TRACE:], "best": best.to_json()}
+
+
+def _say(report: Callable[..., dict], message: str | None) -> None:
+    if message is not None:
+        report(message=message)
+
+
+def read_search(job, workspace: Path) -> SearchReport | WorkloadReport:
+    """The report a finished search job saved, typed (a text search's or a workload search's); JobError (one line)
+    when it has none or it cannot be read."""
     path = report_path(workspace, job.id)
     if not path.exists():
         raise JobError(f"job {job.id} has no report yet")
     data = read_json(path, "search report", max_bytes=MAX_REPORT_BYTES, error=JobError)
-    if not isinstance(data, dict) or not isinstance(data.get("budgets"), list) or not data["budgets"]:
-        raise JobError(f"{path}: not a search report")
-    return data
+    kind = WorkloadReport if isinstance(data, dict) and data.get("format") == WorkloadReport.FORMAT else SearchReport
+    try:
+        found = kind.from_dict(data)
+    except ValueError as exc:
+        raise JobError(f"{path}: {exc}") from None
+    if not found.budgets:
+        raise JobError(f"{path}: not a search report (no budget)")
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:

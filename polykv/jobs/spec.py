@@ -20,16 +20,18 @@ from pydantic import (
     Field,
     ValidationError,
     create_model,
+    field_serializer,
     field_validator,
     model_validator,
 )
 
 from polykv import limits
 from polykv.errors import JobError, PolyKVError, validation_line
-from polykv.eval.settings import COMPETENCE_THRESHOLD
-from polykv.eval.unit import Unit
+from polykv.eval.running.settings import COMPETENCE_THRESHOLD
+from polykv.eval.running.unit import Unit
 from polykv.files import atomic_write_json, read_json
 from polykv.plan import Phase, Plan
+from polykv.profile.statistics import STATISTICS
 
 FINAL = ("finished", "failed", "cancelled")
 MAX_JOB_BYTES = 16 * 1024 * 1024  # a job with thousands of runs is still far smaller; this bounds memory only
@@ -102,7 +104,7 @@ class ExperimentSpec(BaseModel):
     budgets: list[int] = Field(default_factory=list)  # the sweep's
     baseline: str | None = None  # the factorial's homogeneous method
     baselines: list[str] | None = None  # the sweep's (None: every method with a protocol)
-    statistic: Literal["cosine", "dppl"] = "cosine"
+    statistic: Literal[tuple(STATISTICS)] = "cosine"  # type: ignore[valid-type]  # the profile statistics' registry
     allocation: Literal["uniform", "entropy", "ppl"] = "uniform"
     k: int = Field(default=0, ge=0, le=limits.PLACEMENTS)  # the placement control's random placements
     suite: Literal["fidelity", "longbench", "ruler"] = "fidelity"
@@ -126,7 +128,7 @@ class ExperimentSpec(BaseModel):
 class SearchSpec(BaseModel):
     """A plan search's arguments (`polykv.search`): from `start` (a plan's JSON, the designer's) when it is
     in the search space, TopRank by `statistic` from `profile` and the best homogeneous plan, at `budget`.
-    With `sources` (metric answer_nll), a workload search (`polykv.search.workload`): `profile` is a workload
+    With `sources` (metric answer_nll), a workload search (`polykv.search.workload.run`): `profile` is a workload
     profile or "auto" (computed on the workload's calibration split)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -222,8 +224,11 @@ class Job(BaseModel):
         return self
 
 
-class _StateFile(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # the worker may write more (started, updated)
+class StateFile(BaseModel):
+    """A job's `<id>.state.json`: the worker (`polykv.jobs.worker`) writes the fields it set on every change,
+    `_read_state` reads it back (files of earlier versions too); times in UTC to the second, as always."""
+
+    model_config = ConfigDict(extra="ignore")  # a file from a later version may hold more
 
     status: Literal["running", "finished", "failed", "cancelled"]
     fraction: float = Field(default=0.0, ge=0.0, le=1.0, allow_inf_nan=False)
@@ -245,6 +250,10 @@ class _StateFile(BaseModel):
     def _aware(cls, value: datetime.datetime | None) -> datetime.datetime | None:
         return value.replace(tzinfo=datetime.UTC) if value is not None and value.tzinfo is None else value
 
+    @field_serializer("started", "updated", "pace_from")
+    def _to_the_second(self, value: datetime.datetime | None) -> str | None:
+        return None if value is None else value.isoformat(timespec="seconds")
+
 
 # ---- building and starting jobs ----------------------------------------------------------------------
 def _new_id(kind: str) -> str:
@@ -253,7 +262,7 @@ def _new_id(kind: str) -> str:
 
 def eval_job(units: list[tuple[dict[str, Any], Unit]], title: str) -> Job:
     """A job that runs `units` (each with its label) in order; they must share model and device."""
-    from polykv.eval.runner import run_id_for
+    from polykv.eval.running.suite_runner import run_id_for
     from polykv.methods import validate_plan
 
     if not units:
@@ -286,7 +295,7 @@ def profile_job(
 
 def experiment_job(model: str, device: str, experiment: dict[str, Any], title: str) -> Job:
     """A job that runs the library's experiment `experiment` describes (see `ExperimentSpec`); JobError (one
-    line) when it is not a valid description. `polykv.eval.experiments.launch_job` builds one and checks,
+    line) when it is not a valid description. `polykv.jobs.experiment.launch_job` builds one and checks,
     before anything runs in the background, that the profile, the settings and every plan are good."""
     try:
         spec = ExperimentSpec.model_validate(experiment)
@@ -378,14 +387,12 @@ def list_jobs(workspace: Path) -> list[Job]:
     return scan_jobs(workspace)[0]
 
 
-def _read_state(workspace: Path, job_id: str) -> dict[str, Any]:
-    """The worker's state file, validated; {} when there is none or it is damaged (never raises)."""
+def _read_state(workspace: Path, job_id: str) -> StateFile | None:
+    """The worker's state file, validated; None when there is none or it is damaged (never raises)."""
     path = _spec_path(workspace, job_id).with_suffix(".state.json")
     if not os.path.lexists(path):
-        return {}
+        return None
     try:
-        return _StateFile.model_validate(
-            read_json(path, "job state file", max_bytes=MAX_STATE_BYTES, error=JobError)
-        ).model_dump()
+        return StateFile.model_validate(read_json(path, "job state file", max_bytes=MAX_STATE_BYTES, error=JobError))
     except (PolyKVError, ValidationError, OSError):
-        return {}
+        return None

@@ -4,6 +4,7 @@ or search job's module hands it), writing the state file and the log as it goes,
 
 from __future__ import annotations
 
+import datetime
 import signal
 import sys
 import time
@@ -12,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from polykv.errors import JobError, PolyKVError, first_line
-from polykv.eval.store import Store
-from polykv.eval.unit import Unit
+from polykv.eval.results.store import Store
+from polykv.eval.running.unit import Unit
 from polykv.files import atomic_write_json
 from polykv.jobs.process import WORKER_MODULES
 from polykv.jobs.progress import _eval_fraction, _run_progress
-from polykv.jobs.spec import Job, RunUnit, _job_from_file, _now, _spec_path
+from polykv.jobs.spec import Job, RunUnit, StateFile, _job_from_file, _spec_path
 from polykv.plan import Plan
 
 
@@ -30,40 +31,43 @@ def _on_sigterm(signum, frame):
     raise _Cancelled(128 + signal.SIGTERM)
 
 
+def _utc() -> datetime.datetime:
+    """Now, to the second (as the state file and the log say it)."""
+    return datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+
+
 # What runs an experiment or search job's work (`polykv.jobs.experiment.run_job`, `polykv.jobs.search.run_job`):
-# given the job, the workspace, the store, `report(**changes)` (updates the state file; returns the state so
-# far) and `activate(run_id)` (the run under way, marked cancelled if the job is), it loads the model, runs
-# and writes the report.
-JobWork = Callable[[Job, Path, Store, Callable[..., dict], Callable[[str | None], None]], None]
+# given the job, the workspace, the store, `report(**changes)` (updates the state file with fields of
+# `StateFile`; returns the state so far) and `activate(run_id)` (the run under way, marked cancelled if the job
+# is), it loads the model, runs and writes the report.
+Reporter = Callable[..., StateFile]
+JobWork = Callable[[Job, Path, Store, Reporter, Callable[[str | None], None]], None]
 
 
 def _run(job: Job, workspace: Path, experiment: JobWork | None = None) -> None:
     state_path = _spec_path(workspace, job.id).with_suffix(".state.json")
     began = time.perf_counter()
-    current = {
-        "status": "running",
-        "fraction": 0.0,
-        "message": "loading the model",
-        "error": None,
-        "result": {},
-        "started": _now(),
-    }
+    current = StateFile(
+        status="running", fraction=0.0, message="loading the model", error=None, result={}, started=_utc()
+    )
 
-    def report(**changes: Any) -> dict[str, Any]:
-        before = current["fraction"]
-        current.update(changes, updated=_now())
-        if current["fraction"] > before:  # a piece of real work done: the ETA's pace starts at the first one
-            if "pace_from" in current:
-                current["pace_steps"] += 1
+    def report(**changes: Any) -> StateFile:
+        before = current.fraction
+        for name, value in {**changes, "updated": _utc()}.items():
+            setattr(current, name, value)
+        if current.fraction > before:  # a piece of real work done: the ETA's pace starts at the first one
+            if current.pace_from is not None:
+                current.pace_steps += 1
             else:
-                current.update(pace_from=current["updated"], pace_fraction=current["fraction"], pace_steps=0)
-        atomic_write_json(state_path, current)
+                current.pace_from, current.pace_fraction, current.pace_steps = current.updated, current.fraction, 0
+        atomic_write_json(state_path, current.model_dump(mode="json", exclude_unset=True))  # the fields set
         if "message" in changes:  # the log: one time-stamped line per step
-            print(f"{current['updated']} [{current['fraction']:6.1%}] {current['message']}", flush=True)
+            stamp = current.updated.isoformat(timespec="seconds")
+            print(f"{stamp} [{current.fraction:6.1%}] {current.message}", flush=True)
         return current
 
     if job.kind == "eval":  # a resumed job starts where it stopped: its ETA counts only this worker's pace
-        current["start_fraction"] = current["fraction"] = _eval_fraction(_run_progress(job, workspace))
+        current.start_fraction = current.fraction = _eval_fraction(_run_progress(job, workspace))
     report(message="loading the model")
     store = Store(workspace / "results.sqlite")
     active: str | None = None
@@ -81,7 +85,7 @@ def _run(job: Job, workspace: Path, experiment: JobWork | None = None) -> None:
             experiment(job, workspace, store, report, activate)
         elif job.kind == "eval":
             model, tokenizer = load_model(job.model, device=job.device)  # quiet: no progress bars in the log
-            from polykv.eval.runner import run_suite
+            from polykv.eval.running.suite_runner import run_suite
 
             for i, r in enumerate(job.runs):
                 unit = Unit(**r.unit.model_dump())
@@ -129,7 +133,7 @@ def _run(job: Job, workspace: Path, experiment: JobWork | None = None) -> None:
         report(status="finished", fraction=1.0, message="finished")
     except _Cancelled:
         run = store.run(active) if active is not None else None
-        if run is not None and run["status"] != "finished":  # an experiment's run may have just finished
+        if run is not None and run.status != "finished":  # an experiment's run may have just finished
             store.set_status(active, "cancelled")
         report(status="cancelled", message="cancelled")
         raise
@@ -138,16 +142,16 @@ def _run(job: Job, workspace: Path, experiment: JobWork | None = None) -> None:
         raise
 
 
-def _record_cost(job: Job, current: dict[str, Any], started: float) -> None:
+def _record_cost(job: Job, current: StateFile, started: float) -> None:
     """A finished job's wall time (from `started`, a perf_counter reading) beside its estimate, and its ratio to
     the cost model's own estimate kept to correct later ones (a resumed evaluation ran only part of its work
     here: its time is kept, not its ratio). Best effort: a rates file that cannot be written fails no job."""
     from polykv import costs
 
-    current["measured_s"] = time.perf_counter() - started
-    if job.estimate_model_s and not current.get("start_fraction"):
+    current.measured_s = time.perf_counter() - started
+    if job.estimate_model_s and not current.start_fraction:
         try:
-            costs.record_ratio(job.model, job.device, job.kind, job.estimate_model_s, current["measured_s"])
+            costs.record_ratio(job.model, job.device, job.kind, job.estimate_model_s, current.measured_s)
         except (PolyKVError, OSError) as exc:
             print(f"the time it took was not kept for later estimates: {first_line(exc)}", flush=True)
 

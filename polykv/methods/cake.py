@@ -9,9 +9,18 @@ from __future__ import annotations
 import math
 
 from polykv.lazy import lazy_import
-from polykv.methods.base import NOTHING, ONE_ROW, Eviction, LayerView, Method, Needs, evict_lowest
+from polykv.methods.base import (
+    NOTHING,
+    ONE_ROW,
+    Eviction,
+    LayerView,
+    Method,
+    Needs,
+    evict_lowest,
+    recent_mask,
+    split_total,
+)
 from polykv.methods.params import MethodParams, Real, real, tokens
-from polykv.methods.shared import recent_mask, split_total
 from polykv.methods.snapkv import pool_votes
 from polykv.plan import Phase
 

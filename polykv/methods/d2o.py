@@ -10,9 +10,8 @@ from __future__ import annotations
 import functools
 
 from polykv.lazy import lazy_import
-from polykv.methods.base import Eviction, LayerView, evict_lowest
+from polykv.methods.base import AccumulatedAttention, Eviction, LayerView, evict_lowest, recent_mask, split_total
 from polykv.methods.params import MethodParams, Real, real, tokens
-from polykv.methods.shared import AccumulatedAttention, recent_mask, split_total
 from polykv.plan import Phase
 
 torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor

@@ -7,9 +7,8 @@ for Efficient Generative Inference of Large Language Models." NeurIPS 2023, arXi
 
 from __future__ import annotations
 
-from polykv.methods.base import Eviction, LayerView, evict_lowest
+from polykv.methods.base import AccumulatedAttention, Eviction, LayerView, evict_lowest, recent_mask
 from polykv.methods.params import MethodParams, Real, real
-from polykv.methods.shared import AccumulatedAttention, recent_mask
 from polykv.plan import Phase
 
 

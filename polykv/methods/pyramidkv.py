@@ -6,8 +6,8 @@ based on Pyramidal Information Funneling." arXiv:2406.02069 (code: Zefan-Cai/KVC
 
 from __future__ import annotations
 
+from polykv.methods.base import split_total
 from polykv.methods.params import Real, real, tokens
-from polykv.methods.shared import split_total
 from polykv.methods.snapkv import SnapKV, SnapKVParams
 
 

@@ -86,7 +86,10 @@ class SlotStates(dict):
     """A method's per-slot state, {name: [b, h, n, ...] tensor} (`Method.per_token`), and the storage each
     lives in: a tensor grown by a decode step stays a prefix view of a block with room to grow into, and a
     one-slot drop moves the last slot into the dropped one there (`SlotBlock`), so neither reallocates. A
-    tensor stored by plain assignment (a gather, a new prompt) lives in no block until it next grows."""
+    tensor stored by plain assignment (a gather, a new prompt) lives in no block until it next grows.
+
+    The method writes its own states (by name); the runtime moves them with the cache's slots only through
+    `drop_one`, `gather`, `map_batch` and `clear`, so that no state is left behind when slots move."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -95,8 +98,8 @@ class SlotStates(dict):
     def grow(self, name: str, q: int, fill: float | bool | None, room: int | None) -> torch.Tensor:
         """`self[name]` extended by q new (last) slots set to `fill` (None: for the caller to write), stored
         back and returned. In place while it is still the view of its block this store handed out and the
-        block has room; else copied into a new block of max(n + q, `room`) slots (`room` None: exactly n + q,
-        the concatenating path)."""
+        block has room; else copied into a new block of max(n + q, `room`) slots (`room` None, a layer without a
+        capacity: exactly n + q)."""
         tensor = self[name]
         n = tensor.shape[2]
         block = self._blocks.get(name)
@@ -107,15 +110,31 @@ class SlotStates(dict):
         out = self[name] = block.prefix(n + q)
         return out
 
-    def drop(self, name: str, dropped: torch.Tensor) -> None:
-        """Slot `dropped[b, h, 0]` of every head leaves `self[name]` (the runtime dropped it from the cache):
-        in its block when it lives in one, the last slot moving into it."""
-        tensor = self[name]
-        block = self._blocks.get(name)
-        if block is not None and block.holds(tensor):
-            self[name] = block.drop(dropped, tensor.shape[2])
-        else:
-            self[name] = drop_one_slot(tensor, dropped)
+    def drop_one(self, dropped: torch.Tensor) -> None:
+        """Slot `dropped[b, h, 0]` of every head leaves every state (the runtime dropped it from the cache): in the
+        state's block when it lives in one, the last slot moving into it."""
+        for name, tensor in self.items():
+            block = self._blocks.get(name)
+            if block is not None and block.holds(tensor):
+                self[name] = block.drop(dropped, tensor.shape[2])
+            else:
+                self[name] = drop_one_slot(tensor, dropped)
+
+    def gather(self, keep: torch.Tensor, held: int) -> None:
+        """A cut: of the `held` slots the layer held, every state keeps slots `keep` [b, h, k], in storage of its
+        own (it lives in no block until it next grows).
+
+        Mid-step (a local layer's window, before the method has seen the step's new slots) a state covers only the
+        slots held before the step, the first ones: it keeps the indices among them (the new slots, last, are
+        always kept)."""
+        for name, tensor in self.items():
+            own = keep if tensor.shape[2] == held else keep[..., : keep.shape[-1] - (held - tensor.shape[2])]
+            self[name] = gather_slots(tensor, own)
+
+    def map_batch(self, fn) -> None:
+        """Every state becomes `fn(state)` (a batch reordered, repeated or selected), in storage of its own."""
+        for name, tensor in self.items():
+            self[name] = fn(tensor)
 
     def clear(self) -> None:
         """Forget every state and its storage (a new prompt, or the prefill method once done)."""
@@ -127,6 +146,18 @@ def drop_one_slot(tensor: torch.Tensor, dropped: torch.Tensor) -> torch.Tensor:
     """Remove slot `dropped[b, h, 0]` of each head of a [b, h, n, ...] tensor that lives in no block, in
     place: the last slot moves into it."""
     return SlotBlock(tensor).drop(dropped, tensor.shape[2])
+
+
+def gather_slots(tensor: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Select slots along dim 2 of a [b, h, n, ...] tensor with per-head indices [b, h, k]."""
+    if tensor.dim() == 3:
+        return tensor.gather(2, keep)
+    # Rows of a flattened [b*h*n, d] view: index_select copies whole rows, ~3x faster than a gather
+    # with an expanded index on CPU, and this runs for keys and values in every layer at every step.
+    b, h, n = tensor.shape[:3]
+    offsets = torch.arange(0, b * h * n, n, device=keep.device).view(b, h, 1)
+    rows = tensor.reshape(b * h * n, *tensor.shape[3:]).index_select(0, (keep + offsets).reshape(-1))
+    return rows.view(*keep.shape, *tensor.shape[3:])
 
 
 def slot_index(dropped: torch.Tensor, like: torch.Tensor, dim: int = 2) -> torch.Tensor:

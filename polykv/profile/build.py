@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import platform
-from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -15,17 +14,18 @@ from polykv import __version__
 from polykv.methods import for_phase
 from polykv.models import num_layers
 from polykv.plan import Phase
+from polykv.profile.cell_plan import calibration_params
 from polykv.profile.confidence import LEVEL, REPLICATES, cell_intervals, danswer_means, fullkv_perplexity
 from polykv.profile.corpus import CorpusSpec, WorkloadCorpus, build_corpus
 from polykv.profile.profiler import (
     CONTINUATION,
     PROFILE_REVISION,
-    calibration_params,
     default_calibration_capacity,
     profile_methods,
     profiled_methods,
 )
 from polykv.profile.store import Profile, ProfileError, find_profile, profile_key, save_profile
+from polykv.progress import Fraction
 
 
 def build_profile(
@@ -39,18 +39,18 @@ def build_profile(
     continuation: int = CONTINUATION,
     batch_size: int = 4,
     reuse: bool = True,
-    progress: Callable[[float, str], None] | None = None,
+    progress: Fraction | None = None,
     workload: WorkloadCorpus | None = None,
     compute: bool = True,
 ) -> Profile:
     """Profile `model` on the calibration corpus at b_cal = `capacity` (default: scaled to the context).
 
     A workload corpus spec (sources ruler:..., longbench:...) comes with its sequences built by
-    `polykv.eval.calibration.workload_corpus` (`workload`): each scores its gold answer, and the profile
+    `polykv.eval.workloads.workload.workload_corpus` (`workload`): each scores its gold answer, and the profile
     measures danswer beside cosine and dPPL."""
     if corpus.is_workload != (workload is not None):
         raise ValueError(
-            "a workload corpus spec needs its sequences (polykv.eval.calibration.workload_corpus)"
+            "a workload corpus spec needs its sequences (polykv.eval.workloads.workload.workload_corpus)"
             if workload is None
             else "workload sequences need a corpus spec of workload sources"
         )

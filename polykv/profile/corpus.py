@@ -128,7 +128,7 @@ class CorpusSpec:
 
     @property
     def is_workload(self) -> bool:
-        """Sources of a suite's prompts (ruler:..., longbench:...), built by `polykv.eval.calibration`."""
+        """Sources of a suite's prompts (ruler:..., longbench:...), built by `polykv.eval.workloads.workload`."""
         return is_workload_source(self.sources[0])
 
     @classmethod
@@ -172,7 +172,7 @@ class Corpus:
 
 @dataclass
 class WorkloadCorpus:
-    """A workload's calibration sequences for the profiler (built by `polykv.eval.calibration.workload_corpus`
+    """A workload's calibration sequences for the profiler (built by `polykv.eval.workloads.workload.workload_corpus`
     from sources such as ruler:niah_single_2@2048): prompt + gold answer, each scoring its answer.
 
     In the question's protocol (`polykv.eval.suites.answers`): in-prompt, the prompt's pass is the whole prompt
@@ -296,7 +296,8 @@ def build_corpus(tokenizer, spec: CorpusSpec | None = None, model=None, context_
     spec = spec or CorpusSpec()
     if spec.is_workload:
         raise ValueError(
-            f"corpus source {spec.sources[0]!r} is a workload: build it with polykv.eval.calibration.workload_corpus"
+            f"corpus source {spec.sources[0]!r} is a workload: build it with "
+            "polykv.eval.workloads.workload.workload_corpus"
         )
     if context_length is None and model is not None:
         from polykv.models import context_length as context_of

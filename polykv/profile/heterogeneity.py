@@ -10,7 +10,7 @@ in the context each layer's support lies (a histogram over equal position bins).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,7 @@ import torch
 from polykv import models
 from polykv.models import cache_argument_name, output_cache
 from polykv.plan import Plan
+from polykv.progress import Progress
 from polykv.runtime.attention import record_attention
 from polykv.runtime.routed import routed
 
@@ -223,14 +224,14 @@ def measure_heterogeneity(
     bins: int = 32,
     bootstrap: int = 1000,
     seed: int = 0,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Progress | None = None,
 ) -> HeterogeneityResult:
     """Per-layer support sizes of the first decoding step's attention over each input sequence.
 
     ``sequences``: token-id lists (or a `Corpus`, or a [inputs, n] tensor), run one at a time. Prompts
     longer than the model's ``max_position_embeddings - 1`` are cut to fit, so that the decoded token
-    still has a trained position; ``params["truncated_inputs"]`` counts them. ``progress(done, total)`` is
-    told after each input (for a progress bar).
+    still has a trained position; ``params["truncated_inputs"]`` counts them. ``progress(done, total, "")`` (a
+    `polykv.progress.Progress`) is told after each input (for a progress bar).
     """
     coverage = _check_coverage(coverage)
     if bins < 1:
@@ -269,7 +270,7 @@ def measure_heterogeneity(
                     chosen = support_positions(attention, coverage)
                     density[layer] = support_density(chosen, length, bins).double().numpy()
             if progress is not None:
-                progress(i + 1, len(sequences))
+                progress(i + 1, len(sequences), "")
 
     low, high = bootstrap_median_interval(sizes, bootstrap=bootstrap, seed=seed)
     params = {

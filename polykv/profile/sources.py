@@ -35,7 +35,7 @@ DEMO_SOURCES = (
 MODEL_PREFIX = "model"
 FILE_PREFIX = "file:"
 HUB_PREFIX = "hf:"
-# A suite's own prompts with their gold answers (`polykv.eval.calibration` draws them; a profile on them
+# A suite's own prompts with their gold answers (`polykv.eval.workloads.workload` draws them; a profile on them
 # measures danswer): ruler:TASK[@LENGTH], longbench:PATH. They are not text and are never mixed with text.
 WORKLOAD_PREFIXES = ("ruler:", "longbench:")
 # Share of each text source (by bytes) that calibration draws from; evaluation texts start after it.

@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from polykv.errors import PolyKVError, first_line, validation_line
 from polykv.files import read_json
+from polykv.profile.statistics import STATISTICS
 
 FORMAT = "polykv.profile"
 VERSION = 1
@@ -54,9 +55,6 @@ SEQUENCE_COLUMNS = ["layer", "scope", "method", "sequence", "cosine", "nll"]
 REFERENCE_COLUMNS = ["sequence", "source", "nll"]
 # A workload profile's reference.csv adds each sequence's scored tokens and its gold answer's length.
 WORKLOAD_REFERENCE_COLUMNS = ["tokens", "answer_tokens"]
-# The statistics a profile measures per cell and which way is better (+1: higher, -1: lower).
-# danswer exists in workload profiles only (`polykv.profile.workload`): the change of the gold answer's NLL.
-STATISTICS: dict[str, int] = {"cosine": 1, "dppl": -1, "danswer": -1}
 NO_ANSWER = (
     "danswer needs a workload profile: this one was measured on text, which has no gold answer; profile on a "
     "suite's prompts (sources ruler:TASK@LENGTH or longbench:PATH)"

@@ -1,11 +1,11 @@
 """The routed cache: one `RoutedLayer` per Transformer layer, each running its plan entry.
 
 A `RoutedLayer` is a Hugging Face cache layer (the `DynamicLayer` interface: update, get_seq_length,
-get_mask_sizes) that physically holds only the slots its method keeps. It also records the true
-position of every slot, and reports the TRUE number of tokens seen as its sequence length, so a model
+get_mask_sizes) that physically holds only the slots its method keeps, with the true position of every
+slot (both in its `LayerSlots`). It reports the TRUE number of tokens seen as its sequence length, so a model
 that derives RoPE positions from the cache keeps counting from the real length after eviction.
 
-The attention function (`attention.py`) calls `finish_step` right after computing the layer's output,
+The attention step (`attention_step.py`) calls `finish_step` right after computing the layer's output,
 handing over the attention signals the layer's methods asked for; the method then decides what stays.
 
 A local layer (sliding-window attention, as Gemma 3's and Mistral's: its attention tells the layer its window
@@ -17,7 +17,7 @@ vanilla cache), a smaller one evicts within it (`keep_window`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
@@ -26,41 +26,26 @@ from polykv.errors import RoutedCacheError
 from polykv.methods import Method, make_method
 from polykv.methods.base import Eviction, LayerView, Needs
 from polykv.plan import Phase, Plan
-from polykv.runtime.attention import attend, hand_over
+from polykv.runtime.attention import hand_over
+from polykv.runtime.attention_step import attend
 from polykv.runtime.merges import MergeGroups
 from polykv.runtime.slots import LayerSlots
 
 
-@dataclass(frozen=True)
-class CacheOptions:
-    """How a routed cache stores its slots. The defaults are PolyKV's; the other settings are the previous
-    paths, kept so that tests can check both give the same numbers (tests/test_decode_static.py,
-    tests/test_merges.py) and chosen per cache, never process-wide."""
-
-    in_place_slots: bool = True  # False: every decode step concatenates keys, values and per-slot state
-    merge_together: bool = True  # False: every layer merges alone, at its own step (`polykv.runtime.merges`)
-
-
 class RoutedLayer(DynamicLayer):
-    """One layer of the routed cache: its keys/values, true positions and two phase methods."""
+    """One layer of the routed cache: its slots (keys, values and true positions, held in `slots`) and two phase
+    methods."""
 
-    def __init__(self, layer_idx: int, prefill: Method, decode: Method, options: CacheOptions | None = None):
+    def __init__(self, layer_idx: int, prefill: Method, decode: Method):
+        self.slots = LayerSlots()  # first: Hugging Face's layer sets `keys` and `values`, which live there
         super().__init__()
         self.layer_idx = layer_idx
         self.methods = {Phase.PREFILL: prefill, Phase.DECODE: decode}
-        self.options = options or CacheOptions()
-        for method in self.methods.values():
-            method.in_place_slots = self.options.in_place_slots
         self.seen = 0  # tokens processed so far: the true sequence length
-        # [b, h, n] true position of each slot; None until the first eviction, while slot i holds
-        # position i (saves work on every step of layers that never evict)
-        self._positions: torch.Tensor | None = None
         self.phase = Phase.PREFILL
         self.num_new = 0
         self.retained_after_prefill: int | None = None
         self.on_prefill_done = None  # set by the cache under native allocation
-        # Static-shape decode: where keys, values and positions live while the layer evicts in decode
-        self.slots = LayerSlots()
         self._newest_last = False  # does the last slot hold the newest position (seen - 1)?
         self.merge_groups: MergeGroups | None = None  # the cache's groups of layers that merge together
         self.keep_until = 0  # decode steps whose tokens all lie before this position evict nothing (`holding`)
@@ -69,8 +54,26 @@ class RoutedLayer(DynamicLayer):
         self.window_clean = True
 
     def attend(self, module, query, key, value, dropout: float, scaling: float, kwargs):
-        """This layer's attention step (`polykv.runtime.attention.attend`: the `AttendingLayer` interface)."""
+        """This layer's attention step (`polykv.runtime.attention_step.attend`; the `AttendingLayer` interface)."""
         return attend(self, module, query, key, value, dropout, scaling, kwargs)
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        """[b, h, n, d] the held keys (`LayerSlots`)."""
+        return self.slots.keys
+
+    @keys.setter
+    def keys(self, tensor: torch.Tensor | None) -> None:  # Hugging Face's layer code assigns them
+        self.slots.keys = tensor
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        """[b, h, n, d] the held values (`LayerSlots`)."""
+        return self.slots.values
+
+    @values.setter
+    def values(self, tensor: torch.Tensor | None) -> None:
+        self.slots.values = tensor
 
     # ---- Hugging Face cache-layer interface ---------------------------------------------------
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -81,29 +84,24 @@ class RoutedLayer(DynamicLayer):
         if group is not None and group.waits_for(self):  # the last forward pass stopped halfway
             group.flush()
         self.phase = Phase.PREFILL if self.seen == 0 else Phase.DECODE
+        slots = self.slots
         if self.seen == 0:
-            self.keys, self.values = key_states, value_states
-        elif self.options.in_place_slots and (
-            not self.methods[Phase.DECODE].passive or self.slots.holds_kv(self, self.retained + q)
-        ):
-            self.slots.write(self, key_states, value_states)  # evicting, or keeping everything in reserved room
+            slots.start(key_states, value_states)
+        elif not self.methods[Phase.DECODE].passive or slots.holds_kv(slots.retained + q):
+            slots.write(self, key_states, value_states)  # evicting, or keeping everything in reserved room
         else:  # a layer that keeps everything grows as Hugging Face's DynamicLayer does
-            self.keys = torch.cat([self.keys, key_states], dim=-2)
-            self.values = torch.cat([self.values, value_states], dim=-2)
-            if self._positions is not None:
-                b, h = key_states.shape[:2]
-                new_pos = torch.arange(self.seen, self.seen + q, device=key_states.device).repeat(b, h, 1)
-                self._positions = torch.cat([self._positions, new_pos], dim=-1)
+            slots.append(key_states, value_states, self.seen)
         self.seen += q
         self.num_new = q
         self._newest_last = True  # tokens are appended last: the last slot holds position seen - 1
         hand_over(self)
-        return self.keys, self.values
+        return slots.keys, slots.values
 
     @property
     def defers_merge(self) -> bool:
         """Will this decode step's one-slot merge run with the merge group's others (`polykv.runtime.merges`)?"""
-        return self.slots.group is not None and self.phase is Phase.DECODE and self.slots.holds_kv(self, self.retained)
+        slots = self.slots
+        return slots.group is not None and self.phase is Phase.DECODE and slots.holds_kv(slots.retained)
 
     def reserve(self, slots: int) -> None:
         """Room for `slots` more tokens in a layer that keeps everything in decode (an evicting layer has its
@@ -111,11 +109,11 @@ class RoutedLayer(DynamicLayer):
         plans decoding together (`polykv.runtime.many_plans`); a routed layer alone grows as Hugging Face's does."""
         if not self.methods[Phase.DECODE].passive or self.retained == 0 or self.keys.shape[-1] != self.values.shape[-1]:
             return
-        self.slots.reserve(self, slots)
+        self.slots.reserve(slots)
 
     def kv_view(self) -> torch.Tensor | None:
         """Keys and values as one [2, b, h, n, d] view when they live in one block, else None."""
-        return self.slots.kv_view(self)
+        return self.slots.kv_view()
 
     def get_seq_length(self) -> int:
         return self.seen
@@ -125,8 +123,8 @@ class RoutedLayer(DynamicLayer):
 
     def reset(self) -> None:
         super().reset()
-        self.seen, self._positions, self.keep_until, self.window_clean = 0, None, 0, True
-        self.slots.free()
+        self.slots.reset()
+        self.seen, self.keep_until, self.window_clean = 0, 0, True
         if self.merge_groups is not None:
             self.merge_groups.forget()
         for method in self.methods.values():
@@ -148,15 +146,12 @@ class RoutedLayer(DynamicLayer):
     @property
     def retained(self) -> int:
         """Slots physically held per KV head."""
-        return 0 if self.keys is None or self.keys.dim() < 3 else self.keys.shape[-2]
+        return self.slots.retained
 
     @property
     def positions(self) -> torch.Tensor | None:
         """[b, h, n] true position of every slot."""
-        if self._positions is None and self.retained:
-            b, h, n = self.keys.shape[:3]
-            return torch.arange(n, device=self.keys.device).expand(b, h, n)
-        return self._positions
+        return self.slots.positions
 
     @property
     def idle(self) -> bool:
@@ -231,7 +226,7 @@ class RoutedLayer(DynamicLayer):
             # visible slots first, then the newest; ascending slot order keeps the newest slot last
             rank = positions + visible.to(positions.dtype) * (self.seen + 1)
             keep = rank.topk(k, dim=-1, sorted=False).indices.sort(dim=-1).values
-            self.slots.gather(self, keep)
+            self._cut(keep)
             visible = visible.gather(-1, keep)
         else:
             keep = None
@@ -282,7 +277,15 @@ class RoutedLayer(DynamicLayer):
         if eviction.dropped is not None:
             self._drop_one(eviction.dropped, n, newest_last, deferred)
             return
-        self.slots.gather(self, eviction.keep)
+        self._cut(eviction.keep)
+
+    def _cut(self, keep: torch.Tensor) -> None:
+        """The layer keeps slots `keep` [b, h, k] of its keys, values and positions, and every method's per-slot
+        state follows."""
+        held = self.retained
+        self.slots.gather(keep)
+        for method in self.methods.values():
+            method.per_token.gather(keep, held)
 
     def _drop_one(self, dropped: torch.Tensor, n: int, newest_last: bool, deferred: bool = False) -> None:
         """The usual decode step drops one slot of each head: the newest (last) slot moves into it instead
@@ -296,8 +299,7 @@ class RoutedLayer(DynamicLayer):
     def drop_method_states(self, dropped: torch.Tensor) -> None:
         """Every method's per-slot state follows a one-slot drop."""
         for method in self.methods.values():
-            for name in method.per_token:
-                method.per_token.drop(name, dropped)
+            method.per_token.drop_one(dropped)
 
     def adopt(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Take over keys/values already computed for a prefix, as if prefilled here (nothing evicted).
@@ -307,7 +309,8 @@ class RoutedLayer(DynamicLayer):
         if not all(method.passive for method in self.methods.values()):
             raise RoutedCacheError(f"layer {self.layer_idx}: only a layer that keeps everything can adopt a prefix")
         self.lazy_initialization(keys, values)
-        self.keys, self.values, self.seen = keys, values, keys.shape[-2]
+        self.slots.start(keys, values)
+        self.seen = keys.shape[-2]
         self.window_clean = False  # a local layer's window drops the prefix's old slots at its next step
         self.retained_after_prefill = self.retained
 
@@ -324,26 +327,22 @@ class RoutedLayer(DynamicLayer):
     def _map_batch(self, fn) -> None:
         if self.retained == 0:
             return
-        self.keys, self.values = fn(self.keys), fn(self.values)
-        self._positions = None if self._positions is None else fn(self._positions)
-        self.slots.free()  # new storage: a new block next step
+        self.slots.map_batch(fn)
         for method in self.methods.values():
-            for name, tensor in method.per_token.items():
-                method.per_token[name] = fn(tensor)
+            method.per_token.map_batch(fn)
 
 
 class RoutedCache(Cache):
     """A Hugging Face `Cache` whose layers follow a plan."""
 
-    def __init__(self, plan: Plan, options: CacheOptions | None = None):
-        options = options or CacheOptions()
+    def __init__(self, plan: Plan):
         layers = [
-            RoutedLayer(idx, make_method(layer.prefill, idx), make_method(layer.decode, idx), options)
+            RoutedLayer(idx, make_method(layer.prefill, idx), make_method(layer.decode, idx))
             for idx, layer in enumerate(plan.layers)
         ]
         super().__init__(layers=layers)
         self.plan = plan
-        merge_groups = MergeGroups(layers, options.merge_together)
+        merge_groups = MergeGroups(layers)
         for layer in layers:
             layer.merge_groups = merge_groups
         self.native_totals: dict[Phase, int] = {}

@@ -32,17 +32,10 @@ from transformers.cache_utils import Cache, DynamicLayer
 from polykv.methods import make_method, validate_plan
 from polykv.models import cache_argument_name, context_length, num_layers
 from polykv.plan import FULL_ASSIGNMENT, Plan
-from polykv.runtime.attention import (
-    ATTN_IMPLEMENTATION,
-    _fresh_prompt,
-    _layer_view,
-    attend,
-    fill_signals,
-    hand_over,
-    take_updated_layer,
-)
-from polykv.runtime.cache import CacheOptions, RoutedCache, RoutedLayer
-from polykv.runtime.routed import _set_attention, model_lock
+from polykv.runtime.attention import hand_over, take_updated_layer
+from polykv.runtime.attention_step import attend, step_on_shared_prompt
+from polykv.runtime.cache import RoutedCache, RoutedLayer
+from polykv.runtime.swap import swapped_attention
 
 # Generation settings under which greedy decoding is more than the argmax of the logits: the batched
 # loop does not apply them, so a model whose generation config sets one is run plan by plan instead.
@@ -82,31 +75,27 @@ def eos_ids(model, override: int | Sequence[int] | None = None) -> set[int]:
 
 
 @contextmanager
-def many(model, plans: Sequence[Plan], options: CacheOptions | None = None) -> Iterator[Many]:
-    """Inside the block the model runs PolyKV's attention; `prefill` starts the plans on one prompt (each in
-    a routed cache with `options`)."""
+def many(model, plans: Sequence[Plan]) -> Iterator[Many]:
+    """Inside the block this thread's forwards of the model run PolyKV's attention, as in routed() (one block at
+    a time on a shared model, `polykv.runtime.swap`); `prefill` starts the plans on one prompt (each in a
+    routed cache)."""
     layers, context = num_layers(model), context_length(model)
     for plan in plans:
         validate_plan(plan, layers, context)
-    with model_lock(model):  # as routed(): one block at a time on a shared model
-        previous = model.config._attn_implementation
-        _set_attention(model, ATTN_IMPLEMENTATION)
-        try:
-            yield Many(model, list(plans), options)
-        finally:
-            _set_attention(model, previous)
+    with swapped_attention(model):
+        yield Many(model, list(plans))
 
 
 class Many:
-    def __init__(self, model, plans: list[Plan], options: CacheOptions | None = None):
-        self.model, self.plans, self.options = model, plans, options
+    def __init__(self, model, plans: list[Plan]):
+        self.model, self.plans = model, plans
 
     def prefill(self, prompt_ids: Sequence[int] | torch.Tensor) -> tuple[PlanBatch, torch.Tensor]:
         """One pass of the prompt (a batch of one) prefilling every plan's cache; returns the batch and the
         logits at the prompt's last position [vocab] (FullKV's: eviction never changes the prompt's pass)."""
         device = next(self.model.parameters()).device
         ids = torch.as_tensor(prompt_ids, device=device).view(1, -1)
-        caches = [RoutedCache(plan, self.options) for plan in self.plans]
+        caches = [RoutedCache(plan) for plan in self.plans]
         shared = Cache(layers=[SharedPrompt(i, [c.layers[i] for c in caches]) for i in range(len(caches[0].layers))])
         logits = _forward(self.model, ids, None, shared)[0]
         return PlanBatch(self.model, caches, ids.shape[1]), logits
@@ -258,21 +247,13 @@ class SharedPrompt(DynamicLayer):
         return self.reference.get_mask_sizes(query_length)
 
     def attend(self, module, query, key, value, dropout: float, scaling: float, kwargs):
-        output = attend(self.reference, module, query, key, value, dropout, scaling, kwargs)
-        window, q_len = kwargs.get("sliding_window"), query.shape[2]
-        query_pos = torch.arange(q_len, device=query.device)
+        output = self.reference.attend(module, query, key, value, dropout, scaling, kwargs)
+        window = kwargs.get("sliding_window")
         computed: dict = {}  # each signal once for all the plans
         for target in self.targets:
             target.update(key, value)
-            take_updated_layer(self.layer_idx)
-            target.window = window
-            if target.idle:
-                target.finish_idle_step()
-                continue
-            view = _layer_view(target, module, key, value, q_len)
-            fresh = _fresh_prompt(target, q_len, window)
-            fill_signals(view, target.needs(), query, key, query_pos, scaling, window, computed, fresh)
-            target.finish_step(view)
+            take_updated_layer(self.layer_idx)  # the target's own hand-over: its step is taken here
+            step_on_shared_prompt(target, module, query, key, value, scaling, window, computed)
         return output
 
 
@@ -317,12 +298,11 @@ def generate_many(
     max_new_tokens: int,
     eos_token_id: int | Sequence[int] | None = None,
     min_new_tokens: int = 0,
-    options: CacheOptions | None = None,
 ) -> list[list[int]]:
     """Each plan's greedy continuation of one prompt (the new tokens, an ending end-of-sequence token
     included), as `model.generate(do_sample=False)` under `routed(model, plan)` gives it, for all the
     plans at once. `eos_token_id`: what ends a generation (default: the generation config's)."""
-    with many(model, plans, options) as session:
+    with many(model, plans) as session:
         batch, logits = session.prefill(prompt_ids)
         batch.reserve(max_new_tokens)
         return greedy(batch, logits, max_new_tokens, eos_ids(model, eos_token_id), min_new_tokens)

@@ -80,10 +80,8 @@ class MergeGroup:
 class MergeGroups:
     """The merge groups of one routed cache, made when a layer first asks for a decode block."""
 
-    def __init__(self, layers: list, together: bool = True):
+    def __init__(self, layers: list):
         self.layers = layers
-        # False: every layer merges alone, at its own step (the previous path, `CacheOptions.merge_together`)
-        self.together = together
         self.groups: dict[tuple, MergeGroup] = {}
         self.pending: list[MergeGroup] = []  # groups with merges waiting
 
@@ -91,7 +89,7 @@ class MergeGroups:
         """A slice of the block of the layer's group, for keys and values of `slots` slots each, or None
         when the layer merges alone (another method, an interval, a group of one, or not the steady
         block of capacity + 1 slots: the block after a long prompt would hold the whole prompt)."""
-        key = _group_key(layer) if self.together else None
+        key = _group_key(layer)
         if key is None or slots != layer.methods[Phase.DECODE].capacity + 1:
             return None
         group = self.groups.get(key)

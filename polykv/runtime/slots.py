@@ -1,5 +1,6 @@
-"""Where a routed layer's slots live in static-shape decode (`LayerSlots`): one object per layer, so that the
-layer itself is the Hugging Face interface and its phases, and storage is in one place.
+"""The slots a routed layer holds (`LayerSlots`): its keys, values and their true positions, and where they live.
+One object per layer, so that the layer itself is the Hugging Face interface and its phases, and storage is in
+one place: the layer reads the tensors here and changes them only through this interface.
 
 While a layer evicts in decode, its keys, values and positions are prefix views of blocks of capacity +
 interval slots (`polykv.methods.slots.SlotBlock`): a step writes its new tokens into the slots the last
@@ -13,57 +14,97 @@ into a new block once. The methods' per-slot state lives the same way, in each m
 from __future__ import annotations
 
 from polykv.lazy import lazy_import
-from polykv.methods.slots import SlotBlock, drop_one_slot
+from polykv.methods.slots import SlotBlock, drop_one_slot, gather_slots
 from polykv.plan import Phase
 
 torch = lazy_import("torch")
 
 
 class LayerSlots:
-    """The blocks of one routed layer (`RoutedLayer.slots`): keys and values (`kv`, with `keys` and `values` its
-    halves), positions (`pos`), and the merge group whose block holds keys and values (`group`); None until the
-    first decode step that needs them, and again after a cut. The layer's own `keys`, `values` and
-    `_positions` are the tensors; these say where they live."""
+    """The slots of one routed layer (`RoutedLayer.slots`).
+
+    The tensors: `keys` and `values` [b, h, n, d] (after RoPE; None before the first token), and `positions`
+    [b, h, n], the true position of each slot. Assigning `keys` or `values` stores a tensor of its own (outside
+    any block), as Hugging Face's layer code does. Where they live: the block of keys and values (`kv_block`,
+    with `key_block` and `value_block` its halves), of positions (`position_block`), and the merge group whose
+    block holds keys and values (`group`); None until the first decode step that needs them, and again after
+    a cut. Methods that need the layer (`write`, `reserve`, `drop_one`) read its decode method's capacity, its
+    merge groups and the tokens it has seen; they write nothing on it."""
 
     def __init__(self) -> None:
-        self.kv: SlotBlock | None = None
-        self.keys: SlotBlock | None = None
-        self.values: SlotBlock | None = None
-        self.pos: SlotBlock | None = None
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+        # [b, h, n] true position of each slot; None until the first eviction, while slot i holds position i
+        # (saves work on every step of layers that never evict)
+        self._positions: torch.Tensor | None = None
+        self.kv_block: SlotBlock | None = None
+        self.key_block: SlotBlock | None = None
+        self.value_block: SlotBlock | None = None
+        self.position_block: SlotBlock | None = None
         self.group = None  # MergeGroup | None
+
+    @property
+    def retained(self) -> int:
+        """Slots held per KV head."""
+        return 0 if self.keys is None or self.keys.dim() < 3 else self.keys.shape[-2]
+
+    @property
+    def positions(self) -> torch.Tensor | None:
+        """[b, h, n] true position of every slot (None while nothing is held)."""
+        if self._positions is None and self.retained:
+            b, h, n = self.keys.shape[:3]
+            return torch.arange(n, device=self.keys.device).expand(b, h, n)
+        return self._positions
+
+    def start(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Hold a prompt's keys and values (or a prefix's, adopted): slot i holds position i."""
+        self.keys, self.values, self._positions = keys, values, None
+
+    def reset(self) -> None:
+        """Hold nothing (a new sequence)."""
+        self.keys = self.values = self._positions = None
+        self.free()
 
     def free(self) -> None:
         """Forget every block (the tensors got storage of their own, or the layer was reset)."""
-        self.kv = self.keys = self.values = self.pos = None
+        self.kv_block = self.key_block = self.value_block = self.position_block = None
         self.group = None
 
-    def holds_kv(self, layer, slots: int) -> bool:
-        """Are the layer's keys and values prefix views of the block with room for `slots`?"""
-        return self.kv is not None and self.keys.holds(layer.keys, slots) and self.values.holds(layer.values)
+    def holds_kv(self, slots: int) -> bool:
+        """Are the keys and values prefix views of the block with room for `slots`?"""
+        return (
+            self.kv_block is not None and self.key_block.holds(self.keys, slots) and self.value_block.holds(self.values)
+        )
 
-    def kv_view(self, layer) -> torch.Tensor | None:
+    def kv_view(self) -> torch.Tensor | None:
         """Keys and values as one [2, b, h, n, d] view when they live in one block, else None."""
-        return self.kv.prefix(layer.retained) if self.holds_kv(layer, layer.retained) else None
+        n = self.retained
+        return self.kv_block.prefix(n) if self.holds_kv(n) else None
 
-    def room(self, layer, slots: int) -> int:
-        """Slots of a new block for `slots` tokens: the decode method's capacity + interval, at least."""
-        decode = layer.methods[Phase.DECODE]
-        return max(slots, 0 if decode.capacity is None else decode.capacity + decode.interval)
+    def append(self, key_states: torch.Tensor, value_states: torch.Tensor, seen: int) -> None:
+        """The new tokens (at positions seen, seen + 1, ...) after the held slots, by concatenation: how a layer
+        that keeps everything grows, as Hugging Face's DynamicLayer does."""
+        self.keys = torch.cat([self.keys, key_states], dim=-2)
+        self.values = torch.cat([self.values, value_states], dim=-2)
+        if self._positions is not None:
+            b, h, q = key_states.shape[0], key_states.shape[1], key_states.shape[-2]
+            new_pos = torch.arange(seen, seen + q, device=key_states.device).repeat(b, h, 1)
+            self._positions = torch.cat([self._positions, new_pos], dim=-1)
 
     def write(self, layer, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        """Write the new tokens after the layer's slots, in place (their positions too); the first step after
-        a cut copies into a new block once."""
-        n, q = layer.keys.shape[-2], key_states.shape[-2]
-        if layer.keys.shape[-1] != layer.values.shape[-1] or layer.keys.dtype != layer.values.dtype:
+        """The new tokens (at positions layer.seen, ...) after the held slots, in place (their positions too); the
+        first step after a cut copies into a new block once."""
+        n, q = self.keys.shape[-2], key_states.shape[-2]
+        if self.keys.shape[-1] != self.values.shape[-1] or self.keys.dtype != self.values.dtype:
             # keys and values of different sizes cannot share one block: concatenate, as before
-            layer.keys = torch.cat([layer.keys, key_states], dim=-2)
-            layer.values = torch.cat([layer.values, value_states], dim=-2)
+            self.keys = torch.cat([self.keys, key_states], dim=-2)
+            self.values = torch.cat([self.values, value_states], dim=-2)
         else:
-            if not self.holds_kv(layer, n + q):  # once after a cut, which gives keys and values new storage
-                self._new_kv_block(layer, self.room(layer, n + q))
-            self.keys.span(n, n + q).copy_(key_states)
-            self.values.span(n, n + q).copy_(value_states)
-            layer.keys, layer.values = self.keys.prefix(n + q), self.values.prefix(n + q)
+            if not self.holds_kv(n + q):  # once after a cut, which gives keys and values new storage
+                self._new_kv_block(layer, _room(layer, n + q))
+            self.key_block.span(n, n + q).copy_(key_states)
+            self.value_block.span(n, n + q).copy_(value_states)
+            self.keys, self.values = self.key_block.prefix(n + q), self.value_block.prefix(n + q)
         self._append_positions(layer, n, q)
 
     def _new_kv_block(self, layer, slots: int) -> None:
@@ -71,78 +112,70 @@ class LayerSlots:
         group when it has one, else a block of its own."""
         handed = None if layer.merge_groups is None else layer.merge_groups.block_for(layer, slots)
         if handed is None:
-            self.kv = SlotBlock.around(torch.stack([layer.keys, layer.values]), slots, dim=3)
+            self.kv_block = SlotBlock.around(torch.stack([self.keys, self.values]), slots, dim=3)
         else:
-            self.kv, self.group = handed
-            held = self.kv.prefix(layer.retained)
-            held[0].copy_(layer.keys)
-            held[1].copy_(layer.values)
-        self.keys, self.values = SlotBlock(self.kv.storage[0]), SlotBlock(self.kv.storage[1])
+            self.kv_block, self.group = handed
+            held = self.kv_block.prefix(self.retained)
+            held[0].copy_(self.keys)
+            held[1].copy_(self.values)
+        self.key_block, self.value_block = SlotBlock(self.kv_block.storage[0]), SlotBlock(self.kv_block.storage[1])
 
     def _append_positions(self, layer, n: int, q: int) -> None:
-        if layer._positions is None:  # slot i still holds position i
+        if self._positions is None:  # slot i still holds position i
             return
-        if self.pos is None or not self.pos.holds(layer._positions, n + q):
-            self.pos = SlotBlock.around(layer._positions, self.room(layer, n + q))  # once after a cut
+        if self.position_block is None or not self.position_block.holds(self._positions, n + q):
+            self.position_block = SlotBlock.around(self._positions, _room(layer, n + q))  # once after a cut
         if q == 1:
-            self.pos.span(n, n + 1).fill_(layer.seen)
+            self.position_block.span(n, n + 1).fill_(layer.seen)
         else:
-            self.pos.span(n, n + q).copy_(torch.arange(layer.seen, layer.seen + q, device=layer._positions.device))
-        layer._positions = self.pos.prefix(n + q)
+            new = torch.arange(layer.seen, layer.seen + q, device=self._positions.device)
+            self.position_block.span(n, n + q).copy_(new)
+        self._positions = self.position_block.prefix(n + q)
 
-    def reserve(self, layer, slots: int) -> None:
+    def reserve(self, slots: int) -> None:
         """Room for `slots` more tokens of a layer that keeps everything (see `RoutedLayer.reserve`)."""
-        n = layer.retained
-        self.kv = SlotBlock.around(torch.stack([layer.keys, layer.values]), n + slots, dim=3)
-        self.keys, self.values = SlotBlock(self.kv.storage[0]), SlotBlock(self.kv.storage[1])
-        layer.keys, layer.values = self.keys.prefix(n), self.values.prefix(n)
-        if layer._positions is not None:
-            self.pos = SlotBlock.around(layer._positions, n + slots)
-            layer._positions = self.pos.prefix(n)
+        n = self.retained
+        self.kv_block = SlotBlock.around(torch.stack([self.keys, self.values]), n + slots, dim=3)
+        self.key_block, self.value_block = SlotBlock(self.kv_block.storage[0]), SlotBlock(self.kv_block.storage[1])
+        self.keys, self.values = self.key_block.prefix(n), self.value_block.prefix(n)
+        if self._positions is not None:
+            self.position_block = SlotBlock.around(self._positions, n + slots)
+            self._positions = self.position_block.prefix(n)
 
     def drop_one(self, layer, dropped: torch.Tensor, n: int, newest_last: bool, deferred: bool) -> None:
-        """Slot `dropped[b, h, 0]` of each head leaves the layer's keys, values and positions: the last slot
-        moves into it (one scatter for keys and values when they share a block). `newest_last`: the last slot
-        holds the newest position, scattered as a number. `deferred`: the merge group moves the key/value
-        slot after its merge (until then keys and values are already the n - 1 slot prefix, whose dropped slot
-        still holds the evicted token)."""
-        if self.pos is not None and self.pos.holds(layer._positions):
-            layer._positions = self.pos.drop(dropped, n, last=layer.seen - 1 if newest_last else None)
+        """Slot `dropped[b, h, 0]` of each head leaves the keys, values and positions: the last slot moves into it
+        (one scatter for keys and values when they share a block). `newest_last`: the last slot holds the newest
+        position (layer.seen - 1), scattered as a number. `deferred`: the merge group moves the key/value slot
+        after its merge (until then keys and values are already the n - 1 slot prefix, whose dropped slot still
+        holds the evicted token)."""
+        if self.position_block is not None and self.position_block.holds(self._positions):
+            self._positions = self.position_block.drop(dropped, n, last=layer.seen - 1 if newest_last else None)
         else:  # materialized at the first eviction (writable storage, not an expanded arange)
-            layer._positions = drop_one_slot(layer.positions.contiguous(), dropped)
-        if self.holds_kv(layer, n):
+            self._positions = drop_one_slot(self.positions.contiguous(), dropped)
+        if self.holds_kv(n):
             if deferred:
                 self.group.defer(layer, dropped, n)
             else:
-                self.kv.drop(dropped, n)
-            layer.keys, layer.values = self.keys.prefix(n - 1), self.values.prefix(n - 1)
+                self.kv_block.drop(dropped, n)
+            self.keys, self.values = self.key_block.prefix(n - 1), self.value_block.prefix(n - 1)
         else:
-            layer.keys, layer.values = drop_one_slot(layer.keys, dropped), drop_one_slot(layer.values, dropped)
+            self.keys, self.values = drop_one_slot(self.keys, dropped), drop_one_slot(self.values, dropped)
 
-    def gather(self, layer, keep: torch.Tensor) -> None:
-        """A cut: the layer keeps slots `keep` [b, h, k] of its keys, values and positions, and its methods'
-        per-slot state follows; every tensor gets storage of its own (the next step makes a block again).
-
-        Mid-step (a local layer's window, before its method has seen the step's new slots) a method's state
-        covers only the slots held before the step, the first ones: it keeps the indices among them (the new
-        slots, last, are always kept)."""
-        n = layer.retained
-        layer._positions = gather_slots(layer.positions, keep)
-        layer.keys, layer.values = gather_slots(layer.keys, keep), gather_slots(layer.values, keep)
+    def gather(self, keep: torch.Tensor) -> None:
+        """A cut: keep slots `keep` [b, h, k] of the keys, values and positions, each in storage of its own (the
+        next step makes a block again)."""
+        self._positions = gather_slots(self.positions, keep)
+        self.keys, self.values = gather_slots(self.keys, keep), gather_slots(self.values, keep)
         self.free()
-        for method in layer.methods.values():
-            for name, tensor in method.per_token.items():
-                older = keep if tensor.shape[2] == n else keep[..., : keep.shape[-1] - (n - tensor.shape[2])]
-                method.per_token[name] = gather_slots(tensor, older)
+
+    def map_batch(self, fn) -> None:
+        """Every tensor becomes `fn(tensor)` along the batch (beam search, a batch selected), in new storage."""
+        self.keys, self.values = fn(self.keys), fn(self.values)
+        self._positions = None if self._positions is None else fn(self._positions)
+        self.free()  # new storage: a new block next step
 
 
-def gather_slots(tensor: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """Select slots along dim 2 of a [b, h, n, ...] tensor with per-head indices [b, h, k]."""
-    if tensor.dim() == 3:
-        return tensor.gather(2, keep)
-    # Rows of a flattened [b*h*n, d] view: index_select copies whole rows, ~3x faster than a gather
-    # with an expanded index on CPU, and this runs for keys and values in every layer at every step.
-    b, h, n = tensor.shape[:3]
-    offsets = torch.arange(0, b * h * n, n, device=keep.device).view(b, h, 1)
-    rows = tensor.reshape(b * h * n, *tensor.shape[3:]).index_select(0, (keep + offsets).reshape(-1))
-    return rows.view(*keep.shape, *tensor.shape[3:])
+def _room(layer, slots: int) -> int:
+    """Slots of a new block for `slots` tokens: the decode method's capacity + interval, at least."""
+    decode = layer.methods[Phase.DECODE]
+    return max(slots, 0 if decode.capacity is None else decode.capacity + decode.interval)

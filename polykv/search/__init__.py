@@ -7,16 +7,21 @@
              capacity between two layers; ranked by the profile.
   search     `search`: local search from start plans with successive halving, an evaluation budget
              (plan executions) and a seed; the trace of objective vs executions.
-  report     `search_budget` / `build_report`: TopRank, the best homogeneous plan, the search, and the
-             held-out verdict with paired bootstrap intervals over sequences; `markdown`.
+  text       the search on text (`text.run.run_text_search`, its one entry point): TopRank, the best
+             homogeneous plan, the search, and the held-out verdict with paired bootstrap intervals over
+             sequences; its typed report and Markdown (`text.report`).
+  workload   the search on a workload's own prompts (`workload.run.run_workload_search`), judged on its held-out
+             samples; its typed report (`workload.report`) and pages.
+  hooks      `SearchHooks`: what a search tells whoever started it as it runs (the CLI's bars, a job's state).
+  report_parts  what both reports hold alike (`SearchRecord`: the local search's result, moves and trace).
 
 Candidates run one after another in this process, or, with an executor (`parallel.RayExecutor`, `polykv search
 --backend ray`), each rung's candidates run as parallel Ray tasks with the same results.
 """
 
+from polykv.search.local_search import SearchResult, SearchSettings, TracePoint, search, with_provenance
 from polykv.search.moves import Move, apply, proposals, totals
 from polykv.search.objective import Objective, SearchSequences, SequenceScore, build_sequences, check_disjoint
-from polykv.search.search import SearchResult, SearchSettings, TracePoint, search, with_provenance
 
 __all__ = [
     "Move",

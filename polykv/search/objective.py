@@ -24,7 +24,7 @@ RayExecutor`) sends every batch's uncached pairs to it at once; the scores, the 
 the budget are exactly those of the sequential path (a batch that would cross `limit` is cut at the
 limit, in the order the sequential loop would have run it, then BudgetExhausted). `reference_scores` and
 `score_tokens` are the computation both paths share. `executing(executor)` makes objectives built
-inside it (e.g. by `polykv.search.report.build_report`) use that executor.
+inside it (e.g. by `polykv.search.text.run.build_report`) use that executor.
 
 `build_sequences` draws the search (calibration split) and held-out (evaluation split) sequences from
 the model's default calibration sources and refuses any overlap in token content (`check_disjoint`).

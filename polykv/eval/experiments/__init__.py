@@ -11,7 +11,7 @@ finished runs are reused) and reports from their scores; none scores anything by
              random placements only, one-sided permutation p; secondary (descriptive): the guided
              route's rank among K + 1 and its Monte Carlo p, and its gap to the random mean.
   sweep      a fixed route at several budgets (Table 5): route-uniform, route-ppl (with a
-             profile), every standalone baseline under its own protocol (`polykv.eval.protocols`),
+             profile), every standalone baseline under its own protocol (`polykv.eval.method_protocols`),
              FullKV once, the per-budget best-baseline envelope, route - envelope with a paired CI, and
              whether the route at b matches the best baseline at 2b.
 
@@ -19,21 +19,19 @@ finished runs are reused) and reports from their scores; none scores anything by
 baselines, placements), which a background job (`polykv.jobs`) then runs; an experiment as a background
 job (kind "experiment") is `polykv.jobs.experiment`.
 
-A run's suite score is the macro-average over tasks of one metric (`compare.METRIC_DIRECTION` says which way
-is better; the reports are in the metric's own units, differences are A - B as named). Every report prints
+A run's suite score is the macro-average over tasks of one metric (`polykv.eval.statistics.contrast` says
+which way is better; the reports are in the metric's own units, differences are A - B as named). Every report prints
 its metric and direction and the protocol it ran, and keeps its numbers in `Report.data`, one typed model per
 experiment (`FactorialData`, `PlacementData`, `SweepData`) read as attributes; `Report.to_dict` is its
 strict-JSON form and `Report.from_dict` reads it back into the same models.
 
-The package: `runner` (ExperimentRunner), `report` (Report and its data models), `factorial`, `placement`,
-`sweep` (one experiment each) and `launch` (the web app's launches); everything is importable from here.
+The package: `experiment_runner` (ExperimentRunner), `report` (Report and its data models), `factorial`,
+`placement`, `sweep` (one experiment each), `launch` (the web app's launches) and `run` (an experiment from start
+to end: `run_experiment`, the one entry point of `polykv experiment factorial|placement|sweep` and of the
+experiment jobs, imported from its module); the rest is importable from here.
 """
 
-from polykv.eval.experiments.factorial import FACTORIAL_CELLS, factorial, factorial_plans
-from polykv.eval.experiments.launch import launch_plans, plan_budget
-from polykv.eval.experiments.placement import placement, placement_plans
-from polykv.eval.experiments.report import FactorialData, PlacementData, Report, SweepData
-from polykv.eval.experiments.runner import (
+from polykv.eval.experiments.experiment_runner import (
     FULLKV,
     PERMUTATIONS,
     ROUTE_PPL,
@@ -41,8 +39,12 @@ from polykv.eval.experiments.runner import (
     ExperimentRunner,
     suite_metrics,
 )
+from polykv.eval.experiments.factorial import FACTORIAL_CELLS, factorial, factorial_plans
+from polykv.eval.experiments.launch import launch_plans, plan_budget
+from polykv.eval.experiments.placement import placement, placement_plans
+from polykv.eval.experiments.report import FactorialData, PlacementData, Report, SweepData
 from polykv.eval.experiments.sweep import route_ppl, route_uniform, sweep, sweep_plans
-from polykv.eval.protocols import baseline_methods
+from polykv.eval.method_protocols import baseline_methods
 
 __all__ = [
     "FACTORIAL_CELLS",

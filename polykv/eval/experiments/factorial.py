@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from polykv.eval.compare import direction, direction_text, macro_average
+from polykv.eval.comparing.compare import macro_average
+from polykv.eval.experiments.experiment_runner import ExperimentRunner, _ci, contrast
 from polykv.eval.experiments.report import FACTORIAL_CELLS, Contrast, FactorialData, Report, RunScore
-from polykv.eval.experiments.runner import ExperimentRunner, _ci, contrast
+from polykv.eval.statistics.contrast import direction, direction_text
 from polykv.methods import REGISTRY, params_that_fit
 from polykv.plan import FULL, Phase, Plan, Scope
 from polykv.profile.store import Profile

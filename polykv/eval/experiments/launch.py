@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from polykv.eval.experiments.placement import placement_plans
 from polykv.eval.experiments.sweep import _check_budgets
-from polykv.eval.protocols import baseline_plan, protocol
+from polykv.eval.method_protocols import baseline_plan, protocol
 from polykv.plan import FULL, Plan, Scope
 from polykv.routing import (
     scale_budget,

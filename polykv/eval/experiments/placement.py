@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from collections import Counter
 
-from polykv.eval.compare import direction, direction_text, placement_summary
+from polykv.eval.comparing.compare import placement_summary
+from polykv.eval.experiments.experiment_runner import PERMUTATIONS, ExperimentRunner
 from polykv.eval.experiments.report import GUIDED_INDEX, PlacedRun, PlacementData, Report, SampleLevel
-from polykv.eval.experiments.runner import PERMUTATIONS, ExperimentRunner
-from polykv.eval.paired_samples import detectable, sample_test
-from polykv.eval.stats import spearman_permutation
+from polykv.eval.statistics.contrast import direction, direction_text
+from polykv.eval.statistics.samples import detectable, sample_test
+from polykv.eval.statistics.tasks import spearman_permutation
 from polykv.plan import LayerPlan, Phase, Plan, Scope
 from polykv.profile.store import Profile
 from polykv.routing import (
@@ -91,7 +92,7 @@ def placement(
             f"(N = {permutations} shuffles; the guided route is not included)"
         )
     else:
-        why = "needs at least 2 random placements" if k < 2 else "undefined: S(rho) or the suite score is constant"
+        why = "needs at least 2 random placements" if k < 2 else "not estimable: S(rho) or the suite score is constant"
         report.lines.append(f"primary: Spearman over the {k} random placements {why}")
     report.lines.append(
         f"secondary (descriptive): guided route rank {control.rank} of {k + 1}; corrected Monte Carlo p = "

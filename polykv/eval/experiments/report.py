@@ -25,8 +25,8 @@ from pydantic import (
     model_validator,
 )
 
-from polykv.eval.compare import Paired
-from polykv.eval.paired_samples import SampleTest
+from polykv.eval.comparing.compare import Paired
+from polykv.eval.statistics.samples import SampleTest
 
 FACTORIAL_CELLS = ("homogeneous-uniform", "homogeneous-allocated", "routed-uniform", "routed-allocated")
 GUIDED_INDEX = -1  # the guided route's index among a placement control's placements (the random ones: 0, 1, ...)
@@ -40,11 +40,6 @@ def _python_scalar(value: Any) -> Any:
 
 def _finite_or_none(value: float | None) -> float | None:
     return value if value is None or math.isfinite(value) else None
-
-
-def stat_text(value: float | None, spec: str = ".4f") -> str:
-    """`value` formatted, or "undefined" (a statistic that has no value, e.g. Spearman over one placement)."""
-    return "undefined" if value is None else format(value, spec)
 
 
 # A statistic or a score: None when undefined (NaN or infinite as computed, null as saved, "nan" as edited)
@@ -184,7 +179,7 @@ class BestBaseline(_Data):
 
 
 class BaselineProtocol(_Data):
-    """How a standalone baseline ran in a sweep (`polykv.eval.protocols`)."""
+    """How a standalone baseline ran in a sweep (`polykv.eval.method_protocols`)."""
 
     scope: str
     allocation: str

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from polykv.eval.compare import direction, direction_text, envelope, macro_average
+from polykv.eval.comparing.compare import envelope, macro_average
+from polykv.eval.experiments.experiment_runner import (
+    FULLKV,
+    ROUTE_PPL,
+    ROUTE_UNIFORM,
+    ROUTES,
+    ExperimentRunner,
+    _ci,
+    contrast,
+)
 from polykv.eval.experiments.report import (
     AtDoubleBudget,
     BaselineProtocol,
@@ -16,16 +25,8 @@ from polykv.eval.experiments.report import (
     SweepData,
     VersusBaseline,
 )
-from polykv.eval.experiments.runner import (
-    FULLKV,
-    ROUTE_PPL,
-    ROUTE_UNIFORM,
-    ROUTES,
-    ExperimentRunner,
-    _ci,
-    contrast,
-)
-from polykv.eval.protocols import baseline_methods, baseline_plan, homogeneous_plans, protocol, protocol_lines
+from polykv.eval.method_protocols import baseline_methods, baseline_plan, homogeneous_plans, protocol, protocol_lines
+from polykv.eval.statistics.contrast import direction, direction_text
 from polykv.methods import fit_params, validate_plan
 from polykv.plan import FULL, LayerPlan, Phase, Plan, Scope
 from polykv.profile.store import Profile

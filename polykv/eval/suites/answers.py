@@ -1,6 +1,7 @@
 """The answers of the question suites (RULER, LongBench): generated, scored by their gold likelihood, or both.
 
-A question suite's `mode` setting chooses what a sample costs and reports:
+A question suite's `mode` setting chooses what a sample costs and reports (the settings' values and checks:
+`polykv.eval.suites.answer_settings`):
   generate  greedy generation under the plan (the official protocol), scored by the suite's string metric
             (`score`, 0-100), and `agreement`: 1 when the plan's answer is FullKV's greedy answer on the same
             prompt (after the suite's post-processing), else 0;
@@ -44,67 +45,26 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from polykv.errors import SettingsError
 from polykv.lazy import lazy_import
 from polykv.plan import FULL, Phase, Plan
 
+from .answer_settings import (  # the settings stay importable from here, where the suites and the runner take them
+    AFTER_COMPRESSION,
+    IN_PROMPT,
+    MODE_METRICS,
+    MODES,
+    QUESTION_PROTOCOLS,
+    answer_limit,
+    check_answer_tokens,
+    check_mode,
+    check_question,
+    generates,
+    mode_for,
+    protocol_dict,
+    scores_answer,
+)
+
 torch = lazy_import("torch")
-
-MODES = ("generate", "score", "both")
-QUESTION_PROTOCOLS = ("in-prompt", "after-compression")
-IN_PROMPT, AFTER_COMPRESSION = QUESTION_PROTOCOLS
-MODE_METRICS = {
-    "generate": ("score", "agreement"),
-    "score": ("answer_nll",),
-    "both": ("score", "agreement", "answer_nll"),
-}
-
-
-def check_mode(mode: str, suite: str) -> None:
-    if mode not in MODES:
-        raise ValueError(f"{suite} mode must be one of {', '.join(MODES)}, got {mode!r}")
-
-
-def mode_for(metric: str, given: str | None = None) -> str:
-    """A question suite's mode for an evaluation scored by `metric`: the one `given`, else the cheapest that
-    reports it (answer_nll: score, no generation; score and agreement: generate)."""
-    mode = given or ("score" if metric == "answer_nll" else "generate")
-    check_mode(mode, "the suite's")
-    if metric not in MODE_METRICS[mode]:
-        reported = ", ".join(MODE_METRICS[mode])
-        raise SettingsError(f"metric {metric} is not reported in {mode} mode (it reports {reported})")
-    return mode
-
-
-def check_question(value: str, suite: str) -> None:
-    if value not in QUESTION_PROTOCOLS:
-        raise ValueError(f"{suite} question must be one of {', '.join(QUESTION_PROTOCOLS)}, got {value!r}")
-
-
-def protocol_dict(settings: dict) -> dict:
-    """A question suite's settings as a dict, without `question` when it is the default "in-prompt" (run ids
-    hash this dict: runs made before the setting existed keep their ids)."""
-    if settings.get("question") == IN_PROMPT:
-        settings = {k: v for k, v in settings.items() if k != "question"}
-    return settings
-
-
-def check_answer_tokens(value: int | None, suite: str) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"{suite} answer_tokens must be a positive whole number or null (all), got {value!r}")
-
-
-def answer_limit(max_new_tokens: int, answer_tokens: int | None) -> int:
-    """How many gold tokens answer_nll scores: the generation length, or fewer when `answer_tokens` says."""
-    return max_new_tokens if answer_tokens is None else min(max_new_tokens, answer_tokens)
-
-
-def generates(mode: str) -> bool:
-    return mode in ("generate", "both")
-
-
-def scores_answer(mode: str) -> bool:
-    return mode in ("score", "both")
 
 
 @dataclass(frozen=True)
@@ -413,6 +373,7 @@ __all__ = [
     "generates",
     "gold_ids",
     "keeps_everything",
+    "mode_for",
     "protocol_dict",
     "score_alone",
     "score_many",
