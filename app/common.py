@@ -45,29 +45,6 @@ def source_choices(model_name: str) -> list[str]:
     return list(dict.fromkeys((*default_sources(model_name), *KNOWN_SOURCES)))
 
 
-def run_rows(store) -> list[dict[str, Any]]:
-    """One row per run in `store`, newest first: what it is, its progress, and the macro-average over its
-    tasks of each metric (over the tasks that report it)."""
-    from polykv.eval.comparing.compare import macro_average
-
-    rows = []
-    for run in reversed(store.runs()):
-        row = {
-            "run": run.id,
-            "plan": run.plan_name,
-            "suite": run.suite,
-            "model": run.model,
-            "status": run.status,
-            "samples": f"{run.done_samples}/{run.total_samples}",
-            "created": run.created[:19],
-        }
-        scores = store.task_scores(run.id)
-        for metric in sorted({m for values in scores.values() for m in values}):
-            row[metric] = macro_average({task: values[metric] for task, values in scores.items() if metric in values})
-        rows.append(row)
-    return rows
-
-
 def finished_run_rows(store) -> list[dict[str, Any]]:
     """The finished runs in `store`, newest first (what the Compare page offers)."""
     return [r for r in reversed(store.runs()) if r.status == "finished"]

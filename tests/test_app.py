@@ -663,10 +663,12 @@ def test_no_chart_breaks_on_a_method_without_a_colour_and_no_file_spells_a_metho
 
 
 def test_the_runs_table_averages_each_metric_over_the_tasks_that_report_it(tmp_path):
+    from polykv.eval.comparing.run_table import runs_table
+
     store = Store(tmp_path / "results.sqlite")
     fake_run(store, "r1", {"prose": {"kl": 0.2, "top1": 0.5}, "stories": {"kl": 0.4}})
     fake_run(store, "r2", {"prose": {"kl": 0.1}}, status="running")
-    rows = common.run_rows(store)
+    rows = runs_table(store).to_dict("records")
     assert [r["run"] for r in rows] == ["r2", "r1"]  # newest first
     assert rows[1]["kl"] == macro_average({"prose": 0.2, "stories": 0.4}) and rows[1]["top1"] == 0.5
     assert (rows[1]["samples"], rows[1]["status"], rows[0]["status"]) == ("2/2", "finished", "running")

@@ -11,7 +11,8 @@ import pytest
 
 from app import charts
 from polykv.eval.comparing.compare import can_log, compare_runs, paired, preferred_metric
-from polykv.eval.comparing.default_pair import default_pair, runs_table
+from polykv.eval.comparing.default_pair import default_pair
+from polykv.eval.comparing.run_table import runs_table
 from polykv.eval.results.store import Store
 from polykv.eval.statistics.contrast import outcome
 from polykv.eval.statistics.render import interval_text, signed
@@ -199,18 +200,21 @@ def test_the_runs_table_lists_every_run_with_its_jobs_tags(store):
     )
     placed = job("20240102-eval-bbbbbb", ("guided", {"series": "route", "budget": 24, "role": "guided"}))
     older = job("20231231-eval-cccccc", ("route16", {"series": "route", "budget": 99}), title="older")
-    frame = runs_table(list(reversed(store.runs())), [placed, sweep, older])
+    frame = runs_table(store, [placed, sweep, older])
     assert list(frame.columns) == [
         "run",
         "plan",
         "suite",
         "model",
         "status",
+        "samples",
         "created",
         "series",
         "budget",
         "role",
         "job",
+        "kl",  # each metric's macro-average over the run's tasks
+        "top1",
     ]
     rows = {r["run"]: r for r in frame.to_dict("records")}
     assert list(frame["run"]) == ["loose", "guided", "tova16", "route16"]  # the store's order, newest first

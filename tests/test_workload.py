@@ -12,7 +12,7 @@ from polykv.eval.experiments.placement import majority_method
 from polykv.eval.results.store import Store
 from polykv.eval.statistics.samples import expected_mde, minimal_detectable_difference
 from polykv.eval.study import paper
-from polykv.eval.workloads import competence as workload
+from polykv.eval.workloads import competence as checks
 from polykv.plan import Plan
 from polykv.routing import route_score
 from tests.helpers import fake_run
@@ -20,9 +20,9 @@ from tests.helpers import fake_run
 
 def test_tasks_under_the_threshold_leave_the_macro_in_their_order():
     fullkv = {"niah_single_1": 100.0, "vt": 0.0, "fwe": 20.0, "cwe": 19.99}
-    kept, excluded = workload.competent_tasks(fullkv, 20.0)
+    kept, excluded = checks.competent_tasks(fullkv, 20.0)
     assert kept == ["niah_single_1", "fwe"] and excluded == ["vt", "cwe"]
-    competence = workload.Competence(20.0, fullkv, tuple(kept), tuple(excluded), 10, "abc")
+    competence = checks.Competence(20.0, fullkv, tuple(kept), tuple(excluded), 10, "abc")
     assert competence.excluded_text() == "vt (FullKV 0.0), cwe (FullKV 20.0)"
     assert "under 20% on the pilot (10 samples per task, run abc)" in competence.rule()
 
@@ -30,29 +30,29 @@ def test_tasks_under_the_threshold_leave_the_macro_in_their_order():
 def test_the_samples_reach_the_target_unless_the_time_says_otherwise():
     rng = np.random.default_rng(0)
     pilot = {t: rng.normal(0.0, 0.4, 10) for t in ("a", "b", "c")}
-    free = workload.plan_samples(pilot, target=0.05, seconds_per_sample=None, seconds_allowed=None, minimum=2)
+    free = checks.plan_samples(pilot, target=0.05, seconds_per_sample=None, seconds_allowed=None, minimum=2)
     assert free.for_target == free.samples_per_task and free.expected_mde <= 0.05
     assert expected_mde(list(free.pilot_sd.values()), free.samples_per_task - 1) > 0.05
     # a minute at 1 s per sample: 20 samples in each of the 3 tasks; the time bound wins and says so
-    tight = workload.plan_samples(pilot, target=0.05, seconds_per_sample=1.0, seconds_allowed=60.0, minimum=50)
+    tight = checks.plan_samples(pilot, target=0.05, seconds_per_sample=1.0, seconds_allowed=60.0, minimum=50)
     assert tight.samples_per_task == 20 and "time allowance affords 20" in tight.reason
     assert tight.expected_mde > 0.05
-    floor = workload.plan_samples(pilot, target=10.0, seconds_per_sample=None, seconds_allowed=None, minimum=50)
+    floor = checks.plan_samples(pilot, target=10.0, seconds_per_sample=None, seconds_allowed=None, minimum=50)
     assert floor.samples_per_task == 50 and "minimum of 50" in floor.reason
 
 
 def test_without_a_target_the_time_allowance_sets_the_samples_and_an_unreachable_target_is_said():
     rng = np.random.default_rng(0)
     pilot = {t: rng.normal(0.0, 0.4, 10) for t in ("a", "b", "c")}
-    timed = workload.plan_samples(pilot, target=None, seconds_per_sample=1.0, seconds_allowed=600.0, minimum=2)
+    timed = checks.plan_samples(pilot, target=None, seconds_per_sample=1.0, seconds_allowed=600.0, minimum=2)
     assert (
         timed.samples_per_task == 200
         and timed.reason == "the time allowance affords 200 samples per task (no target given)"
     )
-    far = workload.plan_samples(pilot, target=1e-4, seconds_per_sample=None, seconds_allowed=None, maximum=50)
+    far = checks.plan_samples(pilot, target=1e-4, seconds_per_sample=None, seconds_allowed=None, maximum=50)
     assert far.samples_per_task == 50 and far.expected_mde > 1e-4
     assert far.reason == "50 samples per task, the most allowed, do not reach the target 0.0001"
-    short = workload.plan_samples(pilot, target=0.05, seconds_per_sample=100.0, seconds_allowed=60.0)
+    short = checks.plan_samples(pilot, target=0.05, seconds_per_sample=100.0, seconds_allowed=60.0)
     assert short.samples_per_task == 2 and "exceed the time allowance (it affords 0)" in short.reason
 
 
@@ -74,11 +74,11 @@ def test_floor_tasks_come_from_a_fullkv_run_of_the_same_settings(tmp_path):
         fake_run(store, run_id, scores, plan_json=plan_json)
         with store._connect() as db:
             db.execute("UPDATE runs SET suite = 'ruler', settings = ? WHERE id = ?", (json.dumps(settings), run_id))
-    assert workload.floor_tasks(store, store.run("tova")) == {"b": 10.0}
-    assert workload.floor_tasks(store, store.run("full")) == {"b": 10.0}
+    assert checks.floor_tasks(store, store.run("tova")) == {"b": 10.0}
+    assert checks.floor_tasks(store, store.run("full")) == {"b": 10.0}
     with store._connect() as db:  # other settings: no FullKV twin, no warning
         db.execute("UPDATE runs SET settings = ? WHERE id = 'tova'", (json.dumps({**settings, "tasks": ["a"]}),))
-    assert workload.floor_tasks(store, store.run("tova")) == {}
+    assert checks.floor_tasks(store, store.run("tova")) == {}
 
 
 def test_s_rho_is_the_papers_sum_over_the_non_majority_layers():

@@ -8,7 +8,8 @@ from polykv import jobs
 from polykv.errors import StoreError, first_line
 from polykv.eval.comparing import answers as sample_view
 from polykv.eval.comparing.compare import can_log, compare_runs, metrics_of, preferred_metric, suite_score
-from polykv.eval.comparing.default_pair import default_pair, runs_table
+from polykv.eval.comparing.default_pair import default_pair
+from polykv.eval.comparing.run_table import runs_table
 from polykv.eval.results.store import Store
 from polykv.eval.statistics.contrast import direction
 from polykv.eval.statistics.render import interval_text, ratio_text, signed
@@ -17,7 +18,6 @@ st.title("Compare")
 workspace = session.workspace()
 try:  # read-only: opening the page never creates or changes the results database
     store = Store(workspace / "results.sqlite", readonly=True)
-    every_run = list(reversed(store.runs()))  # newest first
     finished = common.finished_run_rows(store)
 except StoreError as exc:
     st.error(first_line(exc))
@@ -28,12 +28,12 @@ eval_jobs = job_controls.jobs_of(jobs.list_jobs(workspace), "eval")
 def show_runs() -> None:
     st.subheader("Runs")
     st.caption("Every run, with the tags of the job that launched it; click a column header to sort.")
-    st.dataframe(runs_table(every_run, eval_jobs), hide_index=True, width="stretch")
+    st.dataframe(runs_table(store, eval_jobs), hide_index=True, width="stretch")
 
 
 if not finished:
     st.info("No finished run yet: launch one on the Runs page.")
-    if every_run:
+    if store.runs():
         show_runs()
     st.stop()
 label = {r.id: common.run_label(r) for r in finished}

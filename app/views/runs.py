@@ -7,6 +7,7 @@ from app import common, designer_controls, job_controls, job_forms, plan_draft, 
 from polykv import jobs
 from polykv.errors import PolyKVError, StoreError, first_line
 from polykv.eval.comparing import answers as sample_view
+from polykv.eval.comparing.run_table import runs_table
 from polykv.eval.experiments import baseline_methods, plan_budget
 from polykv.eval.launch import first_run
 from polykv.eval.results.store import Store
@@ -167,12 +168,12 @@ with launch_slot if launch_slot is not None else st.container():
 st.subheader("Runs in the results database")
 try:  # read-only: showing the runs never creates or changes the results database
     store = Store(workspace / "results.sqlite", readonly=True)
-    rows = common.run_rows(store)
+    rows = runs_table(store, all_jobs)
 except StoreError as exc:
     st.error(first_line(exc))
     st.stop()
-if rows:
-    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+if len(rows):
+    st.dataframe(rows, hide_index=True, width="stretch")
     st.caption("Scores are macro-averages over tasks; compare runs task by task on the Compare page.")
     with st.expander("A run's answers, beside the gold answer and FullKV's"):
         names = {r.id: f"{r.id} · {r.plan_name} · {r.suite}" for r in store.runs()}

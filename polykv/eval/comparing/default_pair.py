@@ -1,4 +1,4 @@
-"""Which pair of runs the Compare page starts on, and what each run is (the tags of the job that launched it).
+"""Which pair of runs the Compare page starts on (a route and its baseline from one job, else the newest two).
 
 Read from the results store and the jobs' labels; the app's Compare page and its tests call these."""
 
@@ -8,9 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import pandas as pd
-
 from polykv.eval.comparing.compare import metrics_of, preferred_metric, suite_score
+from polykv.eval.comparing.run_table import job_labels
 from polykv.eval.results.store import RunRow, Store
 from polykv.eval.statistics.contrast import direction
 
@@ -22,15 +21,6 @@ class DefaultPair:
     a: str
     b: str
     reason: str
-
-
-def _labels(jobs: Sequence[Any]) -> dict[str, tuple[Any, Mapping[str, Any]]]:
-    """run id -> (the newest job that launched it, its label there). `jobs` newest first."""
-    found: dict[str, tuple[Any, Mapping[str, Any]]] = {}
-    for job in jobs:
-        for r in getattr(job, "runs", []):
-            found.setdefault(r.run_id, (job, r.label))
-    return found
 
 
 def is_baseline(label: Mapping[str, Any]) -> bool:
@@ -80,7 +70,7 @@ def default_pair(
     found = _route_vs_baseline(set(ids), jobs, store, metric)
     if found is not None:
         return found
-    labels = _labels(jobs)
+    labels = job_labels(jobs)
 
     def placement(run_id: str) -> bool:
         return labels.get(run_id, (None, {}))[1].get("series") == "placement"
@@ -99,32 +89,4 @@ def default_pair(
     return DefaultPair(first.id, second.id, "the two newest finished runs (no job with a finished route and baseline)")
 
 
-def runs_table(runs: Sequence[RunRow], jobs: Sequence[Any]) -> pd.DataFrame:
-    """One row per run (store rows, in their order) with what it is and its tags: the label of the newest
-    job that launched it (series, budget, role) and that job's title and id."""
-    labels = _labels(jobs)
-    rows = []
-    for run in runs:
-        job, label = labels.get(run.id, (None, {}))
-        budget = label.get("budget")
-        rows.append(
-            {
-                "run": run.id,
-                "plan": run.plan_name,
-                "suite": run.suite,
-                "model": run.model,
-                "status": run.status,
-                "created": str(run.created)[:19],
-                "series": label.get("series"),
-                "budget": int(budget) if isinstance(budget, (int, float)) and not isinstance(budget, bool) else None,
-                "role": label.get("role"),
-                "job": f"{job.title} · {job.id}" if job is not None else None,
-            }
-        )
-    columns = ["run", "plan", "suite", "model", "status", "created", "series", "budget", "role", "job"]
-    frame = pd.DataFrame(rows, columns=columns)
-    frame["budget"] = frame["budget"].astype("Int64")  # sorts as numbers, empty where a run has no budget
-    return frame
-
-
-__all__ = ["DefaultPair", "default_pair", "is_baseline", "runs_table"]
+__all__ = ["DefaultPair", "default_pair", "is_baseline"]
