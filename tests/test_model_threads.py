@@ -22,7 +22,16 @@ def _threads_inside(model, ids) -> int:
     return seen[0]
 
 
-def test_a_models_forwards_run_on_its_thread_count_and_everything_else_on_torchs(two_threads):
+@pytest.fixture
+def process_threads():
+    """The process at 2 threads, so that a model's own count (1) can be told from it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_a_models_forwards_run_on_its_thread_count_and_everything_else_on_torchs(process_threads):
     app_model, other = tiny_model("llama"), tiny_model("llama", seed=1)
     run_forwards_on_threads(app_model, 1)
     ids = prompt(app_model, length=8)
