@@ -16,8 +16,8 @@ from tests.browser import MODEL_WAIT, WAIT, choose_option, go_to, job_header, se
 
 pytestmark = pytest.mark.slow
 
-# a fidelity job on the demo model that runs for a while (about a minute here): still running when we come back
-SLOW = {"tasks": ["stories"], "samples_per_task": 40, "prompt_tokens": 200, "continuation": 8, "generate": 8}
+# a fidelity job on the demo model that runs for minutes: still running when we come back (cancelled at the end)
+SLOW = {"tasks": ["stories"], "samples_per_task": 400, "prompt_tokens": 200, "continuation": 8, "generate": 8}
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +75,8 @@ def test_the_runs_page_keeps_its_entries_when_left_during_a_job_and_after_a_relo
         shows(page, *want)
         settle(page)
         assert entries(page) == want  # and they stay
+        page.get_by_role("button", name="Cancel").first.click()  # the other tests of this app get the cores back
+        expect(page.get_by_text("· cancelled").first).to_be_visible(timeout=WAIT)
 
 
 TINY_RULER = {"tasks": ["niah_single_1"], "length": 512, "samples_per_task": 2}

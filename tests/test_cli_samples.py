@@ -157,3 +157,23 @@ def test_answers_pair_by_prompt_and_fullkv_is_the_same_seeds(tmp_path):
     assert fullkv_twin(store, store.run("plan1")) == "full1"
     assert [row["FullKV"] for row in answers(store, "plan1")] == ["full1 says"]
     assert [row["FullKV"] for row in answers(store, "plan0")] == [None]
+
+
+def test_samples_stored_before_prompts_were_pair_with_hashed_ones_of_the_same_seed(tmp_path):
+    """A run stored before prompts were recorded has no prompt hash: side by side it pairs with another run by id
+    and seed (never with another seed's), and its FullKV twin's answer shows beside it."""
+    from polykv.eval.comparing.answers import answers, side_by_side
+
+    store = Store(tmp_path / "results.sqlite")
+    routed, full = Plan.homogeneous("tova", 8, 5), Plan.homogeneous("full", None, 5)
+    for run_id, plan, seed, hashed in (("old", routed, 0, False), ("new", routed, 0, True), ("full", full, 0, True)):
+        store.create_run(
+            run_id, model="demo", plan_name=run_id, plan_hash=run_id, plan_json=plan.to_json(), suite="ruler",
+            settings=SETTINGS, seed=seed, total_samples=1, versions={},
+        )  # fmt: skip
+        prompt = {"task": "vt", "sample": "000", "seed": seed, "sha256": "abc"} if hashed else None
+        store.add_sample(run_id, "vt", "000", {"score": 0.0}, 0.1, SampleRecord(f"{run_id} says", ["x"], prompt))
+        store.set_task_scores(run_id, {"vt": {"score": 0.0}}, {"vt": 1})
+        store.set_status(run_id, "finished")
+    assert [(row["A"], row["B"]) for row in side_by_side(store, "old", "new", "vt")] == [("old says", "new says")]
+    assert [row["FullKV"] for row in answers(store, "old")] == ["full says"]

@@ -52,8 +52,8 @@ def test_a_report_of_the_other_search_or_a_damaged_one_is_refused_in_one_line(tm
 
 
 def test_a_workload_report_from_before_some_fields_existed_reads_and_saves_back_as_it_was(tmp_path):
-    """Reports saved before the competence rule, the KV table, the timed steps and the contrasts' kind and scope
-    have none of them: they read (the defaults in their place) and save back without them."""
+    """Reports saved before the competence rule, the KV table, the timed steps and the contrasts' kind, scope and
+    count of differing samples have none of them: they read (the defaults in their place) and save back without them."""
     from polykv.search.workload.markdown import markdown as page
     from polykv.search.workload.verdict_text import verdict_rows
 
@@ -63,13 +63,13 @@ def test_a_workload_report_from_before_some_fields_existed_reads_and_saves_back_
     for entry in saved["budgets"]:
         for family in entry["verdict"].values():
             for c in family["contrasts"]:
-                for key in ("kind", "matched", "exact", "agrees"):
+                for key in ("kind", "matched", "exact", "agrees", "differing"):
                     c.pop(key)
     report = WorkloadReport.from_dict(saved)
     assert report.to_dict() == saved
     assert report.kv is None and report.competence.pilot is None and report.text_profile is None
     c = report.budgets[0].verdict["searched tasks"].contrasts[0]
-    assert (c.kind, c.matched, c.exact, c.agrees) == ("", True, False, True)
+    assert (c.kind, c.matched, c.exact, c.agrees, c.differing) == ("", True, False, True, None)
     assert verdict_rows(report.budgets[0])[0][1:4] == ("", "searched - homogeneous", "yes")
     text = page(report)
     assert "The report does not say the model's KV dimensions." in text and "run `?`" in text

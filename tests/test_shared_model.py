@@ -212,3 +212,22 @@ def test_two_threads_recording_attention_on_one_model_keep_their_own_rows():
 
     _run_threads(lambda: run("a", hold=started), lambda: run("b", wait=started))
     assert together == alone
+
+
+def test_a_forward_between_a_closing_blocks_mask_and_its_layers_gets_the_models_own_attention_and_mask():
+    """Another thread's forward may build its mask while a block is open and run its layers after the block has put
+    the model back: its attention and mask are then the model's own setting as it is now (eager here), never
+    SDPA's in its place; an implementation with no mask function gets none, as transformers gives it."""
+    import sys
+
+    from polykv.runtime.swap import own_attention, own_mask
+
+    model = tiny_model("llama")
+    model.set_attn_implementation("eager")
+    attention = model.model.layers[0].self_attn
+    with routed(model, Plan.homogeneous("full", None, model.config.num_hidden_layers)):
+        pass  # opened and closed: nothing of the block is left to look up
+    eager = sys.modules[type(attention).__module__].eager_attention_forward
+    assert own_attention(attention) is eager
+    model.config._attn_implementation = "some_hub_kernel"  # registered nowhere: no mask function either
+    assert own_mask(config=model.config) is None

@@ -148,7 +148,7 @@ def runs_show(
                 sample_view.metrics_text(row.metrics),
                 sample_view.one_line(row.gold, width // 2),
                 sample_view.one_line(row.prediction, width),
-                *([sample_view.one_line(sample_view.fullkv_answer(full, row, info.seed), width)] if full else []),
+                *([sample_view.one_line(sample_view.fullkv_answer(full, row), width)] if full else []),
             )
             for row in rows
         ],

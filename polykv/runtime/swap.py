@@ -94,7 +94,7 @@ def own_attention(module) -> Callable:
     thread's forward while a block is open, the model's own implementation; else SDPA (a forward in the block's
     own thread without a routed cache, e.g. use_cache=False, whose mask is None and causal)."""
     config = getattr(module, "config", None)
-    name = None if config is None or runs_polykv_here(config) else _own_implementation.get(id(config))
+    name = None if config is None or runs_polykv_here(config) else _own_name(config)
     if name is None or name == "sdpa":
         return sdpa_attention_forward
     if name == "eager":  # transformers' eager attention is each model's own function, in its modeling module
@@ -108,9 +108,20 @@ def own_mask(*args, config=None, **kwargs):
     the model's own implementation's mask for every other thread's forward."""
     if config is None or runs_polykv_here(config):
         return None
-    name = _own_implementation.get(id(config), "sdpa")
-    mask = ALL_MASK_ATTENTION_FUNCTIONS[name if name in ALL_MASK_ATTENTION_FUNCTIONS else "sdpa"]
-    return mask(*args, config=config, **kwargs)
+    name = _own_name(config)
+    if name not in ALL_MASK_ATTENTION_FUNCTIONS:  # an implementation with no mask function: transformers builds none
+        return None
+    return ALL_MASK_ATTENTION_FUNCTIONS[name](*args, config=config, **kwargs)
+
+
+def _own_name(config) -> str:
+    """The model's own attention implementation: recorded while a block is open; once the block has put the model
+    back (a forward of another thread may be between its mask and its layers then), the live setting."""
+    name = _own_implementation.get(id(config))
+    if name is None:
+        live = getattr(config, "_attn_implementation", None)
+        name = live if live and live != ATTN_IMPLEMENTATION else "sdpa"
+    return name
 
 
 def _configs(model: torch.nn.Module) -> list:

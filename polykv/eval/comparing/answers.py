@@ -8,6 +8,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from polykv.eval.results.rows import has_prompt
 from polykv.eval.results.store import RunRow, SampleRow, Store, sample_key
 
 PERFECT = 100.0  # the question suites' score of a fully right answer
@@ -53,17 +54,17 @@ AGREEMENT = (
 
 
 def fullkv_predictions(store: Store, run: RunRow) -> dict[tuple[str, str], str | None]:
-    """{(task, sample key): FullKV's answer to the same prompt} from the run's FullKV twin (`fullkv_twin`; keys
-    by `sample_key`); {} when there is none or the run is FullKV itself."""
+    """{(task, sample): FullKV's answer} from the run's FullKV twin (`fullkv_twin`: the same model, suite, settings
+    and seed, so the same prompts); {} when there is none or the run is FullKV itself."""
     twin = fullkv_twin(store, run)
     if twin is None or twin == run.id:
         return {}
-    return {(row.task, sample_key(row, run.seed)): row.prediction for row in store.samples(twin)}
+    return {(row.task, row.sample): row.prediction for row in store.samples(twin)}
 
 
-def fullkv_answer(full: Mapping[tuple[str, str], str | None], row: SampleRow, seed: int) -> str | None:
-    """FullKV's answer to the prompt of `row` (a sample of a run of `seed`), or None."""
-    return full.get((row.task, sample_key(row, seed)))
+def fullkv_answer(full: Mapping[tuple[str, str], str | None], row: SampleRow) -> str | None:
+    """FullKV's answer to the prompt of `row` (a sample of the run `full` was read for), or None."""
+    return full.get((row.task, row.sample))
 
 
 def answers(store: Store, run_id: str) -> list[dict[str, Any]]:
@@ -80,7 +81,7 @@ def answers(store: Store, run_id: str) -> list[dict[str, Any]]:
             "metrics": metrics_text(row.metrics),
             "gold": one_line(row.gold, 200),
             "answer": one_line(row.prediction, 200),
-            "FullKV": None if (answer := fullkv_answer(full, row, run.seed)) is None else one_line(answer, 200),
+            "FullKV": None if (answer := fullkv_answer(full, row)) is None else one_line(answer, 200),
         }
         for row in store.samples(run_id)
     ]
@@ -187,9 +188,13 @@ def side_by_side(store: Store, run_a: str, run_b: str, task: str, only_differing
     other = store.run(run_b)
     if other is None:
         raise ValueError(f"no run {run_b}")
-    # paired by `sample_key`: the same prompt, never another seed's sample of the same id
-    a = {sample_key(row, run.seed): row for row in store.samples(run_a) if row.task == task}
-    b = {sample_key(row, other.seed): row for row in store.samples(run_b) if row.task == task}
+    # paired by `sample_key`: the same prompt, never another seed's sample of the same id (by id and seed when a
+    # side was stored before prompts were recorded)
+    rows_a = [row for row in store.samples(run_a) if row.task == task]
+    rows_b = [row for row in store.samples(run_b) if row.task == task]
+    by_prompt = all(has_prompt(row) for row in (*rows_a, *rows_b))
+    a = {sample_key(row, run.seed, by_prompt): row for row in rows_a}
+    b = {sample_key(row, other.seed, by_prompt): row for row in rows_b}
     full = fullkv_predictions(store, run)
     out = []
     for key in sorted(set(a) & set(b)):
@@ -204,7 +209,7 @@ def side_by_side(store: Store, run_a: str, run_b: str, task: str, only_differing
                 "gold": left.gold,
                 "A": left.prediction,
                 "B": right.prediction,
-                "FullKV": fullkv_answer(full, left, run.seed),
+                "FullKV": fullkv_answer(full, left),
                 "A metrics": left.metrics,
                 "B metrics": right.metrics,
                 "differ": differ,

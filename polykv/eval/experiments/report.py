@@ -53,8 +53,8 @@ class _Data(BaseModel):
 
 
 class SampleLevel(_Data):
-    """The sample-level test of a contrast (`paired_samples.sample_test`): macro difference, its 95% interval,
-    the sign-flip p and the smallest difference it detects at 80% power."""
+    """The sample-level test of a contrast (`polykv.eval.statistics.samples.sample_test`): macro difference, its 95%
+    interval, the sign-flip p and the smallest difference it detects at 80% power."""
 
     difference: Statistic
     low: Statistic

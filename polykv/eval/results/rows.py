@@ -84,12 +84,18 @@ class SampleRow:
         )
 
 
-def sample_key(row: SampleRow, seed: int) -> str:
+def sample_key(row: SampleRow, seed: int, by_prompt: bool = True) -> str:
     """What pairs a sample of one run with a sample of another: its id and the prompt it asked (the sha256 of the
-    prompt's token ids), or, for a row stored without its prompt, its id and the run's seed. Runs of other seeds
-    share ids, not prompts: their samples never pair."""
+    prompt's token ids), or, for a row stored without its prompt (or with `by_prompt` False, when the other side's
+    rows have none), its id and the run's seed. Runs of other seeds share ids, not prompts: their samples never
+    pair."""
     digest = (row.prompt or {}).get("sha256")
-    return f"{row.sample}#{digest}" if digest is not None else f"{row.sample}#seed{seed}"
+    return f"{row.sample}#{digest}" if by_prompt and digest is not None else f"{row.sample}#seed{seed}"
 
 
-__all__ = ["RunRow", "SampleRecord", "SampleRow", "sample_key"]
+def has_prompt(row: SampleRow) -> bool:
+    """Was the row stored with its prompt's hash (rows of stores made before prompts were recorded were not)?"""
+    return (row.prompt or {}).get("sha256") is not None
+
+
+__all__ = ["RunRow", "SampleRecord", "SampleRow", "has_prompt", "sample_key"]

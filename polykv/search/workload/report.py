@@ -48,7 +48,7 @@ class SampleContrast(_Data):
     agrees: bool = True
     mde: Statistic
     samples: Count
-    differing: Count
+    differing: Count | None = None  # reports saved before it was counted have none (rejudge counts it)
     tasks: Count
     wins: Count
     ties: Count

@@ -41,7 +41,8 @@ def mde_text(value: float | None, short: bool = False) -> str:
 
 def test_text(c: SampleContrast) -> str:
     kind = "exact sign-flip" if c.exact else f"sign-flip ({PERMUTATIONS:,} random flips)"
-    return f"{kind} p = {format_p(c.p)} over {c.samples} samples in {c.tasks} tasks ({c.differing} differ)"
+    differ = "" if c.differing is None else f" ({c.differing} differ)"
+    return f"{kind} p = {format_p(c.p)} over {c.samples} samples in {c.tasks} tasks{differ}"
 
 
 def contrast_line(entry: WorkloadBudget, c: SampleContrast) -> str:
