@@ -32,6 +32,8 @@ def test_visible_row_quantile_equals_torch_nanquantile(q):
             else:
                 visible = torch.rand(2, 2, w, n, generator=g) < 0.6
                 visible[..., 0] = True  # every row sees something (no NaN in the reference)
+            rows = rows.masked_fill(~visible, 0.0)  # attention probabilities: 0 where the query cannot see
+            rows[1, 1] = rows[1, 1] * (rows[1, 1] > 0.5)  # and visible zeros, as underflow gives
             expected = torch.nanquantile(rows.masked_fill(~visible, float("nan")), q, dim=-1, keepdim=True)
             assert torch.equal(visible_row_quantile(rows, visible, q), expected), (n, w, pattern)
 

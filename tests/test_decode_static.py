@@ -219,10 +219,11 @@ def test_the_reference_allocates_at_every_step_and_the_default_again_after_it():
 
 
 def _paths(monkeypatch, run) -> set:
-    from polykv.runtime import attention_step
+    from polykv.runtime import attention_step, row_storage
 
     seen, real = set(), attention_step.choose_path
-    monkeypatch.setattr(attention_step, "choose_path", lambda *a: seen.add(real(*a)) or real(*a))
+    for module in (attention_step, row_storage):  # one plan's layer, and many plans' rows attending together
+        monkeypatch.setattr(module, "choose_path", lambda *a: seen.add(real(*a)) or real(*a))
     run()
     return seen
 

@@ -89,6 +89,40 @@ def test_a_batch_keeps_each_plans_slots_and_positions_after_every_step():
         assert held == [sorted(layer.positions[0, 0].tolist()) for layer in session.cache.layers], plan.name
 
 
+def test_rows_of_a_layer_attend_together_and_stay_in_their_shared_block(monkeypatch):
+    from polykv.runtime import row_storage
+
+    model = tiny_model("llama", max_position_embeddings=256, vocab_size=128)
+    plans = every_plan(model.config.num_hidden_layers)
+    tokens = distinct_tokens(model, PROMPT + STEPS, seed=5)
+    attended, real = [], row_storage.attend_block
+    monkeypatch.setattr(row_storage, "attend_block", lambda block, *a: attended.append(block) or real(block, *a))
+    came_back = 0
+    with torch.no_grad(), many(model, plans) as session:
+        batch, _ = session.prefill(tokens[:PROMPT])
+        batch.reserve(STEPS)
+        for t in range(PROMPT, len(tokens)):
+            layers = batch._cache.layers
+            cut = {
+                (r, i) for r, rows in enumerate(layers) if rows.shared for i in rows.shared.home if not _home(rows, i)
+            }
+            attended.clear()
+            batch.step([int(tokens[t])] * len(plans))
+            # most rows of every layer live in shared blocks (D2O and CaM merge in blocks of their own) and attend
+            # there; a row cut at the last step (Scissorhands drops m at once) is back in its slice
+            for rows in layers:
+                assert len(rows.shared.home) >= len(plans) - 6
+            assert {id(b) for b in attended} == {id(b) for rows in layers for b in rows.shared.blocks}
+            came_back += sum(_home(layers[r], i) for r, i in cut)
+    assert came_back > 0
+
+
+def _home(rows, i) -> bool:
+    """Does row i of a batched layer hold its keys and values in its slice of its shared block?"""
+    block, row = rows.shared.home[i]
+    return rows.layers[i].slots.kv_block is block.slice(row)
+
+
 def test_generate_many_matches_generate_under_routed_and_rows_stop_at_their_own_end():
     model = tiny_model("llama", max_position_embeddings=256, vocab_size=128)
     plans = [p for p in every_plan(model.config.num_hidden_layers) if "knorm" not in p.name]

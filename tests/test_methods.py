@@ -96,3 +96,28 @@ def test_every_method_keeps_all_when_under_capacity(name):
     sums = torch.full((1, 2, 10), 0.1)
     phase = Phase.PREFILL if Phase.PREFILL in cls.phases else Phase.DECODE
     assert method.step(layer_view(10, phase=phase, rows=rows, column_sums=sums, num_new=10)) is None
+
+
+@pytest.mark.parametrize("prefill", ["snapkv", "pyramidkv", "cake"])
+def test_a_prefill_method_votes_with_its_own_window_whatever_the_decode_method_asks(prefill):
+    # A layer's prompt step computes the newest rows for the larger of its two methods' windows; a prefill method
+    # must read only its own (SnapKV and CAKE once read every row given: 100 with Scissorhands in decode).
+    from polykv.methods import params_that_fit
+    from polykv.plan import Plan
+    from polykv.runtime import routed
+    from tests.helpers import prompt, tiny_model
+
+    model = tiny_model("llama")
+    ids = prompt(model, 120)
+    layers = model.config.num_hidden_layers
+
+    def prefill_positions(decode: dict) -> list:
+        entry = {"method": prefill, "capacity": 24, "params": params_that_fit(prefill, 24)}
+        plan = Plan.from_dict({"name": "p", "scope": "both", "layers": [{"prefill": entry, "decode": decode}] * layers})
+        with torch.no_grad(), routed(model, plan) as session:
+            model(ids, use_cache=True)
+            return [layer.positions.tolist() for layer in session.cache.layers]
+
+    alone = prefill_positions({"method": "full", "capacity": None})
+    history = {"method": "scissorhands", "capacity": 100, "params": {"history": 100, "recent": 8}}
+    assert prefill_positions(history) == alone

@@ -39,7 +39,7 @@ runtime defers prefill eviction until every layer has seen the prompt, then call
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ValidationError
@@ -97,10 +97,22 @@ class LayerView:
     # [b, h, n] slots no query can see any more, or None: a local layer's padding where its heads (or rows) keep
     # different numbers of tokens within the window (`RoutedLayer.keep_window`); a method evicts them first
     hidden: torch.Tensor | None = None
+    # results made from this step's signals that more than one method may want ({key: result}, `once`): a
+    # layer's two phase methods at the prompt, and every plan's layer on a prompt many plans share
+    shared: dict = field(default_factory=dict)
 
     @property
     def length(self) -> int:
         return self.keys.shape[-2]
+
+    def once(self, key: tuple, make):
+        """`make()`, made once per step for every method that asks with the same `key` (which names the method
+        and every parameter the result depends on): the same numbers whoever asks. Do not change it in place."""
+        key = (key, self.phase, self.length, id(self.rows), id(self.column_sums))  # the very signals it is made of
+        result = self.shared.get(key)
+        if result is None:
+            result = self.shared[key] = make()
+        return result
 
     def grouped(self, attention: torch.Tensor) -> torch.Tensor:
         """Query-head attention [b, h*g, ...] -> mean over each KV head's group [b, h, ...].

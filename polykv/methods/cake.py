@@ -103,19 +103,19 @@ class CAKE(Method):
         return Needs(rows=self.params.window)  # preference and prompt indicator come from the prompt's window
 
     def observe_prefill(self, view: LayerView) -> None:
-        self.preference = self._preference(view)
+        self.preference, indicator = self._prompt_scores(view)
         self.prompt_length = view.length
         self.prompt_newest = view.newest  # the prompt's last position (None: unknown)
         self.held = 0
         # Per slot, so the runtime gathers it with the cache (a prefill method may still evict).
-        self.per_token[PROMPT_SCORE] = self._prefill_indicator(view)
+        self.per_token[PROMPT_SCORE] = indicator.clone()
 
     def step(self, view: LayerView) -> Eviction | None:
         if view.phase is Phase.PREFILL:
             if view.rows is None:
                 return None
-            self.preference = self._preference(view)
-            self.per_token["score"] = self._prefill_indicator(view)
+            self.preference, indicator = self._prompt_scores(view)
+            self.per_token["score"] = indicator.clone()
             return self.settle()
         prompt_score = self._whole_prompt_score()
         if view.holds:  # a question kept in full: it joins the prompt, scored +inf like the window
@@ -181,9 +181,17 @@ class CAKE(Method):
             return evict_lowest(view.positions.to(score.dtype), self.capacity, hidden=view.hidden)
         return evict_lowest(score, self.capacity, hidden=view.hidden)
 
+    def _prompt_scores(self, view: LayerView) -> tuple[float, torch.Tensor]:
+        """The layer's preference and the prompt's indicator: the same for every CAKE layer that sees this step
+        with the same parameters (the layer's two phase methods, many plans' layers), so made once."""
+        p = self.params
+        key = ("cake prompt", p.window, p.kernel_size, p.gamma, p.tau1, p.tau2)
+        return view.once(key, lambda: (self._preference(view), self._prefill_indicator(view)))
+
     def _prefill_indicator(self, view: LayerView) -> torch.Tensor:
         n, w = view.length, min(self.params.window, view.length)
-        window_rows = view.rows[..., : n - w]  # [b, qh, w, n - w]: the window's attention to the prefix
+        # [b, qh, w, n - w]: the window's attention to the prefix (the view may hold more rows, for the decode method)
+        window_rows = view.rows[:, :, -w:, : n - w]
         mean = window_rows.mean(dim=2, keepdim=True)
         indicator = mean.squeeze(2) + self.params.gamma * _variance(window_rows, mean)
         indicator = view.grouped(pool_votes(indicator, self.params.kernel_size, "avg"))
@@ -191,7 +199,7 @@ class CAKE(Method):
 
     def _preference(self, view: LayerView) -> float:
         w = min(self.params.window, view.length)
-        window_rows = view.rows[..., : view.length - w].double()
+        window_rows = view.rows[:, :, -w:, : view.length - w].double()
         entropy = -(window_rows * torch.log(window_rows + 1e-10)).sum().item()
         variance = _variance(window_rows).sum().item()
         return preference(entropy, variance, self.params.tau1, self.params.tau2)

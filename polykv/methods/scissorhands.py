@@ -118,12 +118,23 @@ class Scissorhands(Method):
         return evict_lowest(score, keep, recent_mask(view, self.params.recent), view.hidden)
 
     def _start(self, view: LayerView) -> None:
+        # the prompt's flags are the same for every Scissorhands layer that sees this step with the same history
+        # and quantile (the layer's two phase methods, many plans' layers): made once, each keeping a copy
+        p = self.params
+        flags, self.cursor = view.once(
+            ("scissorhands flags", p.history, p.importance_quantile), lambda: self._flags(view)
+        )
+        self.per_token["unimportant"] = flags.clone()
+
+    def _flags(self, view: LayerView) -> tuple[torch.Tensor, int]:
+        """The flags of the step's newest queries in a new ring, and the ring's cursor after them."""
         b, h, n = view.positions.shape
         self.per_token["unimportant"] = torch.zeros(
             b, h, n, self.params.history, dtype=torch.bool, device=view.keys.device
         )
         self.cursor = 0
         self._record(view)
+        return self.per_token["unimportant"], self.cursor
 
     def _record(self, view: LayerView) -> None:
         """Write the unimportance flags of the step's newest (up to `history`) queries into the ring."""
@@ -163,11 +174,15 @@ def row_quantile(rows: torch.Tensor, q: float) -> torch.Tensor:
 def visible_row_quantile(rows: torch.Tensor, visible: torch.Tensor, q: float) -> torch.Tensor:
     """`torch.nanquantile(rows with the invisible entries as NaN, q, dim=-1, keepdim=True)`, the same
     numbers for rows that see at least one entry, from one partial top-k instead of a sort of every row
-    (the prompt's history window: `history` rows over the whole prompt).
+    (the prompt's history window: `history` rows over the whole prompt). `rows` are attention
+    probabilities: every entry >= 0, and 0 where the row's query cannot see the slot (the causal mask).
 
     Row i with m_i visible entries needs its values at ascending ranks floor(r_i) and ceil(r_i),
     r_i = q * (m_i - 1) in float32 as torch computes it; those are among its m_i - floor(r_i) largest,
-    a count that grows with m_i, so the top-k of the longest possible row holds them for every row."""
+    a count that grows with m_i, so the top-k of the longest possible row holds them for every row.
+    The top-k runs on the rows as they are, invisible entries included: they are 0, the least any entry
+    can be, so the j-th largest value for j < m_i is the j-th largest visible one (equal values are the
+    same number whichever entry holds them), and only such ranks are read."""
     n = rows.shape[-1]
     q32 = torch.tensor(_float32(q), dtype=torch.float32, device=rows.device)
     last = visible.sum(-1, keepdim=True).sub_(1).clamp_min_(0)  # m_i - 1: descending index of ascending rank 0
@@ -176,7 +191,7 @@ def visible_row_quantile(rows: torch.Tensor, visible: torch.Tensor, q: float) ->
     weight = rank - below
     above = rank.ceil().long()
     k = min(n, n - int(_float32(_float32(q) * (n - 1))) + 1)  # + 1: float32 rounding of the rank
-    top = rows.masked_fill(~visible, float("-inf")).topk(k, dim=-1).values  # descending
+    top = rows.topk(k, dim=-1).values  # descending
     at = lambda r: top.gather(-1, (last - r).clamp_(0, k - 1))  # noqa: E731  (ascending rank r)
     return at(below).lerp_(at(above), weight)
 

@@ -60,7 +60,8 @@ class SnapKV(Method):
         """Pooled window votes for the prefix; +inf for the window, which always stays."""
         # At the end of prefill slot i holds position i, so the window is the last w slots.
         n, w = view.length, min(self.params.window, view.length)
-        votes = view.grouped(view.rows.sum(dim=2))[..., : n - w]  # [b, h, n - w]
+        # the window's own rows: the view may hold more when the layer's decode method asked for more
+        votes = view.grouped(view.rows[:, :, -w:].sum(dim=2))[..., : n - w]  # [b, h, n - w]
         votes = pool_votes(votes, self.params.kernel_size, self.params.pooling)
         return torch.cat([votes, votes.new_full((*votes.shape[:2], w), float("inf"))], dim=-1)
 

@@ -197,7 +197,7 @@ def attend(
 
     view = layer_view(layer, module, key, value, q_len)
     if plain_decode and needs:
-        _give_row(view, needs, attention_probs(query, key, None, None, scaling), *query.shape[:2])
+        give_row(view, needs, attention_probs(query, key, None, None, scaling), *query.shape[:2])
     else:
         fill_signals(view, needs, query, key, query_pos, scaling, window, {"sums": sums} if fresh_sums else {})
     layer.finish_step(view)
@@ -214,6 +214,7 @@ def step_on_shared_prompt(layer: SlotHoldingLayer, module, query, key, value, sc
         return
     q_len = query.shape[2]
     view = layer_view(layer, module, key, value, q_len)
+    view.shared = computed  # what one plan's methods make from the step, the others' may reuse (`LayerView.once`)
     query_pos = torch.arange(q_len, device=query.device)
     fresh = fresh_prompt(layer, q_len, window)
     fill_signals(view, layer.needs(), query, key, query_pos, scaling, window, computed, fresh)
@@ -270,7 +271,7 @@ def layer_view(layer: SlotHoldingLayer, module, key, value, q_len: int) -> Layer
     )
 
 
-def _give_row(view: LayerView, needs, row: torch.Tensor, b: int, qh: int) -> None:
+def give_row(view: LayerView, needs, row: torch.Tensor, b: int, qh: int) -> None:
     """A single query's attention row (b * h*g * n probabilities: [b, h*g, 1, n] or [b*h, g, n]) is also
     the step's column sums (the same numbers); each is viewed only if the method asked for it."""
     n = row.shape[-1]
@@ -292,7 +293,7 @@ def _decode_step(layer: SlotHoldingLayer, module, query, key, value, scaling, ne
     same row goes to the method."""
     attn_output, probs = decode_output(query, key, value, scaling)
     view = layer_view(layer, module, key, value, 1)
-    _give_row(view, needs, probs, *query.shape[:2])
+    give_row(view, needs, probs, *query.shape[:2])
     layer.finish_step(view)
     return attn_output, None
 

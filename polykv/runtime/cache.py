@@ -48,6 +48,8 @@ class RoutedLayer(DynamicLayer):
         self.on_prefill_done = None  # set by the cache under native allocation
         self._newest_last = False  # does the last slot hold the newest position (seen - 1)?
         self.merge_groups: MergeGroups | None = None  # the cache's groups of layers that merge together
+        # many plans stepping together: the storage this layer shares with the other plans' (`row_storage`)
+        self.shared_rows = None
         self.keep_until = 0  # decode steps whose tokens all lie before this position evict nothing (`holding`)
         self.window: int | None = None  # a local layer's sliding window, as its attention passes it (`keep_window`)
         # does every held slot lie in the window of the next query? (then one query attends without a mask)
@@ -125,6 +127,7 @@ class RoutedLayer(DynamicLayer):
         super().reset()
         self.slots.reset()
         self.seen, self.keep_until, self.window_clean = 0, 0, True
+        self.shared_rows = None
         if self.merge_groups is not None:
             self.merge_groups.forget()
         for method in self.methods.values():

@@ -35,6 +35,7 @@ from polykv.plan import FULL_ASSIGNMENT, Plan
 from polykv.runtime.attention import hand_over, take_updated_layer
 from polykv.runtime.attention_step import attend, step_on_shared_prompt
 from polykv.runtime.cache import RoutedCache, RoutedLayer
+from polykv.runtime.row_storage import SharedRows, attend_shared
 from polykv.runtime.swap import swapped_attention
 
 # Generation settings under which greedy decoding is more than the argmax of the logits: the batched
@@ -266,11 +267,14 @@ class PlanRows(DynamicLayer):
         self.layer_idx = layer_idx
         self.layers = layers
         self.width = width
+        self.shared: SharedRows | None = None  # made at the first one-token step (`polykv.runtime.row_storage`)
 
     def _rows(self, tensor: torch.Tensor, i: int) -> torch.Tensor:
         return tensor[i * self.width : (i + 1) * self.width]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if self.shared is None and key_states.shape[-2] == 1 and len(self.layers) > 1:
+            self.shared = SharedRows(self.layers, self.width)
         for i, layer in enumerate(self.layers):
             layer.update(self._rows(key_states, i), self._rows(value_states, i))
         hand_over(self)
@@ -283,10 +287,15 @@ class PlanRows(DynamicLayer):
         return max(layer.retained for layer in self.layers) + query_length, 0
 
     def attend(self, module, query, key, value, dropout: float, scaling: float, kwargs):
-        outputs = [
-            attend(layer, module, self._rows(query, i), layer.keys, layer.values, dropout, scaling, kwargs, True)[0]
-            for i, layer in enumerate(self.layers)
-        ]
+        together = {}
+        if self.shared is not None and query.shape[2] == 1:
+            together = attend_shared(self.shared, module, query, dropout, scaling, kwargs)
+        outputs = []
+        for i, layer in enumerate(self.layers):
+            if i not in together:
+                rows = self._rows(query, i)
+                together[i] = attend(layer, module, rows, layer.keys, layer.values, dropout, scaling, kwargs, True)[0]
+            outputs.append(together[i])
         return torch.cat(outputs, dim=0), None
 
 

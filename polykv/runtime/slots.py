@@ -111,6 +111,10 @@ class LayerSlots:
         """Keys and values into a new block of `slots` slots: a slice of the block of the layer's merge
         group when it has one, else a block of its own."""
         handed = None if layer.merge_groups is None else layer.merge_groups.block_for(layer, slots)
+        shared = None if handed is not None or layer.shared_rows is None else layer.shared_rows.block_for(layer, slots)
+        if shared is not None:
+            self.adopt_block(shared)
+            return
         if handed is None:
             self.kv_block = SlotBlock.around(torch.stack([self.keys, self.values]), slots, dim=3)
         else:
@@ -119,6 +123,17 @@ class LayerSlots:
             held[0].copy_(self.keys)
             held[1].copy_(self.values)
         self.key_block, self.value_block = SlotBlock(self.kv_block.storage[0]), SlotBlock(self.kv_block.storage[1])
+
+    def adopt_block(self, block: SlotBlock) -> None:
+        """Keys and values into `block` ([2, b, h, S, d], slots on dimension 3), copied there: a slice of storage
+        other rows share (`polykv.runtime.row_storage`)."""
+        n = self.retained
+        held = block.prefix(n)
+        held[0].copy_(self.keys)
+        held[1].copy_(self.values)
+        self.kv_block, self.group = block, None
+        self.key_block, self.value_block = SlotBlock(block.storage[0]), SlotBlock(block.storage[1])
+        self.keys, self.values = self.key_block.prefix(n), self.value_block.prefix(n)
 
     def _append_positions(self, layer, n: int, q: int) -> None:
         if self._positions is None:  # slot i still holds position i

@@ -1,0 +1,150 @@
+"""How a batched step of many plans scales with the number of plans (`polykv.runtime.many_plans`).
+
+For 1, 8, 27, 54 and 64 plans (the nine baselines under their protocols at capacities 64, 128, ..., in that
+order, the first N) it runs one shared prompt pass, then times greedy decode steps of all the plans as one
+batch. Sizes are interleaved (each rep measures every size once, in turn) and the figures are medians: of
+the steps within a rep, then of the reps. The last column is each size's step over one plan's step.
+
+    python benchmarks/many_plans_scaling.py --model smollm2            # 1,024-token prompt
+    python benchmarks/many_plans_scaling.py --model demo --length 200
+    python benchmarks/many_plans_scaling.py --profile 54               # where 54 plans' step spends its time
+    python benchmarks/many_plans_scaling.py --study-samples 3          # the smollm2 study's unit of work
+
+`--study-samples K` times instead what the smollm2 study (docs/smollm2-study.md) spends its hours on: one RULER
+sample at 1,024 tokens (niah_single_1, chat template, answer_nll: the gold answer teacher-forced) scored by the
+sweep's plans, the nine baselines at its budgets 32, 64, 128, 256 and 512 under their protocols, and FullKV (46
+plans in one batch, as the study runs them); medians over K samples x reps, and samples per hour.
+Set PYTHONPATH to an older copy of the package to measure it with the same script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import statistics
+import time
+
+import torch
+
+from polykv.eval.method_protocols import baseline_plan
+from polykv.models import context_length, load_model, num_layers
+from polykv.runtime.many_plans import many
+
+NINE = ("streamingllm", "h2o", "tova", "snapkv", "pyramidkv", "cake", "d2o", "scissorhands", "cam")
+CAPACITIES = (64, 128, 192, 256, 320, 384, 448, 512)
+STUDY_BUDGETS = (32, 64, 128, 256, 512)
+
+
+def plans_for(count: int, layers: int, length: int):
+    capacities = [c for c in CAPACITIES if c < length] or [max(4, length // 4)]
+    plans = [baseline_plan(m, c, layers) for c in capacities for m in NINE]
+    while len(plans) < count:  # a short prompt: repeat the list
+        plans += plans
+    return plans[:count]
+
+
+@torch.inference_mode()
+def step_times(model, plans, prompt: list[int], steps: int, profiler=None) -> tuple[float, list[float]]:
+    """The shared prompt pass's seconds and each decode step's, for `plans` as one batch (`profiler`: enabled
+    around the steps)."""
+    with many(model, plans) as session:
+        started = time.perf_counter()
+        batch, logits = session.prefill(prompt)
+        prefill = time.perf_counter() - started
+        batch.reserve(steps + 1)
+        tokens = [int(logits.argmax())] * len(plans)
+        times = []
+        for step in range(steps + 1):
+            if profiler is not None and step == 1:
+                profiler.enable()
+            started = time.perf_counter()
+            logits = batch.step(tokens)
+            times.append(time.perf_counter() - started)
+            tokens = logits.argmax(dim=-1).tolist()
+        if profiler is not None:
+            profiler.disable()
+    return prefill, times[1:]  # the first step warms up allocations
+
+
+def study_samples(model, tokenizer, count: int, reps: int) -> None:
+    from polykv.eval.running.settings import suite_settings
+    from polykv.eval.suites import ruler
+    from polykv.plan import Plan
+
+    layers = num_layers(model)
+    plans = [Plan.homogeneous("full", None, layers)] + [
+        baseline_plan(m, b, layers) for b in STUDY_BUDGETS for m in NINE
+    ]
+    settings = suite_settings(
+        "ruler",
+        {"length": 1024, "answer_tokens": 16, "tasks": ["niah_single_1"], "samples_per_task": count, "mode": "score"},
+    )
+    samples = ruler.build_samples(tokenizer, model, settings, 0)
+    times = []
+    for _ in range(reps):
+        for _, _, payload in samples:
+            started = time.perf_counter()
+            ruler.score_samples(model, plans, payload, settings)
+            times.append(time.perf_counter() - started)
+    seconds = statistics.median(times)
+    print(
+        f"{len(plans)} plans, one RULER sample at 1,024 tokens scored (answer_nll): {seconds:.2f} s "
+        f"(median of {len(times)}), {3600 / seconds:.0f} samples per hour"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--length", type=int, default=1024, help="prompt tokens")
+    parser.add_argument("--sizes", default="1,8,27,54,64")
+    parser.add_argument("--steps", type=int, default=8, help="decode steps timed per measurement")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--profile", type=int, default=0, help="profile the steps of this many plans and stop")
+    parser.add_argument("--sort", default="tottime", help="the profile's order (pstats: tottime, cumtime, ...)")
+    parser.add_argument("--lines", type=int, default=25, help="the profile's lines")
+    parser.add_argument(
+        "--study-samples", type=int, default=0, help="time the study's unit of work on this many samples"
+    )
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model, tokenizer = load_model(args.model)
+    if args.study_samples:
+        study_samples(model, tokenizer, args.study_samples, args.reps)
+        return
+    layers = num_layers(model)
+    length = min(args.length, context_length(model) - args.steps - 8)
+    prompt = torch.randint(3, model.config.vocab_size, (length,)).tolist()
+    if args.profile:
+        plans = plans_for(args.profile, layers, length)
+        step_times(model, plans, prompt, 2)
+        profiler = cProfile.Profile()
+        step_times(model, plans, prompt, args.steps, profiler)
+        pstats.Stats(profiler).sort_stats(args.sort).print_stats(args.lines)
+        return
+    sizes = [int(s) for s in args.sizes.split(",")]
+    plans = {n: plans_for(n, layers, length) for n in sizes}
+    step_times(model, plans[sizes[0]], prompt, 1)  # warm up
+    steps: dict[int, list[float]] = {n: [] for n in sizes}
+    prefills: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(args.reps):
+        for n in sizes:
+            prefill, times = step_times(model, plans[n], prompt, args.steps)
+            prefills[n].append(prefill)
+            steps[n].append(statistics.median(times))
+    step = {n: statistics.median(v) for n, v in steps.items()}
+    print(
+        f"{args.model}, {length}-token prompt, {args.threads} threads, {args.steps} steps x {args.reps} reps (medians)"
+    )
+    print("| plans | prompt pass (s) | step (ms) | step / one plan's |")
+    print("|---:|---:|---:|---:|")
+    for n in sizes:
+        ratio = step[n] / step[sizes[0]]
+        print(f"| {n} | {statistics.median(prefills[n]):.2f} | {step[n] * 1000:.1f} | {ratio:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""One layer's keys and values for many plans' rows in shared blocks, so that their decode attention is one call.
+
+Many plans stepping together (`polykv.runtime.many_plans`) give each plan's layer its own slots. Attending row
+by row costs a dozen small operations per row and layer; a batch of 54 plans spends most of its step there.
+So at a batch's first decode step each layer puts its rows' keys and values into a few blocks [2, rows, h, S, d]
+(`SharedRows`), rows of similar room together: rows whose room (`S_i` slots: capacity + interval for a layer
+that evicts, what `reserve` gave a layer that keeps everything) is within a factor sqrt(2) share a block of
+the largest's. Each row's `LayerSlots` holds its slice of a block as its own block (`polykv.runtime.slots`): its
+writes, drops and views are the same operations as in a block of its own, and its method sees its own
+[b, h, n_i, d] prefix. A cut gives a row storage of its own; its next write copies it back into its slice.
+
+A decode step then attends for every row of a block at once (`attend_block`): one query per row over the
+block's first N = max n_i slots, each row's slots past its own n_i masked out (probability exactly 0; the slots
+hold finite numbers, zeros or old tokens, so the masked products add exact zeros). The output and each
+row's probabilities equal the row's own up to float rounding (a longer reduction may round differently), as
+a batch's matrix products always may.
+
+Rows that stay out: a layer whose decode method merges together across layers (D2O, CaM: their layers share
+one block per plan, `polykv.runtime.merges`), keys and values of different sizes, and a layer that keeps
+everything without reserved room (it grows by concatenation). They attend row by row, as before.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from polykv.methods.slots import SlotBlock
+from polykv.plan import Phase
+from polykv.runtime.attention import listening
+from polykv.runtime.attention_step import Path, choose_path, give_row, layer_view
+
+# Rows whose rooms differ by less than this factor share a block (sized for the largest): at most ~41% of a
+# block is padding, and a batch of plans at budgets 64 ... 512 needs about six blocks per layer.
+_ROOM_RATIO = math.sqrt(2)
+
+
+class SharedRows:
+    """The shared blocks of one layer of a batched step: which rows live in which block, at which row."""
+
+    def __init__(self, layers: list, width: int):
+        self.layers = layers
+        self.width = width  # sequences per plan (rows per layer)
+        self.home: dict[int, tuple[Block, int]] = {}  # layer position -> (its block, its first row there)
+        self._positions = {id(layer): i for i, layer in enumerate(layers)}
+        rooms = {i: room for i, layer in enumerate(layers) if (room := _room_of(layer)) is not None}
+        for layer in layers:
+            layer.shared_rows = None
+        for members in _by_room(rooms):
+            block = Block(self, members, max(rooms[i] for i in members))
+            for j, i in enumerate(members):
+                self.home[i] = (block, j * width)
+                block.move_in(layers[i], j * width)
+                layers[i].shared_rows = self
+        self.blocks = list({id(block): block for block, _ in self.home.values()}.values())
+
+    def block_for(self, layer, slots: int) -> SlotBlock | None:
+        """The layer's slice again, for `slots` slots (after a cut gave it storage of its own), or None when it
+        has no slice or the slice is too small."""
+        i = self._position(layer)
+        if i is None:
+            return None
+        block, row = self.home[i]
+        if slots > block.size:
+            return None
+        return block.slice(row)
+
+    def _position(self, layer) -> int | None:
+        i = self._positions.get(id(layer))
+        return i if i in self.home else None
+
+
+class Block:
+    """Keys and values of several rows of one layer, [2, rows, h, S, d]."""
+
+    def __init__(self, owner: SharedRows, members: list[int], size: int):
+        first = owner.layers[members[0]]
+        keys = first.keys
+        self.owner = owner
+        self.members = members  # positions of the rows' layers in `owner.layers`, in block order
+        self.size = size
+        rows = len(members) * owner.width
+        # zeros: a masked slot's value is multiplied by an exact 0, which must meet a finite number
+        self.storage = keys.new_zeros(2, rows, keys.shape[1], size, keys.shape[-1])
+        self._slices: dict[int, SlotBlock] = {}
+        self._query_index: torch.Tensor | None = None
+
+    def query_index(self, device) -> torch.Tensor:
+        """The batch rows of the block's rows, in block order."""
+        if self._query_index is None:
+            width = self.owner.width
+            rows = [i * width + k for i in self.members for k in range(width)]
+            self._query_index = torch.tensor(rows, device=device)
+        return self._query_index
+
+    def slice(self, row: int) -> SlotBlock:
+        block = self._slices.get(row)
+        if block is None:
+            block = self._slices[row] = SlotBlock(self.storage[:, row : row + self.owner.width], dim=3)
+        return block
+
+    def move_in(self, layer, row: int) -> None:
+        """The layer's keys and values now live in its slice (a copy of what it holds)."""
+        layer.slots.adopt_block(self.slice(row))
+
+
+def _room_of(layer) -> int | None:
+    """Slots the layer's decode steps need room for, or None when it stays out (see the module docstring)."""
+    slots = layer.slots
+    n = slots.retained
+    if n == 0 or slots.keys.shape[-1] != slots.values.shape[-1] or slots.keys.dtype != slots.values.dtype:
+        return None
+    decode = layer.methods[Phase.DECODE]
+    if decode.passive:
+        block = slots.kv_block
+        return block.size if block is not None and slots.holds_kv(n) and block.size > n else None
+    if decode.merges_together and decode.interval == 1:
+        return None
+    return max(n + 1, decode.capacity + decode.interval) if decode.capacity is not None else None
+
+
+def _by_room(rooms: dict[int, int]) -> list[list[int]]:
+    """Rows grouped so that each group's rooms lie within `_ROOM_RATIO` of its smallest; in row order within one."""
+    groups: list[list[int]] = []
+    smallest = 0
+    for i in sorted(rooms, key=lambda i: (rooms[i], i)):
+        if not groups or rooms[i] > smallest * _ROOM_RATIO:
+            groups.append([])
+            smallest = rooms[i]
+        groups[-1].append(i)
+    return [sorted(group) for group in groups]
+
+
+def attend_block(block: Block, query: torch.Tensor, lengths: list[int], scaling: float):
+    """Every row of the block attending with one query each: `query` [rows, h*g, 1, d] in block order, row r
+    over its first `lengths[r]` slots. Returns the output [rows, 1, h*g, dv] and the probabilities
+    [rows, h, g, N] (fp32; N = max(lengths), each row's slots past its length 0)."""
+    rows, qh, _, d = query.shape
+    n = max(lengths)
+    keys, values = block.storage[0, :, :, :n], block.storage[1, :, :, :n]  # [rows, h, N, d]
+    h = keys.shape[1]
+    grouped_q = query.reshape(rows * h, qh // h, d)
+    grouped_k = keys.reshape(rows * h, n, d)
+    if grouped_q.dtype != torch.float32:
+        grouped_q, grouped_k = grouped_q.float(), grouped_k.float()
+    scores = torch.bmm(grouped_q * scaling, grouped_k.transpose(1, 2)).view(rows, h, qh // h, n)
+    if min(lengths) < n:
+        length = torch.tensor(lengths, device=scores.device).view(rows, 1, 1, 1)
+        scores = scores.masked_fill(torch.arange(n, device=scores.device) >= length, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    weights = probs if values.dtype == probs.dtype else probs.to(values.dtype)
+    output = torch.bmm(weights.view(rows * h, qh // h, n), values.reshape(rows * h, n, values.shape[-1]))
+    return output.view(rows, 1, qh, values.shape[-1]), probs
+
+
+def attend_shared(shared: SharedRows, module, query, dropout: float, scaling: float, kwargs) -> dict[int, torch.Tensor]:
+    """A one-query step of every row whose keys and values are in its slice of a block and whose step takes
+    its output from one softmax row (`Path.IDLE_ROW` or `Path.FUSED_DECODE`): one attention call per block,
+    then each row's methods see their own probabilities and evict, as in `attend`. `query` [rows, h*g, 1, d]
+    in batch order. Returns {layer position: its output [width, 1, h*g, dv]}; the other rows are left to
+    attend alone."""
+    window = kwargs.get("sliding_window")
+    recording = bool(listening())
+    width = shared.width
+    outputs: dict[int, torch.Tensor] = {}
+    for block in shared.blocks:
+        ready: list[tuple[int, int, Path, object]] = []  # (row in block, layer position, path, needs)
+        lengths = []
+        for j, i in enumerate(block.members):
+            layer = shared.layers[i]
+            layer.window = window
+            n = layer.retained
+            slots = layer.slots
+            path = None
+            if slots.kv_block is block.slice(j * width) and slots.holds_kv(n):
+                needs = layer.needs()
+                path = choose_path(layer, 1, window, dropout, kwargs, True, needs, recording)
+            if path is Path.IDLE_ROW or path is Path.FUSED_DECODE:
+                ready.append((j, i, path, needs))
+                lengths.extend([n] * width)
+            else:
+                lengths.extend([1] * width)  # computed and left unused: the row attends alone
+        if not ready:
+            continue
+        block_query = query.index_select(0, block.query_index(query.device))
+        output, probs = attend_block(block, block_query, lengths, scaling)
+        qh = query.shape[1]
+        for j, i, path, needs in ready:
+            rows = slice(j * width, (j + 1) * width)
+            outputs[i] = output[rows]
+            layer = shared.layers[i]
+            if path is Path.IDLE_ROW:
+                layer.keep_window()
+                continue
+            view = layer_view(layer, module, layer.keys, layer.values, 1)
+            give_row(view, needs, probs[rows, :, :, : layer.retained], width, qh)
+            layer.finish_step(view)
+    return outputs
