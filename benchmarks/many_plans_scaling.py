@@ -105,6 +105,7 @@ def main() -> None:
     parser.add_argument("--profile", type=int, default=0, help="profile the steps of this many plans and stop")
     parser.add_argument("--sort", default="tottime", help="the profile's order (pstats: tottime, cumtime, ...)")
     parser.add_argument("--lines", type=int, default=25, help="the profile's lines")
+    parser.add_argument("--callers", default="", help="also show who calls the functions matching this")
     parser.add_argument(
         "--study-samples", type=int, default=0, help="time the study's unit of work on this many samples"
     )
@@ -123,7 +124,10 @@ def main() -> None:
         step_times(model, plans, prompt, 2)
         profiler = cProfile.Profile()
         step_times(model, plans, prompt, args.steps, profiler)
-        pstats.Stats(profiler).sort_stats(args.sort).print_stats(args.lines)
+        stats = pstats.Stats(profiler).sort_stats(args.sort)
+        stats.print_stats(args.lines)
+        if args.callers:
+            stats.print_callers(args.callers)
         return
     sizes = [int(s) for s in args.sizes.split(",")]
     plans = {n: plans_for(n, layers, length) for n in sizes}

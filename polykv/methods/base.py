@@ -233,6 +233,12 @@ class Method:
         """Signals a decode-phase method wants to see during prefill (to start its state)."""
         return NOTHING
 
+    # For a decode step that drops exactly one slot: a classmethod (params, rows, positions) -> (score, protected),
+    # the slot `step` drops being the lowest score not `protected`, for several layers' rows at once (many plans,
+    # `polykv.runtime.row_storage`): rows [G, h*g, 1, N] the step's attention, positions [G, h, N]; score
+    # [G, h or 1, N], protected [G, h, N] or None. Slots past a row's own n are ignored. None: each layer steps alone.
+    one_slot_scores = None
+
     def observe_prefill(self, view: LayerView) -> None:
         """A decode-phase method sees the prefill (before any prefill eviction)."""
 

@@ -33,6 +33,10 @@ class StreamingLLM(Method):
     Params = StreamingLLMParams
     below_capacity = ("sinks",)
 
+    @classmethod
+    def one_slot_scores(cls, params, rows, positions):
+        return positions.float(), positions < params.sinks  # `step`'s rule: the oldest position but the sinks
+
     def step(self, view: LayerView) -> Eviction | None:
         if not self.over_capacity(view):
             return None

@@ -28,6 +28,10 @@ class TOVA(Method):
     def needs(self, phase: Phase, length: int) -> Needs:
         return ONE_ROW if self.evicts(phase, length) else NOTHING
 
+    @classmethod
+    def one_slot_scores(cls, params, rows, positions):
+        return rows[:, :, -1, :].mean(dim=1, keepdim=True), None  # `step`'s score; the same slot for every head
+
     def step(self, view: LayerView) -> Eviction | None:
         if not self.over_capacity(view):
             return None

@@ -101,7 +101,8 @@ def choose_path(
     |              |                                                | query decode step, no window, of a layer    |
     |              |                                                | that keeps everything                       |
     | FUSED_DECODE | the step's attention row, which also gives the | a one-query step, no window, whose methods  |
-    |              | signals its methods asked for                  | need signals                                |
+    |              | signals its methods asked for                  | need signals (any evicting layer of many    |
+    |              |                                                | plans' rows)                                |
     | FUSED_PROMPT | the chunked causal pass that also sums columns | a whole prompt over an empty cache whose    |
     |              |                                                | methods need column sums                    |
     | MASKED       | SDPA with a mask built from the true positions | the held slots are not a plain causal       |
@@ -117,7 +118,8 @@ def choose_path(
         if _fusable(dropout, kwargs):
             return Path.IDLE_ROW
     fusable = not layer.idle and _fusable(dropout, kwargs)
-    if plain_decode and needs and fusable and not recording:  # first: every layer takes it at every decode step
+    # first: every layer takes it at every decode step (and many plans' rows even when no signal is needed)
+    if plain_decode and (needs or row_when_idle) and fusable and not recording:
         return Path.FUSED_DECODE
     if _needs_explicit_mask(layer, q_len, window):
         return Path.MASKED

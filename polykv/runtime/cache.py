@@ -200,6 +200,32 @@ class RoutedLayer(DynamicLayer):
         else:  # native allocation: the cache settles every layer once all have seen the prompt
             self.on_prefill_done(self)
 
+    def drops_one_by_score(self) -> bool:
+        """Is this a plain decode step whose method drops exactly one slot, the lowest of its one-slot scores
+        (`Method.one_slot_scores`), and keeps no per-slot state: one slot over the capacity (interval 1), the new
+        token last, no window, not held? Then many plans' rows may drop theirs together
+        (`polykv.runtime.row_storage`)."""
+        method = self.method
+        return (
+            self.phase is Phase.DECODE
+            and type(method).one_slot_scores is not None
+            and method.interval == 1
+            and method.capacity is not None
+            and self.retained == method.capacity + 1
+            and self._newest_last
+            and self.window is None
+            and not self.holding
+            and not any(m.per_token for m in self.methods.values())
+        )
+
+    def dropped_together(self) -> None:
+        """After `drops_one_by_score`: the blocks moved this layer's last slot into the dropped one (with other
+        rows' at once); the layer holds the n - 1 slot prefixes, as after `_drop_one`."""
+        self.slots.dropped_together(self.retained)
+        self._newest_last = False
+        if self.merge_groups is not None and self.merge_groups.pending:
+            self.merge_groups.layer_done(self)
+
     def finish_idle_step(self) -> None:
         """After attention, for a layer whose methods have nothing to do (`idle`): the window, and the prefill
         settled with nothing evicted."""

@@ -55,16 +55,16 @@ class SharedRows:
                 layers[i].shared_rows = self
         self.blocks = list({id(block): block for block, _ in self.home.values()}.values())
 
-    def block_for(self, layer, slots: int) -> SlotBlock | None:
-        """The layer's slice again, for `slots` slots (after a cut gave it storage of its own), or None when it
-        has no slice or the slice is too small."""
+    def block_for(self, layer, slots: int) -> tuple[SlotBlock, SlotBlock] | None:
+        """The layer's slices again (keys and values, positions), for `slots` slots (after a cut gave it storage
+        of its own), or None when it has none or they are too small."""
         i = self._position(layer)
         if i is None:
             return None
         block, row = self.home[i]
         if slots > block.size:
             return None
-        return block.slice(row)
+        return block.slice(row), block.position_slice(row)
 
     def _position(self, layer) -> int | None:
         i = self._positions.get(id(layer))
@@ -83,7 +83,9 @@ class Block:
         rows = len(members) * owner.width
         # zeros: a masked slot's value is multiplied by an exact 0, which must meet a finite number
         self.storage = keys.new_zeros(2, rows, keys.shape[1], size, keys.shape[-1])
+        self.positions = torch.zeros(rows, keys.shape[1], size, dtype=torch.long, device=keys.device)
         self._slices: dict[int, SlotBlock] = {}
+        self._position_slices: dict[int, SlotBlock] = {}
         self._query_index: torch.Tensor | None = None
 
     def query_index(self, device) -> torch.Tensor:
@@ -100,9 +102,21 @@ class Block:
             block = self._slices[row] = SlotBlock(self.storage[:, row : row + self.owner.width], dim=3)
         return block
 
+    def holds(self, layer, row: int) -> bool:
+        """Do the layer's keys, values and positions live in their slices of this block, at block row `row`?"""
+        return layer.slots.lives_in(self.slice(row), self.position_slice(row))
+
+    def position_slice(self, row: int) -> SlotBlock:
+        block = self._position_slices.get(row)
+        if block is None:
+            block = self._position_slices[row] = SlotBlock(self.positions[row : row + self.owner.width])
+        return block
+
     def move_in(self, layer, row: int) -> None:
-        """The layer's keys and values now live in its slice (a copy of what it holds)."""
-        layer.slots.adopt_block(self.slice(row))
+        """The layer's keys, values and positions now live in its slices (a copy of what it holds; a layer that
+        keeps everything keeps no positions)."""
+        positions = None if layer.methods[Phase.DECODE].passive else self.position_slice(row)
+        layer.slots.adopt_block(self.slice(row), positions)
 
 
 def _room_of(layer) -> int | None:
@@ -186,6 +200,7 @@ def attend_shared(shared: SharedRows, module, query, dropout: float, scaling: fl
         block_query = query.index_select(0, block.query_index(query.device))
         output, probs = attend_block(block, block_query, lengths, scaling)
         qh = query.shape[1]
+        together: dict[tuple, list[tuple[int, object]]] = {}  # (method class, parameters) -> [(row, layer)]
         for j, i, path, needs in ready:
             rows = slice(j * width, (j + 1) * width)
             outputs[i] = output[rows]
@@ -193,7 +208,40 @@ def attend_shared(shared: SharedRows, module, query, dropout: float, scaling: fl
             if path is Path.IDLE_ROW:
                 layer.keep_window()
                 continue
+            if width == 1 and layer.drops_one_by_score() and block.holds(layer, j):
+                together.setdefault((type(layer.method), layer.method.params), []).append((j, layer))
+                continue
             view = layer_view(layer, module, layer.keys, layer.values, 1)
             give_row(view, needs, probs[rows, :, :, : layer.retained], width, qh)
             layer.finish_step(view)
+        for (cls, params), members in together.items():
+            drop_together(block, members, cls, params, probs)
     return outputs
+
+
+def drop_together(block: Block, members: list, cls, params, probs: torch.Tensor) -> None:
+    """Rows of one method class and parameters (`members`: (row in the block, its layer), each layer one slot over
+    its capacity, `RoutedLayer.drops_one_by_score`) drop their slot of lowest one-slot score at once: the scores
+    for all of them (`Method.one_slot_scores`, over the block's first N slots, each row's slots past its own n
+    ignored), then each row's last slot moves into its dropped one (keys, values and positions, three operations
+    for every row). The same slots as each layer's own `step` and `_drop_one`; `probs` [rows, h, g, N'] the step's."""
+    device = block.storage.device
+    rows = torch.tensor([j for j, _ in members], device=device)
+    lengths = torch.tensor([layer.retained for _, layer in members], device=device)
+    n = max(layer.retained for _, layer in members)
+    positions = block.positions.index_select(0, rows)[..., :n]  # [G, h, N]
+    count, h = positions.shape[:2]
+    attention = probs.index_select(0, rows)[..., :n]  # [G, h, g, N]
+    score, protected = cls.one_slot_scores(params, attention.view(count, -1, 1, n), positions)
+    score = score.masked_fill(torch.arange(n, device=device) >= lengths[:, None, None], float("inf"))
+    if protected is not None:
+        score = score.masked_fill(protected, float("inf"))
+    dropped = score.argmin(dim=-1).expand(count, h)  # [G, h]
+    # slot s of head k of block row r is element (r * h + k) * S + s of the flattened slots
+    first = (rows[:, None] * h + torch.arange(h, device=device)) * block.size
+    last, gone = (first + (lengths - 1)[:, None]).view(-1), (first + dropped).view(-1)
+    kv = block.storage.view(2, -1, block.storage.shape[-1])
+    kv.index_copy_(1, gone, kv.index_select(1, last))
+    block.positions.view(-1).index_fill_(0, gone, members[0][1].seen - 1)  # the newest position was the last slot
+    for _, layer in members:
+        layer.dropped_together()

@@ -113,7 +113,7 @@ class LayerSlots:
         handed = None if layer.merge_groups is None else layer.merge_groups.block_for(layer, slots)
         shared = None if handed is not None or layer.shared_rows is None else layer.shared_rows.block_for(layer, slots)
         if shared is not None:
-            self.adopt_block(shared)
+            self.adopt_block(*shared)
             return
         if handed is None:
             self.kv_block = SlotBlock.around(torch.stack([self.keys, self.values]), slots, dim=3)
@@ -124,9 +124,9 @@ class LayerSlots:
             held[1].copy_(self.values)
         self.key_block, self.value_block = SlotBlock(self.kv_block.storage[0]), SlotBlock(self.kv_block.storage[1])
 
-    def adopt_block(self, block: SlotBlock) -> None:
-        """Keys and values into `block` ([2, b, h, S, d], slots on dimension 3), copied there: a slice of storage
-        other rows share (`polykv.runtime.row_storage`)."""
+    def adopt_block(self, block: SlotBlock, positions: SlotBlock | None = None) -> None:
+        """Keys and values into `block` ([2, b, h, S, d], slots on dimension 3), and positions into `positions`
+        ([b, h, S]) if given, copied there: slices of storage other rows share (`polykv.runtime.row_storage`)."""
         n = self.retained
         held = block.prefix(n)
         held[0].copy_(self.keys)
@@ -134,6 +134,25 @@ class LayerSlots:
         self.kv_block, self.group = block, None
         self.key_block, self.value_block = SlotBlock(block.storage[0]), SlotBlock(block.storage[1])
         self.keys, self.values = self.key_block.prefix(n), self.value_block.prefix(n)
+        if positions is not None:
+            positions.prefix(n).copy_(self.positions)  # slot i = position i until the first eviction: written out
+            self.position_block, self._positions = positions, positions.prefix(n)
+
+    def lives_in(self, kv: SlotBlock, positions: SlotBlock) -> bool:
+        """Are the keys, values and positions the prefix views of these blocks?"""
+        n = self.retained
+        return (
+            self.kv_block is kv
+            and self.holds_kv(n)
+            and self.position_block is positions
+            and positions.holds(self._positions)
+        )
+
+    def dropped_together(self, n: int) -> None:
+        """Of the n slots held, one left each head in the blocks (`polykv.runtime.row_storage`: many rows' last
+        slots moved at once): the tensors become the blocks' n - 1 slot prefixes."""
+        self.keys, self.values = self.key_block.prefix(n - 1), self.value_block.prefix(n - 1)
+        self._positions = self.position_block.prefix(n - 1)
 
     def _append_positions(self, layer, n: int, q: int) -> None:
         if self._positions is None:  # slot i still holds position i
