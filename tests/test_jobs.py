@@ -18,28 +18,32 @@ from tests.helpers import SLOW_FIDELITY, TINY_FIDELITY, assert_one_line_error, w
 
 
 @pytest.mark.slow  # runs an eval job's units on the demo model
-def test_an_eval_job_runs_its_units_in_order_and_reports_progress_per_run(workspace):
+def test_an_eval_job_runs_units_on_the_same_samples_together_and_reports_progress(workspace):
+    tova, h2o = Plan.homogeneous("tova", 24, 5), Plan.homogeneous("h2o", 24, 5)
     units = [
-        ({"series": "tova"}, Unit.of("demo", Plan.homogeneous("tova", 24, 5), "fidelity", TINY_FIDELITY)),
-        ({"series": "h2o"}, Unit.of("demo", Plan.homogeneous("h2o", 24, 5), "fidelity", TINY_FIDELITY)),
+        ({"series": "tova"}, Unit.of("demo", tova, "fidelity", TINY_FIDELITY)),
+        ({"series": "h2o"}, Unit.of("demo", h2o, "fidelity", TINY_FIDELITY)),
+        ({"series": "tova, seed 1"}, Unit.of("demo", tova, "fidelity", TINY_FIDELITY, seed=1)),  # other samples
     ]
-    job = jobs.eval_job(units, "two runs")
-    assert [r.label for r in job.runs] == [{"series": "tova"}, {"series": "h2o"}]
+    job = jobs.eval_job(units, "three runs")
+    assert [r.label["series"] for r in job.runs] == ["tova", "h2o", "tova, seed 1"]
     assert jobs.state(job, workspace).status == "waiting"
     process = jobs.start(job, workspace)
     assert process.wait(timeout=300) == 0
     state = jobs.state(jobs.load_job(workspace, job.id), workspace)
     assert state.status == "finished" and state.fraction == 1.0
-    assert [(r.done, r.total, r.status) for r in state.runs] == [(4, 4, "finished"), (4, 4, "finished")]
+    assert [(r.done, r.total, r.status) for r in state.runs] == [(4, 4, "finished")] * 3
     assert {r.id for r in Store(workspace / "results.sqlite").runs()} == {r.run_id for r in job.runs}
     log = jobs.log_tail(job, workspace, lines=50)
-    assert "run 2/2 h2o-both-24: 4/4" in log and log.splitlines()[-1].endswith("finished")
+    # the two runs on the same samples share each prompt pass (`run_suites`); the third runs alone
+    assert "runs 1-2/3 tova-both-24, h2o-both-24: 4/4" in log and "run 3/3 tova-both-24: 4/4" in log
+    assert log.splitlines()[-1].endswith("finished")
     stamp = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00 \[ *\d+\.\d%\] ")
     assert all(stamp.match(line) for line in log.splitlines()), log  # every log line is time-stamped
     assert state.elapsed_s is not None and state.elapsed_s >= 0 and state.eta_s is None  # finished: no ETA
     assert state.summary().startswith("100% · ") and " elapsed" in state.summary()
     written = jobs.spec._read_state(workspace, job.id)  # the pace of real work: 8 samples, the first one aside
-    assert written.pace_from is not None and written.pace_steps == 7 and written.pace_fraction == 0.125
+    assert written.pace_from is not None and written.pace_steps == 7 and written.pace_fraction == pytest.approx(1 / 6)
 
 
 def test_progress_says_elapsed_time_and_an_eta_from_this_workers_pace():
@@ -61,15 +65,17 @@ def test_a_job_refuses_a_bad_plan_before_it_starts(workspace):
 
 
 @pytest.mark.slow  # spawns a job worker
-def test_cancel_stops_the_process_and_marks_the_run_and_job_cancelled(workspace):
-    job = jobs.eval_job([({}, Unit.of("demo", Plan.homogeneous("tova", 24, 5), "fidelity", SLOW_FIDELITY))], "slow")
+def test_cancel_stops_the_process_and_marks_the_runs_and_job_cancelled(workspace):
+    units = [({}, Unit.of("demo", Plan.homogeneous(m, 24, 5), "fidelity", SLOW_FIDELITY)) for m in ("tova", "h2o")]
+    job = jobs.eval_job(units, "slow")
     process = jobs.start(job, workspace)
     wait_for_job(job, workspace, lambda s: s.runs[0].done >= 1)
     jobs.cancel(job, workspace)
     assert process.poll() is not None
     state = jobs.state(jobs.load_job(workspace, job.id), workspace)
     assert state.status == "cancelled" and 1 <= state.runs[0].done < state.runs[0].total
-    assert Store(workspace / "results.sqlite").run(job.runs[0].run_id).status == "cancelled"
+    # both runs were under way (they share each prompt pass): both are marked
+    assert [Store(workspace / "results.sqlite").run(r.run_id).status for r in job.runs] == ["cancelled"] * 2
 
 
 @pytest.mark.slow  # spawns a job worker twice (24 samples)

@@ -37,7 +37,7 @@ def job_work(job: Job, model, tokenizer, workspace: Path) -> Work:
     from polykv.models import context_length, num_layers
 
     layers, context = num_layers(model), context_length(model)
-    if job.kind == "eval":  # runs one after another; FullKV's reference once per sample of each suite
+    if job.kind == "eval":  # runs on the same samples together (`run_suites`); FullKV's reference once per sample
         groups: dict[tuple, int] = defaultdict(int)
         for run in job.runs:
             groups[(run.unit.suite, run.unit.settings_json, run.unit.seed)] += 1
@@ -45,7 +45,7 @@ def job_work(job: Job, model, tokenizer, workspace: Path) -> Work:
         for (suite, settings_json, seed), plans in groups.items():
             shapes = _shapes(suite, settings_json, model, tokenizer, seed)
             settings = suite_settings(suite, settings_json)
-            work = work + counted.suite_work("eval", shapes, plans, batched=False)
+            work = work + counted.suite_work("eval", shapes, plans, batched=plans > 1)
             work = work + counted.samples_work(suite, settings, model)
         return work.loaded(1)
     if job.kind == "profile":

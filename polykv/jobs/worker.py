@@ -70,11 +70,11 @@ def _run(job: Job, workspace: Path, experiment: JobWork | None = None) -> None:
         current.start_fraction = current.fraction = _eval_fraction(_run_progress(job, workspace))
     report(message="loading the model")
     store = Store(workspace / "results.sqlite")
-    active: str | None = None
+    active: list[str] = []  # the runs under way, marked cancelled if the job is
 
     def activate(run_id: str | None) -> None:
         nonlocal active
-        active = run_id
+        active = [] if run_id is None else [run_id]
 
     try:
         from polykv.models import load_model
@@ -85,31 +85,30 @@ def _run(job: Job, workspace: Path, experiment: JobWork | None = None) -> None:
             experiment(job, workspace, store, report, activate)
         elif job.kind == "eval":
             model, tokenizer = load_model(job.model, device=job.device)  # quiet: no progress bars in the log
-            from polykv.eval.running.suite_runner import run_suite
+            from polykv.eval.running.suite_runner import run_suite, run_suites
 
-            for i, r in enumerate(job.runs):
-                unit = Unit(**r.unit.model_dump())
-                active = r.run_id
+            done = 0
+            for members in _same_samples(job.runs):
+                units = [Unit(**job.runs[i].unit.model_dump()) for i in members]
+                plans = [Plan.from_json(unit.plan_json) for unit in units]
+                label = f"{_numbers(members)}/{len(job.runs)} {', '.join(plan.name for plan in plans)}"
+                active = [job.runs[i].run_id for i in members]
 
-                def progress(done: int, total: int, where: str, i: int = i, r: RunUnit = r) -> None:
+                def progress(count: int, total: int, where: str, start=done, size=len(members), label=label) -> None:
                     report(
-                        fraction=(i + done / total) / len(job.runs),
-                        message=f"run {i + 1}/{len(job.runs)} {r.plan_name}: {done}/{total} {where}",
+                        fraction=(start + size * count / total) / len(job.runs),
+                        message=f"{label}: {count}/{total} {where}",
                     )
 
-                report(message=f"run {i + 1}/{len(job.runs)} {r.plan_name}: building samples")
-                run_suite(
-                    store,
-                    unit.model,
-                    model,
-                    tokenizer,
-                    Plan.from_json(unit.plan_json),
-                    unit.suite,
-                    unit.settings(),
-                    unit.seed,
-                    progress=progress,
-                )
-            active = None
+                report(message=f"{label}: building samples")
+                unit = units[0]
+                arguments = (store, unit.model, model, tokenizer)
+                if len(plans) == 1:  # a plan alone runs as `run_suite` does: the reference
+                    run_suite(*arguments, plans[0], unit.suite, unit.settings(), unit.seed, progress=progress)
+                else:  # plans on the same samples: one prompt pass for them all (`run_suites`)
+                    run_suites(*arguments, plans, unit.suite, unit.settings(), unit.seed, progress=progress)
+                done += len(members)
+            active = []
         else:
             model, tokenizer = load_model(job.model, device=job.device)
             report(message="model loaded: building the calibration corpus")
@@ -132,14 +131,34 @@ def _run(job: Job, workspace: Path, experiment: JobWork | None = None) -> None:
         _record_cost(job, current, began)
         report(status="finished", fraction=1.0, message="finished")
     except _Cancelled:
-        run = store.run(active) if active is not None else None
-        if run is not None and run.status != "finished":  # an experiment's run may have just finished
-            store.set_status(active, "cancelled")
+        for run_id in active:
+            run = store.run(run_id)
+            if run is not None and run.status != "finished":  # an experiment's run may have just finished
+                store.set_status(run_id, "cancelled")
         report(status="cancelled", message="cancelled")
         raise
     except BaseException as exc:
         report(status="failed", error=f"{exc.__class__.__name__}: {first_line(exc)}"[:500], message="failed")
         raise
+
+
+def _same_samples(runs: list[RunUnit]) -> list[list[int]]:
+    """The job's runs in groups that score the same samples (model, suite, settings and seed alike), each run
+    where it first appears: a group runs together (`run_suites`), in the order of the job."""
+    groups: dict[tuple, list[int]] = {}
+    for i, run in enumerate(runs):
+        unit = run.unit
+        groups.setdefault((unit.model, unit.suite, unit.settings_json, unit.seed, unit.device), []).append(i)
+    return list(groups.values())
+
+
+def _numbers(members: list[int]) -> str:
+    """'run 2', 'runs 1-3' or 'runs 1, 3' (counted from 1)."""
+    if len(members) == 1:
+        return f"run {members[0] + 1}"
+    if members == list(range(members[0], members[-1] + 1)):
+        return f"runs {members[0] + 1}-{members[-1] + 1}"
+    return "runs " + ", ".join(str(i + 1) for i in members)
 
 
 def _record_cost(job: Job, current: StateFile, started: float) -> None:

@@ -14,6 +14,11 @@ An experiment scores dozens of plans on the same samples. Two facts let them sha
   * A decode step of a small model on a CPU (and of any model at batch 1 on a GPU) is bound by reading
     the weights, so P plans' next tokens as one batch of P rows cost little more than one. Each row's
     attention runs on its own plan's layer: its own slots, positions and method state.
+  * What would cost one small operation per row and layer is shared where it can be: at the first one-token
+    step each layer puts its rows' keys, values and positions into a few shared blocks
+    (`polykv.runtime.row_storage`), whose rows attend with one call per block; rows whose methods drop one slot
+    by a score (TOVA, StreamingLLM) drop together; and a prompt's signals, and what methods make of them
+    (Scissorhands' flags, CAKE's scores: `LayerView.once`), are made once for every plan.
 The results are those of each plan run alone up to float rounding, not bit for bit: a layer whose method
 needs the prompt's column sums (H2O, D2O, CaM) takes its prompt output from the fused pass when it runs
 alone and SDPA's here (equal up to rounding), and a batch's matrix products round differently from a
