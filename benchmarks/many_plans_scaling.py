@@ -9,6 +9,7 @@ the steps within a rep, then of the reps. The last column is each size's step ov
     python benchmarks/many_plans_scaling.py --model demo --length 200
     python benchmarks/many_plans_scaling.py --profile 54               # where 54 plans' step spends its time
     python benchmarks/many_plans_scaling.py --study-samples 3          # the smollm2 study's unit of work
+    python benchmarks/many_plans_scaling.py --floor                    # the model alone at those batch sizes
 
 `--study-samples K` times instead what the smollm2 study (docs/smollm2-study.md) spends its hours on: one RULER
 sample at 1,024 tokens (niah_single_1, chat template, answer_nll: the gold answer teacher-forced) scored by the
@@ -28,7 +29,7 @@ import time
 import torch
 
 from polykv.eval.method_protocols import baseline_plan
-from polykv.models import context_length, load_model, num_layers
+from polykv.models import cache_argument_name, context_length, load_model, num_layers
 from polykv.runtime.many_plans import many
 
 NINE = ("streamingllm", "h2o", "tova", "snapkv", "pyramidkv", "cake", "d2o", "scissorhands", "cam")
@@ -65,6 +66,38 @@ def step_times(model, plans, prompt: list[int], steps: int, profiler=None) -> tu
         if profiler is not None:
             profiler.disable()
     return prefill, times[1:]  # the first step warms up allocations
+
+
+@torch.inference_mode()
+def floor(model, sizes: list[int], reps: int) -> None:
+    """The model's one-token forward without any cache at batch 1, ..., N: the weights' arithmetic alone, what no
+    runtime can go below; and Hugging Face's own decode step (DynamicCache over 256 tokens), interleaved."""
+    from transformers import DynamicCache
+
+    def forward(rows: int, cached: bool) -> float:
+        ids = torch.randint(3, model.config.vocab_size, (rows, 257))
+        cache = {cache_argument_name(model): DynamicCache()} if cached else {}
+        if cached:
+            model(input_ids=ids[:, :256], use_cache=True, logits_to_keep=1, **cache)
+        times = []
+        for _ in range(6):
+            started = time.perf_counter()
+            model(input_ids=ids[:, 256:], use_cache=cached, logits_to_keep=1, **cache)
+            times.append(time.perf_counter() - started)
+        return statistics.median(times[1:])
+
+    bare: dict[int, list[float]] = {n: [] for n in sizes}
+    vanilla: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(reps):
+        for n in sizes:
+            bare[n].append(forward(n, False))
+            vanilla[n].append(forward(n, True))
+    one_bare, one_vanilla = statistics.median(bare[sizes[0]]), statistics.median(vanilla[sizes[0]])
+    print("| rows | forward, no cache (ms) | x one row | Hugging Face decode step, 256 cached (ms) | x one row |")
+    print("|---:|---:|---:|---:|---:|")
+    for n in sizes:
+        b, v = statistics.median(bare[n]), statistics.median(vanilla[n])
+        print(f"| {n} | {b * 1000:.1f} | {b / one_bare:.2f} | {v * 1000:.1f} | {v / one_vanilla:.2f} |")
 
 
 def study_samples(model, tokenizer, count: int, reps: int) -> None:
@@ -106,13 +139,15 @@ def main() -> None:
     parser.add_argument("--sort", default="tottime", help="the profile's order (pstats: tottime, cumtime, ...)")
     parser.add_argument("--lines", type=int, default=25, help="the profile's lines")
     parser.add_argument("--callers", default="", help="also show who calls the functions matching this")
-    parser.add_argument(
-        "--study-samples", type=int, default=0, help="time the study's unit of work on this many samples"
-    )
+    parser.add_argument("--study-samples", type=int, default=0, help="time the study's unit of work on K samples")
+    parser.add_argument("--floor", action="store_true", help="time the model alone at the same batch sizes")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model, tokenizer = load_model(args.model)
+    if args.floor:
+        floor(model, [int(s) for s in args.sizes.split(",")], args.reps)
+        return
     if args.study_samples:
         study_samples(model, tokenizer, args.study_samples, args.reps)
         return

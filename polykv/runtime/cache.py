@@ -17,8 +17,6 @@ vanilla cache), a smaller one evicts within it (`keep_window`).
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
@@ -30,6 +28,7 @@ from polykv.runtime.attention import hand_over
 from polykv.runtime.attention_step import attend
 from polykv.runtime.merges import MergeGroups
 from polykv.runtime.slots import LayerSlots
+from polykv.runtime.windows import window_cut, windowed_view
 
 
 class RoutedLayer(DynamicLayer):
@@ -235,51 +234,16 @@ class RoutedLayer(DynamicLayer):
 
     def keep_window(self, view: LayerView | None = None) -> LayerView | None:
         """A local layer drops the slots no later query can see (positions <= seen - window), as transformers'
-        sliding-window cache does, before its method chooses among the rest; this step's `view` follows.
-
-        Storage is rectangular ([b, h, n, d]): when heads (or rows) keep different numbers of visible slots (their
-        methods kept different tokens), one with fewer keeps its newest hidden ones as padding, which the window
-        mask hides from every query, which its method evicts first (`LayerView.hidden`), and which leave as soon
-        as no head needs the room. (A merging method, CaM or D2O, merges an evicted padding slot into the slots
-        it keeps as it does any evicted token, where alone the window would have dropped it: the one place a
-        padded row differs from the row alone; tests/test_hybrid_attention.py checks the slots kept.)"""
+        sliding-window cache does, before its method chooses among the rest; this step's `view` follows
+        (`polykv.runtime.windows`: which slots stay, padding included, and the view after the cut)."""
         window = self.window
         if window is None or self.seen < window or self.retained == 0:
             self.window_clean = True
             return view
-        positions = self.positions
-        visible = positions > self.seen - window  # [b, h, n]
-        fewest, k = torch.stack(visible.sum(dim=-1).aminmax()).tolist()  # one host read per step
-        self.window_clean = fewest == k  # then every slot left is visible
-        if k < positions.shape[-1]:
-            # visible slots first, then the newest; ascending slot order keeps the newest slot last
-            rank = positions + visible.to(positions.dtype) * (self.seen + 1)
-            keep = rank.topk(k, dim=-1, sorted=False).indices.sort(dim=-1).values
+        keep, visible, self.window_clean = window_cut(self.positions, self.seen, window)
+        if keep is not None:
             self._cut(keep)
-            visible = visible.gather(-1, keep)
-        else:
-            keep = None
-        if view is None:
-            return None
-        hidden = None if self.window_clean else ~visible
-        if keep is None:
-            return view if hidden is None else replace(view, hidden=hidden)
-        index = keep.repeat_interleave(view.num_kv_groups, dim=1)  # [b, h*g, k]: each query head's slots
-        rows = view.rows
-        if rows is not None:
-            rows = rows.gather(-1, index[:, :, None, :].expand(-1, -1, rows.shape[2], -1))
-        sums = None if view.column_sums is None else view.column_sums.gather(-1, index)
-        return replace(
-            view,
-            keys=self.keys,
-            values=self.values,
-            positions=self.positions,
-            rows=rows,
-            column_sums=sums,
-            kv=None,
-            defer_merge=False,
-            hidden=hidden,
-        )
+        return None if view is None else windowed_view(view, self, keep, visible, self.window_clean)
 
     def settle_prefill(self, eviction: Eviction | None) -> None:
         self.method.forget()  # the prefill method's scores are never used again

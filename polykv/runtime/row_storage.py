@@ -2,18 +2,24 @@
 
 Many plans stepping together (`polykv.runtime.many_plans`) give each plan's layer its own slots. Attending row
 by row costs a dozen small operations per row and layer; a batch of 54 plans spends most of its step there.
-So at a batch's first decode step each layer puts its rows' keys and values into a few blocks [2, rows, h, S, d]
-(`SharedRows`), rows of similar room together: rows whose room (`S_i` slots: capacity + interval for a layer
-that evicts, what `reserve` gave a layer that keeps everything) is within a factor sqrt(2) share a block of
-the largest's. Each row's `LayerSlots` holds its slice of a block as its own block (`polykv.runtime.slots`): its
-writes, drops and views are the same operations as in a block of its own, and its method sees its own
-[b, h, n_i, d] prefix. A cut gives a row storage of its own; its next write copies it back into its slice.
+So at a batch's first decode step each layer puts its rows' keys and values into a few blocks [2, rows, h, S, d],
+and the positions of those that evict into [rows, h, S] beside them (`SharedRows`), rows of similar room
+together: rows whose room (`S_i` slots: capacity + interval for a layer that evicts, what `reserve` gave a layer
+that keeps everything) is within a factor sqrt(2) share a block of the largest's. Each row's `LayerSlots` holds
+its slices of a block as its own blocks (`polykv.runtime.slots`): its writes, drops and views are the same
+operations as in blocks of its own, and its method sees its own [b, h, n_i, d] prefix. A cut gives a row storage
+of its own; its next write copies it back into its slices.
 
 A decode step then attends for every row of a block at once (`attend_block`): one query per row over the
 block's first N = max n_i slots, each row's slots past its own n_i masked out (probability exactly 0; the slots
 hold finite numbers, zeros or old tokens, so the masked products add exact zeros). The output and each
 row's probabilities equal the row's own up to float rounding (a longer reduction may round differently), as
 a batch's matrix products always may.
+
+Rows whose step drops one slot by a score (`RoutedLayer.drops_one_by_score`: TOVA, StreamingLLM, one slot over
+the capacity) drop theirs together, per method and parameters (`drop_together`): the scores of all of them at
+once (`Method.one_slot_scores`), then three operations move every row's last slot into its dropped one. Their
+capacities may differ: a row's slots past its own n score +inf.
 
 Rows that stay out: a layer whose decode method merges together across layers (D2O, CaM: their layers share
 one block per plan, `polykv.runtime.merges`), keys and values of different sizes, and a layer that keeps
@@ -72,7 +78,7 @@ class SharedRows:
 
 
 class Block:
-    """Keys and values of several rows of one layer, [2, rows, h, S, d]."""
+    """Keys and values of several rows of one layer, [2, rows, h, S, d], and their positions [rows, h, S]."""
 
     def __init__(self, owner: SharedRows, members: list[int], size: int):
         first = owner.layers[members[0]]
