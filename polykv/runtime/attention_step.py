@@ -140,10 +140,10 @@ def attend(
     row_when_idle: bool = False,
 ):
     """One routed layer's attention step: the output over the slots it holds (`choose_path`), then the
-    signals its methods asked for and their eviction. (Many plans at once call it for each plan's layer,
-    with `row_when_idle`: a decode step of a layer that keeps everything takes its output from one softmax
-    row too, which spares SDPA's copy of the keys for every query head; alone, such a layer runs SDPA, so
-    that a `full` plan is the vanilla computation.)"""
+    signals its methods asked for and their eviction. (Many plans at once call it for a plan's layer that does
+    not attend in its shared block, `polykv.runtime.row_storage`, with `row_when_idle`: a one-query decode step
+    takes its output from one softmax row even when its methods need no signal, which spares SDPA's copy of the
+    keys for every query head; alone, such a layer runs SDPA, so that a `full` plan is the vanilla computation.)"""
     window = layer.window = kwargs.get("sliding_window")  # a local layer keeps its window (`keep_window`)
     q_len = query.shape[2]
     recorders = listening()
@@ -238,7 +238,8 @@ def fill_signals(
 ) -> None:
     """Give `view` the rows of the newest queries and the column sums `needs` asks for. `computed` holds
     signals already made for this step ({("rows", w): ..., "sums": ...}) and gets those made here, so
-    that layers seeing the same step (many plans on one prompt) compute each signal once. `fresh`: the
+    that layers seeing the same step (many plans on one prompt) compute each signal once (there it is also
+    the views' `shared`: what methods make of the signals, `LayerView.once`). `fresh`: the
     step is a whole prompt (`fresh_prompt`), whose column sums come from the fused pass, as they do
     when a layer runs alone."""
     q_len = query.shape[2]

@@ -5,10 +5,11 @@ by row costs a dozen small operations per row and layer; a batch of 54 plans spe
 So at a batch's first decode step each layer puts its rows' keys and values into a few blocks [2, rows, h, S, d],
 and the positions of those that evict into [rows, h, S] beside them (`SharedRows`), rows of similar room
 together: rows whose room (`S_i` slots: capacity + interval for a layer that evicts, what `reserve` gave a layer
-that keeps everything) is within a factor sqrt(2) share a block of the largest's. Each row's `LayerSlots` holds
-its slices of a block as its own blocks (`polykv.runtime.slots`): its writes, drops and views are the same
-operations as in blocks of its own, and its method sees its own [b, h, n_i, d] prefix. A cut gives a row storage
-of its own; its next write copies it back into its slices.
+that keeps everything) is within a factor sqrt(2) share a block of the largest's. A row that still holds more
+(a decode-only plan's whole prompt, before its first cut) moves in at its first write after the cut. Each row's
+`LayerSlots` holds its slices of a block as its own blocks (`polykv.runtime.slots`): its writes, drops and views
+are the same operations as in blocks of its own, and its method sees its own [b, h, n_i, d] prefix. A cut gives
+a row storage of its own; its next write copies it back into its slices.
 
 A decode step then attends for every row of a block at once (`attend_block`): one query per row over the
 block's first N = max n_i slots, each row's slots past its own n_i masked out (probability exactly 0; the slots
@@ -21,9 +22,9 @@ the capacity) drop theirs together, per method and parameters (`drop_together`):
 once (`Method.one_slot_scores`), then three operations move every row's last slot into its dropped one. Their
 capacities may differ: a row's slots past its own n score +inf.
 
-Rows that stay out: a layer whose decode method merges together across layers (D2O, CaM: their layers share
-one block per plan, `polykv.runtime.merges`), keys and values of different sizes, and a layer that keeps
-everything without reserved room (it grows by concatenation). They attend row by row, as before.
+Rows that stay out: a layer whose decode method merges together across layers (D2O, CaM at interval 1: their
+layers share one block per plan, `polykv.runtime.merges`), keys and values of different sizes, and a layer that
+keeps everything without reserved room (it grows by concatenation). They attend row by row, as before.
 """
 
 from __future__ import annotations
@@ -57,8 +58,9 @@ class SharedRows:
             block = Block(self, members, max(rooms[i] for i in members))
             for j, i in enumerate(members):
                 self.home[i] = (block, j * width)
-                block.move_in(layers[i], j * width)
                 layers[i].shared_rows = self
+                if layers[i].retained < block.size:  # else (a whole prompt before its first cut): after its cut
+                    block.move_in(layers[i], j * width)
         self.blocks = list({id(block): block for block, _ in self.home.values()}.values())
 
     def block_for(self, layer, slots: int) -> tuple[SlotBlock, SlotBlock] | None:
@@ -137,7 +139,8 @@ def _room_of(layer) -> int | None:
         return block.size if block is not None and slots.holds_kv(n) and block.size > n else None
     if decode.merges_together and decode.interval == 1:
         return None
-    return max(n + 1, decode.capacity + decode.interval) if decode.capacity is not None else None
+    # what its steps hold once it has cut to its capacity: a decode-only plan holds the whole prompt until then
+    return None if decode.capacity is None else decode.capacity + decode.interval
 
 
 def _by_room(rooms: dict[int, int]) -> list[list[int]]:

@@ -9,6 +9,8 @@ and shapes stay fixed. Keys and values share one storage [2, b, h, S, d], so tha
 a merge group (`polykv.runtime.merges`) that storage is the layer's slice of the group's block. A cut that
 gathers, or any other assignment, gives the tensors storage of their own, and the next step copies them
 into a new block once. The methods' per-slot state lives the same way, in each method's `SlotStates`.
+Many plans stepping together (`polykv.runtime.row_storage`) give a layer slices of blocks its layer shares with
+the other plans' instead (`adopt_block`), and a new block after a cut is that slice again.
 """
 
 from __future__ import annotations
@@ -109,7 +111,8 @@ class LayerSlots:
 
     def _new_kv_block(self, layer, slots: int) -> None:
         """Keys and values into a new block of `slots` slots: a slice of the block of the layer's merge
-        group when it has one, else a block of its own."""
+        group when it has one, else its slices of storage shared with other plans' rows when it has them
+        (`polykv.runtime.row_storage`), else a block of its own."""
         handed = None if layer.merge_groups is None else layer.merge_groups.block_for(layer, slots)
         shared = None if handed is not None or layer.shared_rows is None else layer.shared_rows.block_for(layer, slots)
         if shared is not None:
