@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections import defaultdict
 from pathlib import Path
 
 from polykv import costs
 from polykv.costs import Work
 from polykv.errors import PolyKVError
+from polykv.jobs.progress import same_samples
 from polykv.jobs.spec import Job
 
 _SHAPES: dict[tuple, list] = {}  # (model, suite, settings, seed) -> shapes: a page asks again on every redraw
@@ -38,15 +38,13 @@ def job_work(job: Job, model, tokenizer, workspace: Path) -> Work:
 
     layers, context = num_layers(model), context_length(model)
     if job.kind == "eval":  # runs on the same samples together (`run_suites`); FullKV's reference once per sample
-        groups: dict[tuple, int] = defaultdict(int)
-        for run in job.runs:
-            groups[(run.unit.suite, run.unit.settings_json, run.unit.seed)] += 1
         work = Work("eval", (), loads=0)
-        for (suite, settings_json, seed), plans in groups.items():
-            shapes = _shapes(suite, settings_json, model, tokenizer, seed)
-            settings = suite_settings(suite, settings_json)
+        for members in same_samples(job.runs):
+            unit, plans = job.runs[members[0]].unit, len(members)
+            shapes = _shapes(unit.suite, unit.settings_json, model, tokenizer, unit.seed)
+            settings = suite_settings(unit.suite, unit.settings_json)
             work = work + counted.suite_work("eval", shapes, plans, batched=plans > 1)
-            work = work + counted.samples_work(suite, settings, model)
+            work = work + counted.samples_work(unit.suite, settings, model)
         return work.loaded(1)
     if job.kind == "profile":
         spec = job.profile

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict
 from polykv.errors import PolyKVError
 from polykv.eval.results.store import Store
 from polykv.jobs.process import _alive
-from polykv.jobs.spec import FINAL, Job, _read_state, _spec_path
+from polykv.jobs.spec import FINAL, Job, RunUnit, _read_state, _spec_path
 from polykv.progress import eta, fraction_of
 from polykv.text import duration
 
@@ -164,3 +164,14 @@ def log_tail(job: Job, workspace: Path, lines: int = 20) -> str:
     except OSError:
         return ""
     return "\n".join(text.replace("\r", "\n").splitlines()[-lines:])
+
+
+def same_samples(runs: list[RunUnit]) -> list[list[int]]:
+    """An evaluation job's runs in groups that score the same samples (model, suite, settings, seed and device
+    alike), each group where its first run appears: the worker runs a group together (`run_suites`) and the
+    estimate counts it so."""
+    groups: dict[tuple, list[int]] = {}
+    for i, run in enumerate(runs):
+        unit = run.unit
+        groups.setdefault((unit.model, unit.suite, unit.settings_json, unit.seed, unit.device), []).append(i)
+    return list(groups.values())

@@ -17,8 +17,8 @@ from polykv.eval.results.store import Store
 from polykv.eval.running.unit import Unit
 from polykv.files import atomic_write_json
 from polykv.jobs.process import WORKER_MODULES
-from polykv.jobs.progress import _eval_fraction, _run_progress
-from polykv.jobs.spec import Job, RunUnit, StateFile, _job_from_file, _spec_path
+from polykv.jobs.progress import _eval_fraction, _run_progress, same_samples
+from polykv.jobs.spec import Job, StateFile, _job_from_file, _spec_path
 from polykv.plan import Plan
 
 
@@ -88,7 +88,7 @@ def _run(job: Job, workspace: Path, experiment: JobWork | None = None) -> None:
             from polykv.eval.running.suite_runner import run_suite, run_suites
 
             done = 0
-            for members in _same_samples(job.runs):
+            for members in same_samples(job.runs):
                 units = [Unit(**job.runs[i].unit.model_dump()) for i in members]
                 plans = [Plan.from_json(unit.plan_json) for unit in units]
                 label = f"{_numbers(members)}/{len(job.runs)} {', '.join(plan.name for plan in plans)}"
@@ -140,16 +140,6 @@ def _run(job: Job, workspace: Path, experiment: JobWork | None = None) -> None:
     except BaseException as exc:
         report(status="failed", error=f"{exc.__class__.__name__}: {first_line(exc)}"[:500], message="failed")
         raise
-
-
-def _same_samples(runs: list[RunUnit]) -> list[list[int]]:
-    """The job's runs in groups that score the same samples (model, suite, settings and seed alike), each run
-    where it first appears: a group runs together (`run_suites`), in the order of the job."""
-    groups: dict[tuple, list[int]] = {}
-    for i, run in enumerate(runs):
-        unit = run.unit
-        groups.setdefault((unit.model, unit.suite, unit.settings_json, unit.seed, unit.device), []).append(i)
-    return list(groups.values())
 
 
 def _numbers(members: list[int]) -> str:

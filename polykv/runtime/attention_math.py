@@ -13,26 +13,32 @@ import torch
 _COLUMN_SUM_BLOCK = 1 << 24
 
 
-def decode_output(query, key, value, scaling) -> tuple[torch.Tensor, torch.Tensor]:
-    """One query's attention output [b, 1, h*g, dv] over every held slot, and its probabilities [b*h, g, n]."""
+def decode_output(query, key, value, scaling, lengths: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One query's attention output [b, 1, h*g, dv] over every held slot, and its probabilities [b*h, g, n].
+    `lengths`: row r of the batch sees only its first lengths[r] slots (many plans' rows in one shared block,
+    `polykv.runtime.row_storage`; the slots past them hold finite numbers and get probability exactly 0)."""
     b, qh = query.shape[:2]
     h, n = key.shape[1], key.shape[2]
-    probs = _decode_probs(query, key, scaling)  # [b*h, g, n]
+    probs = _decode_probs(query, key, scaling, lengths)  # [b*h, g, n]
     weights = probs if value.dtype == probs.dtype else probs.to(value.dtype)
     attn_output = torch.bmm(weights, value.reshape(b * h, n, value.shape[-1])).view(b, 1, qh, value.shape[-1])
     return attn_output, probs
 
 
-def _decode_probs(query, key, scaling) -> torch.Tensor:
-    """Softmax attention [b*h, g, n] (fp32) of one query per head over every held slot: no mask, and as
-    few operations as the step allows (it runs for every layer at every decode step)."""
+def _decode_probs(query, key, scaling, lengths: list[int] | None = None) -> torch.Tensor:
+    """Softmax attention [b*h, g, n] (fp32) of one query per head over every held slot (or each row's first
+    `lengths[r]`), in as few operations as the step allows (it runs for every layer at every decode step)."""
     b, qh, _, d = query.shape
     h, n = key.shape[1], key.shape[2]
     grouped_q = query.reshape(b * h, qh // h, d)
     grouped_k = key.reshape(b * h, n, d)
     if grouped_q.dtype != torch.float32:
         grouped_q, grouped_k = grouped_q.float(), grouped_k.float()
-    return torch.softmax(torch.bmm(grouped_q * scaling, grouped_k.transpose(1, 2)), dim=-1)
+    scores = torch.bmm(grouped_q * scaling, grouped_k.transpose(1, 2))
+    if lengths is not None and min(lengths) < n:
+        length = torch.tensor(lengths, device=scores.device).repeat_interleave(h).view(b * h, 1, 1)
+        scores = scores.masked_fill(torch.arange(n, device=scores.device) >= length, float("-inf"))
+    return torch.softmax(scores, dim=-1)
 
 
 def entropy_sums(query, key, query_pos, key_pos, scaling, window) -> torch.Tensor:

@@ -36,6 +36,7 @@ import torch
 from polykv.methods.slots import SlotBlock
 from polykv.plan import Phase
 from polykv.runtime.attention import listening
+from polykv.runtime.attention_math import decode_output
 from polykv.runtime.attention_step import Path, choose_path, give_row, layer_view
 
 # Rows whose rooms differ by less than this factor share a block (sized for the largest): at most ~41% of a
@@ -159,22 +160,10 @@ def attend_block(block: Block, query: torch.Tensor, lengths: list[int], scaling:
     """Every row of the block attending with one query each: `query` [rows, h*g, 1, d] in block order, row r
     over its first `lengths[r]` slots. Returns the output [rows, 1, h*g, dv] and the probabilities
     [rows, h, g, N] (fp32; N = max(lengths), each row's slots past its length 0)."""
-    rows, qh, _, d = query.shape
     n = max(lengths)
     keys, values = block.storage[0, :, :, :n], block.storage[1, :, :, :n]  # [rows, h, N, d]
-    h = keys.shape[1]
-    grouped_q = query.reshape(rows * h, qh // h, d)
-    grouped_k = keys.reshape(rows * h, n, d)
-    if grouped_q.dtype != torch.float32:
-        grouped_q, grouped_k = grouped_q.float(), grouped_k.float()
-    scores = torch.bmm(grouped_q * scaling, grouped_k.transpose(1, 2)).view(rows, h, qh // h, n)
-    if min(lengths) < n:
-        length = torch.tensor(lengths, device=scores.device).view(rows, 1, 1, 1)
-        scores = scores.masked_fill(torch.arange(n, device=scores.device) >= length, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    weights = probs if values.dtype == probs.dtype else probs.to(values.dtype)
-    output = torch.bmm(weights.view(rows * h, qh // h, n), values.reshape(rows * h, n, values.shape[-1]))
-    return output.view(rows, 1, qh, values.shape[-1]), probs
+    output, probs = decode_output(query, keys, values, scaling, lengths)
+    return output, probs.view(query.shape[0], keys.shape[1], -1, n)
 
 
 def attend_shared(shared: SharedRows, module, query, dropout: float, scaling: float, kwargs) -> dict[int, torch.Tensor]:
