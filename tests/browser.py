@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import expect
 
 from tests.helpers import REPO, wait_until
@@ -23,6 +24,7 @@ ARTIFACTS = REPO / "tests" / "artifacts"
 CHROMIUM = Path("/usr/bin/chromium")
 WAIT = 60_000  # ms for one rerun; CI machines have two slow cores
 MODEL_WAIT = 120_000  # the first page load imports and loads the model
+OPEN_WAIT = 15_000  # ms for an opened dropdown's options to show
 JOB_WAIT = 180_000
 
 
@@ -201,10 +203,15 @@ def choose_option(page, label: str, option: str) -> None:
     chosen once more."""
     select = page.get_by_test_id("stMultiSelect").filter(has_text=label)
     tag = select.locator("[data-tag]").filter(has_text=re.compile(f"^{re.escape(option)}$"))
-    for _ in range(2):
+    for _ in range(3):
         settle(page)
         select.click()
-        page.get_by_role("option", name=option, exact=True).click()
+        choice = page.get_by_role("option", name=option, exact=True)
+        try:
+            choice.click(timeout=OPEN_WAIT)
+        except PlaywrightTimeout:  # the dropdown closed under a rerun before the option showed: open it again
+            page.keyboard.press("Escape")
+            continue
         page.keyboard.press("Escape")
         settle(page)
         if tag.count():
