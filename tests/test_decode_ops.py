@@ -35,7 +35,7 @@ def test_visible_row_quantile_equals_torch_nanquantile(q):
             rows = rows.masked_fill(~visible, 0.0)  # attention probabilities: 0 where the query cannot see
             rows[1, 1] = rows[1, 1] * (rows[1, 1] > 0.5)  # and visible zeros, as underflow gives
             expected = torch.nanquantile(rows.masked_fill(~visible, float("nan")), q, dim=-1, keepdim=True)
-            assert torch.equal(visible_row_quantile(rows, visible, q), expected), (n, w, pattern)
+            assert torch.equal(visible_row_quantile(rows, visible.sum(-1, keepdim=True), q), expected), (n, w, pattern)
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 7, 256])

@@ -97,6 +97,7 @@ class LayerView:
     # [b, h, n] slots no query can see any more, or None: a local layer's padding where its heads (or rows) keep
     # different numbers of tokens within the window (`RoutedLayer.keep_window`); a method evicts them first
     hidden: torch.Tensor | None = None
+    fresh: bool = False  # a whole prompt over an empty cache: slot i holds position i (`attention_step.fresh_prompt`)
     # results made from this step's signals that more than one method may want ({key: result}, `once`): a
     # layer's two phase methods at the prompt, and every plan's layer on a prompt many plans share
     shared: dict = field(default_factory=dict)

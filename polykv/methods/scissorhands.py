@@ -7,6 +7,7 @@ Importance Hypothesis for LLM KV Cache Compression at Test Time." NeurIPS 2023, 
 
 from __future__ import annotations
 
+import functools
 import struct
 
 from pydantic import BaseModel
@@ -138,22 +139,32 @@ class Scissorhands(Method):
 
     def _record(self, view: LayerView) -> None:
         """Write the unimportance flags of the step's newest (up to `history`) queries into the ring."""
-        rows = view.grouped(view.rows[:, :, -self.params.history :])  # [b, h, w, n]
-        w = rows.shape[2]
+        history, q = self.params.history, self.params.importance_quantile
+        rows = view.rows if view.rows.shape[2] <= history else view.rows[:, :, -history:]
+        rows = view.grouped(rows)  # [b, h, w, n]
+        w, n = rows.shape[2], rows.shape[3]
         # The newest slot is the newest query's own token; the w queries sit at the w newest positions.
         if w == 1:  # a decode step: the newest query sees every slot
-            unimportant = rows < row_quantile(rows, self.params.importance_quantile)
+            flags = self.per_token["unimportant"]
+            # a plain column: no index tensor to build at every decode step
+            torch.lt(rows, row_quantile(rows, q), out=flags.select(-1, self.cursor).unsqueeze(2))
+            self.cursor = (self.cursor + 1) % history
+            return
+        elif view.fresh:  # a whole prompt in slot order: query i sees slots 0 .. n - w + i
+            seen = torch.arange(n - w + 1, n + 1, device=rows.device).view(w, 1)
+            unimportant = rows < visible_row_quantile(rows, seen, q)
+            unimportant[..., n - w :] &= torch.ones(w, w, dtype=torch.bool, device=rows.device).tril_()
         else:
             query_pos = view.positions.amax(-1, keepdim=True) - w + 1 + torch.arange(w, device=rows.device)
             visible = view.positions[:, :, None, :] <= query_pos[..., None]  # [b, h, w, n]
-            threshold = visible_row_quantile(rows, visible, self.params.importance_quantile)
-            unimportant = (rows < threshold) & visible
-        if w == 1:  # a plain index: no index tensor to build at every decode step
-            self.per_token["unimportant"][..., self.cursor] = unimportant[:, :, 0]
+            unimportant = (rows < visible_row_quantile(rows, visible.sum(-1, keepdim=True), q)) & visible
+        flags = self.per_token["unimportant"]
+        if self.cursor + w <= history:  # the ring's next w columns, unbroken
+            flags[..., self.cursor : self.cursor + w] = unimportant.transpose(2, 3)
         else:
-            columns = (self.cursor + torch.arange(w, device=rows.device)) % self.params.history
-            self.per_token["unimportant"][..., columns] = unimportant.transpose(2, 3)
-        self.cursor = (self.cursor + w) % self.params.history
+            columns = (self.cursor + torch.arange(w, device=rows.device)) % history
+            flags[..., columns] = unimportant.transpose(2, 3)
+        self.cursor = (self.cursor + w) % history
 
 
 def row_quantile(rows: torch.Tensor, q: float) -> torch.Tensor:
@@ -163,19 +174,27 @@ def row_quantile(rows: torch.Tensor, q: float) -> torch.Tensor:
     torch computes the rank q * (n - 1) in float32; so does this, on the host (rows hold no NaN: they
     are softmax probabilities)."""
     n = rows.shape[-1]
+    below, weight = _rank(q, n)
+    top = _largest(rows, n - below)  # descending: the last is the value at `below`
+    if n - below < 2:
+        return top.lerp(top, weight)
+    above, at = top[..., -2:].unbind(-1)
+    return at.unsqueeze(-1).lerp_(above.unsqueeze(-1), weight)
+
+
+@functools.lru_cache(maxsize=4096)
+def _rank(q: float, n: int) -> tuple[int, float]:
+    """The ascending rank q * (n - 1) as torch computes it in float32: its whole part and its fraction (exact)."""
     rank = _float32(_float32(q) * (n - 1))  # the exact product of two float32 values, rounded once
-    below = int(rank)
-    weight = rank - below  # exact: a float32's fraction
-    top = rows.topk(n - below, dim=-1).values  # descending: the last is the value at `below`
-    above = top[..., -2:-1] if n - below >= 2 else top[..., -1:]
-    return top[..., -1:].lerp(above, weight)
+    return int(rank), rank - int(rank)
 
 
-def visible_row_quantile(rows: torch.Tensor, visible: torch.Tensor, q: float) -> torch.Tensor:
+def visible_row_quantile(rows: torch.Tensor, seen: torch.Tensor, q: float) -> torch.Tensor:
     """`torch.nanquantile(rows with the invisible entries as NaN, q, dim=-1, keepdim=True)`, the same
     numbers for rows that see at least one entry, from one partial top-k instead of a sort of every row
     (the prompt's history window: `history` rows over the whole prompt). `rows` are attention
-    probabilities: every entry >= 0, and 0 where the row's query cannot see the slot (the causal mask).
+    probabilities: every entry >= 0, and 0 where the row's query cannot see the slot (the causal mask);
+    `seen` [..., w, 1] how many entries each row sees.
 
     Row i with m_i visible entries needs its values at ascending ranks floor(r_i) and ceil(r_i),
     r_i = q * (m_i - 1) in float32 as torch computes it; those are among its m_i - floor(r_i) largest,
@@ -185,15 +204,23 @@ def visible_row_quantile(rows: torch.Tensor, visible: torch.Tensor, q: float) ->
     same number whichever entry holds them), and only such ranks are read."""
     n = rows.shape[-1]
     q32 = torch.tensor(_float32(q), dtype=torch.float32, device=rows.device)
-    last = visible.sum(-1, keepdim=True).sub_(1).clamp_min_(0)  # m_i - 1: descending index of ascending rank 0
+    last = (seen - 1).clamp_min_(0)  # m_i - 1: descending index of ascending rank 0
     rank = q32 * last  # float32, as torch.nanquantile
     below = rank.long()
     weight = rank - below
     above = rank.ceil().long()
     k = min(n, n - int(_float32(_float32(q) * (n - 1))) + 1)  # + 1: float32 rounding of the rank
-    top = rows.topk(k, dim=-1).values  # descending
-    at = lambda r: top.gather(-1, (last - r).clamp_(0, k - 1))  # noqa: E731  (ascending rank r)
+    top = _largest(rows, k)  # descending
+    at = lambda r: top.gather(-1, (last - r).clamp_(0, k - 1).expand(*top.shape[:-1], 1))  # noqa: E731  (ascending rank r)
     return at(below).lerp_(at(above), weight)
+
+
+def _largest(rows: torch.Tensor, k: int) -> torch.Tensor:
+    """The k largest values of each row, descending, for rows of probabilities (every entry +0 or above: no -0,
+    no NaN). Such floats order as their bits read as int32, which a CPU top-k compares faster than floats."""
+    if rows.dtype != torch.float32:
+        return rows.topk(k, dim=-1).values
+    return rows.view(torch.int32).topk(k, dim=-1).values.view(torch.float32)
 
 
 def _float32(x: float) -> float:

@@ -67,13 +67,15 @@ def allowed(key_pos: torch.Tensor, query_pos: torch.Tensor, window: int | None) 
     return allowed
 
 
-def attention_probs(query, key, query_pos, key_pos, scaling, window=None) -> torch.Tensor:
-    """Softmax attention [b, h*g, w, n] in fp32 for the given queries over the held slots."""
+def attention_probs(query, key, query_pos, key_pos, scaling, window=None, fresh: bool = False) -> torch.Tensor:
+    """Softmax attention [b, h*g, w, n] in fp32 for the given queries over the held slots. `fresh`: the slots are a
+    whole prompt in order (slot i holds position i) and the queries its last w positions, each seeing every slot
+    up to its own (no window cuts it): only the last w slots can be masked."""
     b, qh, w, _ = query.shape
-    return _grouped_probs(query, key, query_pos, key_pos, scaling, window).reshape(b, qh, w, -1)
+    return _grouped_probs(query, key, query_pos, key_pos, scaling, window, fresh).reshape(b, qh, w, -1)
 
 
-def _grouped_probs(query, key, query_pos, key_pos, scaling, window) -> torch.Tensor:
+def _grouped_probs(query, key, query_pos, key_pos, scaling, window, fresh: bool = False) -> torch.Tensor:
     """Softmax attention [b, h, g, w, n] (fp32), computed in place to spare memory traffic."""
     b, qh, w, d = query.shape
     h, n = key.shape[1], key.shape[2]
@@ -81,7 +83,10 @@ def _grouped_probs(query, key, query_pos, key_pos, scaling, window) -> torch.Ten
     # directly: what matmul would call, without its reshaping on every decode step)
     grouped_q = query.reshape(b * h, (qh // h) * w, d).float() * scaling
     scores = torch.bmm(grouped_q, key.float().reshape(b * h, n, d).transpose(-1, -2)).view(b, h, qh // h, w, n)
-    if w > 1 or window is not None:  # the newest query sees every held slot: no mask needed
+    if fresh and w > 1:  # the same -inf as the general mask, written only where it can fall: the last w slots
+        future = torch.ones(w, w, dtype=torch.bool, device=scores.device).triu_(1)
+        scores[..., n - w :].masked_fill_(future, float("-inf"))
+    elif w > 1 or window is not None:  # the newest query sees every held slot: no mask needed
         scores.masked_fill_(~allowed(key_pos, query_pos, window)[:, :, None], float("-inf"))
     scores.sub_(scores.amax(dim=-1, keepdim=True)).exp_()
     return scores.div_(scores.sum(dim=-1, keepdim=True))

@@ -218,8 +218,7 @@ def step_on_shared_prompt(layer: SlotHoldingLayer, module, query, key, value, sc
     view = layer_view(layer, module, key, value, q_len)
     view.shared = computed  # what one plan's methods make from the step, the others' may reuse (`LayerView.once`)
     query_pos = torch.arange(q_len, device=query.device)
-    fresh = fresh_prompt(layer, q_len, window)
-    fill_signals(view, layer.needs(), query, key, query_pos, scaling, window, computed, fresh)
+    fill_signals(view, layer.needs(), query, key, query_pos, scaling, window, computed)
     layer.finish_step(view)
 
 
@@ -233,25 +232,23 @@ def fresh_prompt(layer: SlotHoldingLayer, q_len: int, window: int | None) -> boo
     return layer.retained == q_len == layer.seen and (window is None or window >= q_len)
 
 
-def fill_signals(
-    view: LayerView, needs, query, key, query_pos, scaling, window, computed: dict, fresh: bool = False
-) -> None:
+def fill_signals(view: LayerView, needs, query, key, query_pos, scaling, window, computed: dict) -> None:
     """Give `view` the rows of the newest queries and the column sums `needs` asks for. `computed` holds
     signals already made for this step ({("rows", w): ..., "sums": ...}) and gets those made here, so
     that layers seeing the same step (many plans on one prompt) compute each signal once (there it is also
-    the views' `shared`: what methods make of the signals, `LayerView.once`). `fresh`: the
-    step is a whole prompt (`fresh_prompt`), whose column sums come from the fused pass, as they do
-    when a layer runs alone."""
+    the views' `shared`: what methods make of the signals, `LayerView.once`). A whole prompt's step
+    (`LayerView.fresh`) takes its column sums from the fused pass, as a layer alone does, and masks only the
+    rows' last slots."""
     q_len = query.shape[2]
     if needs.rows:
         w = min(needs.rows, q_len)
         if ("rows", w) not in computed:
-            rows = attention_probs(query[:, :, -w:], key, query_pos[-w:], view.positions, scaling, window)
+            rows = attention_probs(query[:, :, -w:], key, query_pos[-w:], view.positions, scaling, window, view.fresh)
             computed["rows", w] = rows
         view.rows = computed["rows", w]
     if needs.column_sums:
         if computed.get("sums") is None:
-            if fresh:
+            if view.fresh:
                 computed["sums"] = causal_attention_and_column_sums(query, key, view.values, scaling)[1]
             else:
                 computed["sums"] = column_sums(query, key, query_pos, view.positions, scaling, window)
@@ -271,6 +268,7 @@ def layer_view(layer: SlotHoldingLayer, module, key, value, q_len: int) -> Layer
         kv=layer.kv_view() if layer.method.merges else None,
         defer_merge=layer.defers_merge,
         holds=layer.holding,
+        fresh=fresh_prompt(layer, q_len, layer.window),
     )
 
 

@@ -53,4 +53,5 @@ def windowed_view(view: LayerView, layer, keep: torch.Tensor | None, visible: to
         kv=None,
         defer_merge=False,
         hidden=hidden,
+        fresh=False,
     )
