@@ -90,3 +90,34 @@ def test_attention_function_takes_arguments_in_the_order_transformers_uses():
 
     ours = list(inspect.signature(polykv_attention).parameters)[:7]
     assert ours == list(inspect.signature(sdpa_attention_forward).parameters)[:7]
+
+
+@pytest.mark.parametrize("groups", [1, 3])
+def test_a_whole_prompt_masks_only_its_last_slots_and_scissorhands_reads_it_as_the_general_mask(groups):
+    """A fresh prompt's rows (`LayerView.fresh`: slot i holds position i) mask only their last w slots; the
+    probabilities, and Scissorhands' flags read from them without a visibility mask, are the same bits as the
+    general mask built from positions gives."""
+    from dataclasses import replace
+
+    from polykv.methods.base import LayerView
+    from polykv.methods.scissorhands import Scissorhands
+    from polykv.plan import Phase
+    from polykv.runtime.attention_math import attention_probs
+
+    g = torch.Generator().manual_seed(4)
+    for n, w in [(1, 1), (5, 5), (40, 7), (300, 100)]:
+        heads = 2
+        query = torch.randn(1, heads * groups, w, 8, generator=g)
+        key = torch.randn(1, heads, n, 8, generator=g)
+        positions = torch.arange(n).expand(1, heads, n)
+        query_pos = torch.arange(n - w, n)
+        general = attention_probs(query, key, query_pos, positions, 0.35)
+        fresh = attention_probs(query, key, query_pos, positions, 0.35, fresh=True)
+        assert torch.equal(fresh, general), (n, w)
+        view = LayerView(Phase.PREFILL, key, key, positions, n, groups, rows=fresh, fresh=True)
+        flags = []
+        for v in (view, replace(view, fresh=False)):
+            method = Scissorhands(n, {"history": w})
+            method.observe_prefill(v)
+            flags.append(method.per_token["unimportant"])
+        assert torch.equal(flags[0], flags[1]) and (n == 1 or flags[0].any()), (n, w)
