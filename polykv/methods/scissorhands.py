@@ -145,9 +145,9 @@ class Scissorhands(Method):
         w, n = rows.shape[2], rows.shape[3]
         # The newest slot is the newest query's own token; the w queries sit at the w newest positions.
         if w == 1:  # a decode step: the newest query sees every slot
-            flags = self.per_token["unimportant"]
             # a plain column: no index tensor to build at every decode step
-            torch.lt(rows, row_quantile(rows, q), out=flags.select(-1, self.cursor).unsqueeze(2))
+            unimportant = rows < row_quantile(rows, q)
+            self.per_token["unimportant"].select(-1, self.cursor).copy_(unimportant.squeeze(2))
             self.cursor = (self.cursor + 1) % history
             return
         elif view.fresh:  # a whole prompt in slot order: query i sees slots 0 .. n - w + i
@@ -175,11 +175,11 @@ def row_quantile(rows: torch.Tensor, q: float) -> torch.Tensor:
     are softmax probabilities)."""
     n = rows.shape[-1]
     below, weight = _rank(q, n)
-    top = _largest(rows, n - below)  # descending: the last is the value at `below`
-    if n - below < 2:
-        return top.lerp(top, weight)
-    above, at = top[..., -2:].unbind(-1)
-    return at.unsqueeze(-1).lerp_(above.unsqueeze(-1), weight)
+    # descending: the last is the value at `below` (a float top-k: on a decode step's short row the int32 views
+    # of `_largest` cost more than they save)
+    top = rows.topk(n - below, dim=-1).values
+    pair = top[..., -2:]
+    return torch.lerp(pair[..., -1:], pair[..., :1], weight)
 
 
 @functools.lru_cache(maxsize=4096)
