@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from polykv.methods.scissorhands import Scissorhands
 from polykv.methods.slots import gather_slots
 from polykv.models import cache_argument_name
 from polykv.plan import Phase, Plan
-from tests.helpers import decode_logits, decode_sizes, kept, layer_view, max_diff, prompt, run_routed, tiny_model
+from polykv.runtime import routed
+from tests.helpers import (
+    decode_logits,
+    decode_sizes,
+    identical,
+    kept,
+    layer_view,
+    max_diff,
+    prompt,
+    run_routed,
+    tiny_model,
+)
 
 H, L = 0.5, 0.05  # attention of an important / unimportant token in hand-made rows
 
@@ -134,3 +146,42 @@ def test_runtime_capacity_above_length_equals_full():
     logits, cache = run_routed(model, Plan.homogeneous("scissorhands", 80, 3), ids, steps=30)
     assert max_diff(vanilla, logits) <= 1e-5
     assert cache.retained_per_layer() == [70] * 3
+
+
+@pytest.mark.parametrize("history", [8, 16])
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_deferred_decode_rows_flag_as_each_step_would(family, history, monkeypatch):
+    """A decode step that evicts nothing keeps its row, and the rows waiting are flagged together at the next
+    eviction, when DEFERRED_ROWS wait, or before the runtime moves slots (a local layer's window, a batch
+    reordered): the same kept positions after every step, and the same flags once settled, as flagging every
+    step at once."""
+    model = tiny_model(family)
+    ids = prompt(model, length=40, batch=2)
+    # m = 12 steps between evictions: 8 rows of history fill up and settle in between, 16 wait for the eviction
+    plan = Plan.homogeneous("scissorhands", 24, 3, scope="decode", params={"history": history, "drop_ratio": 0.5})
+    name = cache_argument_name(model)
+
+    def trace() -> tuple[list, list, bool]:
+        positions = []
+        with routed(model, plan) as session, torch.no_grad():
+            out = model(ids, use_cache=True)
+            token = out.logits[:, -1:].argmax(-1)
+            for step in range(30):
+                if step == 20:  # the batch's rows swap places, as a beam search reorders them
+                    session.cache.reorder_cache(torch.tensor([1, 0]))
+                    token = token.flip(0)
+                out = model(token, use_cache=True, **{name: session.cache})
+                token = out.logits[:, -1:].argmax(-1)
+                positions.append([layer.positions.sort(-1).values for layer in session.cache.layers])
+            methods = [layer.methods[Phase.DECODE] for layer in session.cache.layers]
+            waited = any(method.waiting for method in methods)
+            for method in methods:
+                method._settle()
+            return positions, [method.per_token["unimportant"].clone() for method in methods], waited
+
+    deferred, deferred_flags, waited = trace()
+    monkeypatch.setattr(Scissorhands, "_defer", lambda self, view: False)
+    each_step, flags, _ = trace()
+    assert waited  # rows were waiting at the end
+    assert all(identical(a, b) for a, b in zip(deferred, each_step))
+    assert identical(deferred_flags, flags)

@@ -22,6 +22,8 @@ torch = lazy_import("torch")  # loaded on first use: reading the registry needs 
 
 # A history of up to this many queries is allowed at any capacity (the authors' 100 included).
 HISTORY_ALWAYS_ALLOWED = 128
+# Decode steps whose flags wait to be computed together (`Scissorhands._defer`), at most.
+DEFERRED_ROWS = 32
 
 
 class ScissorhandsParams(MethodParams):
@@ -70,6 +72,12 @@ class Scissorhands(Method):
     def __init__(self, capacity, params=None, layer_idx=0, interval=1):
         super().__init__(capacity, params, layer_idx, interval)
         self.cursor = 0  # ring-buffer column the next query's flags go to
+        # Decode steps that evict nothing keep their grouped row here, [b, h, capacity + interval, DEFERRED_ROWS]
+        # (-1 where a step's query saw no slot), and `waiting` of them are not yet flags: their quantiles come
+        # from one top-k at the next eviction, or before the runtime moves slots (`_settle`).
+        self.deferred: torch.Tensor | None = None
+        self.waiting = 0
+        self.per_token.before_move = self._settle
 
     @classmethod
     def check_capacity(cls, params: BaseModel, capacity: int | None) -> list[str]:
@@ -106,7 +114,9 @@ class Scissorhands(Method):
             self._start(view)
         else:  # new tokens start with no events
             self.grow("unimportant", view.num_new, False)
-            self._record(view)
+            if not self._defer(view):
+                self._settle()  # the ring's columns in step order
+                self._record(view)
         if not self.over_capacity(view):
             return None
         n = view.length
@@ -118,10 +128,50 @@ class Scissorhands(Method):
         score = view.positions.double() - count * (view.positions.amax().double() + 1)
         return evict_lowest(score, keep, recent_mask(view, self.params.recent), view.hidden)
 
+    def forget(self) -> None:
+        super().forget()
+        self.deferred, self.waiting = None, 0
+
+    def _defer(self, view: LayerView) -> bool:
+        """Keep a one-token decode step's grouped row for `_settle`, when the step evicts nothing and its slots fit
+        the deferred rows' room; False otherwise (the caller flags it now). The same flags, later: no read of them
+        comes before `_settle`."""
+        n, room = view.length, self.capacity + self.interval
+        if view.num_new != 1 or view.rows.shape[2] != 1 or n > room or self.over_capacity(view):
+            return False
+        b, h = view.keys.shape[:2]
+        deferred = self.deferred
+        if deferred is None or deferred.shape[:2] != (b, h) or deferred.device != view.keys.device:
+            columns = min(DEFERRED_ROWS, self.params.history)
+            self._settle()  # nothing waits: a batch that changed shape settled first (`SlotStates.map_batch`)
+            deferred = self.deferred = torch.full((b, h, room, columns), -1.0, device=view.keys.device)
+        elif self.waiting == deferred.shape[-1]:
+            self._settle()
+        deferred[:, :, :n, self.waiting].copy_(view.grouped(view.rows)[:, :, 0])
+        self.waiting += 1
+        return True
+
+    def _settle(self) -> None:
+        """The deferred rows' flags, into the ring in step order: one top-k for all of them. Each row's quantile is
+        over the slots its query saw (`visible_row_quantile`: the slots held since are invisible to it), the same
+        numbers as at its own step (no slot has moved since: the runtime calls this first)."""
+        k = self.waiting
+        if not k:
+            return
+        self.waiting = 0
+        m = min(self.per_token["unimportant"].shape[2], self.deferred.shape[2])  # later slots: no query saw them
+        rows = self.deferred[:, :, :m, :k].transpose(2, 3)  # [b, h, k, m]
+        visible = rows >= 0
+        seen = visible.sum(-1, keepdim=True)
+        threshold = visible_row_quantile(rows.clamp_min(0).contiguous(), seen, self.params.importance_quantile)
+        self._write_ring((rows < threshold) & visible)
+        self.deferred[..., :k].fill_(-1.0)
+
     def _start(self, view: LayerView) -> None:
         # the prompt's flags are the same for every Scissorhands layer that sees this step with the same history
         # and quantile (the layer's two phase methods, many plans' layers): made once, each keeping a copy
         p = self.params
+        self.deferred, self.waiting = None, 0  # a new ring
         flags, self.cursor = view.once(
             ("scissorhands flags", p.history, p.importance_quantile), lambda: self._flags(view)
         )
@@ -158,11 +208,16 @@ class Scissorhands(Method):
             query_pos = view.positions.amax(-1, keepdim=True) - w + 1 + torch.arange(w, device=rows.device)
             visible = view.positions[:, :, None, :] <= query_pos[..., None]  # [b, h, w, n]
             unimportant = (rows < visible_row_quantile(rows, visible.sum(-1, keepdim=True), q)) & visible
-        flags = self.per_token["unimportant"]
+        self._write_ring(unimportant)
+
+    def _write_ring(self, unimportant: torch.Tensor) -> None:
+        """Flags [b, h, w, m] of w queries over the first m slots into the ring's next w columns."""
+        history, (w, m) = self.params.history, unimportant.shape[2:]
+        flags = self.per_token["unimportant"][:, :, :m]
         if self.cursor + w <= history:  # the ring's next w columns, unbroken
             flags[..., self.cursor : self.cursor + w] = unimportant.transpose(2, 3)
         else:
-            columns = (self.cursor + torch.arange(w, device=rows.device)) % history
+            columns = (self.cursor + torch.arange(w, device=unimportant.device)) % history
             flags[..., columns] = unimportant.transpose(2, 3)
         self.cursor = (self.cursor + w) % history
 

@@ -89,11 +89,14 @@ class SlotStates(dict):
     tensor stored by plain assignment (a gather, a new prompt) lives in no block until it next grows.
 
     The method writes its own states (by name); the runtime moves them with the cache's slots only through
-    `drop_one`, `gather`, `map_batch` and `clear`, so that no state is left behind when slots move."""
+    `drop_one`, `gather`, `map_batch` and `clear`, so that no state is left behind when slots move. A method that
+    holds work not yet folded into its states (Scissorhands' deferred rows) sets `before_move`, which each of the
+    first three calls first."""
 
     def __init__(self) -> None:
         super().__init__()
         self._blocks: dict[str, SlotBlock] = {}  # name -> the block its tensor was last handed out from
+        self.before_move = None  # () -> None, or None
 
     def grow(self, name: str, q: int, fill: float | bool | None, room: int | None) -> torch.Tensor:
         """`self[name]` extended by q new (last) slots set to `fill` (None: for the caller to write), stored
@@ -113,6 +116,7 @@ class SlotStates(dict):
     def drop_one(self, dropped: torch.Tensor) -> None:
         """Slot `dropped[b, h, 0]` of every head leaves every state (the runtime dropped it from the cache): in the
         state's block when it lives in one, the last slot moving into it."""
+        self._settle()
         for name, tensor in self.items():
             block = self._blocks.get(name)
             if block is not None and block.holds(tensor):
@@ -127,14 +131,20 @@ class SlotStates(dict):
         Mid-step (a local layer's window, before the method has seen the step's new slots) a state covers only the
         slots held before the step, the first ones: it keeps the indices among them (the new slots, last, are
         always kept)."""
+        self._settle()
         for name, tensor in self.items():
             own = keep if tensor.shape[2] == held else keep[..., : keep.shape[-1] - (held - tensor.shape[2])]
             self[name] = gather_slots(tensor, own)
 
     def map_batch(self, fn) -> None:
         """Every state becomes `fn(state)` (a batch reordered, repeated or selected), in storage of its own."""
+        self._settle()
         for name, tensor in self.items():
             self[name] = fn(tensor)
+
+    def _settle(self) -> None:
+        if self.before_move is not None:
+            self.before_move()
 
     def clear(self) -> None:
         """Forget every state and its storage (a new prompt, or the prefill method once done)."""
