@@ -199,8 +199,8 @@ def paint_decode_cells(page, first: int, last: int, method: str, capacity: int) 
 
 def choose_option(page, label: str, option: str) -> None:
     """Add `option` to the multiselect labelled `label` and wait until its tag shows. A click that lands while
-    the page reruns (a text field's blur starts one) can be lost with the dropdown, so a missing tag is
-    chosen once more."""
+    the page reruns (a text field's blur starts one) can be lost with the dropdown, so a dropdown whose option
+    does not show, or a missing tag, is tried again (three tries)."""
     select = page.get_by_test_id("stMultiSelect").filter(has_text=label)
     tag = select.locator("[data-tag]").filter(has_text=re.compile(f"^{re.escape(option)}$"))
     for _ in range(3):

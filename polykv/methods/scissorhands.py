@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import struct
+import weakref
 
 from pydantic import BaseModel
 
@@ -22,8 +23,9 @@ torch = lazy_import("torch")  # loaded on first use: reading the registry needs 
 
 # A history of up to this many queries is allowed at any capacity (the authors' 100 included).
 HISTORY_ALWAYS_ALLOWED = 128
-# Decode steps whose flags wait to be computed together (`Scissorhands._defer`), at most.
-DEFERRED_ROWS = 32
+# Decode steps whose flags wait to be computed together (`Scissorhands._defer`), at most: their rows take 4 bytes
+# each per slot and KV head while they wait (the flags take `history` bytes).
+DEFERRED_ROWS = 16
 
 
 class ScissorhandsParams(MethodParams):
@@ -72,18 +74,20 @@ class Scissorhands(Method):
     def __init__(self, capacity, params=None, layer_idx=0, interval=1):
         super().__init__(capacity, params, layer_idx, interval)
         self.cursor = 0  # ring-buffer column the next query's flags go to
-        # Decode steps that evict nothing keep their grouped row here, [b, h, capacity + interval, DEFERRED_ROWS]
-        # (-1 where a step's query saw no slot), and `waiting` of them are not yet flags: their quantiles come
-        # from one top-k at the next eviction, or before the runtime moves slots (`_settle`).
+        # Decode steps that evict nothing keep their grouped row here, [b, h, DEFERRED_ROWS, capacity + interval]
+        # (-1 where a step's query saw no slot; a row per step: one contiguous write), and `waiting` of them are not
+        # yet flags: their quantiles come from one top-k at the next eviction, or before the runtime moves slots
+        # (`_settle`).
         self.deferred: torch.Tensor | None = None
         self.waiting = 0
-        self.per_token.before_move = self._settle
+        self.per_token.before_move = weakref.WeakMethod(self._settle)  # weak: the store lives in the method
 
     @classmethod
     def check_capacity(cls, params: BaseModel, capacity: int | None) -> list[str]:
         """The window rule, and a history tied to the capacity: the flags take history bytes per slot
         and KV head (the layer holds capacity + 1 slots at a decode step, the whole prompt at the end of
-        prefill) and the history's attention rows are computed over every slot, as a SnapKV window's are.
+        prefill; decode rows waiting to be flagged take 4 * min(history, DEFERRED_ROWS) more) and the history's
+        attention rows are computed over every slot, as a SnapKV window's are.
         A history of up to HISTORY_ALWAYS_ALLOWED queries is allowed at any capacity."""
         problems = super().check_capacity(params, capacity)
         if capacity is not None:
@@ -137,35 +141,36 @@ class Scissorhands(Method):
         the deferred rows' room; False otherwise (the caller flags it now). The same flags, later: no read of them
         comes before `_settle`."""
         n, room = view.length, self.capacity + self.interval
-        if view.num_new != 1 or view.rows.shape[2] != 1 or n > room or self.over_capacity(view):
+        if view.num_new != 1 or n > room or self.over_capacity(view):
             return False
         b, h = view.keys.shape[:2]
         deferred = self.deferred
         if deferred is None or deferred.shape[:2] != (b, h) or deferred.device != view.keys.device:
+            # (nothing waits here: a batch that changed shape settled first, `SlotStates.map_batch`)
             columns = min(DEFERRED_ROWS, self.params.history)
-            self._settle()  # nothing waits: a batch that changed shape settled first (`SlotStates.map_batch`)
-            deferred = self.deferred = torch.full((b, h, room, columns), -1.0, device=view.keys.device)
-        elif self.waiting == deferred.shape[-1]:
+            deferred = torch.full((b, h, columns, room), -1.0, dtype=torch.float32, device=view.keys.device)
+            self.deferred = deferred
+        elif self.waiting == deferred.shape[2]:
             self._settle()
-        deferred[:, :, :n, self.waiting].copy_(view.grouped(view.rows)[:, :, 0])
+        deferred[:, :, self.waiting, :n].copy_(view.grouped(view.rows)[:, :, 0])
         self.waiting += 1
         return True
 
     def _settle(self) -> None:
         """The deferred rows' flags, into the ring in step order: one top-k for all of them. Each row's quantile is
-        over the slots its query saw (`visible_row_quantile`: the slots held since are invisible to it), the same
-        numbers as at its own step (no slot has moved since: the runtime calls this first)."""
+        over the slots held at its step (`visible_row_quantile`: the slots written since are invisible to it), the
+        same numbers as at its own step (no slot has moved since: the runtime calls this first)."""
         k = self.waiting
         if not k:
             return
         self.waiting = 0
-        m = min(self.per_token["unimportant"].shape[2], self.deferred.shape[2])  # later slots: no query saw them
-        rows = self.deferred[:, :, :m, :k].transpose(2, 3)  # [b, h, k, m]
+        m = min(self.per_token["unimportant"].shape[2], self.deferred.shape[3])  # later slots: no query saw them
+        rows = self.deferred[:, :, :k, :m]  # [b, h, k, m]
         visible = rows >= 0
         seen = visible.sum(-1, keepdim=True)
-        threshold = visible_row_quantile(rows.clamp_min(0).contiguous(), seen, self.params.importance_quantile)
+        threshold = visible_row_quantile(rows.clamp_min(0), seen, self.params.importance_quantile)
         self._write_ring((rows < threshold) & visible)
-        self.deferred[..., :k].fill_(-1.0)
+        self.deferred[:, :, :k].fill_(-1.0)
 
     def _start(self, view: LayerView) -> None:
         # the prompt's flags are the same for every Scissorhands layer that sees this step with the same history
@@ -247,8 +252,9 @@ def _rank(q: float, n: int) -> tuple[int, float]:
 def visible_row_quantile(rows: torch.Tensor, seen: torch.Tensor, q: float) -> torch.Tensor:
     """`torch.nanquantile(rows with the invisible entries as NaN, q, dim=-1, keepdim=True)`, the same
     numbers for rows that see at least one entry, from one partial top-k instead of a sort of every row
-    (the prompt's history window: `history` rows over the whole prompt). `rows` are attention
-    probabilities: every entry >= 0, and 0 where the row's query cannot see the slot (the causal mask);
+    (the prompt's history window, `history` rows over the whole prompt; decode rows flagged together). `rows`
+    are attention probabilities: every entry >= 0, and 0 where the row's query cannot see the slot (the causal
+    mask, or a slot written after its step);
     `seen` [..., w, 1] how many entries each row sees.
 
     Row i with m_i visible entries needs its values at ascending ranks floor(r_i) and ceil(r_i),

@@ -14,6 +14,8 @@ still lives in the block (identity, not data_ptr(), so that torch.compile can tr
 
 from __future__ import annotations
 
+import weakref
+
 from polykv.lazy import lazy_import
 
 torch = lazy_import("torch")
@@ -90,13 +92,13 @@ class SlotStates(dict):
 
     The method writes its own states (by name); the runtime moves them with the cache's slots only through
     `drop_one`, `gather`, `map_batch` and `clear`, so that no state is left behind when slots move. A method that
-    holds work not yet folded into its states (Scissorhands' deferred rows) sets `before_move`, which each of the
-    first three calls first."""
+    holds work not yet folded into its states (Scissorhands' deferred rows) sets `before_move` (a weak reference to
+    a method of it, so that the method and its store make no cycle), which each of the first three calls first."""
 
     def __init__(self) -> None:
         super().__init__()
         self._blocks: dict[str, SlotBlock] = {}  # name -> the block its tensor was last handed out from
-        self.before_move = None  # () -> None, or None
+        self.before_move: weakref.WeakMethod | None = None
 
     def grow(self, name: str, q: int, fill: float | bool | None, room: int | None) -> torch.Tensor:
         """`self[name]` extended by q new (last) slots set to `fill` (None: for the caller to write), stored
@@ -143,8 +145,9 @@ class SlotStates(dict):
             self[name] = fn(tensor)
 
     def _settle(self) -> None:
-        if self.before_move is not None:
-            self.before_move()
+        settle = None if self.before_move is None else self.before_move()
+        if settle is not None:
+            settle()
 
     def clear(self) -> None:
         """Forget every state and its storage (a new prompt, or the prefill method once done)."""

@@ -268,7 +268,7 @@ def layer_view(layer: SlotHoldingLayer, module, key, value, q_len: int) -> Layer
         kv=layer.kv_view() if layer.method.merges else None,
         defer_merge=layer.defers_merge,
         holds=layer.holding,
-        fresh=fresh_prompt(layer, q_len, layer.window),
+        fresh=layer.phase is Phase.PREFILL and fresh_prompt(layer, q_len, layer.window),
     )
 
 
