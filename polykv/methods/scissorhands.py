@@ -205,7 +205,7 @@ class Scissorhands(Method):
             self.per_token["unimportant"].select(-1, self.cursor).copy_(unimportant.squeeze(2))
             self.cursor = (self.cursor + 1) % history
             return
-        elif view.fresh:  # a whole prompt in slot order: query i sees slots 0 .. n - w + i
+        if view.fresh:  # a whole prompt in slot order: query i sees slots 0 .. n - w + i
             seen = torch.arange(n - w + 1, n + 1, device=rows.device).view(w, 1)
             unimportant = rows < visible_row_quantile(rows, seen, q)
             unimportant[..., n - w :] &= torch.ones(w, w, dtype=torch.bool, device=rows.device).tril_()
@@ -270,7 +270,7 @@ def visible_row_quantile(rows: torch.Tensor, seen: torch.Tensor, q: float) -> to
     below = rank.long()
     weight = rank - below
     above = rank.ceil().long()
-    k = min(n, n - int(_float32(_float32(q) * (n - 1))) + 1)  # + 1: float32 rounding of the rank
+    k = min(n, n - _rank(q, n)[0] + 1)  # + 1: float32 rounding of the rank
     top = _largest(rows, k)  # descending
     at = lambda r: top.gather(-1, (last - r).clamp_(0, k - 1).expand(*top.shape[:-1], 1))  # noqa: E731  (ascending rank r)
     return at(below).lerp_(at(above), weight)
