@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from polykv.methods import scissorhands
 from polykv.methods.scissorhands import row_quantile, visible_row_quantile
 
 
@@ -17,10 +18,16 @@ def test_row_quantile_equals_torch_quantile(q):
         assert torch.equal(row_quantile(rows, q), torch.quantile(rows, q, dim=-1, keepdim=True)), n
 
 
+@pytest.mark.parametrize("selection", ["by size", "numpy", "torch"])
 @pytest.mark.parametrize("q", [0.9, 0.5, 0.1, 0.999, 1 / 3])
-def test_visible_row_quantile_equals_torch_nanquantile(q):
+def test_visible_row_quantile_equals_torch_nanquantile(q, selection, monkeypatch):
     # Scissorhands' prompt history: each query row sees a different subset of the slots (causal, in
-    # any slot order, or arbitrary), with ties among the values
+    # any slot order, or arbitrary), with ties among the values; its top-k from numpy's selection or torch's,
+    # whatever the rows' size (as the sizes choose: the small ones torch, (1024, 100) and (1500, 7) numpy)
+    if selection != "by size":
+        limit = 0 if selection == "numpy" else 1 << 60
+        monkeypatch.setattr(scissorhands, "_SELECT_LONG_ROWS", limit)
+        monkeypatch.setattr(scissorhands, "_SELECT_MANY_ENTRIES", limit)
     g = torch.Generator().manual_seed(3)
     for n, w in [(1, 1), (2, 2), (7, 3), (100, 100), (257, 40), (1024, 100), (1500, 7)]:
         for pattern in ("causal", "random"):
