@@ -26,8 +26,8 @@ HISTORY_ALWAYS_ALLOWED = 128
 # Decode steps whose flags wait to be computed together (`Scissorhands._defer`), at most: their rows take 4 bytes
 # each per slot and KV head while they wait (the flags take `history` bytes).
 DEFERRED_ROWS = 16
-# Rows at least this long, this many entries in all, take their top-k from numpy (`_largest`): below, torch's own
-# is as fast (measured on one core of a 2-core EPYC: 16 rows of 512 even, 2 rows of 1,024 torch's)
+# Rows at least this long, with at least this many entries in all, take their top-k from numpy (`_largest`); below
+# either, torch's own is as fast or faster (one core of a 2-core EPYC: even at 16 rows of 512, torch's at 2 of 1,024)
 _SELECT_LONG_ROWS, _SELECT_MANY_ENTRIES = 512, 8192
 _SELECT_BLOCK_ENTRIES = 1 << 16  # rows whose copy numpy partitions at once: 256 KiB of them
 
@@ -291,8 +291,8 @@ def _largest(rows: torch.Tensor, k: int) -> torch.Tensor:
         return bits.topk(k, dim=-1).values.view(torch.float32)
     # numpy's selection (a SIMD introselect) is several times torch's CPU top-k on long rows (a prompt's history
     # window, 200 rows of 1,024: 0.35 against 2.0 ms on one core); only values are read, so ties cannot differ.
-    # It partitions a copy, made a block of rows at a time: a copy of a few hundred KiB reuses freed memory, where
-    # one of the whole window would fault its pages in anew at every layer (0.5 ms of 0.9 in a prompt pass)
+    # It partitions a copy, made a block of rows at a time: a copy of 256 KiB reuses freed memory, where one of the
+    # whole window faults its pages in anew at every layer (in a prompt pass, 0.5 of the 0.9 ms it then took)
     import numpy  # loaded with torch
 
     flat = bits.reshape(-1, n).numpy()
