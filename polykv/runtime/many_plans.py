@@ -11,9 +11,9 @@ An experiment scores dozens of plans on the same samples. Two facts let them sha
     pass is FullKV's whatever the plan: one pass serves every plan. In each layer, every plan's layer
     takes the same keys and values and the attention signals its methods ask for (each distinct signal
     computed once) and evicts as it would alone; the pass's own output is FullKV's (SDPA).
-  * A decode step of a small model on a CPU (and of any model at batch 1 on a GPU) is bound by reading
-    the weights, so P plans' next tokens as one batch of P rows cost little more than one. Each row runs
-    its own plan's layer: its own slots, positions and method state.
+  * A decode step at batch 1 on a GPU is bound by reading the weights, so P plans' next tokens as one batch
+    of P rows cost little more than one (on a 2-core CPU less so: smollm2's forward at 54 rows is 3.2x one
+    row's, benchmarks/README.md). Each row runs its own plan's layer: its own slots, positions and method state.
   * What would cost one small operation per row and layer is shared where it can be: at the first one-token
     step each layer puts its rows' keys, values and positions into a few shared blocks
     (`polykv.runtime.row_storage`), whose rows attend with one call per block; rows whose methods drop one slot
