@@ -130,3 +130,40 @@ def test_a_report_script_given_another_json_says_so_in_one_line(module, tmp_path
     )
     assert_one_line_error(result, f"{bad} is not a")
     assert not (tmp_path / "x.md").exists()
+
+
+# A refusal that needs only a file or a model's config.json comes before torch and transformers load (seconds each):
+# an eval with malformed settings took 12 s to say so, a generate on a BERT directory 15 s (both while the suite ran).
+QUICK_REFUSALS = {
+    "eval-malformed-settings": (["eval", "--settings", "{{"], "malformed JSON"),
+    "eval-unknown-suite": (["eval", "--suite", "nope"], "unknown suite 'nope'"),
+    "generate-bert": (["generate", "--model", "bert"], "model_type 'bert'"),
+    "profile-bert": (["profile", "--model", "bert"], "model_type 'bert'"),
+    "generate-capacity-over-context": (["generate", "--plan", "plan.json"], "is more than the model's context"),
+}
+LOADED_MODULES = """
+import runpy, sys
+sys.argv = ["polykv", *sys.argv[1:]]
+try:
+    runpy.run_module("polykv.cli", run_name="__main__")
+finally:
+    # a submodule of each: `polykv.lazy` registers torch in sys.modules before its code runs
+    print("loaded:", *sorted(m for m in ("torch._C", "transformers.utils") if m in sys.modules))
+"""
+
+
+@pytest.mark.parametrize("name", list(QUICK_REFUSALS))
+def test_a_refusal_from_a_file_or_a_config_loads_neither_torch_nor_transformers(name, tmp_path):
+    from tests.helpers import BERT_CONFIG, MIXED
+
+    (tmp_path / "bert").mkdir()
+    (tmp_path / "bert" / "config.json").write_text(json.dumps(BERT_CONFIG))
+    plan = json.loads(MIXED.read_text())
+    plan["layers"][1]["decode"] = {"method": "tova", "capacity": 1_048_576}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    args, expected = QUICK_REFUSALS[name]
+    result = subprocess.run(
+        [sys.executable, "-c", LOADED_MODULES, *args], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2 and expected in result.stderr, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "loaded:", result.stdout

@@ -100,8 +100,11 @@ def _checked_plan(path: Path, model: str, device: str | None = None) -> Plan:
     from polykv.methods import validate_plan
     from polykv.models import config_dimensions
 
-    dims = config_dimensions(model, device)
-    return validate_plan(Plan.load(path), dims.num_layers, dims.context_length, within_context=True)
+    dims = config_dimensions(model)
+    plan = validate_plan(Plan.load(path), dims.num_layers, dims.context_length, within_context=True)
+    if device is not None:  # after the plan: the memory check loads transformers (seconds)
+        config_dimensions(model, device)
+    return plan
 
 
 def _profile_for(profile_dir: Path, model: str):

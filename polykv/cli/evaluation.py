@@ -61,8 +61,10 @@ def evaluate(
 
     bars = Progress()  # the local backend reports every sample here; the others report in the store
     runs_on = backend_named(backend, load=load, progress=bars.sample)  # an unknown name fails first
-    loaded = _checked_plan(plan or default_plan(model), model, device)  # bad input fails before anything is written
+    # bad input fails before anything is written; the settings first: checking them loads nothing, where the plan's
+    # check against the model's memory on the device loads transformers (seconds)
     settings = _suite_settings(suite, samples, tasks, prompt_tokens, settings_json, model)
+    loaded = _checked_plan(plan or default_plan(model), model, device)
     check_fits(suite, settings, *load(model, device), [loaded], seed)  # what cannot run is not started
     from polykv.eval.launch.work import eval_work
 

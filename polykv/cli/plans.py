@@ -53,11 +53,8 @@ def generate(
     seed: int = 0,
 ) -> None:
     """Generate text with a plan and print the retained cache per layer."""
-    import torch
-
     from polykv.errors import SettingsError
     from polykv.models import config_dimensions, layer_windows, load_tokenizer, num_layers, quiet_transformers
-    from polykv.runtime import routed
 
     routed_plan = _checked_plan(plan or default_plan(model), model, device)  # bad input fails before the weights load
     with quiet_transformers():  # its "longer than the maximum" warning: said below in one line
@@ -69,6 +66,10 @@ def generate(
             f"the prompt is {prompt_tokens:,} tokens and --max-new-tokens {max_new_tokens}: more than the model's "
             f"{context:,}-token context (ask for {room})"
         )
+    import torch  # after the checks above: a refused model or plan loads neither torch nor the runtime
+
+    from polykv.runtime import routed
+
     hf_model, tokenizer = _load_model(model, device)
     ids = tokenizer(prompt, return_tensors="pt").input_ids.to(device)
     torch.manual_seed(seed)

@@ -68,6 +68,9 @@ def profile(
         from polykv.eval.workloads.workload import parse_workload
 
         parse_workload(spec.sources, max_tokens)  # a bad task or length: one line before the weights load
+    from polykv.models import config_dimensions
+
+    config_dimensions(model)  # a model PolyKV cannot run: one line before torch loads
     from polykv.profile.build import build_profile  # torch and transformers: after the cheap checks
 
     hf_model, tokenizer = _load_model(model, device)
