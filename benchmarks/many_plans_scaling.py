@@ -10,6 +10,7 @@ the steps within a rep, then of the reps. The last column is each size's step ov
     python benchmarks/many_plans_scaling.py --profile 54               # where 54 plans' step spends its time
     python benchmarks/many_plans_scaling.py --study-samples 3          # the smollm2 study's unit of work
     python benchmarks/many_plans_scaling.py --floor                    # the model alone at those batch sizes
+    python benchmarks/many_plans_scaling.py --held 64                  # tensors held and GC time over 64 steps of 54
 
 `--study-samples K` times instead what the smollm2 study (docs/smollm2-study.md) spends its hours on: one RULER
 sample at 1,024 tokens (niah_single_1, chat template, answer_nll: the gold answer teacher-forced) scored by the
@@ -100,6 +101,42 @@ def floor(model, sizes: list[int], reps: int) -> None:
         print(f"| {n} | {b * 1000:.1f} | {b / one_bare:.2f} | {v * 1000:.1f} | {v / one_vanilla:.2f} |")
 
 
+@torch.inference_mode()
+def held(model, plans, prompt: list[int], steps: int) -> None:
+    """What a long batched generation holds: the tensors alive after `steps` steps (a cache that kept every view it
+    handed out grew by thousands a step) and the garbage collector's time per step, by generation."""
+    import collections
+    import gc
+
+    spent: collections.Counter = collections.Counter()
+    runs: collections.Counter = collections.Counter()
+    started = [0.0]
+
+    def timed(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            spent[info["generation"]] += time.perf_counter() - started[0]
+            runs[info["generation"]] += 1
+
+    with many(model, plans) as session:
+        batch, logits = session.prefill(prompt)
+        batch.reserve(steps + 1)
+        tokens = [int(logits.argmax())] * len(plans)
+        gc.callbacks.append(timed)
+        try:
+            for _ in range(steps):
+                tokens = batch.step(tokens).argmax(dim=-1).tolist()
+        finally:
+            gc.callbacks.remove(timed)
+        alive = sum(isinstance(o, torch.Tensor) for o in gc.get_objects())
+    per_generation = ", ".join(f"gen {g}: {runs[g]} in {spent[g] * 1000:.0f} ms" for g in sorted(runs))
+    print(
+        f"{len(plans)} plans, {steps} steps: {alive} tensors alive at the end; garbage collection "
+        f"{sum(spent.values()) / steps * 1000:.1f} ms per step ({per_generation})"
+    )
+
+
 def study_samples(model, tokenizer, count: int, reps: int) -> None:
     from polykv.eval.running.settings import suite_settings
     from polykv.eval.suites import ruler
@@ -141,6 +178,7 @@ def main() -> None:
     parser.add_argument("--callers", default="", help="also show who calls the functions matching this")
     parser.add_argument("--study-samples", type=int, default=0, help="time the study's unit of work on K samples")
     parser.add_argument("--floor", action="store_true", help="time the model alone at the same batch sizes")
+    parser.add_argument("--held", type=int, default=0, help="tensors held and GC time over this many steps of 54")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -154,6 +192,9 @@ def main() -> None:
     layers = num_layers(model)
     length = min(args.length, context_length(model) - args.steps - 8)
     prompt = torch.randint(3, model.config.vocab_size, (length,)).tolist()
+    if args.held:
+        held(model, plans_for(54, layers, length), prompt, args.held)
+        return
     if args.profile:
         plans = plans_for(args.profile, layers, length)
         step_times(model, plans, prompt, 2)

@@ -176,6 +176,23 @@ def test_slot_block_hands_out_the_same_views_and_drops_one_slot_per_head():
     assert kv.prefix(2)[:, 0, :, :, 0].tolist() == [[[4.0, 2.0], [6.0, 10.0]], [[16.0, 14.0], [18.0, 22.0]]]
 
 
+def test_a_block_keeps_only_the_views_used_last_and_still_knows_the_one_in_use():
+    # a layer that keeps everything in reserved room asks for a new length at every step: its block must not keep
+    # every view it handed out (a long batched generation held them all), yet a steady step reuses its own
+    from polykv.methods.slots import CACHED_VIEWS
+
+    block = SlotBlock(torch.zeros(1, 2, 200))
+    steady = block.prefix(5)
+    for n in range(6, 6 + 3 * CACHED_VIEWS):  # one new length a step, as a growing layer writes
+        block.span(n - 1, n).fill_(n)
+        current = block.prefix(n)
+        assert block.prefix(5) is steady  # used every step: never the one to go
+        assert block.holds(current) and block.prefix(n) is current
+    assert len(block._prefixes) <= CACHED_VIEWS and len(block._views) <= CACHED_VIEWS
+    assert block.prefix(n)[0, 0, 5:].tolist() == [float(v) for v in range(6, n + 1)]  # the writes went into the block
+    assert not block.holds(block.storage.narrow(2, 0, 6))  # a view of a length it let go is not one it handed out
+
+
 @pytest.mark.parametrize("heads", [(1, 1), (1, 2), (2, 2)])
 @pytest.mark.parametrize("feature", [None, 3])
 def test_a_one_slot_drop_works_for_every_memory_layout(heads, feature):
