@@ -11,8 +11,8 @@ creates no view objects (slicing alone costs several dispatcher calls per tensor
 run for every layer at every step), and a tensor's identity with a view handed out says whether it
 still lives in the block (identity, not data_ptr(), so that torch.compile can trace the check). Each
 cache keeps the `CACHED_VIEWS` views used last: a layer that keeps everything in reserved room asks for a
-new length at every step, and keeping every view it was handed grew 54 plans' batch by 2,600 views
-(1.6 MB) a step, which a long generation holds and every full garbage collection walks.
+new length at every step, and keeping every view it was handed grew 54 plans' batch by about 1,750 views
+(1 MB) a step, for as long as a generation ran (benchmarks/README.md, `many_plans_scaling.py --held`).
 """
 
 from __future__ import annotations
