@@ -343,6 +343,8 @@ def fake_run(
     plan_name: str | None = None,
     samples: bool = True,
     plan_json: str = "{}",
+    suite: str = "fidelity",
+    settings: dict | None = None,
 ) -> None:
     """A run in `store` with the given task scores and status, computing nothing; `samples`: one stored
     sample per task (so that it reads as done), else none."""
@@ -352,8 +354,8 @@ def fake_run(
         plan_name=plan_name or run_id,
         plan_hash="h",
         plan_json=plan_json,
-        suite="fidelity",
-        settings={},
+        suite=suite,
+        settings=settings or {},
         seed=0,
         total_samples=len(scores),
         versions={},

@@ -30,6 +30,7 @@ from tests.browser import (
     shoot,
     tab,
 )
+from tests.helpers import fake_run
 
 pytestmark = pytest.mark.slow
 
@@ -196,17 +197,13 @@ def record_fullkv_ruler(results, scores: dict[str, float]) -> str:
     one in the workspace's results database (fwe at 10%: under the competence rule); returns its id."""
     from polykv.plan import Plan
 
-    plan = Plan.homogeneous("full", None, 30)
+    plan, scores = Plan.homogeneous("full", None, 30), {**scores, "fwe": 10.0}
     results.parent.mkdir(parents=True, exist_ok=True)
-    store = Store(results)
-    settings = {"tasks": [*scores, "fwe"], "length": 1024, "samples_per_task": 10, "mode": "generate"}
-    store.create_run(
-        "fullkv0ruler1024", model="smollm2", plan_name=plan.name, plan_hash="h", plan_json=plan.to_json(),
-        suite="ruler", settings=settings, seed=0, total_samples=30, versions={},
+    settings = {"tasks": list(scores), "length": 1024, "samples_per_task": 10, "mode": "generate"}
+    fake_run(
+        Store(results), "fullkv0ruler1024", {task: {"score": value} for task, value in scores.items()},
+        model="smollm2", plan_name=plan.name, plan_json=plan.to_json(), suite="ruler", settings=settings,
     )  # fmt: skip
-    scores = {**scores, "fwe": 10.0}
-    store.set_task_scores("fullkv0ruler1024", {t: {"score": v} for t, v in scores.items()}, dict.fromkeys(scores, 10))
-    store.set_status("fullkv0ruler1024", "finished")
     return "fullkv0ruler1024"
 
 
