@@ -9,6 +9,9 @@ uses come from this checkout):
 
     PYTHONPATH=/path/to/old/copy python benchmarks/merge_exactness.py d2o record /tmp/d2o.pt
     python benchmarks/merge_exactness.py d2o compare /tmp/d2o.pt       # "63/63 identical"
+
+A record that differs says whether its integers (kept positions, generated tokens) are the same and how far
+apart its floats are.
 """
 
 from __future__ import annotations
@@ -163,8 +166,19 @@ def main() -> None:
     recorded = torch.load(args.path)
     differ = [name for name, tensors in results.items() if not identical(recorded[name], tensors)]
     for name in differ:
-        print("differs:", name)
+        print("differs:", name, _how(recorded[name], results[name]))
     print(f"{len(results) - len(differ)}/{len(results)} identical")
+
+
+def _how(old: list[torch.Tensor], new: list[torch.Tensor]) -> str:
+    """How two records differ: whether their integers (positions, tokens) are the same, and how far apart their
+    floats (logits, keys, values, states) are at most."""
+    if len(old) != len(new) or any(a.shape != b.shape or a.dtype != b.dtype for a, b in zip(old, new)):
+        return "(different shapes)"
+    pairs = list(zip(old, new))
+    integers = all(torch.equal(a, b) for a, b in pairs if not a.is_floating_point())
+    gap = max(((a.double() - b.double()).abs().max().item() for a, b in pairs if a.is_floating_point()), default=0.0)
+    return f"(integers {'identical' if integers else 'DIFFER'}; floats at most {gap:.2g} apart)"
 
 
 if __name__ == "__main__":

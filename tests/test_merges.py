@@ -1,6 +1,6 @@
 """Layers that merge together (`polykv.runtime.merges`): the one-slot merges of D2O and CaM in every layer of
-the same parameters and capacity, done at once after the step's last of them, give the numbers of each
-layer merging alone, bit for bit. The reference (`merging_alone`) is each layer merging at its own step: the
+the same parameters (and, for CaM, capacity), done at once after the step's last of them, give the numbers of
+each layer merging alone, bit for bit. The reference (`merging_alone`) is each layer merging at its own step: the
 methods then say they cannot merge together (`Method.merges_together`), so the runtime forms no group."""
 
 from __future__ import annotations
@@ -68,9 +68,9 @@ def _run(model, plan, ids, steps=STEPS, alone=False):
     method = REGISTRY[plan.layers[0].decode.method]
     original = method.merge_together.__func__
 
-    def counting(cls, methods, kv, dropped):
+    def counting(cls, methods, kv, dropped, lengths=None):
         sizes[len(methods)] += 1
-        return original(cls, methods, kv, dropped)
+        return original(cls, methods, kv, dropped, lengths)
 
     name = cache_argument_name(model)
     reference = merging_alone() if alone else contextlib.nullcontext()
@@ -96,8 +96,11 @@ def test_merging_together_gives_the_numbers_of_each_layer_alone(method, label, b
     alone, sizes_alone = _run(model, plan, ids, alone=True)
     assert identical(together, alone)
     assert not sizes_alone  # the reference merged each layer at its own step
-    if label != "native":  # native allocation gives each layer its own capacity: no group
-        assert max(sizes, default=0) >= 2, f"no layers merged together: {dict(sizes)}"
+    assert max(sizes, default=0) >= 2, f"no layers merged together: {dict(sizes)}"
+    if method == "d2o" and label in ("native", "two-capacities-and-h2o"):
+        # D2O merges its layers together whatever their capacities (native allocation gives each its own)
+        layers = sum(layer.decode.method == "d2o" for layer in plan.layers)
+        assert sizes[layers] >= STEPS - 1, dict(sizes)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -165,16 +168,48 @@ def test_merge_together_with_some_layers_before_their_first_eviction():
     assert all(torch.equal(m.tau, r.tau) for m, r in zip(methods, references))
 
 
-def test_layers_of_one_method_and_capacity_share_one_block():
+@pytest.mark.parametrize("first", [True, False])
+def test_d2o_layers_of_different_lengths_merge_together_as_each_alone(first):
+    """Layers of different capacities in one padded block: each layer's numbers are those of merging alone over
+    its own n slots, and nothing past its n is read or written."""
+    torch.manual_seed(3)
+    lengths = [9, 5, 13, 7]
+    layers, b, h, d, size = len(lengths), 2, 2, 8, max(lengths)
+    kv = torch.zeros(2, layers, b, h, size, d)
+    for i, n in enumerate(lengths):
+        kv[:, i, :, :, :n] = torch.randn(2, b, h, n, d)
+    kv[:, 1, :, :, 5:] = float("nan")  # padding: never read (a NaN there would spread into the layer's numbers)
+    dropped = torch.stack([torch.randint(0, n, (b, h, 1)) for n in lengths])
+    taus = [None if first else torch.rand(b, dtype=torch.float64) for _ in lengths]
+    alone, together = [D2O(n - 1, layer_idx=i) for i, n in enumerate(lengths)], [D2O(n - 1) for n in lengths]
+    for method, tau in zip(alone + together, taus + taus):
+        method.tau = None if tau is None else tau.clone()
+    expected = kv.clone()
+    for i, (method, n) in enumerate(zip(alone, lengths)):
+        D2O.merge_together([method], expected[:, i : i + 1, :, :, :n], dropped[i : i + 1])
+    merged = kv.clone()
+    D2O.merge_together(together, merged, dropped, torch.tensor(lengths))
+    torch.testing.assert_close(merged, expected, rtol=0, atol=0, equal_nan=True)  # bit for bit; padding still NaN
+    assert all(torch.equal(a.tau, t.tau) for a, t in zip(alone, together))
+    assert not torch.equal(merged[:, 0], kv[:, 0])  # something merged
+
+
+@pytest.mark.parametrize("method", ["d2o", "cam"])
+def test_layers_of_one_method_share_one_block_d2o_whatever_their_capacities(method):
     model = tiny_model("llama", num_hidden_layers=LAYERS)
-    plan = plan_of(["d2o", "d2o", "h2o", "d2o"], [12, 16, 12, 12])
+    plan = plan_of([method, method, "h2o", method], [20, 24, 20, 20])
     with routed(model, plan) as session, torch.no_grad():
         decode_logits(model, prompt(model, PROMPT), 4, cache_argument_name(model))
     storage = [layer.keys.untyped_storage() for layer in session.cache.layers]
-    assert storage[0].data_ptr() == storage[3].data_ptr()  # d2o at 12: one block of both
-    assert len({s.data_ptr() for s in storage}) == 3  # d2o at 16 and h2o each their own
     slot = session.cache.layers[0].keys[:, :, :1].nbytes
-    assert storage[0].nbytes() == 2 * 2 * 13 * slot  # 2 layers x keys and values x capacity + 1 slots
+    assert storage[0].data_ptr() == storage[3].data_ptr()  # the two layers at 20: one block
+    assert storage[2].data_ptr() not in {storage[0].data_ptr(), storage[1].data_ptr()}  # h2o its own
+    if method == "d2o":  # all three in one block of the largest capacity + 1 slots
+        assert storage[1].data_ptr() == storage[0].data_ptr()
+        assert storage[0].nbytes() == 3 * 2 * 25 * slot
+    else:  # CaM at 24 alone
+        assert storage[1].data_ptr() != storage[0].data_ptr()
+        assert storage[0].nbytes() == 2 * 2 * 21 * slot  # 2 layers x keys and values x capacity + 1 slots
 
 
 def test_a_new_sequence_in_the_same_cache_gets_a_new_block_and_the_same_numbers():

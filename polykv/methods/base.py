@@ -15,9 +15,9 @@ it with the cache, so scores and slots never drift apart. Merging methods (CaM, 
 contents into kept slots of `view.keys` / `view.values` in place before returning their eviction: the
 step's attention output is already computed, and those tensors are the layer's cache. A merging method
 that sets `merges_together` (D2O, CaM) may instead leave a one-slot step's merge to the runtime, which then
-merges every layer of the same method, parameters and capacity at once after the step's last of them
-(`merge_together`, `polykv.runtime.merges`): the view's `defer_merge` says when it may, the eviction's
-`merge_deferred` that it did.
+merges every layer of the same method, parameters and capacity (any, if `merges_across_capacities`) at once
+after the step's last of them (`merge_together`, `polykv.runtime.merges`): the view's `defer_merge` says when
+it may, the eviction's `merge_deferred` that it did.
 
 Decode steps (see the runtime): an evicting layer holds its slots in storage of capacity + interval
 slots and writes each new token into a slot the last eviction freed, so a step reallocates nothing;
@@ -156,6 +156,7 @@ class Method:
     Params: ClassVar[type[BaseModel]] = NoParams
     merges: ClassVar[bool] = False  # rewrites retained keys/values (CaM, D2O)
     merges_together: ClassVar[bool] = False  # its one-slot merges can run for many layers at once (`merge_together`)
+    merges_across_capacities: ClassVar[bool] = False  # ... also layers of different capacities (`lengths`)
     native_allocation: ClassVar[bool] = False  # has its own layer-budget rule (`allocate`)
     below_capacity: ClassVar[tuple[str, ...]] = ()  # parameters that must stay under the capacity (windows)
     passive: ClassVar[bool] = False  # never needs signals nor evicts (`full`): the runtime skips it
@@ -279,12 +280,12 @@ class Method:
         return evict_lowest(score, self.capacity)
 
     @classmethod
-    def merge_together(cls, methods: list[Method], kv: torch.Tensor, dropped: torch.Tensor) -> None:
-        """The merges of one-slot steps that layers left to the runtime (`LayerView.defer_merge`), all at
-        once, with the numbers of each layer merging alone: layer i (`methods[i]`, all with the same
-        parameters and capacity) holds keys and values kv[:, i] ([2, L, b, h, n, d], merged in place) and
-        evicts slot dropped[i, b, h, 0] ([L, b, h, 1]); its per-slot state is still that of its step (the
-        runtime moves the slots and the state afterwards)."""
+    def merge_together(cls, methods: list[Method], kv: torch.Tensor, dropped: torch.Tensor, lengths=None) -> None:
+        """The merges of one-slot steps that layers left to the runtime (`LayerView.defer_merge`), all at once,
+        with the numbers of each layer merging alone: layer i (`methods[i]`, all with the same parameters) holds
+        keys and values kv[:, i] ([2, L, b, h, N, d], merged in place), its first `lengths[i]` slots (None: all
+        N; the rest is padding, `merges_across_capacities`), and evicts slot dropped[i, b, h, 0] ([L, b, h, 1]);
+        its per-slot state is still that of its step (the runtime moves the slots and the state afterwards)."""
         raise NotImplementedError(f"{cls.name} merges each layer alone")
 
     # ---- native allocation ----------------------------------------------------------------------

@@ -71,6 +71,7 @@ class D2O(AccumulatedAttention):
     below_capacity = ("sinks",)
     merges = True
     merges_together = True
+    merges_across_capacities = True  # native allocation gives every layer its own capacity
     native_allocation = True
 
     def __init__(self, capacity, params=None, layer_idx=0, interval=1):
@@ -138,14 +139,16 @@ class D2O(AccumulatedAttention):
         self.tau = _merge_evicted_slot(view.keys, tensors, dropped, self.tau, self.params.alpha)
 
     @classmethod
-    def merge_together(cls, methods: list[D2O], kv: torch.Tensor, dropped: torch.Tensor) -> None:
+    def merge_together(cls, methods: list[D2O], kv: torch.Tensor, dropped: torch.Tensor, lengths=None) -> None:
         taus = [method.tau for method in methods]
         if any(tau is None for tau in taus) and not all(tau is None for tau in taus):
             for i, method in enumerate(methods):  # some layers' first eviction: each alone
-                method.tau = _merge_evicted_slot(kv[0, i], [kv[:, i]], dropped[i], method.tau, method.params.alpha)
+                n = kv.shape[-2] if lengths is None else int(lengths[i])
+                layer = kv[:, i, ..., :n, :]
+                method.tau = _merge_evicted_slot(layer[0], [layer], dropped[i], method.tau, method.params.alpha)
             return
         tau = None if taus[0] is None else torch.stack(taus)  # [L, b]
-        tau = _merge_evicted_slot(kv[0], [kv], dropped, tau, methods[0].params.alpha)
+        tau = _merge_evicted_slot(kv[0], [kv], dropped, tau, methods[0].params.alpha, lengths)
         for method, layer_tau in zip(methods, tau.unbind(0)):
             method.tau = layer_tau
 
@@ -197,23 +200,32 @@ def _threshold_gate(
 
 
 def _merge_evicted_slot(
-    keys: torch.Tensor, tensors: list[torch.Tensor], dropped: torch.Tensor, tau: torch.Tensor | None, alpha: float
+    keys: torch.Tensor,
+    tensors: list[torch.Tensor],
+    dropped: torch.Tensor,
+    tau: torch.Tensor | None,
+    alpha: float,
+    lengths: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """D2O's merge when one slot of each head goes, for one layer or many at once; returns the new tau.
 
-    keys [..., b, h, n, d]; dropped [..., b, h, 1] (the leading dimensions, if any, are layers); tau
+    keys [..., b, h, N, d]; dropped [..., b, h, 1] (the leading dimensions, if any, are layers); tau
     [..., b] or None; `tensors` are merged in place, each with its slots second to last, broadcasting
-    against the keys from the left (the keys and the values, or one [2, ..., b, h, n, d] block of both).
+    against the keys from the left (the keys and the values, or one [2, ..., b, h, N, d] block of both).
+    `lengths` [L] (layers first): layer i holds its first lengths[i] slots, the others are no candidates.
     With one token there is no grouping: its target j* becomes (k_j* + s k_i) / 2 if s >= tau. Every
-    number of a layer is the same whether it merges alone or with others."""
+    number of a layer is the same whether it merges alone or with others, over its own n slots or padded to N:
+    each cosine is its own sum of d products (a matrix product's rounding would depend on N)."""
     *heads, _ = dropped.shape  # [..., b, h]
     n, d = keys.shape[-2:]
     unit = _unit(keys)
     evicted = dropped.unsqueeze(-1)  # [..., b, h, 1, 1], shaped like every per-head result below
-    # one bmm over all heads (what matmul does for 4-d operands, without its reshapes)
-    picked = unit.gather(-2, evicted.expand(*heads, 1, d)).view(-1, 1, d)
-    cosine = torch.bmm(picked, unit.reshape(-1, n, d).mT).view(*heads, 1, n)
+    picked = unit.gather(-2, evicted.expand(*heads, 1, d))
+    cosine = (unit * picked).sum(-1).unsqueeze(-2)  # [..., b, h, 1, N]
     cosine.scatter_(-1, evicted, float("-inf"))  # the evicted slot is no candidate
+    if lengths is not None:  # nor a layer's padding
+        padding = torch.arange(n, device=keys.device) >= lengths.view(-1, *(1,) * (cosine.dim() - 1))
+        cosine.masked_fill_(padding, float("-inf"))
     similarity, target = cosine.max(dim=-1, keepdim=True)  # [..., b, h, 1, 1]
     tau, gate = _threshold_gate(similarity, tau, alpha, rows=len(heads) - 1)
     for tensor in tensors:

@@ -1,19 +1,23 @@
 """Merges done together: the layers of a routed cache that run one merging method with the same parameters
-and capacity share one block of slot storage and merge, in one set of operations, once per decode step.
+(and capacity, unless the method `merges_across_capacities`: D2O, whose native allocation gives every layer its
+own) share one block of slot storage and merge, in one set of operations, once per decode step.
 
 A merging method's one-slot decode step (D2O's, CaM's) is a dozen or more small operations, the same in
 every layer, and on a decode step bound by host-side work they cost more than the layer's attention. So the
-keys and values of such layers are the slices [:, i] of one [2, L, b, h, capacity + 1, d] block, and each
-layer's step decides its eviction as usual but leaves its merge pending, and with it the move of its last
-key/value slot and method state into the dropped slot (its positions move at once). Once the last of the
-group's layers has run its step, the group merges every layer at once (`Method.merge_together`, over the
-whole block), moves every layer's key/value slot with one scatter, and each layer's state. In between,
-nothing reads a pending layer's keys, values or state (each later layer attends to its own), so every number
-is the one the layer would produce merging alone, bit for bit. The pending work is done before the step
-ends: between two forward passes nothing is pending.
+keys and values of such layers are the slices [:, i] of one [2, L, b, h, S, d] block (S: the largest
+capacity + 1; a layer of a smaller capacity uses the first capacity + 1 of its slots), and each layer's step
+decides its eviction as usual but leaves its merge pending, and with it the move of its last key/value slot and
+method state into the dropped slot (its positions move at once). Once the last of the group's layers has run
+its step, the group merges every layer at once (`Method.merge_together`, over the block's first N slots, N the
+most any layer holds, each layer's slots past its own n being padding), moves every layer's last key/value slot
+with one gather and one scatter, and each layer's state. In between, nothing reads a pending layer's keys,
+values or state (each later layer attends to its own), so every number is the one the layer would produce
+merging alone, bit for bit. The pending work is done before the step ends: between two forward passes nothing
+is pending.
 
-A group merges together only when each of its layers left a merge over the same number of slots;
-otherwise each pending merge runs alone (the same numbers, one layer at a time).
+A group merges together only when every one of its layers left a merge, over the same number of slots unless
+the method merges across capacities; otherwise each pending merge runs alone (the same numbers, one layer at
+a time).
 """
 
 from __future__ import annotations
@@ -57,16 +61,23 @@ class MergeGroup:
         return bool(self.pending) and self.index[layer] in self.pending
 
     def flush(self) -> None:
-        """Do every pending merge and slot move: together when every member waits over the same slots."""
+        """Do every pending merge and slot move: together when every member waits (over the same slots, unless
+        the method merges across capacities)."""
         pending, self.pending = self.pending, {}
         if self in self.owner.pending:
             self.owner.pending.remove(self)
-        sizes = {n for _, n in pending.values()}
-        if len(pending) == len(self.members) and len(sizes) == 1:
-            n = sizes.pop()
+        sizes = [pending[i][1] for i in range(len(self.members))] if len(pending) == len(self.members) else []
+        method = type(self.methods[0])
+        if sizes and (len(set(sizes)) == 1 or method.merges_across_capacities):
             dropped = torch.stack([pending[i][0] for i in range(len(self.members))])  # [L, b, h, 1]
-            type(self.methods[0]).merge_together(self.methods, self.block.prefix(n), dropped)
-            self.block.drop(dropped, n)
+            if len(set(sizes)) == 1:
+                method.merge_together(self.methods, self.block.prefix(sizes[0]), dropped)
+                self.block.drop(dropped, sizes[0])
+            else:
+                lengths = torch.tensor(sizes, device=dropped.device)
+                kv = self.block.prefix(max(sizes))
+                method.merge_together(self.methods, kv, dropped, lengths)
+                _drop_each(kv, dropped, lengths)
             for i, layer in enumerate(self.members):
                 layer.drop_method_states(pending[i][0])
             return
@@ -75,6 +86,15 @@ class MergeGroup:
             type(self.methods[i]).merge_together([self.methods[i]], kv, dropped.unsqueeze(0))
             self.slices[i].drop(dropped, n)
             self.members[i].drop_method_states(dropped)
+
+
+def _drop_each(kv: torch.Tensor, dropped: torch.Tensor, lengths: torch.Tensor) -> None:
+    """Layer i's last slot, lengths[i] - 1, moves into its dropped slot dropped[i] ([L, b, h, 1]), in every layer of
+    kv [2, L, b, h, N, d] at once (what `SlotBlock.drop` does for one length)."""
+    two, layers, b, h, _, d = kv.shape
+    last = (lengths - 1).view(1, layers, 1, 1, 1, 1).expand(two, layers, b, h, 1, d)
+    moved = kv.gather(4, last)  # a copy: the scatter below may write over a last slot (when it is the dropped one)
+    kv.scatter_(4, dropped.view(1, layers, b, h, 1, 1).expand(two, layers, b, h, 1, d), moved)
 
 
 class MergeGroups:
@@ -98,7 +118,9 @@ class MergeGroups:
             members = [other for other in self.layers if _group_key(other) == key]
             if len(members) < 2:
                 return None
-            storage = layer.keys.new_empty(2, len(members), *layer.keys.shape[:2], slots, layer.keys.shape[-1])
+            size = max(other.methods[Phase.DECODE].capacity for other in members) + 1
+            # zeros: a smaller layer's padding joins the merge's arithmetic (and is masked out), so it must be finite
+            storage = layer.keys.new_zeros(2, len(members), *layer.keys.shape[:2], size, layer.keys.shape[-1])
             group = self.groups[key] = MergeGroup(self, members, storage)
         return group.hand_out(layer), group
 
@@ -114,12 +136,14 @@ class MergeGroups:
 
 
 def _group_key(layer) -> tuple | None:
-    """What layers merging together share: method, parameters and capacity (interval 1), and the shape,
-    dtype and device of their keys and values; None for a layer that merges alone."""
+    """What layers merging together share: method, parameters and capacity (interval 1; any capacity for a method
+    that merges across capacities), and the shape, dtype and device of their keys and values; None for a layer that
+    merges alone."""
     method = layer.methods[Phase.DECODE]
     if not method.merges_together or method.interval != 1 or method.capacity is None or not layer.retained:
         return None
     keys, values = layer.keys, layer.values
     if keys.shape[-1] != values.shape[-1] or keys.dtype != values.dtype:
         return None  # keys and values live apart (`LayerSlots.write`)
-    return (type(method), method.params, method.capacity, *keys.shape[:2], keys.shape[-1], keys.dtype, keys.device)
+    capacity = None if method.merges_across_capacities else method.capacity
+    return (type(method), method.params, capacity, *keys.shape[:2], keys.shape[-1], keys.dtype, keys.device)
