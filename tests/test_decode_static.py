@@ -265,6 +265,34 @@ def test_each_attention_path_is_taken_where_its_table_says(monkeypatch):
     full = PLANS["full"]
     rows = _paths(monkeypatch, lambda: generate_many(model, [full, PLANS["tova-decode"]], ids[0].tolist(), 3))
     assert Path.IDLE_ROW in rows  # many plans' rows: the full plan's decode step
+    long_ids = prompt(model, 130)  # Scissorhands' default history, 100 queries, under the prompt
+    scissorhands = _paths(
+        monkeypatch, lambda: _run(model, Plan.homogeneous("scissorhands", 64, 3, "both"), long_ids, 2)
+    )
+    assert Path.PROMPT_ROWS in scissorhands  # a fresh prompt whose method reads its last 100 queries
+
+
+def test_a_prompt_whose_last_queries_give_their_output_from_their_rows_keeps_the_same_slots(monkeypatch):
+    """`Path.PROMPT_ROWS`: the last w queries' output from the rows their method reads equals SDPA's up to float
+    rounding, and the method keeps the same slots."""
+    from polykv.runtime import attention_step
+
+    model = tiny_model("llama")
+    ids = prompt(model, 130)
+    plan = Plan.homogeneous("scissorhands", 64, 3, "both")
+
+    def run():
+        with routed(model, plan) as session, torch.no_grad():
+            logits = model(ids, use_cache=True).logits
+            return logits, [layer.positions.clone() for layer in session.cache.layers]
+
+    logits, kept = run()
+    monkeypatch.setattr(attention_step, "PROMPT_ROWS_AT_LEAST", 10**9)  # every output from SDPA
+    sdpa_logits, sdpa_kept = run()
+    assert all(torch.equal(a, b) for a, b in zip(kept, sdpa_kept))
+    assert kept[0].shape[-1] == 64  # the prompt was cut
+    torch.testing.assert_close(logits, sdpa_logits, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(logits, sdpa_logits)  # (the path was taken: other rounding)
 
 
 def _run_chunks(model, plan, ids):

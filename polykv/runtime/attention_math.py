@@ -41,6 +41,16 @@ def _decode_probs(query, key, scaling, lengths: list[int] | None = None) -> torc
     return torch.softmax(scores, dim=-1)
 
 
+def rows_output(rows: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """The output [b, w, h*g, dv] of w queries from their probabilities `rows` [b, h*g, w, n] (fp32) over the values
+    [b, h, n, dv]: in the values' dtype, as eager attention does."""
+    b, qh, w, n = rows.shape
+    h, dv = value.shape[1], value.shape[-1]
+    weights = rows if value.dtype == rows.dtype else rows.to(value.dtype)
+    out = torch.bmm(weights.reshape(b * h, (qh // h) * w, n), value.reshape(b * h, n, dv))  # [b*h, g*w, dv]
+    return out.view(b, qh, w, dv).transpose(1, 2)
+
+
 def entropy_sums(query, key, query_pos, key_pos, scaling, window) -> torch.Tensor:
     """Entropy of each query's (causal, windowed) attention summed over the queries, [b, h*g] float64;
     in query chunks, like `column_sums`, so memory stays bounded."""

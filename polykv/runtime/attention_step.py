@@ -4,8 +4,9 @@ methods asked for and their eviction.
 Attention runs on exactly the keys/values the layer holds. Probabilities are computed only for what the
 layer's methods asked for: the newest w queries' rows (SnapKV-style observation windows, the current
 query in decode) or column sums over all queries (H2O-style accumulation). Where a method needs them,
-the output comes from the same pass: a decode step's single softmax row times the values, and a fresh
-prompt's chunked causal attention that also sums its columns. Everywhere else (a `full` layer, prefill
+the output comes from the same pass: a decode step's single softmax row times the values, a fresh
+prompt's chunked causal attention that also sums its columns, and a fresh prompt's last w queries when their
+rows are long enough to matter (Scissorhands' history). Everywhere else (a `full` layer, short prefill
 windows) the output is SDPA's, so a `full` plan is the vanilla computation. Masks are built here from
 the true slot positions: transformers hands this attention no mask, and its SDPA fallback would align a
 multi-token step top-left, which is wrong once the cache holds older tokens.
@@ -31,6 +32,7 @@ from polykv.runtime.attention_math import (
     decode_output,
     entropy_sums,
     repeat_for_query_heads,
+    rows_output,
 )
 
 
@@ -73,12 +75,19 @@ class SlotHoldingLayer(Protocol):
     def finish_step(self, view: LayerView) -> None: ...  # after attention: the methods see the view and evict
 
 
+# A whole prompt whose methods read its last w queries' probabilities takes their output from them when w is at
+# least this (Scissorhands' history); a shorter window (SnapKV's, PyramidKV's, CAKE's) saves too little to leave
+# SDPA's numbers.
+PROMPT_ROWS_AT_LEAST = 64
+
+
 class Path(Enum):
     """Where a routed layer's attention output comes from (`choose_path`)."""
 
     IDLE_ROW = "idle row"
     FUSED_DECODE = "fused decode"
     FUSED_PROMPT = "fused prompt"
+    PROMPT_ROWS = "prompt rows"
     MASKED = "masked"
     SDPA = "sdpa"
 
@@ -105,6 +114,8 @@ def choose_path(
     |              |                                                | plans' rows)                                |
     | FUSED_PROMPT | the chunked causal pass that also sums columns | a whole prompt over an empty cache whose    |
     |              |                                                | methods need column sums                    |
+    | PROMPT_ROWS  | SDPA for all but the last w queries, their     | such a prompt whose methods need the rows   |
+    |              | softmax rows times the values for those        | of its last w >= `PROMPT_ROWS_AT_LEAST`     |
     | MASKED       | SDPA with a mask built from the true positions | the held slots are not a plain causal       |
     |              |                                                | prefix of the queries (`_needs_explicit_mask`)|
     | SDPA         | transformers' SDPA                             | everything else: a `full` layer alone is    |
@@ -125,6 +136,9 @@ def choose_path(
         return Path.MASKED
     if needs.column_sums and fusable and fresh_prompt(layer, q_len, window):
         return Path.FUSED_PROMPT
+    if needs.rows >= PROMPT_ROWS_AT_LEAST and q_len > needs.rows and fusable and not recording:
+        if fresh_prompt(layer, q_len, window):
+            return Path.PROMPT_ROWS
     return Path.SDPA
 
 
@@ -155,6 +169,8 @@ def attend(
         return output, None
     if path is Path.FUSED_DECODE:
         return _decode_step(layer, module, query, key, value, scaling, needs)
+    if path is Path.PROMPT_ROWS:
+        return _prompt_rows_step(layer, module, query, key, value, scaling, needs, kwargs)
     plain_decode = _one_query_sees_all(layer, q_len, window)
     if path is Path.MASKED or (needs and not plain_decode) or recording:
         key_pos = layer.positions  # [b, h, n]
@@ -297,6 +313,23 @@ def _decode_step(layer: SlotHoldingLayer, module, query, key, value, scaling, ne
     give_row(view, needs, probs, *query.shape[:2])
     layer.finish_step(view)
     return attn_output, None
+
+
+def _prompt_rows_step(layer: SlotHoldingLayer, module, query, key, value, scaling, needs, kwargs):
+    """A whole prompt whose methods read the probabilities of its last w queries: SDPA gives the output of the
+    first q - w queries (which see only the first q - w slots), and those rows times the values the output of
+    the last w, so their scores and softmax are computed once."""
+    q_len, w = query.shape[2], needs.rows
+    head, _ = sdpa_attention_forward(
+        module, query[:, :, :-w], key[:, :, :-w], value[:, :, :-w], None, dropout=0.0, scaling=scaling, **kwargs
+    )
+    view = layer_view(layer, module, key, value, q_len)
+    query_pos = torch.arange(q_len, device=query.device)
+    computed: dict = {}
+    fill_signals(view, needs, query, key, query_pos, scaling, None, computed)
+    tail = rows_output(computed["rows", w], value)
+    layer.finish_step(view)
+    return torch.cat([head, tail], dim=1), None
 
 
 def _one_query_sees_all(layer: SlotHoldingLayer, q_len: int, window: int | None) -> bool:
