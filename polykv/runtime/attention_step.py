@@ -326,7 +326,7 @@ def _prompt_rows_step(layer: SlotHoldingLayer, module, query, key, value, scalin
     view = layer_view(layer, module, key, value, q_len)
     query_pos = torch.arange(q_len, device=query.device)
     computed: dict = {}
-    fill_signals(view, needs, query, key, query_pos, scaling, None, computed)
+    fill_signals(view, needs, query, key, query_pos, scaling, layer.window, computed)
     tail = rows_output(computed["rows", w], value)
     layer.finish_step(view)
     return torch.cat([head, tail], dim=1), None
