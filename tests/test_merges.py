@@ -17,7 +17,7 @@ from polykv.methods.d2o import D2O
 from polykv.models import cache_argument_name
 from polykv.plan import Plan
 from polykv.runtime import routed
-from polykv.runtime.many_plans import generate_many
+from polykv.runtime.many_plans import generate_many, many
 from tests.helpers import cache_state, decode_logits, identical, plan_of, prompt, tiny_model
 
 LAYERS, PROMPT, STEPS = 4, 40, 20
@@ -96,11 +96,8 @@ def test_merging_together_gives_the_numbers_of_each_layer_alone(method, label, b
     alone, sizes_alone = _run(model, plan, ids, alone=True)
     assert identical(together, alone)
     assert not sizes_alone  # the reference merged each layer at its own step
-    assert max(sizes, default=0) >= 2, f"no layers merged together: {dict(sizes)}"
-    if method == "d2o" and label in ("native", "two-capacities-and-h2o"):
-        # D2O merges its layers together whatever their capacities (native allocation gives each its own)
-        layers = sum(layer.decode.method == "d2o" for layer in plan.layers)
-        assert sizes[layers] >= STEPS - 1, dict(sizes)
+    if label != "native":  # native allocation gives each layer its own capacity: alone, no group
+        assert max(sizes, default=0) >= 2, f"no layers merged together: {dict(sizes)}"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -168,10 +165,11 @@ def test_merge_together_with_some_layers_before_their_first_eviction():
     assert all(torch.equal(m.tau, r.tau) for m, r in zip(methods, references))
 
 
-@pytest.mark.parametrize("first", [True, False])
+@pytest.mark.parametrize("first", [True, False, "some"])
 def test_d2o_layers_of_different_lengths_merge_together_as_each_alone(first):
     """Layers of different capacities in one padded block: each layer's numbers are those of merging alone over
-    its own n slots, and nothing past its n is read or written."""
+    its own n slots, and nothing past its n is read or written (`first`: every layer's first eviction, none, or
+    some layers', which merge one by one)."""
     torch.manual_seed(3)
     lengths = [9, 5, 13, 7]
     layers, b, h, d, size = len(lengths), 2, 2, 8, max(lengths)
@@ -180,7 +178,8 @@ def test_d2o_layers_of_different_lengths_merge_together_as_each_alone(first):
         kv[:, i, :, :, :n] = torch.randn(2, b, h, n, d)
     kv[:, 1, :, :, 5:] = float("nan")  # padding: never read (a NaN there would spread into the layer's numbers)
     dropped = torch.stack([torch.randint(0, n, (b, h, 1)) for n in lengths])
-    taus = [None if first else torch.rand(b, dtype=torch.float64) for _ in lengths]
+    fresh = {True: range(4), False: (), "some": (1, 3)}[first]  # layers at their first eviction: no tau yet
+    taus = [None if i in fresh else torch.rand(b, dtype=torch.float64) for i in range(len(lengths))]
     alone, together = [D2O(n - 1, layer_idx=i) for i, n in enumerate(lengths)], [D2O(n - 1) for n in lengths]
     for method, tau in zip(alone + together, taus + taus):
         method.tau = None if tau is None else tau.clone()
@@ -195,21 +194,69 @@ def test_d2o_layers_of_different_lengths_merge_together_as_each_alone(first):
 
 
 @pytest.mark.parametrize("method", ["d2o", "cam"])
-def test_layers_of_one_method_share_one_block_d2o_whatever_their_capacities(method):
+def test_layers_of_one_method_and_capacity_share_one_block(method):
     model = tiny_model("llama", num_hidden_layers=LAYERS)
     plan = plan_of([method, method, "h2o", method], [20, 24, 20, 20])
     with routed(model, plan) as session, torch.no_grad():
         decode_logits(model, prompt(model, PROMPT), 4, cache_argument_name(model))
     storage = [layer.keys.untyped_storage() for layer in session.cache.layers]
-    slot = session.cache.layers[0].keys[:, :, :1].nbytes
     assert storage[0].data_ptr() == storage[3].data_ptr()  # the two layers at 20: one block
-    assert storage[2].data_ptr() not in {storage[0].data_ptr(), storage[1].data_ptr()}  # h2o its own
-    if method == "d2o":  # all three in one block of the largest capacity + 1 slots
-        assert storage[1].data_ptr() == storage[0].data_ptr()
-        assert storage[0].nbytes() == 3 * 2 * 25 * slot
-    else:  # CaM at 24 alone
-        assert storage[1].data_ptr() != storage[0].data_ptr()
-        assert storage[0].nbytes() == 2 * 2 * 21 * slot  # 2 layers x keys and values x capacity + 1 slots
+    assert len({s.data_ptr() for s in storage}) == 3  # the layer at 24 and h2o each their own
+    slot = session.cache.layers[0].keys[:, :, :1].nbytes
+    assert storage[0].nbytes() == 2 * 2 * 21 * slot  # 2 layers x keys and values x capacity + 1 slots: no padding
+
+
+# capacities 20 and 44 either side of the prompt: layer 1 evicts first when the others already have a tau
+MANY_D2O = [PLANS["native"], PLANS["two-capacities-and-h2o"], plan_of(["d2o"] * 4, [20, 44, 20, 20])]
+
+
+def _many_steps(model, plans, ids, steps):
+    """Many plans stepping on fixed tokens: every step's logits and every cache's state after it; and how many
+    layers each D2O merge had, with or without a padded block."""
+    calls = collections.Counter()
+    original = D2O.merge_together.__func__
+
+    def counting(cls, methods, kv, dropped, lengths=None):
+        calls[len(methods), lengths is not None] += 1
+        return original(cls, methods, kv, dropped, lengths)
+
+    with pytest.MonkeyPatch.context() as patch, many(model, plans) as session, torch.no_grad():
+        patch.setattr(D2O, "merge_together", classmethod(counting))
+        batch, logits = session.prefill(ids)
+        out = [logits]
+        for step in range(steps):
+            out.append(batch.step([3 + step] * len(plans)))
+            out += [t for cache in batch.caches for t in cache_state(cache)]
+    return out, calls
+
+
+def test_many_plans_merge_d2o_layers_of_different_capacities_together_as_by_capacity():
+    """In many plans' batch D2O's layers share one padded block whatever their capacities and merge at once, with
+    the numbers of merging by capacity (the reference: `merges_across_capacities` off), bit for bit."""
+    model = tiny_model("llama", num_hidden_layers=LAYERS)
+    ids = prompt(model, PROMPT)[0].tolist()
+    padded, calls = _many_steps(model, MANY_D2O, ids, STEPS)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(D2O, "merges_across_capacities", False)
+        by_capacity, calls_by_capacity = _many_steps(model, MANY_D2O, ids, STEPS)
+    assert identical(padded, by_capacity)
+    assert calls[LAYERS, True] >= STEPS - 1  # the native plan: every layer at once, in a padded block
+    assert calls[3, True] >= STEPS - 1  # the plan with h2o: its three d2o layers of capacities 24 and 28
+    assert not any(padded for _, padded in calls_by_capacity)
+
+
+def test_a_routed_cache_alone_keeps_one_capacity_per_block():
+    """Alone, D2O's layers of different capacities keep blocks of their own capacity + 1 slots: the KV memory a plan
+    holds is what its capacities say."""
+    model = tiny_model("llama", num_hidden_layers=LAYERS)
+    plan = plan_of(["d2o"] * 4, [20, 24, 20, 28])
+    with routed(model, plan) as session, torch.no_grad():
+        decode_logits(model, prompt(model, PROMPT), 4, cache_argument_name(model))
+    slot = session.cache.layers[0].keys[:, :, :1].nbytes
+    held = {
+        layer.keys.untyped_storage().data_ptr(): layer.keys.untyped_storage().nbytes() for layer in session.cache.layers
+    }
+    assert sorted(held.values()) == sorted([2 * 2 * 21 * slot, 2 * 25 * slot, 2 * 29 * slot])
 
 
 def test_a_new_sequence_in_the_same_cache_gets_a_new_block_and_the_same_numbers():
@@ -259,3 +306,19 @@ def test_a_forward_pass_stopped_halfway_merges_before_the_layer_runs_again():
         assert group.waits_for(cache.layers[0])  # layers 0-2 stepped; the last never did
         cache.layers[0].update(cache.layers[0].keys[:, :, :1].clone(), cache.layers[0].values[:, :, :1].clone())
         assert not cache.layers[0].merge_groups.pending
+
+
+def test_many_plans_padded_merges_make_no_host_sync(monkeypatch):
+    """The padded merges (layers of different lengths, some at their first eviction) read no number back from the
+    device during a step (`tests/test_decode_syncs.py`)."""
+    from tests.test_decode_syncs import _SYNCING, _raiser
+
+    model = tiny_model("llama", num_hidden_layers=LAYERS)
+    with many(model, MANY_D2O) as session, torch.no_grad():
+        batch, _ = session.prefill(prompt(model, PROMPT)[0].tolist())
+        batch.step([3] * len(MANY_D2O))  # the first step cuts the prompt (it may sync, as a prefill may)
+        with monkeypatch.context() as patch:
+            for attr in _SYNCING:
+                patch.setattr(torch.Tensor, attr, _raiser(attr))
+            for step in range(8):  # layer 1 of the last plan (capacity 44) first evicts among them
+                batch.step([4 + step] * len(MANY_D2O))

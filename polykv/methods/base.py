@@ -15,9 +15,9 @@ it with the cache, so scores and slots never drift apart. Merging methods (CaM, 
 contents into kept slots of `view.keys` / `view.values` in place before returning their eviction: the
 step's attention output is already computed, and those tensors are the layer's cache. A merging method
 that sets `merges_together` (D2O, CaM) may instead leave a one-slot step's merge to the runtime, which then
-merges every layer of the same method, parameters and capacity (any, if `merges_across_capacities`) at once
-after the step's last of them (`merge_together`, `polykv.runtime.merges`): the view's `defer_merge` says when
-it may, the eviction's `merge_deferred` that it did.
+merges every layer of the same method, parameters and capacity (in many plans' batches any capacity, if it
+`merges_across_capacities`) at once after the step's last of them (`merge_together`, `polykv.runtime.merges`): the
+view's `defer_merge` says when it may, the eviction's `merge_deferred` that it did.
 
 Decode steps (see the runtime): an evicting layer holds its slots in storage of capacity + interval
 slots and writes each new token into a slot the last eviction freed, so a step reallocates nothing;
@@ -156,7 +156,7 @@ class Method:
     Params: ClassVar[type[BaseModel]] = NoParams
     merges: ClassVar[bool] = False  # rewrites retained keys/values (CaM, D2O)
     merges_together: ClassVar[bool] = False  # its one-slot merges can run for many layers at once (`merge_together`)
-    merges_across_capacities: ClassVar[bool] = False  # ... also layers of different capacities (`lengths`)
+    merges_across_capacities: ClassVar[bool] = False  # ... and layers of different capacities (`lengths`)
     native_allocation: ClassVar[bool] = False  # has its own layer-budget rule (`allocate`)
     below_capacity: ClassVar[tuple[str, ...]] = ()  # parameters that must stay under the capacity (windows)
     passive: ClassVar[bool] = False  # never needs signals nor evicts (`full`): the runtime skips it

@@ -130,8 +130,11 @@ class CaM(Method):
         _add_shares(view.values, dropped, targets, share)
 
     @classmethod
-    def merge_together(cls, methods: list[CaM], kv: torch.Tensor, dropped: torch.Tensor, lengths=None) -> None:
-        assert lengths is None, "CaM merges together only layers of one capacity"
+    def merge_together(
+        cls, methods: list[CaM], kv: torch.Tensor, dropped: torch.Tensor, lengths: torch.Tensor | None = None
+    ) -> None:
+        if lengths is not None:  # its merge reads each layer's own per-slot state, of its own length
+            raise ValueError("CaM merges together only layers of one capacity")
         # each layer draws from its own generators, over its state before the slots move
         states = [method.per_token["acc"] for method in methods]
         draws = torch.stack([method._draws(acc) for method, acc in zip(methods, states)])

@@ -5,8 +5,8 @@ Attention runs on exactly the keys/values the layer holds. Probabilities are com
 layer's methods asked for: the newest w queries' rows (SnapKV-style observation windows, the current
 query in decode) or column sums over all queries (H2O-style accumulation). Where a method needs them,
 the output comes from the same pass: a decode step's single softmax row times the values, a fresh
-prompt's chunked causal attention that also sums its columns, and a fresh prompt's last w queries when their
-rows are long enough to matter (Scissorhands' history). Everywhere else (a `full` layer, short prefill
+prompt's chunked causal attention that also sums its columns, and, in fp32, a fresh prompt's last w queries when
+they are at least `PROMPT_ROWS_AT_LEAST` (Scissorhands' history). Everywhere else (a `full` layer, shorter prefill
 windows) the output is SDPA's, so a `full` plan is the vanilla computation. Masks are built here from
 the true slot positions: transformers hands this attention no mask, and its SDPA fallback would align a
 multi-token step top-left, which is wrong once the cache holds older tokens.
@@ -101,6 +101,7 @@ def choose_path(
     row_when_idle: bool,
     needs: Needs,
     recording: bool,
+    fp32: bool = True,
 ) -> Path:
     """The path of one routed layer's attention step:
 
@@ -114,16 +115,18 @@ def choose_path(
     |              |                                                | plans' rows)                                |
     | FUSED_PROMPT | the chunked causal pass that also sums columns | a whole prompt over an empty cache whose    |
     |              |                                                | methods need column sums                    |
-    | PROMPT_ROWS  | SDPA for all but the last w queries, their     | such a prompt whose methods need the rows   |
-    |              | softmax rows times the values for those        | of its last w >= `PROMPT_ROWS_AT_LEAST`     |
+    | PROMPT_ROWS  | SDPA for all but the last w queries, their     | such a prompt in fp32 whose methods need    |
+    |              | softmax rows times the values for those        | the rows of its last w queries, w at least  |
+    |              |                                                | `PROMPT_ROWS_AT_LEAST`                      |
     | MASKED       | SDPA with a mask built from the true positions | the held slots are not a plain causal       |
     |              |                                                | prefix of the queries (`_needs_explicit_mask`)|
     | SDPA         | transformers' SDPA                             | everything else: a `full` layer alone is    |
     |              |                                                | the vanilla computation                     |
 
-    The fused paths need attention without dropout or soft-capping (`_fusable`); the one-row paths also need
-    no recorder listening (a recorder reads every query's attention); a layer that never evicts is fused
-    only as IDLE_ROW."""
+    The fused paths need attention without dropout or soft-capping (`_fusable`); the one-row paths and PROMPT_ROWS
+    also need no recorder listening (a recorder reads every query's attention); a layer that never evicts is fused
+    only as IDLE_ROW. PROMPT_ROWS needs fp32 values: in bf16 its output rounds otherwise than SDPA's by far more,
+    enough for later layers to keep other slots."""
     plain_decode = _one_query_sees_all(layer, q_len, window)
     if row_when_idle and plain_decode and layer.idle and layer.phase is Phase.DECODE and not recording:
         if _fusable(dropout, kwargs):
@@ -136,7 +139,7 @@ def choose_path(
         return Path.MASKED
     if needs.column_sums and fusable and fresh_prompt(layer, q_len, window):
         return Path.FUSED_PROMPT
-    if needs.rows >= PROMPT_ROWS_AT_LEAST and q_len > needs.rows and fusable and not recording:
+    if needs.rows >= PROMPT_ROWS_AT_LEAST and q_len > needs.rows and fusable and not recording and fp32:
         if fresh_prompt(layer, q_len, window):
             return Path.PROMPT_ROWS
     return Path.SDPA
@@ -162,7 +165,9 @@ def attend(
     q_len = query.shape[2]
     recorders = listening()
     needs, recording = layer.needs(), bool(recorders)  # once per step: a hot path
-    path = choose_path(layer, q_len, window, dropout, kwargs, row_when_idle, needs, recording)
+    path = choose_path(
+        layer, q_len, window, dropout, kwargs, row_when_idle, needs, recording, value.dtype == torch.float32
+    )
     if path is Path.IDLE_ROW:
         output = decode_output(query, key, value, scaling)[0]
         layer.keep_window()

@@ -335,9 +335,9 @@ class RoutedCache(Cache):
         ]
         super().__init__(layers=layers)
         self.plan = plan
-        merge_groups = MergeGroups(layers)
+        self.merge_groups = MergeGroups(layers)
         for layer in layers:
-            layer.merge_groups = merge_groups
+            layer.merge_groups = self.merge_groups
         self.native_totals: dict[Phase, int] = {}
         if plan.allocation == "native":
             for phase in plan.scope.phases:

@@ -20,9 +20,9 @@ An experiment scores dozens of plans on the same samples. Two facts let them sha
     by a score (TOVA, StreamingLLM) drop together; and a prompt's signals, and what methods make of them
     (Scissorhands' flags, CAKE's scores: `LayerView.once`), are made once for every plan.
 The results are those of each plan run alone up to float rounding, not bit for bit: a layer whose method
-needs the prompt's column sums (H2O, D2O, CaM) takes its prompt output from the fused pass when it runs
-alone and SDPA's here (equal up to rounding), and a batch's matrix products round differently from a
-single row's. tests/test_many_plans.py checks the same greedy tokens and logits within 1e-4 for every method.
+needs the prompt's column sums (H2O, D2O, CaM) or its last 64 or more queries' rows (Scissorhands) takes its
+prompt output from the fused pass or those rows when it runs alone and SDPA's here (equal up to rounding), and a
+batch's matrix products round differently from a single row's. tests/test_many_plans.py checks the same greedy tokens and logits within 1e-4 for every method.
 """
 
 from __future__ import annotations
@@ -102,6 +102,8 @@ class Many:
         device = next(self.model.parameters()).device
         ids = torch.as_tensor(prompt_ids, device=device).view(1, -1)
         caches = [RoutedCache(plan) for plan in self.plans]
+        for cache in caches:  # rows share padded storage here: so may D2O's layers (`polykv.runtime.merges`)
+            cache.merge_groups.across_capacities = True
         shared = Cache(layers=[SharedPrompt(i, [c.layers[i] for c in caches]) for i in range(len(caches[0].layers))])
         logits = _forward(self.model, ids, None, shared)[0]
         return PlanBatch(self.model, caches, ids.shape[1]), logits

@@ -1,23 +1,25 @@
 """Merges done together: the layers of a routed cache that run one merging method with the same parameters
-(and capacity, unless the method `merges_across_capacities`: D2O, whose native allocation gives every layer its
-own) share one block of slot storage and merge, in one set of operations, once per decode step.
+and capacity share one block of slot storage and merge, in one set of operations, once per decode step.
 
 A merging method's one-slot decode step (D2O's, CaM's) is a dozen or more small operations, the same in
 every layer, and on a decode step bound by host-side work they cost more than the layer's attention. So the
-keys and values of such layers are the slices [:, i] of one [2, L, b, h, S, d] block (S: the largest
-capacity + 1; a layer of a smaller capacity uses the first capacity + 1 of its slots), and each layer's step
-decides its eviction as usual but leaves its merge pending, and with it the move of its last key/value slot and
-method state into the dropped slot (its positions move at once). Once the last of the group's layers has run
-its step, the group merges every layer at once (`Method.merge_together`, over the block's first N slots, N the
-most any layer holds, each layer's slots past its own n being padding), moves every layer's last key/value slot
-with one gather and one scatter, and each layer's state. In between, nothing reads a pending layer's keys,
-values or state (each later layer attends to its own), so every number is the one the layer would produce
-merging alone, bit for bit. The pending work is done before the step ends: between two forward passes nothing
-is pending.
+keys and values of such layers are the slices [:, i] of one [2, L, b, h, S, d] block (S = capacity + 1), and
+each layer's step decides its eviction as usual but leaves its merge pending, and with it the move of its last
+key/value slot and method state into the dropped slot (its positions move at once). Once the last of the
+group's layers has run its step, the group merges every layer at once (`Method.merge_together`, over the
+whole block), moves every layer's key/value slot with one scatter, and each layer's state. In between,
+nothing reads a pending layer's keys, values or state (each later layer attends to its own), so every number
+is the one the layer would produce merging alone, bit for bit. The pending work is done before the step
+ends: between two forward passes nothing is pending.
+
+Many plans in one batch (`polykv.runtime.many_plans`, whose rows already share padded storage) also let the
+layers of a method that `merges_across_capacities` (D2O, whose native allocation gives every layer its own
+capacity) share one block of the largest capacity + 1 slots: each merges over the block's first N slots, N the
+most any layer holds, its own slots past its n being padding, and one gather and one scatter move every layer's
+last slot. A routed cache alone keeps one capacity per block, so the KV memory it holds is what its plan says.
 
 A group merges together only when every one of its layers left a merge, over the same number of slots unless
-the method merges across capacities; otherwise each pending merge runs alone (the same numbers, one layer at
-a time).
+its block is padded; otherwise each pending merge runs alone (the same numbers, one layer at a time).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class MergeGroup:
         self.last_layer = max(layer.layer_idx for layer in members)
         self.slices: dict[int, SlotBlock] = {}  # member -> its slice, once handed out
         self.pending: dict[int, tuple[torch.Tensor, int]] = {}  # member -> (dropped slots [b, h, 1], slots n)
+        self._lengths: dict[tuple[int, ...], torch.Tensor] = {}  # the members' slots, on the device, by value
 
     def hand_out(self, layer) -> SlotBlock:
         """The member's slice of the block: its keys and values [2, b, h, S, d]."""
@@ -66,7 +69,7 @@ class MergeGroup:
         pending, self.pending = self.pending, {}
         if self in self.owner.pending:
             self.owner.pending.remove(self)
-        sizes = [pending[i][1] for i in range(len(self.members))] if len(pending) == len(self.members) else []
+        sizes = tuple(pending[i][1] for i in range(len(self.members))) if len(pending) == len(self.members) else ()
         method = type(self.methods[0])
         if sizes and (len(set(sizes)) == 1 or method.merges_across_capacities):
             dropped = torch.stack([pending[i][0] for i in range(len(self.members))])  # [L, b, h, 1]
@@ -74,7 +77,9 @@ class MergeGroup:
                 method.merge_together(self.methods, self.block.prefix(sizes[0]), dropped)
                 self.block.drop(dropped, sizes[0])
             else:
-                lengths = torch.tensor(sizes, device=dropped.device)
+                lengths = self._lengths.get(sizes)
+                if lengths is None:  # once per set of sizes: a steady step's never change (no copy to the device)
+                    lengths = self._lengths[sizes] = torch.tensor(sizes, device=dropped.device)
                 kv = self.block.prefix(max(sizes))
                 method.merge_together(self.methods, kv, dropped, lengths)
                 _drop_each(kv, dropped, lengths)
@@ -98,10 +103,12 @@ def _drop_each(kv: torch.Tensor, dropped: torch.Tensor, lengths: torch.Tensor) -
 
 
 class MergeGroups:
-    """The merge groups of one routed cache, made when a layer first asks for a decode block."""
+    """The merge groups of one routed cache, made when a layer first asks for a decode block. `across_capacities`:
+    layers of a method that merges across capacities share one padded block (many plans' batches)."""
 
-    def __init__(self, layers: list):
+    def __init__(self, layers: list, across_capacities: bool = False):
         self.layers = layers
+        self.across_capacities = across_capacities
         self.groups: dict[tuple, MergeGroup] = {}
         self.pending: list[MergeGroup] = []  # groups with merges waiting
 
@@ -109,18 +116,17 @@ class MergeGroups:
         """A slice of the block of the layer's group, for keys and values of `slots` slots each, or None
         when the layer merges alone (another method, an interval, a group of one, or not the steady
         block of capacity + 1 slots: the block after a long prompt would hold the whole prompt)."""
-        key = _group_key(layer)
+        key = _group_key(layer, self.across_capacities)
         if key is None or slots != layer.methods[Phase.DECODE].capacity + 1:
             return None
         group = self.groups.get(key)
         # a member that asks again (a new sequence, new storage) starts a new block for the group
         if group is None or layer not in group.index or group.handed(layer):
-            members = [other for other in self.layers if _group_key(other) == key]
+            members = [other for other in self.layers if _group_key(other, self.across_capacities) == key]
             if len(members) < 2:
                 return None
-            size = max(other.methods[Phase.DECODE].capacity for other in members) + 1
-            # zeros: a smaller layer's padding joins the merge's arithmetic (and is masked out), so it must be finite
-            storage = layer.keys.new_zeros(2, len(members), *layer.keys.shape[:2], size, layer.keys.shape[-1])
+            size = max(other.methods[Phase.DECODE].capacity for other in members) + 1  # padded when they differ
+            storage = layer.keys.new_empty(2, len(members), *layer.keys.shape[:2], size, layer.keys.shape[-1])
             group = self.groups[key] = MergeGroup(self, members, storage)
         return group.hand_out(layer), group
 
@@ -135,15 +141,15 @@ class MergeGroups:
         self.pending.clear()
 
 
-def _group_key(layer) -> tuple | None:
-    """What layers merging together share: method, parameters and capacity (interval 1; any capacity for a method
-    that merges across capacities), and the shape, dtype and device of their keys and values; None for a layer that
-    merges alone."""
+def _group_key(layer, across_capacities: bool) -> tuple | None:
+    """What layers merging together share: method, parameters and capacity (interval 1; any capacity, with
+    `across_capacities`, for a method that merges across capacities), and the shape, dtype and device of their keys
+    and values; None for a layer that merges alone."""
     method = layer.methods[Phase.DECODE]
     if not method.merges_together or method.interval != 1 or method.capacity is None or not layer.retained:
         return None
     keys, values = layer.keys, layer.values
     if keys.shape[-1] != values.shape[-1] or keys.dtype != values.dtype:
         return None  # keys and values live apart (`LayerSlots.write`)
-    capacity = None if method.merges_across_capacities else method.capacity
+    capacity = None if across_capacities and method.merges_across_capacities else method.capacity
     return (type(method), method.params, capacity, *keys.shape[:2], keys.shape[-1], keys.dtype, keys.device)
