@@ -22,7 +22,8 @@ An experiment scores dozens of plans on the same samples. Two facts let them sha
 The results are those of each plan run alone up to float rounding, not bit for bit: a layer whose method
 needs the prompt's column sums (H2O, D2O, CaM) or its last 64 or more queries' rows (Scissorhands) takes its
 prompt output from the fused pass or those rows when it runs alone and SDPA's here (equal up to rounding), and a
-batch's matrix products round differently from a single row's. tests/test_many_plans.py checks the same greedy tokens and logits within 1e-4 for every method.
+batch's matrix products round differently from a single row's. tests/test_many_plans.py checks the same greedy
+tokens and logits within 1e-4 for every method.
 """
 
 from __future__ import annotations
