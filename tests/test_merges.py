@@ -322,3 +322,30 @@ def test_many_plans_padded_merges_make_no_host_sync(monkeypatch):
                 patch.setattr(torch.Tensor, attr, _raiser(attr))
             for step in range(8):  # layer 1 of the last plan (capacity 44) first evicts among them
                 batch.step([4 + step] * len(MANY_D2O))
+
+
+def test_a_layer_cut_by_its_window_takes_its_slice_again_and_the_group_keeps_merging():
+    """A local layer whose window cuts what it holds gets storage of its own and asks for a block again at its next
+    write: within the sequence it takes its own slice back, so the group keeps one block (before, each such ask made
+    the whole group a new block, and the others then merged alone), with the numbers of merging alone."""
+    from polykv.runtime import merges
+
+    model = tiny_model("gemma3")  # two local layers (a 16-token window) and a global one
+    plan = Plan.homogeneous("d2o", 12, 3, scope="decode")
+    made = collections.Counter()
+    original = merges.MergeGroup.__init__
+
+    def counting(self, *args):
+        made["blocks"] += 1
+        original(self, *args)
+
+    ids = prompt(model, PROMPT)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(merges.MergeGroup, "__init__", counting)
+        together, sizes = _run(model, plan, ids)
+    alone, _ = _run(model, plan, ids, alone=True)
+    assert identical(together, alone)
+    assert made["blocks"] == 1  # (12 in these 20 steps when each ask made a new block)
+    # the three layers merged at once whenever each had a slot to merge (a step whose window cut left a layer under
+    # its capacity has nothing to merge there: 7 of these 20 steps merged all three)
+    assert sizes[3] >= 5, dict(sizes)

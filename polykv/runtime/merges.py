@@ -120,8 +120,10 @@ class MergeGroups:
         if key is None or slots != layer.methods[Phase.DECODE].capacity + 1:
             return None
         group = self.groups.get(key)
-        # a member that asks again (a new sequence, new storage) starts a new block for the group
-        if group is None or layer not in group.index or group.handed(layer):
+        if group is not None and group.handed(layer):
+            # asked again within the sequence (a new sequence forgets every group): after a cut, its slice is free
+            return group.slices[group.index[layer]], group
+        if group is None or layer not in group.index:
             members = [other for other in self.layers if _group_key(other, self.across_capacities) == key]
             if len(members) < 2:
                 return None
