@@ -61,21 +61,26 @@ def merging_alone():
         yield
 
 
-def _run(model, plan, ids, steps=STEPS, alone=False):
-    """Logits of every step and the state after each; and how many layers each merge_together call had.
-    `alone`: each layer merges at its own step (`merging_alone`)."""
-    sizes = collections.Counter()
-    method = REGISTRY[plan.layers[0].decode.method]
+def _count_merges(patch, method, key) -> collections.Counter:
+    """Counts of `method`'s merge_together calls from here on, by `key(methods, lengths)`."""
+    calls = collections.Counter()
     original = method.merge_together.__func__
 
     def counting(cls, methods, kv, dropped, lengths=None):
-        sizes[len(methods)] += 1
+        calls[key(methods, lengths)] += 1
         return original(cls, methods, kv, dropped, lengths)
 
+    patch.setattr(method, "merge_together", classmethod(counting))
+    return calls
+
+
+def _run(model, plan, ids, steps=STEPS, alone=False):
+    """Logits of every step and the state after each; and how many layers each merge_together call had.
+    `alone`: each layer merges at its own step (`merging_alone`)."""
     name = cache_argument_name(model)
     reference = merging_alone() if alone else contextlib.nullcontext()
     with reference, pytest.MonkeyPatch.context() as patch, routed(model, plan) as session, torch.no_grad():
-        patch.setattr(method, "merge_together", classmethod(counting))
+        sizes = _count_merges(patch, REGISTRY[plan.layers[0].decode.method], lambda methods, _: len(methods))
         out = model(ids, use_cache=True)
         logits, states = [out.logits], []
         for _ in range(steps):
@@ -213,15 +218,8 @@ MANY_D2O = [PLANS["native"], PLANS["two-capacities-and-h2o"], plan_of(["d2o"] * 
 def _many_steps(model, plans, ids, steps):
     """Many plans stepping on fixed tokens: every step's logits and every cache's state after it; and how many
     layers each D2O merge had, with or without a padded block."""
-    calls = collections.Counter()
-    original = D2O.merge_together.__func__
-
-    def counting(cls, methods, kv, dropped, lengths=None):
-        calls[len(methods), lengths is not None] += 1
-        return original(cls, methods, kv, dropped, lengths)
-
     with pytest.MonkeyPatch.context() as patch, many(model, plans) as session, torch.no_grad():
-        patch.setattr(D2O, "merge_together", classmethod(counting))
+        calls = _count_merges(patch, D2O, lambda methods, lengths: (len(methods), lengths is not None))
         batch, logits = session.prefill(ids)
         out = [logits]
         for step in range(steps):

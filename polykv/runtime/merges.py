@@ -70,10 +70,10 @@ class MergeGroup:
         if self in self.owner.pending:
             self.owner.pending.remove(self)
         sizes = tuple(pending[i][1] for i in range(len(self.members))) if len(pending) == len(self.members) else ()
-        method = type(self.methods[0])
-        if sizes and (len(set(sizes)) == 1 or method.merges_across_capacities):
+        method, uniform = type(self.methods[0]), len(set(sizes)) == 1
+        if sizes and (uniform or method.merges_across_capacities):
             dropped = torch.stack([pending[i][0] for i in range(len(self.members))])  # [L, b, h, 1]
-            if len(set(sizes)) == 1:
+            if uniform:
                 method.merge_together(self.methods, self.block.prefix(sizes[0]), dropped)
                 self.block.drop(dropped, sizes[0])
             else:
@@ -103,12 +103,12 @@ def _drop_each(kv: torch.Tensor, dropped: torch.Tensor, lengths: torch.Tensor) -
 
 
 class MergeGroups:
-    """The merge groups of one routed cache, made when a layer first asks for a decode block. `across_capacities`:
-    layers of a method that merges across capacities share one padded block (many plans' batches)."""
+    """The merge groups of one routed cache, made when a layer first asks for a decode block."""
 
-    def __init__(self, layers: list, across_capacities: bool = False):
+    def __init__(self, layers: list):
         self.layers = layers
-        self.across_capacities = across_capacities
+        # layers of a method that merges across capacities share one padded block (set by many plans' batches)
+        self.across_capacities = False
         self.groups: dict[tuple, MergeGroup] = {}
         self.pending: list[MergeGroup] = []  # groups with merges waiting
 
