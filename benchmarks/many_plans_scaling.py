@@ -9,13 +9,16 @@ the steps within a rep, then of the reps. The last column is each size's step ov
     python benchmarks/many_plans_scaling.py --model demo --length 200
     python benchmarks/many_plans_scaling.py --profile 54               # where 54 plans' step spends its time
     python benchmarks/many_plans_scaling.py --study-samples 3          # the smollm2 study's unit of work
+    python benchmarks/many_plans_scaling.py --study-samples 3 --compare-collector   # ... and without the GC freeze
     python benchmarks/many_plans_scaling.py --floor                    # the model alone at those batch sizes
     python benchmarks/many_plans_scaling.py --held 64                  # tensors held and GC time over 64 steps of 54
+    python benchmarks/many_plans_scaling.py --rows-together            # rows' method steps: together or alone
 
 `--study-samples K` times instead what the smollm2 study (docs/smollm2-study.md) spends its hours on: one RULER
 sample at 1,024 tokens (niah_single_1, chat template, answer_nll: the gold answer teacher-forced) scored by the
 sweep's plans, the nine baselines at its budgets 32, 64, 128, 256 and 512 under their protocols, and FullKV (46
-plans in one batch, as the study runs them); medians over K samples x reps, and samples per hour.
+plans in one batch, as the study runs them) over K samples x reps: the median and the mean sample, and samples
+per hour from the mean (a throughput counts every pause, a garbage collection's included).
 Set PYTHONPATH to an older copy of the package to measure it with the same script.
 """
 
@@ -137,7 +140,14 @@ def held(model, plans, prompt: list[int], steps: int) -> None:
     )
 
 
-def study_samples(model, tokenizer, count: int, reps: int) -> None:
+def study_samples(model, tokenizer, count: int, reps: int, compare_collector: bool = False) -> None:
+    """The study's unit of work; `compare_collector`: each rep also runs the samples with the objects made before
+    a batched block left in the garbage collector's walk (as before `polykv.runtime.garbage`), and counts full
+    collections and their seconds both ways."""
+    import contextlib
+    import gc
+
+    import polykv.runtime.swap as swap
     from polykv.eval.running.settings import suite_settings
     from polykv.eval.suites import ruler
     from polykv.plan import Plan
@@ -151,17 +161,124 @@ def study_samples(model, tokenizer, count: int, reps: int) -> None:
         {"length": 1024, "answer_tokens": 16, "tasks": ["niah_single_1"], "samples_per_task": count, "mode": "score"},
     )
     samples = ruler.build_samples(tokenizer, model, settings, 0)
-    times = []
-    for _ in range(reps):
-        for _, _, payload in samples:
+    full_collections = [0, 0.0]  # count, seconds
+    started_collection = [0.0]
+
+    def count_full(phase: str, info: dict) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            started_collection[0] = time.perf_counter()
+        else:
+            full_collections[0] += 1
+            full_collections[1] += time.perf_counter() - started_collection[0]
+
+    own = getattr(swap, "old_objects_frozen", None)  # None: a package from before it (PYTHONPATH)
+    ways = {"frozen": own}
+    if compare_collector and own is not None:
+        ways["walked (as before)"] = contextlib.nullcontext
+    times: dict[str, list[float]] = {way: [] for way in ways}
+    collections = {way: [0, 0.0] for way in ways}
+    gc.callbacks.append(count_full)
+    try:
+        for _ in range(reps):
+            for way, block in ways.items():
+                if block is not None:
+                    swap.old_objects_frozen = block
+                full_collections[:] = [0, 0.0]
+                for _, _, payload in samples:
+                    started = time.perf_counter()
+                    ruler.score_samples(model, plans, payload, settings)
+                    times[way].append(time.perf_counter() - started)
+                collections[way] = [a + b for a, b in zip(collections[way], full_collections)]
+    finally:
+        gc.callbacks.remove(count_full)
+        if own is not None:
+            swap.old_objects_frozen = own
+    for way, seconds_each in times.items():
+        label = f" [{way}]" if len(ways) > 1 else ""
+        mean = statistics.mean(seconds_each)  # throughput counts every second, a collection's pause included
+        print(
+            f"{len(plans)} plans, one RULER sample at 1,024 tokens scored (answer_nll){label}: "
+            f"{statistics.median(seconds_each):.2f} s median, {mean:.2f} s mean of {len(seconds_each)}, "
+            f"{3600 / mean:.0f} samples per hour; {collections[way][0]} full garbage collections in "
+            f"{collections[way][1]:.2f} s"
+        )
+
+
+def one_budget_mix(layers: int, count: int = 24, capacity: int = 128):
+    """A factorial's kind of batch: `count` plans at one capacity, SnapKV's prefill, each layer's decode method drawn
+    (seeded) from H2O, TOVA, StreamingLLM and Scissorhands."""
+    import random
+
+    from polykv.plan import Plan
+
+    draw = random.Random(0)
+    methods = ["h2o", "tova", "streamingllm", "scissorhands"]
+    plans = []
+    for i in range(count):
+        rows = [
+            {
+                "prefill": {"method": "snapkv", "capacity": capacity},
+                "decode": {"method": draw.choice(methods), "capacity": capacity},
+            }
+            for _ in range(layers)
+        ]
+        plans.append(Plan.from_dict({"name": f"mix-{i}", "scope": "both", "layers": rows}))
+    return plans
+
+
+def rows_together(model, prompt: list[int], steps: int, reps: int) -> None:
+    """The seconds a step spends in its rows' method steps (`row_storage.drop_together` and each row's own), with
+    rows dropping together as now and as before, interleaved in one process: for the study's 46 plans (five
+    budgets: one row of a method per block) and a one-budget mix (several rows of a method per block)."""
+    from polykv.methods.h2o import H2O
+    from polykv.plan import Plan
+    from polykv.runtime import row_storage
+
+    layers = num_layers(model)
+    batches = {
+        "study's 46 plans": [Plan.homogeneous("full", None, layers)]
+        + [baseline_plan(m, b, layers) for b in STUDY_BUDGETS for m in NINE],
+        "24 plans at 128, mixed": one_budget_mix(layers),
+    }
+    own_scores, own_least = H2O.one_slot_scores, row_storage.TOGETHER_AT_LEAST
+    ways = {  # (rows of a method a block needs to drop together, does H2O drop together?)
+        "every row alone": (10**9, False),
+        "TOVA and StreamingLLM together, lone rows too (before)": (1, False),
+        "... and H2O, lone rows too": (1, True),
+        "... and H2O, lone rows alone (now)": (own_least, True),
+    }
+    spent = [0.0]
+    real = {name: getattr(row_storage, name) for name in ("drop_together", "_finish_alone")}
+
+    def timed(function):
+        def run(*args):
             started = time.perf_counter()
-            ruler.score_samples(model, plans, payload, settings)
-            times.append(time.perf_counter() - started)
-    seconds = statistics.median(times)
-    print(
-        f"{len(plans)} plans, one RULER sample at 1,024 tokens scored (answer_nll): {seconds:.2f} s "
-        f"(median of {len(times)}), {3600 / seconds:.0f} samples per hour"
-    )
+            function(*args)
+            spent[0] += time.perf_counter() - started
+
+        return run
+
+    print("| batch | rows' method steps | ms per step (median of reps) |")
+    print("|---|---|---:|")
+    try:
+        for name, function in real.items():
+            setattr(row_storage, name, timed(function))
+        for label, plans in batches.items():
+            results: dict[str, list[float]] = {way: [] for way in ways}
+            for _ in range(reps):
+                for way, (least, h2o) in ways.items():
+                    row_storage.TOGETHER_AT_LEAST, H2O.one_slot_scores = least, own_scores if h2o else None
+                    spent[0] = 0.0
+                    step_times(model, plans, prompt, steps)
+                    results[way].append(spent[0] / (steps + 1) * 1000)
+            for way, values in results.items():
+                print(f"| {label} | {way} | {statistics.median(values):.1f} |")
+    finally:
+        for name, function in real.items():
+            setattr(row_storage, name, function)
+        row_storage.TOGETHER_AT_LEAST, H2O.one_slot_scores = own_least, own_scores
 
 
 def main() -> None:
@@ -177,6 +294,10 @@ def main() -> None:
     parser.add_argument("--lines", type=int, default=25, help="the profile's lines")
     parser.add_argument("--callers", default="", help="also show who calls the functions matching this")
     parser.add_argument("--study-samples", type=int, default=0, help="time the study's unit of work on K samples")
+    parser.add_argument(
+        "--compare-collector", action="store_true", help="with --study-samples: also as before polykv.runtime.garbage"
+    )
+    parser.add_argument("--rows-together", action="store_true", help="rows dropping together: now and as before")
     parser.add_argument("--floor", action="store_true", help="time the model alone at the same batch sizes")
     parser.add_argument("--held", type=int, default=0, help="tensors held and GC time over this many steps of 54")
     args = parser.parse_args()
@@ -187,13 +308,16 @@ def main() -> None:
         floor(model, [int(s) for s in args.sizes.split(",")], args.reps)
         return
     if args.study_samples:
-        study_samples(model, tokenizer, args.study_samples, args.reps)
+        study_samples(model, tokenizer, args.study_samples, args.reps, args.compare_collector)
         return
     layers = num_layers(model)
     length = min(args.length, context_length(model) - args.steps - 8)
     prompt = torch.randint(3, model.config.vocab_size, (length,)).tolist()
     if args.held:
         held(model, plans_for(54, layers, length), prompt, args.held)
+        return
+    if args.rows_together:
+        rows_together(model, prompt, args.steps, args.reps)
         return
     if args.profile:
         plans = plans_for(args.profile, layers, length)

@@ -217,3 +217,68 @@ def test_fidelity_scores_the_same_together_and_alone_with_unequal_lengths(demo_m
             assert scores.keys() == single.keys()
             for metric, value in scores.items():
                 assert value == pytest.approx(single[metric], rel=1e-4, abs=1e-6), (plan.name, metric)
+
+
+def _h2o_rows(model, plans, tokens, together: bool, monkeypatch) -> tuple[list, int]:
+    """Each plan's layers' keys, values, positions and H2O scores after every step of one batch; and how many rows
+    dropped together. `together` False: H2O's rows step each alone (no `one_slot_scores`), as before."""
+    from polykv.methods.h2o import H2O
+    from polykv.runtime import row_storage
+
+    if not together:
+        monkeypatch.setattr(H2O, "one_slot_scores", None)
+    dropped, real = [0], row_storage.drop_together
+    monkeypatch.setattr(
+        row_storage,
+        "drop_together",
+        lambda block, members, cls, *a: (
+            (dropped.__setitem__(0, dropped[0] + len(members) * (cls is H2O))) or real(block, members, cls, *a)
+        ),
+    )
+    states = []
+    with torch.no_grad(), many(model, plans) as session:
+        batch, _ = session.prefill(tokens[:PROMPT])
+        for t in range(PROMPT, len(tokens)):
+            batch.step([int(tokens[t])] * len(plans))
+            states.append(
+                [
+                    (lay.keys.clone(), lay.values.clone(), lay.positions.clone(), _score(lay))
+                    for cache in batch.caches
+                    for lay in cache.layers
+                ]
+            )
+    monkeypatch.undo()
+    return states, dropped[0]
+
+
+def _score(layer):
+    score = layer.methods[Phase.DECODE].per_token.get("score")
+    return None if score is None else score.clone()
+
+
+def test_h2o_rows_drop_together_with_the_same_slots_and_scores_as_each_alone(monkeypatch):
+    """H2O's rows at several capacities and heavy ratios, with and without its prefill, beside TOVA's and FullKV's:
+    dropping together keeps every key, value, position and accumulated score bit for bit as each row's own step."""
+    model = tiny_model("llama", max_position_embeddings=256, vocab_size=128)
+    layers = model.config.num_hidden_layers
+    plans = [Plan.homogeneous("full", None, layers), Plan.homogeneous("tova", 12, layers)]
+    # rows of one heavy ratio drop together (two or more in a block: `row_storage.TOGETHER_AT_LEAST`)
+    for capacity, ratio, scope in (
+        (12, 0.5, "both"),
+        (16, 0.5, "both"),
+        (16, 0.5, "decode"),
+        (12, 0.25, "both"),
+        (14, 0.25, "both"),
+    ):
+        plans.append(Plan.homogeneous("h2o", capacity, layers, scope, params={"heavy_ratio": ratio}))
+    tokens = distinct_tokens(model, PROMPT + STEPS, seed=7)
+    alone, none_together = _h2o_rows(model, plans, tokens, False, monkeypatch)
+    together, dropped = _h2o_rows(model, plans, tokens, True, monkeypatch)
+    assert none_together == 0
+    # every step of the four H2O plans over both phases, and all but the first of the decode-only one (its first
+    # step cuts the prompt; its next moves its score into the block), in every layer
+    assert dropped == layers * (4 * STEPS + STEPS - 1)
+    for step, (a, b) in enumerate(zip(alone, together)):
+        for i, (mine, theirs) in enumerate(zip(a, b)):
+            for x, y in zip(mine, theirs):
+                assert (x is None and y is None) or torch.equal(x, y), (step, i)

@@ -160,16 +160,13 @@ class Method:
     native_allocation: ClassVar[bool] = False  # has its own layer-budget rule (`allocate`)
     below_capacity: ClassVar[tuple[str, ...]] = ()  # parameters that must stay under the capacity (windows)
     passive: ClassVar[bool] = False  # never needs signals nor evicts (`full`): the runtime skips it
-    # Bump whenever the rule, a default or the scoring changes: profiles and run ids include it, so
-    # results measured with an older rule are never reused as if they were current.
+    # Bump whenever the rule, a default or the scoring changes: profiles and run ids include it, so results
+    # measured with an older rule are never reused as if they were current.
     revision: ClassVar[int] = 1
-    # Its colour in every chart (a hex string, unique among the methods), so pictures stay stable as
-    # methods are added.
-    colour: ClassVar[str] = "#999999"
-    # How it runs as a standalone baseline (its authors' protocol): the phases it is active in (None:
-    # every phase it can run in), and where that rule comes from. `polykv.eval.method_protocols` reads these.
-    standalone: ClassVar[frozenset[Phase] | None] = None
-    standalone_source: ClassVar[str] = ""
+    colour: ClassVar[str] = "#999999"  # in every chart (hex, unique among the methods): stable pictures
+    # As a standalone baseline (its authors' protocol, `polykv.eval.method_protocols`): the phases it is active in
+    standalone: ClassVar[frozenset[Phase] | None] = None  # None: every phase it can run in
+    standalone_source: ClassVar[str] = ""  # where that rule comes from
 
     def __init__(
         self,
@@ -235,11 +232,14 @@ class Method:
         """Signals a decode-phase method wants to see during prefill (to start its state)."""
         return NOTHING
 
-    # For a decode step that drops exactly one slot: a classmethod (params, rows, positions) -> (score, protected),
-    # the slot `step` drops being the lowest score not `protected`, for several layers' rows at once (many plans,
-    # `polykv.runtime.row_storage`): rows [G, h*g, 1, N] the step's attention, positions [G, h, N]; score
-    # [G, h or 1, N], protected [G, h, N] or None. Slots past a row's own n are ignored. None: each layer steps alone.
+    # A decode step dropping one slot, for many layers' rows at once (`polykv.runtime.row_storage`): a classmethod
+    # (params, rows, positions, capacities, newest, state) -> (score, protected), `step` dropping the lowest score not
+    # `protected`. rows [G, h*g, 1, N] the step's attention, positions [G, h, N], capacities: ints, newest: the new
+    # token's position, state [G, h, N]: the rows' `one_slot_state` (None: none; this step's slot at 0, as `grow`
+    # starts it), updated in place as `step` does. score [G, h or 1, N], protected [G, h, N] or None; slots past a
+    # row's own n are ignored. None: each layer steps alone.
     one_slot_scores = None
+    one_slot_state: ClassVar[str | None] = None
 
     def observe_prefill(self, view: LayerView) -> None:
         """A decode-phase method sees the prefill (before any prefill eviction)."""

@@ -7,9 +7,12 @@ for Efficient Generative Inference of Large Language Models." NeurIPS 2023, arXi
 
 from __future__ import annotations
 
+from polykv.lazy import lazy_import
 from polykv.methods.base import AccumulatedAttention, Eviction, LayerView, evict_lowest, recent_mask
 from polykv.methods.params import MethodParams, Real, real
 from polykv.plan import Phase
+
+torch = lazy_import("torch")
 
 
 class H2OParams(MethodParams):
@@ -35,9 +38,24 @@ class H2O(AccumulatedAttention):
     phases = frozenset({Phase.PREFILL, Phase.DECODE})
     Params = H2OParams
 
+    one_slot_state = "score"
+
     def step(self, view: LayerView) -> Eviction | None:
         score = self.accumulate(view, restart=view.phase is Phase.PREFILL)  # a prefill step is a new prompt
         if not self.over_capacity(view):
             return None
-        heavy = min(self.capacity, max(0, round(self.params.heavy_ratio * self.capacity)))
-        return evict_lowest(score, self.capacity, recent_mask(view, self.capacity - heavy), view.hidden)
+        return evict_lowest(score, self.capacity, recent_mask(view, _recent(self.params, self.capacity)), view.hidden)
+
+    @classmethod
+    def one_slot_scores(cls, params, rows, positions, capacities, newest, state):
+        count, h, n = positions.shape
+        g = rows.shape[1] // h
+        # `accumulate`'s numbers: the step's row, each KV head's the mean of its group (`LayerView.grouped`)
+        state.add_(rows.view(count, h, n) if g == 1 else rows.view(count, h, g, n).sum(2).div_(g))
+        windows = torch.tensor([_recent(params, c) for c in capacities], device=positions.device)
+        return state, positions > (newest - windows).view(-1, 1, 1)  # `recent_mask`
+
+
+def _recent(params: H2OParams, capacity: int) -> int:
+    """The recent window: the capacity less its `heavy_ratio` share for heavy hitters."""
+    return capacity - min(capacity, max(0, round(params.heavy_ratio * capacity)))

@@ -129,6 +129,23 @@ class SlotStates(dict):
         out = self[name] = block.prefix(n + q)
         return out
 
+    def adopt(self, name: str, block: SlotBlock) -> None:
+        """`self[name]` copied into the prefix of `block` (its slice of storage other layers' rows share,
+        `polykv.runtime.row_storage`), where it then grows and drops as in a block of its own."""
+        tensor = self[name]
+        block.prefix(tensor.shape[2]).copy_(tensor)
+        self._blocks[name] = block
+        self[name] = block.prefix(tensor.shape[2])
+
+    def lives_in(self, name: str, block: SlotBlock) -> bool:
+        """Is `self[name]` the prefix view of `block`?"""
+        return self._blocks.get(name) is block and block.holds(self.get(name))
+
+    def dropped_together(self, name: str, n: int) -> None:
+        """Of the n slots of `self[name]`, one left each head in its block (many rows' at once): the state becomes
+        the block's n - 1 slot prefix."""
+        self[name] = self._blocks[name].prefix(n - 1)
+
     def drop_one(self, dropped: torch.Tensor) -> None:
         """Slot `dropped[b, h, 0]` of every head leaves every state (the runtime dropped it from the cache): in the
         state's block when it lives in one, the last slot moving into it."""

@@ -201,10 +201,11 @@ class RoutedLayer(DynamicLayer):
 
     def drops_one_by_score(self) -> bool:
         """Is this a plain decode step whose method drops exactly one slot, the lowest of its one-slot scores
-        (`Method.one_slot_scores`), and keeps no per-slot state: one slot over the capacity (interval 1), the new
-        token last, no window, not held? Then many plans' rows may drop theirs together
+        (`Method.one_slot_scores`), and keeps no per-slot state but its `one_slot_state`: one slot over the capacity
+        (interval 1), the new token last, no window, not held? Then many plans' rows may drop theirs together
         (`polykv.runtime.row_storage`)."""
         method = self.method
+        state = type(method).one_slot_state
         return (
             self.phase is Phase.DECODE
             and type(method).one_slot_scores is not None
@@ -214,13 +215,16 @@ class RoutedLayer(DynamicLayer):
             and self._newest_last
             and self.window is None
             and not self.holding
-            and not any(m.per_token for m in self.methods.values())
+            and all(not m.per_token or (m is method and m.per_token.keys() == {state}) for m in self.methods.values())
         )
 
     def dropped_together(self) -> None:
         """After `drops_one_by_score`: the blocks moved this layer's last slot into the dropped one (with other
         rows' at once); the layer holds the n - 1 slot prefixes, as after `_drop_one`."""
-        self.slots.dropped_together(self.retained)
+        n = self.retained
+        self.slots.dropped_together(n)
+        if type(self.method).one_slot_state is not None:
+            self.method.per_token.dropped_together(type(self.method).one_slot_state, n)
         self._newest_last = False
         if self.merge_groups is not None and self.merge_groups.pending:
             self.merge_groups.layer_done(self)

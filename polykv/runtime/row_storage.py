@@ -17,10 +17,13 @@ hold finite numbers, zeros or old tokens, so the masked products add exact zeros
 row's probabilities equal the row's own up to float rounding (a longer reduction may round differently), as
 a batch's matrix products always may.
 
-Rows whose step drops one slot by a score (`RoutedLayer.drops_one_by_score`: TOVA, StreamingLLM, one slot over
-the capacity) drop theirs together, per method and parameters (`drop_together`): the scores of all of them at
-once (`Method.one_slot_scores`), then three operations move every row's last slot into its dropped one. Their
-capacities may differ: a row's slots past its own n score +inf.
+Rows whose step drops one slot by a score (`RoutedLayer.drops_one_by_score`: TOVA, StreamingLLM and H2O, one slot
+over the capacity) drop theirs together, per method and parameters (`drop_together`): the scores of all of them at
+once (`Method.one_slot_scores`), then a few operations move every row's last slot into its dropped one. Their
+capacities may differ: a row's slots past its own n score +inf. A lone row steps by itself (`TOGETHER_AT_LEAST`):
+the group's fixed cost is more than one row's own step. A method that scores by a per-slot state (H2O's
+accumulated attention, its `one_slot_state`) keeps that state in the block too ([rows, h, S] beside the positions),
+where the step updates every row's at once; each row's method sees its own prefix of it, as of its other states.
 
 Rows that stay out: a layer whose decode method merges together across layers (D2O, CaM at interval 1: their
 layers share one block per plan, `polykv.runtime.merges`), keys and values of different sizes, and a layer that
@@ -42,6 +45,9 @@ from polykv.runtime.attention_step import Path, choose_path, give_row, layer_vie
 # Rows whose rooms differ by less than this factor share a block (sized for the largest): at most ~41% of a
 # block is padding, and a batch of plans at budgets 64 ... 512 needs about six blocks per layer.
 _ROOM_RATIO = math.sqrt(2)
+# Rows of one method and parameters in a block drop together from this many on; fewer step alone, which costs less
+# than the dozen operations of `drop_together` (benchmarks/README.md, "Rows that drop together").
+TOGETHER_AT_LEAST = 2
 
 
 class SharedRows:
@@ -96,6 +102,9 @@ class Block:
         self._slices: dict[int, SlotBlock] = {}
         self._position_slices: dict[int, SlotBlock] = {}
         self._query_index: torch.Tensor | None = None
+        self.states: dict[str, torch.Tensor] = {}  # name -> [rows, h, S]: a per-slot state its rows drop by
+        self._state_slices: dict[tuple[str, int], SlotBlock] = {}
+        self._drop_indices: dict[tuple, DropIndex] = {}
 
     def query_index(self, device) -> torch.Tensor:
         """The batch rows of the block's rows, in block order."""
@@ -121,11 +130,60 @@ class Block:
             block = self._position_slices[row] = SlotBlock(self.positions[row : row + self.owner.width])
         return block
 
+    def drop_index(self, rows: list[int], lengths: list[int]) -> DropIndex:
+        """`drop_together`'s indices for these block rows holding these lengths (a steady step asks for the same)."""
+        key = (tuple(rows), tuple(lengths))
+        index = self._drop_indices.get(key)
+        if index is None:
+            if len(self._drop_indices) >= 64:  # rows cut or moved: forget the old ones
+                self._drop_indices.clear()
+            index = self._drop_indices[key] = DropIndex(
+                rows, lengths, self.positions.shape[1], self.size, self.positions.device
+            )
+        return index
+
+    def holds_state(self, layer, row: int) -> bool:
+        """Does the layer's decode method's `one_slot_state` (if any) live in its slice of this block's storage for
+        it, [rows, h, S] fp32? Moved in if the method holds it for the slots before this step's new token (once
+        after each cut: a cut gives states storage of their own). The rows' per-slot states must live beside their
+        keys for `drop_together` to move them together."""
+        method = layer.method
+        name = type(method).one_slot_state
+        if name is None:
+            return True
+        states = method.per_token
+        held = states.get(name)
+        if held is None or held.shape[2] != layer.retained - 1 or held.dtype != torch.float32:
+            return False
+        block = self._state_slices.get((name, row))
+        if block is None:
+            storage = self.states.get(name)
+            if storage is None:
+                storage = self.states[name] = self.positions.new_zeros(self.positions.shape, dtype=torch.float32)
+            block = self._state_slices[name, row] = SlotBlock(storage[row : row + self.owner.width])
+        if not states.lives_in(name, block):
+            states.adopt(name, block)
+        return True
+
     def move_in(self, layer, row: int) -> None:
         """The layer's keys, values and positions now live in its slices (a copy of what it holds; a layer that
         keeps everything keeps no positions)."""
         positions = None if layer.methods[Phase.DECODE].passive else self.position_slice(row)
         layer.slots.adopt_block(self.slice(row), positions)
+
+
+class DropIndex:
+    """Where `drop_together`'s rows live in their block's flattened slots: slot s of head k of block row r is element
+    (r * h + k) * S + s. `first` [G, h] each head's slot 0, `last` [G * h] its row's last slot; `beyond` [G, 1, N]:
+    the slots past each row's own length (N the longest)."""
+
+    def __init__(self, rows: list[int], lengths: list[int], heads: int, size: int, device):
+        self.rows = torch.tensor(rows, device=device)
+        held = torch.tensor(lengths, device=device)
+        self.n = max(lengths)
+        self.first = (self.rows[:, None] * heads + torch.arange(heads, device=device)) * size
+        self.last = (self.first + (held - 1)[:, None]).view(-1)
+        self.beyond = torch.arange(self.n, device=device) >= held[:, None, None]
 
 
 def _room_of(layer) -> int | None:
@@ -206,40 +264,61 @@ def attend_shared(shared: SharedRows, module, query, dropout: float, scaling: fl
             if path is Path.IDLE_ROW:
                 layer.keep_window()
                 continue
-            if width == 1 and layer.drops_one_by_score() and block.holds(layer, j):
-                together.setdefault((type(layer.method), layer.method.params), []).append((j, layer))
+            if width == 1 and layer.drops_one_by_score() and block.holds(layer, j) and block.holds_state(layer, j):
+                together.setdefault((type(layer.method), layer.method.params), []).append((j, layer, needs))
                 continue
-            view = layer_view(layer, module, layer.keys, layer.values, 1)
-            give_row(view, needs, probs[rows, :, :, : layer.retained], width, qh)
-            layer.finish_step(view)
+            _finish_alone(layer, module, needs, probs[rows], width, qh)
         for (cls, params), members in together.items():
-            drop_together(block, members, cls, params, probs)
+            if len(members) >= TOGETHER_AT_LEAST:
+                drop_together(block, [(j, layer) for j, layer, _ in members], cls, params, probs)
+            else:
+                for j, layer, needs in members:
+                    _finish_alone(layer, module, needs, probs[j : j + 1], width, qh)
     return outputs
+
+
+def _finish_alone(layer, module, needs, probs: torch.Tensor, width: int, qh: int) -> None:
+    """The row's own method step, with its probabilities (`probs` [width, h, g, N] of the block, N >= its n)."""
+    view = layer_view(layer, module, layer.keys, layer.values, 1)
+    give_row(view, needs, probs[..., : layer.retained], width, qh)
+    layer.finish_step(view)
 
 
 def drop_together(block: Block, members: list, cls, params, probs: torch.Tensor) -> None:
     """Rows of one method class and parameters (`members`: (row in the block, its layer), each layer one slot over
     its capacity, `RoutedLayer.drops_one_by_score`) drop their slot of lowest one-slot score at once: the scores
     for all of them (`Method.one_slot_scores`, over the block's first N slots, each row's slots past its own n
-    ignored), then each row's last slot moves into its dropped one (keys, values and positions, three operations
-    for every row). The same slots as each layer's own `step` and `_drop_one`; `probs` [rows, h, g, N'] the step's."""
-    device = block.storage.device
-    rows = torch.tensor([j for j, _ in members], device=device)
-    lengths = torch.tensor([layer.retained for _, layer in members], device=device)
-    n = max(layer.retained for _, layer in members)
+    ignored; a method's `one_slot_state` updated for all of them), then each row's last slot moves into its dropped
+    one (keys, values, positions and that state: a few operations for every row). The same slots and state as each
+    layer's own `step` and `_drop_one`; `probs` [rows, h, g, N'] the step's."""
+    index = block.drop_index([j for j, _ in members], [layer.retained for _, layer in members])
+    rows, first, last, n = index.rows, index.first, index.last, index.n
+    newest = members[0][1].seen - 1  # every row's new token, in its last slot
     positions = block.positions.index_select(0, rows)[..., :n]  # [G, h, N]
     count, h = positions.shape[:2]
+    name = cls.one_slot_state
+    state = None
+    if name is not None:
+        states = block.states[name]
+        states.view(-1).index_fill_(0, last, 0.0)  # the new token's slot starts at 0 (`Method.grow`)
+        state = states.index_select(0, rows)[..., :n]
     attention = probs.index_select(0, rows)[..., :n]  # [G, h, g, N]
-    score, protected = cls.one_slot_scores(params, attention.view(count, -1, 1, n), positions)
-    score = score.masked_fill(torch.arange(n, device=device) >= lengths[:, None, None], float("inf"))
+    capacities = [layer.method.capacity for _, layer in members]
+    score, protected = cls.one_slot_scores(
+        params, attention.view(count, -1, 1, n), positions, capacities, newest, state
+    )
+    if state is not None:
+        states[..., :n].index_copy_(0, rows, state)
+    score = score.masked_fill(index.beyond, float("inf"))
     if protected is not None:
         score = score.masked_fill(protected, float("inf"))
     dropped = score.argmin(dim=-1).expand(count, h)  # [G, h]
-    # slot s of head k of block row r is element (r * h + k) * S + s of the flattened slots
-    first = (rows[:, None] * h + torch.arange(h, device=device)) * block.size
-    last, gone = (first + (lengths - 1)[:, None]).view(-1), (first + dropped).view(-1)
+    gone = (first + dropped).view(-1)
     kv = block.storage.view(2, -1, block.storage.shape[-1])
     kv.index_copy_(1, gone, kv.index_select(1, last))
-    block.positions.view(-1).index_fill_(0, gone, members[0][1].seen - 1)  # the newest position was the last slot
+    block.positions.view(-1).index_fill_(0, gone, newest)
+    if state is not None:
+        flat = states.view(-1)
+        flat.index_copy_(0, gone, flat.index_select(0, last))
     for _, layer in members:
         layer.dropped_together()

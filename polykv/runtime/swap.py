@@ -26,6 +26,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from polykv.errors import RoutedCacheError
+from polykv.runtime.garbage import old_objects_frozen
 
 ATTN_IMPLEMENTATION = "polykv"
 
@@ -60,13 +61,14 @@ def model_lock(model: torch.nn.Module) -> threading.RLock:
 def swapped_attention(model: torch.nn.Module) -> Iterator[None]:
     """Inside the block, this thread's forwards of `model` run PolyKV's attention and other threads' forwards run
     the model's own (see the module docstring); on exit the model is as before. Holds the model's lock; a second
-    block on the same model in the same thread is refused (RoutedCacheError)."""
+    block on the same model in the same thread is refused (RoutedCacheError). Garbage collections inside skip the
+    objects made before it (`polykv.runtime.garbage`)."""
     if id(model) in _here.models:
         raise RoutedCacheError(
             "routed() or many() is already open on this model in this thread, and a block inside it would run the "
             "outer block's caches, not its own plan: close one block before opening the next"
         )
-    with model_lock(model):
+    with model_lock(model), old_objects_frozen():  # the model's objects: out of every full collection's walk
         configs = _configs(model)
         previous = model.config._attn_implementation
         for config in configs:  # recorded before the swap: another thread's forward may look them up at once
