@@ -260,7 +260,7 @@ def rows_together(model, prompt: list[int], steps: int, reps: int) -> None:
 
         return run
 
-    print("| batch | rows' method steps | ms per step (median of reps) |")
+    print("| batch | rows' method steps | ms per step: median (each rep) |")
     print("|---|---|---:|")
     try:
         for name, function in real.items():
@@ -274,7 +274,8 @@ def rows_together(model, prompt: list[int], steps: int, reps: int) -> None:
                     step_times(model, plans, prompt, steps)
                     results[way].append(spent[0] / (steps + 1) * 1000)
             for way, values in results.items():
-                print(f"| {label} | {way} | {statistics.median(values):.1f} |")
+                each = ", ".join(f"{v:.1f}" for v in values)
+                print(f"| {label} | {way} | {statistics.median(values):.1f} ({each}) |")
     finally:
         for name, function in real.items():
             setattr(row_storage, name, function)

@@ -71,6 +71,8 @@ def test_fused_prompt_attention_equals_sdpa_and_the_general_column_sums(chunk, g
     )
     assert output.shape == (2, n, heads * groups, 6)  # [b, n, query heads, d], as SDPA's transposed output
     assert torch.allclose(output, sdpa.transpose(1, 2), atol=1e-6)
+    nothing, alone = attention_math.causal_attention_and_column_sums(query, key, value, 0.35, with_output=False)
+    assert nothing is None and torch.equal(alone, sums)  # the sums without the output: the same bits
 
 
 def test_fused_prompt_attention_returns_the_input_dtype():

@@ -125,12 +125,15 @@ _CAUSAL_CHUNK_DEFAULT = 512
 _ACCELERATOR_BLOCK = 8 * _COLUMN_SUM_BLOCK
 
 
-def causal_attention_and_column_sums(query, key, value, scaling) -> tuple[torch.Tensor, torch.Tensor]:
+def causal_attention_and_column_sums(
+    query, key, value, scaling, with_output: bool = True
+) -> tuple[torch.Tensor | None, torch.Tensor]:
     """A fresh prompt's causal attention (query i and slot i both at position i): the layer's output
     [b, n, h*g, d] (as SDPA's, in the query's dtype) and the attention every slot received, summed over
     all queries, [b, h*g, n] (fp32), from one pass in query chunks: each chunk scores only the keys it
     can see, takes one softmax, multiplies it by the values and sums it over its queries. Equal to
-    SDPA's output and to `column_sums` up to float rounding."""
+    SDPA's output and to `column_sums` up to float rounding. `with_output` False: the sums alone (the same
+    numbers), and None for the output, whose product is skipped (many plans' shared prompt takes SDPA's)."""
     b, qh, n, d = query.shape
     h, dv = key.shape[1], value.shape[-1]
     g, dtype = qh // h, query.dtype
@@ -148,7 +151,7 @@ def causal_attention_and_column_sums(query, key, value, scaling) -> tuple[torch.
     # would, in one dense operation
     future = torch.ones(chunk, chunk, dtype=torch.bool, device=query.device).triu_(1)
     bias = torch.zeros(chunk, g, chunk, device=query.device).masked_fill_(future[:, None], float("-inf"))
-    output = query.new_empty(b * h, n * g, dv)
+    output = query.new_empty(b * h, n * g, dv) if with_output else None
     total = query.new_zeros(b * h, g, n)
     for start in range(0, n, chunk):
         stop = min(n, start + chunk)
@@ -157,7 +160,10 @@ def causal_attention_and_column_sums(query, key, value, scaling) -> tuple[torch.
         scores[..., start:].add_(bias[:w, :, :w])
         probs = torch.softmax(scores, dim=-1)
         total[..., :stop] += probs.sum(dim=1)
-        torch.bmm(probs.view(b * h, w * g, stop), values[:, :stop], out=output[:, start * g : stop * g])
+        if output is not None:
+            torch.bmm(probs.view(b * h, w * g, stop), values[:, :stop], out=output[:, start * g : stop * g])
+    if output is None:
+        return None, total.view(b, qh, n)
     output = output.view(b, h, n, g, dv).permute(0, 2, 1, 3, 4).reshape(b, n, qh, dv)
     return output.to(dtype), total.view(b, qh, n)
 

@@ -186,7 +186,7 @@ def attend(
     fresh_sums = needs.column_sums and fresh_prompt(layer, q_len, window)
     sums = None
     if fresh_sums:
-        fused_output, sums = causal_attention_and_column_sums(query, key, value, scaling)
+        fused_output, sums = causal_attention_and_column_sums(query, key, value, scaling, path is Path.FUSED_PROMPT)
     if path is Path.FUSED_PROMPT:
         attn_output = fused_output
     elif path is Path.MASKED:
@@ -270,7 +270,7 @@ def fill_signals(view: LayerView, needs, query, key, query_pos, scaling, window,
     if needs.column_sums:
         if computed.get("sums") is None:
             if view.fresh:
-                computed["sums"] = causal_attention_and_column_sums(query, key, view.values, scaling)[1]
+                computed["sums"] = causal_attention_and_column_sums(query, key, view.values, scaling, False)[1]
             else:
                 computed["sums"] = column_sums(query, key, query_pos, view.positions, scaling, window)
         view.column_sums = computed["sums"]
