@@ -260,8 +260,11 @@ class SharedPrompt(DynamicLayer):
         output = self.reference.attend(module, query, key, value, dropout, scaling, kwargs)
         window = kwargs.get("sliding_window")
         computed: dict = {}  # each signal once for all the plans
+        # every plan's layer holds the same keys and values and gathers the slots it keeps from them: laid out
+        # once here (a projection's keys are a transposed view, and each gather would copy the whole prompt first)
+        held_keys, held_values = key.contiguous(), value.contiguous()
         for target in self.targets:
-            target.update(key, value)
+            target.update(held_keys, held_values)
             take_updated_layer(self.layer_idx)  # the target's own hand-over: its step is taken here
             step_on_shared_prompt(target, module, query, key, value, scaling, window, computed)
         return output
