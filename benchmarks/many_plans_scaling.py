@@ -181,8 +181,8 @@ def study_samples(model, tokenizer, count: int, reps: int, compare_collector: bo
     collections = {way: [0, 0.0] for way in ways}
     gc.callbacks.append(count_full)
     try:
-        for _ in range(reps):
-            for way, block in ways.items():
+        for rep in range(reps):
+            for way, block in ways.items() if rep % 2 == 0 else reversed(ways.items()):  # either first in turn
                 if block is not None:
                     swap.old_objects_frozen = block
                 full_collections[:] = [0, 0.0]

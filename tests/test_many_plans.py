@@ -3,6 +3,8 @@ alone under `routed()`, for every method and phase (and native allocation), on e
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 import torch
 
@@ -219,66 +221,81 @@ def test_fidelity_scores_the_same_together_and_alone_with_unequal_lengths(demo_m
                 assert value == pytest.approx(single[metric], rel=1e-4, abs=1e-6), (plan.name, metric)
 
 
-def _h2o_rows(model, plans, tokens, together: bool, monkeypatch) -> tuple[list, int]:
+def _rows_dropping(model, plans, tokens, together: bool, monkeypatch) -> tuple[list, collections.Counter]:
     """Each plan's layers' keys, values, positions and H2O scores after every step of one batch; and how many rows
-    dropped together. `together` False: H2O's rows step each alone (no `one_slot_scores`), as before."""
-    from polykv.methods.h2o import H2O
+    of each method dropped together. `together` False: every row steps alone."""
     from polykv.runtime import row_storage
 
     if not together:
-        monkeypatch.setattr(H2O, "one_slot_scores", None)
-    dropped, real = [0], row_storage.drop_together
-    monkeypatch.setattr(
-        row_storage,
-        "drop_together",
-        lambda block, members, cls, *a: (
-            (dropped.__setitem__(0, dropped[0] + len(members) * (cls is H2O))) or real(block, members, cls, *a)
-        ),
-    )
+        monkeypatch.setattr(row_storage, "TOGETHER_AT_LEAST", 10**9)
+    dropped, real = collections.Counter(), row_storage.drop_together
+
+    def counting(block, members, cls, *args):
+        dropped[cls.name] += len(members)
+        return real(block, members, cls, *args)
+
+    monkeypatch.setattr(row_storage, "drop_together", counting)
     states = []
     with torch.no_grad(), many(model, plans) as session:
         batch, _ = session.prefill(tokens[:PROMPT])
         for t in range(PROMPT, len(tokens)):
             batch.step([int(tokens[t])] * len(plans))
             states.append(
-                [
-                    (lay.keys.clone(), lay.values.clone(), lay.positions.clone(), _score(lay))
-                    for cache in batch.caches
-                    for lay in cache.layers
-                ]
+                [(lay.keys, lay.values, lay.positions, _score(lay)) for c in batch.caches for lay in c.layers]
             )
+            states[-1] = [tuple(None if x is None else x.clone() for x in held) for held in states[-1]]
     monkeypatch.undo()
-    return states, dropped[0]
+    return states, dropped
 
 
 def _score(layer):
-    score = layer.methods[Phase.DECODE].per_token.get("score")
-    return None if score is None else score.clone()
+    return layer.methods[Phase.DECODE].per_token.get("score")
 
 
-def test_h2o_rows_drop_together_with_the_same_slots_and_scores_as_each_alone(monkeypatch):
-    """H2O's rows at several capacities and heavy ratios, with and without its prefill, beside TOVA's and FullKV's:
-    dropping together keeps every key, value, position and accumulated score bit for bit as each row's own step."""
-    model = tiny_model("llama", max_position_embeddings=256, vocab_size=128)
+@pytest.mark.parametrize("heads", [4, 8], ids=["2 query heads per KV head", "8 query heads per KV head"])
+def test_rows_drop_together_with_the_same_slots_and_scores_as_each_alone(heads, monkeypatch):
+    """H2O's and TOVA's rows, with and without their prefill, at two capacities and two heavy ratios, beside FullKV's
+    and lone rows: dropping together keeps every key, value, position and H2O score bit for bit as each row's own
+    step. With 8 query heads per KV head (a CPU's sum over 5 or more of them rounds by the length it sums) rows of
+    one method but different lengths step apart."""
+    model = tiny_model(
+        "llama", max_position_embeddings=256, vocab_size=128, num_attention_heads=heads, num_key_value_heads=heads // 4
+    )
     layers = model.config.num_hidden_layers
-    plans = [Plan.homogeneous("full", None, layers), Plan.homogeneous("tova", 12, layers)]
-    # rows of one heavy ratio drop together (two or more in a block: `row_storage.TOGETHER_AT_LEAST`)
-    for capacity, ratio, scope in (
-        (12, 0.5, "both"),
-        (16, 0.5, "both"),
-        (16, 0.5, "decode"),
-        (12, 0.25, "both"),
-        (14, 0.25, "both"),
+    plans = [Plan.homogeneous("full", None, layers), Plan.homogeneous("h2o", 14, layers)]  # FullKV; a lone row
+    for method, capacity, params in (
+        ("h2o", 12, {"heavy_ratio": 0.5}),
+        ("h2o", 16, {"heavy_ratio": 0.25}),
+        ("tova", 12, {}),
     ):
-        plans.append(Plan.homogeneous("h2o", capacity, layers, scope, params={"heavy_ratio": ratio}))
+        for scope in ("both", "decode"):  # a pair that drops together from the second step (the first cuts the prompt)
+            plans.append(Plan.homogeneous(method, capacity, layers, scope, params=params))
     tokens = distinct_tokens(model, PROMPT + STEPS, seed=7)
-    alone, none_together = _h2o_rows(model, plans, tokens, False, monkeypatch)
-    together, dropped = _h2o_rows(model, plans, tokens, True, monkeypatch)
-    assert none_together == 0
-    # every step of the four H2O plans over both phases, and all but the first of the decode-only one (its first
-    # step cuts the prompt; its next moves its score into the block), in every layer
-    assert dropped == layers * (4 * STEPS + STEPS - 1)
+    alone, none_together = _rows_dropping(model, plans, tokens, False, monkeypatch)
+    together, dropped = _rows_dropping(model, plans, tokens, True, monkeypatch)
+    assert not none_together
+    assert dropped == {"h2o": layers * 2 * 2 * (STEPS - 1), "tova": layers * 2 * (STEPS - 1)}
     for step, (a, b) in enumerate(zip(alone, together)):
         for i, (mine, theirs) in enumerate(zip(a, b)):
             for x, y in zip(mine, theirs):
                 assert (x is None and y is None) or torch.equal(x, y), (step, i)
+
+
+def test_a_prompt_one_slot_over_a_capacity_leaves_the_other_plans_prompt_as_it_was():
+    """A prompt of capacity + 1 tokens: the plan's prefill drops one slot, from its own copy of the prompt's keys
+    and values, which every plan's layer shares. Each plan's logits then match its own alone."""
+    model = tiny_model("llama", max_position_embeddings=256, vocab_size=128)
+    layers = model.config.num_hidden_layers
+    plans = [Plan.homogeneous("tova", PROMPT - 1, layers), Plan.homogeneous("full", None, layers)]
+    plans += [Plan.homogeneous(m, PROMPT - 1, layers) for m in ("streamingllm", "h2o")]
+    plans.append(Plan.homogeneous("snapkv", PROMPT - 1, layers, "prefill"))
+    tokens = distinct_tokens(model, PROMPT + STEPS, seed=11)
+    with torch.no_grad(), many(model, plans) as session:
+        batch, first = session.prefill(tokens[:PROMPT])
+        together = [[first] * len(plans)]
+        for t in range(PROMPT, len(tokens)):
+            together.append(list(batch.step([int(tokens[t])] * len(plans))))
+    for i, plan in enumerate(plans):
+        reference = alone(model, plan, tokens)
+        worst = max((together[s][i] - reference[s]).abs().max().item() for s in range(len(reference)))
+        assert worst < 1e-4, f"{plan.name}: {worst}"

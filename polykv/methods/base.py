@@ -234,7 +234,7 @@ class Method:
 
     # A decode step dropping one slot, for many layers' rows at once (`polykv.runtime.row_storage`): a classmethod
     # (params, rows, positions, capacities, newest, state) -> (score, protected), `step` dropping the lowest score not
-    # `protected`. rows [G, h*g, 1, N] the step's attention, positions [G, h, N], capacities: ints, newest: the new
+    # `protected`. rows [G, h*g, 1, N] the step's attention, positions [G, h, N], capacities [G] (long), newest: the new
     # token's position, state [G, h, N]: the rows' `one_slot_state` (None: none; this step's slot at 0, as `grow`
     # starts it), updated in place as `step` does. score [G, h or 1, N], protected [G, h, N] or None; slots past a
     # row's own n are ignored. None: each layer steps alone.

@@ -7,12 +7,9 @@ for Efficient Generative Inference of Large Language Models." NeurIPS 2023, arXi
 
 from __future__ import annotations
 
-from polykv.lazy import lazy_import
 from polykv.methods.base import AccumulatedAttention, Eviction, LayerView, evict_lowest, recent_mask
 from polykv.methods.params import MethodParams, Real, real
 from polykv.plan import Phase
-
-torch = lazy_import("torch")
 
 
 class H2OParams(MethodParams):
@@ -52,10 +49,11 @@ class H2O(AccumulatedAttention):
         g = rows.shape[1] // h
         # `accumulate`'s numbers: the step's row, each KV head's the mean of its group (`LayerView.grouped`)
         state.add_(rows.view(count, h, n) if g == 1 else rows.view(count, h, g, n).sum(2).div_(g))
-        windows = torch.tensor([_recent(params, c) for c in capacities], device=positions.device)
-        return state, positions > (newest - windows).view(-1, 1, 1)  # `recent_mask`
+        # `_recent` in float64, as Python computes it (its round() also rounds half to even), on the device
+        heavy = (capacities.double() * params.heavy_ratio).round().long().clamp(min=0).minimum(capacities)
+        return state, positions > (newest - (capacities - heavy)).view(-1, 1, 1)  # `recent_mask`
 
 
 def _recent(params: H2OParams, capacity: int) -> int:
-    """The recent window: the capacity less its `heavy_ratio` share for heavy hitters."""
+    """The recent window: the capacity less its `heavy_ratio` share (`one_slot_scores` computes it on tensors)."""
     return capacity - min(capacity, max(0, round(params.heavy_ratio * capacity)))

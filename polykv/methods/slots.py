@@ -107,7 +107,9 @@ class SlotStates(dict):
     The method writes its own states (by name); the runtime moves them with the cache's slots only through
     `drop_one`, `gather`, `map_batch` and `clear`, so that no state is left behind when slots move. A method that
     holds work not yet folded into its states (Scissorhands' deferred rows) sets `before_move` (a weak reference to
-    a method of it, so that the method and its store make no cycle), which each of the first three calls first."""
+    a method of it, so that the method and its store make no cycle), which each of the first three calls first.
+    Many plans' rows may also keep one state in storage they share and drop by it together (`adopt`,
+    `dropped_together`, `polykv.runtime.row_storage`): only a store without `before_move`."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -138,12 +138,13 @@ def causal_attention_and_column_sums(
     h, dv = key.shape[1], value.shape[-1]
     g, dtype = qh // h, query.dtype
     if dtype != torch.float32:  # scores, softmax and output in fp32, as the methods score
-        query, key, value = query.float(), key.float(), value.float()
+        query, key = query.float(), key.float()
+        value = value.float() if with_output else value
     # One KV head's queries as rows ordered (position, query head), scaled once: a chunk of positions is
     # then a contiguous block of rows, and its output block is written in place.
     rows = (query.view(b, h, g, n, d).transpose(2, 3) * scaling).reshape(b * h, n * g, d)
     keys_t = key.reshape(b * h, n, d).transpose(1, 2)
-    values = value.reshape(b * h, n, dv)
+    values = value.reshape(b * h, n, dv) if with_output else None
     chunk = _CAUSAL_CHUNK.get(query.device.type, _CAUSAL_CHUNK_DEFAULT)
     block = _COLUMN_SUM_BLOCK if query.device.type == "cpu" else _ACCELERATOR_BLOCK
     chunk = max(1, min(chunk, n, block // max(1, b * qh * n)))

@@ -28,20 +28,23 @@ def old_objects_frozen() -> Iterator[None]:
     """Inside the block (and any block open in another thread at the same time), collections skip every object
     made before the first of them opened; see the module docstring."""
     global _open, _froze
-    with _lock:
-        if _open == 0:
-            _froze = gc.get_freeze_count() == 0
-            if _froze:
-                gc.freeze()
-        _open += 1
+    counted = False
     try:
+        with _lock:
+            if _open == 0:
+                _froze = gc.get_freeze_count() == 0
+            _open += 1
+            counted = True
+            if _open == 1 and _froze:
+                gc.freeze()
         yield
     finally:
-        with _lock:
-            _open -= 1
-            if _open == 0 and _froze:
-                gc.unfreeze()
-                _froze = False
+        if counted:  # an exception may land anywhere: undo only what was done
+            with _lock:
+                _open -= 1
+                if _open == 0 and _froze:
+                    gc.unfreeze()
+                    _froze = False
 
 
 __all__ = ["old_objects_frozen"]

@@ -17,9 +17,9 @@ An experiment scores dozens of plans on the same samples. Two facts let them sha
   * What would cost one small operation per row and layer is shared where it can be: at the first one-token
     step each layer puts its rows' keys, values and positions into a few shared blocks
     (`polykv.runtime.row_storage`), whose rows attend with one call per block; rows whose methods drop one slot
-    by a score (TOVA, StreamingLLM, H2O: two or more of one method in a block) drop together; and a prompt's
-    signals, and what methods make of them (Scissorhands' flags, CAKE's scores: `LayerView.once`), are made once
-    for every plan.
+    by a score (TOVA, StreamingLLM, H2O: two or more of one method, parameters and length in a block) drop
+    together; and a prompt's signals, and what methods make of them (Scissorhands' flags, CAKE's scores:
+    `LayerView.once`), are made once for every plan.
 The results are those of each plan run alone up to float rounding, not bit for bit: a layer whose method
 needs the prompt's column sums (H2O, D2O, CaM) or its last 64 or more queries' rows (Scissorhands) takes its
 prompt output from the fused pass or those rows when it runs alone and SDPA's here (equal up to rounding), and a
@@ -267,6 +267,8 @@ class SharedPrompt(DynamicLayer):
             target.update(held_keys, held_values)
             take_updated_layer(self.layer_idx)  # the target's own hand-over: its step is taken here
             step_on_shared_prompt(target, module, query, key, value, scaling, window, computed)
+        # FullKV's layer holds the laid-out copy too, so the prompt is held once until the pass ends
+        self.reference.keys, self.reference.values = held_keys, held_values
         return output
 
 

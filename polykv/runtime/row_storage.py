@@ -130,16 +130,15 @@ class Block:
             block = self._position_slices[row] = SlotBlock(self.positions[row : row + self.owner.width])
         return block
 
-    def drop_index(self, rows: list[int], lengths: list[int]) -> DropIndex:
-        """`drop_together`'s indices for these block rows holding these lengths (a steady step asks for the same)."""
-        key = (tuple(rows), tuple(lengths))
+    def drop_index(self, members: list) -> DropIndex:
+        """`drop_together`'s indices for these (block row, layer) members at the lengths they hold now (a steady
+        step asks for the same)."""
+        key = tuple((j, layer.retained) for j, layer in members)
         index = self._drop_indices.get(key)
         if index is None:
             if len(self._drop_indices) >= 64:  # rows cut or moved: forget the old ones
                 self._drop_indices.clear()
-            index = self._drop_indices[key] = DropIndex(
-                rows, lengths, self.positions.shape[1], self.size, self.positions.device
-            )
+            index = self._drop_indices[key] = DropIndex(members, self.positions.shape[1], self.size)
         return index
 
     def holds_state(self, layer, row: int) -> bool:
@@ -153,7 +152,8 @@ class Block:
             return True
         states = method.per_token
         held = states.get(name)
-        if held is None or held.shape[2] != layer.retained - 1 or held.dtype != torch.float32:
+        stale = held is None or held.shape[2] != layer.retained - 1 or held.dtype != torch.float32
+        if stale or states.before_move is not None:  # (work not yet folded into the state: it steps alone)
             return False
         block = self._state_slices.get((name, row))
         if block is None:
@@ -175,11 +175,15 @@ class Block:
 class DropIndex:
     """Where `drop_together`'s rows live in their block's flattened slots: slot s of head k of block row r is element
     (r * h + k) * S + s. `first` [G, h] each head's slot 0, `last` [G * h] its row's last slot; `beyond` [G, 1, N]:
-    the slots past each row's own length (N the longest)."""
+    the slots past each row's own length (N the longest); `capacities` [G] the rows' (made once: no host-to-device
+    copy at each step)."""
 
-    def __init__(self, rows: list[int], lengths: list[int], heads: int, size: int, device):
-        self.rows = torch.tensor(rows, device=device)
+    def __init__(self, members: list, heads: int, size: int):
+        device = members[0][1].keys.device
+        self.rows = torch.tensor([j for j, _ in members], device=device)
+        lengths = [layer.retained for _, layer in members]
         held = torch.tensor(lengths, device=device)
+        self.capacities = torch.tensor([layer.method.capacity for _, layer in members], device=device)
         self.n = max(lengths)
         self.first = (self.rows[:, None] * heads + torch.arange(heads, device=device)) * size
         self.last = (self.first + (held - 1)[:, None]).view(-1)
@@ -256,7 +260,9 @@ def attend_shared(shared: SharedRows, module, query, dropout: float, scaling: fl
         block_query = query.index_select(0, block.query_index(query.device))
         output, probs = attend_block(block, block_query, lengths, scaling)
         qh = query.shape[1]
-        together: dict[tuple, list[tuple[int, object]]] = {}  # (method class, parameters) -> [(row, layer)]
+        # (method class, parameters, slots held) -> [(row, layer, needs)]: rows of one length, as a sum over a KV
+        # head's query heads may round by the length of what it sums (a CPU's sum over 5 or more of them does)
+        together: dict[tuple, list[tuple[int, object, object]]] = {}
         for j, i, path, needs in ready:
             rows = slice(j * width, (j + 1) * width)
             outputs[i] = output[rows]
@@ -265,10 +271,11 @@ def attend_shared(shared: SharedRows, module, query, dropout: float, scaling: fl
                 layer.keep_window()
                 continue
             if width == 1 and layer.drops_one_by_score() and block.holds(layer, j) and block.holds_state(layer, j):
-                together.setdefault((type(layer.method), layer.method.params), []).append((j, layer, needs))
+                key = (type(layer.method), layer.method.params, layer.retained)
+                together.setdefault(key, []).append((j, layer, needs))
                 continue
             _finish_alone(layer, module, needs, probs[rows], width, qh)
-        for (cls, params), members in together.items():
+        for (cls, params, _), members in together.items():
             if len(members) >= TOGETHER_AT_LEAST:
                 drop_together(block, [(j, layer) for j, layer, _ in members], cls, params, probs)
             else:
@@ -291,7 +298,7 @@ def drop_together(block: Block, members: list, cls, params, probs: torch.Tensor)
     ignored; a method's `one_slot_state` updated for all of them), then each row's last slot moves into its dropped
     one (keys, values, positions and that state: a few operations for every row). The same slots and state as each
     layer's own `step` and `_drop_one`; `probs` [rows, h, g, N'] the step's."""
-    index = block.drop_index([j for j, _ in members], [layer.retained for _, layer in members])
+    index = block.drop_index(members)
     rows, first, last, n = index.rows, index.first, index.last, index.n
     newest = members[0][1].seen - 1  # every row's new token, in its last slot
     positions = block.positions.index_select(0, rows)[..., :n]  # [G, h, N]
@@ -302,11 +309,8 @@ def drop_together(block: Block, members: list, cls, params, probs: torch.Tensor)
         states = block.states[name]
         states.view(-1).index_fill_(0, last, 0.0)  # the new token's slot starts at 0 (`Method.grow`)
         state = states.index_select(0, rows)[..., :n]
-    attention = probs.index_select(0, rows)[..., :n]  # [G, h, g, N]
-    capacities = [layer.method.capacity for _, layer in members]
-    score, protected = cls.one_slot_scores(
-        params, attention.view(count, -1, 1, n), positions, capacities, newest, state
-    )
+    attention = probs.index_select(0, rows)[..., :n].view(count, -1, 1, n)  # [G, h*g, 1, N]
+    score, protected = cls.one_slot_scores(params, attention, positions, index.capacities, newest, state)
     if state is not None:
         states[..., :n].index_copy_(0, rows, state)
     score = score.masked_fill(index.beyond, float("inf"))

@@ -195,8 +195,9 @@ class LayerSlots:
             else:
                 self.kv_block.drop(dropped, n)
             self.keys, self.values = self.key_block.prefix(n - 1), self.value_block.prefix(n - 1)
-        else:
-            self.keys, self.values = drop_one_slot(self.keys, dropped), drop_one_slot(self.values, dropped)
+        else:  # from copies: a prompt's keys and values may be shared (many plans' layers hold the same tensors)
+            self.keys = drop_one_slot(self.keys.clone(), dropped)
+            self.values = drop_one_slot(self.values.clone(), dropped)
 
     def gather(self, keep: torch.Tensor) -> None:
         """A cut: keep slots `keep` [b, h, k] of the keys, values and positions, each in storage of its own (the
