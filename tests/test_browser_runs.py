@@ -68,7 +68,8 @@ def test_the_runs_page_keeps_its_entries_when_left_during_a_job_and_after_a_relo
         go_to(page, "Runs")
         expect(page.get_by_role("heading", name="Runs", level=1)).to_be_visible(timeout=WAIT)
         settle(page)
-        assert page.get_by_text("· running").count() >= 1  # the job was still running all along
+        # the job was still running all along (waited for: under load the job list may draw after the heading)
+        expect(page.get_by_text("· running").first).to_be_visible(timeout=WAIT)
         shows(page, *want)
         page.reload()  # a new Streamlit session, the same ?session= URL: pages.json brings them back
         expect(page.get_by_role("heading", name="Runs", level=1)).to_be_visible(timeout=WAIT)

@@ -57,11 +57,8 @@ def alone(model, plan: Plan, tokens: torch.Tensor) -> list[torch.Tensor]:
     return logits
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "mistral", "gemma3"])
-def test_every_plan_in_one_batch_gives_what_it_gives_alone(family):
-    model = tiny_model(family, max_position_embeddings=256, vocab_size=128)
-    plans = every_plan(model.config.num_hidden_layers)
-    tokens = distinct_tokens(model, PROMPT + STEPS)
+def _each_as_alone(model, plans: list[Plan], tokens: torch.Tensor) -> None:
+    """Each plan's row of one batch fed `tokens` gives its logits alone within 1e-4, at the prompt and every step."""
     with torch.no_grad(), many(model, plans) as session:
         batch, first = session.prefill(tokens[:PROMPT])
         together = [[first] * len(plans)]
@@ -71,6 +68,14 @@ def test_every_plan_in_one_batch_gives_what_it_gives_alone(family):
         reference = alone(model, plan, tokens)
         worst = max((together[s][i] - reference[s]).abs().max().item() for s in range(len(reference)))
         assert worst < 1e-4, f"{plan.name}: {worst}"
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "mistral", "gemma3"])
+def test_every_plan_in_one_batch_gives_what_it_gives_alone(family):
+    model = tiny_model(family, max_position_embeddings=256, vocab_size=128)
+    plans = every_plan(model.config.num_hidden_layers)
+    tokens = distinct_tokens(model, PROMPT + STEPS)
+    _each_as_alone(model, plans, tokens)
 
 
 def test_a_batch_keeps_each_plans_slots_and_positions_after_every_step():
@@ -290,12 +295,4 @@ def test_a_prompt_one_slot_over_a_capacity_leaves_the_other_plans_prompt_as_it_w
     plans += [Plan.homogeneous(m, PROMPT - 1, layers) for m in ("streamingllm", "h2o")]
     plans.append(Plan.homogeneous("snapkv", PROMPT - 1, layers, "prefill"))
     tokens = distinct_tokens(model, PROMPT + STEPS, seed=11)
-    with torch.no_grad(), many(model, plans) as session:
-        batch, first = session.prefill(tokens[:PROMPT])
-        together = [[first] * len(plans)]
-        for t in range(PROMPT, len(tokens)):
-            together.append(list(batch.step([int(tokens[t])] * len(plans))))
-    for i, plan in enumerate(plans):
-        reference = alone(model, plan, tokens)
-        worst = max((together[s][i] - reference[s]).abs().max().item() for s in range(len(reference)))
-        assert worst < 1e-4, f"{plan.name}: {worst}"
+    _each_as_alone(model, plans, tokens)

@@ -1,7 +1,7 @@
 """Full garbage collections that skip the objects made before a routed or batched block (`old_objects_frozen`).
 
 A full collection of Python's garbage collector walks every object it tracks. After loading torch, transformers
-and a model a process tracks over 400,000 of them (smollm2: 416,000), so one full collection took 0.3-0.6 s on
+and a model a process tracks over 400,000 of them (smollm2: 416,000), so one full collection took 0.3-1.0 s on
 this project's 2-core machine, and scoring one RULER sample with the smollm2 study's 46 plans set off about one
 (benchmarks/README.md, "Full garbage collections"). Those objects were alive before the block and nothing in it
 frees them, so the block freezes them (`gc.freeze`: every collection ignores them) and unfreezes them when the last

@@ -18,9 +18,10 @@ row's probabilities equal the row's own up to float rounding (a longer reduction
 a batch's matrix products always may.
 
 Rows whose step drops one slot by a score (`RoutedLayer.drops_one_by_score`: TOVA, StreamingLLM and H2O, one slot
-over the capacity) drop theirs together, per method and parameters (`drop_together`): the scores of all of them at
-once (`Method.one_slot_scores`), then a few operations move every row's last slot into its dropped one. Their
-capacities may differ: a row's slots past its own n score +inf. A lone row steps by itself (`TOGETHER_AT_LEAST`):
+over the capacity) drop theirs together, per method, parameters and length (`drop_together`): the scores of all of
+them at once (`Method.one_slot_scores`), then a few operations move every row's last slot into its dropped one. One
+length, because a score that sums over a KV head's query heads may round by the length it sums (a CPU's sum over 5
+or more does), and each row must drop the slot its own step would. A lone row steps by itself (`TOGETHER_AT_LEAST`):
 the group's fixed cost is more than one row's own step. A method that scores by a per-slot state (H2O's
 accumulated attention, its `one_slot_state`) keeps that state in the block too ([rows, h, S] beside the positions),
 where the step updates every row's at once; each row's method sees its own prefix of it, as of its other states.
@@ -45,8 +46,8 @@ from polykv.runtime.attention_step import Path, choose_path, give_row, layer_vie
 # Rows whose rooms differ by less than this factor share a block (sized for the largest): at most ~41% of a
 # block is padding, and a batch of plans at budgets 64 ... 512 needs about six blocks per layer.
 _ROOM_RATIO = math.sqrt(2)
-# Rows of one method and parameters in a block drop together from this many on; fewer step alone, which costs less
-# than the dozen operations of `drop_together` (benchmarks/README.md, "Rows that drop together").
+# Rows of one method, parameters and length in a block drop together from this many on; fewer step alone (cheaper
+# than the dozen operations of `drop_together`: benchmarks/README.md, "Rows that drop together").
 TOGETHER_AT_LEAST = 2
 
 
