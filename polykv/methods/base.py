@@ -233,11 +233,11 @@ class Method:
         return NOTHING
 
     # A decode step dropping one slot, for many layers' rows at once (`polykv.runtime.row_storage`): a classmethod
-    # (params, rows, positions, capacities, newest, state) -> (score, protected), `step` dropping the lowest score not
-    # `protected`. rows [G, h*g, 1, N] the step's attention, positions [G, h, N], capacities [G] (long), newest: the new
-    # token's position, state [G, h, N]: the rows' `one_slot_state` (None: none; this step's slot at 0, as `grow`
-    # starts it), updated in place as `step` does. score [G, h or 1, N], protected [G, h, N] or None; slots past a
-    # row's own n are ignored. None: each layer steps alone.
+    # (params, rows, positions, capacity, newest, state) -> (score, protected), `step` dropping the lowest score not
+    # `protected`. rows [G, h*g, 1, n] the step's attention, positions [G, h, n] (every row n = capacity + 1 slots),
+    # newest: the new token's position, state [G, h, n]: the rows' `one_slot_state` (None: none; this step's slot
+    # at 0, as `grow` starts it), updated in place as `step` does. score [G, h or 1, n], protected [G, h, n] or
+    # None. None: each layer steps alone.
     one_slot_scores = None
     one_slot_state: ClassVar[str | None] = None
 

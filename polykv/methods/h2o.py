@@ -44,16 +44,14 @@ class H2O(AccumulatedAttention):
         return evict_lowest(score, self.capacity, recent_mask(view, _recent(self.params, self.capacity)), view.hidden)
 
     @classmethod
-    def one_slot_scores(cls, params, rows, positions, capacities, newest, state):
+    def one_slot_scores(cls, params, rows, positions, capacity, newest, state):
         count, h, n = positions.shape
         g = rows.shape[1] // h
         # `accumulate`'s numbers: the step's row, each KV head's the mean of its group (`LayerView.grouped`)
         state.add_(rows.view(count, h, n) if g == 1 else rows.view(count, h, g, n).sum(2).div_(g))
-        # `_recent` in float64, as Python computes it (its round() also rounds half to even), on the device
-        heavy = (capacities.double() * params.heavy_ratio).round().long().clamp(min=0).minimum(capacities)
-        return state, positions > (newest - (capacities - heavy)).view(-1, 1, 1)  # `recent_mask`
+        return state, positions > newest - _recent(params, capacity)  # `recent_mask`
 
 
 def _recent(params: H2OParams, capacity: int) -> int:
-    """The recent window: the capacity less its `heavy_ratio` share (`one_slot_scores` computes it on tensors)."""
+    """The recent window: the capacity less its `heavy_ratio` share for heavy hitters."""
     return capacity - min(capacity, max(0, round(params.heavy_ratio * capacity)))

@@ -34,7 +34,7 @@ class StreamingLLM(Method):
     below_capacity = ("sinks",)
 
     @classmethod
-    def one_slot_scores(cls, params, rows, positions, capacities, newest, state):
+    def one_slot_scores(cls, params, rows, positions, capacity, newest, state):
         return positions.float(), positions < params.sinks  # `step`'s rule: the oldest position but the sinks
 
     def step(self, view: LayerView) -> Eviction | None:

@@ -29,7 +29,7 @@ class TOVA(Method):
         return ONE_ROW if self.evicts(phase, length) else NOTHING
 
     @classmethod
-    def one_slot_scores(cls, params, rows, positions, capacities, newest, state):
+    def one_slot_scores(cls, params, rows, positions, capacity, newest, state):
         return rows[:, :, -1, :].mean(dim=1, keepdim=True), None  # `step`'s score; the same slot for every head
 
     def step(self, view: LayerView) -> Eviction | None:

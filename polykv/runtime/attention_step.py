@@ -314,10 +314,15 @@ def _decode_step(layer: SlotHoldingLayer, module, query, key, value, scaling, ne
     times the values give the layer's output (in the values' dtype, as eager attention does), and the
     same row goes to the method."""
     attn_output, probs = decode_output(query, key, value, scaling)
-    view = layer_view(layer, module, key, value, 1)
-    give_row(view, needs, probs, *query.shape[:2])
-    layer.finish_step(view)
+    finish_with_row(layer, module, key, value, needs, probs, *query.shape[:2])
     return attn_output, None
+
+
+def finish_with_row(layer: SlotHoldingLayer, module, key, value, needs, row: torch.Tensor, b: int, qh: int) -> None:
+    """A one-query step's end: the layer's methods see its attention row (`give_row`) and evict."""
+    view = layer_view(layer, module, key, value, 1)
+    give_row(view, needs, row, b, qh)
+    layer.finish_step(view)
 
 
 def _prompt_rows_step(layer: SlotHoldingLayer, module, query, key, value, scaling, needs, kwargs):

@@ -221,10 +221,10 @@ class RoutedLayer(DynamicLayer):
     def dropped_together(self) -> None:
         """After `drops_one_by_score`: the blocks moved this layer's last slot into the dropped one (with other
         rows' at once); the layer holds the n - 1 slot prefixes, as after `_drop_one`."""
-        n = self.retained
+        n, state = self.retained, type(self.method).one_slot_state
         self.slots.dropped_together(n)
-        if type(self.method).one_slot_state is not None:
-            self.method.per_token.dropped_together(type(self.method).one_slot_state, n)
+        if state is not None:
+            self.method.per_token.dropped_together(state, n)
         self._newest_last = False
         if self.merge_groups is not None and self.merge_groups.pending:
             self.merge_groups.layer_done(self)

@@ -41,7 +41,7 @@ from polykv.methods.slots import SlotBlock
 from polykv.plan import Phase
 from polykv.runtime.attention import listening
 from polykv.runtime.attention_math import decode_output
-from polykv.runtime.attention_step import Path, choose_path, give_row, layer_view
+from polykv.runtime.attention_step import Path, choose_path, finish_with_row
 
 # Rows whose rooms differ by less than this factor share a block (sized for the largest): at most ~41% of a
 # block is padding, and a batch of plans at budgets 64 ... 512 needs about six blocks per layer.
@@ -131,15 +131,14 @@ class Block:
             block = self._position_slices[row] = SlotBlock(self.positions[row : row + self.owner.width])
         return block
 
-    def drop_index(self, members: list) -> DropIndex:
-        """`drop_together`'s indices for these (block row, layer) members at the lengths they hold now (a steady
-        step asks for the same)."""
-        key = tuple((j, layer.retained) for j, layer in members)
-        index = self._drop_indices.get(key)
+    def drop_index(self, rows: tuple[int, ...], n: int) -> DropIndex:
+        """`drop_together`'s indices for these block rows, each holding n slots (a steady step asks for the same)."""
+        index = self._drop_indices.get((rows, n))
         if index is None:
             if len(self._drop_indices) >= 64:  # rows cut or moved: forget the old ones
                 self._drop_indices.clear()
-            index = self._drop_indices[key] = DropIndex(members, self.positions.shape[1], self.size)
+            heads = self.positions.shape[1]
+            index = self._drop_indices[rows, n] = DropIndex(rows, n, heads, self.size, self.positions.device)
         return index
 
     def holds_state(self, layer, row: int) -> bool:
@@ -174,21 +173,14 @@ class Block:
 
 
 class DropIndex:
-    """Where `drop_together`'s rows live in their block's flattened slots: slot s of head k of block row r is element
-    (r * h + k) * S + s. `first` [G, h] each head's slot 0, `last` [G * h] its row's last slot; `beyond` [G, 1, N]:
-    the slots past each row's own length (N the longest); `capacities` [G] the rows' (made once: no host-to-device
-    copy at each step)."""
+    """Where `drop_together`'s rows (n slots each) live in their block's flattened slots: slot s of head k of block
+    row r is element (r * h + k) * S + s. `first` [G, h] each head's slot 0, `last` [G * h] its last slot (made
+    once: no host-to-device copy at each step)."""
 
-    def __init__(self, members: list, heads: int, size: int):
-        device = members[0][1].keys.device
-        self.rows = torch.tensor([j for j, _ in members], device=device)
-        lengths = [layer.retained for _, layer in members]
-        held = torch.tensor(lengths, device=device)
-        self.capacities = torch.tensor([layer.method.capacity for _, layer in members], device=device)
-        self.n = max(lengths)
+    def __init__(self, rows: tuple[int, ...], n: int, heads: int, size: int, device):
+        self.rows = torch.tensor(rows, device=device)
         self.first = (self.rows[:, None] * heads + torch.arange(heads, device=device)) * size
-        self.last = (self.first + (held - 1)[:, None]).view(-1)
-        self.beyond = torch.arange(self.n, device=device) >= held[:, None, None]
+        self.last = (self.first + (n - 1)).view(-1)
 
 
 def _room_of(layer) -> int | None:
@@ -287,21 +279,21 @@ def attend_shared(shared: SharedRows, module, query, dropout: float, scaling: fl
 
 def _finish_alone(layer, module, needs, probs: torch.Tensor, width: int, qh: int) -> None:
     """The row's own method step, with its probabilities (`probs` [width, h, g, N] of the block, N >= its n)."""
-    view = layer_view(layer, module, layer.keys, layer.values, 1)
-    give_row(view, needs, probs[..., : layer.retained], width, qh)
-    layer.finish_step(view)
+    finish_with_row(layer, module, layer.keys, layer.values, needs, probs[..., : layer.retained], width, qh)
 
 
 def drop_together(block: Block, members: list, cls, params, probs: torch.Tensor) -> None:
-    """Rows of one method class and parameters (`members`: (row in the block, its layer), each layer one slot over
-    its capacity, `RoutedLayer.drops_one_by_score`) drop their slot of lowest one-slot score at once: the scores
-    for all of them (`Method.one_slot_scores`, over the block's first N slots, each row's slots past its own n
-    ignored; a method's `one_slot_state` updated for all of them), then each row's last slot moves into its dropped
-    one (keys, values, positions and that state: a few operations for every row). The same slots and state as each
-    layer's own `step` and `_drop_one`; `probs` [rows, h, g, N'] the step's."""
-    index = block.drop_index(members)
-    rows, first, last, n = index.rows, index.first, index.last, index.n
-    newest = members[0][1].seen - 1  # every row's new token, in its last slot
+    """Rows of one method class, parameters and length (`members`: (row in the block, its layer), each layer one
+    slot over its capacity, `RoutedLayer.drops_one_by_score`) drop their slot of lowest one-slot score at once: the
+    scores for all of them (`Method.one_slot_scores`; a method's `one_slot_state` updated for all of them), then
+    each row's last slot moves into its dropped one (keys, values, positions and that state: a few operations for
+    every row). The same slots and state as each layer's own `step` and `_drop_one`; `probs` [rows, h, g, N'] the
+    step's, N' >= n."""
+    first_layer = members[0][1]
+    n = first_layer.retained  # every member's: one slot over the one capacity
+    index = block.drop_index(tuple(j for j, _ in members), n)
+    rows, first, last = index.rows, index.first, index.last
+    newest = first_layer.seen - 1  # every row's new token, in its last slot
     positions = block.positions.index_select(0, rows)[..., :n]  # [G, h, N]
     count, h = positions.shape[:2]
     name = cls.one_slot_state
@@ -311,10 +303,9 @@ def drop_together(block: Block, members: list, cls, params, probs: torch.Tensor)
         states.view(-1).index_fill_(0, last, 0.0)  # the new token's slot starts at 0 (`Method.grow`)
         state = states.index_select(0, rows)[..., :n]
     attention = probs.index_select(0, rows)[..., :n].view(count, -1, 1, n)  # [G, h*g, 1, N]
-    score, protected = cls.one_slot_scores(params, attention, positions, index.capacities, newest, state)
+    score, protected = cls.one_slot_scores(params, attention, positions, n - 1, newest, state)
     if state is not None:
         states[..., :n].index_copy_(0, rows, state)
-    score = score.masked_fill(index.beyond, float("inf"))
     if protected is not None:
         score = score.masked_fill(protected, float("inf"))
     dropped = score.argmin(dim=-1).expand(count, h)  # [G, h]
