@@ -11,6 +11,7 @@ the steps within a rep, then of the reps. The last column is each size's step ov
     python benchmarks/many_plans_scaling.py --study-samples 3          # the smollm2 study's unit of work
     python benchmarks/many_plans_scaling.py --study-samples 3 --compare-collector   # ... and without the GC freeze
     python benchmarks/many_plans_scaling.py --floor                    # the model alone at those batch sizes
+    python benchmarks/many_plans_scaling.py --study-floor 3            # the study's unit of work, plans doing nothing
     python benchmarks/many_plans_scaling.py --held 64                  # tensors held and GC time over 64 steps of 54
     python benchmarks/many_plans_scaling.py --rows-together            # rows' method steps: together or alone
 
@@ -75,33 +76,57 @@ def step_times(model, plans, prompt: list[int], steps: int, profiler=None) -> tu
 @torch.inference_mode()
 def floor(model, sizes: list[int], reps: int) -> None:
     """The model's one-token forward without any cache at batch 1, ..., N: the weights' arithmetic alone, what no
-    runtime can go below; and Hugging Face's own decode step (DynamicCache over 256 tokens), interleaved."""
+    runtime can go below; Hugging Face's own decode step (DynamicCache over 250-255 tokens); and its step over a
+    preallocated cache of 256 slots (StaticCache: no eviction and no copy, what an ideal runtime's rows would
+    cost), interleaved."""
     from transformers import DynamicCache
 
-    def forward(rows: int, cached: bool) -> float:
-        ids = torch.randint(3, model.config.vocab_size, (rows, 257))
-        cache = {cache_argument_name(model): DynamicCache()} if cached else {}
-        if cached:
-            model(input_ids=ids[:, :256], use_cache=True, logits_to_keep=1, **cache)
-        times = []
-        for _ in range(6):
-            started = time.perf_counter()
-            model(input_ids=ids[:, 256:], use_cache=cached, logits_to_keep=1, **cache)
-            times.append(time.perf_counter() - started)
-        return statistics.median(times[1:])
+    def forward(rows: int, cache_kind: str) -> float:
+        ids = torch.randint(3, model.config.vocab_size, (rows, 251))
+        if cache_kind == "none":
+            return median_steps(model, ids[:, 250:], {"use_cache": False}, 250)
+        cache = DynamicCache() if cache_kind == "dynamic" else static_cache(model, 256)
+        model(input_ids=ids[:, :250], use_cache=True, logits_to_keep=1, **{cache_argument_name(model): cache})
+        return median_steps(model, ids[:, 250:], {cache_argument_name(model): cache, "use_cache": True}, 250)
 
-    bare: dict[int, list[float]] = {n: [] for n in sizes}
-    vanilla: dict[int, list[float]] = {n: [] for n in sizes}
+    kinds = ("none", "dynamic", "static")
+    times: dict[tuple[int, str], list[float]] = {(n, kind): [] for n in sizes for kind in kinds}
     for _ in range(reps):
         for n in sizes:
-            bare[n].append(forward(n, False))
-            vanilla[n].append(forward(n, True))
-    one_bare, one_vanilla = statistics.median(bare[sizes[0]]), statistics.median(vanilla[sizes[0]])
-    print("| rows | forward, no cache (ms) | x one row | Hugging Face decode step, 256 cached (ms) | x one row |")
-    print("|---:|---:|---:|---:|---:|")
+            for kind in kinds:
+                times[n, kind].append(forward(n, kind))
+    print(
+        "| rows | forward, no cache (ms) | x one row | Hugging Face decode step, 250-255 cached (ms) | x one row "
+        "| preallocated cache, 256 slots (ms) | x one row |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     for n in sizes:
-        b, v = statistics.median(bare[n]), statistics.median(vanilla[n])
-        print(f"| {n} | {b * 1000:.1f} | {b / one_bare:.2f} | {v * 1000:.1f} | {v / one_vanilla:.2f} |")
+        cells = []
+        for kind in kinds:
+            t, one = statistics.median(times[n, kind]), statistics.median(times[sizes[0], kind])
+            cells.append(f"{t * 1000:.1f} | {t / one:.2f}")
+        print(f"| {n} | " + " | ".join(cells) + " |")
+
+
+def static_cache(model, slots: int):
+    """A preallocated cache of `slots` slots per layer (transformers' StaticCache)."""
+    from transformers import StaticCache
+
+    return StaticCache(config=model.config, max_cache_len=slots)
+
+
+def median_steps(model, ids: torch.Tensor, kwargs: dict, first: int, steps: int = 6) -> float:
+    """The median seconds of one-token forwards of `ids` [rows, 1] at positions first, first + 1, ... (the first
+    step left out)."""
+    return statistics.median([one_step(model, ids, first + t, kwargs) for t in range(steps)][1:])
+
+
+def one_step(model, ids: torch.Tensor, position: int, kwargs: dict) -> float:
+    """The seconds of one forward of `ids` [rows, 1] at `position`."""
+    positions = torch.full((ids.shape[0], 1), position)
+    started = time.perf_counter()
+    model(input_ids=ids, position_ids=positions, cache_position=positions[0], logits_to_keep=1, **kwargs)
+    return time.perf_counter() - started
 
 
 @torch.inference_mode()
@@ -206,6 +231,47 @@ def study_samples(model, tokenizer, count: int, reps: int, compare_collector: bo
         )
 
 
+@torch.inference_mode()
+def study_floor(model, tokenizer, count: int, reps: int) -> None:
+    """The study's unit of work at its floor: what one sample would cost if its plans did no work of their own. The
+    prompt's forward at one row (what every plan's prompt pass shares), then the teacher-forced steps of all the
+    study's plans as rows of one batch over a preallocated cache of their mean retained length (StaticCache: no
+    eviction, no copy), for the same samples as `study_samples`."""
+    from transformers import DynamicCache
+
+    from polykv.eval.running.settings import suite_settings
+    from polykv.eval.suites import ruler
+
+    settings = suite_settings(
+        "ruler",
+        {"length": 1024, "answer_tokens": 16, "tasks": ["niah_single_1"], "samples_per_task": count, "mode": "score"},
+    )
+    samples = ruler.build_samples(tokenizer, model, settings, 0)
+    rows = 1 + len(STUDY_BUDGETS) * len(NINE)  # FullKV and the nine baselines at each budget
+    name = cache_argument_name(model)
+    seconds = []
+    for _ in range(reps):
+        for _, _, payload in samples:
+            prompt = torch.tensor([payload["prompt_ids"]])
+            n, steps = prompt.shape[1], len(payload["answer_ids"]) - 1  # `answers.score_many` feeds all but the last
+            slots = round((n + steps + len(NINE) * sum(min(b, n) for b in STUDY_BUDGETS)) / rows)
+            started = time.perf_counter()
+            model(input_ids=prompt, use_cache=True, logits_to_keep=1, **{name: DynamicCache()})
+            spent = time.perf_counter() - started
+            cache = static_cache(model, slots + steps)
+            ids = torch.randint(3, model.config.vocab_size, (rows, slots + steps))
+            model(input_ids=ids[:, :slots], use_cache=True, logits_to_keep=1, **{name: cache})  # not timed
+            kwargs = {name: cache, "use_cache": True}
+            spent += sum(one_step(model, ids[:, slots + t : slots + t + 1], slots + t, kwargs) for t in range(steps))
+            seconds.append(spent)
+            print(f"  {n}-token prompt, {steps} steps of {rows} rows over {slots} slots: {spent:.2f} s", flush=True)
+    mean = statistics.mean(seconds)
+    print(
+        f"the study's sample at its floor: {statistics.median(seconds):.2f} s median, {mean:.2f} s mean of "
+        f"{len(seconds)}, {3600 / mean:.0f} samples per hour"
+    )
+
+
 def one_budget_mix(layers: int, count: int = 24, capacity: int = 128):
     """A factorial's kind of batch: `count` plans at one capacity, SnapKV's prefill, each layer's decode method drawn
     (seeded) from H2O, TOVA, StreamingLLM and Scissorhands."""
@@ -300,6 +366,9 @@ def main() -> None:
     )
     parser.add_argument("--rows-together", action="store_true", help="rows dropping together: now and as before")
     parser.add_argument("--floor", action="store_true", help="time the model alone at the same batch sizes")
+    parser.add_argument(
+        "--study-floor", type=int, default=0, help="the study's unit of work on K samples, its plans doing no work"
+    )
     parser.add_argument("--held", type=int, default=0, help="tensors held and GC time over this many steps of 54")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -307,6 +376,9 @@ def main() -> None:
     model, tokenizer = load_model(args.model)
     if args.floor:
         floor(model, [int(s) for s in args.sizes.split(",")], args.reps)
+        return
+    if args.study_floor:
+        study_floor(model, tokenizer, args.study_floor, args.reps)
         return
     if args.study_samples:
         study_samples(model, tokenizer, args.study_samples, args.reps, args.compare_collector)

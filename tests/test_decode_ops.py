@@ -45,6 +45,38 @@ def test_visible_row_quantile_equals_torch_nanquantile(q, selection, monkeypatch
             assert torch.equal(visible_row_quantile(rows, visible.sum(-1, keepdim=True), q), expected), (n, w, pattern)
 
 
+@pytest.mark.parametrize("groups", [1, 2, 3, 4, 8])
+def test_a_kv_heads_mean_attention_equals_torch_mean(groups):
+    # LayerView.grouped: the sum divided by g, the same numbers as .mean (underflowed zeros included)
+    from polykv.methods.base import LayerView
+    from polykv.plan import Phase
+
+    g = torch.Generator().manual_seed(2)
+    empty = torch.zeros(1, 2, 0, 4)
+    view = LayerView(Phase.DECODE, empty, empty, torch.zeros(1, 2, 0), 1, groups)
+    for shape in [(2, 2 * groups, 1, 300), (1, 2 * groups, 100, 1024), (3, 2 * groups, 7)]:
+        attention = torch.softmax(torch.randn(*shape, generator=g) * 4, dim=-1)
+        attention[0, 0, ..., :5] = 0.0  # underflow
+        expected = attention.view(shape[0], 2, groups, *shape[2:]).mean(2)
+        assert torch.equal(view.grouped(attention), expected), shape
+
+
+def test_the_largest_probabilities_from_numpy_equal_torch_topk(monkeypatch):
+    # numpy's selection of a row's k largest, made a block of rows at a time: the same values as torch's top-k, in
+    # the same order; ties, zeros and rows of one value included
+    monkeypatch.setattr(scissorhands, "_SELECT_LONG_ROWS", 0)
+    monkeypatch.setattr(scissorhands, "_SELECT_MANY_ENTRIES", 0)
+    monkeypatch.setattr(scissorhands, "_SELECT_BLOCK_ENTRIES", 5000)  # several blocks, the last one short
+    g = torch.Generator().manual_seed(5)
+    for n, k in [(1, 1), (7, 7), (512, 52), (1024, 105), (1000, 101), (1025, 3), (1500, 700), (4097, 1)]:
+        rows = torch.rand(3, 2, 4, n, generator=g)
+        rows[0, 0] = (rows[0, 0] * 8).floor() / 8  # ties
+        rows[0, 1] = 0.0  # a row of zeros (every entry hidden)
+        rows[1] = rows[1] * (rows[1] > 0.7)  # mostly zeros
+        expected = rows.topk(k, dim=-1).values
+        assert torch.equal(scissorhands._largest(rows, k), expected), (n, k)
+
+
 @pytest.mark.parametrize("chunk", [1, 3, 7, 256])
 @pytest.mark.parametrize("groups", [1, 2])
 def test_fused_prompt_attention_equals_sdpa_and_the_general_column_sums(chunk, groups, monkeypatch):
