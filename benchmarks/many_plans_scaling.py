@@ -50,6 +50,25 @@ def plans_for(count: int, layers: int, length: int):
     return plans[:count]
 
 
+def study_plans(layers: int):
+    """The smollm2 study's batch: FullKV and the nine baselines at each of its budgets (46 plans)."""
+    from polykv.plan import Plan
+
+    return [Plan.homogeneous("full", None, layers)] + [baseline_plan(m, b, layers) for b in STUDY_BUDGETS for m in NINE]
+
+
+def study_ruler(model, tokenizer, count: int):
+    """The study's RULER settings (niah_single_1 at 1,024 tokens, answer_nll) and `count` of its samples."""
+    from polykv.eval.running.settings import suite_settings
+    from polykv.eval.suites import ruler
+
+    settings = suite_settings(
+        "ruler",
+        {"length": 1024, "answer_tokens": 16, "tasks": ["niah_single_1"], "samples_per_task": count, "mode": "score"},
+    )
+    return settings, ruler.build_samples(tokenizer, model, settings, 0)
+
+
 @torch.inference_mode()
 def step_times(model, plans, prompt: list[int], steps: int, profiler=None) -> tuple[float, list[float]]:
     """The shared prompt pass's seconds and each decode step's, for `plans` as one batch (`profiler`: enabled
@@ -173,19 +192,10 @@ def study_samples(model, tokenizer, count: int, reps: int, compare_collector: bo
     import gc
 
     import polykv.runtime.swap as swap
-    from polykv.eval.running.settings import suite_settings
     from polykv.eval.suites import ruler
-    from polykv.plan import Plan
 
-    layers = num_layers(model)
-    plans = [Plan.homogeneous("full", None, layers)] + [
-        baseline_plan(m, b, layers) for b in STUDY_BUDGETS for m in NINE
-    ]
-    settings = suite_settings(
-        "ruler",
-        {"length": 1024, "answer_tokens": 16, "tasks": ["niah_single_1"], "samples_per_task": count, "mode": "score"},
-    )
-    samples = ruler.build_samples(tokenizer, model, settings, 0)
+    plans = study_plans(num_layers(model))
+    settings, samples = study_ruler(model, tokenizer, count)
     full_collections = [0, 0.0]  # count, seconds
     started_collection = [0.0]
 
@@ -239,15 +249,8 @@ def study_floor(model, tokenizer, count: int, reps: int) -> None:
     eviction, no copy), for the same samples as `study_samples`."""
     from transformers import DynamicCache
 
-    from polykv.eval.running.settings import suite_settings
-    from polykv.eval.suites import ruler
-
-    settings = suite_settings(
-        "ruler",
-        {"length": 1024, "answer_tokens": 16, "tasks": ["niah_single_1"], "samples_per_task": count, "mode": "score"},
-    )
-    samples = ruler.build_samples(tokenizer, model, settings, 0)
-    rows = 1 + len(STUDY_BUDGETS) * len(NINE)  # FullKV and the nine baselines at each budget
+    _, samples = study_ruler(model, tokenizer, count)
+    rows = len(study_plans(num_layers(model)))  # FullKV's and the baselines' (`slots` below: their mean retained)
     name = cache_argument_name(model)
     seconds = []
     for _ in range(reps):
@@ -299,13 +302,11 @@ def rows_together(model, prompt: list[int], steps: int, reps: int) -> None:
     rows dropping together as now and as before, interleaved in one process: for the study's 46 plans (five
     budgets: one row of a method per block) and a one-budget mix (several rows of a method per block)."""
     from polykv.methods.h2o import H2O
-    from polykv.plan import Plan
     from polykv.runtime import row_storage
 
     layers = num_layers(model)
     batches = {
-        "study's 46 plans": [Plan.homogeneous("full", None, layers)]
-        + [baseline_plan(m, b, layers) for b in STUDY_BUDGETS for m in NINE],
+        "study's 46 plans": study_plans(layers),
         "24 plans at 128, mixed": one_budget_mix(layers),
     }
     own_scores, own_least = H2O.one_slot_scores, row_storage.TOGETHER_AT_LEAST
