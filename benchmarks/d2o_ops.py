@@ -1,6 +1,6 @@
 """What each operation of D2O's one-slot merge costs alone, at `decode_overhead.py`'s shapes.
 
-D2O's usual decode step (`_merge_evicted_slot` and `_threshold_gate` in polykv/methods/d2o.py) is about
+D2O's usual decode step (`_merge_evicted_slot` and `_threshold_gate` in polykv/methods/merging/d2o.py) is about
 27 small operations per layer; on a host-bound step their cost is dispatch, not arithmetic. This times
 each kind once, in a tight loop (best of 5 repeats of 2,000 calls, one thread), on one layer of the
 host-bound model: batch 1, 2 KV heads, 257 slots, head dim 32. (Since layers merge together,

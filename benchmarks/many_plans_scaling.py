@@ -301,7 +301,7 @@ def rows_together(model, prompt: list[int], steps: int, reps: int) -> None:
     """The seconds a step spends in its rows' method steps (`row_storage.drop_together` and each row's own), with
     rows dropping together as now and as before, interleaved in one process: for the study's 46 plans (five
     budgets: one row of a method per block) and a one-budget mix (several rows of a method per block)."""
-    from polykv.methods.h2o import H2O
+    from polykv.methods.attention.h2o import H2O
     from polykv.runtime import row_storage
 
     layers = num_layers(model)

@@ -33,7 +33,8 @@ from transformers import (
 
 from polykv.eval.results.rows import RunRow
 from polykv.eval.suites.fidelity import FidelitySettings
-from polykv.methods.base import Eviction, LayerView
+from polykv.methods.base import LayerView
+from polykv.methods.eviction import Eviction
 from polykv.models import cache_argument_name, output_cache
 from polykv.plan import LayerPlan, Phase, PhaseAssignment, Plan, Scope
 from polykv.runtime import routed

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from polykv.methods import scissorhands
-from polykv.methods.scissorhands import row_quantile, visible_row_quantile
+from polykv.methods.attention.scissorhands import row_quantile, visible_row_quantile
 
 
 @pytest.mark.parametrize("q", [0.9, 0.5, 0.1, 0.75, 0.95, 0.999, 1 / 3])
@@ -140,8 +140,8 @@ def test_a_whole_prompt_masks_only_its_last_slots_and_scissorhands_reads_it_as_t
     general mask built from positions gives."""
     from dataclasses import replace
 
+    from polykv.methods.attention.scissorhands import Scissorhands
     from polykv.methods.base import LayerView
-    from polykv.methods.scissorhands import Scissorhands
     from polykv.plan import Phase
     from polykv.runtime.attention_math import attention_probs
 

@@ -197,10 +197,10 @@ def test_an_upward_import_is_caught():
         **GRAPH,
         "polykv.eval.running.suite_runner": GRAPH["polykv.eval.running.suite_runner"] | {"polykv.jobs.spec"},
     }
-    graph["polykv.plan"] = GRAPH["polykv.plan"] | {"polykv.methods.h2o"}
+    graph["polykv.plan"] = GRAPH["polykv.plan"] | {"polykv.methods.attention.h2o"}
     assert arrows_against_the_floors(graph, FLOORS) == [
         "polykv.eval.running.suite_runner (floor 8.3) -> polykv.jobs.spec (floor 10, up)",
-        "polykv.plan (floor 2) -> polykv.methods.h2o (floor 3, up)",
+        "polykv.plan (floor 2) -> polykv.methods.attention.h2o (floor 3, up)",
     ]
     sideways = {**GRAPH, "polykv.models": GRAPH["polykv.models"] | {"polykv.workspace"}}
     assert arrows_against_the_floors(sideways, FLOORS) == [

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from polykv.methods import REGISTRY
-from polykv.methods.cam import CaM
-from polykv.methods.d2o import D2O
+from polykv.methods.merging.cam import CaM
+from polykv.methods.merging.d2o import D2O
 from polykv.models import cache_argument_name
 from polykv.plan import Plan
 from polykv.runtime import routed

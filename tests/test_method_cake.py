@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from polykv.methods.cake import CAKE
+from polykv.methods.attention.cake import CAKE
 from polykv.models import cache_argument_name, output_cache
 from polykv.plan import Phase, Plan
 from polykv.runtime import routed

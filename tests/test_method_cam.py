@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from polykv.methods.cam import CaM
+from polykv.methods.merging.cam import CaM
 from polykv.models import cache_argument_name
 from polykv.plan import Phase, Plan
 from tests.helpers import decode_logits, decode_sizes, kept, layer_view, max_diff, prompt, run_routed, tiny_model

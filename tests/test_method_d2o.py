@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from polykv.methods.d2o import D2O
+from polykv.methods.merging.d2o import D2O
 from polykv.models import cache_argument_name
 from polykv.plan import Phase, Plan
 from polykv.runtime import routed

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from polykv.methods import REGISTRY, for_phase
+from polykv.methods.attention_free.knorm import Knorm
 from polykv.methods.base import NOTHING
-from polykv.methods.knorm import Knorm
 from polykv.models import cache_argument_name, output_cache
 from polykv.plan import Phase, Plan
 from polykv.runtime import routed

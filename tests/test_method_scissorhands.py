@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from polykv.methods.scissorhands import Scissorhands
+from polykv.methods.attention.scissorhands import Scissorhands
 from polykv.methods.slots import gather_slots
 from polykv.models import cache_argument_name
 from polykv.plan import Phase, Plan

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from polykv.methods import REGISTRY
-from polykv.methods.h2o import H2O
-from polykv.methods.snapkv import SnapKV, pool_votes
-from polykv.methods.streamingllm import StreamingLLM
-from polykv.methods.tova import TOVA
+from polykv.methods.attention.h2o import H2O
+from polykv.methods.attention.snapkv import SnapKV, pool_votes
+from polykv.methods.attention.tova import TOVA
+from polykv.methods.attention_free.streamingllm import StreamingLLM
 from polykv.plan import Phase
 from tests.helpers import kept, layer_view
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from polykv.methods import REGISTRY, validate_plan
-from polykv.methods.base import split_total
-from polykv.methods.cake import CAKE, CAKEParams
-from polykv.methods.pyramidkv import PyramidKV, PyramidKVParams
+from polykv.methods.attention.cake import CAKE, CAKEParams
+from polykv.methods.attention.pyramidkv import PyramidKV, PyramidKVParams
+from polykv.methods.shared import split_total
 from polykv.models import cache_argument_name
 from polykv.plan import Phase, Plan, PlanError
 from polykv.runtime import routed

@@ -13,9 +13,9 @@ import pytest
 from pydantic import ValidationError
 
 from polykv.methods import REGISTRY, params_that_fit, validate_plan
-from polykv.methods.cake import CAKE, preference
-from polykv.methods.scissorhands import HISTORY_ALWAYS_ALLOWED, Scissorhands
-from polykv.methods.snapkv import SnapKV
+from polykv.methods.attention.cake import CAKE, preference
+from polykv.methods.attention.scissorhands import HISTORY_ALWAYS_ALLOWED, Scissorhands
+from polykv.methods.attention.snapkv import SnapKV
 from polykv.plan import MAX_LAYERS, MAX_TOKENS, Phase, Plan, PlanError
 from tests.helpers import assert_one_line_error
 

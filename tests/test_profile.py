@@ -198,7 +198,7 @@ def test_profile_keeps_per_sequence_values_behind_every_cell(profiled):
 
 
 def _throwaway_method():
-    from polykv.methods.streamingllm import StreamingLLM
+    from polykv.methods.attention_free.streamingllm import StreamingLLM
 
     class Throwaway(StreamingLLM):
         name = "throwaway"

@@ -17,7 +17,7 @@ from polykv.eval.running.settings import suite_settings
 from polykv.eval.suites import answer_settings, answers, longbench, ruler
 from polykv.eval.suites.ruler import RulerSettings
 from polykv.methods import params_that_fit
-from polykv.methods.snapkv import SnapKV
+from polykv.methods.attention.snapkv import SnapKV
 from polykv.models import cache_argument_name
 from polykv.plan import Phase, Plan
 from polykv.profile.cell_plan import single_layer_plan

@@ -12,8 +12,8 @@ import torch
 
 from polykv.eval.suites import ruler
 from polykv.methods import REGISTRY, params_that_fit
+from polykv.methods.attention.snapkv import pool_votes
 from polykv.methods.base import LayerView
-from polykv.methods.snapkv import pool_votes
 from polykv.models import cache_argument_name
 from polykv.plan import Phase, Plan
 from polykv.profile.corpus import CorpusSpec, build_corpus

@@ -6,18 +6,19 @@ import operator
 from collections.abc import Mapping
 from typing import Any
 
-from polykv.methods.base import Eviction, LayerView, Method, Needs
-from polykv.methods.cake import CAKE
-from polykv.methods.cam import CaM
-from polykv.methods.d2o import D2O
+from polykv.methods.attention.cake import CAKE
+from polykv.methods.attention.h2o import H2O
+from polykv.methods.attention.pyramidkv import PyramidKV
+from polykv.methods.attention.scissorhands import Scissorhands
+from polykv.methods.attention.snapkv import SnapKV
+from polykv.methods.attention.tova import TOVA
+from polykv.methods.attention_free.knorm import Knorm
+from polykv.methods.attention_free.streamingllm import StreamingLLM
+from polykv.methods.base import LayerView, Method, Needs
+from polykv.methods.eviction import Eviction
 from polykv.methods.full import Full
-from polykv.methods.h2o import H2O
-from polykv.methods.knorm import Knorm
-from polykv.methods.pyramidkv import PyramidKV
-from polykv.methods.scissorhands import Scissorhands
-from polykv.methods.snapkv import SnapKV
-from polykv.methods.streamingllm import StreamingLLM
-from polykv.methods.tova import TOVA
+from polykv.methods.merging.cam import CaM
+from polykv.methods.merging.d2o import D2O
 from polykv.plan import FULL, Phase, PhaseAssignment, Plan
 
 # One line per method, in the order `polykv methods` lists them.

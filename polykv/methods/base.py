@@ -1,5 +1,6 @@
-"""The contract between the routed cache and an eviction method, and what methods share beyond it (at the end:
-choosing by score, the accumulated-attention score of H2O and D2O, recency, the integer split of a budget).
+"""The contract between the routed cache and an eviction method: the signals a step needs (`Needs`), the layer as a
+step sees it (`LayerView`), and the method (`Method`). What a step returns and how most methods choose it is in
+`eviction`, what several methods share in `shared`, what only the runtime's speed paths ask in `fast_paths`.
 
 A method is a policy for one layer and one phase. The runtime owns the tensors; a method only says
 which attention signals it needs (`needs`) and, given them, which cache slots to keep (`step`).
@@ -45,6 +46,8 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ValidationError
 
 from polykv.lazy import lazy_import
+from polykv.methods.eviction import Eviction, evict_lowest
+from polykv.methods.fast_paths import FastPaths
 from polykv.methods.params import NoParams, describe_param_error, over_limit, token_params
 from polykv.methods.slots import SlotStates
 from polykv.plan import Phase
@@ -129,34 +132,13 @@ class LayerView:
         return attention.view(b, qh // g, g, *attention.shape[2:]).sum(2).div_(g)
 
 
-@dataclass
-class Eviction:
-    """Slots to keep per KV head (ascending), or the one slot to drop."""
-
-    keep: torch.Tensor | None = None  # [b, h, k] int64
-    dropped: torch.Tensor | None = None  # [b, h, 1] int64: the single slot evicted (the usual decode step)
-    # the method left this one-slot eviction's merge to the runtime, as `LayerView.defer_merge` allowed
-    # (`Method.merge_together`); the slots and the method's per-slot state then move after that merge
-    merge_deferred: bool = False
-
-    def kept_mask(self, length: int) -> torch.Tensor:
-        """Boolean [b, h, n]: which slots stay."""
-        index = self.keep if self.keep is not None else self.dropped
-        marks = torch.zeros(*index.shape[:2], length, dtype=torch.bool, device=index.device)
-        if self.keep is not None:
-            return marks.scatter_(-1, self.keep, True)
-        return ~marks.scatter_(-1, self.dropped, True)
-
-
-class Method:
+class Method(FastPaths):
     """Base class: subclasses set `name`, `phases`, `Params` and override `needs` / `step`."""
 
     name: ClassVar[str]
     phases: ClassVar[frozenset[Phase]]
     Params: ClassVar[type[BaseModel]] = NoParams
     merges: ClassVar[bool] = False  # rewrites retained keys/values (CaM, D2O)
-    merges_together: ClassVar[bool] = False  # its one-slot merges can run for many layers at once (`merge_together`)
-    merges_across_capacities: ClassVar[bool] = False  # ... and layers of different capacities (`lengths`)
     native_allocation: ClassVar[bool] = False  # has its own layer-budget rule (`allocate`)
     below_capacity: ClassVar[tuple[str, ...]] = ()  # parameters that must stay under the capacity (windows)
     passive: ClassVar[bool] = False  # never needs signals nor evicts (`full`): the runtime skips it
@@ -232,15 +214,6 @@ class Method:
         """Signals a decode-phase method wants to see during prefill (to start its state)."""
         return NOTHING
 
-    # A decode step dropping one slot, for many layers' rows at once (`polykv.runtime.row_storage`): a classmethod
-    # (params, rows, positions, capacity, newest, state) -> (score, protected), `step` dropping the lowest score not
-    # `protected`. rows [G, h*g, 1, n] the step's attention, positions [G, h, n] (every row n = capacity + 1 slots),
-    # newest: the new token's position, state [G, h, n]: the rows' `one_slot_state` (None: none; this step's slot
-    # at 0, as `grow` starts it), updated in place as `step` does. score [G, h or 1, n], protected [G, h, n] or
-    # None. None: each layer steps alone.
-    one_slot_scores = None
-    one_slot_state: ClassVar[str | None] = None
-
     def observe_prefill(self, view: LayerView) -> None:
         """A decode-phase method sees the prefill (before any prefill eviction)."""
 
@@ -279,15 +252,6 @@ class Method:
             return None
         return evict_lowest(score, self.capacity)
 
-    @classmethod
-    def merge_together(cls, methods: list[Method], kv: torch.Tensor, dropped: torch.Tensor, lengths=None) -> None:
-        """The merges of one-slot steps that layers left to the runtime (`LayerView.defer_merge`), all at once,
-        with the numbers of each layer merging alone: layer i (`methods[i]`, all with the same parameters) holds
-        keys and values kv[:, i] ([2, L, b, h, N, d], merged in place), its first `lengths[i]` slots (None: all
-        N; the rest is padding, `merges_across_capacities`), and evicts slot dropped[i, b, h, 0] ([L, b, h, 1]);
-        its per-slot state is still that of its step (the runtime moves the slots and the state afterwards)."""
-        raise NotImplementedError(f"{cls.name} merges each layer alone")
-
     # ---- native allocation ----------------------------------------------------------------------
     def allocation_statistic(self) -> float | None:
         """After prefill: this layer's input to the method's layer-budget rule."""
@@ -299,102 +263,3 @@ class Method:
     ) -> list[int]:
         """Split `total` retained tokens over the layers by the method's own rule; sums exactly to `total`."""
         raise NotImplementedError(f"{cls.name} has no layer-budget rule of its own")
-
-
-# ---- choosing by score (what most methods' `step` returns) --------------------------------------------------
-def keep_top(
-    scores: torch.Tensor, k: int, protected: torch.Tensor | None = None, hidden: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Indices of the k highest scores per row (protected slots always kept, `hidden` ones first to go: a local
-    layer's padding, `LayerView.hidden`), ascending."""
-    return _ranked(scores, protected, hidden).topk(k, dim=-1).indices.sort(dim=-1).values
-
-
-def evict_lowest(
-    scores: torch.Tensor, k: int, protected: torch.Tensor | None = None, hidden: torch.Tensor | None = None
-) -> Eviction:
-    """Keep the k highest-scoring slots of each [b, h, n] row; one argmin when a single slot goes."""
-    if scores.shape[-1] - k != 1:
-        return Eviction(keep=keep_top(scores, k, protected, hidden))
-    return Eviction(dropped=_ranked(scores, protected, hidden).argmin(dim=-1, keepdim=True))
-
-
-def _ranked(scores: torch.Tensor, protected: torch.Tensor | None, hidden: torch.Tensor | None) -> torch.Tensor:
-    if protected is not None:
-        scores = scores.masked_fill(protected, float("inf"))
-    if hidden is not None:  # no query can see them: they go before anything the method would keep
-        scores = scores.masked_fill(hidden, float("-inf"))
-    return scores
-
-
-# ---- what methods share beyond the contract: accumulated attention (H2O, D2O), budget splits, recency -------
-class AccumulatedAttention(Method):
-    """A method whose per-slot `score` is the attention the slot has received, summed (unnormalized)
-    over every query so far, per KV head (the mean of its query heads): H2O's heavy-hitter score, which
-    D2O uses too. The prompt's queries count even when the method only runs in decode (they are seen
-    through `observe_prefill`); a new slot starts from the attention of its own step."""
-
-    def needs(self, phase: Phase, length: int) -> Needs:
-        return COLUMN_SUMS  # scores accumulate every step, evicting or not
-
-    def needs_from_prefill(self, length: int) -> Needs:
-        return COLUMN_SUMS
-
-    def observe_prefill(self, view: LayerView) -> None:
-        self.per_token["score"] = view.grouped(view.column_sums)
-
-    def accumulate(self, view: LayerView, restart: bool = False) -> torch.Tensor:
-        """The scores after this step's attention (stored in `per_token["score"]`); `restart` drops the
-        old scores (a new prompt)."""
-        added = view.grouped(view.column_sums)
-        old = self.per_token.get("score")
-        if old is None or restart:
-            score = added
-        else:
-            score = self.grow("score", view.num_new, 0.0).add_(added)  # new slots start from 0
-        self.per_token["score"] = score
-        return score
-
-
-def split_total(weights: list[float], total: int, minimum: int = 1, maximum: int | None = None) -> list[int]:
-    """Integers proportional to `weights` that sum exactly to `total`, each in [minimum, maximum].
-
-    Largest-remainder rounding; layers that hit a bound are fixed there and the rest is shared again
-    among the others in proportion to their weights.
-    """
-    n = len(weights)
-    if n == 0:
-        return []
-    hi = total if maximum is None else maximum
-    if not minimum * n <= total <= hi * n:
-        raise ValueError(f"cannot split {total} over {n} layers within [{minimum}, {hi}] each")
-    weights = [max(0.0, float(w)) for w in weights]
-    fixed: dict[int, float] = {}
-    share: dict[int, float] = {}
-    while len(fixed) < n:
-        free = [i for i in range(n) if i not in fixed]
-        left = total - sum(fixed.values())
-        mass = sum(weights[i] for i in free)
-        share = {i: (weights[i] / mass * left if mass > 0 else left / len(free)) for i in free}
-        # Water-filling: pin the layers over the maximum first, then those under the minimum, and share
-        # what is left among the rest again.
-        over = {i: hi for i, v in share.items() if v > hi}
-        under = {i: minimum for i, v in share.items() if v < minimum}
-        if not over and not under:
-            break
-        fixed.update(over or under)
-    exact = [fixed.get(i, share.get(i, 0.0)) for i in range(n)]
-    out = [int(v) for v in exact]  # floor (values are non-negative)
-    order = sorted(range(n), key=lambda i: (exact[i] - out[i], -i), reverse=True)
-    for i in order[: total - sum(out)]:
-        out[i] += 1
-    return out
-
-
-def recent_mask(view: LayerView, window: int, positions: torch.Tensor | None = None) -> torch.Tensor:
-    """Slots among the `window` most recent positions of each head (by true position). `positions`: the
-    view's positions in another order (e.g. sorted), for a mask in that order."""
-    positions = view.positions if positions is None else positions
-    if view.newest is not None:  # every head holds the newest token: no reduction needed
-        return positions > view.newest - window
-    return positions > positions.amax(dim=-1, keepdim=True) - window

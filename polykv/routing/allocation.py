@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from polykv.methods import REGISTRY
-from polykv.methods.base import split_total
+from polykv.methods.shared import split_total
 from polykv.plan import FULL, LayerPlan, Phase, PhaseAssignment, Plan, PlanError
 from polykv.routing.toprank import _layers_in, _phase, _scores
 

@@ -22,7 +22,8 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from polykv.errors import RoutedCacheError
 from polykv.methods import Method, make_method
-from polykv.methods.base import Eviction, LayerView, Needs
+from polykv.methods.base import LayerView, Needs
+from polykv.methods.eviction import Eviction
 from polykv.plan import Phase, Plan
 from polykv.runtime.attention import hand_over
 from polykv.runtime.attention_step import attend

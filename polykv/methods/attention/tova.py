@@ -6,7 +6,8 @@ arXiv:2401.06104 (code: schwartz-lab-NLP/TOVA).
 
 from __future__ import annotations
 
-from polykv.methods.base import NOTHING, ONE_ROW, Eviction, LayerView, Method, Needs, evict_lowest
+from polykv.methods.base import NOTHING, ONE_ROW, LayerView, Method, Needs
+from polykv.methods.eviction import Eviction, evict_lowest
 from polykv.plan import Phase
 
 

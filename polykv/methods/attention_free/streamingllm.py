@@ -6,7 +6,8 @@ arXiv:2309.17453 (code: mit-han-lab/streaming-llm).
 
 from __future__ import annotations
 
-from polykv.methods.base import Eviction, LayerView, Method, evict_lowest
+from polykv.methods.base import LayerView, Method
+from polykv.methods.eviction import Eviction, evict_lowest
 from polykv.methods.params import MethodParams, tokens
 from polykv.plan import Phase
 

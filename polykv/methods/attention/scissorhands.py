@@ -14,8 +14,10 @@ import weakref
 from pydantic import BaseModel
 
 from polykv.lazy import lazy_import
-from polykv.methods.base import NOTHING, Eviction, LayerView, Method, Needs, evict_lowest, recent_mask
+from polykv.methods.base import NOTHING, LayerView, Method, Needs
+from polykv.methods.eviction import Eviction, evict_lowest
 from polykv.methods.params import MethodParams, Real, real, tokens
+from polykv.methods.shared import recent_mask
 from polykv.plan import Phase
 
 torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor

@@ -10,8 +10,10 @@ from __future__ import annotations
 import functools
 
 from polykv.lazy import lazy_import
-from polykv.methods.base import AccumulatedAttention, Eviction, LayerView, evict_lowest, recent_mask, split_total
+from polykv.methods.base import LayerView
+from polykv.methods.eviction import Eviction, evict_lowest
 from polykv.methods.params import MethodParams, Real, real, tokens
+from polykv.methods.shared import AccumulatedAttention, recent_mask, split_total
 from polykv.methods.slots import gather_slots
 from polykv.plan import Phase
 

@@ -7,8 +7,10 @@ for Efficient Generative Inference of Large Language Models." NeurIPS 2023, arXi
 
 from __future__ import annotations
 
-from polykv.methods.base import AccumulatedAttention, Eviction, LayerView, evict_lowest, recent_mask
+from polykv.methods.base import LayerView
+from polykv.methods.eviction import Eviction, evict_lowest
 from polykv.methods.params import MethodParams, Real, real
+from polykv.methods.shared import AccumulatedAttention, recent_mask
 from polykv.plan import Phase
 
 

@@ -6,9 +6,9 @@ based on Pyramidal Information Funneling." arXiv:2406.02069 (code: Zefan-Cai/KVC
 
 from __future__ import annotations
 
-from polykv.methods.base import split_total
+from polykv.methods.attention.snapkv import SnapKV, SnapKVParams
 from polykv.methods.params import Real, real, tokens
-from polykv.methods.snapkv import SnapKV, SnapKVParams
+from polykv.methods.shared import split_total
 
 
 class PyramidKVParams(SnapKVParams):

@@ -9,19 +9,11 @@ from __future__ import annotations
 import math
 
 from polykv.lazy import lazy_import
-from polykv.methods.base import (
-    NOTHING,
-    ONE_ROW,
-    Eviction,
-    LayerView,
-    Method,
-    Needs,
-    evict_lowest,
-    recent_mask,
-    split_total,
-)
+from polykv.methods.attention.snapkv import pool_votes
+from polykv.methods.base import NOTHING, ONE_ROW, LayerView, Method, Needs
+from polykv.methods.eviction import Eviction, evict_lowest
 from polykv.methods.params import MethodParams, Real, real, tokens
-from polykv.methods.snapkv import pool_votes
+from polykv.methods.shared import recent_mask, split_total
 from polykv.plan import Phase
 
 torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor

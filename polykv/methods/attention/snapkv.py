@@ -11,7 +11,8 @@ from typing import Literal
 from pydantic import Field
 
 from polykv.lazy import lazy_import
-from polykv.methods.base import Eviction, LayerView, Method, Needs
+from polykv.methods.base import LayerView, Method, Needs
+from polykv.methods.eviction import Eviction
 from polykv.methods.params import MethodParams, tokens
 from polykv.plan import Phase
 

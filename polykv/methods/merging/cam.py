@@ -9,7 +9,8 @@ from __future__ import annotations
 from pydantic import Field
 
 from polykv.lazy import lazy_import
-from polykv.methods.base import COLUMN_SUMS, Eviction, LayerView, Method, Needs, evict_lowest
+from polykv.methods.base import COLUMN_SUMS, LayerView, Method, Needs
+from polykv.methods.eviction import Eviction, evict_lowest
 from polykv.methods.params import MethodParams, tokens
 from polykv.plan import Phase
 

@@ -1,0 +1,55 @@
+"""What a method's step returns (`Eviction`: the slots kept, or the one dropped) and how most methods choose it:
+keep the highest scores (`keep_top`, `evict_lowest`), with protected slots always kept and a local layer's hidden
+padding first to go."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from polykv.lazy import lazy_import
+
+torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
+
+
+@dataclass
+class Eviction:
+    """Slots to keep per KV head (ascending), or the one slot to drop."""
+
+    keep: torch.Tensor | None = None  # [b, h, k] int64
+    dropped: torch.Tensor | None = None  # [b, h, 1] int64: the single slot evicted (the usual decode step)
+    # the method left this one-slot eviction's merge to the runtime, as `LayerView.defer_merge` allowed
+    # (`Method.merge_together`); the slots and the method's per-slot state then move after that merge
+    merge_deferred: bool = False
+
+    def kept_mask(self, length: int) -> torch.Tensor:
+        """Boolean [b, h, n]: which slots stay."""
+        index = self.keep if self.keep is not None else self.dropped
+        marks = torch.zeros(*index.shape[:2], length, dtype=torch.bool, device=index.device)
+        if self.keep is not None:
+            return marks.scatter_(-1, self.keep, True)
+        return ~marks.scatter_(-1, self.dropped, True)
+
+
+def keep_top(
+    scores: torch.Tensor, k: int, protected: torch.Tensor | None = None, hidden: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Indices of the k highest scores per row (protected slots always kept, `hidden` ones first to go: a local
+    layer's padding, `LayerView.hidden`), ascending."""
+    return _ranked(scores, protected, hidden).topk(k, dim=-1).indices.sort(dim=-1).values
+
+
+def evict_lowest(
+    scores: torch.Tensor, k: int, protected: torch.Tensor | None = None, hidden: torch.Tensor | None = None
+) -> Eviction:
+    """Keep the k highest-scoring slots of each [b, h, n] row; one argmin when a single slot goes."""
+    if scores.shape[-1] - k != 1:
+        return Eviction(keep=keep_top(scores, k, protected, hidden))
+    return Eviction(dropped=_ranked(scores, protected, hidden).argmin(dim=-1, keepdim=True))
+
+
+def _ranked(scores: torch.Tensor, protected: torch.Tensor | None, hidden: torch.Tensor | None) -> torch.Tensor:
+    if protected is not None:
+        scores = scores.masked_fill(protected, float("inf"))
+    if hidden is not None:  # no query can see them: they go before anything the method would keep
+        scores = scores.masked_fill(hidden, float("-inf"))
+    return scores

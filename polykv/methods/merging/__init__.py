@@ -1,0 +1,1 @@
+"""Methods that merge what they evict into what they keep: CaM, D2O."""
