@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from polykv.methods import scissorhands
+from polykv.methods.attention import scissorhands
 from polykv.methods.attention.scissorhands import row_quantile, visible_row_quantile
 
 

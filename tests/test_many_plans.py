@@ -296,3 +296,27 @@ def test_a_prompt_one_slot_over_a_capacity_leaves_the_other_plans_prompt_as_it_w
     plans.append(Plan.homogeneous("snapkv", PROMPT - 1, layers, "prefill"))
     tokens = distinct_tokens(model, PROMPT + STEPS, seed=11)
     _each_as_alone(model, plans, tokens)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_the_attention_free_scorers_in_one_batch_give_what_they_give_alone(family):
+    """ExpectedAttention, KeyDiff, LagKV (chunks short enough to score at this prompt) and Random, in every phase
+    they run in, beside TOVA: batched = alone, local layers within their window included."""
+    model = tiny_model(family, max_position_embeddings=256, vocab_size=128)
+    layers = model.config.num_hidden_layers
+    chosen = {
+        "expected_attention": {"n_sink": 2, "n_future_positions": 64},
+        "keydiff": {},
+        "lagkv": {"sinks": 2, "lag_size": 6},
+        "random": {"seed": 5},
+        "tova": {},
+    }
+    plans = [
+        Plan.homogeneous(name, CAPACITY, layers, scope, params=params)
+        for name, params in chosen.items()
+        for scope in ("prefill", "decode", "both")
+        if scope == "both" or Phase(scope) in REGISTRY[name].phases
+        if scope != "both" or REGISTRY[name].phases == frozenset(Phase)
+    ]
+    assert len(plans) == 1 + 3 + 1 + 3 + 3  # the prefill-only two once, the others in each scope
+    _each_as_alone(model, plans, distinct_tokens(model, PROMPT + STEPS, seed=7))

@@ -32,6 +32,7 @@ def _fields(kind: str) -> list[tuple[str, str]]:
                 (kind == "int" and field.annotation is int)
                 or (kind == "float" and field.annotation is float)
                 or (kind == "literal" and literal)
+                or (kind == "bool" and field.annotation is bool)
             ):
                 out.append((method, name))
     return out
@@ -40,6 +41,7 @@ def _fields(kind: str) -> list[tuple[str, str]]:
 INT_PARAMS = _fields("int")
 FLOAT_PARAMS = _fields("float")
 LITERAL_PARAMS = _fields("literal")
+BOOL_PARAMS = _fields("bool")
 TOKEN_PARAMS = [(m, n) for m, cls in REGISTRY.items() for n in cls.token_params()]
 
 
@@ -70,7 +72,7 @@ def _assert_refused(method: str, name: str, value, *expected: str) -> str:
 
 
 def test_every_parameter_is_covered():
-    covered = set(INT_PARAMS) | set(FLOAT_PARAMS) | set(LITERAL_PARAMS)
+    covered = set(INT_PARAMS) | set(FLOAT_PARAMS) | set(LITERAL_PARAMS) | set(BOOL_PARAMS)
     every = {(m, n) for m, cls in REGISTRY.items() for n in cls.Params.model_fields}
     assert covered == every
     assert ("scissorhands", "history") in TOKEN_PARAMS and ("cake", "kernel_size") in TOKEN_PARAMS
@@ -189,6 +191,14 @@ def test_choices_are_exact_strings(method, name):
     for value in (choices[0].upper(), f" {choices[0]}", 1, True, None):
         _assert_refused(method, name, value, f"(got {value!r})", "allowed: " + " or ".join(map(repr, choices)))
     for value in choices:
+        assert _problems(method, {name: value}) == []
+
+
+@pytest.mark.parametrize("method, name", BOOL_PARAMS, ids=lambda x: str(x))
+def test_switches_are_json_booleans(method, name):
+    for value in (1, 0, "true", "false", None, 1.0):
+        _assert_refused(method, name, value, f"(got {value!r})")
+    for value in (True, False):
         assert _problems(method, {name: value}) == []
 
 

@@ -73,6 +73,10 @@ def test_paint_makes_a_native_plan_fixed(mixed):
     ("kwargs", "message"),
     [
         (dict(layers=[0], phases="decode", method="snapkv"), "'snapkv' does not run in the decode phase"),
+        (
+            dict(layers=[0], phases="decode", method="lagkv"),
+            r"'lagkv' does not run in the decode phase \(it runs in: prefill\): a token's score needs the lag_size",
+        ),
         (dict(layers=[9], phases="decode", method="tova"), "layer 9 does not exist"),
         (dict(layers=[], phases="decode", method="tova"), "select at least one layer"),
         (dict(layers=[0], phases="decode"), "choose a method, a capacity, or both"),

@@ -31,12 +31,13 @@ def methods() -> None:
     """List the eviction methods with their phases, parameters and defaults."""
     from polykv.methods import REGISTRY
 
+    width = max(map(len, REGISTRY)) + 1
     for name, cls in REGISTRY.items():
         phases = ", ".join(p.value for p in Phase if p in cls.phases)
         params = ", ".join(f"{k}={v}" for k, v in cls.defaults().items()) or "-"
         summary = (cls.__doc__ or "").strip().splitlines()[0]
-        typer.echo(f"{name:<13} phases: {phases:<16} params: {params}")
-        typer.echo(f"{'':<13} {summary}")
+        typer.echo(f"{name:<{width}} phases: {phases:<16} params: {params}")
+        typer.echo(f"{'':<{width}} {summary}")
 
 
 def generate(

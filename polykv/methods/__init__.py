@@ -12,7 +12,11 @@ from polykv.methods.attention.pyramidkv import PyramidKV
 from polykv.methods.attention.scissorhands import Scissorhands
 from polykv.methods.attention.snapkv import SnapKV
 from polykv.methods.attention.tova import TOVA
+from polykv.methods.attention_free.expected_attention import ExpectedAttention
+from polykv.methods.attention_free.keydiff import KeyDiff
 from polykv.methods.attention_free.knorm import Knorm
+from polykv.methods.attention_free.lagkv import LagKV
+from polykv.methods.attention_free.random import Random
 from polykv.methods.attention_free.streamingllm import StreamingLLM
 from polykv.methods.base import LayerView, Method, Needs
 from polykv.methods.eviction import Eviction
@@ -34,6 +38,10 @@ _METHODS: list[type[Method]] = [
     Scissorhands,
     CaM,
     Knorm,
+    KeyDiff,
+    LagKV,
+    ExpectedAttention,
+    Random,
 ]
 REGISTRY: dict[str, type[Method]] = {cls.name: cls for cls in _METHODS}
 

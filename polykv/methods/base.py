@@ -4,13 +4,14 @@ step sees it (`LayerView`), and the method (`Method`). What a step returns and h
 
 A method is a policy for one layer and one phase. The runtime owns the tensors; a method only says
 which attention signals it needs (`needs`) and, given them, which cache slots to keep (`step`).
-Shapes (b = batch, h = KV heads, g = query heads per KV head, q = new tokens, n = slots):
+Shapes (b = batch, h = KV heads, g = query heads per KV head, q = new tokens, n = slots, d = head size):
   keys / values   [b, h, n, d]   after RoPE, the new tokens appended last; older slots are in no
                                  particular order (the runtime reuses freed slots), so rules that
                                  care about recency read `positions`
   positions       [b, h, n]      the true sequence position of every slot
   rows            [b, h*g, w, n] softmax attention of the newest w queries (fp32, causal)
   column_sums     [b, h*g, n]    attention summed over every query of the step (fp32)
+  queries         [b, h*g, q, d] the step's queries before RoPE, with the layer's `rotary` embedding
 Methods keep per-slot state in `self.per_token` ({name: [b, h, n, ...] tensor}); the runtime gathers
 it with the cache, so scores and slots never drift apart. Merging methods (CaM, D2O) write merged
 contents into kept slots of `view.keys` / `view.values` in place before returning their eviction: the
@@ -39,7 +40,7 @@ runtime defers prefill eviction until every layer has seen the prompt, then call
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -61,12 +62,13 @@ class Needs:
 
     rows: int = 0  # attention rows of the newest `rows` queries
     column_sums: bool = False  # attention summed over all queries of the step
+    queries: bool = False  # the step's queries before RoPE, and the layer's rotary embedding (`LayerView.queries`)
 
     def __or__(self, other: Needs) -> Needs:
-        return Needs(max(self.rows, other.rows), self.column_sums or other.column_sums)
+        return Needs(max(self.rows, other.rows), self.column_sums or other.column_sums, self.queries or other.queries)
 
     def __bool__(self) -> bool:
-        return self.rows > 0 or self.column_sums
+        return self.rows > 0 or self.column_sums or self.queries
 
 
 NOTHING = Needs()
@@ -87,6 +89,10 @@ class LayerView:
     num_kv_groups: int
     rows: torch.Tensor | None = None
     column_sums: torch.Tensor | None = None
+    # [b, h*g, q, d] the step's queries before RoPE (as the model's projection and norm made them), and the layer's
+    # rotary embedding: positions [n] -> (cos, sin) [n, d] (what ExpectedAttention reads; `Needs.queries`)
+    queries: torch.Tensor | None = None
+    rotary: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
     newest: int | None = None  # the newest position (the runtime knows it; None: read it from `positions`)
     # keys and values as one [2, b, h, n, d] tensor when they are the two halves of one block (static-shape
     # decode): a merging method can then gather and write both with one operation each
@@ -149,6 +155,7 @@ class Method(FastPaths):
     # As a standalone baseline (its authors' protocol, `polykv.eval.method_protocols`): the phases it is active in
     standalone: ClassVar[frozenset[Phase] | None] = None  # None: every phase it can run in
     standalone_source: ClassVar[str] = ""  # where that rule comes from
+    phase_refusal: ClassVar[str] = ""  # why the rule does not extend to the phase it lacks (said when refused)
 
     def __init__(
         self,

@@ -63,8 +63,10 @@ def plan_problems(
                 continue
             if phase not in info.phases:
                 allowed = ", ".join(p.value for p in Phase if p in info.phases)
+                why = getattr(info, "phase_refusal", "")  # why its rule does not extend to that phase, if it says
                 found.append(
                     f"{where}, method: {a.method!r} does not support the {phase.value} phase (supported: {allowed})"
+                    + (f": {why}" if why else "")
                 )
                 continue
             if a.method == FULL:

@@ -67,7 +67,8 @@ def paint(
                 continue
             if phase not in REGISTRY[name].phases:
                 allowed = ", ".join(p.value for p in REGISTRY[name].phases)
-                raise PlanError(f"paint: {name!r} does not run in the {phase.value} phase (it runs in: {allowed})")
+                why = f": {REGISTRY[name].phase_refusal}" if REGISTRY[name].phase_refusal else ""
+                raise PlanError(f"paint: {name!r} does not run in the {phase.value} phase (it runs in: {allowed}){why}")
             cap = capacity or cell["capacity"] or round(average[phase] or DEFAULT_CAPACITY)
             params = cell["params"] if name == cell["method"] else params_that_fit(name, cap)
             new[i][phase.value] = {"method": name, "capacity": cap, "params": params}

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from polykv.errors import RoutedCacheError
 from polykv.methods.base import LayerView, Method, Needs
 from polykv.plan import Phase
 from polykv.runtime.attention import listening
@@ -34,6 +35,7 @@ from polykv.runtime.attention_math import (
     repeat_for_query_heads,
     rows_output,
 )
+from polykv.runtime.rotary import queries_before_rope, rotary_of
 
 
 class SlotHoldingLayer(Protocol):
@@ -222,7 +224,7 @@ def attend(
     if plain_decode and needs:
         give_row(view, needs, attention_probs(query, key, None, None, scaling), *query.shape[:2])
     else:
-        fill_signals(view, needs, query, key, query_pos, scaling, window, {"sums": sums} if fresh_sums else {})
+        fill_signals(view, needs, module, query, key, query_pos, scaling, window, {"sums": sums} if fresh_sums else {})
     layer.finish_step(view)
     return attn_output, None
 
@@ -239,7 +241,7 @@ def step_on_shared_prompt(layer: SlotHoldingLayer, module, query, key, value, sc
     view = layer_view(layer, module, key, value, q_len)
     view.shared = computed  # what one plan's methods make from the step, the others' may reuse (`LayerView.once`)
     query_pos = torch.arange(q_len, device=query.device)
-    fill_signals(view, layer.needs(), query, key, query_pos, scaling, window, computed)
+    fill_signals(view, layer.needs(), module, query, key, query_pos, scaling, window, computed)
     layer.finish_step(view)
 
 
@@ -253,9 +255,10 @@ def fresh_prompt(layer: SlotHoldingLayer, q_len: int, window: int | None) -> boo
     return layer.retained == q_len == layer.seen and (window is None or window >= q_len)
 
 
-def fill_signals(view: LayerView, needs, query, key, query_pos, scaling, window, computed: dict) -> None:
-    """Give `view` the rows of the newest queries and the column sums `needs` asks for. `computed` holds
-    signals already made for this step ({("rows", w): ..., "sums": ...}) and gets those made here, so
+def fill_signals(view: LayerView, needs, module, query, key, query_pos, scaling, window, computed: dict) -> None:
+    """Give `view` the rows of the newest queries, the column sums and the queries before RoPE `needs` asks for.
+    `computed` holds signals already made for this step ({("rows", w): ..., "sums": ..., "queries": ...}) and gets
+    those made here, so
     that layers seeing the same step (many plans on one prompt) compute each signal once (there it is also
     the views' `shared`: what methods make of the signals, `LayerView.once`). A whole prompt's step
     (`LayerView.fresh`) takes its column sums from the fused pass, as a layer alone does, and masks only the
@@ -274,6 +277,16 @@ def fill_signals(view: LayerView, needs, query, key, query_pos, scaling, window,
             else:
                 computed["sums"] = column_sums(query, key, query_pos, view.positions, scaling, window)
         view.column_sums = computed["sums"]
+    if needs.queries:
+        view.rotary = rotary_of(module, query)
+        if view.rotary is None:
+            raise RoutedCacheError(
+                "a method of this plan reads the queries before RoPE (ExpectedAttention), but PolyKV finds no rotary "
+                "embedding for this model's attention"
+            )
+        if computed.get("queries") is None:
+            computed["queries"] = queries_before_rope(query, query_pos, view.rotary)
+        view.queries = computed["queries"]
 
 
 def layer_view(layer: SlotHoldingLayer, module, key, value, q_len: int) -> LayerView:
@@ -336,7 +349,7 @@ def _prompt_rows_step(layer: SlotHoldingLayer, module, query, key, value, scalin
     view = layer_view(layer, module, key, value, q_len)
     query_pos = torch.arange(q_len, device=query.device)
     computed: dict = {}
-    fill_signals(view, needs, query, key, query_pos, scaling, layer.window, computed)
+    fill_signals(view, needs, module, query, key, query_pos, scaling, layer.window, computed)
     tail = rows_output(computed["rows", w], value)
     layer.finish_step(view)
     return torch.cat([head, tail], dim=1), None

@@ -27,6 +27,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from polykv.errors import RoutedCacheError
 from polykv.runtime.garbage import old_objects_frozen
+from polykv.runtime.rotary import rotaries_known
 
 ATTN_IMPLEMENTATION = "polykv"
 
@@ -68,7 +69,11 @@ def swapped_attention(model: torch.nn.Module) -> Iterator[None]:
             "routed() or many() is already open on this model in this thread, and a block inside it would run the "
             "outer block's caches, not its own plan: close one block before opening the next"
         )
-    with model_lock(model), old_objects_frozen():  # the model's objects: out of every full collection's walk
+    with (
+        model_lock(model),
+        old_objects_frozen(),
+        rotaries_known(model),
+    ):  # the model's objects: out of every full collection's walk
         configs = _configs(model)
         previous = model.config._attn_implementation
         for config in configs:  # recorded before the swap: another thread's forward may look them up at once
