@@ -79,6 +79,23 @@ def test_batched_answer_nll_equals_each_plan_alone_within_float_rounding(llama):
     assert len({round(a.nll, 6) for a in batched}) > 3  # the evicting plans really differ
 
 
+def test_answer_match_is_100_exactly_when_greedy_generation_writes_the_gold_tokens(llama):
+    """The gold answer is a plan's own greedy answer (100), or that answer with one token changed (0); batched, each
+    plan's match is the one it has alone."""
+    asked = question_for(llama, prompt_length=48)
+    layers = llama.config.num_hidden_layers
+    plans = [Plan.homogeneous("full", None, layers), baseline_plan("streamingllm", 6, layers)]
+    for plan in plans:
+        greedy = answers.answer_alone(llama, plan, asked, "generate").tokens[:6]
+        own = answers.Question(asked.prompt_ids, greedy, max_new_tokens=8)
+        changed = answers.Question(asked.prompt_ids, greedy[:3] + [(greedy[3] + 1) % 96 or 3] + greedy[4:], 8)
+        assert answers.answer_alone(llama, plan, own, "score").match == 100.0, plan.name
+        assert answers.answer_alone(llama, plan, changed, "score").match == 0.0, plan.name
+        for question in (own, changed):
+            batched = [a.match for a in answers.answer_many(llama, plans, question, "score")]
+            assert batched == [answers.answer_alone(llama, p, question, "score").match for p in plans]
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_a_plan_with_room_for_everything_is_fullkv(llama, method):
     question = question_for(llama, prompt_length=32)
@@ -134,6 +151,11 @@ def test_modes_report_their_metrics_and_runs_keep_every_answer(demo_model, tmp_p
         a, b = store.samples(alone), store.samples(together[0])
         if answer_settings.scores_answer(mode):
             assert [r.metrics["answer_nll"] for r in a] == pytest.approx([r.metrics["answer_nll"] for r in b], abs=1e-5)
+            assert [r.metrics["answer_match"] for r in a] == [r.metrics["answer_match"] for r in b]
+        if mode == "both":  # the gold tokens greedy under teacher forcing: generation writes them, and scores
+            for row in (*a, *store.samples(together[1])):
+                assert row.metrics["answer_match"] in (0.0, 100.0)
+                assert row.metrics["answer_match"] == 0.0 or row.metrics["score"] == 100.0, row.prediction
         if answer_settings.generates(mode):
             assert [r.prediction for r in a] == [r.prediction for r in b]
             assert all(r.metrics["agreement"] == 1.0 for r in store.samples(together[1]))  # FullKV agrees with itself

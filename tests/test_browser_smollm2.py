@@ -18,6 +18,7 @@ from playwright.sync_api import expect
 
 from polykv.eval.results.store import Store
 from polykv.eval.running.fit import FIRST_RUN_LENGTH, FIRST_RUN_TASKS
+from polykv.methods import REGISTRY
 from tests.browser import (
     ARTIFACTS,
     MODEL_WAIT,
@@ -90,7 +91,8 @@ def test_the_app_opens_on_smollm2_and_paints_in_one_1280x800_view(app, page):
     expect(page.get_by_test_id("stSidebar").get_by_text("smollm2", exact=True)).to_be_visible()
 
     controls = paint_controls(page)
-    assert len([k for k in controls if k.startswith("palette_")]) == 12  # (keep), full and the ten methods
+    # (keep), full and every method of the registry
+    assert len([k for k in controls if k.startswith("palette_")]) == 1 + len(REGISTRY)
     boxes = {name: locator.bounding_box() for name, locator in controls.items()}
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     (ARTIFACTS / "designer_boxes.json").write_text(json.dumps({"window": WINDOW, "boxes": boxes}, indent=1))

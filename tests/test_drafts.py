@@ -72,6 +72,10 @@ def test_the_session_remembers_its_model(tmp_path):
 def test_the_palette_greys_methods_that_cannot_run_in_the_phase_and_says_why():
     decode = dict(palette("decode"))
     assert decode["snapkv"] == "snapkv runs only in the prefill phase" and decode["d2o"] is None
+    assert decode["lagkv"] == (  # a method that says why its rule does not extend to the phase
+        "lagkv runs only in the prefill phase (a token's score needs the lag_size tokens after it, which a decode "
+        "step has not seen)"
+    )
     both = dict(palette("both"))
     assert both["d2o"] == "d2o runs only in the decode phase" and both["tova"] is None and both["full"] is None
     keys = shortcuts([name for name, _ in palette("both")])

@@ -32,6 +32,7 @@ from polykv.cli.common import (
     TasksOption,
     WorkspaceOption,
     _load_model,
+    _num_layers,
     _profile_for,
     _suite_settings,
     announce_cost,
@@ -204,3 +205,40 @@ def experiment_sweep(
 
     experiment = sweep_experiment(route, levels, names, loaded, overrides)  # bad input fails before the model loads
     _print_report(options.run(experiment))
+
+
+@experiment_options
+def experiment_leaderboard(
+    options: ExperimentOptions,
+    budgets: Annotated[str, typer.Option(help="Comma-separated budgets (tokens per layer), e.g. 64,128,256.")],
+    methods: Annotated[
+        str | None, typer.Option(help="Comma-separated methods (default: every method that runs in the scope).")
+    ] = None,
+    references: Annotated[str, typer.Option(help="Comma-separated methods every other is compared with.")] = (
+        "tova,random"
+    ),
+    scope: Scope = Scope.PREFILL,
+    markdown: Annotated[
+        Path | None, typer.Option("--markdown", help="Also write the leaderboard as a Markdown page here.")
+    ] = None,
+) -> None:
+    """Every method alone at each budget against reference methods, sample by sample, Holm over each family."""
+    from polykv.eval.experiments.leaderboard import board_methods
+
+    levels = _parse_budgets(budgets)
+    chosen = [m.strip() for m in methods.split(",")] if methods else board_methods(scope)
+    against = [r.strip() for r in references.split(",") if r.strip()]
+    from polykv.eval.experiments.run import leaderboard_experiment  # torch and transformers: after the cheap checks
+
+    try:
+        experiment = leaderboard_experiment(_num_layers(options.model), chosen, levels, against, scope)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--methods") from None
+    report = options.run(experiment)
+    _print_report(report)
+    if markdown is not None:
+        from polykv.eval.experiments.leaderboard_page import leaderboard_markdown
+        from polykv.files import atomic_write_text
+
+        atomic_write_text(markdown, leaderboard_markdown(report.data, options.workspace / "results.sqlite"))
+        typer.echo(f"wrote {markdown}")

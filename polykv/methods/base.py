@@ -15,11 +15,8 @@ Shapes (b = batch, h = KV heads, g = query heads per KV head, q = new tokens, n 
 Methods keep per-slot state in `self.per_token` ({name: [b, h, n, ...] tensor}); the runtime gathers
 it with the cache, so scores and slots never drift apart. Merging methods (CaM, D2O) write merged
 contents into kept slots of `view.keys` / `view.values` in place before returning their eviction: the
-step's attention output is already computed, and those tensors are the layer's cache. A merging method
-that sets `merges_together` (D2O, CaM) may instead leave a one-slot step's merge to the runtime, which then
-merges every layer of the same method, parameters and capacity (in many plans' batches any capacity, if it
-`merges_across_capacities`) at once after the step's last of them (`merge_together`, `polykv.runtime.merges`): the
-view's `defer_merge` says when it may, the eviction's `merge_deferred` that it did.
+step's attention output is already computed, and those tensors are the layer's cache (such a method may
+leave a one-slot merge to the runtime: `fast_paths`).
 
 Decode steps (see the runtime): an evicting layer holds its slots in storage of capacity + interval
 slots and writes each new token into a slot the last eviction freed, so a step reallocates nothing;

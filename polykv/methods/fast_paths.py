@@ -1,6 +1,11 @@
 """What only the runtime's speed paths ask of a method (`FastPaths`, which `Method` inherits): a one-slot decode drop
 for many plans' rows at once (`polykv.runtime.row_storage`) and one-slot merges for many layers at once
-(`polykv.runtime.merges`). A method that sets none of them runs each layer's step alone, with the same results."""
+(`polykv.runtime.merges`). A method that sets none of them runs each layer's step alone, with the same results.
+
+A merging method that sets `merges_together` (D2O, CaM) may leave a one-slot step's merge to the runtime, which then
+merges every layer of the same method, parameters and capacity (in many plans' batches any capacity, if it
+`merges_across_capacities`) at once after the step's last of them (`merge_together`): the view's `defer_merge` says
+when it may, the eviction's `merge_deferred` that it did."""
 
 from __future__ import annotations
 

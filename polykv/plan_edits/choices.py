@@ -51,7 +51,8 @@ def palette(choice: str) -> list[tuple[str, str | None]]:
     for name, cls in REGISTRY.items():
         missing = [p.value for p in phases if p not in cls.phases]
         runs = " and ".join(p.value for p in Phase if p in cls.phases)
-        entries.append((name, f"{name} runs only in the {runs} phase" if missing else None))
+        why = f" ({cls.phase_refusal})" if cls.phase_refusal else ""
+        entries.append((name, f"{name} runs only in the {runs} phase{why}" if missing else None))
     return entries
 
 

@@ -138,9 +138,10 @@ class ExperimentRunner:
             task: values[self.metric] for task, values in self.store.task_scores(run_id).items() if self._asked(task)
         }
 
-    def sample_scores(self, run_id: str) -> dict[str, dict[str, float]]:
-        """{task: {sample id: the metric}}: what the sample-level tests pair."""
-        return {task: v for task, v in sample_scores(self.store, run_id, self.metric).items() if self._asked(task)}
+    def sample_scores(self, run_id: str, metric: str | None = None) -> dict[str, dict[str, float]]:
+        """{task: {sample id: the metric}} (the runner's metric unless told): what the sample-level tests pair."""
+        scores = sample_scores(self.store, run_id, metric or self.metric)
+        return {task: v for task, v in scores.items() if self._asked(task)}
 
     def _asked(self, task: str) -> bool:
         """Is `task` one of the settings' tasks? (A replayed run may hold more: `Store.finished_run`.)"""

@@ -1,5 +1,5 @@
 """What an experiment returns: a `Report` (a title, a table, sentences) whose numbers are one typed model per
-experiment (`FactorialData`, `PlacementData`, `SweepData`), built by keyword and read as attributes.
+experiment (`FactorialData`, `PlacementData`, `SweepData`, `LeaderboardData`), built by keyword and read as attributes.
 
 The models are also the saved report's schema: `Report.to_dict` is strict JSON (a sweep's budgets become the
 keys "16", "32"; an undefined statistic is null) and `Report.from_dict` gives back the same models (budgets as
@@ -280,7 +280,52 @@ class SweepData(_Experiment):
         return self
 
 
-ExperimentData = Annotated[FactorialData | PlacementData | SweepData, Field(discriminator="experiment")]
+class BoardContrast(_Data):
+    """A method at a budget against a reference method at the same budget, in one metric, sample by sample; its
+    verdict after Holm's correction over its family (every method and budget against one reference in one metric)."""
+
+    reference: str
+    metric: str
+    sample: SampleLevel
+    p_holm: Statistic
+    family: Count  # the tests in its family
+    wins: Count
+    ties: Count
+    losses: Count
+    verdict: str  # "better", "worse" or "no significant difference", at family-wise 5%
+
+
+class BoardEntry(_Data):
+    """One method alone (the same method and capacity in every layer of the scope's phases) at one budget."""
+
+    method: str
+    budget: Count | None  # None: FullKV
+    run: str
+    plan: str
+    allocation: str = "fixed"  # "native": the method split the budget over the layers by its own rule
+    means: dict[str, Statistic]  # metric -> its macro-average over the tasks
+    versus: list[BoardContrast] = Field(default_factory=list)
+
+
+class LeaderboardData(_Experiment):
+    """Every method alone in one scope at several budgets, on one suite and question protocol, each against the
+    reference methods at the same budget (`polykv.eval.experiments.leaderboard`)."""
+
+    experiment: Literal["leaderboard"] = "leaderboard"
+    scope: str
+    question: str
+    budgets: list[Count]
+    methods: list[str]
+    references: list[str]
+    metrics: list[str]  # the primary metric (`metric`) first
+    samples: dict[str, Count]  # task -> samples FullKV scored
+    full: BoardEntry
+    entries: list[BoardEntry]
+
+
+ExperimentData = Annotated[
+    FactorialData | PlacementData | SweepData | LeaderboardData, Field(discriminator="experiment")
+]
 _EXPERIMENT_DATA: TypeAdapter = TypeAdapter(ExperimentData)
 
 
@@ -292,7 +337,7 @@ class Report:
     title: str
     rows: list[dict] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
-    data: FactorialData | PlacementData | SweepData | None = None
+    data: FactorialData | PlacementData | SweepData | LeaderboardData | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The report as strict JSON data (see the module's docstring)."""

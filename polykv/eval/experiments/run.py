@@ -1,9 +1,10 @@
 """One experiment from start to end, the one entry point that both the CLI (`polykv experiment factorial`,
-`placement`, `sweep`) and the experiment jobs (`polykv.jobs.experiment`) call: `run_experiment`.
+`placement`, `sweep`, `leaderboard`) and the experiment jobs (`polykv.jobs.experiment`) call: `run_experiment`.
 
 An `Experiment` is what runs: its name, the plans it runs (built before anything loads, so that a bad argument
 fails first; its cost and its progress count them) and the call that runs it on an `ExperimentRunner`; one
-builder per experiment (`factorial_experiment`, `placement_experiment`, `sweep_experiment`). `ExperimentSetup`
+builder per experiment (`factorial_experiment`, `placement_experiment`, `sweep_experiment`, `leaderboard_experiment`:
+the CLI's only). `ExperimentSetup`
 is where it runs: the model, the suite and its settings, the seed, the metric that scores a run, the device and
 the backend. `run_experiment` checks what can be checked before the model loads (the backend, the metric),
 loads the model, refuses a suite whose first samples cannot run on it (`polykv.eval.running.fit`), hands the
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from polykv.eval.experiments.experiment_runner import ExperimentRunner, check_metric
 from polykv.eval.experiments.factorial import factorial, factorial_plans
+from polykv.eval.experiments.leaderboard import REFERENCES, leaderboard, leaderboard_plans
 from polykv.eval.experiments.placement import placement, placement_plans
 from polykv.eval.experiments.report import Report
 from polykv.eval.experiments.sweep import sweep, sweep_plans
@@ -76,6 +78,21 @@ def sweep_experiment(
     """A fixed route across `budgets` against the baselines (`polykv.eval.experiments.sweep`)."""
     plans = tuple(sweep_plans(route, budgets, baselines, profile, overrides).values())
     return Experiment("sweep", plans, lambda runner: sweep(runner, route, budgets, baselines, profile, overrides))
+
+
+def leaderboard_experiment(
+    num_layers: int,
+    methods: Sequence[str],
+    budgets: Sequence[int],
+    references: Sequence[str] = REFERENCES,
+    scope: Scope | str = Scope.PREFILL,
+) -> Experiment:
+    """Every method in `methods` alone at `budgets`, against `references` (`polykv.eval.experiments.leaderboard`)."""
+    plans = tuple(leaderboard_plans(num_layers, methods, budgets, scope).values())
+    missing = [r for r in references if r not in methods]
+    if missing:
+        raise ValueError(f"the references {', '.join(missing)} must be among the methods")
+    return Experiment("leaderboard", plans, lambda runner: leaderboard(runner, methods, budgets, references, scope))
 
 
 @dataclass(frozen=True)
@@ -148,6 +165,7 @@ __all__ = [
     "Experiment",
     "ExperimentSetup",
     "factorial_experiment",
+    "leaderboard_experiment",
     "placement_experiment",
     "run_experiment",
     "sweep_experiment",

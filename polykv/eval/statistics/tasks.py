@@ -15,6 +15,7 @@ the same inputs and seed give the same result.
   spearman              tie-aware Spearman correlation (NaN when a side is constant)
   spearman_permutation  Spearman with a Monte Carlo permutation p-value (two-sided or one-sided)
   rank_among            rank of one score among K control scores and its one-sided Monte Carlo p-value
+  holm                  Holm's step-down adjustment of a family's p-values (family-wise error)
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import numpy as np
 __all__ = [
     "BootstrapResult",
     "bootstrap_means",
+    "holm",
     "leave_one_task_out",
     "paired_bootstrap",
     "rank_among",
@@ -309,3 +311,19 @@ def rank_among(value: float, others: Sequence[float], higher_is_better: bool = T
     at_least_as_good = int(np.sum(arr >= v)) if higher_is_better else int(np.sum(arr <= v))
     rank = 1 + at_least_as_good
     return rank, rank / (len(arr) + 1)
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the given order: the i-th smallest of m (i from 0) times m - i, never
+    below an adjusted p of a smaller one, at most 1. A test rejects at family-wise level alpha when its adjusted
+    p < alpha. Raises ValueError for a p outside [0, 1]."""
+    values = [float(p) for p in p_values]
+    if any(not 0.0 <= p <= 1.0 for p in values):
+        raise ValueError(f"p-values must lie in [0, 1], got {values}")
+    m = len(values)
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(sorted(range(m), key=values.__getitem__)):
+        running = max(running, min(1.0, (m - rank) * values[i]))
+        adjusted[i] = running
+    return adjusted

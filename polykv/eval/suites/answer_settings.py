@@ -11,8 +11,8 @@ QUESTION_PROTOCOLS = ("in-prompt", "after-compression")
 IN_PROMPT, AFTER_COMPRESSION = QUESTION_PROTOCOLS
 MODE_METRICS = {
     "generate": ("score", "agreement"),
-    "score": ("answer_nll",),
-    "both": ("score", "agreement", "answer_nll"),
+    "score": ("answer_nll", "answer_match"),
+    "both": ("score", "agreement", "answer_nll", "answer_match"),
 }
 
 

@@ -5,11 +5,14 @@ A question suite's `mode` setting chooses what a sample costs and reports (the s
   generate  greedy generation under the plan (the official protocol), scored by the suite's string metric
             (`score`, 0-100), and `agreement`: 1 when the plan's answer is FullKV's greedy answer on the same
             prompt (after the suite's post-processing), else 0;
-  score     `answer_nll` alone, no generation: the mean negative log-likelihood (nats per token) of the gold
+  score     no generation: `answer_nll`, the mean negative log-likelihood (nats per token) of the gold
             answer's tokens, teacher-forced after the prompt with the plan's prefill compression applied and
             its decode-phase eviction active while the answer tokens are fed (one decode step per token, as a
-            generation of that answer would run). Lower is better; dense: it moves before an exact string
-            match flips;
+            generation of that answer would run); lower is better; dense: it moves before an exact string
+            match flips. And `answer_match`, from the same pass: 100 when every gold token is the argmax of
+            its position, else 0 (the scale of `score`), which is exactly when greedy generation under the plan
+            writes the gold answer's tokens first (so the suite's string match would count it: a lower bound of
+            `score` per sample, at no generation's cost);
   both      all three (the teacher-forced and the generating copies of each plan step as one batch).
 
 A question suite's `question` setting chooses what the plan compresses (`QUESTION_PROTOCOLS`):
@@ -95,6 +98,7 @@ class Answer:
 
     tokens: list[int] | None = None
     nll: float | None = None
+    match: float | None = None  # 100 when every gold token was the argmax at its position, else 0 (when scoring)
 
 
 @dataclass(frozen=True)
@@ -150,8 +154,8 @@ def answer_alone(model, plan: Plan, question: Question, mode: str, pad_token_id:
 
     with torch.no_grad(), routed(model, plan):
         tokens = _generate(model, question, pad_token_id, split=True) if generates(mode) else None
-        nll = teacher_forced_nll(model, question) if scores_answer(mode) else None
-    return Answer(tokens, nll)
+        nll, match = teacher_forced(model, question) if scores_answer(mode) else (None, None)
+    return Answer(tokens, nll, match)
 
 
 def _context_pass(model, question: Question):
@@ -179,19 +183,21 @@ def _prompt_pass(model, question: Question):
     return logits[0], cache
 
 
-def teacher_forced_nll(model, question: Question) -> float:
-    """The gold answer's mean NLL with the model as it is set up (under `routed`, the plan's cache): the prompt's
-    pass (`_prompt_pass`), then the answer token by token through the cache."""
+def teacher_forced(model, question: Question) -> tuple[float, float]:
+    """The gold answer's mean NLL and its greedy match (100 when every gold token is its position's argmax, else 0) with
+    the model as it is set up (under `routed`, the plan's cache): the prompt's pass (`_prompt_pass`), then the
+    answer token by token through the cache."""
     from polykv.models import cache_argument_name
 
     logits, cache = _prompt_pass(model, question)
     answer = question.answer_ids
-    total = _nll(logits, answer[0])
+    total, match = _nll(logits, answer[0]), int(logits.argmax()) == answer[0]
     for fed, target in zip(answer[:-1], answer[1:]):
         step = torch.tensor([[fed]], device=model.device)
         out = model(step, use_cache=True, **{cache_argument_name(model): cache})
         total += _nll(out.logits[0, -1], target)
-    return total / len(answer)
+        match = match and int(out.logits[0, -1].argmax()) == target
+    return total / len(answer), 100.0 * match
 
 
 def _generate(model, question: Question, pad_token_id: int | None, split: bool = False) -> list[int]:
@@ -225,11 +231,14 @@ def answer_many(model, plans: Sequence[Plan], question: Question, mode: str, wit
     forced = count if scores_answer(mode) else 0
     answer = question.answer_ids
     nll = [[0.0] * len(answer) for _ in range(forced)]
+    matched = [True] * forced  # every gold token so far was the row's argmax
 
     def take(step: int, logits) -> None:  # logits after feeding answer[step] predict answer[step + 1]
         logp = torch.log_softmax(logits.double(), dim=-1)[:, answer[step + 1]]
         for row, value in enumerate(logp.tolist()):
             nll[row][step + 1] = -value
+        for row, best in enumerate(logits.argmax(dim=-1).tolist()):
+            matched[row] = matched[row] and best == answer[step + 1]
 
     rows = (list(plans) if forced else []) + (list(plans) if generates(mode) else [])
     cut = question.question_start
@@ -241,10 +250,13 @@ def answer_many(model, plans: Sequence[Plan], question: Question, mode: str, wit
         stepping.reserve(max(len(answer) - 1, max_new))
         if first.dim() == 1:  # the prompt's pass: FullKV's, the same for every row
             first_nll = [_nll(first, answer[0])] * forced
+            first_best = [int(first.argmax())] * forced
         else:
             first_nll = (-torch.log_softmax(first[:forced].double(), dim=-1)[:, answer[0]]).tolist()
+            first_best = first[:forced].argmax(dim=-1).tolist()
         for row, value in zip(nll, first_nll):
             row[0] = value
+        matched[:] = [best == answer[0] for best in first_best]
         tokens = many_plans.force_and_generate(
             stepping,
             first,
@@ -256,7 +268,11 @@ def answer_many(model, plans: Sequence[Plan], question: Question, mode: str, wit
             min_new_tokens=question.min_new_tokens,
         )
     return [
-        Answer(tokens[i] if generates(mode) else None, math.fsum(nll[i]) / len(answer) if forced else None)
+        Answer(
+            tokens[i] if generates(mode) else None,
+            math.fsum(nll[i]) / len(answer) if forced else None,
+            100.0 * matched[i] if forced else None,
+        )
         for i in range(count)
     ]
 
@@ -349,7 +365,7 @@ def _scored(answer: Answer, reference: list[int] | None, judge) -> Scored:
     if answer.tokens is not None:
         metrics, prediction = judge(answer.tokens, reference)
     if answer.nll is not None:
-        metrics = {**metrics, "answer_nll": answer.nll}
+        metrics = {**metrics, "answer_nll": answer.nll, "answer_match": answer.match}
     return Scored(metrics, prediction)
 
 
@@ -378,5 +394,5 @@ __all__ = [
     "score_alone",
     "score_many",
     "scores_answer",
-    "teacher_forced_nll",
+    "teacher_forced",
 ]

@@ -1,0 +1,186 @@
+"""The methods leaderboard: every method alone in one scope (the same method and capacity in every layer of the
+scope's phases) at several budgets, on one suite and question protocol, each against reference methods at the same
+budget (TOVA and the random control by default), sample by sample.
+
+Per method and budget: the macro-average over tasks of each metric (answer_nll first: the gold answer's mean NLL
+per token; then RULER's string-match `score` when the runs generated). Per contrast: the sign-flip test over the
+paired samples (exact up to 20 differing samples, else `PERMUTATIONS` random flips, enough that a p near 0.05 is
+not a coin toss of the draw), its 95% interval and the smallest difference it detects at 80% power, per-sample
+wins, ties and losses, and Holm's correction over the contrast's family: every method at every budget against one
+reference in one metric. A method with its own layer-budget rule (PyramidKV, CAKE) splits each budget by it
+(native allocation), since that rule is part of the method; the others hold the budget in every layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from polykv.eval.comparing.compare import macro_average, metrics_of
+from polykv.eval.experiments.experiment_runner import ExperimentRunner
+from polykv.eval.experiments.report import BoardContrast, BoardEntry, LeaderboardData, Report, SampleLevel
+from polykv.eval.statistics.contrast import direction, sample_wins, verdict
+from polykv.eval.statistics.samples import paired_differences, sample_test, sign_flip_p
+from polykv.eval.statistics.tasks import holm
+from polykv.methods import REGISTRY, for_phase, params_that_fit
+from polykv.plan import FULL, Plan, Scope
+
+# what a leaderboard reports when its runs have it, the primary first: the gold answer's NLL, its teacher-forced greedy
+# match (a lower bound of the string match, at no generation's cost) and the generated string match
+METRICS = ("answer_nll", "answer_match", "score")
+REFERENCES = ("tova", "random")
+PERMUTATIONS = 200_000
+ALPHA = 0.05
+
+
+def board_methods(scope: Scope | str) -> list[str]:
+    """Every method that runs in all of the scope's phases, in registry order."""
+    phases = Scope(scope).phases
+    return [m for m in REGISTRY if m != FULL and all(m in for_phase(p) for p in phases)]
+
+
+def _key(method: str, budget: int) -> str:
+    return f"{method}@{budget}"
+
+
+def leaderboard_plans(
+    num_layers: int, methods: Sequence[str], budgets: Sequence[int], scope: Scope | str = Scope.PREFILL
+) -> dict[str, Plan]:
+    """{"full": FullKV, "<method>@<budget>": the method alone at that budget}: what a leaderboard runs."""
+    scope = Scope(scope)
+    usable = board_methods(scope)
+    unknown = [m for m in methods if m not in usable]
+    if unknown:
+        raise ValueError(
+            f"{', '.join(unknown)}: not a method that runs in every phase of the {scope.value} scope "
+            f"(those are: {', '.join(usable)})"
+        )
+    if not budgets or any(b < 1 for b in budgets):
+        raise ValueError(f"budgets must be positive whole numbers, got {list(budgets)}")
+    plans = {FULL: Plan.homogeneous(FULL, None, num_layers)}
+    for method in methods:
+        native = REGISTRY[method].native_allocation  # its own layer-budget rule is part of the method
+        for budget in budgets:
+            plans[_key(method, budget)] = Plan.homogeneous(
+                method,
+                budget,
+                num_layers,
+                scope.value,
+                params=params_that_fit(method, budget),
+                allocation="native" if native else "fixed",
+            )
+    return plans
+
+
+def leaderboard(
+    runner: ExperimentRunner,
+    methods: Sequence[str],
+    budgets: Sequence[int],
+    references: Sequence[str] = REFERENCES,
+    scope: Scope | str = Scope.PREFILL,
+) -> Report:
+    """Run (or find) every plan of `leaderboard_plans` together and compare each method with each reference."""
+    scope = Scope(scope)
+    missing = [r for r in references if r not in methods]
+    if missing:
+        raise ValueError(f"the references {', '.join(missing)} must be among the methods")
+    plans = leaderboard_plans(runner.model.config.num_hidden_layers, methods, budgets, scope)
+    runs = dict(zip(plans, runner.run_all(list(plans.values()))))
+    metrics = [m for m in METRICS if m in metrics_of(runner.store, list(runs.values()))]
+    if not metrics:
+        raise ValueError(f"the runs report none of {', '.join(METRICS)}: score the suite in score or both mode")
+    scores = {key: {m: runner.sample_scores(run, m) for m in metrics} for key, run in runs.items()}
+
+    def entry(key: str, method: str, budget: int | None) -> BoardEntry:
+        means = {
+            m: macro_average({t: sum(v.values()) / len(v) for t, v in scores[key][m].items() if v}) for m in metrics
+        }
+        return BoardEntry(
+            method=method,
+            budget=budget,
+            run=runs[key],
+            plan=plans[key].name,
+            allocation=plans[key].allocation,
+            means=means,
+        )
+
+    entries = {(m, b): entry(_key(m, b), m, b) for m in methods for b in budgets}
+    for reference in references:
+        for metric in metrics:
+            family = [(m, b) for m in methods for b in budgets if m != reference]
+            tests = [
+                _test(scores[_key(m, b)][metric], scores[_key(reference, b)][metric], runner.seed) for m, b in family
+            ]
+            for (m, b), (test, p), p_holm in zip(family, tests, holm([p for _, p in tests])):
+                wins, ties, losses = sample_wins(scores[_key(m, b)][metric], scores[_key(reference, b)][metric], metric)
+                entries[m, b].versus.append(
+                    BoardContrast(
+                        reference=reference,
+                        metric=metric,
+                        sample=SampleLevel.of(test).model_copy(update={"p": p}),
+                        p_holm=p_holm,
+                        family=len(family),
+                        wins=wins,
+                        ties=ties,
+                        losses=losses,
+                        verdict=verdict(test.difference, metric, p_holm < ALPHA),
+                    )
+                )
+    first = scores[FULL][metrics[0]]
+    data = LeaderboardData(
+        metric=metrics[0],
+        direction=direction(metrics[0]),
+        scope=scope.value,
+        question=getattr(runner.settings, "question", "in-prompt"),
+        budgets=list(budgets),
+        methods=list(methods),
+        references=list(references),
+        metrics=metrics,
+        samples={task: len(values) for task, values in first.items()},
+        full=entry(FULL, FULL, None),
+        entries=list(entries.values()),
+    )
+    return Report(_title(data), _rows(data), _lines(data), data)
+
+
+def _test(a, b, seed: int):
+    """The sample-level test of a - b, its p from `PERMUTATIONS` flips when not exact."""
+    test = sample_test(a, b, seed=seed)
+    p = test.p_value if test.exact else sign_flip_p(paired_differences(a, b), PERMUTATIONS, seed)
+    return test, p
+
+
+def _title(data: LeaderboardData) -> str:
+    return (
+        f"Methods leaderboard: {len(data.methods)} methods alone in the {data.scope} scope at budgets "
+        f"{', '.join(map(str, data.budgets))}, question {data.question}"
+    )
+
+
+def _rows(data: LeaderboardData) -> list[dict]:
+    rows = [{"method": FULL, "budget": None, **data.full.means}]
+    for e in sorted(data.entries, key=lambda e: (e.budget, e.means[data.metric] * -data.direction)):
+        row = {"method": e.method, "budget": e.budget, **e.means}
+        for c in e.versus:
+            if c.metric == data.metric:
+                row[f"vs {c.reference}"] = c.sample.difference
+                row[f"p Holm vs {c.reference}"] = c.p_holm
+        rows.append(row)
+    return rows
+
+
+def _lines(data: LeaderboardData) -> list[str]:
+    out = [f"samples per task: {', '.join(f'{t} {n}' for t, n in data.samples.items())}"]
+    for reference in data.references:
+        for metric in data.metrics:
+            counts = {"better": 0, "worse": 0}
+            family = 0
+            for e in data.entries:
+                for c in e.versus:
+                    if c.reference == reference and c.metric == metric:
+                        family = c.family
+                        counts[c.verdict] = counts.get(c.verdict, 0) + 1
+            out.append(
+                f"against {reference} ({metric}, Holm over {family}): better {counts['better']}, "
+                f"worse {counts['worse']}, no significant difference {family - counts['better'] - counts['worse']}"
+            )
+    return out

@@ -1,0 +1,79 @@
+"""A leaderboard (`LeaderboardData`) as a Markdown page: per metric, the methods by budget with their contrasts
+against each reference, then every contrast's test in full (the page names the database that holds its runs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from polykv.eval.experiments.report import BoardContrast, BoardEntry, LeaderboardData
+from polykv.eval.statistics.render import format_p
+
+SHORT = {"better": "better", "worse": "worse", "no significant difference": "n.s."}
+
+
+def _num(value: float | None, spec: str = ".3f") -> str:
+    return "n/e" if value is None else format(value, spec)
+
+
+def _versus(entry: BoardEntry, reference: str, metric: str) -> BoardContrast | None:
+    return next((c for c in entry.versus if c.reference == reference and c.metric == metric), None)
+
+
+def _cell(contrast: BoardContrast | None) -> str:
+    if contrast is None:
+        return "(reference)"
+    test = contrast.sample
+    return f"{test.difference:+.3f} ({SHORT[contrast.verdict]}, p_H {format_p(contrast.p_holm)}, MDE {_num(test.mde)})"
+
+
+def leaderboard_markdown(data: LeaderboardData, database: Path | str) -> str:
+    entries = {(e.method, e.budget): e for e in data.entries}
+    lines = [
+        f"## {len(data.methods)} methods alone, {data.scope} scope, question {data.question}",
+        "",
+        f"Budgets (tokens per layer) {', '.join(map(str, data.budgets))}; samples per task: "
+        + ", ".join(f"{task} {n}" for task, n in data.samples.items())
+        + f" ({sum(data.samples.values())} in all); database `{database}`. "
+        + "Each contrast is the method minus the reference at the same budget over the paired samples (sign-flip "
+        + "test; p_H: Holm-adjusted over its family, every method and budget against one reference in one metric; "
+        + "verdicts at family-wise 5%).",
+        "",
+    ]
+    natives = sorted({e.method for e in data.entries if e.allocation == "native"})
+    if natives:
+        lines += [f"{', '.join(natives)} split each budget over the layers by their own rule (native allocation).", ""]
+    for metric in data.metrics:
+        better = "lower" if metric == "answer_nll" else "higher"
+        full = data.full.means.get(metric)
+        lines += [f"### {metric} ({better} is better; FullKV {_num(full)})", ""]
+        header = ["method", *[f"{b}" for b in data.budgets]]
+        for reference in data.references:
+            header += [f"vs {reference} @{b}" for b in data.budgets]
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        middle = data.budgets[len(data.budgets) // 2]
+        sign = 1 if better == "lower" else -1
+        order = sorted(data.methods, key=lambda m: sign * (entries[m, middle].means.get(metric) or 0.0))
+        for method in order:
+            row = [f"`{method}`", *[_num(entries[method, b].means.get(metric)) for b in data.budgets]]
+            for reference in data.references:
+                row += [_cell(_versus(entries[method, b], reference, metric)) for b in data.budgets]
+            lines.append("| " + " | ".join(row) + " |")
+        lines.append("")
+    lines += [
+        "### Every contrast",
+        "",
+        "| method | budget | reference | metric | difference | 95% interval | p | p_H | family | MDE | samples "
+        "(differ) | W/T/L | verdict | run |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for e in data.entries:
+        for c in e.versus:
+            s = c.sample
+            lines.append(
+                f"| `{e.method}` | {e.budget} | {c.reference} | {c.metric} | {s.difference:+.4f} | "
+                f"[{_num(s.low, '+.4f')}, {_num(s.high, '+.4f')}] | {format_p(s.p)} | {format_p(c.p_holm)} | "
+                f"{c.family} | {_num(s.mde, '.4f')} | {s.samples} ({s.differing}) | {c.wins}/{c.ties}/{c.losses} | "
+                f"{c.verdict} | `{e.run}` |"
+            )
+    lines += ["", f"FullKV: run `{data.full.run}`.", ""]
+    return "\n".join(lines)
