@@ -13,12 +13,14 @@ the script says by how much the scores of the swapped positions differ in kvpres
 
 On gemma3 only the global layers are compared: kvpress compresses a Gemma3ForCausalLM's sliding layers too, over
 the window its sliding cache holds, while PolyKV's local layers hold their window and evict within it.
-Writes `benchmarks/results/kvpress-positions-<model>.json` (every layer and head of every method).
+Writes `benchmarks/results/kvpress-positions-<model>.json`: per method the count of identical layer-heads, and per
+layer and head a digest of each side's kept positions (both lists in full where they differ).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import subprocess
 import sys
@@ -37,6 +39,10 @@ PRESSES = {
     "streamingllm": ("StreamingLLMPress", {"n_sink": 4}),
     "tova": ("TOVAPress", {}),
 }
+
+
+def digest(positions: list[int]) -> str:
+    return hashlib.sha256(json.dumps(positions).encode()).hexdigest()[:16]
 
 
 def prompt_ids(tokenizer, length: int) -> list[int]:
@@ -124,23 +130,28 @@ def main() -> None:
     if proc.returncode:
         sys.exit(f"kvpress side failed: {proc.stderr.strip().splitlines()[-1:]}")
     theirs = json.loads(proc.stdout.strip().splitlines()[-1])
-    summary = {}
+    summary, record = {}, {}
     for method in methods:
         if "error" in theirs[method]:
             summary[method] = theirs[method]["error"]
             print(f"{method:<20} kvpress could not run it: {theirs[method]['error']}")
             continue
         same = total = 0
+        record[method] = {}
         for layer in map(str, layers):
-            for mine, kvp in zip(ours[method][layer], theirs[method][layer] or []):
+            for head, (mine, kvp) in enumerate(zip(ours[method][layer], theirs[method][layer] or [])):
                 total += 1
                 same += mine == kvp
+                # each side's kept positions as a digest; both lists in full where they differ
+                entry = {"polykv": digest(mine), "kvpress": digest(kvp)}
+                if mine != kvp:
+                    entry |= {"polykv_kept": mine, "kvpress_kept": kvp}
+                record[method][f"{layer}.{head}"] = entry
         summary[method] = {"identical": same, "compared": total}
         print(f"{method:<20} {same}/{total} layer-heads keep identical positions")
     out = HERE / "results" / f"kvpress-positions-{args.model}.json"
-    record = {"model": args.model, "tokens": len(ids), "capacity": args.capacity, "layers": layers}
-    record |= {"summary": summary, "polykv": ours, "kvpress": theirs}
-    out.write_text(json.dumps(record) + "\n", encoding="utf-8")
+    header = {"model": args.model, "tokens": len(ids), "capacity": args.capacity, "layers": layers}
+    out.write_text(json.dumps(header | {"summary": summary, "layer_heads": record}, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {out.relative_to(HERE.parent)}")
 
 

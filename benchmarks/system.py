@@ -87,6 +87,7 @@ KVPRESS_VERSION = "0.5.5"
 KVPRESS_TRANSFORMERS = ">=4.56,<5.3"
 TRANSFORMERS_STACK = [
     f"transformers{KVPRESS_TRANSFORMERS}",
+    "kernels>=0.10.2,<0.11",  # what those transformers import when it is there (this venv's may be newer)
     "huggingface_hub>=1.3,<2",
     "tokenizers>=0.22,<=0.23.0",
     "httpx<1",

@@ -3,6 +3,9 @@ sample by sample, Holm's correction over each family, its page, and its refusals
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
@@ -12,7 +15,9 @@ from polykv.eval.experiments.leaderboard import board_methods, leaderboard, lead
 from polykv.eval.experiments.leaderboard_page import leaderboard_markdown
 from polykv.eval.experiments.report import Report
 from polykv.eval.results.store import Store
+from polykv.eval.statistics.contrast import NO_DIFFERENCE
 from polykv.eval.statistics.tasks import holm
+from polykv.eval.suites.ruler import RulerSettings
 from polykv.plan import FULL
 from tests.helpers import assert_one_line_error
 
@@ -38,39 +43,48 @@ def test_the_plans_are_each_method_alone_at_each_budget_native_rules_kept():
         leaderboard_plans(4, ["d2o"], [16])
 
 
+@dataclass
 class ScriptedRunner(ExperimentRunner):
-    """Runs nothing: each plan's run holds the answer_nll its script gives every sample."""
+    """Runs nothing: each plan's run holds the answer_nll its script gives every sample under the settings' question
+    protocol."""
 
-    def __init__(self, store: Store, script):
-        super().__init__(store, "demo", SimpleNamespace(config=SimpleNamespace(num_hidden_layers=4)), None, "ruler")
-        self.script = script
+    script: Callable = None
 
     def run_all(self, plans):
         ids = []
         for plan in plans:
-            run = plan.name.replace("-", "")[:16].ljust(16, "0")
+            run = hashlib.sha256(f"{plan.name}/{self.settings.question}".encode()).hexdigest()[:16]
             self.store.create_run(
                 run, model="demo", plan_name=plan.name, plan_hash=run, plan_json="{}", suite="ruler",
-                settings={}, seed=0, total_samples=len(TASKS) * SAMPLES, versions={},
+                settings=self.settings.to_dict(), seed=0, total_samples=len(TASKS) * SAMPLES, versions={},
             )  # fmt: skip
             for task in TASKS:
                 for i in range(SAMPLES):
-                    self.store.add_sample(run, task, str(i), {"answer_nll": self.script(plan, task, i)}, 0.1)
+                    value = self.script(plan, task, i, self.settings.question)
+                    self.store.add_sample(run, task, str(i), {"answer_nll": value}, 0.1)
             self.store.set_task_scores(run, {t: {"answer_nll": 0.0} for t in TASKS}, {t: SAMPLES for t in TASKS})
             self.store.set_status(run, "finished")
             ids.append(run)
         return ids
 
 
-def script(plan, task: str, i: int) -> float:
-    """FullKV 1.0; TOVA 2.0; Knorm 1.0 lower than TOVA on every sample; Random TOVA's, +-0.1 in turn."""
+def scripted(store: Store, script: Callable) -> ScriptedRunner:
+    model = SimpleNamespace(config=SimpleNamespace(num_hidden_layers=4))
+    settings = RulerSettings(tasks=TASKS, length=1024, mode="score", question="after-compression")
+    return ScriptedRunner(store, "demo", model, None, "ruler", settings, script=script)
+
+
+def script(plan, task: str, i: int, question: str) -> float:
+    """FullKV 1.0; TOVA 2.0; Knorm 1.0 lower than TOVA on every sample; Random TOVA's, +-0.1 in turn. With the
+    question in the prompt TOVA gains 0.5 on every sample; the others do not change."""
     method = plan.layers[0].prefill.method
-    return {"full": 1.0, "tova": 2.0, "knorm": 1.0, "random": 2.0 + (0.1 if i % 2 else -0.1)}[method]
+    gain = 0.5 if method == "tova" and question == "in-prompt" else 0.0
+    return {"full": 1.0, "tova": 2.0, "knorm": 1.0, "random": 2.0 + (0.1 if i % 2 else -0.1)}[method] - gain
 
 
 def test_each_method_is_compared_with_each_reference_and_holm_corrects_each_family(tmp_path):
     store = Store(tmp_path / "results.sqlite")
-    report = leaderboard(ScriptedRunner(store, script), ["tova", "knorm", "random"], [16, 32])
+    report = leaderboard(scripted(store, script), ["tova", "knorm", "random"], [16, 32], question_budget=32)
     data = report.data
     assert data.metrics == ["answer_nll"] and data.samples == {t: SAMPLES for t in TASKS}
     assert data.full.means["answer_nll"] == 1.0
@@ -88,11 +102,17 @@ def test_each_method_is_compared_with_each_reference_and_holm_corrects_each_fami
     tova = next(e for e in data.entries if (e.method, e.budget) == ("tova", 32))
     (tova_vs_random,) = tova.versus
     assert tova_vs_random.reference == "random" and tova_vs_random.verdict == "no significant difference"
+    # each plan at 32 against itself with the question in the prompt: only TOVA needs it
+    dependence = {c.method: c for c in data.question_dependence}
+    assert set(dependence) == {"full", "tova", "knorm", "random"} and dependence["tova"].family == 4
+    assert dependence["tova"].sample.difference == pytest.approx(0.5) and dependence["tova"].verdict == "worse"
+    assert dependence["tova"].other_question == "in-prompt" and dependence["knorm"].verdict == NO_DIFFERENCE
     # the report reads back typed, and its page holds every contrast with its test, samples and MDE
     assert Report.from_dict(report.to_dict()).data == data
     page = leaderboard_markdown(data, "results.sqlite")
     assert "| `knorm` | 16 | tova | answer_nll | -1.0000 |" in page and "24/0/0" in page
     assert "| -1.000 (better, p_H " in page and ", MDE " in page
+    assert "### The question after-compression against in-prompt" in page and "| `tova` | 32 | 2.000 | 1.500 |" in page
 
 
 def test_the_command_refuses_a_method_the_scope_cannot_run_and_a_reference_not_among_the_methods(polykv):

@@ -218,9 +218,14 @@ def experiment_leaderboard(
         "tova,random"
     ),
     scope: Scope = Scope.PREFILL,
+    question_budget: Annotated[
+        int | None,
+        typer.Option(help="Also run the plans at this budget with the other question protocol, and compare."),
+    ] = None,
     markdown: Annotated[
         Path | None, typer.Option("--markdown", help="Also write the leaderboard as a Markdown page here.")
     ] = None,
+    save: Annotated[Path | None, typer.Option("--save", help="Also write the report's numbers as JSON here.")] = None,
 ) -> None:
     """Every method alone at each budget against reference methods, sample by sample, Holm over each family."""
     from polykv.eval.experiments.leaderboard import board_methods
@@ -231,7 +236,7 @@ def experiment_leaderboard(
     from polykv.eval.experiments.run import leaderboard_experiment  # torch and transformers: after the cheap checks
 
     try:
-        experiment = leaderboard_experiment(_num_layers(options.model), chosen, levels, against, scope)
+        experiment = leaderboard_experiment(_num_layers(options.model), chosen, levels, against, scope, question_budget)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--methods") from None
     report = options.run(experiment)
@@ -242,3 +247,8 @@ def experiment_leaderboard(
 
         atomic_write_text(markdown, leaderboard_markdown(report.data, options.workspace / "results.sqlite"))
         typer.echo(f"wrote {markdown}")
+    if save is not None:
+        from polykv.files import atomic_write_json
+
+        atomic_write_json(save, report.to_dict())
+        typer.echo(f"wrote {save}")

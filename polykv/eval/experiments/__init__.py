@@ -14,6 +14,9 @@ finished runs are reused) and reports from their scores; none scores anything by
              profile), every standalone baseline under its own protocol (`polykv.eval.method_protocols`),
              FullKV once, the per-budget best-baseline envelope, route - envelope with a paired CI, and
              whether the route at b matches the best baseline at 2b.
+  leaderboard every method alone at several budgets in one scope and question protocol, each against reference
+             methods (TOVA, the random control) sample by sample, Holm over each family; optionally each plan
+             against itself under the other question protocol (`leaderboard`, its page `leaderboard_page`).
 
 `launch_plans` builds the labelled plans of one launch from the web app (the route at its budgets,
 baselines, placements), which a background job (`polykv.jobs`) then runs; an experiment as a background
@@ -26,9 +29,10 @@ experiment (`FactorialData`, `PlacementData`, `SweepData`) read as attributes; `
 strict-JSON form and `Report.from_dict` reads it back into the same models.
 
 The package: `experiment_runner` (ExperimentRunner), `report` (Report and its data models), `factorial`,
-`placement`, `sweep` (one experiment each), `launch` (the web app's launches) and `run` (an experiment from start
-to end: `run_experiment`, the one entry point of `polykv experiment factorial|placement|sweep` and of the
-experiment jobs, imported from its module); the rest is importable from here.
+`placement`, `sweep`, `leaderboard` (one experiment each; `leaderboard_page` its Markdown), `launch` (the web
+app's launches) and `run` (an experiment from start to end: `run_experiment`, the one entry point of
+`polykv experiment factorial|placement|sweep|leaderboard` and of the experiment jobs, imported from its module);
+the rest is importable from here.
 """
 
 from polykv.eval.experiments.experiment_runner import (

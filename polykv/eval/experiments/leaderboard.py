@@ -13,11 +13,19 @@ reference in one metric. A method with its own layer-budget rule (PyramidKV, CAK
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from polykv.eval.comparing.compare import macro_average, metrics_of
 from polykv.eval.experiments.experiment_runner import ExperimentRunner
-from polykv.eval.experiments.report import BoardContrast, BoardEntry, LeaderboardData, Report, SampleLevel
+from polykv.eval.experiments.report import (
+    BoardContrast,
+    BoardEntry,
+    LeaderboardData,
+    QuestionContrast,
+    Report,
+    SampleLevel,
+)
 from polykv.eval.statistics.contrast import direction, sample_wins, verdict
 from polykv.eval.statistics.samples import paired_differences, sample_test, sign_flip_p
 from polykv.eval.statistics.tasks import holm
@@ -71,18 +79,30 @@ def leaderboard_plans(
     return plans
 
 
+def other_question(settings) -> str:
+    """The question protocol a suite's settings do not use ("in-prompt" <-> "after-compression")."""
+    return "in-prompt" if getattr(settings, "question", "in-prompt") == "after-compression" else "after-compression"
+
+
 def leaderboard(
     runner: ExperimentRunner,
     methods: Sequence[str],
     budgets: Sequence[int],
     references: Sequence[str] = REFERENCES,
     scope: Scope | str = Scope.PREFILL,
+    question_budget: int | None = None,
 ) -> Report:
-    """Run (or find) every plan of `leaderboard_plans` together and compare each method with each reference."""
+    """Run (or find) every plan of `leaderboard_plans` together and compare each method with each reference.
+    `question_budget` (one of `budgets`): also run the plans at that budget with the question protocol the settings
+    do not use, and compare each with itself across the two (`QuestionContrast`: which methods need the question)."""
     scope = Scope(scope)
     missing = [r for r in references if r not in methods]
     if missing:
         raise ValueError(f"the references {', '.join(missing)} must be among the methods")
+    if question_budget is not None and question_budget not in budgets:
+        raise ValueError(f"the question protocol's budget {question_budget} must be one of the budgets")
+    if question_budget is not None and not hasattr(runner.settings, "question"):
+        raise ValueError(f"the {runner.suite} suite has no question protocol to compare")
     plans = leaderboard_plans(runner.model.config.num_hidden_layers, methods, budgets, scope)
     runs = dict(zip(plans, runner.run_all(list(plans.values()))))
     metrics = [m for m in METRICS if m in metrics_of(runner.store, list(runs.values()))]
@@ -91,9 +111,7 @@ def leaderboard(
     scores = {key: {m: runner.sample_scores(run, m) for m in metrics} for key, run in runs.items()}
 
     def entry(key: str, method: str, budget: int | None) -> BoardEntry:
-        means = {
-            m: macro_average({t: sum(v.values()) / len(v) for t, v in scores[key][m].items() if v}) for m in metrics
-        }
+        means = {m: _macro(scores[key][m]) for m in metrics}
         return BoardEntry(
             method=method,
             budget=budget,
@@ -125,6 +143,10 @@ def leaderboard(
                         verdict=verdict(test.difference, metric, p_holm < ALPHA),
                     )
                 )
+    dependence = []
+    if question_budget is not None:
+        keys = [FULL, *(_key(m, question_budget) for m in methods)]
+        dependence = _question_dependence(runner, {k: plans[k] for k in keys}, runs, metrics[0])
     first = scores[FULL][metrics[0]]
     data = LeaderboardData(
         metric=metrics[0],
@@ -138,8 +160,48 @@ def leaderboard(
         samples={task: len(values) for task, values in first.items()},
         full=entry(FULL, FULL, None),
         entries=list(entries.values()),
+        question_dependence=dependence,
     )
     return Report(_title(data), _rows(data), _lines(data), data)
+
+
+def _question_dependence(runner: ExperimentRunner, plans: dict, runs: dict, metric: str) -> list[QuestionContrast]:
+    """Each plan under the runner's question protocol against itself under the other, on the same samples."""
+    other = other_question(runner.settings)
+    twin = dataclasses.replace(runner, settings=dataclasses.replace(runner.settings, question=other))
+    there = dict(zip(plans, twin.run_all(list(plans.values()))))
+    pairs = {key: (runner.sample_scores(runs[key], metric), twin.sample_scores(there[key], metric)) for key in plans}
+    tests = {key: _test(a, b, runner.seed) for key, (a, b) in pairs.items()}
+    adjusted = dict(zip(tests, holm([p for _, p in tests.values()])))
+    out = []
+    for key, (a, b) in pairs.items():
+        test, p = tests[key]
+        wins, ties, losses = sample_wins(a, b, metric)
+        method, _, budget = key.partition("@")
+        out.append(
+            QuestionContrast(
+                method=method,
+                budget=int(budget) if budget else None,
+                metric=metric,
+                here=_macro(a),
+                other=_macro(b),
+                sample=SampleLevel.of(test).model_copy(update={"p": p}),
+                p_holm=adjusted[key],
+                family=len(tests),
+                wins=wins,
+                ties=ties,
+                losses=losses,
+                verdict=verdict(test.difference, metric, adjusted[key] < ALPHA),
+                run=there[key],
+                other_question=other,
+            )
+        )
+    return out
+
+
+def _macro(samples: dict[str, dict[str, float]]) -> float:
+    """The macro-average over tasks of each task's mean over its samples."""
+    return macro_average({t: sum(v.values()) / len(v) for t, v in samples.items() if v})
 
 
 def _test(a, b, seed: int):

@@ -76,4 +76,27 @@ def leaderboard_markdown(data: LeaderboardData, database: Path | str) -> str:
                 f"{c.verdict} | `{e.run}` |"
             )
     lines += ["", f"FullKV: run `{data.full.run}`.", ""]
+    if data.question_dependence:
+        lines += _question_section(data)
     return "\n".join(lines)
+
+
+def _question_section(data: LeaderboardData) -> list[str]:
+    first = data.question_dependence[0]
+    lines = [
+        f"### The question {data.question} against {first.other_question}",
+        "",
+        f"Each plan against itself under the other protocol on the same samples ({first.metric}, {data.question} "
+        f"minus {first.other_question}; Holm over the {first.family} plans):",
+        "",
+        f"| method | budget | {data.question} | {first.other_question} | difference | p | p_H | MDE | W/T/L | verdict "
+        f"| {first.other_question} run |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in sorted(data.question_dependence, key=lambda c: c.sample.difference):
+        lines.append(
+            f"| `{c.method}` | {c.budget if c.budget is not None else '-'} | {_num(c.here)} | {_num(c.other)} | "
+            f"{c.sample.difference:+.4f} | {format_p(c.sample.p)} | {format_p(c.p_holm)} | {_num(c.sample.mde, '.4f')} "
+            f"| {c.wins}/{c.ties}/{c.losses} | {c.verdict} | `{c.run}` |"
+        )
+    return [*lines, ""]

@@ -307,6 +307,26 @@ class BoardEntry(_Data):
     versus: list[BoardContrast] = Field(default_factory=list)
 
 
+class QuestionContrast(_Data):
+    """A method at one budget under the leaderboard's question protocol against the same plan under the other, on
+    the same samples (this protocol minus the other), Holm over the methods."""
+
+    method: str
+    budget: Count | None  # None: FullKV
+    metric: str
+    here: Statistic  # the macro-average under the leaderboard's protocol
+    other: Statistic  # ... under the other one
+    sample: SampleLevel
+    p_holm: Statistic
+    family: Count
+    wins: Count
+    ties: Count
+    losses: Count
+    verdict: str
+    run: str  # the other protocol's run
+    other_question: str
+
+
 class LeaderboardData(_Experiment):
     """Every method alone in one scope at several budgets, on one suite and question protocol, each against the
     reference methods at the same budget (`polykv.eval.experiments.leaderboard`)."""
@@ -321,6 +341,8 @@ class LeaderboardData(_Experiment):
     samples: dict[str, Count]  # task -> samples FullKV scored
     full: BoardEntry
     entries: list[BoardEntry]
+    # the same plans at one budget under the other question protocol (empty unless asked)
+    question_dependence: list[QuestionContrast] = Field(default_factory=list)
 
 
 ExperimentData = Annotated[

@@ -86,13 +86,23 @@ def leaderboard_experiment(
     budgets: Sequence[int],
     references: Sequence[str] = REFERENCES,
     scope: Scope | str = Scope.PREFILL,
+    question_budget: int | None = None,
 ) -> Experiment:
-    """Every method in `methods` alone at `budgets`, against `references` (`polykv.eval.experiments.leaderboard`)."""
-    plans = tuple(leaderboard_plans(num_layers, methods, budgets, scope).values())
+    """Every method in `methods` alone at `budgets`, against `references`, and at `question_budget` under the other
+    question protocol too (`polykv.eval.experiments.leaderboard`)."""
+    board = leaderboard_plans(num_layers, methods, budgets, scope)
     missing = [r for r in references if r not in methods]
     if missing:
         raise ValueError(f"the references {', '.join(missing)} must be among the methods")
-    return Experiment("leaderboard", plans, lambda runner: leaderboard(runner, methods, budgets, references, scope))
+    if question_budget is not None and question_budget not in budgets:
+        raise ValueError(f"the question protocol's budget {question_budget} must be one of the budgets")
+    twice = [] if question_budget is None else [p for k, p in board.items() if k.endswith(f"@{question_budget}")]
+    plans = tuple(board.values()) + tuple(twice) + ((board["full"],) if twice else ())  # what the cost counts
+
+    def call(runner: ExperimentRunner) -> Report:
+        return leaderboard(runner, methods, budgets, references, scope, question_budget)
+
+    return Experiment("leaderboard", plans, call)
 
 
 @dataclass(frozen=True)
