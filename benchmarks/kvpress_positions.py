@@ -29,16 +29,19 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-# PolyKV method -> (kvpress press, its parameters; PolyKV's defaults under kvpress's names where they differ)
+# PolyKV method -> (kvpress press, its parameters under kvpress's names)
 PRESSES = {
     "keydiff": ("KeyDiffPress", {}),
-    "lagkv": ("LagKVPress", {"n_sink": 4, "lag_size": 128}),
+    "lagkv": ("LagKVPress", {"n_sink": 4, "lag_size": 64}),
     "expected_attention": ("ExpectedAttentionPress", {}),
     "random": ("RandomPress", {"seed": 0}),
     "knorm": ("KnormPress", {}),
     "streamingllm": ("StreamingLLMPress", {"n_sink": 4}),
     "tova": ("TOVAPress", {}),
 }
+# PolyKV's parameters where they are not its defaults: LagKV's chunks of 64, so that at 1,024 tokens and capacity 256
+# its sinks and tail (4 + 124) leave 128 slots to the chunks' ranks (with 128, 4 + 252 would fill the capacity)
+POLYKV_PARAMS = {"lagkv": {"lag_size": 64}}
 
 
 def digest(positions: list[int]) -> str:
@@ -89,7 +92,8 @@ def polykv_side(model, ids: list[int], capacity: int, methods: list[str], layers
 
     out = {}
     for method in methods:
-        plan = Plan.homogeneous(method, capacity, model.config.num_hidden_layers, "prefill")
+        params = POLYKV_PARAMS.get(method, {})
+        plan = Plan.homogeneous(method, capacity, model.config.num_hidden_layers, "prefill", params=params)
         with torch.no_grad(), routed(model, plan) as session:
             model(torch.tensor([ids]), use_cache=True, **{cache_argument_name(model): session.new_cache()})
         out[method] = {str(i): session.cache.layers[i].positions[0].sort(-1).values.tolist() for i in layers}

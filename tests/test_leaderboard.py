@@ -104,7 +104,7 @@ def test_each_method_is_compared_with_each_reference_and_holm_corrects_each_fami
     assert tova_vs_random.reference == "random" and tova_vs_random.verdict == "no significant difference"
     # each plan at 32 against itself with the question in the prompt: only TOVA needs it
     dependence = {c.method: c for c in data.question_dependence}
-    assert set(dependence) == {"full", "tova", "knorm", "random"} and dependence["tova"].family == 4
+    assert set(dependence) == {"full", "tova", "knorm", "random"} and dependence["tova"].family == 3  # FullKV: control
     assert dependence["tova"].sample.difference == pytest.approx(0.5) and dependence["tova"].verdict == "worse"
     assert dependence["tova"].other_question == "in-prompt" and dependence["knorm"].verdict == NO_DIFFERENCE
     # the report reads back typed, and its page holds every contrast with its test, samples and MDE

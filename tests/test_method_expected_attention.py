@@ -110,9 +110,9 @@ def kvpress_scores(module, rotary_emb, hidden, keys, values, n_sink=4, n_future=
 
 @pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
 def test_on_a_model_the_prompt_keeps_what_kvpress_keeps_in_every_layer_and_head(family):
-    """kvpress projects the queries again from each layer's input; PolyKV turns the rotated queries back. The kept
-    positions agree in every global layer and KV head (Qwen 3's q_norm included; on Gemma 3, kvpress rotates by
-    the layer's own embedding here, as PolyKV does)."""
+    """kvpress's computation, restated: the queries projected again from each layer's input; PolyKV turns the rotated
+    queries back. The kept positions agree in every global layer and KV head (Qwen 3's q_norm included; on Gemma 3
+    the restatement rotates by the layer's own embedding, as PolyKV does: kvpress itself fails there)."""
     model = tiny_model(family, max_position_embeddings=1024)
     ids = prompt(model, length=40)
     hidden = {}
@@ -151,8 +151,29 @@ def test_on_a_model_the_prompt_keeps_what_kvpress_keeps_in_every_layer_and_head(
     assert compared >= 1
 
 
-def test_it_is_refused_in_decode_in_one_line_and_listed_for_prefill():
-    assert REGISTRY["expected_attention"] is ExpectedAttention
+def test_looking_past_the_models_positions_leaves_a_dynamic_rope_as_it_was():
+    """transformers' dynamic RoPE grows its frequencies in place for positions past its cached length: the 512
+    future positions must not change the model, and the compression is the same as on a fresh copy."""
+    config = dict(max_position_embeddings=64, rope_parameters={"rope_type": "dynamic", "factor": 2.0})
+    model = tiny_model("llama", **config)
+    ids = prompt(model, length=40)
+    embedding = model.model.rotary_emb
+    before = (embedding.inv_freq.clone(), embedding.attention_scaling, embedding.max_seq_len_cached)
+    plan = Plan.homogeneous("expected_attention", 12, model.config.num_hidden_layers, "prefill")
+    kept = []
+    for _ in range(2):  # twice: the second prompt sees what the first left
+        with torch.no_grad(), routed(model, plan) as session:
+            model(ids, use_cache=True, **{cache_argument_name(model): session.new_cache()})
+        assert torch.equal(embedding.inv_freq, before[0]) and embedding.attention_scaling == before[1]
+        assert embedding.max_seq_len_cached == before[2]
+        kept.append([layer.positions.clone() for layer in session.cache.layers])
+    assert all(torch.equal(a, b) for a, b in zip(*kept))
+
+
+def test_it_is_refused_in_decode_in_one_line():
+    assert REGISTRY["expected_attention"] is ExpectedAttention and ExpectedAttention.phases == frozenset(
+        {Phase.PREFILL}
+    )
     plan = Plan.homogeneous("expected_attention", 64, 2, "decode")
     with pytest.raises(PlanError) as refused:
         validate_plan(plan, 2)

@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from polykv.methods import REGISTRY, validate_plan
+from polykv.methods import REGISTRY, params_that_fit, validate_plan
 from polykv.methods.attention_free.lagkv import LagKV, lag_scores
 from polykv.models import cache_argument_name, output_cache
-from polykv.plan import Phase, Plan, PlanError
+from polykv.plan import Phase, PhaseAssignment, Plan, PlanError
+from polykv.routing import window_floor
 from polykv.runtime import routed
 from tests.helpers import kept, layer_view, prompt, tiny_model
 
@@ -76,3 +77,19 @@ def test_it_is_refused_in_decode_in_one_line():
     with pytest.raises(PlanError) as refused:
         validate_plan(Plan.homogeneous("lagkv", 64, 2, "decode"), 2)
     assert "lagkv" in str(refused.value) and len(str(refused.value).splitlines()) == 1
+
+
+def test_the_sinks_and_the_longest_tail_must_fit_the_capacity_and_a_lag_that_does_not_shrinks():
+    """Below s + 2L - 1 slots every sink and tail token scores 1 and top-k's tie order would choose among them:
+    such plans are refused in one line, and `params_that_fit` shrinks the lag to a quarter of what the sinks leave."""
+    problems = LagKV.check({}, 200)
+    assert problems == [
+        "params: lagkv: sinks + 2 x lag_size - 1 (259: the sinks and the longest tail, which always stay) must be at "
+        "most the capacity (200); lag_size at most 98"
+    ]
+    assert LagKV.check({"lag_size": 98}, 200) == [] and LagKV.check({"lag_size": 99}, 200) != []
+    for capacity in (5, 33, 64, 128, 256, 259, 1024):
+        params = params_that_fit("lagkv", capacity)
+        assert LagKV.check(params, capacity) == [], (capacity, params)
+    assert params_that_fit("lagkv", 256) == {"lag_size": 63} and params_that_fit("lagkv", 259) == {}
+    assert window_floor(PhaseAssignment(method="lagkv", capacity=300, params={})) == 259

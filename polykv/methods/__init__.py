@@ -78,15 +78,9 @@ def params_that_fit(method: str, capacity: int) -> dict:
 
 
 def fit_params(method: str, params: Mapping[str, Any], capacity: int) -> dict[str, Any]:
-    """`params` with every window / sink that would not fit under `capacity` shrunk to a quarter of it (the rule of
-    `params_that_fit`, applied to given parameters)."""
-    cls = REGISTRY[method]
-    out = dict(params)
-    defaults = cls.defaults()
-    for name in cls.below_capacity:
-        if out.get(name, defaults[name]) >= capacity:
-            out[name] = max(1, capacity // 4)
-    return out
+    """`params` with every window / sink that would not fit under `capacity` shrunk (to a quarter of it, unless the
+    method says otherwise: `Method.fit`): the rule of `params_that_fit`, applied to given parameters."""
+    return REGISTRY[method].fit(params, capacity)
 
 
 __all__ = [

@@ -202,6 +202,21 @@ class Method(FastPaths):
         return cls._over(params, cls.below_capacity, capacity - 1, f"smaller than the capacity ({capacity})")
 
     @classmethod
+    def least_capacity(cls, params: BaseModel) -> int:
+        """The smallest capacity these parameters run at: 1 + the largest `below_capacity` parameter."""
+        return 1 + max((getattr(params, name) for name in cls.below_capacity), default=0)
+
+    @classmethod
+    def fit(cls, params: Mapping[str, Any], capacity: int) -> dict[str, Any]:
+        """`params` with every `below_capacity` parameter that would not fit under `capacity` shrunk to a quarter
+        of it (`polykv.methods.params_that_fit`)."""
+        out, defaults = dict(params), cls.defaults()
+        for name in cls.below_capacity:
+            if out.get(name, defaults[name]) >= capacity:
+                out[name] = max(1, capacity // 4)
+        return out
+
+    @classmethod
     def _over(cls, params: BaseModel, names: tuple[str, ...], highest: int, rule: str) -> list[str]:
         return over_limit(cls.Params, params, names, highest, rule)
 

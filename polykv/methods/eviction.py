@@ -47,6 +47,16 @@ def evict_lowest(
     return Eviction(dropped=_ranked(scores, protected, hidden).argmin(dim=-1, keepdim=True))
 
 
+def prompt_cut(scores: torch.Tensor, k: int, phase, hidden: torch.Tensor | None = None) -> Eviction:
+    """`evict_lowest`, but a prompt's cut always by top-k, also when one slot goes: as kvpress's `ScorerPress`
+    chooses, so that tied scores go the same way (argmin and top-k may break a tie differently)."""
+    from polykv.plan import Phase
+
+    if phase is Phase.PREFILL:
+        return Eviction(keep=keep_top(scores, k, hidden=hidden))
+    return evict_lowest(scores, k, hidden=hidden)
+
+
 def _ranked(scores: torch.Tensor, protected: torch.Tensor | None, hidden: torch.Tensor | None) -> torch.Tensor:
     if protected is not None:
         scores = scores.masked_fill(protected, float("inf"))

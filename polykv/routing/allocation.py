@@ -109,8 +109,11 @@ def _below_capacity(method: str, params: dict) -> dict[str, int]:
 
 
 def window_floor(assignment: PhaseAssignment) -> int:
-    """1 + the largest parameter that must stay under the capacity (so windows and sinks still fit)."""
-    return 1 + max(_below_capacity(assignment.method, assignment.params).values(), default=0)
+    """The least capacity the method runs at with these parameters: 1 + the largest parameter that must stay under
+    the capacity (so windows and sinks still fit), or what the method says (`Method.least_capacity`)."""
+    _below_capacity(assignment.method, assignment.params)  # an unknown method: one line
+    cls = REGISTRY[assignment.method]
+    return cls.least_capacity(cls.Params(**assignment.params))
 
 
 def floor_words(method: str, params: dict) -> str:

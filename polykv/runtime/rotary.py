@@ -60,10 +60,26 @@ def rotary_of(module: torch.nn.Module, like: torch.Tensor) -> Rotary | None:
 
     def cos_sin(positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ids = positions.to(like.device).view(1, -1)
-        cos, sin = embedding(like, ids) if layer_type is None else embedding(like, ids, layer_type)
+        with _unchanged(embedding):  # positions past the model's own may grow a dynamic RoPE's frequencies
+            cos, sin = embedding(like, ids) if layer_type is None else embedding(like, ids, layer_type)
         return cos[0], sin[0]
 
     return cos_sin
+
+
+@contextmanager
+def _unchanged(embedding: torch.nn.Module) -> Iterator[None]:
+    """The embedding's buffers and number attributes as they were, whatever a call did (transformers' dynamic RoPE
+    grows `inv_freq` and its scaling in place for positions past the cached length)."""
+    buffers = {name: buffer.clone() for name, buffer in embedding.named_buffers(recurse=False)}
+    numbers = {k: v for k, v in vars(embedding).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    try:
+        yield
+    finally:
+        for name, buffer in buffers.items():
+            setattr(embedding, name, buffer)  # a registered buffer's name: it is the buffer again
+        for name, value in numbers.items():
+            setattr(embedding, name, value)
 
 
 def queries_before_rope(query: torch.Tensor, positions: torch.Tensor, rotary: Rotary) -> torch.Tensor:

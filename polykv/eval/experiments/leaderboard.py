@@ -3,12 +3,13 @@ scope's phases) at several budgets, on one suite and question protocol, each aga
 budget (TOVA and the random control by default), sample by sample.
 
 Per method and budget: the macro-average over tasks of each metric (answer_nll first: the gold answer's mean NLL
-per token; then RULER's string-match `score` when the runs generated). Per contrast: the sign-flip test over the
-paired samples (exact up to 20 differing samples, else `PERMUTATIONS` random flips, enough that a p near 0.05 is
-not a coin toss of the draw), its 95% interval and the smallest difference it detects at 80% power, per-sample
-wins, ties and losses, and Holm's correction over the contrast's family: every method at every budget against one
-reference in one metric. A method with its own layer-budget rule (PyramidKV, CAKE) splits each budget by it
-(native allocation), since that rule is part of the method; the others hold the budget in every layer.
+per token; answer_match, its teacher-forced greedy match; RULER's string-match `score` when the runs generated).
+Per contrast: the sign-flip test over the paired samples (exact up to 20 differing samples, else `PERMUTATIONS`
+random flips, enough that a p near 0.05 is not a coin toss of the draw), its 95% interval and the smallest
+difference it detects at 80% power, per-sample wins, ties and losses, and Holm's correction over the contrast's
+family: every method at every budget against one reference in one metric (the intervals are the test's at 95%, not
+adjusted). A method with its own layer-budget rule (PyramidKV, CAKE) splits each budget by it (native allocation),
+since that rule is part of the method; the others hold the budget in every layer.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from polykv.methods import REGISTRY, for_phase, params_that_fit
 from polykv.plan import FULL, Plan, Scope
 
 # what a leaderboard reports when its runs have it, the primary first: the gold answer's NLL, its teacher-forced greedy
-# match (a lower bound of the string match, at no generation's cost) and the generated string match
+# match (with the whole gold answer, a lower bound of RULER's string match) and the generated string match
 METRICS = ("answer_nll", "answer_match", "score")
 REFERENCES = ("tova", "random")
 PERMUTATIONS = 200_000
@@ -94,7 +95,9 @@ def leaderboard(
 ) -> Report:
     """Run (or find) every plan of `leaderboard_plans` together and compare each method with each reference.
     `question_budget` (one of `budgets`): also run the plans at that budget with the question protocol the settings
-    do not use, and compare each with itself across the two (`QuestionContrast`: which methods need the question)."""
+    do not use, and compare each with itself across the two on the same samples (`QuestionContrast`). Not only the
+    question's place differs: after compression the question is kept in full beside the budget, while in the
+    prompt it is compressed with the context. FullKV is the control (no difference but rounding)."""
     scope = Scope(scope)
     missing = [r for r in references if r not in methods]
     if missing:
@@ -134,7 +137,7 @@ def leaderboard(
                     BoardContrast(
                         reference=reference,
                         metric=metric,
-                        sample=SampleLevel.of(test).model_copy(update={"p": p}),
+                        sample=_sample_level(test, p),
                         p_holm=p_holm,
                         family=len(family),
                         wins=wins,
@@ -172,7 +175,8 @@ def _question_dependence(runner: ExperimentRunner, plans: dict, runs: dict, metr
     there = dict(zip(plans, twin.run_all(list(plans.values()))))
     pairs = {key: (runner.sample_scores(runs[key], metric), twin.sample_scores(there[key], metric)) for key in plans}
     tests = {key: _test(a, b, runner.seed) for key, (a, b) in pairs.items()}
-    adjusted = dict(zip(tests, holm([p for _, p in tests.values()])))
+    family = [key for key in tests if key != FULL]  # FullKV evicts nothing: the control, outside the family
+    adjusted = dict(zip(family, holm([tests[key][1] for key in family])))
     out = []
     for key, (a, b) in pairs.items():
         test, p = tests[key]
@@ -185,13 +189,13 @@ def _question_dependence(runner: ExperimentRunner, plans: dict, runs: dict, metr
                 metric=metric,
                 here=_macro(a),
                 other=_macro(b),
-                sample=SampleLevel.of(test).model_copy(update={"p": p}),
-                p_holm=adjusted[key],
-                family=len(tests),
+                sample=_sample_level(test, p),
+                p_holm=adjusted.get(key, p),
+                family=len(family),
                 wins=wins,
                 ties=ties,
                 losses=losses,
-                verdict=verdict(test.difference, metric, adjusted[key] < ALPHA),
+                verdict=verdict(test.difference, metric, adjusted.get(key, p) < ALPHA),
                 run=there[key],
                 other_question=other,
             )
@@ -202,6 +206,12 @@ def _question_dependence(runner: ExperimentRunner, plans: dict, runs: dict, metr
 def _macro(samples: dict[str, dict[str, float]]) -> float:
     """The macro-average over tasks of each task's mean over its samples."""
     return macro_average({t: sum(v.values()) / len(v) for t, v in samples.items() if v})
+
+
+def _sample_level(test, p: float) -> SampleLevel:
+    """The test as a report holds it, with the p it rests on (and the flips behind that p)."""
+    level = SampleLevel.of(test)
+    return level if test.exact else level.model_copy(update={"p": p, "permutations": PERMUTATIONS})
 
 
 def _test(a, b, seed: int):

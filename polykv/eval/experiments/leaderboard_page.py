@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from polykv.eval.experiments.report import BoardContrast, BoardEntry, LeaderboardData
+from polykv.eval.statistics.contrast import direction
 from polykv.eval.statistics.render import format_p
 
 SHORT = {"better": "better", "worse": "worse", "no significant difference": "n.s."}
@@ -36,14 +37,14 @@ def leaderboard_markdown(data: LeaderboardData, database: Path | str) -> str:
         + f" ({sum(data.samples.values())} in all); database `{database}`. "
         + "Each contrast is the method minus the reference at the same budget over the paired samples (sign-flip "
         + "test; p_H: Holm-adjusted over its family, every method and budget against one reference in one metric; "
-        + "verdicts at family-wise 5%).",
+        + "verdicts at family-wise 5%; the 95% intervals are the test's, not adjusted).",
         "",
     ]
     natives = sorted({e.method for e in data.entries if e.allocation == "native"})
     if natives:
         lines += [f"{', '.join(natives)} split each budget over the layers by their own rule (native allocation).", ""]
     for metric in data.metrics:
-        better = "lower" if metric == "answer_nll" else "higher"
+        better = "lower" if direction(metric) < 0 else "higher"
         full = data.full.means.get(metric)
         lines += [f"### {metric} ({better} is better; FullKV {_num(full)})", ""]
         header = ["method", *[f"{b}" for b in data.budgets]]
@@ -87,7 +88,9 @@ def _question_section(data: LeaderboardData) -> list[str]:
         f"### The question {data.question} against {first.other_question}",
         "",
         f"Each plan against itself under the other protocol on the same samples ({first.metric}, {data.question} "
-        f"minus {first.other_question}; Holm over the {first.family} plans):",
+        f"minus {first.other_question}; Holm over the {first.family} evicting plans, FullKV the control). Not only "
+        "the question's place differs: after compression the question is kept in full beside the budget, in the "
+        "prompt it is compressed with the context.",
         "",
         f"| method | budget | {data.question} | {first.other_question} | difference | p | p_H | MDE | W/T/L | verdict "
         f"| {first.other_question} run |",

@@ -22,7 +22,7 @@ METRIC_DIRECTION = {
     "score": 1,  # RULER, LongBench: the suite's accuracy (0-100)
     "agreement": 1,  # RULER, LongBench: the generated answer agrees with FullKV's
     "answer_nll": -1,  # RULER, LongBench: the gold answer's negative log-likelihood
-    "answer_match": 1,  # RULER, LongBench: every gold token is the argmax after the gold before it (0 or 100)
+    "answer_match": 1,  # RULER, LongBench: every gold token is the argmax given the gold before it (0 or 100)
 }
 NO_DIFFERENCE = "no significant difference"
 VERDICTS = ("better", "worse", NO_DIFFERENCE)

@@ -10,9 +10,11 @@ A question suite's `mode` setting chooses what a sample costs and reports (the s
             its decode-phase eviction active while the answer tokens are fed (one decode step per token, as a
             generation of that answer would run); lower is better; dense: it moves before an exact string
             match flips. And `answer_match`, from the same pass: 100 when every gold token is the argmax of
-            its position, else 0 (the scale of `score`), which is exactly when greedy generation under the plan
-            writes the gold answer's tokens first (so the suite's string match would count it: a lower bound of
-            `score` per sample, at no generation's cost);
+            its position given the gold before it, else 0 (the scale of `score`): then greedy decoding by the
+            raw argmax writes the gold answer's tokens first (no logits processors, no `min_new_tokens`, no
+            near-tie rounding between the two passes). With the whole gold answer (`answer_tokens` unset) and a
+            string-match suite (RULER), such a sample's string match is 100: a lower bound of `score` at no
+            generation's cost; LongBench's F1 and ROUGE scores are not string matches;
   both      all three (the teacher-forced and the generating copies of each plan step as one batch).
 
 A question suite's `question` setting chooses what the plan compresses (`QUESTION_PROTOCOLS`):

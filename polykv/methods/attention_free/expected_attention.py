@@ -12,7 +12,7 @@ from pydantic import Field
 
 from polykv.lazy import lazy_import
 from polykv.methods.base import NOTHING, LayerView, Method, Needs
-from polykv.methods.eviction import Eviction, evict_lowest
+from polykv.methods.eviction import Eviction, keep_top
 from polykv.methods.params import MethodParams, Real, real, tokens
 from polykv.plan import MAX_TOKENS, Phase
 
@@ -47,11 +47,13 @@ class ExpectedAttention(Method):
     above every other token, and the `capacity` highest stay, per KV head.
 
     PolyKV's queries before RoPE are the model's rotated queries turned back (`polykv.runtime.rotary`), where
-    kvpress projects the hidden states again: the same numbers up to rounding, so positions whose scores tie
-    within about 1e-6 may go the other way. Each layer is rotated by its own rotary embedding (on Gemma 3 a local
-    layer by the local one); the future positions follow the prompt's last position (kvpress: the forward's
-    length, the same for a whole prompt). On a prompt whose sinks are not its first slots (a local layer that
-    dropped them) the sinks are found by position and masked out of the softmax instead of cut off.
+    kvpress projects the hidden states again: the same numbers up to rounding (in fp32 about 1e-6 relative; in
+    bf16 the model's own rounding of the rotated queries makes it about 1e-2), so near-ties may go the other way.
+    Each layer is rotated by its own rotary embedding (on Gemma 3 a local layer by the local one; kvpress 0.5.5
+    under transformers 5.x calls Gemma 3's embedding without a layer type and fails); the future positions follow
+    the prompt's last position (kvpress: the forward's length, the same for a whole prompt). On a prompt whose
+    sinks are not its first slots (a local layer that dropped them) the sinks are found by position and masked out
+    of the softmax instead of cut off. The cut is by top-k even when one slot goes, as kvpress's.
 
     Prefill only: the statistics describe the prompt's queries and the positions after it; kvpress applies the
     press again during decoding only every few steps (`DecodingPress`), never one token a step.
@@ -69,9 +71,11 @@ class ExpectedAttention(Method):
         return QUERIES if self.capacity is None or length > self.capacity else NOTHING
 
     def step(self, view: LayerView) -> Eviction | None:
-        if view.queries is None or not self.over_capacity(view):
+        if not self.over_capacity(view):
             return None
-        return evict_lowest(self.scores(view), self.capacity, hidden=view.hidden)
+        if view.queries is None or view.rotary is None:
+            raise RuntimeError("expected_attention evicts from the step's queries before RoPE, which it was not given")
+        return Eviction(keep=keep_top(self.scores(view), self.capacity, hidden=view.hidden))  # top-k: as kvpress
 
     def scores(self, view: LayerView) -> torch.Tensor:
         """[b, h, n] expected attention per slot; the sinks above every other slot."""

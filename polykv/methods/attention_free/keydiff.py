@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from polykv.lazy import lazy_import
 from polykv.methods.base import LayerView, Method
-from polykv.methods.eviction import Eviction, evict_lowest
+from polykv.methods.eviction import Eviction, prompt_cut
 from polykv.plan import Phase
 
 torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
@@ -36,7 +36,7 @@ class KeyDiff(Method):
     def step(self, view: LayerView) -> Eviction | None:
         if not self.over_capacity(view):
             return None
-        return evict_lowest(key_diff_scores(view.keys, view.hidden), self.capacity, hidden=view.hidden)
+        return prompt_cut(key_diff_scores(view.keys, view.hidden), self.capacity, view.phase, view.hidden)
 
 
 def key_diff_scores(keys: torch.Tensor, hidden: torch.Tensor | None = None) -> torch.Tensor:

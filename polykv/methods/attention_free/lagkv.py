@@ -17,7 +17,7 @@ torch = lazy_import("torch")  # loaded on first use: reading the registry needs 
 
 class LagKVParams(MethodParams):
     sinks: int = tokens(4, ge=0, description="first tokens always kept (attention sinks); below the capacity")
-    lag_size: int = tokens(128, ge=1, description="tokens per chunk; a chunk is scored against the next one")
+    lag_size: int = tokens(128, ge=1, description="tokens per chunk, scored against the next chunk; below the capacity")
 
 
 class LagKV(Method):
@@ -32,6 +32,10 @@ class LagKV(Method):
     ranks of every chunk. A prompt shorter than s + 2L tokens has no scored chunk: the sinks and the most recent
     tokens stay (kvpress's fallback). Each KV head keeps its own positions. Ties among equal ranks are broken by
     torch's top-k on the same scores, as in kvpress, so the kept positions are kvpress's for the same tensor.
+    The sinks and the tail (up to s + 2L - 1 tokens) only all stay when the capacity holds them: below that they
+    all score 1 and top-k's tie order picks among them, in kvpress as here, and no chunk is scored. So `lag_size`
+    must leave room for them: s + 2L - 1 at most the capacity (plan validation says so), and a `lag_size` that
+    does not fit shrinks to a quarter of what the sinks leave (`params_that_fit`).
 
     Prefill only: a token's score is relative to the L tokens after it, which a decode step has not seen (the
     paper compresses in chunks as the cache grows, never one token a step). kvpress's experimental `cross_scoring`
@@ -42,7 +46,31 @@ class LagKV(Method):
     phases = frozenset({Phase.PREFILL})
     colour = "#AEC7E8"
     Params = LagKVParams
-    below_capacity = ("sinks",)
+    below_capacity = ("sinks", "lag_size")
+
+    @classmethod
+    def least_capacity(cls, params: LagKVParams) -> int:
+        return params.sinks + 2 * params.lag_size - 1  # the sinks and the longest tail
+
+    @classmethod
+    def check_capacity(cls, params: LagKVParams, capacity: int | None) -> list[str]:
+        problems = super().check_capacity(params, capacity)
+        if capacity is not None and not problems and cls.least_capacity(params) > capacity:
+            most = (capacity - params.sinks + 1) // 2
+            problems.append(
+                f"sinks + 2 x lag_size - 1 ({cls.least_capacity(params)}: the sinks and the longest tail, which always "
+                f"stay) must be at most the capacity ({capacity}); lag_size at most {most}"
+            )
+        return problems
+
+    @classmethod
+    def fit(cls, params, capacity: int) -> dict:
+        out = super().fit(params, capacity)
+        fitted = cls.Params(**out)
+        if cls.least_capacity(fitted) > capacity:
+            out["lag_size"] = max(1, (capacity - fitted.sinks) // 4)
+        return out
+
     phase_refusal = "a token's score needs the lag_size tokens after it, which a decode step has not seen"
     standalone_source = "LagKV (Liang et al., 2025): compresses the prompt once, keeps generated tokens"
 

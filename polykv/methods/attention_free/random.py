@@ -9,7 +9,7 @@ from pydantic import Field
 
 from polykv.lazy import lazy_import
 from polykv.methods.base import LayerView, Method
-from polykv.methods.eviction import Eviction, evict_lowest
+from polykv.methods.eviction import Eviction, prompt_cut
 from polykv.methods.params import MethodParams
 from polykv.plan import Phase
 
@@ -31,11 +31,12 @@ class Random(Method):
     Rule: every token gets a uniform score in [0, 1) when it enters the layer, kept with its slot; whenever the
     layer holds more than `capacity` slots the lowest scores go. At a whole prompt the scores of its n tokens are
     kvpress's draw: `torch.rand(h, n)` from a generator seeded with `seed`, in the keys' dtype (so on a CPU the
-    kept positions are kvpress's for one sequence, and every layer draws the same numbers, as there). Each token
-    that enters later (the question after a compressed context, a decode step) is drawn from a generator seeded
-    with `seed` and its position. Since every token's score is an independent uniform draw, what a layer holds
-    at any time is a uniformly random subset of what it has seen, of size `capacity`: in decode too, dropping one
-    token a step.
+    kept positions are kvpress's for one sequence, and every layer draws the same numbers, as there). The tokens
+    that enter later in one step (the question after a compressed context, a decode step's token) are drawn from a
+    generator seeded with `seed` and the first one's position. Since every token's score is an independent uniform
+    draw, what a layer holds at any time is a uniformly random subset of what it has seen, of size `capacity`: in
+    decode too, dropping one token a step (in bf16, 1 in about 4 draws ties another at the cut, and the tie goes by
+    slot order). A prompt's cut is by top-k even when one slot goes, as kvpress's.
 
     Differences from kvpress: kvpress draws once for the whole batch (rows of one batch get different numbers from
     the same rows alone); here each sequence of a batch draws from its own generator, so it keeps the same
@@ -55,7 +56,7 @@ class Random(Method):
         score = self.scores(view)
         if not self.over_capacity(view):
             return None
-        return evict_lowest(score, self.capacity, hidden=view.hidden)
+        return prompt_cut(score, self.capacity, view.phase, view.hidden)
 
     def scores(self, view: LayerView) -> torch.Tensor:
         """[b, h, n] every slot's draw (stored with the slots): the step's new tokens draw, the others keep theirs."""
