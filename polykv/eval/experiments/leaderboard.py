@@ -80,6 +80,17 @@ def leaderboard_plans(
     return plans
 
 
+def check_choices(
+    methods: Sequence[str], budgets: Sequence[int], references: Sequence[str], question_budget: int | None
+) -> None:
+    """One line (ValueError) for references outside the methods or a question budget outside the budgets."""
+    missing = [r for r in references if r not in methods]
+    if missing:
+        raise ValueError(f"the references {', '.join(missing)} must be among the methods")
+    if question_budget is not None and question_budget not in budgets:
+        raise ValueError(f"the question protocol's budget {question_budget} must be one of the budgets")
+
+
 def other_question(settings) -> str:
     """The question protocol a suite's settings do not use ("in-prompt" <-> "after-compression")."""
     return "in-prompt" if getattr(settings, "question", "in-prompt") == "after-compression" else "after-compression"
@@ -99,11 +110,7 @@ def leaderboard(
     question's place differs: after compression the question is kept in full beside the budget, while in the
     prompt it is compressed with the context. FullKV is the control (no difference but rounding)."""
     scope = Scope(scope)
-    missing = [r for r in references if r not in methods]
-    if missing:
-        raise ValueError(f"the references {', '.join(missing)} must be among the methods")
-    if question_budget is not None and question_budget not in budgets:
-        raise ValueError(f"the question protocol's budget {question_budget} must be one of the budgets")
+    check_choices(methods, budgets, references, question_budget)
     if question_budget is not None and not hasattr(runner.settings, "question"):
         raise ValueError(f"the {runner.suite} suite has no question protocol to compare")
     plans = leaderboard_plans(runner.model.config.num_hidden_layers, methods, budgets, scope)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from polykv.eval.experiments.experiment_runner import ExperimentRunner, check_metric
 from polykv.eval.experiments.factorial import factorial, factorial_plans
-from polykv.eval.experiments.leaderboard import REFERENCES, leaderboard, leaderboard_plans
+from polykv.eval.experiments.leaderboard import REFERENCES, check_choices, leaderboard, leaderboard_plans
 from polykv.eval.experiments.placement import placement, placement_plans
 from polykv.eval.experiments.report import Report
 from polykv.eval.experiments.sweep import sweep, sweep_plans
@@ -91,11 +91,7 @@ def leaderboard_experiment(
     """Every method in `methods` alone at `budgets`, against `references`, and at `question_budget` under the other
     question protocol too (`polykv.eval.experiments.leaderboard`)."""
     board = leaderboard_plans(num_layers, methods, budgets, scope)
-    missing = [r for r in references if r not in methods]
-    if missing:
-        raise ValueError(f"the references {', '.join(missing)} must be among the methods")
-    if question_budget is not None and question_budget not in budgets:
-        raise ValueError(f"the question protocol's budget {question_budget} must be one of the budgets")
+    check_choices(methods, budgets, references, question_budget)
     twice = [] if question_budget is None else [p for k, p in board.items() if k.endswith(f"@{question_budget}")]
     plans = tuple(board.values()) + tuple(twice) + ((board["full"],) if twice else ())  # what the cost counts
 
