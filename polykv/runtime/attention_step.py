@@ -258,9 +258,8 @@ def fresh_prompt(layer: SlotHoldingLayer, q_len: int, window: int | None) -> boo
 def fill_signals(view: LayerView, needs, module, query, key, query_pos, scaling, window, computed: dict) -> None:
     """Give `view` the rows of the newest queries, the column sums and the queries before RoPE `needs` asks for.
     `computed` holds signals already made for this step ({("rows", w): ..., "sums": ..., "queries": ...}) and gets
-    those made here, so
-    that layers seeing the same step (many plans on one prompt) compute each signal once (there it is also
-    the views' `shared`: what methods make of the signals, `LayerView.once`). A whole prompt's step
+    those made here, so that layers seeing the same step (many plans on one prompt) compute each signal once (there
+    it is also the views' `shared`: what methods make of the signals, `LayerView.once`). A whole prompt's step
     (`LayerView.fresh`) takes its column sums from the fused pass, as a layer alone does, and masks only the
     rows' last slots."""
     q_len = query.shape[2]
