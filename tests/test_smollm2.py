@@ -62,7 +62,7 @@ def _room_for_everything(length: int) -> list[Plan]:
     plans = []
     for name, cls in REGISTRY.items():
         for phase in sorted(cls.phases, key=str) if name != "full" else ():
-            plans.append(Plan.homogeneous(name, length, LAYERS, phase.value))
+            plans.append(Plan.homogeneous(name, length, LAYERS, phase.value, params=params_that_fit(name, length)))
     # PyramidKV and CAKE keep a prompt that fits the average budget whole, as their authors do. D2O splits
     # the total in proportion to softmax(-sigma) over layers with sigma in [0, 1], so its smallest share is
     # at least 1/e of the average: three times the length gives every layer room for everything.
