@@ -13,7 +13,7 @@ from tests.helpers import decode_logits, tiny_model
 
 METHODS = sorted(REGISTRY)
 # Small windows so that every method's parameters fit the small capacities used here.
-SMALL = {"snapkv": {"window": 4}, "pyramidkv": {"window": 4}, "cake": {"window": 4}}
+SMALL = {"snapkv": {"window": 4}, "pyramidkv": {"window": 4}, "cake": {"window": 4}, "lagkv": {"lag_size": 4}}
 
 
 def assignment(method: str, phase: Phase, capacity: int) -> PhaseAssignment:

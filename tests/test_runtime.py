@@ -9,7 +9,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from polykv.methods import REGISTRY
+from polykv.methods import REGISTRY, params_that_fit
 from polykv.models import cache_argument_name, layer_windows
 from polykv.plan import LayerPlan, PhaseAssignment, Plan, Scope
 from polykv.runtime import RoutedCache, RoutedCacheError, routed
@@ -67,7 +67,8 @@ def test_mistral_sliding_window_matches_vanilla_past_the_window():
 def test_capacity_at_least_length_behaves_like_full(method, llama):
     ids = prompt(llama)
     vanilla, _ = decode_logits(llama, ids, STEPS, cache_argument_name(llama))
-    logits, cache = run_routed(llama, capacity_plan(llama, method, capacity=ids.shape[1] + STEPS + 1), ids)
+    capacity = ids.shape[1] + STEPS + 1
+    logits, cache = run_routed(llama, capacity_plan(llama, method, capacity, **params_that_fit(method, capacity)), ids)
     assert max_diff(vanilla, logits) <= TOL
     assert cache.retained_per_layer() == [ids.shape[1] + STEPS] * 3
 
