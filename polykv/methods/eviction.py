@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from polykv.lazy import lazy_import
+from polykv.plan import Phase
 
 torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
 
@@ -50,8 +51,6 @@ def evict_lowest(
 def prompt_cut(scores: torch.Tensor, k: int, phase, hidden: torch.Tensor | None = None) -> Eviction:
     """`evict_lowest`, but a prompt's cut always by top-k, also when one slot goes: as kvpress's `ScorerPress`
     chooses, so that tied scores go the same way (argmin and top-k may break a tie differently)."""
-    from polykv.plan import Phase
-
     if phase is Phase.PREFILL:
         return Eviction(keep=keep_top(scores, k, hidden=hidden))
     return evict_lowest(scores, k, hidden=hidden)
