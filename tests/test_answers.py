@@ -147,8 +147,11 @@ def test_modes_report_their_metrics_and_runs_keep_every_answer(demo_model, tmp_p
             assert all(set(row.metrics) == set(metrics) for row in rows), (mode, rows[0]["metrics"])
             assert all(row.gold and len(row.gold) == 1 and row.prompt["task"] == "niah_single_1" for row in rows)
             assert all((row.prediction is not None) == answer_settings.generates(mode) for row in rows)
+            assert all(len(row.kv_held["entering"]) == 5 for row in rows)  # every sample's KV, measured
         # the same samples, alone or batched: the same answer_nll up to rounding, the same answers
         a, b = store.samples(alone), store.samples(together[0])
+        assert [r.kv_held for r in a] == [r.kv_held for r in b]  # batched holds what alone holds
+        assert all(r.kv_held["entering"] == [32] * 5 for r in a)  # TOVA keeps 32 of the 400-token prompt
         if answer_settings.scores_answer(mode):
             assert [r.metrics["answer_nll"] for r in a] == pytest.approx([r.metrics["answer_nll"] for r in b], abs=1e-5)
             assert [r.metrics["answer_match"] for r in a] == [r.metrics["answer_match"] for r in b]

@@ -278,10 +278,12 @@ def test_a_new_database_is_created_whole_and_has_the_current_schema(tmp_path):
     store = Store(tmp_path / "ws" / "results.sqlite")
     assert sorted(p.name for p in (tmp_path / "ws").iterdir()) == ["results.sqlite"]  # no leftover temp file
     with sqlite3.connect(store.path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         columns = {row[1] for row in db.execute("PRAGMA table_info(runs)")}
+        sample_columns = {row[1] for row in db.execute("PRAGMA table_info(samples)")}
     assert {"worker_pid", "worker_host", "worker_started"} <= columns
+    assert {"prediction", "gold", "prompt", "kv_held"} <= sample_columns
     fake_run(store, "r", {"t": {"kl": 0.1}})
     assert Store(store.path).task_scores("r") == {"t": {"kl": 0.1}}  # opening again changes nothing
 
@@ -699,15 +701,18 @@ def test_a_version_1_database_is_read_as_it_is_and_migrated_when_opened_for_writ
         samples = [row[1] for row in conn.execute("PRAGMA table_info(samples)")]
     conn.close()
     assert columns[-3:] == ["worker_pid", "worker_host", "worker_started"]
-    assert samples[-3:] == ["prediction", "gold", "prompt"]  # version 3: what a question suite's model answered
+    assert samples[-4:-1] == ["prediction", "gold", "prompt"]  # version 3: what a question suite's model answered
+    assert samples[-1] == "kv_held"  # version 4: the KV the plan held, measured
     assert writer.run("old").plan_name == "old-plan" and writer.samples("old")[0].metrics == {"kl": 0.25}
     old = writer.samples("old")[0]
-    assert (old.prediction, old.gold, old.prompt) == (None, None, None)  # an older row keeps no answer
+    assert (old.prediction, old.gold, old.prompt, old.kv_held) == (None, None, None, None)  # an older row: none
+    held = {"entering": [3, 4], "end": [5, 6], "seen_entering": 9, "seen_end": 11}
     writer.add_sample(
-        "old", "t", "1", {"score": 100.0}, 0.1, SampleRecord(" 42.", ["42"], {"task": "t", "sha256": "ab"})
+        "old", "t", "1", {"score": 100.0}, 0.1, SampleRecord(" 42.", ["42"], {"task": "t", "sha256": "ab"}, held)
     )
     new = writer.samples("old")[1]
     assert (new.prediction, new.gold, new.prompt) == (" 42.", ["42"], {"task": "t", "sha256": "ab"})
+    assert new.kv_held == held
     assert writer.set_running("old") and writer.run("old").worker_pid == os.getpid()
     Store(db)  # opening the migrated database again changes nothing
     assert Store(db, readonly=True).run("old").status == "running"

@@ -140,6 +140,8 @@ def runs_show(
     kept = sample_view.kv_kept_line(info)
     if kept is not None:
         typer.echo(kept)
+    for line in sample_view.measured_lines(store, info):
+        typer.echo(line)
     full = sample_view.fullkv_predictions(store, info)
     _table(
         ("task", "sample", "metrics", "gold", "answer", *(["fullkv"] if full else [])),
@@ -197,6 +199,8 @@ def compare(
         line = caveat(store.run(a_id), store.run(b_id))
         if line is not None:
             typer.echo(line)
+    for line in sample_view.kv_contrast_lines(store, store.run(a_id), store.run(b_id)):
+        typer.echo(line)
     _table(
         ("task", "A", "B", "A - B"),
         [(task, f"{a:.4f}", f"{b:.4f}", f"{d:+.4f}") for task, a, b, d in result.table.itertuples(index=False)],

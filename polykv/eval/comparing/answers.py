@@ -178,6 +178,41 @@ def kv_kept_line(run: RunRow) -> str | None:
     return f"KV kept entering the answer at the suite's length ({length:,} tokens): {kept}"
 
 
+def measured(store: Store, run: RunRow):
+    """The run's measured KV (`polykv.eval.results.kv_measured.MeasuredKV`) with FullKV's where the model's
+    config gives each layer's window; None when no sample carries a measurement. With its one token's bytes in
+    one layer (None when unknown)."""
+    from polykv.errors import PolyKVError
+    from polykv.eval.results.kv_measured import measured_kv
+    from polykv.models import config_dimensions
+
+    try:
+        dims = config_dimensions(run.model)
+        windows, token_bytes = dims.windows or (None,) * dims.num_layers, dims.kv_token_bytes
+    except (PolyKVError, OSError, ValueError, KeyError):
+        windows = token_bytes = None
+    return measured_kv(store.samples(run.id), windows), token_bytes
+
+
+def measured_lines(store: Store, run: RunRow) -> list[str]:
+    """`runs show`'s lines on the KV the run's plan held, measured; [] when it was not measured."""
+    from polykv.eval.results.kv_measured import layers_line, measured_line
+
+    kv, token_bytes = measured(store, run)
+    return [] if kv is None else [measured_line(kv, token_bytes), layers_line(kv)]
+
+
+def kv_contrast_lines(store: Store, run_a: RunRow, run_b: RunRow) -> list[str]:
+    """`compare`'s lines on the two runs' measured KV: each one's, and a note when they differ by more than 1%
+    (or one was not measured); [] when neither was measured."""
+    from polykv.eval.results.kv_measured import measured_line, unequal_kv
+
+    (a, token_bytes), (b, _) = measured(store, run_a), measured(store, run_b)
+    lines = [f"{name}: {measured_line(kv, token_bytes)}" for name, kv in (("A", a), ("B", b)) if kv is not None]
+    note = unequal_kv(a, b)
+    return lines + ([note] if note else [])
+
+
 def side_by_side(store: Store, run_a: str, run_b: str, task: str, only_differing: bool = False) -> list[dict[str, Any]]:
     """One task's samples of two runs side by side: sample, gold, A's and B's answers and metrics, and FullKV's
     answer when the store has a FullKV run of A's settings. `only_differing`: the samples whose answers or

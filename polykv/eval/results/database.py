@@ -16,7 +16,7 @@ from pathlib import Path
 from polykv.errors import StoreError, first_line
 from polykv.files import refuse_special_file
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -48,6 +48,7 @@ CREATE TABLE IF NOT EXISTS samples (
     prediction TEXT,
     gold TEXT,
     prompt TEXT,
+    kv_held TEXT,
     PRIMARY KEY (run_id, task, sample)
 );
 CREATE TABLE IF NOT EXISTS task_scores (
@@ -71,6 +72,9 @@ MIGRATIONS = (
     (3, "samples", "prediction", "TEXT"),
     (3, "samples", "gold", "TEXT"),
     (3, "samples", "prompt", "TEXT"),
+    # 4: the KV the plan held, measured from its cache (JSON: {"entering": [per layer], "end": [per layer]}, slots
+    # per KV head); NULL in older rows and for suites that do not measure it
+    (4, "samples", "kv_held", "TEXT"),
 )
 # Columns a runs table must have to be read as PolyKV's (a foreign table of the same name is refused).
 _RUN_COLUMNS = ("id", "plan_name", "suite", "model", "status", "total_samples", "created")

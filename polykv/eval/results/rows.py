@@ -48,6 +48,7 @@ class SampleRecord:
     prediction: str | None = None
     gold: tuple[str, ...] | list[str] | None = None
     prompt: dict[str, Any] | None = None
+    kv_held: dict[str, list[int]] | None = None  # slots per KV head per layer, measured: "entering", "end"
 
 
 @dataclass(frozen=True)
@@ -64,12 +65,13 @@ class SampleRow:
     prediction: str | None = None
     gold: list[str] | None = None
     prompt: dict[str, Any] | None = None
+    kv_held: dict[str, list[int]] | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> SampleRow:
         """A row of the samples table (a version-2 database read as it is has no record columns)."""
-        decoded = {"gold": None, "prompt": None}
-        for name in ("gold", "prompt"):
+        decoded = {"gold": None, "prompt": None, "kv_held": None}
+        for name in decoded:
             if row.get(name) is not None:
                 decoded[name] = json.loads(row[name])
         return cls(

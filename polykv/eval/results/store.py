@@ -138,7 +138,7 @@ class Store(ResultsDatabase):
         with self._connect() as db:
             db.execute(
                 "INSERT OR IGNORE INTO samples (run_id, task, sample, metrics, seconds, created, prediction, gold, "
-                "prompt) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "prompt, kv_held) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     run_id,
                     task,
@@ -149,6 +149,7 @@ class Store(ResultsDatabase):
                     record.prediction,
                     None if record.gold is None else json.dumps(list(record.gold)),
                     None if record.prompt is None else json.dumps(record.prompt, sort_keys=True),
+                    None if record.kv_held is None else json.dumps(record.kv_held),
                 ),
             )
 

@@ -176,7 +176,7 @@ def prompt_id(module, task: str, sample: str, seed: int, payload) -> dict:
 def _record(values, prompt: dict) -> tuple[dict[str, float], SampleRecord]:
     """A scored sample as (metrics, what the store keeps beside them)."""
     if isinstance(values, Scored):
-        return values.metrics, SampleRecord(values.prediction, values.gold, prompt)
+        return values.metrics, SampleRecord(values.prediction, values.gold, prompt, values.kv_held)
     return values, SampleRecord(prompt=prompt)
 
 

@@ -48,7 +48,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from polykv.lazy import lazy_import
 from polykv.plan import FULL, Phase, Plan
@@ -101,6 +101,9 @@ class Answer:
     tokens: list[int] | None = None
     nll: float | None = None
     match: float | None = None  # 100 when every gold token was the argmax at its position, else 0 (when scoring)
+    # the slots each layer held per KV head, read from the plan's cache (`RoutedCache.kv_held`): "entering" the
+    # answer and at the "end" (after the last answer token fed: the gold's when scoring, else the generated)
+    kv_held: dict[str, list[int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,7 @@ class Scored:
     metrics: dict[str, float]
     prediction: str | None = None
     gold: list[str] | None = None
+    kv_held: dict[str, list[int]] | None = None  # `Answer.kv_held`
 
 
 def gold_ids(tokenizer, prompt_ids: Sequence[int], text: str, limit: int) -> list[int]:
@@ -155,9 +159,16 @@ def answer_alone(model, plan: Plan, question: Question, mode: str, pad_token_id:
     from polykv.runtime import routed  # torch and transformers: when a plan runs
 
     with torch.no_grad(), routed(model, plan):
-        tokens = _generate(model, question, pad_token_id, split=True) if generates(mode) else None
-        nll, match = teacher_forced(model, question) if scores_answer(mode) else (None, None)
-    return Answer(tokens, nll, match)
+        tokens, cache = _generate(model, question, pad_token_id, split=True) if generates(mode) else (None, None)
+        nll, match = None, None
+        if scores_answer(mode):
+            nll, match, cache = teacher_forced(model, question, with_cache=True)
+    return Answer(tokens, nll, match, _held(cache))
+
+
+def _held(cache) -> dict[str, list[int]] | None:
+    """What a routed cache held (`RoutedCache.kv_held`); None from any other cache."""
+    return cache.kv_held() if hasattr(cache, "kv_held") else None
 
 
 def _context_pass(model, question: Question):
@@ -185,10 +196,10 @@ def _prompt_pass(model, question: Question):
     return logits[0], cache
 
 
-def teacher_forced(model, question: Question) -> tuple[float, float]:
+def teacher_forced(model, question: Question, with_cache: bool = False) -> tuple:
     """The gold answer's mean NLL and its greedy match (100 when every gold token is its position's argmax, else 0) with
     the model as it is set up (under `routed`, the plan's cache): the prompt's pass (`_prompt_pass`), then the
-    answer token by token through the cache."""
+    answer token by token through the cache. `with_cache`: the cache as a third value."""
     from polykv.models import cache_argument_name
 
     logits, cache = _prompt_pass(model, question)
@@ -199,13 +210,13 @@ def teacher_forced(model, question: Question) -> tuple[float, float]:
         out = model(step, use_cache=True, **{cache_argument_name(model): cache})
         total += _nll(out.logits[0, -1], target)
         match = match and int(out.logits[0, -1].argmax()) == target
-    return total / len(answer), 100.0 * match
+    return (total / len(answer), 100.0 * match) + ((cache,) if with_cache else ())
 
 
-def _generate(model, question: Question, pad_token_id: int | None, split: bool = False) -> list[int]:
-    """Greedy tokens after the prompt. `split`: a question after compression gets the context's pass first
-    (`_context_pass`; a plain cache when no plan is routed); `generate` then feeds the question and the answer
-    through that cache."""
+def _generate(model, question: Question, pad_token_id: int | None, split: bool = False) -> tuple[list[int], object]:
+    """(greedy tokens after the prompt, the cache they were generated with). `split`: a question after
+    compression gets the context's pass first (`_context_pass`; a plain cache when no plan is routed);
+    `generate` then feeds the question and the answer through that cache."""
     from polykv.models import cache_argument_name
 
     ids = torch.tensor([question.prompt_ids], device=model.device)
@@ -218,8 +229,8 @@ def _generate(model, question: Question, pad_token_id: int | None, split: bool =
         kwargs["min_new_tokens"] = question.min_new_tokens
     if pad_token_id is not None and model.generation_config.pad_token_id is None:
         kwargs["pad_token_id"] = pad_token_id
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
-    return out[0, ids.shape[1] :].tolist()
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), return_dict_in_generate=True, **kwargs)
+    return out.sequences[0, ids.shape[1] :].tolist(), out.past_key_values
 
 
 # ---- many plans on one prompt (`polykv.runtime.many_plans`) ------------------------------------------------------
@@ -246,6 +257,7 @@ def answer_many(model, plans: Sequence[Plan], question: Question, mode: str, wit
     cut = question.question_start
     with torch.inference_mode(), many_plans.many(model, rows) as session:
         stepping, first = session.prefill(question.prompt_ids[:cut])
+        caches = list(stepping.caches)  # rows leave the batch when done; their caches keep what they held
         if cut is not None:  # the question after the compressed context, kept in full: each row's own logits
             first = stepping.feed(question.prompt_ids[cut:], keep=True)
         max_new = question.max_new_tokens if generates(mode) else 0
@@ -274,6 +286,7 @@ def answer_many(model, plans: Sequence[Plan], question: Question, mode: str, wit
             tokens[i] if generates(mode) else None,
             math.fsum(nll[i]) / len(answer) if forced else None,
             100.0 * matched[i] if forced else None,
+            caches[i].kv_held(),  # the teacher-forced row when scoring, else the generating one
         )
         for i in range(count)
     ]
@@ -331,7 +344,7 @@ def fullkv_answer(model, question: Question, pad_token_id: int | None = None) ->
     if cached is not None:
         return cached
     with torch.no_grad():  # the vanilla model, with the question fed after the context when it comes apart
-        return remember_reference(model, question, _generate(model, question, pad_token_id, split=True))
+        return remember_reference(model, question, _generate(model, question, pad_token_id, split=True)[0])
 
 
 # ---- a suite's samples scored in any mode -------------------------------------------------------------------
@@ -361,6 +374,11 @@ def score_many(model, plans: Sequence[Plan], question: Question, mode: str, judg
     return [_scored(answer, reference, judge) for answer in answers[: len(plans)]]
 
 
+def with_gold(scored: Scored, gold: Sequence[str]) -> Scored:
+    """`scored` with the suite's gold answers beside it (what the runner stores)."""
+    return replace(scored, gold=list(gold))
+
+
 def _scored(answer: Answer, reference: list[int] | None, judge) -> Scored:
     metrics: dict[str, float] = {}
     prediction = None
@@ -368,7 +386,7 @@ def _scored(answer: Answer, reference: list[int] | None, judge) -> Scored:
         metrics, prediction = judge(answer.tokens, reference)
     if answer.nll is not None:
         metrics = {**metrics, "answer_nll": answer.nll, "answer_match": answer.match}
-    return Scored(metrics, prediction)
+    return Scored(metrics, prediction, kv_held=answer.kv_held)
 
 
 __all__ = [
@@ -397,4 +415,5 @@ __all__ = [
     "score_many",
     "scores_answer",
     "teacher_forced",
+    "with_gold",
 ]

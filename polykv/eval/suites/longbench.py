@@ -255,7 +255,7 @@ def score_sample(model, plan: Plan, payload: dict, settings: LongBenchSettings) 
     scored = answers.score_alone(
         model, plan, _question(payload), settings.mode, _judge(payload), _pad(payload["tokenizer"])
     )
-    return answers.Scored(scored.metrics, scored.prediction, list(payload["answers"]))
+    return answers.with_gold(scored, payload["answers"])
 
 
 def score_samples(model, plans: list[Plan], payload: dict, settings: LongBenchSettings) -> list[answers.Scored]:
@@ -267,7 +267,7 @@ def score_samples(model, plans: list[Plan], payload: dict, settings: LongBenchSe
     if many_plans.unsupported(model):
         return [score_sample(model, plan, payload, settings) for plan in plans]
     scored = answers.score_many(model, plans, _question(payload), settings.mode, _judge(payload))
-    return [answers.Scored(s.metrics, s.prediction, list(payload["answers"])) for s in scored]
+    return [answers.with_gold(s, payload["answers"]) for s in scored]
 
 
 def _score(payload: dict, prediction: str) -> dict[str, float]:

@@ -372,7 +372,7 @@ def score_sample(model, plan: Plan, payload: dict, settings: RulerSettings | Non
     "agreement" when generating, "answer_nll" when scoring; with the prediction and the gold answers."""
     mode = (settings or RulerSettings()).mode
     scored = answers.score_alone(model, plan, _question(payload), mode, _judge(payload), _pad(payload["tokenizer"]))
-    return answers.Scored(scored.metrics, scored.prediction, list(payload["answers"]))
+    return answers.with_gold(scored, payload["answers"])
 
 
 def score_samples(
@@ -387,7 +387,7 @@ def score_samples(
         return [score_sample(model, plan, payload, settings) for plan in plans]
     mode = (settings or RulerSettings()).mode
     scored = answers.score_many(model, plans, _question(payload), mode, _judge(payload))
-    return [answers.Scored(s.metrics, s.prediction, list(payload["answers"])) for s in scored]
+    return [answers.with_gold(s, payload["answers"]) for s in scored]
 
 
 def _pad(tokenizer) -> int | None:
