@@ -14,7 +14,7 @@ from polykv.eval.experiments.experiment_runner import ExperimentRunner
 from polykv.eval.experiments.leaderboard import board_methods, leaderboard, leaderboard_plans
 from polykv.eval.experiments.leaderboard_page import leaderboard_markdown
 from polykv.eval.experiments.report import Report
-from polykv.eval.results.store import Store
+from polykv.eval.results.store import SampleRecord, Store
 from polykv.eval.statistics.contrast import NO_DIFFERENCE
 from polykv.eval.statistics.tasks import holm
 from polykv.eval.suites.ruler import RulerSettings
@@ -61,11 +61,20 @@ class ScriptedRunner(ExperimentRunner):
             for task in TASKS:
                 for i in range(SAMPLES):
                     value = self.script(plan, task, i, self.settings.question)
-                    self.store.add_sample(run, task, str(i), {"answer_nll": value}, 0.1)
+                    record = SampleRecord(kv_held=held(plan))
+                    self.store.add_sample(run, task, str(i), {"answer_nll": value}, 0.1, record)
             self.store.set_task_scores(run, {t: {"answer_nll": 0.0} for t in TASKS}, {t: SAMPLES for t in TASKS})
             self.store.set_status(run, "finished")
             ids.append(run)
         return ids
+
+
+def held(plan) -> dict:
+    """What a plan's cache measured: its capacity in each of the 4 layers (FullKV the whole 1,000-token prompt), Knorm
+    one token more (a budget its rule overshoots)."""
+    layer = plan.layers[0].prefill
+    tokens = 1000 if layer.capacity is None else layer.capacity + (layer.method == "knorm")
+    return {"entering": [tokens] * 4, "end": [tokens] * 4, "seen_entering": 1000, "seen_end": 1000}
 
 
 def scripted(store: Store, script: Callable) -> ScriptedRunner:
@@ -113,6 +122,13 @@ def test_each_method_is_compared_with_each_reference_and_holm_corrects_each_fami
     assert "| `knorm` | 16 | tova | answer_nll | -1.0000 |" in page and "24/0/0" in page
     assert "| -1.000 (better, p_H " in page and ", MDE " in page
     assert "### The question after-compression against in-prompt" in page and "| `tova` | 32 | 2.000 | 1.500 |" in page
+    # the KV each plan held, measured, and contrasts whose plans held more than 1% apart
+    assert (knorm.kv_entering, knorm.kv_share) == (68, 68 / 4000) and data.full.kv_share == 1.0
+    assert versus_tova.equal_kv is False and random_vs_tova.equal_kv is True
+    assert "| `knorm` | 68 (1.7%) | 132 (3.3%) |" in page and "| -1.000 (better, p_H " in page
+    (knorm_row,) = [line for line in page.splitlines() if line.startswith("| `knorm` | 1.000 |")]
+    (random_row,) = [line for line in page.splitlines() if line.startswith("| `random` | 2.000 |")]
+    assert knorm_row.count(", unequal KV)") == 4 and "unequal KV" not in random_row  # vs TOVA and Random, 16 and 32
 
 
 def test_the_command_refuses_a_method_the_scope_cannot_run_and_a_reference_not_among_the_methods(polykv):

@@ -191,6 +191,10 @@ def test_polykv_search_on_a_workload_writes_its_verdict(polykv, tmp_path):
     assert "## Against the envelope (each baseline under its own protocol)" in page and "MDE" in page
     assert "across protocols: searched acts in decode only" in page  # the envelope here: a two-phase baseline
     assert "## Competence" in page and "## KV memory each plan keeps" in page
+    # each plan's held-out run measured what it held: FullKV every token it saw, the searched plan its budget
+    kv_lines = [line for line in page.splitlines() if line.startswith("| ") and "MB" in line]
+    assert "entering the answer, measured" in page and kv_lines and all("not measured" not in x for x in kv_lines)
+    assert any("| fullkv |" in line and line.endswith(" MB, 100%) |") for line in kv_lines)
     assert (out / "results.sqlite").is_file() and (out / "workload.png").is_file()
     assert "It computes, in order" in result.stderr  # says what it computes before it starts
     assert report["competence"]["samples"] == 3 and set(report["fullkv_accuracy"]) == {"niah_single_1"}

@@ -143,6 +143,15 @@ class ExperimentRunner:
         scores = sample_scores(self.store, run_id, metric or self.metric)
         return {task: v for task, v in scores.items() if self._asked(task)}
 
+    def measured_kv(self, run_id: str):
+        """The KV the run's plan held, measured (`polykv.eval.results.kv_measured.MeasuredKV`, FullKV's beside it),
+        over the samples of the settings' tasks; None where no sample carries a measurement."""
+        from polykv.eval.results.kv_measured import measured_kv
+        from polykv.models import layer_windows
+
+        rows = [row for row in self.store.samples(run_id) if self._asked(row.task)]
+        return measured_kv(rows, layer_windows(self.model))
+
     def _asked(self, task: str) -> bool:
         """Is `task` one of the settings' tasks? (A replayed run may hold more: `Store.finished_run`.)"""
         tasks = getattr(self.settings, "tasks", None)

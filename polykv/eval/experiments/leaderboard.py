@@ -27,6 +27,7 @@ from polykv.eval.experiments.report import (
     Report,
     SampleLevel,
 )
+from polykv.eval.results.kv_measured import equal_kv
 from polykv.eval.statistics.contrast import direction, sample_wins, verdict
 from polykv.eval.statistics.samples import paired_differences, sample_test, sign_flip_p
 from polykv.eval.statistics.tasks import holm
@@ -119,9 +120,11 @@ def leaderboard(
     if not metrics:
         raise ValueError(f"the runs report none of {', '.join(METRICS)}: score the suite in score or both mode")
     scores = {key: {m: runner.sample_scores(run, m) for m in metrics} for key, run in runs.items()}
+    held = {key: runner.measured_kv(run) for key, run in runs.items()}
 
     def entry(key: str, method: str, budget: int | None) -> BoardEntry:
         means = {m: _macro(scores[key][m]) for m in metrics}
+        kv = held[key]
         return BoardEntry(
             method=method,
             budget=budget,
@@ -129,6 +132,8 @@ def leaderboard(
             plan=plans[key].name,
             allocation=plans[key].allocation,
             means=means,
+            kv_entering=None if kv is None else kv.total_entering,
+            kv_share=None if kv is None or not kv.fullkv_entering else kv.total_entering / kv.fullkv_entering,
         )
 
     entries = {(m, b): entry(_key(m, b), m, b) for m in methods for b in budgets}
@@ -151,6 +156,7 @@ def leaderboard(
                         ties=ties,
                         losses=losses,
                         verdict=verdict(test.difference, metric, p_holm < ALPHA),
+                        equal_kv=equal_kv(held[_key(m, b)], held[_key(reference, b)]),
                     )
                 )
     dependence = []

@@ -24,7 +24,41 @@ def _cell(contrast: BoardContrast | None) -> str:
     if contrast is None:
         return "(reference)"
     test = contrast.sample
-    return f"{test.difference:+.3f} ({SHORT[contrast.verdict]}, p_H {format_p(contrast.p_holm)}, MDE {_num(test.mde)})"
+    unequal = ", unequal KV" if contrast.equal_kv is False else ""
+    return (
+        f"{test.difference:+.3f} ({SHORT[contrast.verdict]}, p_H {format_p(contrast.p_holm)}, MDE {_num(test.mde)}"
+        f"{unequal})"
+    )
+
+
+def _held(entry: BoardEntry) -> str:
+    if entry.kv_entering is None:
+        return "not measured"
+    share = "" if entry.kv_share is None else f" ({entry.kv_share:.1%})"
+    return f"{entry.kv_entering:,.0f}{share}"
+
+
+def _kv_section(data: LeaderboardData, entries: dict) -> list[str]:
+    """The KV each plan held entering the answer, measured from its cache, by method and budget."""
+    if all(e.kv_entering is None for e in data.entries):
+        return [
+            "KV held entering the answer: not measured (these runs predate PolyKV's measurement); each plan holds its "
+            "capacity in every layer, or its rule's split of the same total, plus the question where it is kept "
+            "in full, as far as a layer's window allows.",
+            "",
+        ]
+    lines = [
+        f"### KV held entering the answer, measured (token-layers per KV head, mean over the samples; share of "
+        f"FullKV's: {_held(data.full)})",
+        "",
+        'A contrast between plans whose measured KV differ by more than 1% says "unequal KV" in its cell.',
+        "",
+        "| method | " + " | ".join(str(b) for b in data.budgets) + " |",
+        "|---|" + "---|" * len(data.budgets),
+    ]
+    for method in data.methods:
+        lines.append(f"| `{method}` | " + " | ".join(_held(entries[method, b]) for b in data.budgets) + " |")
+    return [*lines, ""]
 
 
 def leaderboard_markdown(data: LeaderboardData, database: Path | str) -> str:
@@ -43,6 +77,7 @@ def leaderboard_markdown(data: LeaderboardData, database: Path | str) -> str:
     natives = sorted({e.method for e in data.entries if e.allocation == "native"})
     if natives:
         lines += [f"{', '.join(natives)} split each budget over the layers by their own rule (native allocation).", ""]
+    lines += _kv_section(data, entries)
     for metric in data.metrics:
         better = "lower" if direction(metric) < 0 else "higher"
         full = data.full.means.get(metric)

@@ -293,6 +293,9 @@ class BoardContrast(_Data):
     ties: Count
     losses: Count
     verdict: str  # "better", "worse" or "no significant difference", at family-wise 5%
+    # did the two hold the same KV entering the answer, measured (within `kv_measured.MEASURED_TOLERANCE`)? None:
+    # not measured
+    equal_kv: bool | None = None
 
 
 class BoardEntry(_Data):
@@ -305,6 +308,10 @@ class BoardEntry(_Data):
     allocation: str = "fixed"  # "native": the method split the budget over the layers by its own rule
     means: dict[str, Statistic]  # metric -> its macro-average over the tasks
     versus: list[BoardContrast] = Field(default_factory=list)
+    # the KV the plan held entering the answer, measured from its cache (token-layers per KV head, the mean over its
+    # samples) and as a share of what FullKV held on them; None where the runs predate the measurement
+    kv_entering: Statistic = None
+    kv_share: Statistic = None
 
 
 class QuestionContrast(_Data):

@@ -73,6 +73,15 @@ def layers_line(kv: MeasuredKV) -> str:
     return "per layer entering the answer: " + " ".join(f"{v:g}" if v == int(v) else f"{v:.1f}" for v in kv.entering)
 
 
+def equal_kv(a: MeasuredKV | None, b: MeasuredKV | None) -> bool | None:
+    """Did the two hold the same KV entering the answer, within MEASURED_TOLERANCE of the larger? None: one of them
+    was not measured."""
+    if a is None or b is None:
+        return None
+    larger = max(a.total_entering, b.total_entering)
+    return larger == 0 or abs(a.total_entering - b.total_entering) <= MEASURED_TOLERANCE * larger
+
+
 def unequal_kv(a: MeasuredKV | None, b: MeasuredKV | None, names: tuple[str, str] = ("A", "B")) -> str | None:
     """A line when two runs' measured KV entering the answer differ by more than MEASURED_TOLERANCE of the larger
     (a contrast between them is then not at equal KV), or when one of them was not measured; else None."""
@@ -81,8 +90,7 @@ def unequal_kv(a: MeasuredKV | None, b: MeasuredKV | None, names: tuple[str, str
     if a is None or b is None:
         missing = names[0] if a is None else names[1]
         return f"note: {missing}'s KV was not measured (a run from before PolyKV measured it), so equal KV is not shown"
-    larger = max(a.total_entering, b.total_entering)
-    if larger == 0 or abs(a.total_entering - b.total_entering) <= MEASURED_TOLERANCE * larger:
+    if equal_kv(a, b):
         return None
     change = a.total_entering / b.total_entering - 1 if b.total_entering else 0.0
     return (

@@ -13,11 +13,21 @@ from polykv.search.workload.report import WorkloadBudget, WorkloadReport
 from polykv.search.workload.verdict import ROLES
 
 KV_HEADER = ("budget", "role", "plan", "scope", "entering the answer", "after the answer")
+MEASURED_HEADER = (*KV_HEADER, "entering the answer, measured")
 
 
-def kv_rows(report: WorkloadReport, budgets: Sequence[WorkloadBudget], roles=(*ROLES, "fullkv")) -> list[tuple]:
+def kv_header(store=None) -> tuple[str, ...]:
+    """The KV table's columns: with a results database, the KV each plan's runs held, measured, beside."""
+    return KV_HEADER if store is None else MEASURED_HEADER
+
+
+def kv_rows(
+    report: WorkloadReport, budgets: Sequence[WorkloadBudget], roles=(*ROLES, "fullkv"), store=None
+) -> list[tuple]:
     """Per budget and role: the KV kept entering the answer and after it, in tokens per layer and MB (mean over
-    the searched tasks' held-out samples), and as a share of FullKV's."""
+    the searched tasks' held-out samples), and as a share of FullKV's. With `store` (the report's results
+    database), one more column: what the role's answer_nll run held entering the answer, measured from its cache
+    (`polykv.eval.results.kv_measured`), per layer and as a share of what FullKV held on the same samples."""
     dims = report.kv
     lengths = [report.samples.lengths[t] for t in report.samples.tasks if t in report.samples.lengths]
     if dims is None or not lengths:
@@ -34,17 +44,32 @@ def kv_rows(report: WorkloadReport, budgets: Sequence[WorkloadBudget], roles=(*R
                 continue
             plan = full if role == "fullkv" else entry.plans[role]
             entering, after = mean(plan)
-            rows.append(
-                (
-                    "" if role == "fullkv" else entry.budget,
-                    role,
-                    f"`{plan.name}`",
-                    plan.scope.value,
-                    f"{entering / dims.layers:.0f} ({entering * per_token:.1f} MB, {entering / reference[0]:.0%})",
-                    f"{after / dims.layers:.0f} ({after * per_token:.1f} MB, {after / reference[1]:.0%})",
-                )
+            row = (
+                "" if role == "fullkv" else entry.budget,
+                role,
+                f"`{plan.name}`",
+                plan.scope.value,
+                f"{entering / dims.layers:.0f} ({entering * per_token:.1f} MB, {entering / reference[0]:.0%})",
+                f"{after / dims.layers:.0f} ({after * per_token:.1f} MB, {after / reference[1]:.0%})",
             )
+            if store is not None:
+                row += (_measured(report, store, entry.runs.get("answer_nll", {}).get(role), per_token),)
+            rows.append(row)
     return rows
+
+
+def _measured(report: WorkloadReport, store, run: str | None, per_token: float) -> str:
+    """What a run held entering the answer on the searched tasks' samples, measured: tokens per layer (MB, % of
+    FullKV's), or "not measured" (a run from before PolyKV measured it)."""
+    from polykv.eval.results.kv_measured import measured_kv
+
+    rows = [] if run is None else [r for r in store.samples(run) if r.task.split("@")[0] in report.samples.tasks]
+    kv = measured_kv(rows, report.kv.windows or [None] * report.kv.layers)
+    if kv is None:
+        return "not measured"
+    share = f", {kv.total_entering / kv.fullkv_entering:.0%}" if kv.fullkv_entering else ""
+    layers = len(kv.entering)
+    return f"{kv.total_entering / layers:.0f} ({kv.total_entering * per_token:.1f} MB{share})"
 
 
 def kv_note(report: WorkloadReport) -> str:
@@ -57,7 +82,9 @@ def kv_note(report: WorkloadReport) -> str:
         "min(capacity, what it has seen), as the methods do"
         + (", and a local layer at most its sliding window less one" if any(dims.windows or ()) else "")
         + ". Entering the answer is after the prompt's pass (and the "
-        "question, when it comes after compression); a decode-only plan holds the whole prompt until then."
+        "question, when it comes after compression); a decode-only plan holds the whole prompt until then. The "
+        "last column, where the runs have it, is what each plan's held-out run held entering the answer, measured "
+        "from its cache (mean tokens per layer, MB, % of what FullKV held on the same samples)."
     )
 
 

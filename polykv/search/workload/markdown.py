@@ -22,7 +22,7 @@ from typing import Any
 from polykv.eval.statistics.render import markdown_table, number
 from polykv.eval.statistics.samples import EXACT_DIFFERING, PERMUTATIONS
 from polykv.plan import Plan
-from polykv.search.workload.kv_table import KV_HEADER, hybrid_budget_lines, kv_note, kv_rows
+from polykv.search.workload.kv_table import hybrid_budget_lines, kv_header, kv_note, kv_rows
 from polykv.search.workload.report import WorkloadBudget, WorkloadReport
 from polykv.search.workload.verdict import FAMILIES, ROLES
 from polykv.search.workload.verdict_text import (
@@ -121,6 +121,7 @@ def markdown(
     length = f" at {settings['length']} tokens" if "length" in settings else ""
     question = samples.question
     where = str(store_dir) if store_dir is not None else "the output folder"
+    store = _results(store_dir)
     steps = dict(report.seconds_steps)
     scope = report.scope
     lines = [
@@ -214,7 +215,7 @@ def markdown(
         "",
         kv_note(report) if report.kv is not None else "The report does not say the model's KV dimensions.",
         "",
-        *markdown_table(KV_HEADER, kv_rows(report, report.budgets)),
+        *markdown_table(kv_header(store), kv_rows(report, report.budgets, store=store)),
         "",
     ]
     if figure is not None and figure.exists():
@@ -242,6 +243,14 @@ def markdown(
             "",
         ]
     return "\n".join(lines)
+
+
+def _results(store_dir: Path | None):
+    """The report's results database, read-only (None where there is none): the KV its runs held, measured."""
+    from polykv.eval.results.store import Store
+
+    path = None if store_dir is None else Path(store_dir) / "results.sqlite"
+    return Store(path, readonly=True) if path is not None and path.is_file() else None
 
 
 def _relative(path: Path | None, page) -> str:
