@@ -195,6 +195,8 @@ def test_polykv_search_on_a_workload_writes_its_verdict(polykv, tmp_path):
     kv_lines = [line for line in page.splitlines() if line.startswith("| ") and "MB" in line]
     assert "entering the answer, measured" in page and kv_lines and all("not measured" not in x for x in kv_lines)
     assert any("| fullkv |" in line and line.endswith(" MB, 100%) |") for line in kv_lines)
+    # the decode-scope searched plan holds the whole prompt entering the answer, the prefill envelope its budget
+    assert "; not at equal KV: entering the answer searched held " in page
     assert (out / "results.sqlite").is_file() and (out / "workload.png").is_file()
     assert "It computes, in order" in result.stderr  # says what it computes before it starts
     assert report["competence"]["samples"] == 3 and set(report["fullkv_accuracy"]) == {"niah_single_1"}
@@ -207,6 +209,8 @@ def test_polykv_search_on_a_workload_writes_its_verdict(polykv, tmp_path):
     assert "## Reading\n\nThe searched plan wins nothing here.\n" in text  # a person's words, before the numbers
     assert "## Like with like: the searched plan against the best homogeneous plan of its scope" in text
     assert "out/results.sqlite" in text and entry["runs"]["answer_nll"]["searched"] in text
+    assert "no scope on this page was searched under both question protocols" in text  # one search: no empty table
+    assert "entering the answer, measured" in text
     # rendered again: the verdicts recomputed from the database equal the search's own; report.json untouched
     saved = (out / "report.json").read_bytes()
     again = rejudge(WorkloadReport.load(out / "report.json"), Store(out / "results.sqlite", readonly=True))

@@ -106,4 +106,4 @@ def hybrid_budget_lines(report: WorkloadReport) -> list[str]:
     ]
 
 
-__all__ = ["KV_HEADER", "hybrid_budget_lines", "kv_note", "kv_rows"]
+__all__ = ["KV_HEADER", "MEASURED_HEADER", "hybrid_budget_lines", "kv_header", "kv_note", "kv_rows"]

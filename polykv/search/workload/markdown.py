@@ -75,20 +75,40 @@ def _held_out_table(entry: WorkloadBudget, family: str) -> list[str]:
     return markdown_table(header, rows)
 
 
-def _lines_for(report: WorkloadReport, kind_pairs, families=FAMILIES, metrics=("answer_nll", "score")) -> list[str]:
+def _lines_for(
+    report: WorkloadReport, kind_pairs, families=FAMILIES, metrics=("answer_nll", "score"), store=None
+) -> list[str]:
     lines = []
     for entry in report.budgets:
         lines.append(f"- **Budget {entry.budget}**:")
         for a, b in kind_pairs:
+            unequal = _unequal_kv(report, entry, a, b, store)
             for family in families:
                 for metric in metrics:
                     c = entry.find(family, a, b, metric)
                     if c is not None:
                         lines.append(
                             f"  - {a} `{entry.name_of(a)}` - {b} `{entry.name_of(b)}`, {family}, "
-                            f"{METRIC_WORDS[metric]}: {contrast_line(entry, c)}"
+                            f"{METRIC_WORDS[metric]}: {contrast_line(entry, c)}{unequal}"
                         )
     return lines
+
+
+def _unequal_kv(report: WorkloadReport, entry: WorkloadBudget, a: str, b: str, store) -> str:
+    """ "; not at equal KV ..." when the two roles' held-out runs held measured KV more than 1% apart entering the
+    answer (or one was not measured while the other was); "" otherwise or without a database."""
+    from polykv.eval.results.kv_measured import measured_kv, unequal_kv
+
+    if store is None or report.kv is None:
+        return ""
+    windows = report.kv.windows or [None] * report.kv.layers
+    held = []
+    for role in (a, b):
+        run = entry.runs.get("answer_nll", {}).get(role)
+        rows = [] if run is None else [r for r in store.samples(run) if r.task.split("@")[0] in report.samples.tasks]
+        held.append(measured_kv(rows, windows))
+    line = unequal_kv(*held, names=(a, b))
+    return "" if line is None else "; " + line.removeprefix("note: ")
 
 
 def competence_lines(report: WorkloadReport) -> list[str]:
@@ -201,15 +221,19 @@ def markdown(
         "",
         "Like with like: both act in the searched scope, under the same question protocol.",
         "",
-        *_lines_for(report, [("searched", "homogeneous")]),
+        *_lines_for(report, [("searched", "homogeneous")], store=store),
         "",
         "## Against the envelope (each baseline under its own protocol)",
         "",
-        *_lines_for(report, [("searched", "envelope"), ("homogeneous", "envelope")], metrics=("answer_nll",)),
+        *_lines_for(
+            report, [("searched", "envelope"), ("homogeneous", "envelope")], metrics=("answer_nll",), store=store
+        ),
         "",
         "## The paper's Section 4.4 shape: the workload route against its anchor and against TOVA",
         "",
-        *_lines_for(report, [("toprank-workload", "anchor"), ("toprank-workload", "tova")], metrics=("answer_nll",)),
+        *_lines_for(
+            report, [("toprank-workload", "anchor"), ("toprank-workload", "tova")], metrics=("answer_nll",), store=store
+        ),
         "",
         "## KV memory each plan keeps",
         "",

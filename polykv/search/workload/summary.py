@@ -19,7 +19,7 @@ from typing import Any
 
 from polykv.eval.statistics.render import markdown_table, number
 from polykv.eval.statistics.samples import EXACT_DIFFERING
-from polykv.search.workload.kv_table import KV_HEADER, kv_note, kv_rows
+from polykv.search.workload.kv_table import kv_header, kv_note, kv_rows
 from polykv.search.workload.report import SampleContrast, WorkloadBudget, WorkloadReport
 from polykv.search.workload.verdict import FAMILIES
 from polykv.search.workload.verdict_text import PAPER_OPEN, PROTOCOL_WORDS, SCOPE_WORDS, interval, mde_text, test_text
@@ -115,6 +115,29 @@ def _tally(runs, a: str, b: str, family: str) -> list[str]:
                 f"{same} of {len(shown)} budgets"
             )
     return out
+
+
+def _protocol_section(runs, stores: Mapping[str, Any]) -> list[str]:
+    """The page's section on the question protocol: the same plans under both, or why the page cannot say."""
+    rows = protocol_rows(runs, stores)
+    head = ["## What the question protocol changes: the same plan, in the prompt and after compression", ""]
+    if not rows:
+        return [
+            *head,
+            "Nothing here: no scope on this page was searched under both question protocols, so no plan ran "
+            "under both (each search runs its contenders under its own protocol).",
+            "",
+        ]
+    return [
+        *head,
+        "answer_nll on the searched tasks, sample by sample (the two searches scored the same prompts), for every "
+        "plan both searches ran (the same layers, methods, capacities and parameters): after compression a "
+        "prefill method compresses the context without the question in view (SnapKV's window, TOVA's last "
+        "query); FullKV, which evicts nothing, is the control:",
+        "",
+        *markdown_table(PROTOCOL_HEADER, rows),
+        "",
+    ]
 
 
 def protocol_rows(runs, stores: Mapping[str, Any]) -> list[tuple]:
@@ -324,23 +347,16 @@ def summary(
             ),
         ),
         "",
-        "## What the question protocol changes: the same plan, in the prompt and after compression",
-        "",
-        "answer_nll on the searched tasks, sample by sample (the two searches scored the same prompts), for every "
-        "plan both searches ran (the same layers, methods, capacities and parameters): after compression a "
-        "prefill method compresses the context without the question in view (SnapKV's window, TOVA's last "
-        "query); FullKV, which evicts nothing, is the control:",
-        "",
-        *markdown_table(PROTOCOL_HEADER, protocol_rows(runs, stores)),
-        "",
+        *_protocol_section(runs, stores),
         "## Where the KV memory is saved",
         "",
         kv_note(first) if first.kv is not None else "",
         "",
     ]
     for name, report, _ in runs:
-        rows = kv_rows(report, report.budgets, ("searched", "homogeneous", "envelope", "fullkv"))
-        lines += [f"{name}:", "", *markdown_table(KV_HEADER, rows), ""]
+        store = stores.get(name)
+        rows = kv_rows(report, report.budgets, ("searched", "homogeneous", "envelope", "fullkv"), store=store)
+        lines += [f"{name}:", "", *markdown_table(kv_header(store), rows), ""]
     lines += ["## Competence", ""]
     accuracy_rows = []
     for name, report, _ in runs:
