@@ -4,7 +4,8 @@ searches run before PolyKV stored that measurement with every sample.
 Runs the report's contenders (searched, homogeneous, envelope, and FullKV) on the first `--samples` held-out samples
 of each searched task, in score mode under the report's own settings and question protocol, into a results database,
 and prints what each held entering the answer: token-layers per KV head, the share of what FullKV held on the same
-samples, and each layer's count.
+samples, and each layer's count. It measures what the current code holds: docs/gemma3-workload/measured-kv was made
+at commit 74997cc, before a native allocation gave what a local layer cannot hold to the layers that can.
 
     python benchmarks/measured_kv.py docs/gemma3-workload/prefill-after-compression/report.json \\
         --out docs/gemma3-workload/measured-kv --samples 1

@@ -3,7 +3,10 @@
 Nominal counts, as the methods behave: an evicting layer keeps min(capacity, what it has seen); a local layer
 (sliding-window attention, e.g. 15 of Gemma 3 270M's 18 layers) never holds more than its window less the
 coming token (W - 1), whatever its plan says, as transformers' sliding-window cache does; a `full` layer keeps
-everything it may still attend. Native allocation splits the same total over the layers, so its sum is the same.
+everything it may still attend. Native allocation splits the same total over the layers (on a hybrid model what a
+local layer cannot hold goes to the others, `polykv.methods.shared.within_bounds`), so its sum is the same; its
+per-layer split is decided at run time and counted here as written. What a run held is measured
+(`polykv.eval.results.kv_measured`).
 
 One token in one layer costs a key and a value for every KV head: 2 x kv_heads x head_dim numbers.
 """
@@ -146,4 +149,12 @@ def window_notes(plan: Plan, windows: Sequence[int | None]) -> list[str]:
                 f"the window once the layer has seen {window} tokens (its queries cannot see them)"
             )
             notes.setdefault(note, []).append(phase.value)
-    return [f"{' and '.join(phases)}: {note}" for note, phases in notes.items()]
+    out = [f"{' and '.join(phases)}: {note}" for note, phases in notes.items()]
+    local = [i for i, w in enumerate(windows) if w is not None]
+    if plan.allocation == "native" and local:
+        out.append(
+            f"native allocation: the method's rule splits the budget over the layers at run time; layers "
+            f"{layer_ranges(local)} are local and hold at most their window less one, so what the rule gives them "
+            "beyond goes to the layers that can hold it (the total is kept)"
+        )
+    return out

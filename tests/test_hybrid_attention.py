@@ -75,6 +75,13 @@ def test_the_validator_notes_say_what_a_plan_asks_of_a_local_layer():
     ]
     assert window_notes(Plan.homogeneous("tova", 128, 4), windows) == []
     assert window_notes(roomy, [None] * 4) == []
+    pyramid = Plan.homogeneous("pyramidkv", 128, 4, "prefill", allocation="native")
+    assert window_notes(pyramid, windows) == [
+        "native allocation: the method's rule splits the budget over the layers at run time; layers 0-1, 3 are "
+        "local and hold at most their window less one, so what the rule gives them beyond goes to the layers that "
+        "can hold it (the total is kept)"
+    ]
+    assert window_notes(pyramid, [None] * 4) == []
 
 
 def test_layer_windows_read_the_config_as_transformers_does(gemma):

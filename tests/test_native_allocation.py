@@ -10,7 +10,7 @@ import torch
 from polykv.methods import REGISTRY, validate_plan
 from polykv.methods.attention.cake import CAKE, CAKEParams
 from polykv.methods.attention.pyramidkv import PyramidKV, PyramidKVParams
-from polykv.methods.shared import split_total
+from polykv.methods.shared import split_total, within_bounds
 from polykv.models import cache_argument_name
 from polykv.plan import Phase, Plan, PlanError
 from polykv.runtime import routed
@@ -124,3 +124,23 @@ def test_native_plan_splits_the_total_at_run_time(method, scope):
     else:
         assert sum(cache.capacities("decode")) == 4 * 24
         assert all(r <= c for r, c in zip(cache.retained_per_layer(), cache.capacities("decode")))
+
+
+def test_a_split_within_bounds_caps_a_layer_and_gives_its_surplus_to_the_layers_that_can_hold_it():
+    inf = float("inf")
+    assert within_bounds([16, 12, 8], [inf, inf, inf]) == [16, 12, 8]  # no local layer: the rule's own split
+    capped = within_bounds([20, 12, 4], [15, 15, inf])
+    assert sum(capped) == 36 and capped[0] == 15 and capped[1] <= 15 and capped[2] > 4  # the surplus moved
+    assert within_bounds([40, 40], [15, 15]) == [15, 15]  # no layer can hold more: the surplus is dropped
+
+
+@pytest.mark.parametrize("method", ["pyramidkv", "cake"])
+def test_on_a_hybrid_model_no_local_layer_is_given_more_than_its_window_holds(method):
+    model = tiny_model("gemma3")  # layers 0 and 1 local (window 16: at most 15 held), layer 2 global
+    ids = torch.randint(3, 96, (1, 60), generator=torch.Generator().manual_seed(0))
+    plan = Plan.homogeneous(method, 20, 3, "prefill", {"window": 4}, allocation="native")
+    with routed(model, plan) as session:
+        decode_logits(model, ids, 0, cache_argument_name(model))
+    budgets = session.cache.capacities("prefill")
+    assert max(budgets[:2]) <= 15 and sum(budgets) == 3 * 20  # what the local layers cannot hold went to layer 2
+    assert session.cache.retained_per_layer() == budgets

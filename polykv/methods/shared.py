@@ -73,6 +73,34 @@ def split_total(weights: list[float], total: int, minimum: int = 1, maximum: int
     return out
 
 
+def within_bounds(capacities: list[int], bounds: list[float]) -> list[int]:
+    """A split over layers that can each hold at most `bounds[i]` tokens (a local layer its window less one; inf a
+    global layer): a layer given more than its bound keeps its bound, and the surplus goes to the layers under
+    theirs, in proportion to what they were given and never past their bounds (largest remainders). The total is
+    kept where the layers can hold it; what none can hold is dropped. Unchanged when every bound is infinite."""
+    if all(c <= b for c, b in zip(capacities, bounds)):
+        return list(capacities)
+    n = len(capacities)
+    total = min(sum(capacities), sum(bounds))
+    fixed: dict[int, float] = {}
+    share: dict[int, float] = {}
+    while len(fixed) < n:
+        free = [i for i in range(n) if i not in fixed]
+        left = total - sum(fixed.values())
+        mass = sum(capacities[i] for i in free)
+        share = {i: (capacities[i] / mass * left if mass > 0 else left / len(free)) for i in free}
+        over = {i: bounds[i] for i, v in share.items() if v > bounds[i]}
+        if not over:
+            break
+        fixed.update(over)
+    exact = [fixed.get(i, share.get(i, 0.0)) for i in range(n)]
+    out = [int(v) for v in exact]
+    order = sorted(range(n), key=lambda i: (exact[i] - out[i], -i), reverse=True)
+    for i in order[: int(total) - sum(out)]:
+        out[i] += 1
+    return out
+
+
 def recent_mask(view: LayerView, window: int, positions: torch.Tensor | None = None) -> torch.Tensor:
     """Slots among the `window` most recent positions of each head (by true position). `positions`: the
     view's positions in another order (e.g. sorted), for a mask in that order."""

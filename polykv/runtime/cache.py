@@ -24,6 +24,7 @@ from polykv.errors import RoutedCacheError
 from polykv.methods import Method, make_method
 from polykv.methods.base import LayerView, Needs
 from polykv.methods.eviction import Eviction
+from polykv.methods.shared import within_bounds
 from polykv.plan import Phase, Plan
 from polykv.runtime.attention import hand_over
 from polykv.runtime.attention_step import attend
@@ -363,11 +364,14 @@ class RoutedCache(Cache):
         if layer.layer_idx != len(self.layers) - 1:
             return
         prompt_length = layer.seen
+        # a local layer holds at most its window less one: what a rule gives it beyond goes to the layers that hold it
+        bounds = [float("inf") if lay.window is None else lay.window - 1 for lay in self.layers]
         for phase, total in self.native_totals.items():
             methods = [lay.methods[phase] for lay in self.layers]
             capacities = type(methods[0]).allocate(
                 total, [m.allocation_statistic() for m in methods], methods[0].params, prompt_length
             )
+            capacities = within_bounds(capacities, bounds)
             for method, capacity in zip(methods, capacities):
                 method.capacity = capacity
         for lay in self.layers:
