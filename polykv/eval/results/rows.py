@@ -48,7 +48,7 @@ class SampleRecord:
     prediction: str | None = None
     gold: tuple[str, ...] | list[str] | None = None
     prompt: dict[str, Any] | None = None
-    kv_held: dict[str, list[int]] | None = None  # slots per KV head per layer, measured: "entering", "end"
+    kv_held: dict[str, list[int] | int] | None = None  # slots per KV head per layer, measured: "entering", "end"
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class SampleRow:
     prediction: str | None = None
     gold: list[str] | None = None
     prompt: dict[str, Any] | None = None
-    kv_held: dict[str, list[int]] | None = None
+    kv_held: dict[str, list[int] | int] | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> SampleRow:

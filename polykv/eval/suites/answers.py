@@ -103,7 +103,7 @@ class Answer:
     match: float | None = None  # 100 when every gold token was the argmax at its position, else 0 (when scoring)
     # the slots each layer held per KV head, read from the plan's cache (`RoutedCache.kv_held`): "entering" the
     # answer and at the "end" (after the last answer token fed: the gold's when scoring, else the generated)
-    kv_held: dict[str, list[int]] | None = None
+    kv_held: dict[str, list[int] | int] | None = None
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ class Scored:
     metrics: dict[str, float]
     prediction: str | None = None
     gold: list[str] | None = None
-    kv_held: dict[str, list[int]] | None = None  # `Answer.kv_held`
+    kv_held: dict[str, list[int] | int] | None = None  # `Answer.kv_held`
 
 
 def gold_ids(tokenizer, prompt_ids: Sequence[int], text: str, limit: int) -> list[int]:
@@ -166,7 +166,7 @@ def answer_alone(model, plan: Plan, question: Question, mode: str, pad_token_id:
     return Answer(tokens, nll, match, _held(cache))
 
 
-def _held(cache) -> dict[str, list[int]] | None:
+def _held(cache) -> dict[str, list[int] | int] | None:
     """What a routed cache held (`RoutedCache.kv_held`); None from any other cache."""
     return cache.kv_held() if hasattr(cache, "kv_held") else None
 
