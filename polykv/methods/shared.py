@@ -1,7 +1,10 @@
 """What several methods share beyond the contract: the accumulated-attention score of H2O and D2O
-(`AccumulatedAttention`), the integer split of a budget over layers (`split_total`), recency (`recent_mask`)."""
+(`AccumulatedAttention`), the integer split of a budget over layers (`split_total`, `within_bounds` on a model with
+local layers), recency (`recent_mask`)."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from polykv.lazy import lazy_import
 from polykv.methods.base import COLUMN_SUMS, LayerView, Method, Needs
@@ -38,8 +41,11 @@ class AccumulatedAttention(Method):
         return score
 
 
-def split_total(weights: list[float], total: int, minimum: int = 1, maximum: int | None = None) -> list[int]:
-    """Integers proportional to `weights` that sum exactly to `total`, each in [minimum, maximum].
+def split_total(
+    weights: list[float], total: int, minimum: int = 1, maximum: int | Sequence[float] | None = None
+) -> list[int]:
+    """Integers proportional to `weights` that sum exactly to `total`, each in [minimum, maximum] (`maximum`: one
+    bound for every layer, or one per layer).
 
     Largest-remainder rounding; layers that hit a bound are fixed there and the rest is shared again
     among the others in proportion to their weights.
@@ -47,9 +53,10 @@ def split_total(weights: list[float], total: int, minimum: int = 1, maximum: int
     n = len(weights)
     if n == 0:
         return []
-    hi = total if maximum is None else maximum
-    if not minimum * n <= total <= hi * n:
-        raise ValueError(f"cannot split {total} over {n} layers within [{minimum}, {hi}] each")
+    highest = [total if maximum is None else maximum] * n if not isinstance(maximum, Sequence) else list(maximum)
+    if not minimum * n <= total <= sum(highest):
+        shown = highest[0] if len(set(highest)) == 1 else "per-layer bounds"
+        raise ValueError(f"cannot split {total} over {n} layers within [{minimum}, {shown}] each")
     weights = [max(0.0, float(w)) for w in weights]
     fixed: dict[int, float] = {}
     share: dict[int, float] = {}
@@ -60,7 +67,7 @@ def split_total(weights: list[float], total: int, minimum: int = 1, maximum: int
         share = {i: (weights[i] / mass * left if mass > 0 else left / len(free)) for i in free}
         # Water-filling: pin the layers over the maximum first, then those under the minimum, and share
         # what is left among the rest again.
-        over = {i: hi for i, v in share.items() if v > hi}
+        over = {i: highest[i] for i, v in share.items() if v > highest[i]}
         under = {i: minimum for i, v in share.items() if v < minimum}
         if not over and not under:
             break
@@ -80,25 +87,7 @@ def within_bounds(capacities: list[int], bounds: list[float]) -> list[int]:
     kept where the layers can hold it; what none can hold is dropped. Unchanged when every bound is infinite."""
     if all(c <= b for c, b in zip(capacities, bounds)):
         return list(capacities)
-    n = len(capacities)
-    total = min(sum(capacities), sum(bounds))
-    fixed: dict[int, float] = {}
-    share: dict[int, float] = {}
-    while len(fixed) < n:
-        free = [i for i in range(n) if i not in fixed]
-        left = total - sum(fixed.values())
-        mass = sum(capacities[i] for i in free)
-        share = {i: (capacities[i] / mass * left if mass > 0 else left / len(free)) for i in free}
-        over = {i: bounds[i] for i, v in share.items() if v > bounds[i]}
-        if not over:
-            break
-        fixed.update(over)
-    exact = [fixed.get(i, share.get(i, 0.0)) for i in range(n)]
-    out = [int(v) for v in exact]
-    order = sorted(range(n), key=lambda i: (exact[i] - out[i], -i), reverse=True)
-    for i in order[: int(total) - sum(out)]:
-        out[i] += 1
-    return out
+    return split_total(capacities, int(min(sum(capacities), sum(bounds))), minimum=0, maximum=bounds)
 
 
 def recent_mask(view: LayerView, window: int, positions: torch.Tensor | None = None) -> torch.Tensor:
