@@ -43,6 +43,7 @@ def test_a_plan_scores_worse_than_fullkv_and_finished_runs_are_not_recomputed(de
     run_id = run_suite(store, "demo", model, tokenizer, plan, "fidelity", TINY_FIDELITY)
     scores = store.task_scores(run_id)
     assert all(v["kl"] > 0 for v in scores.values())
+    assert all(row.kv_held["entering"] == [16] * 5 for row in store.samples(run_id))  # measured with every sample
     created = [row.created for row in store.samples(run_id)]
     assert run_suite(store, "demo", model, tokenizer, plan, "fidelity", TINY_FIDELITY) == run_id  # found, not rerun
     assert [row.created for row in store.samples(run_id)] == created

@@ -221,9 +221,12 @@ def test_fidelity_scores_the_same_together_and_alone_with_unequal_lengths(demo_m
         together = fidelity.score_samples(model, plans, ids, settings)
         for plan, scores in zip(plans, together):
             single = fidelity.score_sample(model, plan, ids, settings)
-            assert scores.keys() == single.keys()
-            for metric, value in scores.items():
-                assert value == pytest.approx(single[metric], rel=1e-4, abs=1e-6), (plan.name, metric)
+            assert scores.metrics.keys() == single.metrics.keys()
+            for metric, value in scores.metrics.items():
+                assert value == pytest.approx(single.metrics[metric], rel=1e-4, abs=1e-6), (plan.name, metric)
+            assert scores.kv_held == single.kv_held  # batched holds what alone holds
+            entering = 16 if plan.scope.value == "both" else 80  # a decode-only plan holds the whole 80-token prompt
+            assert scores.kv_held["entering"] == [entering] * 5 and scores.kv_held["seen_entering"] == 80
 
 
 def _rows_dropping(model, plans, tokens, together: bool, monkeypatch) -> tuple[list, collections.Counter]:

@@ -43,6 +43,8 @@ from polykv.models import cache_argument_name, context_length, output_cache
 from polykv.plan import Plan
 from polykv.profile.corpus import CorpusSpec, build_corpus, model_source
 
+from .answers import Scored
+
 torch = lazy_import("torch")  # loaded on first use: checking a suite's settings needs no tensor
 
 TASK_SOURCES = {
@@ -145,17 +147,19 @@ def prompt_tokens(ids: list[int]) -> list[int]:
 
 
 @no_grad
-def score_sample(model, plan: Plan, ids: list[int], settings: FidelitySettings) -> dict[str, float]:
+def score_sample(model, plan: Plan, ids: list[int], settings: FidelitySettings) -> Scored:
+    """One plan alone: the metrics, and the KV its teacher-forced cache held entering the continuation and at its
+    end (`RoutedCache.kv_held`)."""
     device = next(model.parameters()).device
     tokens = torch.tensor([ids], device=device)
     prompt = tokens.shape[1] - settings.continuation - 1
     ref_logits, ref_greedy = _reference(model, ids, tokens, prompt, settings)
-    logits, greedy = _trace(model, plan, tokens, prompt, settings.generate)
-    return _metrics(logits, greedy, ref_logits, ref_greedy, tokens[0, prompt + 1 :])
+    logits, greedy, held = _trace(model, plan, tokens, prompt, settings.generate)
+    return Scored(_metrics(logits, greedy, ref_logits, ref_greedy, tokens[0, prompt + 1 :]), kv_held=held)
 
 
 @no_grad
-def score_samples(model, plans: list[Plan], ids: list[int], settings: FidelitySettings) -> list[dict[str, float]]:
+def score_samples(model, plans: list[Plan], ids: list[int], settings: FidelitySettings) -> list[Scored]:
     """`score_sample` for several plans on one sample at once (`polykv.runtime.many_plans`): one prompt pass
     prefills two copies of every plan, one teacher-forced over the continuation and one generating
     greedily, all stepping as one batch."""
@@ -178,6 +182,7 @@ def score_samples(model, plans: list[Plan], ids: list[int], settings: FidelitySe
         # rows [0, count): teacher-forced over the continuation; rows [count, 2 count): greedy, end-of-sequence
         # masked throughout (min_new_tokens = generate)
         rows, first = session.prefill(tokens[0, :prompt])
+        caches = list(rows.caches)  # the teacher-forced rows first; each keeps what it held after leaving the batch
         rows.reserve(max(settings.continuation, settings.generate))
         greedy = many_plans.force_and_generate(
             rows,
@@ -190,7 +195,8 @@ def score_samples(model, plans: list[Plan], ids: list[int], settings: FidelitySe
             min_new_tokens=settings.generate,
         )
         targets = tokens[0, prompt + 1 :]
-        return [_metrics(torch.stack(steps[i]), greedy[i], ref_logits, ref_greedy, targets) for i in range(count)]
+        metrics = [_metrics(torch.stack(steps[i]), greedy[i], ref_logits, ref_greedy, targets) for i in range(count)]
+        return [Scored(values, kv_held=cache.kv_held()) for values, cache in zip(metrics, caches)]
 
 
 def _metrics(logits, greedy: list[int], ref_logits, ref_greedy: list[int], targets) -> dict[str, float]:
@@ -234,7 +240,7 @@ def _reference(model, ids: list[int], tokens: torch.Tensor, prompt: int, setting
         if entry is not None and entry[0]() is model:
             _reference_cache.move_to_end(key)
             return entry[1].to(tokens.device).double(), list(entry[2])
-    logits, greedy = _trace(model, None, tokens, prompt, settings.generate)
+    logits, greedy, _ = _trace(model, None, tokens, prompt, settings.generate)
     stored = logits.cpu()
     if stored.element_size() * stored.nelement() <= REFERENCE_CACHE_BYTES:
         with _reference_lock:
@@ -247,24 +253,27 @@ def _reference(model, ids: list[int], tokens: torch.Tensor, prompt: int, setting
 
 
 def _trace(model, plan: Plan | None, tokens: torch.Tensor, prompt: int, generate: int):
-    """Teacher-forced next-token logits over the continuation [M, vocab] (the model's dtype), then a greedy
-    continuation."""
+    """Teacher-forced next-token logits over the continuation [M, vocab] (the model's dtype), a greedy
+    continuation, and the KV the teacher-forced cache held (None without a plan)."""
     if plan is None:
-        return _teacher_forced(model, tokens, prompt), _greedy(model, tokens[:, :prompt], generate)
+        return _teacher_forced(model, tokens, prompt), _greedy(model, tokens[:, :prompt], generate), None
     from polykv.runtime import routed  # torch and transformers: when a plan runs
 
     with routed(model, plan):
-        return _teacher_forced(model, tokens, prompt), _greedy(model, tokens[:, :prompt], generate)
+        logits, cache = _teacher_forced(model, tokens, prompt, with_cache=True)
+        return logits, _greedy(model, tokens[:, :prompt], generate), cache.kv_held()
 
 
-def _teacher_forced(model, tokens: torch.Tensor, prompt: int) -> torch.Tensor:
+def _teacher_forced(model, tokens: torch.Tensor, prompt: int, with_cache: bool = False):
+    """The next-token logits over the continuation [M, vocab], token by token after the prompt's pass; with
+    `with_cache`, (those logits, the cache)."""
     name = cache_argument_name(model)
     out = model(tokens[:, :prompt], use_cache=True, logits_to_keep=1)
     cache, steps = output_cache(out), []
     for t in range(prompt, tokens.shape[1] - 1):  # token by token: decode-phase methods act every step
         out = model(tokens[:, t : t + 1], use_cache=True, **{name: cache})
         steps.append(out.logits[0, -1])
-    return torch.stack(steps)
+    return (torch.stack(steps), cache) if with_cache else torch.stack(steps)
 
 
 def _greedy(model, prompt: torch.Tensor, generate: int) -> list[int]:
