@@ -189,12 +189,34 @@ def plan_homogeneous(
         str,
         typer.Option(help="'fixed' (same capacity everywhere) or 'native' (the method's own per-layer capacities)."),
     ] = "fixed",
+    rule: Annotated[
+        str | None,
+        typer.Option(
+            help="Split the budget (capacity x layers) over the layers by an allocation rule, for any method: "
+            "'uniform' or 'pyramid' (PyramidKV's layer rule)."
+        ),
+    ] = None,
+    rule_param: Annotated[
+        list[str] | None, typer.Option("--rule-param", help="Rule parameter NAME=VALUE (pyramid: window, beta).")
+    ] = None,
+    prompt_tokens: Annotated[
+        int | None, typer.Option(min=1, help="With --rule: the prompt length the rule plans for (pyramid clips).")
+    ] = None,
 ) -> None:
-    """Write a plan with one method in every layer: uniform capacity, or the method's native per-layer capacities."""
+    """Write a plan with one method in every layer: uniform capacity, the method's native per-layer capacities, or
+    the capacities an allocation rule gives (`--rule`)."""
     from polykv.methods import validate_plan
 
     num_layers = layers if layers is not None else _num_layers(model)
     plan = Plan.homogeneous(method, capacity, num_layers, scope, _parse_params(param or []), allocation=allocation)
+    if rule is not None:
+        from polykv.models import config_dimensions
+        from polykv.routing.rules import apply_rule
+
+        windows = config_dimensions(model).windows if layers is None else None
+        plan = apply_rule(plan, rule, _parse_params(rule_param or []), prompt_tokens, windows or None)
+    elif rule_param or prompt_tokens is not None:
+        raise ValueError("--rule-param and --prompt-tokens go with --rule")
     built = validate_plan(plan, num_layers)
     built.save(out)
     if layers is None:

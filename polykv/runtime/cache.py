@@ -55,10 +55,7 @@ class RoutedLayer(DynamicLayer):
         self.window: int | None = None  # a local layer's sliding window, as its attention passes it (`keep_window`)
         # does every held slot lie in the window of the next query? (then one query attends without a mask)
         self.window_clean = True
-        # slots held when the first token at or after `keep_until` came in (the first answer token: what the
-        # layer held entering the answer); None until then
-        self.held_entering: int | None = None
-        self.seen_entering: int | None = None
+        self.entering: tuple[int, int] | None = None  # (slots held, tokens seen) entering the answer (`kv_held`)
 
     def attend(self, module, query, key, value, dropout: float, scaling: float, kwargs):
         """This layer's attention step (`polykv.runtime.attention_step.attend`; the `AttendingLayer` interface)."""
@@ -91,8 +88,8 @@ class RoutedLayer(DynamicLayer):
         if group is not None and group.waits_for(self):  # the last forward pass stopped halfway
             group.flush()
         self.phase = Phase.PREFILL if self.seen == 0 else Phase.DECODE
-        if self.held_entering is None and self.seen and self.seen >= self.keep_until:
-            self.held_entering, self.seen_entering = self.retained, self.seen
+        if self.entering is None and self.seen and self.seen >= self.keep_until:
+            self.entering = (self.retained, self.seen)
         slots = self.slots
         if self.seen == 0:
             slots.start(key_states, value_states)
@@ -134,7 +131,7 @@ class RoutedLayer(DynamicLayer):
         super().reset()
         self.slots.reset()
         self.seen, self.keep_until, self.window_clean = 0, 0, True
-        self.held_entering = self.seen_entering = None
+        self.entering = None
         self.shared_rows = None
         if self.merge_groups is not None:
             self.merge_groups.forget()
@@ -363,16 +360,13 @@ class RoutedCache(Cache):
     def _layer_prefilled(self, layer: RoutedLayer) -> None:
         if layer.layer_idx != len(self.layers) - 1:
             return
-        prompt_length = layer.seen
-        # a local layer holds at most its window less one: what a rule gives it beyond goes to the layers that hold it
+        prompt_length = layer.seen  # a local layer holds at most W - 1: what a rule gives beyond goes to the others
         bounds = [float("inf") if lay.window is None else lay.window - 1 for lay in self.layers]
         for phase, total in self.native_totals.items():
             methods = [lay.methods[phase] for lay in self.layers]
-            capacities = type(methods[0]).allocate(
-                total, [m.allocation_statistic() for m in methods], methods[0].params, prompt_length
-            )
-            capacities = within_bounds(capacities, bounds)
-            for method, capacity in zip(methods, capacities):
+            rule = type(methods[0]).allocate
+            split = rule(total, [m.allocation_statistic() for m in methods], methods[0].params, prompt_length)
+            for method, capacity in zip(methods, within_bounds(split, bounds)):
                 method.capacity = capacity
         for lay in self.layers:
             lay.settle_prefill(lay.methods[Phase.PREFILL].settle())
@@ -390,16 +384,12 @@ class RoutedCache(Cache):
         return [layer.retained for layer in self.layers]
 
     def kv_held(self) -> dict[str, list[int] | int]:
-        """The slots each layer held per KV head, measured: `entering` the answer (when the first token at or after
-        `keep_until` came in: the first answer token after the prompt, or after a question kept in full) and at
-        the `end` (now: after the last token fed), with the tokens seen by then (`seen_entering`, `seen_end`: what
-        FullKV would hold in a global layer). A layer no answer token has reached yet holds now what it held
-        entering."""
-        end = self.retained_per_layer()
-        entering = [now if layer.held_entering is None else layer.held_entering for now, layer in zip(end, self.layers)]
-        seen, started = self.layers[0].seen, self.layers[0].seen_entering
-        started = seen if started is None else started
-        return {"entering": entering, "end": end, "seen_entering": started, "seen_end": seen}
+        """Slots held per KV head in each layer, measured: `entering` the answer (as the first token at or after
+        `keep_until` came in; until then, now) and at the `end`, with the tokens seen by each (`seen_*`)."""
+        end, first = self.retained_per_layer(), self.layers[0]
+        entering = [now if layer.entering is None else layer.entering[0] for now, layer in zip(end, self.layers)]
+        started = first.seen if first.entering is None else first.entering[1]
+        return {"entering": entering, "end": end, "seen_entering": started, "seen_end": first.seen}
 
     def kv_bytes_per_layer(self) -> list[int]:
         """Bytes actually held by keys and values in each layer."""

@@ -293,9 +293,7 @@ class BoardContrast(_Data):
     ties: Count
     losses: Count
     verdict: str  # "better", "worse" or "no significant difference", at family-wise 5%
-    # did the two hold the same KV entering the answer, measured (within `kv_measured.MEASURED_TOLERANCE`)? None:
-    # not measured
-    equal_kv: bool | None = None
+    equal_kv: bool | None = None  # the same KV entering the answer, measured, within 1%? None: not measured
 
 
 class BoardEntry(_Data):

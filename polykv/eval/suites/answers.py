@@ -38,15 +38,12 @@ plan shares that term; the plans differ from the second token on.
 
 FullKV's greedy answer (for `agreement`) is computed once per process, model and prompt: alone with
 `model.generate` when one plan runs (a plan that evicts nothing is its own reference), else as one more row of
-the batch (or the batch's own FullKV plan).
+the batch (or the batch's own FullKV plan); `polykv.eval.suites.fullkv_answers` keeps them.
 """
 
 from __future__ import annotations
 
 import math
-import threading
-import weakref
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -68,6 +65,7 @@ from .answer_settings import (  # the settings stay importable from here, where 
     protocol_dict,
     scores_answer,
 )
+from .fullkv_answers import cached_reference, clear_reference_cache, remember_reference
 
 torch = lazy_import("torch")
 
@@ -290,52 +288,6 @@ def answer_many(model, plans: Sequence[Plan], question: Question, mode: str, wit
         )
         for i in range(count)
     ]
-
-
-# ---- FullKV's greedy answer, once per (model, prompt) in this process ------------------------------------------
-_REFERENCES = 4096
-_reference_cache: OrderedDict[tuple, tuple[weakref.ref, list[int]]] = OrderedDict()
-_reference_lock = threading.Lock()
-
-
-def _reference_key(model, question: Question) -> tuple:
-    parameter = next(model.parameters())
-    return (
-        id(model),
-        str(parameter.device),
-        str(parameter.dtype),
-        tuple(question.prompt_ids),
-        question.max_new_tokens,
-        question.stop,
-        question.min_new_tokens,
-        question.question_start,
-    )
-
-
-def cached_reference(model, question: Question) -> list[int] | None:
-    with _reference_lock:
-        entry = _reference_cache.get(_reference_key(model, question))
-        if entry is not None and entry[0]() is model:
-            return list(entry[1])
-    return None
-
-
-def remember_reference(model, question: Question, tokens: list[int]) -> list[int]:
-    """Keep FullKV's answer to `question` (the first one computed stays: every plan compares with the same)."""
-    key = _reference_key(model, question)
-    with _reference_lock:
-        entry = _reference_cache.get(key)
-        if entry is not None and entry[0]() is model:
-            return list(entry[1])
-        _reference_cache[key] = (weakref.ref(model), list(tokens))
-        while len(_reference_cache) > _REFERENCES:
-            _reference_cache.popitem(last=False)
-    return list(tokens)
-
-
-def clear_reference_cache() -> None:
-    with _reference_lock:
-        _reference_cache.clear()
 
 
 def fullkv_answer(model, question: Question, pad_token_id: int | None = None) -> list[int]:

@@ -1,0 +1,118 @@
+"""Allocation rules apart from the methods: how a phase's budget is split over the layers, for any method that scores
+tokens, written into a plan as its per-layer capacities.
+
+The field's layer rules are normally welded to one scorer (PyramidKV's pyramid to SnapKV's selection, CAKE's
+preference to its own). Here a rule is applied to a plan whatever its methods: `apply_rule(plan, "pyramid")` gives
+TOVA (or any method) PyramidKV's split of the same total. The static rules, decided before the run:
+
+  uniform   the same capacity in every layer (layers one token apart when the total does not divide);
+  pyramid   PyramidKV's layer rule (Cai et al., 2024, arXiv:2406.02069): with average capacity C, window w and L
+            layers, the budgets beyond the window fall linearly with depth from 2(C - w) - k_top to
+            k_top = (C - w) / beta, each layer then keeping its budget plus w (`PyramidKV.allocate`, the rule
+            the PyramidKV preset applies at run time; with a prompt length the same clipping).
+
+On a model with local (sliding-window) layers no layer is given more than it can hold: what a rule gives a local
+layer beyond its window less one goes to the layers that can hold it (`within_bounds`), and the plan's
+description says so. The profile rules (entropy, PPL) are `polykv.routing.allocation`'s; the prompt-dependent
+ones (CAKE's preference, Ada-KV's head budgets) are decided at prefill by the runtime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from polykv.methods.attention.pyramidkv import PyramidKV, PyramidKVParams
+from polykv.methods.shared import split_total, within_bounds
+from polykv.plan import LayerPlan, Phase, Plan, PlanError
+
+STATIC_RULES = ("uniform", "pyramid")
+
+
+def rule_params(rule: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A rule's parameters with their defaults (pyramid: PyramidKV's window 8 and beta 20); a ValueError, one
+    line, for an unknown rule or parameter."""
+    given = dict(params or {})
+    if rule == "uniform":
+        if given:
+            raise ValueError(f"the uniform rule takes no parameters (got {', '.join(given)})")
+        return {}
+    if rule == "pyramid":
+        unknown = [k for k in given if k not in ("window", "beta")]
+        if unknown:
+            raise ValueError(f"the pyramid rule takes window and beta (got {', '.join(unknown)})")
+        try:
+            checked = PyramidKVParams(**given)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise ValueError(f"the pyramid rule's {first['loc'][0]}: {first['msg']}") from None
+        return {"window": checked.window, "beta": checked.beta}
+    raise ValueError(f"unknown allocation rule {rule!r} (the static rules: {', '.join(STATIC_RULES)})")
+
+
+def rule_capacities(
+    rule: str,
+    total: int,
+    num_layers: int,
+    params: Mapping[str, Any] | None = None,
+    prompt_length: int | None = None,
+    windows: Sequence[int | None] | None = None,
+) -> list[int]:
+    """`total` tokens (per KV head) split over `num_layers` layers by `rule`, no layer above what it can hold
+    (`windows`: each layer's sliding window, None for a global layer)."""
+    values = rule_params(rule, params)
+    if rule == "uniform":
+        capacities = split_total([1.0] * num_layers, total)
+    else:
+        capacities = PyramidKV.allocate(total, [None] * num_layers, PyramidKVParams(**values), prompt_length)
+    bounds = [float("inf") if w is None else w - 1 for w in (windows or [None] * num_layers)]
+    return within_bounds(capacities, bounds)
+
+
+def apply_rule(
+    plan: Plan,
+    rule: str,
+    params: Mapping[str, Any] | None = None,
+    prompt_length: int | None = None,
+    windows: Sequence[int | None] | None = None,
+) -> Plan:
+    """The plan with each active phase's capacities split by `rule`: the same total (the sum of its capacities as
+    written), the same methods and method parameters, fixed allocation. A phase with a `full` layer, or a native
+    allocation (its method's own rule), is refused in one line (PlanError)."""
+    if plan.allocation != "fixed":
+        raise PlanError(f"{plan.name}: a rule applies to a plan of fixed allocation (this one is {plan.allocation})")
+    values = rule_params(rule, params)
+    layers = [{phase: layer[phase] for phase in Phase} for layer in plan.layers]
+    for phase in plan.scope.phases:
+        assigned = [layer[phase] for layer in plan.layers]
+        if any(a.capacity is None for a in assigned):
+            raise PlanError(f"{plan.name}: the {phase.value} phase has a full layer, so it has no total to split")
+        total = sum(a.capacity for a in assigned)
+        capacities = rule_capacities(rule, total, plan.num_layers, values, prompt_length, windows)
+        for i, (a, capacity) in enumerate(zip(assigned, capacities)):
+            layers[i][phase] = a.model_copy(update={"capacity": capacity})
+    shown = ", ".join(f"{k} {v}" for k, v in values.items())
+    local = windows is not None and any(w is not None for w in windows)
+    note = " A local layer gets at most its window less one; what the rule gave it beyond went to the others." * local
+    return plan.with_layers(
+        [LayerPlan(prefill=layer[Phase.PREFILL], decode=layer[Phase.DECODE]) for layer in layers],
+        name=f"{plan.name}-{rule}",
+        description=(plan.description + " " if plan.description else "")
+        + f"Capacities split by the {rule} rule{f' ({shown})' if shown else ''}"
+        + (f" for a {prompt_length}-token prompt" if prompt_length else "")
+        + "."
+        + note,
+        provenance={
+            "built_by": "apply_rule",
+            "rule": rule,
+            "rule_params": values,
+            "prompt_length": prompt_length,
+            "source": plan.name,
+            "source_provenance": dict(plan.provenance),
+        },
+    )
+
+
+__all__ = ["STATIC_RULES", "apply_rule", "rule_capacities", "rule_params"]
