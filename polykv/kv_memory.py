@@ -151,9 +151,10 @@ def window_notes(plan: Plan, windows: Sequence[int | None]) -> list[str]:
             notes.setdefault(note, []).append(phase.value)
     out = [f"{' and '.join(phases)}: {note}" for note, phases in notes.items()]
     local = [i for i, w in enumerate(windows) if w is not None]
-    if plan.allocation == "native" and local:
+    if plan.allocation != "fixed" and local:
+        rule = "the method's rule" if plan.allocation == "native" else f"the {plan.allocation} rule"
         out.append(
-            f"native allocation: the method's rule splits the budget over the layers at run time; layers "
+            f"{plan.allocation} allocation: {rule} splits the budget over the layers at run time; layers "
             f"{layer_ranges(local)} are local and hold at most their window less one, so what the rule gives them "
             "beyond goes to the layers that can hold it (the total is kept)"
         )

@@ -1,18 +1,25 @@
-"""Allocation rules apart from the methods (`polykv.routing.rules`): a rule splits a plan's budget over its layers
-for any scoring method; PyramidKV's preset is SnapKV's selection under the pyramid rule; on a hybrid model no local
-layer is given more than its window holds; the CLI writes such plans and refuses bad rules in one line."""
+"""Allocation rules apart from the methods: a static rule (`polykv.routing.rules`) or CAKE's run-time rule
+(`polykv.runtime.layer_budgets`) splits a plan's budget over its layers for any scoring method; PyramidKV's preset is
+SnapKV's selection under the pyramid rule, and under CAKE's rule any method gets CAKE's own split; a rule with room
+for everything is the vanilla model, batched equals alone; on a hybrid model no local layer is given more than its
+window holds; the CLI writes such plans and refuses bad rules in one line."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 
+from polykv.eval.suites import answers
+from polykv.methods import validate_plan
 from polykv.methods.attention.pyramidkv import PyramidKV, PyramidKVParams
 from polykv.models import cache_argument_name
 from polykv.plan import Plan, PlanError
 from polykv.routing.rules import apply_rule, rule_capacities
 from polykv.runtime import routed
 from tests.helpers import assert_one_line_error, decode_logits, tiny_model
+from tests.test_answers import question_for, vanilla_nll
 
 PROMPT = 80
 
@@ -85,3 +92,59 @@ def test_plan_homogeneous_writes_a_ruled_plan_and_refuses_a_bad_rule_in_one_line
                  "-o", str(tmp_path / "bad.json"))  # fmt: skip
     assert_one_line_error(bad, "the pyramid rule's beta")
     assert not (tmp_path / "bad.json").exists()
+
+
+# ---- CAKE's rule for any method, decided at run time (`polykv.runtime.layer_budgets`) ---------------------------
+def test_under_cakes_rule_any_method_gets_the_split_cake_itself_gets_on_that_prompt():
+    model = tiny_model("llama", num_hidden_layers=4)
+    cake = _prefilled(model, Plan.homogeneous("cake", 24, 4, "prefill", {"window": 4}, allocation="native"))
+    for method in ("tova", "h2o", "keydiff", "snapkv"):
+        params = {"window": 2} if method == "snapkv" else {}  # under the least the rule gives: its window, 4
+        plan = Plan.homogeneous(method, 24, 4, "prefill", params, allocation="cake").model_copy(
+            update={"allocation_params": {"window": 4}}
+        )
+        cache = _prefilled(model, plan)
+        assert cache.capacities("prefill") == cake.capacities("prefill"), method  # the same preferences, same split
+        assert cache.retained_per_layer() == cache.capacities("prefill") and sum(cache.capacities("prefill")) == 96
+
+
+def test_cakes_rule_with_room_for_the_whole_prompt_is_the_vanilla_model():
+    model = tiny_model("llama", num_hidden_layers=4)
+    question = question_for(model, PROMPT, 6)
+    plan = Plan.homogeneous("tova", 1000, 4, allocation="cake")
+    assert answers.answer_alone(model, plan, question, "score").nll == vanilla_nll(model, question)
+
+
+@pytest.mark.parametrize("start", [None, 60])
+def test_cakes_rule_batched_gives_what_it_gives_alone(start):
+    model = tiny_model("llama", num_hidden_layers=4)
+    question = dataclasses.replace(question_for(model, PROMPT, 6), question_start=start)
+    plans = [
+        Plan.homogeneous(m, 20, 4, scope, allocation="cake").model_copy(update={"allocation_params": {"window": 8}})
+        for m, scope in (("tova", "prefill"), ("h2o", "both"), ("keydiff", "prefill"), ("streamingllm", "both"))
+    ]
+    batched = answers.answer_many(model, plans, question, "both")
+    for plan, answer in zip(plans, batched):
+        alone = answers.answer_alone(model, plan, question, "both")
+        assert answer.tokens == alone.tokens and answer.kv_held == alone.kv_held, plan.name
+        assert answer.nll == pytest.approx(alone.nll, abs=1e-5)
+
+
+def test_cakes_rule_gives_no_local_layer_more_than_its_window_holds():
+    plan = Plan.homogeneous("tova", 20, 3, "prefill", allocation="cake").model_copy(
+        update={"allocation_params": {"window": 4}}
+    )
+    cache = _prefilled(tiny_model("gemma3"), plan)
+    assert max(cache.capacities("prefill")[:2]) <= 15 and sum(cache.capacities("prefill")) == 60
+
+
+def test_cakes_rule_refuses_a_layer_without_a_capacity_and_a_method_that_cannot_run_at_its_least():
+    with pytest.raises(PlanError, match="allocation: 'cake' splits each phase's total: layer 0, prefill needs"):
+        validate_plan(Plan.homogeneous("full", None, 4, "prefill", allocation="cake"), 4)
+    with pytest.raises(PlanError, match="may give a layer as few as 32 slots"):
+        validate_plan(Plan.homogeneous("snapkv", 64, 4, "prefill", allocation="cake"), 4)  # SnapKV's window: 32
+    bad = Plan.homogeneous("tova", 64, 4, allocation="cake").model_copy(update={"allocation_params": {"gamma": -1}})
+    with pytest.raises(PlanError, match="allocation_params: "):
+        validate_plan(bad, 4)
+    assert Plan.from_json(bad.to_json()).allocation_params == {"gamma": -1}  # the rule's parameters are kept
+    assert "allocation_params" not in Plan.homogeneous("tova", 64, 4).to_dict()  # plans without a rule as before

@@ -187,7 +187,11 @@ def plan_homogeneous(
     ] = None,
     allocation: Annotated[
         str,
-        typer.Option(help="'fixed' (same capacity everywhere) or 'native' (the method's own per-layer capacities)."),
+        typer.Option(
+            help="'fixed' (same capacity everywhere), 'native' (the method's own per-layer capacities) or 'cake' "
+            "(CAKE's layer rule for any method, decided at run time from the prompt; --rule-param sets its "
+            "window, gamma, tau1, tau2, kernel_size)."
+        ),
     ] = "fixed",
     rule: Annotated[
         str | None,
@@ -215,8 +219,10 @@ def plan_homogeneous(
 
         windows = config_dimensions(model).windows if layers is None else None
         plan = apply_rule(plan, rule, _parse_params(rule_param or []), prompt_tokens, windows or None)
+    elif allocation == "cake" and rule_param and prompt_tokens is None:
+        plan = plan.model_copy(update={"allocation_params": _parse_params(rule_param)})
     elif rule_param or prompt_tokens is not None:
-        raise ValueError("--rule-param and --prompt-tokens go with --rule")
+        raise ValueError("--rule-param goes with --rule or --allocation cake, --prompt-tokens with --rule")
     built = validate_plan(plan, num_layers)
     built.save(out)
     if layers is None:

@@ -23,7 +23,7 @@ from polykv.methods.eviction import Eviction
 from polykv.methods.full import Full
 from polykv.methods.merging.cam import CaM
 from polykv.methods.merging.d2o import D2O
-from polykv.plan import FULL, Phase, PhaseAssignment, Plan
+from polykv.plan import FULL, Phase, PhaseAssignment, Plan, PlanError
 
 # One line per method, in the order `polykv methods` lists them.
 _METHODS: list[type[Method]] = [
@@ -67,7 +67,14 @@ def validate_plan(
     `num_layers`: the model's layer count; `context_length`: its context in tokens, which bounds every
     token-count parameter (windows, sinks, histories, kernels). None: not checked. `within_context`:
     capacities and intervals must be at most the context too (see `Plan.problems`)."""
-    return plan.validate_for(num_layers, REGISTRY, context_length, within_context=within_context)
+    least = None
+    if plan.allocation == "cake":  # CAKE's rule for any method: its parameters, and the least it gives a layer
+        rule = REGISTRY["cake"]
+        problems = rule.check(plan.allocation_params, None)
+        if problems:
+            raise PlanError([f"allocation_params: {p}" for p in problems])
+        least = rule.Params(**plan.allocation_params).window
+    return plan.validate_for(num_layers, REGISTRY, context_length, within_context=within_context, least=least)
 
 
 def params_that_fit(method: str, capacity: int) -> dict:

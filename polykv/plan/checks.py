@@ -38,8 +38,10 @@ def plan_problems(
     catalog: Mapping[str, MethodInfo],
     context_length: int | None = None,
     within_context: bool = False,
+    least: int | None = None,
 ) -> list[str]:
-    """`Plan.problems` of a plan with these `layers`, `scope` and `allocation`."""
+    """`Plan.problems` of a plan with these `layers`, `scope` and `allocation`; `least`: the fewest slots a run-time
+    rule may give a layer (its cells are checked at that capacity too)."""
     if len(layers) > MAX_LAYERS:
         return [too_many_layers(len(layers))]
     if num_layers is not None and len(layers) != num_layers:
@@ -87,7 +89,26 @@ def plan_problems(
             found.extend(f"{where}, {p}" for p in checked[key])
     if allocation == "native":
         found.extend(_native_problems(layers, scope, catalog))
+    elif allocation != "fixed":
+        found.extend(_rule_problems(layers, scope, allocation, catalog, least))
     return found
+
+
+def _rule_problems(layers, scope: Scope, rule: str, catalog, least: int | None) -> list[str]:
+    """A run-time rule splits each active phase's total over its layers, for any method: every layer needs a
+    capacity, and its method must run at the least the rule may give it."""
+    for idx, layer in enumerate(layers):
+        for phase in scope.phases:
+            a = layer[phase]
+            if a.capacity is None:
+                return [f"allocation: {rule!r} splits each phase's total: layer {idx}, {phase.value} needs a capacity"]
+            problems = [] if least is None else catalog[a.method].check(a.params, least)
+            if problems:
+                return [
+                    f"allocation: {rule!r} may give a layer as few as {least} slots (its window), and at that "
+                    f"capacity layer {idx}, {phase.value}: {problems[0]}"
+                ]
+    return []
 
 
 def _native_problems(layers: Sequence[LayerPlan], scope: Scope, catalog: Mapping[str, MethodInfo]) -> list[str]:

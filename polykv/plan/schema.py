@@ -45,8 +45,11 @@ class Plan(BaseModel):
     scope: Scope
     # "fixed": every layer keeps the capacity written here. "native": the phase's method (one method
     # in every layer, with a layer-budget rule of its own) splits the phase's total capacity over the
-    # layers at run time, as the standalone method does (PyramidKV, D2O, CAKE).
-    allocation: Literal["fixed", "native"] = "fixed"
+    # layers at run time, as the standalone method does (PyramidKV, D2O, CAKE). "cake": CAKE's layer rule
+    # splits each phase's total at run time for any methods (`polykv.runtime.layer_budgets`), with the
+    # rule's parameters in `allocation_params` (CAKE's: window, gamma, tau1, tau2, kernel_size).
+    allocation: Literal["fixed", "native", "cake"] = "fixed"
+    allocation_params: dict[str, Any] = Field(default_factory=dict)
     provenance: dict[str, Any] = Field(default_factory=dict)
     layers: list[LayerPlan] = Field(min_length=1)
 
@@ -86,7 +89,7 @@ class Plan(BaseModel):
         cap = "" if capacity is None else f"-{capacity}"
         return cls.from_dict(
             {
-                "name": name or f"{method}-{scope.value}{cap}{'-native' if allocation == 'native' else ''}",
+                "name": name or f"{method}-{scope.value}{cap}{'' if allocation == 'fixed' else '-' + allocation}",
                 "description": f"Homogeneous {method} in every layer ({scope.value} phase"
                 f"{'s' if scope is Scope.BOTH else ''}){'' if capacity is None else f', capacity {capacity}'}.",
                 "scope": scope.value,
@@ -134,6 +137,8 @@ class Plan(BaseModel):
 
     def to_dict(self) -> dict[str, Any]:
         data = self.model_dump(mode="json")
+        if not data["allocation_params"]:
+            del data["allocation_params"]  # plans without a run-time rule read as before
         data["layers"] = [
             {phase: _assignment_dict(layer[phase]) for phase in ("prefill", "decode")} for layer in self.layers
         ]
@@ -159,6 +164,7 @@ class Plan(BaseModel):
         catalog: Mapping[str, MethodInfo],
         context_length: int | None = None,
         within_context: bool = False,
+        least: int | None = None,
     ) -> list[str]:
         """Every way this plan does not fit a model with `num_layers` layers and a context of
         `context_length` tokens (None: not checked), and the known methods.
@@ -170,7 +176,7 @@ class Plan(BaseModel):
         A plan with the wrong number of layers (or more than MAX_LAYERS) gets that one problem only:
         its layers are not worth checking one by one."""
         return plan_problems(
-            self.layers, self.scope, self.allocation, num_layers, catalog, context_length, within_context
+            self.layers, self.scope, self.allocation, num_layers, catalog, context_length, within_context, least
         )
 
     def validate_for(
@@ -179,8 +185,9 @@ class Plan(BaseModel):
         catalog: Mapping[str, MethodInfo],
         context_length: int | None = None,
         within_context: bool = False,
+        least: int | None = None,
     ) -> Plan:
-        found = self.problems(num_layers, catalog, context_length, within_context)
+        found = self.problems(num_layers, catalog, context_length, within_context, least)
         if found:
             raise PlanError(found)
         return self

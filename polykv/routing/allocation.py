@@ -154,7 +154,7 @@ def scale_budget(
             continue
         old = [plan.layers[i][phase] for i in bounded]
         floors = [minimum if minimum is not None else window_floor(a) for a in old]
-        if plan.allocation == "native":  # one capacity everywhere: the method's own rule splits the total
+        if plan.allocation != "fixed":  # one capacity everywhere: a run-time rule splits the total
             new = [max(max(floors), round(average))] * len(bounded)
         else:
             new = _split_with_floors([float(a.capacity) for a in old], _total(len(bounded), average), floors)

@@ -24,10 +24,10 @@ from polykv.errors import RoutedCacheError
 from polykv.methods import Method, make_method
 from polykv.methods.base import LayerView, Needs
 from polykv.methods.eviction import Eviction
-from polykv.methods.shared import within_bounds
 from polykv.plan import Phase, Plan
 from polykv.runtime.attention import hand_over
 from polykv.runtime.attention_step import attend
+from polykv.runtime.layer_budgets import RunTimeSplit
 from polykv.runtime.merges import MergeGroups
 from polykv.runtime.slots import LayerSlots
 from polykv.runtime.windows import window_cut, windowed_view
@@ -46,7 +46,7 @@ class RoutedLayer(DynamicLayer):
         self.phase = Phase.PREFILL
         self.num_new = 0
         self.retained_after_prefill: int | None = None
-        self.on_prefill_done = None  # set by the cache under native allocation
+        self.split = None  # a budget split over the layers at run time (`polykv.runtime.layer_budgets`)
         self._newest_last = False  # does the last slot hold the newest position (seen - 1)?
         self.merge_groups: MergeGroups | None = None  # the cache's groups of layers that merge together
         # many plans stepping together: the storage this layer shares with the other plans' (`row_storage`)
@@ -182,6 +182,8 @@ class RoutedLayer(DynamicLayer):
         needs = self.method.needs(self.phase, length)
         if self.phase is Phase.PREFILL:
             needs = needs | self.methods[Phase.DECODE].needs_from_prefill(length)
+            if self.split is not None:
+                needs = needs | self.split.needs(self, length)
         return needs
 
     def finish_step(self, view: LayerView) -> None:
@@ -199,11 +201,10 @@ class RoutedLayer(DynamicLayer):
                 self.merge_groups.layer_done(self)
             return
         self.methods[Phase.DECODE].observe_prefill(view)
-        eviction = self.method.step(view)
-        if self.on_prefill_done is None:
-            self.settle_prefill(eviction)
-        else:  # native allocation: the cache settles every layer once all have seen the prompt
-            self.on_prefill_done(self)
+        if self.split is None:
+            self.settle_prefill(self.method.step(view))
+        else:  # the cache splits the budget and settles every layer once all have seen the prompt
+            self.split.prefilled(self, view)
 
     def drops_one_by_score(self) -> bool:
         """Is this a plain decode step whose method drops exactly one slot, the lowest of its one-slot scores
@@ -348,28 +349,8 @@ class RoutedCache(Cache):
         self.merge_groups = MergeGroups(layers)
         for layer in layers:
             layer.merge_groups = self.merge_groups
-        self.native_totals: dict[Phase, int] = {}
-        if plan.allocation == "native":
-            for phase in plan.scope.phases:
-                self.native_totals[phase] = sum(layer[phase].capacity for layer in plan.layers)
-                for layer in layers:  # capacities are unknown until every layer has seen the prompt
-                    layer.methods[phase].capacity = None
-            for layer in layers:
-                layer.on_prefill_done = self._layer_prefilled
-
-    def _layer_prefilled(self, layer: RoutedLayer) -> None:
-        if layer.layer_idx != len(self.layers) - 1:
-            return
-        prompt_length = layer.seen  # a local layer holds at most W - 1: what a rule gives beyond goes to the others
-        bounds = [float("inf") if lay.window is None else lay.window - 1 for lay in self.layers]
-        for phase, total in self.native_totals.items():
-            methods = [lay.methods[phase] for lay in self.layers]
-            rule = type(methods[0]).allocate
-            split = rule(total, [m.allocation_statistic() for m in methods], methods[0].params, prompt_length)
-            for method, capacity in zip(methods, within_bounds(split, bounds)):
-                method.capacity = capacity
-        for lay in self.layers:
-            lay.settle_prefill(lay.methods[Phase.PREFILL].settle())
+        if plan.allocation != "fixed":  # split at run time: a native rule, or a named rule for any method
+            RunTimeSplit(layers, plan)
 
     def keep_until(self, position: int) -> None:
         """Tokens fed after the prompt at positions below `position` are kept whatever the plan: no method evicts
