@@ -16,7 +16,8 @@ from polykv.methods import validate_plan
 from polykv.methods.attention.pyramidkv import PyramidKV, PyramidKVParams
 from polykv.models import cache_argument_name
 from polykv.plan import Plan, PlanError
-from polykv.routing.rules import apply_rule, rule_capacities
+from polykv.profile.squeeze import attention_similarity
+from polykv.routing.rules import apply_rule, rule_capacities, rule_params, three_groups
 from polykv.runtime import routed
 from tests.helpers import assert_one_line_error, decode_logits, tiny_model
 from tests.test_answers import question_for, vanilla_nll
@@ -75,8 +76,8 @@ def test_on_a_hybrid_model_the_rule_gives_no_local_layer_more_than_its_window_ho
 def test_a_rule_refuses_what_it_cannot_split():
     with pytest.raises(PlanError, match="fixed allocation"):
         apply_rule(Plan.homogeneous("pyramidkv", 24, 4, allocation="native"), "pyramid")
-    with pytest.raises(ValueError, match="unknown allocation rule 'squeeze'"):
-        apply_rule(Plan.homogeneous("tova", 24, 4), "squeeze")
+    with pytest.raises(ValueError, match="unknown allocation rule 'adakv'"):
+        apply_rule(Plan.homogeneous("tova", 24, 4), "adakv")
     with pytest.raises(ValueError, match="the pyramid rule's beta"):
         apply_rule(Plan.homogeneous("tova", 24, 4), "pyramid", {"beta": 0})
 
@@ -148,3 +149,47 @@ def test_cakes_rule_refuses_a_layer_without_a_capacity_and_a_method_that_cannot_
         validate_plan(bad, 4)
     assert Plan.from_json(bad.to_json()).allocation_params == {"gamma": -1}  # the rule's parameters are kept
     assert "allocation_params" not in Plan.homogeneous("tova", 64, 4).to_dict()  # plans without a rule as before
+
+
+# ---- SqueezeAttention's rule (`polykv.profile.squeeze`, rule "squeeze") -------------------------------------------
+def test_three_groups_is_the_exact_one_dimensional_kmeans():
+    assert three_groups([0.9, 0.1, 0.5, 0.95, 0.12, 0.52]) == [2, 0, 1, 2, 0, 1]
+    assert three_groups([0.0, 0.0, 1.0, 10.0]) == [0, 0, 1, 2]
+
+
+def test_the_squeeze_rule_gives_the_least_changed_layers_their_share_and_the_others_the_rest_equally():
+    similarity = [0.5, 0.9, 0.91, 0.2, 0.89, 0.52]  # layers 1, 2, 4 change the hidden state least
+    capacities = rule_capacities("squeeze", 6 * 100, 6, {"squeezed": 0.4}, statistics=similarity)
+    assert [capacities[i] for i in (1, 2, 4)] == [40, 40, 40] and [capacities[i] for i in (0, 3, 5)] == [160] * 3
+    plan = apply_rule(Plan.homogeneous("tova", 100, 6, "prefill"), "squeeze", statistics=similarity)
+    assert sum(layer.prefill.capacity for layer in plan.layers) == 600 and plan.provenance["statistics"][1] == 0.9
+    with pytest.raises(ValueError, match="one attention similarity per layer"):
+        rule_capacities("squeeze", 600, 6)
+    with pytest.raises(ValueError, match="squeezed, the share"):
+        rule_params("squeeze", {"squeezed": 1.5})
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_the_attention_similarity_is_read_from_the_models_own_modules(family):
+    model = tiny_model(family)
+    ids = torch.randint(3, 96, (2, 24), generator=torch.Generator().manual_seed(0)).tolist()
+    similarity = attention_similarity(model, ids)
+    assert len(similarity) == model.config.num_hidden_layers and all(-1 <= s <= 1 for s in similarity)
+    # by hand for layer 0: the hidden state entering it, and that plus its attention output (Gemma 3 normalises the
+    # attention output before adding it)
+    layer, captured = model.get_decoder().layers[0], []
+
+    def keep(module, args, out):
+        captured.append(out[0])
+
+    handle = layer.self_attn.register_forward_hook(keep)
+    total = 0.0
+    with torch.no_grad():
+        for row in ids:
+            entering = model(torch.tensor([row]), output_hidden_states=True, use_cache=False).hidden_states[0]
+            added = captured[-1] if family == "llama" else layer.post_attention_layernorm(captured[-1])
+            total += float(
+                torch.nn.functional.cosine_similarity(entering.double(), (entering + added).double(), -1).mean()
+            )
+    handle.remove()
+    assert similarity[0] == pytest.approx(total / len(ids), abs=1e-6)

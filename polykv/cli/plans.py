@@ -197,7 +197,8 @@ def plan_homogeneous(
         str | None,
         typer.Option(
             help="Split the budget (capacity x layers) over the layers by an allocation rule, for any method: "
-            "'uniform' or 'pyramid' (PyramidKV's layer rule)."
+            "'uniform', 'pyramid' (PyramidKV's layer rule) or 'squeeze' (SqueezeAttention's, measured on 4 "
+            "calibration sequences of --prompt-tokens tokens: loads the model)."
         ),
     ] = None,
     rule_param: Annotated[
@@ -218,7 +219,8 @@ def plan_homogeneous(
         from polykv.routing.rules import apply_rule
 
         windows = config_dimensions(model).windows if layers is None else None
-        plan = apply_rule(plan, rule, _parse_params(rule_param or []), prompt_tokens, windows or None)
+        statistics = _squeeze_statistics(model, prompt_tokens or 1024) if rule == "squeeze" else None
+        plan = apply_rule(plan, rule, _parse_params(rule_param or []), prompt_tokens, windows or None, statistics)
     elif allocation == "cake" and rule_param and prompt_tokens is None:
         plan = plan.model_copy(update={"allocation_params": _parse_params(rule_param)})
     elif rule_param or prompt_tokens is not None:
@@ -228,6 +230,18 @@ def plan_homogeneous(
     if layers is None:
         echo_budget_lines(built, model)
     typer.echo(f"wrote {out}")
+
+
+def _squeeze_statistics(model_name: str, tokens: int) -> list[float]:
+    """SqueezeAttention's per-layer attention similarity on 4 calibration sequences of `tokens` tokens."""
+    from polykv.models import load_model
+    from polykv.profile.corpus import CorpusSpec, build_corpus
+    from polykv.profile.sources import default_sources
+    from polykv.profile.squeeze import attention_similarity
+
+    model, tokenizer = load_model(model_name)
+    spec = CorpusSpec(sources=default_sources(model_name), num_sequences=4, max_tokens=tokens)
+    return attention_similarity(model, build_corpus(tokenizer, spec, model=model).sequences)
 
 
 def import_llama2c_command(

@@ -9,7 +9,12 @@ TOVA (or any method) PyramidKV's split of the same total. The static rules, deci
   pyramid   PyramidKV's layer rule (Cai et al., 2024, arXiv:2406.02069): with average capacity C, window w and L
             layers, the budgets beyond the window fall linearly with depth from 2(C - w) - k_top to
             k_top = (C - w) / beta, each layer then keeping its budget plus w (`PyramidKV.allocate`, the rule
-            the PyramidKV preset applies at run time; with a prompt length the same clipping).
+            the PyramidKV preset applies at run time; with a prompt length the same clipping);
+  squeeze   SqueezeAttention's rule (Wang et al., ICLR 2025, arXiv:2404.04793): the layers are split into three
+            groups by how little their attention changes the hidden state (`polykv.profile.squeeze`, measured
+            on calibration text; exact 1-D k-means, where the authors run scikit-learn's KMeans); the group that
+            changes it least keeps `squeezed` x C per layer and the other layers share the rest equally (the
+            authors' KV_class3 / ini_size: 0.08 / 0.21 and 0.25 / 0.4 in their examples; default 0.5).
 
 On a model with local (sliding-window) layers no layer is given more than it can hold: what a rule gives a local
 layer beyond its window less one goes to the layers that can hold it (`within_bounds`), and the plan's
@@ -28,7 +33,7 @@ from polykv.methods.attention.pyramidkv import PyramidKV, PyramidKVParams
 from polykv.methods.shared import split_total, within_bounds
 from polykv.plan import LayerPlan, Phase, Plan, PlanError
 
-STATIC_RULES = ("uniform", "pyramid")
+STATIC_RULES = ("uniform", "pyramid", "squeeze")
 
 
 def rule_params(rule: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -49,7 +54,38 @@ def rule_params(rule: str, params: Mapping[str, Any] | None = None) -> dict[str,
             first = exc.errors()[0]
             raise ValueError(f"the pyramid rule's {first['loc'][0]}: {first['msg']}") from None
         return {"window": checked.window, "beta": checked.beta}
+    if rule == "squeeze":
+        unknown = [k for k in given if k != "squeezed"]
+        squeezed = given.get("squeezed", 0.5)
+        if unknown or isinstance(squeezed, bool) or not isinstance(squeezed, (int, float)) or not 0 < squeezed <= 1:
+            raise ValueError(
+                "the squeeze rule takes squeezed, the share of the average budget its least important layers keep, "
+                f"in (0, 1] (got {given})"
+            )
+        return {"squeezed": float(squeezed)}
     raise ValueError(f"unknown allocation rule {rule!r} (the static rules: {', '.join(STATIC_RULES)})")
+
+
+def three_groups(values: Sequence[float]) -> list[int]:
+    """Each value's group, 0 (lowest) to 2 (highest), by the exact 1-D k-means with three clusters: the two cuts of
+    the sorted values that minimise the within-group sum of squares (ties: the first such cuts)."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    xs = [float(values[i]) for i in order]
+    n = len(xs)
+    if n < 3:
+        raise ValueError(f"the squeeze rule groups layers in three: it needs at least 3 layers (got {n})")
+
+    def sse(a: int, b: int) -> float:  # xs[a:b]
+        part = xs[a:b]
+        mean = sum(part) / len(part)
+        return sum((x - mean) ** 2 for x in part)
+
+    pairs = [(i, j) for i in range(1, n - 1) for j in range(i + 1, n)]
+    cuts = min(pairs, key=lambda c: sse(0, c[0]) + sse(c[0], c[1]) + sse(c[1], n))
+    groups = [0] * n
+    for rank, i in enumerate(order):
+        groups[i] = 0 if rank < cuts[0] else 1 if rank < cuts[1] else 2
+    return groups
 
 
 def rule_capacities(
@@ -59,12 +95,21 @@ def rule_capacities(
     params: Mapping[str, Any] | None = None,
     prompt_length: int | None = None,
     windows: Sequence[int | None] | None = None,
+    statistics: Sequence[float] | None = None,
 ) -> list[int]:
     """`total` tokens (per KV head) split over `num_layers` layers by `rule`, no layer above what it can hold
-    (`windows`: each layer's sliding window, None for a global layer)."""
+    (`windows`: each layer's sliding window, None for a global layer; `statistics`: the squeeze rule's per-layer
+    attention similarity)."""
     values = rule_params(rule, params)
     if rule == "uniform":
         capacities = split_total([1.0] * num_layers, total)
+    elif rule == "squeeze":
+        if statistics is None or len(statistics) != num_layers:
+            raise ValueError(f"the squeeze rule needs one attention similarity per layer ({num_layers})")
+        squeezed = [g == 2 for g in three_groups(statistics)]
+        low = values["squeezed"] * total / num_layers
+        high = (total - low * sum(squeezed)) / (num_layers - sum(squeezed))
+        capacities = split_total([low if s else high for s in squeezed], total)
     else:
         capacities = PyramidKV.allocate(total, [None] * num_layers, PyramidKVParams(**values), prompt_length)
     bounds = [float("inf") if w is None else w - 1 for w in (windows or [None] * num_layers)]
@@ -77,6 +122,7 @@ def apply_rule(
     params: Mapping[str, Any] | None = None,
     prompt_length: int | None = None,
     windows: Sequence[int | None] | None = None,
+    statistics: Sequence[float] | None = None,
 ) -> Plan:
     """The plan with each active phase's capacities split by `rule`: the same total (the sum of its capacities as
     written), the same methods and method parameters, fixed allocation. A phase with a `full` layer, or a native
@@ -90,7 +136,7 @@ def apply_rule(
         if any(a.capacity is None for a in assigned):
             raise PlanError(f"{plan.name}: the {phase.value} phase has a full layer, so it has no total to split")
         total = sum(a.capacity for a in assigned)
-        capacities = rule_capacities(rule, total, plan.num_layers, values, prompt_length, windows)
+        capacities = rule_capacities(rule, total, plan.num_layers, values, prompt_length, windows, statistics)
         for i, (a, capacity) in enumerate(zip(assigned, capacities)):
             layers[i][phase] = a.model_copy(update={"capacity": capacity})
     shown = ", ".join(f"{k} {v}" for k, v in values.items())
@@ -109,10 +155,11 @@ def apply_rule(
             "rule": rule,
             "rule_params": values,
             "prompt_length": prompt_length,
+            **({"statistics": [round(float(s), 6) for s in statistics]} if statistics is not None else {}),
             "source": plan.name,
             "source_provenance": dict(plan.provenance),
         },
     )
 
 
-__all__ = ["STATIC_RULES", "apply_rule", "rule_capacities", "rule_params"]
+__all__ = ["STATIC_RULES", "apply_rule", "rule_capacities", "rule_params", "three_groups"]
