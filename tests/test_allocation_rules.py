@@ -193,3 +193,17 @@ def test_the_attention_similarity_is_read_from_the_models_own_modules(family):
             )
     handle.remove()
     assert similarity[0] == pytest.approx(total / len(ids), abs=1e-6)
+
+
+def test_plan_homogeneous_writes_a_cake_rule_plan_that_plan_show_names(polykv, tmp_path):
+    out = tmp_path / "tova-cake.json"
+    result = polykv("plan", "homogeneous", "tova", "--capacity", "64", "--scope", "prefill", "--allocation", "cake",
+                    "--rule-param", "window=16", "-o", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    plan = Plan.load(out)
+    assert plan.allocation == "cake" and plan.allocation_params == {"window": 16}
+    shown = polykv("plan", "show", str(out)).stdout
+    assert "allocation cake (CAKE's layer rule splits each phase's total" in shown.splitlines()[0]
+    both = polykv("plan", "homogeneous", "tova", "--capacity", "64", "--allocation", "cake", "--rule", "pyramid",
+                  "-o", str(tmp_path / "both.json"))  # fmt: skip
+    assert_one_line_error(both, "a rule applies to a plan of fixed allocation")

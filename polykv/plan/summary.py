@@ -27,11 +27,12 @@ class PlanSummary:
     phases: dict[Phase, PhaseSummary]
 
     def lines(self) -> list[str]:
-        native = ", native allocation (the method splits each phase's total over the layers at run time)"
-        out = [
-            f"plan {self.name!r}: {self.num_layers} layers, scope {self.scope.value}"
-            f"{native if self.allocation == 'native' else ''}"
-        ]
+        rule = {
+            "native": ", native allocation (the method splits each phase's total over the layers at run time)",
+            "cake": ", allocation cake (CAKE's layer rule splits each phase's total over the layers at run time, "
+            "from the prompt's attention, whatever the methods)",
+        }
+        out = [f"plan {self.name!r}: {self.num_layers} layers, scope {self.scope.value}{rule.get(self.allocation, '')}"]
         for phase, s in self.phases.items():
             avg = "-" if s.average_capacity is None else f"{s.average_capacity:g}"
             counts = ", ".join(f"{m} x{n}" for m, n in sorted(s.method_counts.items(), key=lambda kv: (-kv[1], kv[0])))
