@@ -775,3 +775,32 @@ def test_after_a_failed_load_the_model_box_shows_the_loaded_model_again(app_env)
     load_in_sidebar(at, "/no/such/model")
     assert not at.exception and texts(at.sidebar.error)
     assert at.sidebar.text_input[0].value == "demo"  # not the name that failed: the box says what is loaded
+
+
+def test_split_by_a_rule_draws_the_capacities_then_applies_them_to_the_plans_methods(app_env):
+    at = open_app()
+    before = current_plan(at)
+    [r for r in at.radio if r.label == "Rule"][0].set_value("pyramid")
+    [n for n in at.number_input if n.label == "Budget of the split (average capacity per layer)"][0].set_value(40.0)
+    at.run()
+    assert not at.error
+    button(at, "Apply the rule").click()
+    at.run()
+    after = current_plan(at)
+    assert [(lay.prefill.method, lay.decode.method) for lay in after.layers] == [
+        (lay.prefill.method, lay.decode.method) for lay in before.layers
+    ]  # the route kept, the split the pyramid's
+    prefill = [lay.prefill.capacity for lay in after.layers]
+    assert sum(prefill) == 40 * 5 and prefill == sorted(prefill, reverse=True) and prefill[0] > prefill[-1]
+    assert any("Split by the pyramid rule at a budget of 40" in s for s in texts(at.success) + texts(at.info))
+    # CAKE's rule is decided at run time: the plan says so, and nothing is drawn for it
+    [r for r in at.radio if r.label == "Rule"][0].set_value("cake")
+    at.run()
+    assert not at.error, texts(at.error)
+    button(at, "Apply the rule").click()
+    at.run()
+    assert current_plan(at).allocation == "cake" and not at.error
+    # a rule the plan cannot take is said before anything is applied
+    [n for n in at.number_input if n.label == "Budget of the split (average capacity per layer)"][0].set_value(2.0)
+    at.run()
+    assert any("split by the cake rule at budget 2" in e for e in texts(at.error))

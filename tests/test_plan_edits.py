@@ -97,6 +97,22 @@ def test_table_round_trip_is_the_identity_for_every_shipped_plan():
         assert from_table(plan, to_table(plan)) == plan, path
 
 
+def test_table_round_trip_keeps_a_run_time_allocation_and_each_cells_interval():
+    # the table shows no allocation and no interval: reading it back unedited must not turn a native or rule plan
+    # into a fixed one (the designer reads its table back on every rerun), nor an edited one lose its intervals
+    native = Plan.homogeneous("pyramidkv", 32, 5, "prefill", allocation="native")
+    ruled = Plan.homogeneous("tova", 48, 5, "prefill", allocation="cake")
+    for plan in (native, ruled):
+        assert from_table(plan, to_table(plan)) == plan
+    spaced = Plan.from_dict({**Plan.homogeneous("tova", 32, 5, "decode").to_dict(), "name": "k"})
+    spaced = spaced.with_layers([layer.model_copy(update={"decode": layer.decode.model_copy(update={"interval": 4})})
+                                 for layer in spaced.layers])  # fmt: skip
+    frame = to_table(spaced)
+    frame.loc[0, "decode_capacity"] = 40
+    edited = from_table(spaced, frame)
+    assert edited.layers[0].decode.capacity == 40 and all(layer.decode.interval == 4 for layer in edited.layers)
+
+
 def test_table_edits_apply_and_bad_cells_name_layer_phase_and_field(mixed):
     table = to_table(mixed)
     table.loc[4, "decode_method"] = "tova"

@@ -116,6 +116,8 @@ def paint(plan, layers: int) -> None:
     with st.container(horizontal=True, vertical_alignment="center"):
         with st.popover("Rescale to a budget"):
             rescale_to_budget(plan)
+        with st.popover("Split by a rule"):
+            split_by_rule(plan)
         with st.popover("Build from profile"):
             build_from_profile()
         if st.button("Reset to full"):
@@ -159,6 +161,40 @@ def rescale_to_budget(plan) -> None:
         controls.attempt(
             lambda: whole_plan.rescale(plan, target),
             f"Rescaled to a budget of {target:g} (average capacity per layer).",
+        )
+
+
+def split_by_rule(plan) -> None:
+    """An allocation rule for the plan's methods: the capacities it gives, drawn before they are applied."""
+    rule = st.radio("Rule", list(whole_plan.RULE_CHOICES), horizontal=True, key=state.SPLIT_RULE)
+    budget = st.number_input(
+        "Budget of the split (average capacity per layer)",
+        min_value=1.0,
+        value=float(round(whole_plan.current_budget(plan))),
+        step=1.0,
+        key=state.SPLIT_BUDGET,
+    )
+    windows = session.layer_windows()
+    try:
+        preview = whole_plan.rule_preview(plan, rule, budget, windows)
+    except PlanError as exc:
+        st.error(str(exc))
+        return
+    if rule == "cake":
+        st.caption(
+            "CAKE's rule splits each phase's total at run time, from each prompt's attention: no capacities to draw "
+            "before a run; the KV each layer held is measured with every sample."
+        )
+    else:
+        st.bar_chart({phase: capacities for phase, capacities in preview.items()}, stack=False, height=180)
+        st.caption(
+            "Capacity per layer (layer 0 first) that the rule gives"
+            + ("; a local layer gets at most its window less one." if any(w is not None for w in windows) else ".")
+        )
+    if st.button("Apply the rule", key=state.SPLIT_APPLY):
+        controls.attempt(
+            lambda: whole_plan.split_by_rule(plan, rule, budget, windows),
+            f"Split by the {rule} rule at a budget of {budget:g} (average capacity per layer).",
         )
 
 

@@ -81,6 +81,7 @@ def from_table(plan: Plan, table: pd.DataFrame) -> Plan:
                 "method": method,
                 "capacity": capacity,
                 "params": _cell_params(row.get(f"{p.value}_params"), where),
+                "interval": plan.layers[i][p].interval,  # not in the table: the cell keeps its own
             }
         new.append(layer)
     old = _layer_dicts(plan)

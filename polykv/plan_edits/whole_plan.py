@@ -1,4 +1,5 @@
-"""A new whole plan from the designer's: rescaled to another budget (`rescale`, from `current_budget`), reset to
+"""A new whole plan from the designer's: rescaled to another budget (`rescale`, from `current_budget`), its budget
+split by an allocation rule for whatever methods it runs (`split_by_rule`, previewed by `rule_preview`), reset to
 full (`reset_to_full`), or built from a profile (`build_from_profile`, for the scopes of `profile_scopes`)."""
 
 from __future__ import annotations
@@ -33,6 +34,47 @@ def rescale(plan: Plan, budget: float) -> Plan:
     except ValueError as exc:  # a PlanError, or a budget too small for the layers' windows
         raise PlanError(f"rescale to budget {budget:g}: {first_line(exc)}") from None
     return record_edit(plan, scaled, f"rescaled to budget {budget:g}")
+
+
+# The designer's allocation rules: static ones written as capacities, and CAKE's, decided at run time
+RULE_CHOICES = ("uniform", "pyramid", "cake")
+
+
+def _ruled(plan: Plan, rule: str, budget: float, windows) -> Plan:
+    from polykv.routing import scale_budget
+    from polykv.routing.rules import apply_rule
+
+    if rule not in RULE_CHOICES:
+        raise PlanError(f"unknown rule {rule!r} (the designer's: {', '.join(RULE_CHOICES)})")
+    from polykv.methods import validate_plan
+
+    try:
+        fixed = plan if plan.allocation == "fixed" else plan.model_copy(update={"allocation": "fixed"})
+        scaled = scale_budget(fixed, budget, name=plan.name, description=plan.description)
+        if rule == "cake":
+            ruled = scaled.model_copy(update={"allocation": "cake", "allocation_params": {}})
+        else:
+            ruled = apply_rule(scaled, rule, windows=windows).model_copy(update={"name": plan.name})
+        return validate_plan(ruled, plan.num_layers)
+    except ValueError as exc:  # a PlanError, or a budget too small for the layers' windows
+        raise PlanError(f"split by the {rule} rule at budget {budget:g}: {first_line(exc)}") from None
+
+
+def rule_preview(plan: Plan, rule: str, budget: float, windows=None) -> dict[str, list[int] | None]:
+    """Per active phase, the capacities `split_by_rule` would write (None for CAKE's: its split comes from each
+    prompt's attention at run time); PlanError with one line when the rule cannot split this plan."""
+    ruled = _ruled(plan, rule, budget, windows)
+    return {
+        phase.value: None if rule == "cake" else [layer[phase].capacity for layer in ruled.layers]
+        for phase in ruled.scope.phases
+    }
+
+
+def split_by_rule(plan: Plan, rule: str, budget: float, windows=None) -> Plan:
+    """The plan's route at budget `budget` (average capacity per layer), each active phase's total split over the
+    layers by `rule` (`polykv.routing.rules`; "cake": at run time, `polykv.runtime.layer_budgets`); a local layer
+    (`windows`) never given more than its window less one. PlanError with one line when it cannot be."""
+    return record_edit(plan, _ruled(plan, rule, budget, windows), f"split by the {rule} rule at budget {budget:g}")
 
 
 def reset_to_full(plan: Plan) -> Plan:
