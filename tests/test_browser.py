@@ -406,3 +406,29 @@ def test_clicking_a_tasks_bar_on_compare_opens_its_samples_with_the_answers(app,
     page.mouse.click(fwe["x"] + fwe["width"] / 2, area["y"] + area["height"] / 2)
     settle(page)
     expect(page.get_by_test_id("stTable")).to_contain_text("sxttmk | vppicw | axffnj", timeout=WAIT)
+
+
+def test_the_allocation_picker_draws_a_rules_capacities_before_applying_them(app, page):
+    """'Split by a rule' on the designer: the pyramid's capacities are drawn in the popover before anything changes,
+    Apply gives the plan's methods that split, and the summary says the new totals."""
+    url, _ = app
+    page.goto(url + "/designer")
+    expect(page.locator(".js-plotly-plot")).to_have_count(1, timeout=MODEL_WAIT)
+    settle(page)
+    before = page.get_by_test_id("stText").first.inner_text()
+    page.get_by_role("button", name="Split by a rule").click()
+    page.get_by_text("pyramid", exact=True).click()
+    settle(page)
+    budget = page.get_by_label("Budget of the split (average capacity per layer)")
+    budget.fill("40")
+    budget.press("Enter")  # no form here: Enter applies nothing, it only redraws the preview
+    settle(page)
+    expect(page.get_by_text("Capacity per layer (layer 0 first) that the rule gives")).to_be_visible(timeout=WAIT)
+    expect(page.locator("[data-testid='stVegaLiteChart']")).to_have_count(1, timeout=WAIT)
+    assert page.get_by_test_id("stText").first.inner_text() == before  # drawn, not applied
+    page.get_by_role("button", name="Apply the rule").click()
+    expect(page.get_by_text("Split by the pyramid rule at a budget of 40")).to_be_visible(timeout=WAIT)
+    settle(page)
+    summary = page.get_by_test_id("stText").first.inner_text()
+    assert "prefill total capacity B=200, average b=40" in summary and summary != before
+    shoot(page, "designer-split-by-rule")
