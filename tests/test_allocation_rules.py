@@ -82,12 +82,16 @@ def test_a_rule_refuses_what_it_cannot_split():
         apply_rule(Plan.homogeneous("tova", 24, 4), "pyramid", {"beta": 0})
 
 
-def test_plan_homogeneous_writes_a_ruled_plan_and_refuses_a_bad_rule_in_one_line(polykv, tmp_path):
-    out = tmp_path / "tova-pyramid.json"
-    result = polykv("plan", "homogeneous", "tova", "--capacity", "32", "--scope", "prefill", "--rule", "pyramid",
-                    "--rule-param", "window=8", "-o", str(out))  # fmt: skip
+def written(polykv, out, *options) -> Plan:
+    """`plan homogeneous tova` in the prefill scope with these options, written to `out` and read back."""
+    result = polykv("plan", "homogeneous", "tova", "--scope", "prefill", *options, "-o", str(out))
     assert result.returncode == 0, result.stderr
-    plan = Plan.load(out)
+    return Plan.load(out)
+
+
+def test_plan_homogeneous_writes_a_ruled_plan_and_refuses_a_bad_rule_in_one_line(polykv, tmp_path):
+    options = ("--capacity", "32", "--rule", "pyramid", "--rule-param", "window=8")
+    plan = written(polykv, tmp_path / "pyramid.json", *options)
     assert sum(layer.prefill.capacity for layer in plan.layers) == 5 * 32 and plan.provenance["rule"] == "pyramid"
     bad = polykv("plan", "homogeneous", "tova", "--capacity", "32", "--rule", "pyramid", "--rule-param", "beta=0",
                  "-o", str(tmp_path / "bad.json"))  # fmt: skip
@@ -197,10 +201,7 @@ def test_the_attention_similarity_is_read_from_the_models_own_modules(family):
 
 def test_plan_homogeneous_writes_a_cake_rule_plan_that_plan_show_names(polykv, tmp_path):
     out = tmp_path / "tova-cake.json"
-    result = polykv("plan", "homogeneous", "tova", "--capacity", "64", "--scope", "prefill", "--allocation", "cake",
-                    "--rule-param", "window=16", "-o", str(out))  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    plan = Plan.load(out)
+    plan = written(polykv, out, "--capacity", "64", "--allocation", "cake", "--rule-param", "window=16")
     assert plan.allocation == "cake" and plan.allocation_params == {"window": 16}
     shown = polykv("plan", "show", str(out)).stdout
     assert "allocation cake (CAKE's layer rule splits each phase's total" in shown.splitlines()[0]
