@@ -44,6 +44,7 @@ COMMANDS = (  # (app, name, function), in the order `--help` lists them
     (plan_app, "show", plans.plan_show),
     (plan_app, "validate", plans.plan_validate),
     (plan_app, "homogeneous", plans.plan_homogeneous),
+    (plan_app, "export", plans.plan_export),
     (runs_app, "show", evaluation.runs_show),
     (experiment_app, "factorial", experiments.experiment_factorial),
     (experiment_app, "placement", experiments.experiment_placement),

@@ -232,6 +232,25 @@ def plan_homogeneous(
     typer.echo(f"wrote {out}")
 
 
+def plan_export(
+    plan: Annotated[Path, typer.Argument(help="Plan file (JSON).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the Python file.")],
+    tokens: Annotated[int, typer.Option(min=1, help="The prompt length the press is for (kvpress keeps a share).")],
+    to: Annotated[str, typer.Option(help="The library: kvpress.")] = "kvpress",
+) -> None:
+    """Write a short Python file that builds the kvpress press equivalent to a plan at a prompt of --tokens tokens:
+    one kvpress scorer in the prefill phase, per-layer capacities (PerLayerCompressionPress); refused in one line
+    where kvpress cannot express the plan."""
+    from polykv.files import atomic_write_text
+    from polykv.kvpress_export import kvpress_source
+
+    if to != "kvpress":
+        raise ValueError(f"--to {to!r}: PolyKV exports to kvpress only")
+    source = kvpress_source(Plan.load(plan), tokens)  # every refusal before anything is written
+    atomic_write_text(out, source)
+    typer.echo(f"wrote {out}")
+
+
 def _squeeze_statistics(model_name: str, tokens: int) -> list[float]:
     """SqueezeAttention's per-layer attention similarity on 4 calibration sequences of `tokens` tokens."""
     from polykv.models import load_model
