@@ -42,6 +42,7 @@ BUILD_ALLOCATION = "build_allocation"  # radio: how the budget is split over the
 SPLIT_RULE = "split_rule"  # radio: the allocation rule of "Split by a rule"
 SPLIT_BUDGET = "split_budget"  # number: its budget (average capacity per layer)
 SPLIT_APPLY = "split_apply"  # button: apply it
+EXPORT_TOKENS = "export_tokens"  # number: the prompt length of the kvpress export
 PLAN_UPLOAD = "plan_upload"  # file uploader: a plan file to load
 UPLOAD_SEEN = "upload_seen"  # file id of the upload already loaded (so a rerun does not load it again)
 HETEROGENEITY_ASKED = "heterogeneity_asked"  # Measure was pressed once: the page measures (and remeasures) from then on

@@ -804,3 +804,12 @@ def test_split_by_a_rule_draws_the_capacities_then_applies_them_to_the_plans_met
     [n for n in at.number_input if n.label == "Budget of the split (average capacity per layer)"][0].set_value(2.0)
     at.run()
     assert any("split by the cake rule at budget 2" in e for e in texts(at.error))
+
+
+def test_the_designer_exports_a_one_method_prefill_plan_to_kvpress_and_says_why_not_for_others(app_env):
+    at = open_app()
+    assert any("Not expressible in kvpress" in i and "evicts in the decode phase" in i for i in texts(at.info))
+    at.session_state["plan_json"] = Plan.homogeneous("tova", 32, 5, "prefill").to_json()
+    at.run()
+    (download,) = [b for b in at.get("download_button") if b.proto.label == "Download kvpress press (.py)"]
+    assert not any("Not expressible in kvpress" in i for i in texts(at.info))

@@ -320,6 +320,27 @@ def save(plan) -> None:
     st.download_button(
         "Download JSON", plan.to_json(), file_name=saving.plan_filename(plan.name), mime="application/json"
     )
+    export_kvpress(plan)
+
+
+def export_kvpress(plan) -> None:
+    """The plan as a kvpress press for one prompt length, or why kvpress cannot express it."""
+    from polykv.kvpress_export import kvpress_source
+
+    with st.popover("Export to kvpress"):
+        tokens = st.number_input("Prompt length (tokens)", min_value=1, value=8192, step=1024, key=state.EXPORT_TOKENS)
+        try:
+            source = kvpress_source(plan, int(tokens))
+        except PlanError as exc:
+            st.info(f"Not expressible in kvpress: {exc}")
+            return
+        st.caption("A Python file that builds the kvpress press keeping what this plan keeps at that prompt length.")
+        st.download_button(
+            "Download kvpress press (.py)",
+            source,
+            file_name=saving.plan_filename(plan.name).removesuffix(".json") + "_kvpress.py",
+            mime="text/x-python",
+        )
 
 
 def load(saved) -> None:
