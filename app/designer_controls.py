@@ -10,7 +10,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from app import charts, state
+from app import charts, session, state
 from app.plan_draft import REPO, plan, set_plan
 from app.session import check_plan, current_model
 from polykv.files import read_text
@@ -188,3 +188,30 @@ def read_plan(text: str | bytes, where: str) -> Plan:
         return check_plan(loaded)
     except PlanError as exc:
         raise PlanError(f"{where}: this plan does not fit {current_model()[0]!r}: {exc}") from None
+
+
+def measured_runs(plan: Plan) -> list:
+    """The workspace's runs of this plan (the same layers and allocation) on the current model whose samples carry
+    the KV their cache held, newest first."""
+    from polykv.eval.results.store import Store
+
+    store = Store(session.workspace() / "results.sqlite", readonly=True)
+    model = session.current_model()[0]
+    found = []
+    for run in store.runs():
+        try:
+            ran = Plan.from_json(run.plan_json)
+        except PlanError:
+            continue
+        if run.model == model and ran.layers == plan.layers and ran.allocation == plan.allocation:
+            found.append(run)
+    return sorted(found, key=lambda r: r.created, reverse=True)
+
+
+def measured_kv_of(run):
+    """What `run`'s plan held per layer, measured (`polykv.eval.results.kv_measured.MeasuredKV`; None: not measured)."""
+    from polykv.eval.results.kv_measured import measured_kv
+    from polykv.eval.results.store import Store
+
+    store = Store(session.workspace() / "results.sqlite", readonly=True)
+    return measured_kv(store.samples(run.id), session.layer_windows())

@@ -813,3 +813,21 @@ def test_the_designer_exports_a_one_method_prefill_plan_to_kvpress_and_says_why_
     at.run()
     (download,) = [b for b in at.get("download_button") if b.proto.label == "Download kvpress press (.py)"]
     assert not any("Not expressible in kvpress" in i for i in texts(at.info))
+
+
+def test_the_designer_draws_a_runs_measured_kv_beside_the_plans_capacities(app_env, demo_model):
+    from polykv.eval.results.store import Store
+    from polykv.eval.running.suite_runner import run_suite
+    from polykv.eval.suites.ruler import RulerSettings
+
+    at = open_app()
+    assert any("No run of this plan has measured the KV it held yet" in c for c in texts(at.caption))
+    plan = current_plan(at)
+    model, tokenizer = demo_model
+    store = Store(app_env / "ws" / "results.sqlite")
+    settings = RulerSettings(tasks=("niah_single_1",), length=400, samples_per_task=1, mode="score")
+    run_id = run_suite(store, "demo", model, tokenizer, plan, "ruler", settings)
+    at.run()
+    (chosen,) = [s for s in at.selectbox if s.label == "Measured in a run of this plan"]
+    assert chosen.value.id == run_id
+    assert any("held entering the answer, measured (mean of 1 sample)" in c for c in texts(at.caption))

@@ -65,6 +65,34 @@ def memory(plan) -> None:
             f"Kept entering the answer: {kept_line(plan, tokens, windows, token_bytes)}"
             + ("; a local layer never holds more than its window less one." if hybrid else ".")
         )
+        measured(plan)
+
+
+def measured(plan) -> None:
+    """Beside the plan's capacities, what a run of it held per layer, measured from its cache."""
+    runs = controls.measured_runs(plan)
+    kv = None
+    if runs:
+        run = st.selectbox(
+            "Measured in a run of this plan",
+            runs,
+            format_func=lambda r: f"{r.id} ({r.suite}, {r.created[:16]})",
+            key=state.MEASURED_RUN,
+        )
+        kv = controls.measured_kv_of(run)
+    if kv is None:
+        st.caption("No run of this plan has measured the KV it held yet (a run's samples measure it: Runs page).")
+        return
+    first = plan.scope.phases[0]
+    st.bar_chart(
+        {"planned capacity": [layer[first].capacity or 0 for layer in plan.layers], "held, measured": kv.entering},
+        stack=False,
+        height=200,
+    )
+    st.caption(
+        f"Per layer (layer 0 first): the {first.value} capacity as planned, and the slots each layer held entering "
+        f"the answer, measured (mean of {kv.samples} sample{'s' * (kv.samples != 1)})."
+    )
 
 
 def provenance(plan) -> None:
