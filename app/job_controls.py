@@ -29,18 +29,27 @@ def running(job_list: Iterable, where: Path) -> set[str]:
     return {j.id for j in job_list if jobs.state(j, where).status == "running"}
 
 
+CONFIRM_ABOVE_S = 15 * 60  # a launch estimated longer asks for a second press that restates its estimate
+
+
 def start_job(build: Callable[[], Any], flash_key: str | None = None, refused: str = "Not started") -> None:
     """Build a job (`build()`) and start it in the background, then redraw the page (saying "Started <id>"
     where `show_flash(flash_key)` is). Bad input, or a job that cannot start, is one inline line
     ("<refused>: why") and starts nothing."""
     from polykv.jobs.costs import with_estimate
+    from polykv.text import duration
 
     try:
         job = build()
         _, _, model, tokenizer = current_model()
-        jobs.start(
-            with_estimate(job, model, tokenizer, workspace()), workspace()
-        )  # the estimate goes with it, to be checked
+        job = with_estimate(job, model, tokenizer, workspace())  # the estimate goes with it, to be checked
+        asked = (job.kind, job.title, [r.model_dump() for r in job.runs], job.estimate_s)
+        if (job.estimate_s or 0) > CONFIRM_ABOVE_S and st.session_state.get(state.LAUNCH_TO_CONFIRM) != asked:
+            st.session_state[state.LAUNCH_TO_CONFIRM] = asked  # the same launch pressed again starts it
+            st.warning(f"This launch is estimated at about {duration(job.estimate_s)} here: press again to start it.")
+            return
+        st.session_state.pop(state.LAUNCH_TO_CONFIRM, None)
+        jobs.start(job, workspace())
     except (PolyKVError, ValueError) as exc:
         st.error(f"{refused}: {first_line(exc)}")
         return

@@ -42,6 +42,21 @@ def default_settings(suite: str, model_name: str) -> str:
     return json.dumps(suite_defaults(suite, model_name, small=is_demo(model_name)))
 
 
+def settings_missing(text: str, suite: str) -> str | None:
+    """Why a settings box launches nothing (one line), or None: an empty box, or an empty object, would run the
+    suite's full defaults (for RULER, every task at 4,096 tokens: hours here), so each must name its settings."""
+    if not text.strip():
+        return f"The suite settings are empty: write them as JSON (the {suite} suite's defaults never run unasked)."
+    if text.strip().replace(" ", "") == "{}":
+        return f"The suite settings name nothing: {{}} would run the {suite} suite's full defaults; name what to run."
+    return None
+
+
+def reset_settings(key: str, suite: str, model_name: str) -> None:
+    """Put the suggested settings back into the settings box (a button's callback: before the box is drawn)."""
+    st.session_state[key] = default_settings(suite, model_name)
+
+
 def eval_job(
     model_name: str,
     device: str,

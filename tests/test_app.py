@@ -390,7 +390,7 @@ def test_runs_page_refuses_bad_settings_and_budgets_inline(app_env):
     button(at, "Launch").click()
     at.run()
     assert any("samples_per_task 1,000,000,000 is more than PolyKV takes (at most 10,000" in e for e in texts(at.error))
-    at.text_area(key="settings_fidelity").set_value("{}")
+    at.text_area(key="settings_fidelity").set_value('{"samples_per_task": 1}')
     [t for t in at.text_input if t.label == "Budgets"][0].set_value("16, x")
     button(at, "Launch").click()
     at.run()
@@ -831,3 +831,33 @@ def test_the_designer_draws_a_runs_measured_kv_beside_the_plans_capacities(app_e
     (chosen,) = [s for s in at.selectbox if s.label == "Measured in a run of this plan"]
     assert chosen.value.id == run_id
     assert any("held entering the answer, measured (mean of 1 sample)" in c for c in texts(at.caption))
+
+
+def test_an_empty_or_nameless_settings_box_launches_nothing_and_offers_the_suggested_settings(app_env):
+    at = open_app("runs")
+    suggested = at.text_area(key="settings_fidelity").value
+    for text, why in (("  ", "The suite settings are empty"), ("{ }", "The suite settings name nothing")):
+        at.text_area(key="settings_fidelity").set_value(text)
+        at.run()
+        assert any(e.startswith(why) for e in texts(at.error)), texts(at.error)
+        assert button(at, "Launch").disabled
+    button(at, "Reset to the suggested settings").click()
+    at.run()
+    assert at.text_area(key="settings_fidelity").value == suggested and not button(at, "Launch").disabled
+    assert jobs.list_jobs(app_env / "ws") == []
+
+
+def test_a_launch_estimated_over_fifteen_minutes_starts_on_the_second_press_that_restates_it(app_env, monkeypatch):
+    from polykv.jobs import costs
+
+    started = []
+    monkeypatch.setattr(costs, "with_estimate", lambda job, *a: job.model_copy(update={"estimate_s": 3600.0}))
+    monkeypatch.setattr(jobs, "start", lambda job, workspace: started.append(job))
+    at = open_app("runs")
+    at.text_area(key="settings_fidelity").set_value(json.dumps(TINY_SETTINGS))
+    button(at, "Launch").click()
+    at.run()
+    assert started == [] and any("estimated at about 1 h" in w and "press again" in w for w in texts(at.warning))
+    button(at, "Launch").click()
+    at.run()
+    assert len(started) == 1 and started[0].estimate_s == 3600.0

@@ -432,3 +432,28 @@ def test_the_allocation_picker_draws_a_rules_capacities_before_applying_them(app
     summary = page.get_by_test_id("stText").first.inner_text()
     assert "prefill total capacity B=200, average b=40" in summary and summary != before
     shoot(page, "designer-split-by-rule")
+
+
+def test_enter_in_a_number_field_launches_nothing_on_profiles_and_heterogeneity(app, page):
+    """The launch forms take Enter as typing, not as a press of their first button (issue 56: Enter started two
+    profile jobs and a measurement)."""
+    url, root = app
+    before = sorted(p.name for p in (root / "ws" / "jobs").glob("*.json"))
+    page.goto(url + "/profiles")
+    expect(page.get_by_label("Sequences")).to_be_visible(timeout=MODEL_WAIT)
+    settle(page)
+    field = page.get_by_label("Sequences")
+    field.fill("2")
+    field.press("Enter")
+    settle(page)
+    time.sleep(2)
+    assert sorted(p.name for p in (root / "ws" / "jobs").glob("*.json")) == before  # no profile job
+    expect(page.get_by_text("Started")).to_have_count(0)
+    page.goto(url + "/heterogeneity")
+    expect(page.get_by_label("Inputs")).to_be_visible(timeout=MODEL_WAIT)
+    settle(page)
+    field = page.get_by_label("Inputs")
+    field.fill("2")
+    field.press("Enter")
+    settle(page)
+    expect(page.get_by_text("Nothing is measured until you press Measure")).to_be_visible(timeout=WAIT)

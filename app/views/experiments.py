@@ -40,7 +40,7 @@ if not profiles:
 else:
     suite = st.selectbox("Suite", list(SUITES), key=state.EXPERIMENT_SUITE)
     metrics = suite_metrics(suite)
-    with st.form(state.EXPERIMENT_FORM):
+    with st.form(state.EXPERIMENT_FORM, enter_to_submit=False):
         profile = st.selectbox("Profile", [p.key for p in profiles])  # keys: profiles do not compare
         cols = st.columns(4)
         scopes = ["decode", "prefill"] if kind == "placement" else ["decode", "prefill", "both"]

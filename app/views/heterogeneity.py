@@ -16,7 +16,7 @@ st.caption(
 )
 
 name, device, _, _ = session.current_model()
-with st.form(state.HETEROGENEITY_FORM):
+with st.form(state.HETEROGENEITY_FORM, enter_to_submit=False):
     cols = st.columns(5)
     inputs = cols[0].number_input("Inputs", min_value=1, max_value=64, value=8, step=1)
     max_tokens = cols[1].number_input(

@@ -26,7 +26,7 @@ root = workspace / "profiles"
 
 # ---- compute one in the background --------------------------------------------------------------
 with st.expander("Compute a profile", expanded=not root.is_dir()):
-    with st.form(state.PROFILE_FORM):
+    with st.form(state.PROFILE_FORM, enter_to_submit=False):
         cols = st.columns(5)
         defaults = job_forms.profile_defaults(name)
         sequences = cols[0].number_input("Sequences", min_value=1, max_value=200, value=defaults["sequences"])

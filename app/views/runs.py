@@ -120,8 +120,17 @@ with st.container(border=True):  # no form: what is typed here is kept (`state.R
             name, device, plan, suite, settings_text, budgets_text, baselines, placements, seed, (model, tokenizer)
         )
 
-    job_controls.launch_estimate(described_job, state.RUN_MEASURE_SPEED)
-    launched = st.button("Launch", type="primary")
+    missing = job_forms.settings_missing(settings_text, suite)
+    if missing:
+        st.error(missing)
+        st.button(
+            "Reset to the suggested settings",
+            on_click=job_forms.reset_settings,
+            args=(state.settings_text(suite), suite, name),
+        )
+    else:
+        job_controls.launch_estimate(described_job, state.RUN_MEASURE_SPEED)
+    launched = st.button("Launch", type="primary", disabled=bool(missing))
 
 if launched:
     job_controls.start_job(described_job, state.RUNS_FLASH, refused="Not launched")

@@ -57,7 +57,7 @@ text_profiles = [p.key for p in profiles if not p.is_workload]
 if not workload and not text_profiles:
     st.info("No profile of this model yet: compute one on the Profiles page (it ranks the moves and gives TopRank).")
 else:
-    with st.form(state.SEARCH_FORM):
+    with st.form(state.SEARCH_FORM, enter_to_submit=False):
         cols = st.columns(4)
         if workload:
             choices = ["auto", *(p.key for p in profiles if p.is_workload)]
