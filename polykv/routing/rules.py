@@ -18,8 +18,9 @@ TOVA (or any method) PyramidKV's split of the same total. The static rules, deci
 
 On a model with local (sliding-window) layers no layer is given more than it can hold: what a rule gives a local
 layer beyond its window less one goes to the layers that can hold it (`within_bounds`), and the plan's
-description says so. The profile rules (entropy, PPL) are `polykv.routing.allocation`'s; the prompt-dependent
-ones (CAKE's preference, Ada-KV's head budgets) are decided at prefill by the runtime.
+description says so. The profile rules (entropy, PPL) are `polykv.routing.allocation`'s; CAKE's preference depends on
+the prompt, so the runtime decides it at prefill (`polykv.runtime.layer_budgets`). Ada-KV's head budgets are not in
+PolyKV yet.
 """
 
 from __future__ import annotations
