@@ -43,7 +43,7 @@ def start_job(build: Callable[[], Any], flash_key: str | None = None, refused: s
         job = build()
         _, _, model, tokenizer = current_model()
         job = with_estimate(job, model, tokenizer, workspace())  # the estimate goes with it, to be checked
-        asked = (job.kind, job.title, [r.model_dump() for r in job.runs], job.estimate_s)
+        asked = job.model_dump(mode="json", exclude={"id", "created"})  # the same launch, whatever its kind
         if (job.estimate_s or 0) > CONFIRM_ABOVE_S and st.session_state.get(state.LAUNCH_TO_CONFIRM) != asked:
             st.session_state[state.LAUNCH_TO_CONFIRM] = asked  # the same launch pressed again starts it
             st.warning(f"This launch is estimated at about {duration(job.estimate_s)} here: press again to start it.")

@@ -45,6 +45,7 @@ SPLIT_APPLY = "split_apply"  # button: apply it
 EXPORT_TOKENS = "export_tokens"  # number: the prompt length of the kvpress export
 MEASURED_RUN = "measured_run"  # select: the run whose measured KV the designer draws beside the plan
 LAUNCH_TO_CONFIRM = "launch_to_confirm"  # the long launch pressed once, waiting for its second press
+EXPERIMENT_RESET = "experiment_reset"  # button: the suggested settings back in Experiments' settings box
 PLAN_UPLOAD = "plan_upload"  # file uploader: a plan file to load
 UPLOAD_SEEN = "upload_seen"  # file id of the upload already loaded (so a rerun does not load it again)
 HETEROGENEITY_ASKED = "heterogeneity_asked"  # Measure was pressed once: the page measures (and remeasures) from then on

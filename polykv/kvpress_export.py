@@ -68,26 +68,33 @@ def _exportable(plan: Plan) -> tuple[str, dict]:
     return method, params[0]
 
 
-def kvpress_source(plan: Plan, tokens: int) -> str:
+def kvpress_source(plan: Plan, tokens: int, windows=None) -> str:
     """The Python file that builds the press equivalent to `plan` at a prompt of `tokens` tokens (PlanError, one
-    line, when kvpress cannot express it)."""
+    line, when kvpress cannot express it). `windows`: the model's sliding windows (None: not known); kvpress
+    compresses what a local layer holds, its window, not the prompt, so a model with local layers is refused."""
     if tokens < 1:
         raise PlanError(f"the prompt length must be a positive number of tokens (got {tokens})")
+    if windows is not None and any(w is not None for w in windows):
+        raise PlanError(f"{plan.name}: kvpress compresses what a sliding-window layer holds (its window), not the "
+                        "prompt, so ratios for this model's local layers would keep other counts")  # fmt: skip
     method, params = _exportable(plan)
     press, names = PRESSES[method]
     arguments = ", ".join(f"{names[k]}={params[k]!r}" for k in names if k in params)
     capacities = [layer[Phase.PREFILL].capacity for layer in plan.layers]
     ratios = [round(keep_ratio(tokens, c), 12) for c in capacities]
+    per_layer = len(set(capacities)) > 1
     head = (
         f'"""kvpress press equivalent to PolyKV plan {plan.name!r} at a prompt of {tokens} tokens\n'
         f"(written by `polykv plan export --to kvpress --tokens {tokens}`).\n\n"
         f"PolyKV runs {method} in the prefill phase with these capacities per layer (tokens kept per KV head):\n"
         f"{capacities}\n"
         "kvpress keeps int(n * (1 - ratio)) tokens of an n-token prompt: these ratios keep exactly those counts at\n"
-        f"{tokens} tokens. Another prompt length needs other ratios: export again with its --tokens.\n"
-        '"""\n\n'
+        f"{tokens} tokens. Another prompt length needs other ratios: export again with its --tokens. On a model\n"
+        "with sliding-window layers kvpress compresses a local layer's window, not the prompt: other counts there.\n"
+        + ("kvpress's PerLayerCompressionPress works only with flash attention (its warning).\n" if per_layer else "")
+        + '"""\n\n'
     )
-    if len(set(capacities)) == 1:
+    if not per_layer:
         given = ", ".join([f"compression_ratio={ratios[0]!r}", *([arguments] if arguments else [])])
         body = f"from kvpress import {press}\n\npress = {press}({given})\n"
     else:

@@ -16,6 +16,7 @@ from polykv.methods import validate_plan
 from polykv.methods.attention.pyramidkv import PyramidKV, PyramidKVParams
 from polykv.models import cache_argument_name
 from polykv.plan import Plan, PlanError
+from polykv.plan_edits.painting import paint
 from polykv.profile.squeeze import attention_similarity
 from polykv.routing.rules import apply_rule, rule_capacities, rule_params, three_groups
 from polykv.runtime import routed
@@ -208,3 +209,20 @@ def test_plan_homogeneous_writes_a_cake_rule_plan_that_plan_show_names(polykv, t
     both = polykv("plan", "homogeneous", "tova", "--capacity", "64", "--allocation", "cake", "--rule", "pyramid",
                   "-o", str(tmp_path / "both.json"))  # fmt: skip
     assert_one_line_error(both, "a rule applies to a plan of fixed allocation")
+
+
+def test_cakes_rule_refuses_a_capacity_under_its_window_an_unknown_method_and_stale_parameters():
+    with pytest.raises(PlanError, match="at least its window \\(32 slots\\): the prefill phase's total 64"):
+        validate_plan(Plan.homogeneous("tova", 16, 4, "prefill", allocation="cake"), 4)  # would not split at run time
+    unknown = Plan.homogeneous("tova", 64, 4, "prefill", allocation="cake").to_dict()
+    unknown["layers"][1]["prefill"]["method"] = "nosuch"
+    with pytest.raises(PlanError, match="unknown method 'nosuch'"):
+        validate_plan(Plan.from_dict(unknown), 4)
+    stale = Plan.homogeneous("tova", 64, 4, "prefill").model_copy(update={"allocation_params": {"window": 8}})
+    with pytest.raises(PlanError, match="allocation_params: only a run-time rule takes them"):
+        validate_plan(stale, 4)
+    ruled = Plan.homogeneous("tova", 64, 4, "prefill", allocation="cake").model_copy(
+        update={"allocation_params": {"window": 8}}
+    )
+    painted = paint(ruled, [0], "prefill", capacity=40)  # painted capacities are explicit: the rule leaves
+    assert painted.allocation == "fixed" and painted.allocation_params == {}

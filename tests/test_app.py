@@ -861,3 +861,12 @@ def test_a_launch_estimated_over_fifteen_minutes_starts_on_the_second_press_that
     button(at, "Launch").click()
     at.run()
     assert len(started) == 1 and started[0].estimate_s == 3600.0
+
+
+def test_an_empty_object_however_written_names_nothing():
+    from app.job_forms import settings_missing
+
+    for text in ("{}", "{\n}", " { } "):
+        assert settings_missing(text, "ruler").startswith("The suite settings name nothing")
+    assert settings_missing("", "ruler").startswith("The suite settings are empty")
+    assert settings_missing('{"tasks": ["vt"]}', "ruler") is None and settings_missing("{oops", "ruler") is None

@@ -79,3 +79,12 @@ def test_the_cli_writes_a_parsable_file_and_refuses_a_mixed_plan_in_one_line(pol
     refused = polykv("plan", "export", str(mixed), "--tokens", "512", "-o", str(tmp_path / "no.py"))
     assert_one_line_error(refused, "kvpress runs one method in every layer; this plan runs knorm, tova")
     assert not (tmp_path / "no.py").exists()
+
+
+def test_a_model_with_sliding_window_layers_is_refused_and_the_file_says_what_kvpress_needs():
+    plan = Plan.homogeneous("tova", 64, 3, "prefill")
+    with pytest.raises(PlanError, match="kvpress compresses what a sliding-window layer holds"):
+        kvpress_source(plan, 4096, windows=[512, 512, None])
+    assert "kvpress" in kvpress_source(plan, 4096, windows=[None] * 3)
+    per_layer = kvpress_source(apply_rule(Plan.homogeneous("tova", 64, 5, "prefill"), "pyramid"), 4096)
+    assert "works only with flash attention" in per_layer

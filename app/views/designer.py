@@ -7,7 +7,7 @@ One function per section, called top to bottom at the end. The page only draws: 
 
 import streamlit as st
 
-from app import charts, common, plan_draft, session, state
+from app import charts, common, designer_tools, plan_draft, session, state
 from app import designer_controls as controls
 from polykv.errors import first_line
 from polykv.plan import Phase, PlanError
@@ -65,34 +65,7 @@ def memory(plan) -> None:
             f"Kept entering the answer: {kept_line(plan, tokens, windows, token_bytes)}"
             + ("; a local layer never holds more than its window less one." if hybrid else ".")
         )
-        measured(plan)
-
-
-def measured(plan) -> None:
-    """Beside the plan's capacities, what a run of it held per layer, measured from its cache."""
-    runs = controls.measured_runs(plan)
-    kv = None
-    if runs:
-        run = st.selectbox(
-            "Measured in a run of this plan",
-            runs,
-            format_func=lambda r: f"{r.id} ({r.suite}, {r.created[:16]})",
-            key=state.MEASURED_RUN,
-        )
-        kv = controls.measured_kv_of(run)
-    if kv is None:
-        st.caption("No run of this plan has measured the KV it held yet (a run's samples measure it: Runs page).")
-        return
-    first = plan.scope.phases[0]
-    st.bar_chart(
-        {"planned capacity": [layer[first].capacity or 0 for layer in plan.layers], "held, measured": kv.entering},
-        stack=False,
-        height=200,
-    )
-    st.caption(
-        f"Per layer (layer 0 first): the {first.value} capacity as planned, and the slots each layer held entering "
-        f"the answer, measured (mean of {kv.samples} sample{'s' * (kv.samples != 1)})."
-    )
+        designer_tools.measured(plan)
 
 
 def provenance(plan) -> None:
@@ -145,7 +118,7 @@ def paint(plan, layers: int) -> None:
         with st.popover("Rescale to a budget"):
             rescale_to_budget(plan)
         with st.popover("Split by a rule"):
-            split_by_rule(plan)
+            designer_tools.split_by_rule(plan)
         with st.popover("Build from profile"):
             build_from_profile()
         if st.button("Reset to full"):
@@ -189,40 +162,6 @@ def rescale_to_budget(plan) -> None:
         controls.attempt(
             lambda: whole_plan.rescale(plan, target),
             f"Rescaled to a budget of {target:g} (average capacity per layer).",
-        )
-
-
-def split_by_rule(plan) -> None:
-    """An allocation rule for the plan's methods: the capacities it gives, drawn before they are applied."""
-    rule = st.radio("Rule", list(whole_plan.RULE_CHOICES), horizontal=True, key=state.SPLIT_RULE)
-    budget = st.number_input(
-        "Budget of the split (average capacity per layer)",
-        min_value=1.0,
-        value=float(round(whole_plan.current_budget(plan))),
-        step=1.0,
-        key=state.SPLIT_BUDGET,
-    )
-    windows = session.layer_windows()
-    try:
-        preview = whole_plan.rule_preview(plan, rule, budget, windows)
-    except PlanError as exc:
-        st.error(str(exc))
-        return
-    if rule == "cake":
-        st.caption(
-            "CAKE's rule splits each phase's total at run time, from each prompt's attention: no capacities to draw "
-            "before a run; the KV each layer held is measured with every sample."
-        )
-    else:
-        st.bar_chart({phase: capacities for phase, capacities in preview.items()}, stack=False, height=180)
-        st.caption(
-            "Capacity per layer (layer 0 first) that the rule gives"
-            + ("; a local layer gets at most its window less one." if any(w is not None for w in windows) else ".")
-        )
-    if st.button("Apply the rule", key=state.SPLIT_APPLY):
-        controls.attempt(
-            lambda: whole_plan.split_by_rule(plan, rule, budget, windows),
-            f"Split by the {rule} rule at a budget of {budget:g} (average capacity per layer).",
         )
 
 
@@ -348,27 +287,7 @@ def save(plan) -> None:
     st.download_button(
         "Download JSON", plan.to_json(), file_name=saving.plan_filename(plan.name), mime="application/json"
     )
-    export_kvpress(plan)
-
-
-def export_kvpress(plan) -> None:
-    """The plan as a kvpress press for one prompt length, or why kvpress cannot express it."""
-    from polykv.kvpress_export import kvpress_source
-
-    with st.popover("Export to kvpress"):
-        tokens = st.number_input("Prompt length (tokens)", min_value=1, value=8192, step=1024, key=state.EXPORT_TOKENS)
-        try:
-            source = kvpress_source(plan, int(tokens))
-        except PlanError as exc:
-            st.info(f"Not expressible in kvpress: {exc}")
-            return
-        st.caption("A Python file that builds the kvpress press keeping what this plan keeps at that prompt length.")
-        st.download_button(
-            "Download kvpress press (.py)",
-            source,
-            file_name=saving.plan_filename(plan.name).removesuffix(".json") + "_kvpress.py",
-            mime="text/x-python",
-        )
+    designer_tools.export_kvpress(plan)
 
 
 def load(saved) -> None:

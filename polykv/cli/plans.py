@@ -202,10 +202,20 @@ def plan_homogeneous(
         ),
     ] = None,
     rule_param: Annotated[
-        list[str] | None, typer.Option("--rule-param", help="Rule parameter NAME=VALUE (pyramid: window, beta).")
+        list[str] | None,
+        typer.Option(
+            "--rule-param",
+            help="Rule parameter NAME=VALUE (pyramid: window, beta; squeeze: squeezed; --allocation cake: window, "
+            "gamma, tau1, tau2, kernel_size).",
+        ),
     ] = None,
     prompt_tokens: Annotated[
-        int | None, typer.Option(min=1, help="With --rule: the prompt length the rule plans for (pyramid clips).")
+        int | None,
+        typer.Option(
+            min=1,
+            help="With --rule: the prompt length the rule plans for (pyramid clips; squeeze measures its calibration "
+            "sequences at this length, default 1024).",
+        ),
     ] = None,
 ) -> None:
     """Write a plan with one method in every layer: uniform capacity, the method's native per-layer capacities, or
@@ -237,6 +247,9 @@ def plan_export(
     out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the Python file.")],
     tokens: Annotated[int, typer.Option(min=1, help="The prompt length the press is for (kvpress keeps a share).")],
     to: Annotated[str, typer.Option(help="The library: kvpress.")] = "kvpress",
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="The plan's model: one with sliding-window layers is refused.")
+    ] = None,
 ) -> None:
     """Write a short Python file that builds the kvpress press equivalent to a plan at a prompt of --tokens tokens:
     one kvpress scorer in the prefill phase, per-layer capacities (PerLayerCompressionPress); refused in one line
@@ -246,7 +259,12 @@ def plan_export(
 
     if to != "kvpress":
         raise ValueError(f"--to {to!r}: PolyKV exports to kvpress only")
-    source = kvpress_source(Plan.load(plan), tokens)  # every refusal before anything is written
+    windows = None
+    if model is not None:
+        from polykv.models import config_dimensions
+
+        windows = config_dimensions(model).windows or None
+    source = kvpress_source(Plan.load(plan), tokens, windows)  # every refusal before anything is written
     atomic_write_text(out, source)
     typer.echo(f"wrote {out}")
 

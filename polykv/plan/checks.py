@@ -97,11 +97,20 @@ def plan_problems(
 def _rule_problems(layers, scope: Scope, rule: str, catalog, least: int | None) -> list[str]:
     """A run-time rule splits each active phase's total over its layers, for any method: every layer needs a
     capacity, and its method must run at the least the rule may give it."""
+    for phase in scope.phases:
+        capacities = [layer[phase].capacity for layer in layers]
+        if None not in capacities and least is not None and sum(capacities) < least * len(layers):
+            return [
+                f"allocation: {rule!r} gives every layer at least its window ({least} slots): the {phase.value} "
+                f"phase's total {sum(capacities)} is under {least} x {len(layers)} layers"
+            ]
     for idx, layer in enumerate(layers):
         for phase in scope.phases:
             a = layer[phase]
             if a.capacity is None:
                 return [f"allocation: {rule!r} splits each phase's total: layer {idx}, {phase.value} needs a capacity"]
+            if a.method not in catalog:
+                continue  # said above: an unknown method
             problems = [] if least is None else catalog[a.method].check(a.params, least)
             if problems:
                 return [

@@ -175,9 +175,12 @@ class Plan(BaseModel):
 
         A plan with the wrong number of layers (or more than MAX_LAYERS) gets that one problem only:
         its layers are not worth checking one by one."""
-        return plan_problems(
+        found = plan_problems(
             self.layers, self.scope, self.allocation, num_layers, catalog, context_length, within_context, least
         )
+        if self.allocation_params and self.allocation != "cake":
+            found.append(f"allocation_params: only a run-time rule takes them (allocation is {self.allocation!r})")
+        return found
 
     def validate_for(
         self,

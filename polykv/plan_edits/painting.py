@@ -24,6 +24,8 @@ def _scope_of(layers: list[dict[str, dict[str, Any]]], fallback: Scope) -> Scope
 def _rebuild(plan: Plan, layers: list[dict[str, dict[str, Any]]], **changes: Any) -> Plan:
     data = plan.to_dict()
     data.update(layers=layers, scope=_scope_of(layers, plan.scope).value, **changes)
+    if data.get("allocation") != "cake":
+        data.pop("allocation_params", None)  # a rule's parameters leave with the rule
     return validate_plan(Plan.from_dict(data), plan.num_layers)
 
 

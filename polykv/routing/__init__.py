@@ -4,8 +4,8 @@
                 that run in the phase; `route_score` is the profile score S(rho) of a route.
   allocation    how a budget (the average capacity b) is split over the layers for a fixed route:
                 uniform, by entropy or by PPL sensitivity; `scale_budget` moves a plan to another budget.
-  rules         a named layer rule (uniform, PyramidKV's pyramid) applied to any plan of fixed allocation,
-                whatever its methods; a local layer never given more than its window holds.
+  rules         a named layer rule (uniform, PyramidKV's pyramid, SqueezeAttention's) applied to any plan of
+                fixed allocation, whatever its methods; a local layer never given more than its window holds.
   placement     random placements with the same method counts as a route (the control for a routing
                 result).
   from_profile  `plan_from_route` writes routes and capacities as a `Plan`; `plan_from_profile` builds

@@ -69,7 +69,8 @@ def rule_params(rule: str, params: Mapping[str, Any] | None = None) -> dict[str,
 
 def three_groups(values: Sequence[float]) -> list[int]:
     """Each value's group, 0 (lowest) to 2 (highest), by the exact 1-D k-means with three clusters: the two cuts of
-    the sorted values that minimise the within-group sum of squares (ties: the first such cuts)."""
+    the sorted values that minimise the within-group sum of squares (ties: the first such cuts; equal values may
+    then fall in different groups, as they may under any k-means)."""
     order = sorted(range(len(values)), key=lambda i: values[i])
     xs = [float(values[i]) for i in order]
     n = len(xs)
