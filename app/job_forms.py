@@ -47,11 +47,7 @@ def settings_missing(text: str, suite: str) -> str | None:
     suite's full defaults (for RULER, every task at 4,096 tokens: hours here), so each must name its settings."""
     if not text.strip():
         return f"The suite settings are empty: write them as JSON (the {suite} suite's defaults never run unasked)."
-    try:
-        nothing = json.loads(text) == {}
-    except ValueError:
-        nothing = False  # not JSON: the launch says so in one line
-    if nothing:
+    if "".join(text.split()) == "{}":  # no parsing here: malformed or hostile JSON is the launch's to refuse
         return f"The suite settings name nothing: {{}} would run the {suite} suite's full defaults; name what to run."
     return None
 
