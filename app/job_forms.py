@@ -52,6 +52,18 @@ def settings_missing(text: str, suite: str) -> str | None:
     return None
 
 
+def settings_ready(text: str, suite: str, key: str, model_name: str, reset_key: str | None = None) -> bool:
+    """Whether a settings box may launch; if not, says why inline with a button that puts the suggested settings
+    back (`settings_missing`, `reset_settings`)."""
+    missing = settings_missing(text, suite)
+    if missing:
+        st.error(missing)
+        st.button(
+            "Reset to the suggested settings", on_click=reset_settings, args=(key, suite, model_name), key=reset_key
+        )
+    return missing is None
+
+
 def reset_settings(key: str, suite: str, model_name: str) -> None:
     """Put the suggested settings back into the settings box (a button's callback: before the box is drawn)."""
     st.session_state[key] = default_settings(suite, model_name)

@@ -439,21 +439,19 @@ def test_enter_in_a_number_field_launches_nothing_on_profiles_and_heterogeneity(
     profile jobs and a measurement)."""
     url, root = app
     before = sorted(p.name for p in (root / "ws" / "jobs").glob("*.json"))
-    page.goto(url + "/profiles")
-    expect(page.get_by_label("Sequences")).to_be_visible(timeout=MODEL_WAIT)
-    settle(page)
-    field = page.get_by_label("Sequences")
-    field.fill("2")
-    field.press("Enter")
-    settle(page)
+
+    def enter_in(path: str, label: str) -> None:
+        page.goto(url + path)
+        field = page.get_by_label(label)
+        expect(field).to_be_visible(timeout=MODEL_WAIT)
+        settle(page)
+        field.fill("2")
+        field.press("Enter")
+        settle(page)
+
+    enter_in("/profiles", "Sequences")
     time.sleep(2)
     assert sorted(p.name for p in (root / "ws" / "jobs").glob("*.json")) == before  # no profile job
     expect(page.get_by_text("Started")).to_have_count(0)
-    page.goto(url + "/heterogeneity")
-    expect(page.get_by_label("Inputs")).to_be_visible(timeout=MODEL_WAIT)
-    settle(page)
-    field = page.get_by_label("Inputs")
-    field.fill("2")
-    field.press("Enter")
-    settle(page)
+    enter_in("/heterogeneity", "Inputs")
     expect(page.get_by_text("Nothing is measured until you press Measure")).to_be_visible(timeout=WAIT)

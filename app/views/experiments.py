@@ -97,16 +97,7 @@ else:
             loaded=session.current_model()[2:],
         )
 
-    missing = job_forms.settings_missing(settings_text, suite)
-    if missing:
-        st.error(missing)
-        st.button(
-            "Reset to the suggested settings",
-            on_click=job_forms.reset_settings,
-            args=(state.experiment_settings(suite), suite, name),
-            key=state.EXPERIMENT_RESET,
-        )
-    else:
+    if job_forms.settings_ready(settings_text, suite, state.experiment_settings(suite), name, state.EXPERIMENT_RESET):
         job_controls.launch_estimate(described_job, state.EXPERIMENT_MEASURE_SPEED)
         if launched:
             job_controls.start_job(described_job, state.EXPERIMENT_FLASH)

@@ -120,17 +120,10 @@ with st.container(border=True):  # no form: what is typed here is kept (`state.R
             name, device, plan, suite, settings_text, budgets_text, baselines, placements, seed, (model, tokenizer)
         )
 
-    missing = job_forms.settings_missing(settings_text, suite)
-    if missing:
-        st.error(missing)
-        st.button(
-            "Reset to the suggested settings",
-            on_click=job_forms.reset_settings,
-            args=(state.settings_text(suite), suite, name),
-        )
-    else:
+    ready = job_forms.settings_ready(settings_text, suite, state.settings_text(suite), name)
+    if ready:
         job_controls.launch_estimate(described_job, state.RUN_MEASURE_SPEED)
-    launched = st.button("Launch", type="primary", disabled=bool(missing))
+    launched = st.button("Launch", type="primary", disabled=not ready)
 
 if launched:
     job_controls.start_job(described_job, state.RUNS_FLASH, refused="Not launched")
