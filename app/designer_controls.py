@@ -203,7 +203,8 @@ def measured_runs(plan: Plan) -> list:
             ran = Plan.from_json(run.plan_json)
         except PlanError:
             continue
-        if run.model == model and ran.layers == plan.layers and ran.allocation == plan.allocation:
+        same_rules = (ran.allocation, ran.head_allocation) == (plan.allocation, plan.head_allocation)
+        if run.model == model and ran.layers == plan.layers and same_rules:
             found.append(run)
     return sorted(found, key=lambda r: r.created, reverse=True)
 

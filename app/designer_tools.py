@@ -5,42 +5,63 @@ import streamlit as st
 
 from app import designer_controls as controls
 from app import session, state
+from polykv.eval.results.kv_measured import heads_line
 from polykv.plan import PlanError
 from polykv.plan_edits import saving, whole_plan
 
 
 def split_by_rule(plan) -> None:
-    """An allocation rule for the plan's methods: the capacities it gives, drawn before they are applied."""
+    """An allocation rule for the plan's methods, over every layer or the selected ones: the capacities it gives,
+    drawn before they are applied; then how each layer's budget splits over its KV heads."""
     rule = st.radio("Rule", list(whole_plan.RULE_CHOICES), horizontal=True, key=state.SPLIT_RULE)
+    selected = controls.selected_layers()
+    over = "all layers"
+    if selected and len(selected) < plan.num_layers:
+        some = f"the {len(selected)} selected layer{'s' * (len(selected) != 1)}"
+        over = st.radio("Over", ["all layers", some], horizontal=True, key=state.SPLIT_OVER)
+    layers = None if over == "all layers" else selected
     budget = st.number_input(
         "Budget of the split (average capacity per layer)",
         min_value=1.0,
-        value=float(round(whole_plan.current_budget(plan))),
+        value=float(round(whole_plan.selection_budget(plan, layers))),
         step=1.0,
         key=state.SPLIT_BUDGET,
     )
     windows = session.layer_windows()
     try:
-        preview = whole_plan.rule_preview(plan, rule, budget, windows)
+        preview = whole_plan.rule_preview(plan, rule, budget, windows, layers)
     except PlanError as exc:
         st.error(str(exc))
-        return
-    if rule == "cake":
-        st.caption(
-            "CAKE's rule splits each phase's total at run time, from each prompt's attention: no capacities to draw "
-            "before a run; the KV each layer held is measured with every sample."
-        )
     else:
-        st.bar_chart({phase: capacities for phase, capacities in preview.items()}, stack=False, height=180)
-        st.caption(
-            "Capacity per layer (layer 0 first) that the rule gives"
-            + ("; a local layer gets at most its window less one." if any(w is not None for w in windows) else ".")
-        )
-    if st.button("Apply the rule", key=state.SPLIT_APPLY):
-        controls.attempt(
-            lambda: whole_plan.split_by_rule(plan, rule, budget, windows),
-            f"Split by the {rule} rule at a budget of {budget:g} (average capacity per layer).",
-        )
+        if rule == "cake":
+            st.caption(
+                "CAKE's rule splits each phase's total at run time, from each prompt's attention: no capacities to "
+                "draw before a run; the KV each layer held is measured with every sample."
+            )
+        else:
+            st.bar_chart({phase: capacities for phase, capacities in preview.items()}, stack=False, height=180)
+            st.caption(
+                "Capacity per layer (layer 0 first) that the rule gives"
+                + ("" if layers is None else "; the layers not selected keep theirs")
+                + ("; a local layer gets at most its window less one." if any(w is not None for w in windows) else ".")
+            )
+        if st.button("Apply the rule", key=state.SPLIT_APPLY):
+            where = "" if layers is None else f" over layers {', '.join(map(str, sorted(layers)))}"
+            controls.attempt(
+                lambda: whole_plan.split_by_rule(plan, rule, budget, windows, layers),
+                f"Split by the {rule} rule{where} at a budget of {budget:g} (average capacity per layer).",
+            )
+    heads = st.radio(
+        "KV heads",
+        list(whole_plan.HEAD_CHOICES),
+        index=whole_plan.HEAD_CHOICES.index(plan.head_allocation),
+        horizontal=True,
+        key=state.SPLIT_HEADS,
+        help="uniform: every KV head keeps the layer's capacity. adakv (Ada-KV): the layer keeps its capacity x heads "
+        "best scores across its heads at the prefill cut, each head at least 0.2 of the capacity (prefill scope).",
+    )
+    if heads != plan.head_allocation and st.button("Apply to the KV heads", key=state.SPLIT_HEADS_APPLY):
+        controls.attempt(lambda: whole_plan.with_head_rule(plan, heads), f"KV heads: {heads}.")
 
 
 def export_kvpress(plan) -> None:
@@ -90,3 +111,6 @@ def measured(plan) -> None:
         f"Per layer (layer 0 first): the {first.value} capacity as planned, and the slots each layer held {when}, "
         f"measured (mean of {kv.samples} sample{'s' * (kv.samples != 1)})."
     )
+    heads = heads_line(kv)
+    if heads:  # a head-level split (adakv): what each KV head held, where a layer's heads differ
+        st.caption(heads[0].upper() + heads[1:] + ".")

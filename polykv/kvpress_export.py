@@ -83,6 +83,10 @@ def kvpress_source(plan: Plan, tokens: int, windows=None) -> str:
     capacities = [layer[Phase.PREFILL].capacity for layer in plan.layers]
     ratios = [round(keep_ratio(tokens, c), 12) for c in capacities]
     per_layer = len(set(capacities)) > 1
+    adakv = plan.head_allocation == "adakv"
+    if adakv and per_layer:
+        raise PlanError(f"{plan.name}: kvpress's AdaKVPress (the adakv head rule) takes one compression ratio, and "
+                        "PerLayerCompressionPress only a scorer press: give every layer the same capacity")  # fmt: skip
     head = (
         f'"""kvpress press equivalent to PolyKV plan {plan.name!r} at a prompt of {tokens} tokens\n'
         f"(written by `polykv plan export --to kvpress --tokens {tokens}`).\n\n"
@@ -92,9 +96,22 @@ def kvpress_source(plan: Plan, tokens: int, windows=None) -> str:
         f"{tokens} tokens. Another prompt length needs other ratios: export again with its --tokens. On a model\n"
         "with sliding-window layers kvpress compresses a local layer's window, not the prompt: other counts there.\n"
         + ("kvpress's PerLayerCompressionPress works only with flash attention (its warning).\n" if per_layer else "")
+        + (
+            "Head budgets: Ada-KV (AdaKVPress); kvpress masks the pruned tokens where PolyKV evicts them: the same\n"
+            "tokens, ties aside. AdaKVPress needs an attention other than eager.\n"
+            if adakv
+            else ""
+        )
         + '"""\n\n'
     )
-    if not per_layer:
+    if adakv:
+        given = ", ".join([f"compression_ratio={ratios[0]!r}", *([arguments] if arguments else [])])
+        alpha = plan.head_allocation_params.get("alpha_safeguard", 0.2)
+        body = (
+            f"from kvpress import AdaKVPress, {press}\n\n"
+            f"press = AdaKVPress(press={press}({given}), alpha_safeguard={alpha!r})\n"
+        )
+    elif not per_layer:
         given = ", ".join([f"compression_ratio={ratios[0]!r}", *([arguments] if arguments else [])])
         body = f"from kvpress import {press}\n\npress = {press}({given})\n"
     else:

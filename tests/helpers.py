@@ -130,6 +130,15 @@ def decode_logits(model, ids: torch.Tensor, steps: int, cache_name: str, cache=N
     return logits, cache
 
 
+def evict_positions(layer, positions: torch.Tensor) -> None:
+    """Drop the routed `layer`'s slots holding these true positions (the same set for every row and head): a manual
+    eviction for exactness tests (methods evict through their step)."""
+    drop = torch.isin(layer.positions, positions.to(layer.positions.device))
+    keep_count = int((~drop[0, 0]).sum())
+    keep = (~drop).float().topk(keep_count, dim=-1, sorted=False).indices.sort(dim=-1).values
+    layer._apply(Eviction(keep=keep))
+
+
 def cache_state(cache) -> list[torch.Tensor]:
     """Copies of every number a later decode step could depend on, layer by layer: positions, keys, values,
     the decode method's per-slot state and its merge threshold (D2O's tau) when it has one."""

@@ -23,6 +23,7 @@ from polykv.eval.comparing.compare import macro_average
 from polykv.eval.results.store import Store
 from polykv.methods import REGISTRY
 from polykv.plan import Plan
+from polykv.plan_edits import whole_plan
 from tests.helpers import (
     BERT_CONFIG,
     HUGE_CONFIG,
@@ -804,6 +805,48 @@ def test_split_by_a_rule_draws_the_capacities_then_applies_them_to_the_plans_met
     [n for n in at.number_input if n.label == "Budget of the split (average capacity per layer)"][0].set_value(2.0)
     at.run()
     assert any("split by the cake rule at budget 2" in e for e in texts(at.error))
+
+
+def test_a_rule_over_the_selected_layers_splits_their_budget_and_leaves_the_others(app_env):
+    at = open_app()
+    before = current_plan(at)
+    at.multiselect(key="designer_layers").set_value([1, 2, 3])
+    at.run()
+    at.radio(key="split_rule").set_value("pyramid")
+    at.radio(key="split_over").set_value("the 3 selected layers")
+    at.run()
+    assert at.number_input(key="split_budget").value == round(whole_plan.selection_budget(before, [1, 2, 3]))
+    at.number_input(key="split_budget").set_value(30.0)
+    at.run()
+    button(at, "Apply the rule").click()
+    at.run()
+    after = current_plan(at)
+    capacities = [lay.prefill.capacity for lay in after.layers]
+    assert capacities[0] == before.layers[0].prefill.capacity and capacities[4] == before.layers[4].prefill.capacity
+    assert sum(capacities[1:4]) == 90 and capacities[1] > capacities[3]  # the pyramid over layers 1-3 alone
+    assert any("Split by the pyramid rule over layers 1, 2, 3 at a budget of 30" in s for s in texts(at.success))
+    # CAKE's rule is decided over every layer at run time: refused over a selection, in one line
+    at.radio(key="split_rule").set_value("cake")
+    at.run()
+    assert any("select all layers" in e for e in texts(at.error))
+
+
+def test_ada_kv_head_budgets_are_one_click_where_the_plan_evicts_only_at_the_prefill(app_env):
+    at = open_app()
+    at.radio(key="split_heads").set_value("adakv")
+    at.run()
+    button(at, "Apply to the KV heads").click()
+    at.run()
+    if current_plan(at).scope.value != "prefill":  # a plan that evicts in decode: refused with its reason
+        assert any("has no decode rule yet" in e for e in texts(at.error))
+        assert current_plan(at).head_allocation == "uniform"
+        paint_selection(at, list(range(5)), "decode", "full")
+        at.radio(key="split_heads").set_value("adakv")
+        at.run()
+        button(at, "Apply to the KV heads").click()
+        at.run()
+    assert current_plan(at).head_allocation == "adakv" and not at.error
+    assert any("heads adakv" in t for t in texts(at.text))  # the summary says so
 
 
 def test_the_designer_exports_a_one_method_prefill_plan_to_kvpress_and_says_why_not_for_others(app_env):

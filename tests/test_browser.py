@@ -432,6 +432,15 @@ def test_the_allocation_picker_draws_a_rules_capacities_before_applying_them(app
     summary = page.get_by_test_id("stText").first.inner_text()
     assert "prefill total capacity B=200, average b=40" in summary and summary != before
     shoot(page, "designer-split-by-rule")
+    # the head rule beside it: this plan evicts in decode, where Ada-KV's split has no rule, and the picker says so
+    if not page.get_by_text("KV heads").is_visible():
+        page.get_by_role("button", name="Split by a rule").click()
+    page.get_by_text("adakv", exact=True).click()
+    settle(page)  # the last apply's message leaves as the page reruns, and the popover with it
+    if not page.get_by_role("button", name="Apply to the KV heads").is_visible():
+        page.get_by_role("button", name="Split by a rule").click()
+    page.get_by_role("button", name="Apply to the KV heads").click()
+    expect(page.get_by_text("has no decode rule yet").first).to_be_visible(timeout=WAIT)
 
 
 def test_enter_in_a_number_field_launches_nothing_on_profiles_and_heterogeneity(app, page):

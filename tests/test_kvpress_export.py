@@ -50,6 +50,17 @@ def test_one_capacity_everywhere_is_the_scorer_alone_with_kvpress_parameter_name
     assert _assigned(kvpress_source(snapkv, 1024))["press"].endswith("window_size=64, kernel_size=5)")
 
 
+def test_the_adakv_head_rule_becomes_adakvs_press_around_the_scorer():
+    plan = Plan.homogeneous("knorm", 128, 4, "prefill").model_copy(
+        update={"head_allocation": "adakv", "head_allocation_params": {"alpha_safeguard": 0.3}}
+    )
+    assigned = _assigned(kvpress_source(plan, 1024))
+    assert assigned["press"] == "AdaKVPress(press=KnormPress(compression_ratio=0.87451171875), alpha_safeguard=0.3)"
+    split = apply_rule(plan, "pyramid", {"window": 8})
+    with pytest.raises(PlanError, match="AdaKVPress .* takes one compression ratio"):
+        kvpress_source(split, 1024)
+
+
 @pytest.mark.parametrize(
     "plan, why",
     [

@@ -13,7 +13,17 @@ from polykv.methods import REGISTRY, params_that_fit
 from polykv.models import cache_argument_name, layer_windows
 from polykv.plan import LayerPlan, PhaseAssignment, Plan, Scope
 from polykv.runtime import RoutedCache, RoutedCacheError, routed
-from tests.helpers import FAMILIES, STEPS, decode_logits, decode_sizes, max_diff, prompt, run_routed, tiny_model
+from tests.helpers import (
+    FAMILIES,
+    STEPS,
+    decode_logits,
+    decode_sizes,
+    evict_positions,
+    max_diff,
+    prompt,
+    run_routed,
+    tiny_model,
+)
 
 TOL = 1e-5
 
@@ -102,7 +112,7 @@ def test_physical_eviction_equals_masking_reference(llama):
         llama.set_attn_implementation("sdpa")
 
     def evict(cache):
-        cache.layers[layer].evict_positions(evicted)
+        evict_positions(cache.layers[layer], evicted)
 
     logits, cache = run_routed(llama, Plan.homogeneous("full", None, 3), ids, steps=8, after_prefill=evict)
     assert max_diff(reference, logits) <= TOL
@@ -201,7 +211,7 @@ def test_kv_bytes_are_nominal(llama):
     _, cache = run_routed(llama, capacity_plan(llama, "streamingllm", 32), ids, steps=4)
     cfg = llama.config
     nominal = 2 * 32 * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4  # k+v, fp32
-    assert cache.kv_bytes_per_layer() == [nominal] * 3
+    assert [layer.keys.nbytes + layer.values.nbytes for layer in cache.layers] == [nominal] * 3
 
 
 def test_decode_phase_methods_after_full_prefill(llama):

@@ -217,10 +217,22 @@ def plan_homogeneous(
             "sequences at this length, default 1024).",
         ),
     ] = None,
+    heads: Annotated[
+        str,
+        typer.Option(
+            help="How each layer's budget splits over its KV heads: 'uniform' (each keeps the capacity) or 'adakv' "
+            "(Ada-KV: the best capacity x heads scores across the heads, at the prefill cut; --scope prefill)."
+        ),
+    ] = "uniform",
+    alpha_safeguard: Annotated[
+        float | None,
+        typer.Option(help="With --heads adakv: the share of the capacity every head keeps of its own best (0.2)."),
+    ] = None,
 ) -> None:
     """Write a plan with one method in every layer: uniform capacity, the method's native per-layer capacities, or
     the capacities an allocation rule gives (`--rule`)."""
     from polykv.methods import validate_plan
+    from polykv.methods.head_budgets import HEAD_RULES
 
     num_layers = layers if layers is not None else _num_layers(model)
     plan = Plan.homogeneous(method, capacity, num_layers, scope, _parse_params(param or []), allocation=allocation)
@@ -235,6 +247,14 @@ def plan_homogeneous(
         plan = plan.model_copy(update={"allocation_params": _parse_params(rule_param)})
     elif rule_param or prompt_tokens is not None:
         raise ValueError("--rule-param goes with --rule or --allocation cake, --prompt-tokens with --rule")
+    if heads not in HEAD_RULES:
+        raise ValueError(f"--heads: {heads!r} is not a head rule ({', '.join(HEAD_RULES)})")
+    if alpha_safeguard is not None and heads != "adakv":
+        raise ValueError("--alpha-safeguard goes with --heads adakv")
+    if heads != "uniform":
+        params = {} if alpha_safeguard is None else {"alpha_safeguard": alpha_safeguard}
+        update = {"name": f"{plan.name}-{heads}", "head_allocation": heads, "head_allocation_params": params}
+        plan = plan.model_copy(update=update)
     built = validate_plan(plan, num_layers)
     built.save(out)
     if layers is None:

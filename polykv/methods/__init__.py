@@ -6,6 +6,8 @@ import operator
 from collections.abc import Mapping
 from typing import Any
 
+from pydantic import ValidationError
+
 from polykv.methods.attention.cake import CAKE
 from polykv.methods.attention.h2o import H2O
 from polykv.methods.attention.pyramidkv import PyramidKV
@@ -21,8 +23,10 @@ from polykv.methods.attention_free.streamingllm import StreamingLLM
 from polykv.methods.base import LayerView, Method, Needs
 from polykv.methods.eviction import Eviction
 from polykv.methods.full import Full
+from polykv.methods.head_budgets import AdaKVParams
 from polykv.methods.merging.cam import CaM
 from polykv.methods.merging.d2o import D2O
+from polykv.methods.params import describe_param_error
 from polykv.plan import FULL, Phase, PhaseAssignment, Plan, PlanError
 
 # One line per method, in the order `polykv methods` lists them.
@@ -74,6 +78,13 @@ def validate_plan(
         if problems:
             raise PlanError([f"allocation_params: {p}" for p in problems])
         least = rule.Params(**plan.allocation_params).window
+    if plan.head_allocation == "adakv":
+        try:
+            AdaKVParams(**plan.head_allocation_params)
+        except ValidationError as exc:
+            raise PlanError(
+                [f"head_allocation_params: {describe_param_error('adakv', AdaKVParams, e)}" for e in exc.errors()]
+            ) from None
     return plan.validate_for(num_layers, REGISTRY, context_length, within_context=within_context, least=least)
 
 

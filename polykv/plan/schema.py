@@ -50,6 +50,11 @@ class Plan(BaseModel):
     # rule's parameters in `allocation_params` (CAKE's: window, gamma, tau1, tau2, kernel_size).
     allocation: Literal["fixed", "native", "cake"] = "fixed"
     allocation_params: dict[str, Any] = Field(default_factory=dict)
+    # How each layer's budget splits over its KV heads (`polykv.methods.head_budgets`): "uniform", every head keeps
+    # the layer's capacity; "adakv", Ada-KV's split of capacity x heads by the method's scores across heads, in the
+    # prefill phase, with its parameters in `head_allocation_params` (alpha_safeguard).
+    head_allocation: Literal["uniform", "adakv"] = "uniform"
+    head_allocation_params: dict[str, Any] = Field(default_factory=dict)
     provenance: dict[str, Any] = Field(default_factory=dict)
     layers: list[LayerPlan] = Field(min_length=1)
 
@@ -137,8 +142,9 @@ class Plan(BaseModel):
 
     def to_dict(self) -> dict[str, Any]:
         data = self.model_dump(mode="json")
-        if not data["allocation_params"]:
-            del data["allocation_params"]  # plans without a run-time rule read as before
+        for key, default in (("allocation_params", {}), ("head_allocation", "uniform"), ("head_allocation_params", {})):
+            if data[key] == default:
+                del data[key]  # plans without a run-time rule or a head rule read as before
         data["layers"] = [
             {phase: _assignment_dict(layer[phase]) for phase in ("prefill", "decode")} for layer in self.layers
         ]
@@ -180,6 +186,15 @@ class Plan(BaseModel):
         )
         if self.allocation_params and self.allocation != "cake":
             found.append(f"allocation_params: only a run-time rule takes them (allocation is {self.allocation!r})")
+        if self.head_allocation_params and self.head_allocation != "adakv":
+            found.append("head_allocation_params: only head_allocation 'adakv' takes them")
+        if self.head_allocation == "adakv":
+            evicting = [i for i, layer in enumerate(self.layers) if layer.decode.method != FULL]
+            if evicting:
+                found.append(
+                    f"head_allocation: 'adakv' splits the prefill cut over the heads and has no decode rule yet: "
+                    f"layer {evicting[0]}'s decode phase must be 'full' (use scope 'prefill')"
+                )
         return found
 
     def validate_for(
@@ -208,8 +223,15 @@ class Plan(BaseModel):
                 method_counts=dict(Counter(a.method for a in entries)),
                 interval_counts=dict(Counter(a.interval for a in entries if a.interval != 1 and a.method != FULL)),
             )
+        alpha = self.head_allocation_params.get("alpha_safeguard", 0.2) if self.head_allocation == "adakv" else None
         return PlanSummary(
-            name=self.name, scope=self.scope, allocation=self.allocation, num_layers=self.num_layers, phases=phases
+            name=self.name,
+            scope=self.scope,
+            allocation=self.allocation,
+            num_layers=self.num_layers,
+            phases=phases,
+            head_allocation=self.head_allocation,
+            alpha_safeguard=alpha,
         )
 
 

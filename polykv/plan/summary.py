@@ -25,6 +25,8 @@ class PlanSummary:
     allocation: str
     num_layers: int
     phases: dict[Phase, PhaseSummary]
+    head_allocation: str = "uniform"
+    alpha_safeguard: float | None = None
 
     def lines(self) -> list[str]:
         rule = {
@@ -32,7 +34,16 @@ class PlanSummary:
             "cake": ", allocation cake (CAKE's layer rule splits each phase's total over the layers at run time, "
             "from the prompt's attention, whatever the methods)",
         }
-        out = [f"plan {self.name!r}: {self.num_layers} layers, scope {self.scope.value}{rule.get(self.allocation, '')}"]
+        heads = ""
+        if self.head_allocation == "adakv":
+            heads = (
+                f"; heads adakv (Ada-KV splits each layer's capacity x KV heads across its heads at the prefill cut, "
+                f"every head keeping at least {self.alpha_safeguard:g} of the capacity)"
+            )
+        out = [
+            f"plan {self.name!r}: {self.num_layers} layers, scope {self.scope.value}"
+            f"{rule.get(self.allocation, '')}{heads}"
+        ]
         for phase, s in self.phases.items():
             avg = "-" if s.average_capacity is None else f"{s.average_capacity:g}"
             counts = ", ".join(f"{m} x{n}" for m, n in sorted(s.method_counts.items(), key=lambda kv: (-kv[1], kv[0])))

@@ -17,7 +17,7 @@ def diff(a: Plan, b: Plan) -> pd.DataFrame:
             "a": str(getattr(a, field).value if field == "scope" else getattr(a, field)),
             "b": str(getattr(b, field).value if field == "scope" else getattr(b, field)),
         }
-        for field in ("scope", "allocation")
+        for field in ("scope", "allocation", "head_allocation")
         if getattr(a, field) != getattr(b, field)
     ]
     if a.num_layers != b.num_layers:

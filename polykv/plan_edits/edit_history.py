@@ -11,8 +11,9 @@ _NOT_BUILT = (None, "hand")  # `built_by` values of plans written by hand: their
 
 
 def _same_content(a: Plan, b: Plan) -> bool:
-    """Whether two plans route the same way (layers, scope, allocation), whatever their names say."""
-    return (a.layers, a.scope, a.allocation) == (b.layers, b.scope, b.allocation)
+    """Whether two plans route the same way (layers, scope, layer and head allocation), whatever their names say."""
+    same = lambda p: (p.layers, p.scope, p.allocation, p.head_allocation, p.head_allocation_params)  # noqa: E731
+    return same(a) == same(b)
 
 
 def record_edit(before: Plan, after: Plan, summary: str) -> Plan:

@@ -68,10 +68,11 @@ def entropy_sums(query, key, query_pos, key_pos, scaling, window) -> torch.Tenso
 
 
 def allowed(key_pos: torch.Tensor, query_pos: torch.Tensor, window: int | None) -> torch.Tensor:
-    """Boolean [b, h, q, n]: may the query at each position see each slot (causal, optional window)."""
+    """Boolean [b, h, q, n]: may the query at each position see each slot (causal, optional window; a slot at
+    position -1 is padding, `RoutedLayer.padded`, which no query sees)."""
     kp = key_pos[:, :, None, :]
     qp = query_pos[None, None, :, None]
-    allowed = kp <= qp
+    allowed = (kp <= qp) & (kp >= 0)
     if window is not None:
         allowed = allowed & (kp > qp - window)
     return allowed

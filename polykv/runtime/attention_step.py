@@ -47,6 +47,7 @@ class SlotHoldingLayer(Protocol):
     phase: Phase
     window: int | None  # a local layer's sliding window, set by each step from what the model passes
     window_clean: bool  # does every held slot lie in the window of the next query?
+    padded: bool  # do some slots hold no token (position -1: a head-level split's room)? Then queries are masked
 
     @property
     def retained(self) -> int: ...  # slots held per KV head
@@ -355,14 +356,16 @@ def _prompt_rows_step(layer: SlotHoldingLayer, module, query, key, value, scalin
 
 
 def _one_query_sees_all(layer: SlotHoldingLayer, q_len: int, window: int | None) -> bool:
-    """A decode step of one query that may attend every held slot: no window, or a local layer whose every
-    slot lies in the window (`RoutedLayer.window_clean`: its window kept nothing older at the last step)."""
-    return q_len == 1 and (window is None or layer.window_clean)
+    """A decode step of one query that may attend every held slot: no padding, and no window or a local layer whose
+    every slot lies in the window (`RoutedLayer.window_clean`: its window kept nothing older at the last step)."""
+    return q_len == 1 and not layer.padded and (window is None or layer.window_clean)
 
 
 def _needs_explicit_mask(layer: SlotHoldingLayer, q_len: int, window: int | None) -> bool:
     """SDPA's own masking suffices for one query over slots it may all see, or a causal block over an empty
-    cache (shorter than a local layer's window)."""
+    cache (shorter than a local layer's window); padding slots (`padded`) need the mask always."""
+    if layer.padded:
+        return True
     fresh = layer.retained == q_len and layer.seen == q_len
     if window is not None and q_len > 1:  # a local layer: a block's queries see windows ending where they are
         return not fresh or q_len >= window

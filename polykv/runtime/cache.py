@@ -24,6 +24,7 @@ from polykv.errors import RoutedCacheError
 from polykv.methods import Method, make_method
 from polykv.methods.base import LayerView, Needs
 from polykv.methods.eviction import Eviction
+from polykv.methods.head_budgets import AdaKV, AdaKVParams
 from polykv.plan import Phase, Plan
 from polykv.runtime.attention import hand_over
 from polykv.runtime.attention_step import attend
@@ -55,7 +56,9 @@ class RoutedLayer(DynamicLayer):
         self.window: int | None = None  # a local layer's sliding window, as its attention passes it (`keep_window`)
         # does every held slot lie in the window of the next query? (then one query attends without a mask)
         self.window_clean = True
-        self.entering: tuple[int, int] | None = None  # (slots held, tokens seen) entering the answer (`kv_held`)
+        # (tokens held, per head or None, tokens seen) entering the answer (`kv_held`)
+        self.entering: tuple[float, list[float] | None, int] | None = None
+        self.head_split = None  # a head-level budget rule (`polykv.methods.head_budgets.AdaKV`), or None: uniform
 
     def attend(self, module, query, key, value, dropout: float, scaling: float, kwargs):
         """This layer's attention step (`polykv.runtime.attention_step.attend`; the `AttendingLayer` interface)."""
@@ -89,7 +92,7 @@ class RoutedLayer(DynamicLayer):
             group.flush()
         self.phase = Phase.PREFILL if self.seen == 0 else Phase.DECODE
         if self.entering is None and self.seen and self.seen >= self.keep_until:
-            self.entering = (self.retained, self.seen)
+            self.entering = (self.slots.held(), self.slots.held_per_head(), self.seen)
         slots = self.slots
         if self.seen == 0:
             slots.start(key_states, value_states)
@@ -157,8 +160,13 @@ class RoutedLayer(DynamicLayer):
         return self.slots.retained
 
     @property
+    def padded(self) -> bool:
+        """Do some slots hold no token (a head-level split's room, at position -1)? Then every query is masked."""
+        return self.slots.padded
+
+    @property
     def positions(self) -> torch.Tensor | None:
-        """[b, h, n] true position of every slot."""
+        """[b, h, n] true position of every slot (-1: padding, `padded`)."""
         return self.slots.positions
 
     @property
@@ -202,7 +210,7 @@ class RoutedLayer(DynamicLayer):
             return
         self.methods[Phase.DECODE].observe_prefill(view)
         if self.split is None:
-            self.settle_prefill(self.method.step(view))
+            self.settle_prefill(self.prefill_cut(lambda: self.method.step(view)))
         else:  # the cache splits the budget and settles every layer once all have seen the prompt
             self.split.prefilled(self, view)
 
@@ -256,6 +264,13 @@ class RoutedLayer(DynamicLayer):
             self._cut(keep)
         return None if view is None else windowed_view(view, self, keep, visible, self.window_clean)
 
+    def prefill_cut(self, decide) -> Eviction | None:
+        """The prefill method's eviction `decide()`, its layer budget split over the KV heads by the plan's head rule
+        (`head_split`; None: each head keeps the capacity, as the method chose)."""
+        if self.head_split is None:
+            return decide()
+        return self.head_split.cut(decide, self.keys.shape[1])
+
     def settle_prefill(self, eviction: Eviction | None) -> None:
         self.method.forget()  # the prefill method's scores are never used again
         self._apply(eviction)
@@ -268,12 +283,15 @@ class RoutedLayer(DynamicLayer):
             return
         newest_last, self._newest_last = self._newest_last, False  # slots move from here on
         n = self.retained
-        if eviction.dropped is None and eviction.keep.shape[-1] == n - 1:
+        if eviction.dropped is None and eviction.keep.shape[-1] == n - 1 and eviction.padding is None:
             # Keeping n - 1 distinct slots of 0..n-1 drops exactly one, per head: the slots sum to n(n-1)/2,
             # so the dropped slot is that sum minus the kept ones' (no search, no mask).
             eviction = Eviction(dropped=n * (n - 1) // 2 - eviction.keep.sum(dim=-1, keepdim=True))
         kept = n - 1 if eviction.dropped is not None else eviction.keep.shape[-1]
         capacity = self.method.capacity
+        if eviction.padding is not None and capacity is not None:  # heads keep different counts: the layer's total
+            kept = int((~eviction.padding).sum(dim=(1, 2)).max())
+            capacity *= eviction.padding.shape[1]
         if capacity is not None and kept > capacity:
             raise RoutedCacheError(
                 f"layer {self.layer_idx}: {self.method.name} kept {kept} slots, over its capacity {capacity}"
@@ -282,6 +300,8 @@ class RoutedLayer(DynamicLayer):
             self._drop_one(eviction.dropped, n, newest_last, deferred)
             return
         self._cut(eviction.keep)
+        if eviction.padding is not None:
+            self.slots.hide(eviction.padding)
 
     def _cut(self, keep: torch.Tensor) -> None:
         """The layer keeps slots `keep` [b, h, k] of its keys, values and positions, and every method's per-slot
@@ -318,16 +338,6 @@ class RoutedLayer(DynamicLayer):
         self.window_clean = False  # a local layer's window drops the prefix's old slots at its next step
         self.retained_after_prefill = self.retained
 
-    def evict_positions(self, positions: torch.Tensor) -> None:
-        """Drop the slots holding these true positions (same set for every batch row and head).
-
-        A manual tool for experiments and exactness tests; methods evict through `step`.
-        """
-        drop = torch.isin(self.positions, positions.to(self.positions.device))
-        keep_count = int((~drop[0, 0]).sum())
-        keep = (~drop).float().topk(keep_count, dim=-1, sorted=False).indices.sort(dim=-1).values
-        self._apply(Eviction(keep=keep))
-
     def _map_batch(self, fn) -> None:
         if self.retained == 0:
             return
@@ -351,6 +361,10 @@ class RoutedCache(Cache):
             layer.merge_groups = self.merge_groups
         if plan.allocation != "fixed":  # split at run time: a native rule, or a named rule for any method
             RunTimeSplit(layers, plan)
+        if plan.head_allocation == "adakv":
+            rule = AdaKV(AdaKVParams(**plan.head_allocation_params))
+            for layer in layers:
+                layer.head_split = rule
 
     def keep_until(self, position: int) -> None:
         """Tokens fed after the prompt at positions below `position` are kept whatever the plan: no method evicts
@@ -364,17 +378,22 @@ class RoutedCache(Cache):
     def retained_per_layer(self) -> list[int]:
         return [layer.retained for layer in self.layers]
 
-    def kv_held(self) -> dict[str, list[int] | int]:
-        """Slots held per KV head in each layer, measured: `entering` the answer (as the first token at or after
-        `keep_until` came in; until then, now) and at the `end`, with the tokens seen by each (`seen_*`)."""
-        end, first = self.retained_per_layer(), self.layers[0]
+    def kv_held(self) -> dict[str, list | int]:
+        """Tokens held per KV head in each layer, measured (`LayerSlots.held`): `entering` the answer (as the first
+        token at or after `keep_until` came in; until then, now) and at the `end`, with the tokens seen by each
+        (`seen_*`); where a layer's heads hold different numbers (a head-level split), each head's too
+        (`heads_entering`, `heads_end`: per layer, a list per head or None)."""
+        end, first = [layer.slots.held() for layer in self.layers], self.layers[0]
+        heads_end = [layer.slots.held_per_head() for layer in self.layers]
         entering = [now if layer.entering is None else layer.entering[0] for now, layer in zip(end, self.layers)]
-        started = first.seen if first.entering is None else first.entering[1]
-        return {"entering": entering, "end": end, "seen_entering": started, "seen_end": first.seen}
-
-    def kv_bytes_per_layer(self) -> list[int]:
-        """Bytes actually held by keys and values in each layer."""
-        return [0 if layer.retained == 0 else layer.keys.nbytes + layer.values.nbytes for layer in self.layers]
+        heads_entering = [
+            now if layer.entering is None else layer.entering[1] for now, layer in zip(heads_end, self.layers)
+        ]
+        started = first.seen if first.entering is None else first.entering[2]
+        held = {"entering": entering, "end": end, "seen_entering": started, "seen_end": first.seen}
+        if any(heads is not None for heads in heads_end):
+            held |= {"heads_entering": heads_entering, "heads_end": heads_end}
+        return held
 
     def capacities(self, phase: Phase | str) -> list[int | None]:
         """Each layer's capacity in a phase (after native allocation, the capacities it chose)."""

@@ -77,8 +77,16 @@ class RunTimeSplit:
             for method, capacity in zip(methods, within_bounds(split, bounds)):
                 method.capacity = capacity
         for lay in self.layers:
-            method = lay.methods[Phase.PREFILL]
-            lay.settle_prefill(method.step(self.views.pop(lay.layer_idx)) if self.observers else method.settle())
+            lay.settle_prefill(lay.prefill_cut(self._decision(lay)))
+
+    def _decision(self, layer):
+        """What settles a layer's prefill now that its capacity is known: its method's step on the prompt's view it
+        waited with, or a native method's stored scores (`Method.settle`)."""
+        method = layer.methods[Phase.PREFILL]
+        if not self.observers:
+            return method.settle
+        view = self.views.pop(layer.layer_idx)
+        return lambda: method.step(view)
 
 
 __all__ = ["RULES", "RunTimeSplit"]

@@ -44,6 +44,8 @@ class LayerSlots:
         self.value_block: SlotBlock | None = None
         self.position_block: SlotBlock | None = None
         self.group = None  # MergeGroup | None
+        # do some slots hold no token, only room (a head-level split's padding, `hide`)? Then every query is masked
+        self.padded = False
 
     @property
     def retained(self) -> int:
@@ -65,6 +67,7 @@ class LayerSlots:
     def reset(self) -> None:
         """Hold nothing (a new sequence)."""
         self.keys = self.values = self._positions = None
+        self.padded = False
         self.free()
 
     def free(self) -> None:
@@ -205,6 +208,26 @@ class LayerSlots:
         self._positions = gather_slots(self.positions, keep)
         self.keys, self.values = gather_slots(self.keys, keep), gather_slots(self.values, keep)
         self.free()
+
+    def hide(self, padding: torch.Tensor) -> None:
+        """Slots `padding` [b, h, n] hold room, no token (heads that keep fewer under a head-level split): at position
+        -1, which no query sees (`polykv.runtime.attention_math.allowed`)."""
+        self._positions = self.positions.masked_fill(padding, -1)
+        self.padded = True
+
+    def held(self) -> float:
+        """Tokens held per KV head, measured: the slots less the padding, the mean over heads and rows (what varlen
+        storage, as Ada-KV's, would hold)."""
+        if not self.padded:
+            return self.retained
+        positions = self.positions
+        return (positions >= 0).sum().item() / (positions.shape[0] * positions.shape[1])
+
+    def held_per_head(self) -> list[float] | None:
+        """Tokens each KV head holds (the mean over rows) where heads hold different numbers (`padded`), else None."""
+        if not self.padded:
+            return None
+        return (self.positions >= 0).sum(dim=-1).double().mean(dim=0).tolist()
 
     def map_batch(self, fn) -> None:
         """Every tensor becomes `fn(tensor)` along the batch (beam search, a batch selected), in new storage."""

@@ -196,10 +196,13 @@ def measured(store: Store, run: RunRow):
 
 def measured_lines(store: Store, run: RunRow) -> list[str]:
     """`runs show`'s lines on the KV the run's plan held, measured; [] when it was not measured."""
-    from polykv.eval.results.kv_measured import layers_line, measured_line
+    from polykv.eval.results.kv_measured import heads_line, layers_line, measured_line
 
     kv, token_bytes = measured(store, run)
-    return [] if kv is None else [measured_line(kv, token_bytes), layers_line(kv)]
+    if kv is None:
+        return []
+    heads = heads_line(kv)
+    return [measured_line(kv, token_bytes), layers_line(kv)] + ([heads] if heads else [])
 
 
 def kv_contrast_lines(store: Store, run_a: RunRow, run_b: RunRow) -> list[str]:

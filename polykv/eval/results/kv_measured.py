@@ -25,6 +25,9 @@ class MeasuredKV:
     end: list[float]
     fullkv_entering: float | None = None  # token-layers FullKV holds on the same samples (None: windows unknown)
     fullkv_end: float | None = None
+    # per layer, each KV head's mean tokens entering the answer where the heads held different numbers (a head-level
+    # split, `head_allocation: adakv`), else None
+    heads_entering: list[list[float] | None] | None = None
 
     @property
     def total_entering(self) -> float:
@@ -51,7 +54,19 @@ def measured_kv(rows: Sequence[SampleRow], windows: Sequence[int | None] | None 
         bounds = [window_bound(w) for w in windows]
         full_entering = sum(sum(min(h["seen_entering"], b) for b in bounds) for h in held) / n
         full_end = sum(sum(min(h["seen_end"], b) for b in bounds) for h in held) / n
-    return MeasuredKV(n, entering, end, full_entering, full_end)
+    return MeasuredKV(n, entering, end, full_entering, full_end, _per_head(held, layers))
+
+
+def _per_head(held: list[dict], layers: int) -> list[list[float] | None] | None:
+    """Each layer's per-head means over the samples that measured its heads apart (None where none did)."""
+    apart = [h["heads_entering"] for h in held if h.get("heads_entering")]
+    if not apart:
+        return None
+    out: list[list[float] | None] = []
+    for i in range(layers):
+        rows = [heads[i] for heads in apart if heads[i] is not None]
+        out.append([sum(col) / len(rows) for col in zip(*rows)] if rows else None)
+    return out
 
 
 def _share(held: float, full: float | None) -> str:
@@ -71,6 +86,14 @@ def measured_line(kv: MeasuredKV, token_bytes: int | None = None) -> str:
 def layers_line(kv: MeasuredKV) -> str:
     """Each layer's mean slots entering the answer, in layer order."""
     return "per layer entering the answer: " + " ".join(f"{v:g}" if v == int(v) else f"{v:.1f}" for v in kv.entering)
+
+
+def heads_line(kv: MeasuredKV) -> str | None:
+    """Each layer's tokens per KV head entering the answer, where its heads held different numbers; else None."""
+    if not kv.heads_entering:
+        return None
+    layers = [f"{i}: {'/'.join(f'{v:.0f}' for v in heads)}" for i, heads in enumerate(kv.heads_entering) if heads]
+    return "per KV head entering the answer (layers whose heads differ): " + ", ".join(layers)
 
 
 def equal_kv(a: MeasuredKV | None, b: MeasuredKV | None) -> bool | None:
