@@ -10,6 +10,11 @@ the script says by how much the scores of the swapped positions differ in kvpres
 
     python benchmarks/kvpress_positions.py                      # smollm2, 1,024 tokens, capacity 256
     python benchmarks/kvpress_positions.py --model gemma3       # its global layers only (see below)
+    python benchmarks/kvpress_positions.py --adakv 0.2          # head budgets: kvpress's AdaKVPress around each press
+
+With `--adakv ALPHA` both sides split each layer's budget over its KV heads (PolyKV's `head_allocation: adakv`,
+kvpress's `AdaKVPress(press, alpha_safeguard=ALPHA)`): kvpress's kept positions per head are those its
+`masked_key_indices` do not name (it masks where PolyKV evicts), PolyKV's the slots that are not padding.
 
 On gemma3 only the global layers are compared: kvpress compresses a Gemma3ForCausalLM's sliding layers too, over
 the window its sliding cache holds, while PolyKV's local layers hold their window and evict within it.
@@ -53,7 +58,9 @@ def prompt_ids(tokenizer, length: int) -> list[int]:
     return tokenizer(text, add_special_tokens=True)["input_ids"][:length]
 
 
-def kvpress_side(model_dir: str, ids: list[int], capacity: int, methods: list[str], layers: list[int]) -> dict:
+def kvpress_side(
+    model_dir: str, ids: list[int], capacity: int, methods: list[str], layers: list[int], adakv: float | None = None
+) -> dict:
     """Run in the kvpress venv: {method: {layer: [[kept positions] per KV head]}}."""
     sys.path.insert(1, str(HERE))
     from system import import_kvpress, keep_ratio
@@ -76,6 +83,20 @@ def kvpress_side(model_dir: str, ids: list[int], capacity: int, methods: list[st
             return scores
 
         press.score = score
+        if adakv is not None:
+            press = kvpress.AdaKVPress(press=press, alpha_safeguard=adakv)
+            compress = press.compress
+
+            def masked(module, *args, compress=compress, kept=kept, n=len(ids), **kwargs):
+                out = compress(module, *args, **kwargs)
+                _, heads, seq = module.masked_key_indices
+                pruned = [set() for _ in range(out[0].shape[1])]
+                for head, position in zip(heads.tolist(), seq.tolist()):
+                    pruned[head].add(position)
+                kept[module.layer_idx] = [[p for p in range(n) if p not in gone] for gone in pruned]
+                return out
+
+            press.compress = masked
         try:
             with torch.no_grad(), press(model):
                 model(tokens, past_key_values=DynamicCache(config=model.config))
@@ -85,7 +106,9 @@ def kvpress_side(model_dir: str, ids: list[int], capacity: int, methods: list[st
     return out
 
 
-def polykv_side(model, ids: list[int], capacity: int, methods: list[str], layers: list[int]) -> dict:
+def polykv_side(
+    model, ids: list[int], capacity: int, methods: list[str], layers: list[int], adakv: float | None = None
+) -> dict:
     from polykv.models import cache_argument_name
     from polykv.plan import Plan
     from polykv.runtime import routed
@@ -94,9 +117,13 @@ def polykv_side(model, ids: list[int], capacity: int, methods: list[str], layers
     for method in methods:
         params = POLYKV_PARAMS.get(method, {})
         plan = Plan.homogeneous(method, capacity, model.config.num_hidden_layers, "prefill", params=params)
+        if adakv is not None:
+            heads = {"head_allocation": "adakv", "head_allocation_params": {"alpha_safeguard": adakv}}
+            plan = plan.model_copy(update=heads)
         with torch.no_grad(), routed(model, plan) as session:
             model(torch.tensor([ids]), use_cache=True, **{cache_argument_name(model): session.new_cache()})
-        out[method] = {str(i): session.cache.layers[i].positions[0].sort(-1).values.tolist() for i in layers}
+        positions = {i: session.cache.layers[i].positions[0].sort(-1).values.tolist() for i in layers}
+        out[method] = {str(i): [[p for p in head if p >= 0] for head in positions[i]] for i in layers}  # no padding
     return out
 
 
@@ -106,6 +133,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=1024)
     parser.add_argument("--capacity", type=int, default=256)
     parser.add_argument("--methods", default=",".join(PRESSES))
+    parser.add_argument("--adakv", type=float, help="head budgets: Ada-KV's alpha_safeguard (both sides)")
     parser.add_argument("--kvpress-side", help=argparse.SUPPRESS)  # a JSON request, in the kvpress venv
     args = parser.parse_args()
     if args.kvpress_side:
@@ -122,9 +150,9 @@ def main() -> None:
     ids = prompt_ids(tokenizer, args.tokens)
     types = getattr(model.config, "layer_types", None)
     layers = [i for i in range(model.config.num_hidden_layers) if not types or types[i] == "full_attention"]
-    ours = polykv_side(model, ids, args.capacity, methods, layers)
+    ours = polykv_side(model, ids, args.capacity, methods, layers, args.adakv)
     request = {"model_dir": resolve_model_path(args.model), "ids": ids, "capacity": args.capacity}
-    request |= {"methods": methods, "layers": layers}
+    request |= {"methods": methods, "layers": layers, "adakv": args.adakv}
     proc = subprocess.run(
         [str(kvpress_python()), __file__, "--kvpress-side", json.dumps(request)],
         capture_output=True,
@@ -153,8 +181,9 @@ def main() -> None:
                 record[method][f"{layer}.{head}"] = entry
         summary[method] = {"identical": same, "compared": total}
         print(f"{method:<20} {same}/{total} layer-heads keep identical positions")
-    out = HERE / "results" / f"kvpress-positions-{args.model}.json"
+    out = HERE / "results" / f"kvpress-positions-{args.model}{'' if args.adakv is None else '-adakv'}.json"
     header = {"model": args.model, "tokens": len(ids), "capacity": args.capacity, "layers": layers}
+    header |= {} if args.adakv is None else {"adakv_alpha_safeguard": args.adakv}
     out.write_text(json.dumps(header | {"summary": summary, "layer_heads": record}, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {out.relative_to(HERE.parent)}")
 

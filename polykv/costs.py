@@ -39,6 +39,7 @@ from polykv.files import atomic_write_json, file_lock, read_json
 from polykv.text import duration
 
 RATES_FILE = "rates.json"
+LOCK_WAIT_S = 30.0  # how long a launch waits for another process writing the rates file, then says so in one line
 HISTORY = 5  # finished jobs per kind whose measured / estimated ratio corrects the next estimates
 CORRECTION_RANGE = (0.25, 4.0)  # a correction outside this says the model is wrong, not that it needs a factor
 # The factor within which a test holds the estimate of a real small run (tests/test_costs.py).
@@ -82,18 +83,24 @@ class Work:
         return replace(self, loads=loads)
 
 
-class _RatesFields(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+# A stored rate outside these is not a measurement (a hand-edited or damaged file): the rates are measured again.
+_MOST_SECONDS = 3600.0  # for one forward pass, or a load
+_MOST_BYTES = 2**50
 
-    fixed_s: float = Field(ge=0)
-    token_s: float = Field(ge=0)
-    pair_s: float = Field(ge=0)
-    routed_s: float = Field(ge=0)
-    load_s: float = Field(ge=0)
-    weights_bytes: int = Field(ge=0)
-    kv_token_bytes: int = Field(ge=0)
-    measured: str
-    ratios: dict[str, list[float]] = Field(default_factory=dict)  # kind -> measured / estimated, newest last
+
+class _RatesFields(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    fixed_s: float = Field(ge=0, le=_MOST_SECONDS)
+    token_s: float = Field(ge=0, le=_MOST_SECONDS)
+    pair_s: float = Field(ge=0, le=_MOST_SECONDS)
+    routed_s: float = Field(ge=0, le=_MOST_SECONDS)
+    load_s: float = Field(ge=0, le=_MOST_SECONDS)
+    weights_bytes: int = Field(ge=0, le=_MOST_BYTES)
+    kv_token_bytes: int = Field(ge=0, le=_MOST_BYTES)
+    measured: str = Field(pattern=r"^[0-9T:.+-]{10,40}$")  # an ISO time: nothing a terminal would act on
+    # kind -> measured / estimated, newest last
+    ratios: dict[str, list[float]] = Field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -167,31 +174,44 @@ def _key(model: str, device: str) -> str:
     return f"{model}|{device}"
 
 
-def _read_all(path: Path) -> dict[str, dict]:
+def _read_all(path: Path, warn: bool = False) -> dict[str, dict]:
     if not path.is_file():
         return {}
     try:
         data = read_json(path, "rates file")
     except FileError:
+        if warn:
+            _warn(f"warning: {path}: not a rates file; measuring again")
         return {}  # a damaged rates file is measured again, never fatal
     return data if isinstance(data, dict) else {}
 
 
+def _warn(line: str) -> None:
+    import sys
+
+    print(line, file=sys.stderr)
+
+
 def stored_rates(model: str, device: str) -> Rates | None:
-    """The rates measured for `model` on `device` on this machine, or None (never measured, or damaged)."""
-    entry = _read_all(rates_path()).get(_key(model, device))
+    """The rates measured for `model` on `device` on this machine, or None (never measured, or damaged: then
+    measured again and rewritten, with one warning on stderr)."""
+    entry = _read_all(rates_path(), warn=True).get(_key(model, device))
+    if entry is None:
+        return None
     try:
         fields = _RatesFields.model_validate(entry)
-    except ValidationError:
+    except (ValidationError, OverflowError, ValueError):
+        _warn(f"warning: {rates_path()}: the rates of {model} on {device} are not a measurement; measuring again")
         return None
-    return Rates(model, device, **fields.model_dump())
+    ratios = {kind: [r for r in values if 0 < r < 1e6] for kind, values in fields.ratios.items() if kind.isidentifier()}
+    return Rates(model, device, **(fields.model_dump() | {"ratios": ratios}))
 
 
 def _locked():
     """One writer of the rates file at a time (a worker recording its ratio while the app measures a speed)."""
     path = rates_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    return file_lock(path.with_name(RATES_FILE + ".lock"))
+    return file_lock(path.with_name(RATES_FILE + ".lock"), timeout=LOCK_WAIT_S)
 
 
 def _save(rates: Rates) -> None:

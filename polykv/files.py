@@ -19,6 +19,7 @@ import json
 import os
 import stat
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -235,15 +236,30 @@ __all__ = [
 
 
 @contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock on ``path`` where the platform has flock (no-op elsewhere)."""
+def file_lock(path: Path, timeout: float | None = None) -> Iterator[None]:
+    """An exclusive advisory lock on ``path`` where the platform has flock (no-op elsewhere). `timeout`: seconds to
+    wait for another holder before a FileError naming the lock (None: wait as long as it takes)."""
     try:
         import fcntl
     except ImportError:  # Windows: the import is still atomic, only duplicated work is possible
         yield
         return
     with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        if timeout is None:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        else:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise FileError(
+                            f"{path}: another process has held this lock for over {timeout:g} s; if none is running, "
+                            "delete the file"
+                        ) from None
+                    time.sleep(0.1)
         try:
             yield
         finally:

@@ -7,6 +7,7 @@ bidirectional control (U+202E and its kin reorder what follows on the line) has 
 
 from __future__ import annotations
 
+import math
 import unicodedata
 
 # Unicode's bidirectional embedding, override, isolate and mark characters.
@@ -45,8 +46,14 @@ def whole_number(text: str, most_digits: int = 12) -> int | None:
     return None
 
 
+_YEAR_S = 365 * 24 * 3600
+
+
 def duration(seconds: float) -> str:
-    """A duration as people say it: `45 s`, `3 min 5 s`, `2 h 10 min`."""
+    """A duration as people say it: `45 s`, `3 min 5 s`, `2 h 10 min`; past a year (or not a number: a damaged
+    record), `over a year`."""
+    if not math.isfinite(seconds) or seconds > _YEAR_S:
+        return "over a year" if seconds > 0 else "0 s"
     seconds = max(0, round(seconds))
     if seconds < 60:
         return f"{seconds} s"

@@ -226,3 +226,22 @@ def test_cakes_rule_refuses_a_capacity_under_its_window_an_unknown_method_and_st
     )
     painted = paint(ruled, [0], "prefill", capacity=40)  # painted capacities are explicit: the rule leaves
     assert painted.allocation == "fixed" and painted.allocation_params == {}
+
+
+# ---- the profile rules (entropy, ppl) for any method -------------------------------------------------------------
+def test_the_profile_rules_split_by_the_profiles_entropy_or_phase_sensitivity_for_any_method(
+    polykv, small_profile, tmp_path
+):
+    from polykv.routing.allocation import allocate_entropy, allocate_ppl
+
+    for rule, expected in (
+        ("entropy", lambda phase: allocate_entropy(small_profile.entropy, 32)),
+        ("ppl", lambda phase: allocate_ppl(small_profile.table, phase, 32)),
+    ):
+        plan = written(polykv, tmp_path / f"{rule}.json", "--capacity", "32", "--rule", rule,
+                       "--profile", str(small_profile.path))  # fmt: skip
+        capacities = [layer.prefill.capacity for layer in plan.layers]
+        assert capacities == expected("prefill") and plan.provenance["rule"] == rule  # TopRank's split, for TOVA
+        assert {layer.prefill.method for layer in plan.layers} == {"tova"}
+    missing = polykv("plan", "homogeneous", "tova", "--capacity", "32", "--rule", "ppl", "-o", str(tmp_path / "m.json"))
+    assert_one_line_error(missing, "--rule ppl splits by a profile's statistics: give --profile DIR")

@@ -82,6 +82,27 @@ CASES = {
         "the length after @ must be a whole number of tokens",
     ),
     "budgets-arabic-indic": (["experiment", "study", "--budgets", "\u0665"], "--budgets are positive whole numbers"),
+    # issue 56's probes: a layer count checked before the plan's list is built; a question protocol before the model
+    "search-question": (
+        [
+            "search",
+            "-o",
+            "s",
+            "-b",
+            "8",
+            "--sources",
+            "ruler:niah_single_1",
+            "--objective",
+            "answer_nll",
+            "--question",
+            "nosuch",
+        ],
+        "question must be one of in-prompt, after-compression, got 'nosuch'",
+    ),  # fmt: skip
+    "plan-homogeneous-layers": (
+        ["plan", "homogeneous", "tova", "--capacity", "8", "--layers", "1000000000", "-o", "x.json"],
+        "a plan has at most 4,096 layers (got 1,000,000,000)",
+    ),
     # typer's own range errors: one line now, not a five-line box
     "typer-range": (["eval", "--samples", "0"], "Invalid value for '--samples'", "polykv eval --help"),
     "typer-unknown-option": (["eval", "--nosuch"], "No such option: --nosuch"),
@@ -101,6 +122,14 @@ def test_a_prompt_longer_than_the_context_is_refused_before_the_model_loads(poly
     result = polykv("generate", "--prompt", "Once upon a time there was a little dog. " * 90)
     assert_one_line_error(result, "the prompt is 992 tokens and --max-new-tokens 96: more than the model's 512-token")
     assert "indexing errors" not in result.stderr  # transformers' warning is not passed on
+
+
+def test_plan_show_refuses_a_prompt_past_the_models_context_before_printing_anything(polykv, tmp_path):
+    plan = tmp_path / "p.json"
+    assert polykv("plan", "homogeneous", "tova", "--capacity", "8", "-o", str(plan)).returncode == 0
+    shown = polykv("plan", "show", str(plan), "-m", "demo", "--tokens", str(10**30 - 1))
+    assert_one_line_error(shown, "is longer than demo's context (512 tokens)")
+    assert shown.stdout == ""
 
 
 def test_compare_says_when_two_runs_ran_on_different_models(polykv, tmp_path):
@@ -129,6 +158,24 @@ def test_a_report_script_given_another_json_says_so_in_one_line(module, tmp_path
         [sys.executable, "-m", module, str(bad), *extra], cwd=REPO, capture_output=True, text=True, timeout=120
     )
     assert_one_line_error(result, f"{bad} is not a")
+    assert not (tmp_path / "x.md").exists()
+
+
+@pytest.mark.parametrize(
+    "module, fmt",
+    [
+        ("polykv.search.text.report", "polykv.search-report"),
+        ("polykv.search.workload.markdown", "polykv.workload-report"),
+    ],
+)
+def test_a_report_from_a_newer_version_is_refused_in_one_line(module, fmt, tmp_path):
+    newer = tmp_path / "newer.json"
+    newer.write_text(json.dumps({"format": fmt, "version": 99}))
+    extra = ["--out", str(tmp_path / "x.md")] if module.endswith("markdown") else []
+    result = subprocess.run(
+        [sys.executable, "-m", module, str(newer), *extra], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert_one_line_error(result, "of version 99: this PolyKV reads version 1 at most")
     assert not (tmp_path / "x.md").exists()
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from polykv import costs, jobs
 from polykv.costs import Forward, Rates, Work
+from polykv.errors import FileError
 from polykv.eval.launch import work as launch_work
 from polykv.eval.running.settings import suite_settings
 from polykv.eval.running.unit import Unit
@@ -179,3 +180,47 @@ def test_a_text_search_counts_the_sequences_it_samples_from_the_model():
     generated = [f for f in sampled.forwards if f not in plain.forwards]
     # half of the 4 search and 8 held-out sequences come from the model: 256 steps each, in one batch per split
     assert [(f.count, f.batch) for f in generated] == [(256, 2), (256, 4)]
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        {"fixed_s": 1e308},
+        {"token_s": 10**400},
+        {"load_s": float("nan")},
+        {"measured": "2026\x1b[2J"},
+        {"ratios": {"eval": [1e308]}},
+    ],  # fmt: skip
+)
+def test_rates_that_are_not_a_measurement_are_measured_again_with_one_warning(tmp_path, monkeypatch, capsys, damage):
+    monkeypatch.setenv("POLYKV_HOME", str(tmp_path))
+    costs.save_rates(_rates())
+    path = tmp_path / costs.RATES_FILE
+    data = json.loads(path.read_text())
+    data["m|cpu"] |= damage
+    text = (
+        json.dumps(data)
+        if "token_s" not in damage
+        else json.dumps(data).replace('"token_s": 1', f'"token_s": 1{"0" * 400}')
+    )
+    path.write_text(text)
+    rates = costs.stored_rates("m", "cpu")
+    if "ratios" in damage:  # one ratio out of range: the rates stand, that ratio is dropped
+        assert rates is not None and rates.ratios == {"eval": []}
+        return
+    assert rates is None  # the launch measures again and `save_rates` rewrites the entry
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "measuring again" in err and "\x1b" not in err
+    costs.save_rates(_rates())
+    assert costs.stored_rates("m", "cpu") == _rates()
+
+
+def test_a_lock_held_by_another_process_is_waited_for_then_said_in_one_line(tmp_path, monkeypatch):
+    import fcntl
+
+    monkeypatch.setenv("POLYKV_HOME", str(tmp_path))
+    monkeypatch.setattr(costs, "LOCK_WAIT_S", 0.3)
+    with (tmp_path / (costs.RATES_FILE + ".lock")).open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as another process would (flock locks belong to the open file)
+        with pytest.raises(FileError, match="another process has held this lock for over 0.3 s"):
+            costs.save_rates(_rates())

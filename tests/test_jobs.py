@@ -48,6 +48,8 @@ def test_an_eval_job_runs_units_on_the_same_samples_together_and_reports_progres
 
 def test_progress_says_elapsed_time_and_an_eta_from_this_workers_pace():
     assert [jobs.duration(s) for s in (0, 44.6, 185, 7800)] == ["0 s", "45 s", "3 min 5 s", "2 h 10 min"]
+    # a damaged record (a 1e308-second job) says so in words, not in a 312-digit hour count
+    assert [jobs.duration(s) for s in (1e308, float("inf"), float("nan"))] == ["over a year", "over a year", "0 s"]
     assert jobs.eta(60.0, 0.25) == pytest.approx(180.0)  # a quarter in a minute: three more minutes
     assert jobs.eta(60.0, 0.75, start_fraction=0.5) == pytest.approx(60.0)  # resumed at half: its own pace
     assert jobs.eta(60.0, 0.5, start_fraction=0.5) is None and jobs.eta(5.0, 1.0) is None

@@ -42,7 +42,22 @@ def test_totals_stay_exact_after_every_move(scope):
         check_space(plan, budget)
         validate_plan(plan, layers, 1024)
         assert all(layer[p].capacity >= 2 for layer in plan.layers for p in plan.scope.phases)
-    assert kinds == {"method", "transfer"}
+    assert {"method", "transfer"} <= kinds <= {"method", "transfer", "rule", "heads"}
+
+
+def test_rule_and_head_moves_split_a_phase_by_a_published_rule_and_toggle_ada_kv_where_it_runs():
+    plan = plan_of(["tova"] * 4, [16] * 4, "prefill")
+    neighbours = {m.describe(): (m, p) for m, p in proposals(plan, 16, base_params([plan]), context_length=1024)}
+    move, pyramid = neighbours["prefill split by the pyramid rule"]
+    capacities = [layer.prefill.capacity for layer in pyramid.layers]
+    assert list(move.capacities) == capacities and sum(capacities) == 64 and capacities[0] > capacities[-1]
+    assert [layer.prefill.method for layer in pyramid.layers] == ["tova"] * 4
+    assert "prefill split by the uniform rule" not in neighbours  # already uniform: no move
+    assert neighbours["KV heads -> adakv"][1].head_allocation == "adakv"
+    back = proposals(pyramid, 16, base_params([plan]), context_length=1024)
+    assert any(m.describe() == "prefill split by the uniform rule" for m, _ in back)
+    decode = plan_of(["tova"] * 4, [16] * 4, "decode")  # Ada-KV has no decode rule: not proposed
+    assert not [m for m, _ in proposals(decode, 16, base_params([decode]), context_length=1024) if m.kind == "heads"]
 
 
 def test_capacity_moves_refit_windows_and_check_space_refuses_outsiders():

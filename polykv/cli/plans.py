@@ -113,6 +113,12 @@ def plan_show(
     """Summarize a plan: totals, averages and method counts per phase, then every layer (with --model, which layers
     are local or global and the KV memory each keeps against FullKV's)."""
     loaded = Plan.load(path) if model is None else _checked_plan(path, model)  # a wrong model fails first
+    if model is not None and tokens is not None:  # before anything is printed
+        from polykv.models import config_dimensions
+
+        context = config_dimensions(model).context_length
+        if context and tokens > context:
+            raise ValueError(f"--tokens {tokens:,} is longer than {model}'s context ({context:,} tokens)")
     for line in loaded.summary().lines():
         typer.echo(line)
     if loaded.description:
@@ -197,8 +203,9 @@ def plan_homogeneous(
         str | None,
         typer.Option(
             help="Split the budget (capacity x layers) over the layers by an allocation rule, for any method: "
-            "'uniform', 'pyramid' (PyramidKV's layer rule) or 'squeeze' (SqueezeAttention's, measured on 4 "
-            "calibration sequences of --prompt-tokens tokens: loads the model)."
+            "'uniform', 'pyramid' (PyramidKV's layer rule), 'squeeze' (SqueezeAttention's, measured on 4 "
+            "calibration sequences of --prompt-tokens tokens: loads the model), 'entropy' or 'ppl' (proportional to "
+            "each layer's attention entropy or PPL sensitivity in --profile)."
         ),
     ] = None,
     rule_param: Annotated[
@@ -216,6 +223,10 @@ def plan_homogeneous(
             help="With --rule: the prompt length the rule plans for (pyramid clips; squeeze measures its calibration "
             "sequences at this length, default 1024).",
         ),
+    ] = None,
+    profile: Annotated[
+        Path | None,
+        typer.Option(help="With --rule entropy or ppl: the profile directory whose statistics split the budget."),
     ] = None,
     heads: Annotated[
         str,
@@ -242,6 +253,10 @@ def plan_homogeneous(
 
         windows = config_dimensions(model).windows if layers is None else None
         statistics = _squeeze_statistics(model, prompt_tokens or 1024) if rule == "squeeze" else None
+        if rule in ("entropy", "ppl"):
+            statistics = _profile_statistics(rule, profile, model, plan)
+        elif profile is not None:
+            raise ValueError("--profile goes with --rule entropy or ppl")
         plan = apply_rule(plan, rule, _parse_params(rule_param or []), prompt_tokens, windows or None, statistics)
     elif allocation == "cake" and rule_param and prompt_tokens is None:
         plan = plan.model_copy(update={"allocation_params": _parse_params(rule_param)})
@@ -260,6 +275,19 @@ def plan_homogeneous(
     if layers is None:
         echo_budget_lines(built, model)
     typer.echo(f"wrote {out}")
+
+
+def _profile_statistics(rule: str, profile: Path | None, model: str, plan: Plan) -> dict[str, list[float]]:
+    """Per active phase, the per-layer statistic the profile rule splits by (entropy: the same in every phase)."""
+    from polykv.cli.common import _profile_for
+    from polykv.routing.allocation import ppl_sensitivity
+
+    if profile is None:
+        raise ValueError(f"--rule {rule} splits by a profile's statistics: give --profile DIR")
+    loaded = _profile_for(profile, model)
+    if rule == "entropy":
+        return {phase.value: list(loaded.entropy) for phase in plan.scope.phases}
+    return {phase.value: ppl_sensitivity(loaded.table, phase) for phase in plan.scope.phases}
 
 
 def plan_export(

@@ -89,6 +89,8 @@ class Plan(BaseModel):
 
         With allocation="native" the capacity is the average budget b and the method's own rule
         splits the total L*b over the layers at run time (the standalone method)."""
+        if num_layers > MAX_LAYERS:  # before a list of that many layers is built
+            raise PlanError(too_many_layers(num_layers))
         scope = Scope(scope)
         active = {"method": method, "capacity": capacity, "params": dict(params or {})}
         cap = "" if capacity is None else f"-{capacity}"

@@ -14,13 +14,17 @@ TOVA (or any method) PyramidKV's split of the same total. The static rules, deci
             groups by how little their attention changes the hidden state (`polykv.profile.squeeze`, measured
             on calibration text; exact 1-D k-means, where the authors run scikit-learn's KMeans); the group that
             changes it least keeps `squeezed` x C per layer and the other layers share the rest equally (the
-            authors' KV_class3 / ini_size: 0.08 / 0.21 and 0.25 / 0.4 in their examples; default 0.5).
+            authors' KV_class3 / ini_size: 0.08 / 0.21 and 0.25 / 0.4 in their examples; default 0.5);
+  entropy   capacities proportional to each layer's attention entropy H_l, from a profile (the paper's entropy
+            allocation, `polykv.routing.allocation.allocate_entropy`), for any method;
+  ppl       capacities proportional to each layer's PPL sensitivity S_l in the phase, from a profile
+            (`polykv.routing.allocation.ppl_sensitivity`), for any method.
 
 On a model with local (sliding-window) layers no layer is given more than it can hold: what a rule gives a local
 layer beyond its window less one goes to the layers that can hold it (`within_bounds`), and the plan's
-description says so. The profile rules (entropy, PPL) are `polykv.routing.allocation`'s; CAKE's preference depends on
-the prompt, so the runtime decides it at prefill (`polykv.runtime.layer_budgets`). Ada-KV's head budgets are not in
-PolyKV yet.
+description says so. CAKE's preference depends on the prompt, so the runtime decides it at prefill
+(`polykv.runtime.layer_budgets`); Ada-KV's split over a layer's KV heads is the plan's `head_allocation`
+(`polykv.methods.head_budgets`).
 """
 
 from __future__ import annotations
@@ -34,16 +38,17 @@ from polykv.methods.attention.pyramidkv import PyramidKV, PyramidKVParams
 from polykv.methods.shared import split_total, within_bounds
 from polykv.plan import LayerPlan, Phase, Plan, PlanError
 
-STATIC_RULES = ("uniform", "pyramid", "squeeze")
+STATIC_RULES = ("uniform", "pyramid", "squeeze", "entropy", "ppl")
+PROFILE_RULES = ("entropy", "ppl")  # the rules whose statistics come from a profile
 
 
 def rule_params(rule: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A rule's parameters with their defaults (pyramid: PyramidKV's window 8 and beta 20); a ValueError, one
     line, for an unknown rule or parameter."""
     given = dict(params or {})
-    if rule == "uniform":
+    if rule == "uniform" or rule in PROFILE_RULES:
         if given:
-            raise ValueError(f"the uniform rule takes no parameters (got {', '.join(given)})")
+            raise ValueError(f"the {rule} rule takes no parameters (got {', '.join(given)})")
         return {}
     if rule == "pyramid":
         unknown = [k for k in given if k not in ("window", "beta")]
@@ -101,13 +106,16 @@ def rule_capacities(
 ) -> list[int]:
     """`total` tokens (per KV head) split over `num_layers` layers by `rule`, no layer above what it can hold
     (`windows`: each layer's sliding window, None for a global layer; `statistics`: the squeeze rule's per-layer
-    attention similarity)."""
+    attention similarity, the entropy rule's entropy, the ppl rule's sensitivity)."""
     values = rule_params(rule, params)
+    if rule in ("squeeze", *PROFILE_RULES) and (statistics is None or len(statistics) != num_layers):
+        what = {"squeeze": "attention similarity", "entropy": "attention entropy", "ppl": "PPL sensitivity"}[rule]
+        raise ValueError(f"the {rule} rule needs one {what} per layer ({num_layers})")
     if rule == "uniform":
         capacities = split_total([1.0] * num_layers, total)
+    elif rule in PROFILE_RULES:
+        capacities = split_total([max(0.0, float(s)) for s in statistics], total)
     elif rule == "squeeze":
-        if statistics is None or len(statistics) != num_layers:
-            raise ValueError(f"the squeeze rule needs one attention similarity per layer ({num_layers})")
         squeezed = [g == 2 for g in three_groups(statistics)]
         low = values["squeezed"] * total / num_layers
         high = (total - low * sum(squeezed)) / (num_layers - sum(squeezed))
@@ -124,11 +132,12 @@ def apply_rule(
     params: Mapping[str, Any] | None = None,
     prompt_length: int | None = None,
     windows: Sequence[int | None] | None = None,
-    statistics: Sequence[float] | None = None,
+    statistics: Sequence[float] | Mapping[str, Sequence[float]] | None = None,
 ) -> Plan:
     """The plan with each active phase's capacities split by `rule`: the same total (the sum of its capacities as
-    written), the same methods and method parameters, fixed allocation. A phase with a `full` layer, or a native
-    allocation (its method's own rule), is refused in one line (PlanError)."""
+    written), the same methods and method parameters, fixed allocation. `statistics`: one list for every phase, or
+    one per phase ({"prefill": [...], ...}: the ppl rule's sensitivity is the phase's). A phase with a `full` layer,
+    or a native allocation (its method's own rule), is refused in one line (PlanError)."""
     if plan.allocation != "fixed":
         raise PlanError(f"{plan.name}: a rule applies to a plan of fixed allocation (this one is {plan.allocation})")
     values = rule_params(rule, params)
@@ -138,7 +147,8 @@ def apply_rule(
         if any(a.capacity is None for a in assigned):
             raise PlanError(f"{plan.name}: the {phase.value} phase has a full layer, so it has no total to split")
         total = sum(a.capacity for a in assigned)
-        capacities = rule_capacities(rule, total, plan.num_layers, values, prompt_length, windows, statistics)
+        stats = statistics.get(phase.value) if isinstance(statistics, Mapping) else statistics
+        capacities = rule_capacities(rule, total, plan.num_layers, values, prompt_length, windows, stats)
         for i, (a, capacity) in enumerate(zip(assigned, capacities)):
             layers[i][phase] = a.model_copy(update={"capacity": capacity})
     shown = ", ".join(f"{k} {v}" for k, v in values.items())
@@ -157,11 +167,17 @@ def apply_rule(
             "rule": rule,
             "rule_params": values,
             "prompt_length": prompt_length,
-            **({"statistics": [round(float(s), 6) for s in statistics]} if statistics is not None else {}),
+            **({"statistics": _rounded(statistics)} if statistics is not None else {}),
             "source": plan.name,
             "source_provenance": dict(plan.provenance),
         },
     )
 
 
-__all__ = ["STATIC_RULES", "apply_rule", "rule_capacities", "rule_params", "three_groups"]
+def _rounded(statistics):
+    if isinstance(statistics, Mapping):
+        return {phase: _rounded(values) for phase, values in statistics.items()}
+    return [round(float(s), 6) for s in statistics]
+
+
+__all__ = ["PROFILE_RULES", "STATIC_RULES", "apply_rule", "rule_capacities", "rule_params", "three_groups"]

@@ -1,4 +1,5 @@
-"""The search's moves: change one cell's method, or move capacity between two layers of a phase.
+"""The search's moves: change one cell's method, move capacity between two layers of a phase, split a phase's
+total by an allocation rule, or change how each layer's budget splits over its KV heads.
 
 The search space is every fixed-allocation plan of the given scope whose active phases each keep an
 exact total T_p = L x b (b: the budget, the average capacity). Two moves, both from one plan to a
@@ -8,6 +9,12 @@ neighbour in that space:
             `full`), same capacity. The total does not change.
   transfer  (phase p, donor d, receiver l, amount a): layer d gives a tokens of capacity to layer l in
             phase p. The total does not change; the donor keeps at least `min_capacity`.
+  rule      (phase p, rule r): phase p's total split over the layers by the static rule r (`RULE_MOVES`:
+            uniform, PyramidKV's pyramid; `polykv.routing.rules`), the methods kept. The total does not change; on
+            a hybrid model it is proposed only while every layer holds its whole capacity (then so is the KV held).
+  heads     (h): each layer's budget split over its KV heads by h ("adakv" or back to "uniform",
+            `polykv.methods.head_budgets`); where a plan cannot take it (Ada-KV in a decode phase) it is not proposed.
+So a search from TOVA everywhere can answer "is a published rule, or a searched split, better", one step at a time.
 
 On a hybrid model (local layers with a sliding window W, `polykv.kv_memory`) the budget counts capacity as
 written, and the moves keep the retained KV exact too: a local layer never holds more than W - 1 tokens, so a
@@ -25,7 +32,8 @@ parameter that still does not fit) is not proposed.
 `proposals` lists the neighbours of a plan ranked by the profile, best first: method moves by the gain
 in the profile statistic at that layer (TopRank's evidence, sign * (score(l, r) - score(l, current))),
 transfers by how much more the receiver's current method suffers than the donor's (profile dPPL, or
-1 - cosine). The two lists are interleaved rank by rank, since their scores are not in one unit.
+1 - cosine). The two lists are interleaved rank by rank, since their scores are not in one unit; the few rule and
+heads moves, which the profile cannot rank, come first.
 """
 
 from __future__ import annotations
@@ -40,21 +48,27 @@ from polykv.methods import REGISTRY, fit_params, for_phase, validate_plan
 from polykv.plan import FULL, LayerPlan, Phase, PhaseAssignment, Plan, PlanError
 
 TRANSFER_STEPS = (0.125, 0.25, 0.5)  # transfer amounts, as shares of the budget b
+RULE_MOVES = ("uniform", "pyramid")  # the static rules a move may split a phase's total by (no statistics needed)
 
 
 @dataclass(frozen=True)
 class Move:
-    kind: str  # "method" | "transfer"
+    kind: str  # "method" | "transfer" | "rule" | "heads"
     phase: str
-    layer: int  # the cell that changes method, or the receiver of a transfer
-    method: str | None = None  # method moves
+    layer: int  # the cell that changes method, or the receiver of a transfer (rule and heads moves: 0)
+    method: str | None = None  # method moves; the rule of a rule move, the head rule of a heads move
     donor: int | None = None  # transfers
     amount: int = 0  # transfers
     prior: float = 0.0  # the profile's ranking score (higher: proposed first)
+    capacities: tuple[int, ...] = ()  # rule moves: the phase's capacities the rule gives, layer 0 first
 
     def describe(self) -> str:
         if self.kind == "method":
             return f"{self.phase} L{self.layer} -> {self.method}"
+        if self.kind == "rule":
+            return f"{self.phase} split by the {self.method} rule"
+        if self.kind == "heads":
+            return f"KV heads -> {self.method}"
         return f"{self.phase} L{self.donor} -> L{self.layer}: {self.amount} tokens"
 
     def to_dict(self) -> dict[str, Any]:
@@ -108,15 +122,21 @@ def apply(plan: Plan, move: Move, params: Mapping[str, Mapping[str, Any]]) -> Pl
         return PhaseAssignment(method=method, capacity=capacity, params=fit_params(method, params[method], capacity))
 
     target = cells[move.layer][phase]
+    heads = {}
     if move.kind == "method":
         cells[move.layer][phase] = cell(move.method, target.capacity)
     elif move.kind == "transfer":
         donor = cells[move.donor][phase]
         cells[move.donor][phase] = cell(donor.method, donor.capacity - move.amount)
         cells[move.layer][phase] = cell(target.method, target.capacity + move.amount)
+    elif move.kind == "rule":
+        for c, capacity in zip(cells, move.capacities):
+            c[phase] = cell(c[phase].method, capacity)
+    elif move.kind == "heads":
+        heads = {"head_allocation": move.method, "head_allocation_params": {}}
     else:
         raise ValueError(f"unknown move kind {move.kind!r}")
-    out = plan.with_layers([LayerPlan(prefill=c[Phase.PREFILL], decode=c[Phase.DECODE]) for c in cells])
+    out = plan.with_layers([LayerPlan(prefill=c[Phase.PREFILL], decode=c[Phase.DECODE]) for c in cells], **heads)
     if totals(out) != totals(plan):  # a guard: neither move may change what a phase keeps in all
         raise AssertionError(f"move {move.describe()} changed the totals {totals(plan)} -> {totals(out)}")
     return validate_plan(out, plan.num_layers)
@@ -149,11 +169,21 @@ def proposals(
     """Every valid neighbour of `plan` as (move, plan), ranked by the profile (see the module docstring);
     without a profile, in a fixed order (layer, then registry order; the search shuffles it). `windows`: each
     layer's sliding window (None: global), from `polykv.models.layer_windows`."""
+    from polykv.routing.rules import rule_capacities
+
     bounds = [window_bound(w) for w in (windows or [None] * plan.num_layers)]
     amounts = sorted({max(1, round(f * budget)) for f in steps})
     method_moves: list[Move] = []
     transfer_moves: list[Move] = []
+    heads = "uniform" if plan.head_allocation == "adakv" else "adakv"
+    whole_plan_moves = [Move("heads", plan.scope.phases[0].value, 0, method=heads)]
     for phase in plan.scope.phases:
+        now = tuple(layer[phase].capacity for layer in plan.layers)
+        # only where every layer holds its whole capacity: then a rule keeps the KV held (`within_bounds`)
+        for rule in RULE_MOVES if all(c <= bound for c, bound in zip(now, bounds)) else ():
+            given = tuple(rule_capacities(rule, sum(now), plan.num_layers, windows=windows))
+            if given != now and min(given) >= min_capacity:
+                whole_plan_moves.append(Move("rule", phase.value, 0, method=rule, capacities=given))
         scores = _profile_scores(profile, phase, statistic) if profile is not None else {}
         current = [layer[phase] for layer in plan.layers]
         for layer, cell in enumerate(current):
@@ -194,7 +224,7 @@ def proposals(
     for moves in (method_moves, transfer_moves):
         order = sorted(range(len(moves)), key=lambda k: (-moves[k].prior, k))  # stable: ties keep list order
         ranked.append([moves[k] for k in order])
-    interleaved = [m for pair in _zip_longest(*ranked) for m in pair if m is not None]
+    interleaved = whole_plan_moves + [m for pair in _zip_longest(*ranked) for m in pair if m is not None]
     out = []
     for move in interleaved:
         try:
@@ -209,4 +239,14 @@ def _zip_longest(a: list, b: list) -> list[tuple]:
     return [(a[i] if i < len(a) else None, b[i] if i < len(b) else None) for i in range(n)]
 
 
-__all__ = ["TRANSFER_STEPS", "Move", "apply", "base_params", "check_space", "fit_params", "proposals", "totals"]
+__all__ = [
+    "RULE_MOVES",
+    "TRANSFER_STEPS",
+    "Move",
+    "apply",
+    "base_params",
+    "check_space",
+    "fit_params",
+    "proposals",
+    "totals",
+]

@@ -30,6 +30,7 @@ class SavedReport(_Data):
 
     FORMAT: ClassVar[str] = ""  # the "format" the report's file says (set by each report)
     WHAT: ClassVar[str] = "report"  # what it is called in a message
+    VERSION: ClassVar[int] = 1  # the newest "version" this PolyKV reads (set by each report)
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude_unset=True)
@@ -37,6 +38,9 @@ class SavedReport(_Data):
     @classmethod
     def from_dict(cls, saved: Any) -> Self:
         """The report saved with `to_dict` (ValueError, one line, when it is not one this version reads)."""
+        version = saved.get("version") if isinstance(saved, dict) else None
+        if isinstance(version, int) and not isinstance(version, bool) and version > cls.VERSION:
+            raise ValueError(f"a {cls.WHAT} of version {version:,}: this PolyKV reads version {cls.VERSION} at most")
         try:
             return cls.model_validate(saved)
         except ValidationError as exc:
@@ -65,13 +69,14 @@ class SavedReport(_Data):
 class MoveRecord(_Data):
     """An accepted move of the search (`polykv.search.moves.Move`) and its words."""
 
-    kind: str  # "method" | "transfer"
+    kind: str  # "method" | "transfer" | "rule" | "heads"
     phase: str
     layer: Count
     method: str | None = None
     donor: Count | None = None
     amount: Count = 0
     prior: float = 0.0
+    capacities: list[Count] = []  # rule moves: the capacities the rule gave the phase
     text: str = ""
 
 

@@ -140,6 +140,7 @@ class SearchReport(SavedReport):
     """The search at every budget on one pair of sequence sets (`polykv.search.text.run.build_report`)."""
 
     FORMAT = FORMAT
+    VERSION = VERSION
     WHAT = "search report"
 
     format: Literal["polykv.search-report"]

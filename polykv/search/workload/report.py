@@ -164,6 +164,7 @@ class WorkloadReport(SavedReport):
     verdicts computed again from the runs (`polykv.search.workload.verdict.rejudge`)."""
 
     FORMAT = FORMAT
+    VERSION = VERSION
     WHAT = "workload report"
 
     format: Literal["polykv.workload-report"]
