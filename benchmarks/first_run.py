@@ -24,6 +24,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from polykv import costs, jobs
+    from polykv.errors import PolyKVError
     from polykv.eval.comparing.compare import compare_runs
     from polykv.eval.launch import first_run
     from polykv.eval.results.store import Store
@@ -33,7 +34,10 @@ def main() -> None:
     from polykv.plan import Plan
 
     name, device, ws = args.model, "cpu", args.workspace
-    plan = Plan.load(args.plan or Path("plans") / name / "mixed.json")
+    try:  # before the model loads or the workspace is made: a missing plan is one line
+        plan = Plan.load(args.plan or Path("plans") / name / "mixed.json")
+    except PolyKVError as exc:
+        parser.exit(2, f"error: {exc}\n")
     model, tokenizer = load_model(name, device=device)
     costs.rates_for(model, name, device)  # measured here if they are not yet
     out: dict = {"model": name, "plan": plan.name, "minutes": args.minutes, "steps": []}

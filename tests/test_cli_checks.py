@@ -179,6 +179,31 @@ def test_a_report_from_a_newer_version_is_refused_in_one_line(module, fmt, tmp_p
     assert not (tmp_path / "x.md").exists()
 
 
+def test_the_first_run_benchmark_refuses_a_missing_plan_in_one_line_and_writes_nothing(tmp_path):
+    args = ["--plan", str(tmp_path / "nosuch.json"), "-w", str(tmp_path / "ws")]
+    result = subprocess.run(
+        [sys.executable, "benchmarks/first_run.py", *args], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert_one_line_error(result, "nosuch.json: no such plan file")
+    assert not (tmp_path / "ws").exists()
+
+
+@pytest.mark.parametrize("damage", ["truncated weights", "tokenizer of NUL bytes"])
+def test_a_model_folder_with_damaged_files_is_one_line_naming_the_folder(damage, polykv, demo_model, tmp_path):
+    from tests.helpers import tiny_model
+
+    folder = tmp_path / "model"
+    tiny_model("llama", num_hidden_layers=5).save_pretrained(folder)  # as many layers as the default plan
+    demo_model[1].save_pretrained(folder)
+    if damage == "truncated weights":
+        weights = folder / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:1000])
+    else:
+        (folder / "tokenizer.json").write_bytes(b"\0" * 4096)
+    result = polykv("generate", "--model", str(folder), "--prompt", "Once", "--max-new-tokens", "2")
+    assert_one_line_error(result, f"{folder}: its weights or tokenizer cannot be read")
+
+
 # A refusal that needs only a file or a model's config.json comes before torch and transformers load (seconds each):
 # an eval with malformed settings took 12 s to say so, a generate on a BERT directory 15 s (both while the suite ran).
 QUICK_REFUSALS = {

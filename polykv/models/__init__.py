@@ -18,12 +18,14 @@ cache alone when the hub cannot be reached, and transformers is kept quiet (see 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from polykv.errors import FileError, PolyKVError, first_line
 from polykv.files import file_lock, read_json
 
 from .gemma3 import GEMMA3_MODEL, check_sha256, gemma3_gguf_path
@@ -300,7 +302,7 @@ def load_tokenizer(name_or_path: str | os.PathLike | None = None):
     from transformers import AutoTokenizer
 
     source = resolve_model_path(name_or_path)
-    with quiet_transformers():
+    with quiet_transformers(), _damaged_files_said(source):
         return AutoTokenizer.from_pretrained(source, local_files_only=_hub_files_only(source))
 
 
@@ -331,9 +333,27 @@ def load_model(
     kwargs = {"attn_implementation": attn_implementation, "local_files_only": local_only}
     if dtype is not None:
         kwargs["dtype"] = dtype
-    with quiet_transformers():
+    with quiet_transformers(), _damaged_files_said(source):
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
         model.to(device)
         model.eval()
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
     return model, tokenizer
+
+
+@contextlib.contextmanager
+def _damaged_files_said(source: str):
+    """A model folder whose weights or tokenizer cannot be read (a truncated `model.safetensors`, a `tokenizer.json`
+    of NUL bytes) is one FileError naming the folder, not the reader's own exception."""
+    try:
+        yield
+    except (PolyKVError, MemoryError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 - safetensors' and tokenizers' readers raise their own types
+        if not Path(source).is_dir():
+            raise
+        conversion = Path(source).resolve().parent == (polykv_home() / "models").resolve()
+        again = "; delete that folder and PolyKV converts the model again" if conversion else ""
+        raise FileError(
+            f"{source}: its weights or tokenizer cannot be read ({type(exc).__name__}: {first_line(exc)}){again}"
+        ) from None
