@@ -111,13 +111,14 @@ def literal(text: str) -> str:
 
 
 def samples_frame(rows: list[dict]):
-    """A task's samples side by side as the page shows them: gold, A, B (with their metrics) and FullKV, each
-    answer on one line (control characters escaped) and shown literally."""
+    """A task's samples side by side as the page shows them: gold, A, B (with their metrics) and FullKV (its answer,
+    its metrics), each answer on one line (control characters escaped) and shown literally."""
     import pandas as pd
 
     from polykv.eval.comparing.answers import metrics_text, one_line
 
     with_full = any(row["FullKV"] is not None for row in rows)
+    full_metrics = any(row.get("FullKV metrics") for row in rows)  # score mode: FullKV's answer_nll, say
     return pd.DataFrame(
         [
             {
@@ -128,6 +129,7 @@ def samples_frame(rows: list[dict]):
                 "B": literal(one_line(row["B"], 400)),
                 "B metrics": metrics_text(row["B metrics"]),
                 **({"FullKV": literal(one_line(row["FullKV"], 400))} if with_full else {}),
+                **({"FullKV metrics": metrics_text(row.get("FullKV metrics") or {})} if full_metrics else {}),
             }
             for row in rows
         ]

@@ -372,7 +372,7 @@ def test_runs_page_launches_a_background_run_and_compare_shows_its_scores(app_en
     at.run()
     assert not at.exception
     labels = [m.label for m in at.metric]
-    assert "A wins / ties / losses" in labels and "95% paired bootstrap CI" in labels
+    assert "A wins / ties / losses" in labels and "Sign-flip test" in labels  # the sample-level test, the headline
     assert len(at.get("plotly_chart")) == 1  # task differences
     at.switch_page("views/experiments.py")
     at.run()

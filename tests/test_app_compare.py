@@ -15,6 +15,7 @@ from polykv.eval.experiments import launch_plans
 from polykv.eval.results.store import Store
 from polykv.eval.running.suite_runner import run_suite
 from polykv.eval.running.unit import Unit
+from polykv.eval.statistics.render import format_p
 from polykv.plan import Plan
 from polykv.plan_edits.painting import paint
 from tests.helpers import TINY_FIDELITY, fake_run, open_app, texts
@@ -85,7 +86,7 @@ def test_compare_starts_on_the_route_and_its_best_baseline_and_colours_by_direct
     log = compare_runs(store, route, tova, "ppl", log=True)
     shown = metric(at, "A - B in log ppl (lower is better)")
     assert "×" in shown.value and shown.proto.delta == log.badge()
-    assert metric(at, "95% paired bootstrap CI").proto.delta.startswith("A / B ×")
+    assert metric(at, "Sign-flip test").value == f"p = {format_p(log.samples.p_value)}"  # the headline's test
     assert bar_colours(at) == [charts.OUTCOME_COLORS[o] for o in log.outcomes()]
     at.toggle(key="compare_log").set_value(False).run()
     assert "×" not in metric(at, "A - B in ppl (lower is better)").value
@@ -178,12 +179,47 @@ def test_a_tasks_samples_open_side_by_side_with_gold_and_fullkvs_answer(app_env)
     assert not at.exception
     (samples,) = at.table
     table = samples.value.reset_index().replace(r"\\(.)", r"\1", regex=True)  # shown literally: markdown escaped
-    assert list(table.columns) == ["sample", "gold", "A", "A metrics", "B", "B metrics", "FullKV"]
+    assert list(table.columns) == ["sample", "gold", "A", "A metrics", "B", "B metrics", "FullKV", "FullKV metrics"]
     assert table["gold"].tolist() == ["8094927", "8530575"]
     assert table["A"].tolist() == [" 8094927.", " 1234567."] and table["B"].tolist() == [" 8094927.", " 8530575."]
     assert table["FullKV"].tolist() == [" 8094927.", " 8530575."]
     at.toggle(key="compare_differing").set_value(True).run()
     assert at.table[0].value.index.tolist() == ["001"]  # only where A and B differ
+
+
+@pytest.mark.parametrize("with_fullkv", [True, False])
+def test_in_score_mode_fullkvs_answer_nll_stands_beside_each_sample_or_the_page_says_how(app_env, with_fullkv):
+    from polykv.eval.comparing.answers import metrics_text
+    from polykv.eval.results.store import SampleRecord
+
+    ws = app_env / "ws"
+    ws.mkdir()
+    store = Store(ws / "results.sqlite")
+    nll = {"tova-run": (2.5, 3.0), "h2o-run": (2.0, 2.75), "full-run": (0.5, 0.25)}
+    for run_id, values in nll.items():
+        if run_id == "full-run" and not with_fullkv:
+            continue
+        plan = Plan.homogeneous(run_id.split("-")[0], None if run_id == "full-run" else 8, 5)
+        store.create_run(
+            run_id, model="demo", plan_name=plan.name, plan_hash="h", plan_json=plan.to_json(), suite="ruler",
+            settings={"tasks": ["niah_single_1"], "mode": "score"}, seed=0, total_samples=2, versions={},
+        )  # fmt: skip
+        for sample, value in zip(("000", "001"), values):
+            record = SampleRecord(None, ["8094927"], {"task": "niah_single_1", "sample": sample})
+            store.add_sample(run_id, "niah_single_1", sample, {"answer_nll": value}, 0.1, record)
+        store.set_task_scores(run_id, {"niah_single_1": {"answer_nll": sum(values) / 2}}, {"niah_single_1": 2})
+        store.set_status(run_id, "finished")
+    at = open_app("compare")
+    at.selectbox(key="compare_a").select("tova-run").run()
+    at.selectbox(key="compare_b").select("h2o-run").run()
+    assert not at.exception
+    table = at.table[0].value
+    hint = [c for c in texts(at.caption) if "add `full` to the baselines on Runs" in c]
+    if with_fullkv:
+        assert [v for v in table["FullKV metrics"]] == [metrics_text({"answer_nll": v}) for v in nll["full-run"]]
+        assert not hint
+    else:
+        assert "FullKV metrics" not in table.columns and hint
 
 
 def test_the_runs_page_warns_when_fullkv_is_at_the_floor_of_a_task(app_env):

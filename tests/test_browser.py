@@ -16,7 +16,7 @@ import pytest
 from playwright.sync_api import expect
 
 from polykv.eval.results.store import Store
-from polykv.plan import Plan
+from polykv.plan import Phase, Plan
 from polykv.plan_edits import choices, painting
 from tests.browser import (
     ARTIFACTS,
@@ -155,15 +155,19 @@ def test_design_save_evaluate_and_compare_a_plan(app, page):
     cells = page.get_by_test_id("stDataFrame").locator("[role=gridcell]")
     expect(cells).to_have_count(22)  # two runs: 7 columns and 4 fidelity metrics each
     texts = cells.all_inner_texts()
+    # the baseline keeps the painted plan's own budget in each phase (37 in prefill, 43 in decode), not one average
     assert [texts[1:6], texts[12:17]] == [
-        ["tova-both-40", "fidelity", "demo", "finished", "2/2"],
+        ["tova-both37/43", "fidelity", "demo", "finished", "2/2"],
         ["browser-plan", "fidelity", "demo", "finished", "2/2"],
     ]  # newest first
     runs = Store(root / "ws" / "results.sqlite").runs()
     assert [(r.plan_name, r.suite, r.status) for r in runs] == [
         ("browser-plan", "fidelity", "finished"),
-        ("tova-both-40", "fidelity", "finished"),
+        ("tova-both37/43", "fidelity", "finished"),
     ]
+    baseline = Plan.from_json(runs[1].plan_json).summary().phases
+    painted = Plan.from_json(runs[0].plan_json).summary().phases
+    assert [round(baseline[p].average_capacity) for p in Phase] == [round(painted[p].average_capacity) for p in Phase]
     assert all(r.done_samples == r.total_samples == 2 for r in runs)
     shoot(page, "runs")
 
@@ -172,8 +176,9 @@ def test_design_save_evaluate_and_compare_a_plan(app, page):
     expect(page.get_by_role("heading", name="Runs", exact=True)).to_be_visible(timeout=WAIT)  # the page's end
     settle(page)
     expect(page.get_by_text("A wins / ties / losses", exact=True)).to_be_visible()
-    expect(page.get_by_text("95% paired bootstrap CI", exact=True)).to_be_visible()
-    expect(page.get_by_text(re.compile(r"^macro-average A - B: [+-]\d"))).to_be_visible()  # the full-precision summary
+    expect(page.get_by_text("Sign-flip test", exact=True)).to_be_visible()  # the headline: the sample-level test
+    expect(page.get_by_text(re.compile(r"^sample level \(headline\): A - B [+-]\d"))).to_be_visible()  # in full
+    expect(page.get_by_text("Interval over tasks")).to_have_count(0)  # with samples, no task interval is offered
     expect(page.get_by_text(re.compile(r"^Starting pair: "))).to_be_visible()  # the route vs its baseline
     charts = page.locator(".js-plotly-plot")
     expect(charts).to_have_count(1)  # per-task differences

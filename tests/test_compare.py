@@ -18,7 +18,8 @@ from polykv.eval.experiments import launch_plans, plan_budget
 from polykv.eval.results.store import Store
 from polykv.eval.statistics.contrast import direction_text
 from polykv.eval.statistics.tasks import paired_bootstrap
-from polykv.plan import Plan
+from polykv.plan import Phase, Plan
+from polykv.plan_edits.painting import paint
 from tests.helpers import fake_run
 
 
@@ -90,6 +91,23 @@ def test_sweep_table_has_one_row_per_budget_with_the_best_baseline_envelope(stor
 def test_placement_summary_ranks_the_guided_route_among_controls():
     summary = placement_summary(0.1, [0.3, 0.2, 0.05, 0.4], "kl")  # lower is better: only 0.05 beats it
     assert (summary.rank, summary.p_value) == (2, pytest.approx(2 / 5))
+
+
+def test_a_baseline_keeps_the_plans_own_budget_in_each_phase():
+    """A plan keeping 200 tokens per layer in prefill and 234 in decode is compared with baselines that keep 200 and 234
+    (issue 56: one average of 217 in both phases mixed a method effect with a budget shift)."""
+    plan = paint(Plan.homogeneous("tova", 200, 4, "both"), [0, 1], "decode", None, 269)
+    labelled = dict((label["series"], p) for label, p in launch_plans(plan, None, ["tova", "snapkv", "cake"]))
+    assert [(lay.prefill.capacity, lay.decode.capacity) for lay in labelled["tova"].layers] == [(200, 234)] * 4
+    assert labelled["tova"].name == "tova-both200/234"
+    assert {lay.prefill.capacity for lay in labelled["snapkv"].layers} == {200}  # a prefill method: the prefill budget
+    cake = labelled["cake"]  # a native split of each phase's own total
+    assert cake.allocation == "native" and {(lay.prefill.capacity, lay.decode.capacity) for lay in cake.layers} == {
+        (200, 234)
+    }
+    swept = dict((label["series"], p) for label, p in launch_plans(plan, [100], ["tova"]))
+    route = swept["route"].summary().phases
+    assert {lay.decode.capacity for lay in swept["tova"].layers} == {round(route[Phase.DECODE].average_capacity)}
 
 
 def test_launch_plans_label_the_route_baselines_budgets_and_placements():

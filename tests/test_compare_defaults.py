@@ -242,3 +242,12 @@ def test_the_badge_names_a_winner_only_when_the_verdict_does(tmp_path):
     fake_run(store, "d", {t: {"kl": 0.5 + 0.01 * i} for i, t in enumerate(("t1", "t2", "t3", "t4", "t5", "t6"))})
     clear = compare_runs(store, "c", "d", "kl")
     assert clear.verdict() == "better" and clear.badge() == "A better"
+
+
+def test_a_task_interval_needs_enough_tasks_and_the_sample_test_heads_the_lines():
+    few = paired({"t1": 1.0, "t2": 2.0}, {"t1": 1.5, "t2": 2.5}, "kl")
+    assert not few.task_interval and "too few for an interval over task means: at least 5" in few.task_line()
+    assert not any("CI" in line for line in few.lines())  # no interval from two task means
+    tasks = {f"t{i}": float(i) for i in range(6)}
+    enough = paired(tasks, {t: v + 0.5 for t, v in tasks.items()}, "kl")
+    assert enough.task_interval and "95% paired bootstrap CI [" in enough.task_line()

@@ -1,18 +1,27 @@
 """Compare: two runs task by task (paired bootstrap, W/T/L, leave-one-task-out), and every run with its
 tags. Budget sweeps and placement controls are on the Experiments page."""
 
+import math
+
 import streamlit as st
 
 from app import charts, common, job_controls, session, state
 from polykv import jobs
 from polykv.errors import StoreError, first_line
 from polykv.eval.comparing import answers as sample_view
-from polykv.eval.comparing.compare import can_log, compare_runs, metrics_of, preferred_metric, suite_score
+from polykv.eval.comparing.compare import (
+    TASKS_FOR_INTERVAL,
+    can_log,
+    compare_runs,
+    metrics_of,
+    preferred_metric,
+    suite_score,
+)
 from polykv.eval.comparing.default_pair import default_pair
 from polykv.eval.comparing.run_table import runs_table
 from polykv.eval.results.store import Store
 from polykv.eval.statistics.contrast import direction
-from polykv.eval.statistics.render import interval_text, ratio_text, signed
+from polykv.eval.statistics.render import detectable, format_p, interval_text, ratio_text
 
 st.title("Compare")
 workspace = session.workspace()
@@ -74,25 +83,49 @@ else:
         if run_a == run_b:
             st.info("A and B are the same run: pick two different runs.")
         verdict = result.badge()  # the test's verdict: a winner only when it is significant
-        difference = signed(result.difference, result.low, result.high)
-        ratios = result.ratio() if log else None  # raw differences are not log-ratios: no ratio to show
+        test = result.samples  # the sample-level test: the headline when the runs share samples
         summary = st.columns([1, 1, 1.2, 1.7, 1])  # the interval needs the room
         summary[0].metric(f"Suite score A ({metric})", f"{suite_score(store, run_a, metric):.4g}")
         summary[1].metric(f"Suite score B ({metric})", f"{suite_score(store, run_b, metric):.4g}")
+        shown = result.difference if test is None else test.difference
         summary[2].metric(
             f"A - B in {result.label} ({better} is better)",
-            f"{difference} ({ratio_text(ratios[0])})" if log else difference,
+            f"{shown:+.4g} ({ratio_text(math.exp(shown))})" if log else f"{shown:+.4g}",
             delta=verdict,
             delta_color=charts.OUTCOME_DELTA_COLORS[verdict],
             delta_arrow="off",
+            help="Over the paired samples the two runs share (the sign-flip test's difference)"
+            if test is not None
+            else "Macro-average over the tasks the two runs share",
         )
-        summary[3].metric(
-            "95% paired bootstrap CI",
-            interval_text(result.low, result.high),
-            delta=f"A / B {ratio_text(ratios[1])} to {ratio_text(ratios[2])}" if log else None,
-            delta_color="gray",
-            delta_arrow="off",
-        )
+        if test is not None:
+            summary[3].metric(
+                "Sign-flip test",
+                f"p = {format_p(test.p_value)}",
+                delta=f"{test.samples} paired samples · {detectable(test.mde, '.3g')} detectable",
+                delta_color="gray",
+                delta_arrow="off",
+                help="The sample-level test the verdict rests on, and the smallest difference it detects with 80% "
+                "power (two-sided 5%)",
+            )
+        elif result.task_interval:
+            ratios = result.ratio() if log else None  # raw differences are not log-ratios: no ratio to show
+            summary[3].metric(
+                "95% paired bootstrap CI",
+                interval_text(result.low, result.high),
+                delta=f"A / B {ratio_text(ratios[1])} to {ratio_text(ratios[2])}" if log else None,
+                delta_color="gray",
+                delta_arrow="off",
+                help="Over the task means",
+            )
+        else:
+            summary[3].metric(
+                "Interval over tasks",
+                "none",
+                delta=f"{len(result.table)} tasks: too few (at least {TASKS_FOR_INTERVAL})",
+                delta_color="gray",
+                delta_arrow="off",
+            )
         summary[4].metric("A wins / ties / losses", f"{result.wins} / {result.ties} / {result.losses}")
         st.caption(" · ".join(result.lines()))
         chart = common.show(
@@ -134,7 +167,15 @@ else:
                 st.info("No sample of this task to show" + (" where A and B differ." if only else "."))
             else:
                 if all(row["A"] is None and row["B"] is None for row in rows):
-                    st.caption("These runs scored the gold answer without generating (mode score): no answers to show.")
+                    st.caption(
+                        "These runs scored the gold answer without generating (mode score): no answers to show."
+                        + (
+                            ""
+                            if any(row.get("FullKV metrics") for row in rows)
+                            else " No FullKV run of these settings yet: add `full` to the baselines on Runs to read "
+                            "FullKV's answer_nll beside each sample."
+                        )
+                    )
                 st.table(common.samples_frame(rows).set_index("sample"))  # HTML: long answers wrap and can be read
 
 show_runs()

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from polykv.methods import REGISTRY, params_that_fit
-from polykv.plan import FULL, Plan, Scope
+from polykv.plan import FULL, Phase, Plan, Scope
 
 
 @dataclass(frozen=True)
@@ -94,14 +94,36 @@ def _scope(value: Scope | str, method: str) -> Scope:
 
 
 def baseline_plan(
-    method: str, budget: int, num_layers: int, overrides: Mapping[str, Scope | str] | None = None
+    method: str,
+    budget: int,
+    num_layers: int,
+    overrides: Mapping[str, Scope | str] | None = None,
+    phase_budgets: Mapping[Phase, int] | None = None,
 ) -> Plan:
     """The method alone in every layer at average capacity `budget`, under its protocol: its phases,
     its allocation (native: the method splits L x budget itself) and its parameters (defaults with
-    windows shrunk to fit, then the protocol's own parameters)."""
+    windows shrunk to fit, then the protocol's own parameters). `phase_budgets`: a phase's own average capacity
+    where the plan compared with keeps different budgets in prefill and decode (like with like, phase by phase)."""
     row = protocol(method, overrides)
-    params = {**params_that_fit(method, budget), **row.params}
-    return Plan.homogeneous(method, budget, num_layers, row.scope, params, allocation=row.allocation)
+    given = {phase: (phase_budgets or {}).get(phase, budget) for phase in row.scope.phases}
+    least = min(given.values())
+    params = {**params_that_fit(method, least), **row.params}
+    plan = Plan.homogeneous(method, budget, num_layers, row.scope, params, allocation=row.allocation)
+    if len(set(given.values())) == 1 and least == budget:
+        return plan
+    cell = lambda phase: {"method": method, "capacity": given[phase], "params": params}  # noqa: E731
+    layers = [{phase.value: cell(phase) for phase in row.scope.phases}] * num_layers
+    budgets = "/".join(str(given[phase]) for phase in row.scope.phases)
+    return Plan.from_dict(
+        plan.to_dict()
+        | {
+            "name": f"{method}-{row.scope.value}{budgets}{'' if row.allocation == 'fixed' else '-' + row.allocation}",
+            "description": f"Homogeneous {method} in every layer, "
+            + ", ".join(f"{phase.value} capacity {given[phase]}" for phase in row.scope.phases)
+            + " (the compared plan's own budget per phase).",
+            "layers": layers,
+        }
+    )
 
 
 def homogeneous_plans(

@@ -62,6 +62,15 @@ def fullkv_predictions(store: Store, run: RunRow) -> dict[tuple[str, str], str |
     return {(row.task, row.sample): row.prediction for row in store.samples(twin)}
 
 
+def fullkv_metrics(store: Store, run: RunRow) -> dict[tuple[str, str], dict[str, float]]:
+    """{(task, sample): FullKV's metrics} from the run's FullKV twin (`fullkv_twin`); {} when there is none or the run
+    is FullKV itself. In score mode (no answer generated) these are what FullKV is read by: its answer_nll."""
+    twin = fullkv_twin(store, run)
+    if twin is None or twin == run.id:
+        return {}
+    return {(row.task, row.sample): row.metrics for row in store.samples(twin)}
+
+
 def fullkv_answer(full: Mapping[tuple[str, str], str | None], row: SampleRow) -> str | None:
     """FullKV's answer to the prompt of `row` (a sample of the run `full` was read for), or None."""
     return full.get((row.task, row.sample))
@@ -218,7 +227,7 @@ def kv_contrast_lines(store: Store, run_a: RunRow, run_b: RunRow) -> list[str]:
 
 def side_by_side(store: Store, run_a: str, run_b: str, task: str, only_differing: bool = False) -> list[dict[str, Any]]:
     """One task's samples of two runs side by side: sample, gold, A's and B's answers and metrics, and FullKV's
-    answer when the store has a FullKV run of A's settings. `only_differing`: the samples whose answers or
+    answer and metrics when the store has a FullKV run of A's settings. `only_differing`: the samples whose answers or
     metrics differ."""
     run = store.run(run_a)
     if run is None:
@@ -234,6 +243,7 @@ def side_by_side(store: Store, run_a: str, run_b: str, task: str, only_differing
     a = {sample_key(row, run.seed, by_prompt): row for row in rows_a}
     b = {sample_key(row, other.seed, by_prompt): row for row in rows_b}
     full = fullkv_predictions(store, run)
+    full_metrics = fullkv_metrics(store, run)
     out = []
     for key in sorted(set(a) & set(b)):
         left, right = a[key], b[key]
@@ -250,6 +260,7 @@ def side_by_side(store: Store, run_a: str, run_b: str, task: str, only_differing
                 "FullKV": fullkv_answer(full, left),
                 "A metrics": left.metrics,
                 "B metrics": right.metrics,
+                "FullKV metrics": full_metrics.get((left.task, left.sample)),
                 "differ": differ,
             }
         )

@@ -201,27 +201,44 @@ class Paired:
         tasks = f"over {len(self.table)} tasks"
         return f"resampling {self.clusters} task clusters {tasks}" if self.clusters else tasks
 
-    def lines(self) -> list[str]:
+    @property
+    def task_interval(self) -> bool:
+        """Do the runs share enough tasks (`TASKS_FOR_INTERVAL`) for a bootstrap interval over task means to mean
+        something? With two tasks it is only the range of their two means."""
+        return len(self.table) >= TASKS_FOR_INTERVAL
+
+    def task_line(self) -> str:
+        """The task level in one line: the macro-average difference, with its bootstrap interval over the task
+        means only when there are enough tasks, else saying why there is none."""
         units = f" ({self.label})" if self.log else ""  # a log comparison says its numbers are log-ratios
-        out = [
-            f"macro-average A - B{units}: {self.difference:+.4f}, "
-            f"95% paired bootstrap CI [{self.low:+.4f}, {self.high:+.4f}] "
-            f"({self.replicates} replicates {self.resampling()})",
-            f"A wins / ties / losses: {self.wins} / {self.ties} / {self.losses}",
-        ]
-        if self.log:
-            ratio, low, high = self.ratio()
-            ends = f"[{ratio_text(low)}, {ratio_text(high)}]"
-            out.insert(1, f"A / B (geometric mean over tasks): {ratio_text(ratio)}, 95% CI {ends}")
-        if self.leave_one_out:
-            out.append(
-                "leave one task out (A - B): " + ", ".join(f"{t} {d:+.4f}" for t, d in self.leave_one_out.items())
-            )
+        head = f"macro-average A - B{units}: {self.difference:+.4f}"
+        tasks = f"{len(self.table)} task{'s' * (len(self.table) != 1)}"
+        if not self.task_interval:
+            return f"{head} over {tasks} (too few for an interval over task means: at least {TASKS_FOR_INTERVAL})"
+        return (
+            f"{head}, 95% paired bootstrap CI [{self.low:+.4f}, {self.high:+.4f}] of the task means "
+            f"({self.replicates} replicates {self.resampling()})"
+        )
+
+    def lines(self) -> list[str]:
+        """The comparison in lines, the sample-level test first (the headline) when the runs share samples."""
+        out = []
         if self.samples is not None:
             test = self.samples
             out.append(
-                f"sample level: A - B {test.difference:+.4f}, 95% CI [{test.low:+.4f}, {test.high:+.4f}] "
-                f"(the shifts the sign-flip test does not reject); {test.describe()}"
+                f"sample level (headline): A - B {test.difference:+.4f} ({self.label}), 95% CI [{test.low:+.4f}, "
+                f"{test.high:+.4f}] (the shifts the sign-flip test does not reject); {test.describe()}; "
+                f"{detectable(test.mde, '.4g')} detectable with 80% power"
+            )
+        out.append(self.task_line())
+        out.append(f"A wins / ties / losses: {self.wins} / {self.ties} / {self.losses} (tasks)")
+        if self.log:
+            ratio, low, high = self.ratio()
+            ends = f", 95% CI [{ratio_text(low)}, {ratio_text(high)}]" if self.task_interval else ""
+            out.insert(len(out) - 1, f"A / B (geometric mean over tasks): {ratio_text(ratio)}{ends}")
+        if self.leave_one_out:
+            out.append(
+                "leave one task out (A - B): " + ", ".join(f"{t} {d:+.4f}" for t, d in self.leave_one_out.items())
             )
         mdes = [f"{_detectable(self.task_mde)} over tasks"]
         if self.samples is not None:
@@ -230,6 +247,10 @@ class Paired:
         verdict = self.verdict_text()
         out.append(f"verdict: A {verdict}" if verdict.startswith(("better", "worse")) else f"verdict: {verdict}")
         return out
+
+
+# A bootstrap interval over task means is shown from this many shared tasks on (two tasks: the range of two means).
+TASKS_FOR_INTERVAL = 5
 
 
 def _detectable(mde: float) -> str:
