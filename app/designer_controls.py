@@ -22,8 +22,13 @@ PLAN_MESSAGES = "plan"  # the message slot under the paint controls (paint, undo
 
 
 def plans_dir() -> Path:
-    """Where the designer saves and loads plans (`$POLYKV_PLANS`, default the repo's `plans/`)."""
-    return Path(os.environ.get("POLYKV_PLANS", REPO / "plans"))
+    """Where the designer saves and loads plans: `$POLYKV_PLANS`; else the workspace's `plans/` when
+    `$POLYKV_WORKSPACE` names one (a user's plans stay with their runs, out of the repository); else the repo's."""
+    if os.environ.get("POLYKV_PLANS"):
+        return Path(os.environ["POLYKV_PLANS"])
+    if os.environ.get("POLYKV_WORKSPACE"):
+        return Path(os.environ["POLYKV_WORKSPACE"]) / "plans"
+    return REPO / "plans"
 
 
 def model_plans_dir(model: str) -> Path:

@@ -913,3 +913,13 @@ def test_an_empty_object_however_written_names_nothing():
         assert settings_missing(text, "ruler").startswith("The suite settings name nothing")
     assert settings_missing("", "ruler").startswith("The suite settings are empty")
     assert settings_missing('{"tasks": ["vt"]}', "ruler") is None and settings_missing("{oops", "ruler") is None
+
+
+def test_the_designer_saves_plans_in_the_workspace_when_one_is_set(monkeypatch, tmp_path):
+    from app import designer_controls
+
+    monkeypatch.delenv("POLYKV_PLANS", raising=False)
+    monkeypatch.setenv("POLYKV_WORKSPACE", str(tmp_path / "ws"))
+    assert designer_controls.plans_dir() == tmp_path / "ws" / "plans"
+    monkeypatch.setenv("POLYKV_PLANS", str(tmp_path / "mine"))
+    assert designer_controls.plans_dir() == tmp_path / "mine"

@@ -339,3 +339,9 @@ def test_the_profiles_fullkv_reference_is_the_vanilla_models_nll(family):
     targets = torch.tensor(sequences)[:, -8:]
     vanilla = -torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1).sum(-1)
     assert result.reference_nll == pytest.approx(vanilla.tolist(), rel=1e-4)
+
+
+def test_cli_heterogeneity_of_one_input_prints_no_interval(polykv):
+    result = polykv("heterogeneity", "--inputs", "1", "--max-tokens", "64")
+    assert result.returncode == 0, result.stderr
+    assert "1 input of 64 tokens (one measurement per layer: no interval):" in result.stdout

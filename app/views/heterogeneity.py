@@ -52,7 +52,11 @@ except (ValueError, OSError) as exc:
     st.error(f"Could not measure: {first_line(exc)}")
     st.stop()
 
-st.caption(f"{int(inputs)} inputs of {length} tokens; median over inputs with a bootstrap 95% interval.")
+st.caption(
+    f"{int(inputs)} inputs of {length} tokens; median over inputs with a bootstrap 95% interval."
+    if int(inputs) > 1
+    else f"1 input of {length} tokens: one measurement per layer, no interval (a bootstrap interval needs 2 inputs)."
+)
 common.show(charts.support_figure(frame, coverage, session.layer_windows()), "support")
 st.caption(f"Density map: input {index}.")
 common.show(charts.density_figure(density), "density")

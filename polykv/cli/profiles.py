@@ -166,8 +166,9 @@ def heterogeneity(
             progress=bars.sample,
         )
     typer.echo(
-        f"{int(coverage * 100)}% attention support per layer, {inputs} inputs of {corpus.sequence_length} tokens "
-        f"(median and bootstrap 95% interval):"
+        f"{int(coverage * 100)}% attention support per layer, {inputs} input{'s' * (inputs != 1)} of "
+        f"{corpus.sequence_length} tokens "
+        + ("(median and bootstrap 95% interval):" if inputs > 1 else "(one measurement per layer: no interval):")
     )
     typer.echo(result.to_frame("layers").round(2).to_string(index=False))
 

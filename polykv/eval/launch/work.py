@@ -173,7 +173,7 @@ def heterogeneity_work(sources: Sequence[str], inputs: int, tokens: int) -> Work
         "heterogeneity",
         (Forward(inputs, tokens, routed=False), Forward(inputs, 1, tokens, routed=False)),
         kv_tokens=tokens,
-        what=f"{inputs} inputs of {tokens:,} tokens",
+        what=f"{inputs} input{'s' * (inputs != 1)} of {tokens:,} tokens",
     )
     return dataclasses.replace(work + corpus_work(sources, inputs, tokens), kind="heterogeneity")
 
