@@ -116,8 +116,10 @@ def model_error() -> str | None:
 
 
 def devices() -> list[str]:
-    """The devices a model can be loaded on here: the CPU, and CUDA when there is one."""
-    return ["cpu"] + (["cuda"] if cuda_available() else [])
+    """The devices a model can be loaded on here: the CPU and, when there are GPUs, `cuda` (the current one) and
+    each of them by index (`cuda:0`, `cuda:1`, ...: a second GPU for a second job)."""
+    count = cuda_count()
+    return ["cpu"] + (["cuda", *(f"cuda:{i}" for i in range(count))] if count else [])
 
 
 def current_model():
@@ -252,7 +254,7 @@ def remember_model(name: str, device: str) -> None:
         st.session_state[state.DRAFT_PROBLEM] = f"The session is not saved: {first_line(exc)}"
 
 
-def cuda_available() -> bool:
+def cuda_count() -> int:
     import torch
 
-    return torch.cuda.is_available()
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0

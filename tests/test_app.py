@@ -664,12 +664,16 @@ def test_no_chart_breaks_on_a_method_without_a_colour_and_no_file_spells_a_metho
 
 
 def test_the_runs_table_averages_each_metric_over_the_tasks_that_report_it(tmp_path):
-    from polykv.eval.comparing.run_table import runs_table
+    from polykv.eval.comparing.run_table import empty_runs, runs_table
 
     store = Store(tmp_path / "results.sqlite")
     fake_run(store, "r1", {"prose": {"kl": 0.2, "top1": 0.5}, "stories": {"kl": 0.4}})
     fake_run(store, "r2", {"prose": {"kl": 0.1}}, status="running")
+    fake_run(store, "r3", {"prose": {}}, status="cancelled", samples=False)  # cancelled before its first sample
+    fake_run(store, "r4", {"prose": {"kl": 0.3}}, status="cancelled")  # cancelled with a sample: still listed
     rows = runs_table(store).to_dict("records")
+    assert empty_runs(store) == 1 and [r["run"] for r in rows] == ["r4", "r2", "r1"]
+    rows = rows[1:]
     assert [r["run"] for r in rows] == ["r2", "r1"]  # newest first
     assert rows[1]["kl"] == macro_average({"prose": 0.2, "stories": 0.4}) and rows[1]["top1"] == 0.5
     assert (rows[1]["samples"], rows[1]["status"], rows[0]["status"]) == ("2/2", "finished", "running")
@@ -923,3 +927,15 @@ def test_the_designer_saves_plans_in_the_workspace_when_one_is_set(monkeypatch, 
     assert designer_controls.plans_dir() == tmp_path / "ws" / "plans"
     monkeypatch.setenv("POLYKV_PLANS", str(tmp_path / "mine"))
     assert designer_controls.plans_dir() == tmp_path / "mine"
+
+
+def test_the_sidebar_offers_each_gpu_by_index(monkeypatch):
+    import torch
+
+    from app import session
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert session.devices() == ["cpu", "cuda", "cuda:0", "cuda:1"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert session.devices() == ["cpu"]

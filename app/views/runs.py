@@ -7,7 +7,7 @@ from app import common, designer_controls, job_controls, job_forms, plan_draft, 
 from polykv import jobs
 from polykv.errors import PolyKVError, StoreError, first_line
 from polykv.eval.comparing import answers as sample_view
-from polykv.eval.comparing.run_table import runs_table
+from polykv.eval.comparing.run_table import empty_runs, runs_table
 from polykv.eval.experiments import baseline_methods, plan_budget
 from polykv.eval.launch import first_run
 from polykv.eval.results.store import Store
@@ -176,7 +176,11 @@ except StoreError as exc:
     st.stop()
 if len(rows):
     st.dataframe(rows, hide_index=True, width="stretch")
-    st.caption("Scores are macro-averages over tasks; compare runs task by task on the Compare page.")
+    empty = empty_runs(store)
+    st.caption(
+        "Scores are macro-averages over tasks; compare runs task by task on the Compare page."
+        + (f" Not listed: {empty} run{'s' * (empty != 1)} cancelled before a sample." if empty else "")
+    )
     with st.expander("A run's answers, beside the gold answer and FullKV's"):
         names = {r.id: f"{r.id} · {r.plan_name} · {r.suite}" for r in store.runs()}
         cols = st.columns([3, 2])

@@ -24,12 +24,24 @@ def job_labels(jobs: Sequence[Any]) -> dict[str, tuple[Any, Mapping[str, Any]]]:
     return found
 
 
+def _empty(run) -> bool:
+    return run.status == "cancelled" and run.done_samples == 0
+
+
+def empty_runs(store: Store) -> int:
+    """How many runs were cancelled before their first sample (left out of `runs_table`)."""
+    return sum(_empty(run) for run in store.runs())
+
+
 def runs_table(store: Store, jobs: Sequence[Any] = ()) -> pd.DataFrame:
-    """Every run of `store`, newest first: `COLUMNS`, then one column per metric (the macro-average over the
-    run's tasks that report it; empty where none does). `jobs`: the eval jobs, newest first, for the tags."""
+    """Every run of `store` but those cancelled before their first sample (nothing to read or compare; `empty_runs`
+    counts them), newest first: `COLUMNS`, then one column per metric (the macro-average over the run's tasks that
+    report it; empty where none does). `jobs`: the eval jobs, newest first, for the tags."""
     labels = job_labels(jobs)
     rows = []
     for run in reversed(store.runs()):
+        if _empty(run):
+            continue
         job, label = labels.get(run.id, (None, {}))
         budget = label.get("budget")
         row: dict[str, Any] = {
