@@ -38,8 +38,21 @@ def default_settings(suite: str, model_name: str) -> str:
     from polykv.eval.running.defaults import suite_defaults
 
     if suite == "ruler":
-        return json.dumps(_fitting_ruler(model_name, current_model()[1]))
-    return json.dumps(suite_defaults(suite, model_name, small=is_demo(model_name)))
+        return json.dumps(_with_question(_fitting_ruler(model_name, current_model()[1])))
+    return json.dumps(_with_question(suite_defaults(suite, model_name, small=is_demo(model_name))))
+
+
+def _with_question(settings: dict) -> dict:
+    """A question suite's settings with its question protocol written out after its mode (the default, in-prompt,
+    is left out of stored settings; the box shows it, so the choice is seen)."""
+    if "mode" not in settings or "question" in settings:
+        return settings
+    out = {}
+    for key, value in settings.items():
+        out[key] = value
+        if key == "mode":
+            out["question"] = "in-prompt"
+    return out
 
 
 def settings_missing(text: str, suite: str) -> str | None:

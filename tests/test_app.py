@@ -696,7 +696,8 @@ def test_run_settings_and_profile_forms_start_small_on_the_demo_model():
     assert other == {**SUITES["fidelity"].Settings().to_dict(), "tasks": list(default_tasks("org/model"))}
     ruler = json.loads(job_forms.default_settings("ruler", "demo"))  # fitted to the demo's 512-token context, on CPU
     expected = {**SUITES["ruler"].Settings().to_dict(), "length": 512, "tasks": ruler["tasks"], "samples_per_task": 1}
-    assert ruler == expected and set(ruler["tasks"]) <= set(FIRST_RUN_TASKS)
+    assert ruler == expected | {"question": "in-prompt"} and set(ruler["tasks"]) <= set(FIRST_RUN_TASKS)
+    assert list(ruler)[list(ruler).index("mode") + 1] == "question"  # the protocol is written out, after the mode
     assert job_forms.profile_defaults("demo") == {"sequences": 4, "max_tokens": 512}
     assert job_forms.profile_defaults("org/model") == {"sequences": 20, "max_tokens": 2048}
     choices = common.source_choices("demo")
