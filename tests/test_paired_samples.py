@@ -53,8 +53,13 @@ def test_the_minimal_detectable_difference_is_the_power_formula_on_the_observed_
     se = math.sqrt(sum(float(np.var(d, ddof=1)) / n for d in diffs.values())) / tasks
     df = tasks * (n - 1)
     assert ps.macro_standard_error(diffs) == pytest.approx(se)
-    direct = (stats.t.ppf(0.975, df) + stats.t.ppf(0.8, df)) * se
-    assert ps.sample_mde(diffs) == pytest.approx(direct)
+    # the test's rejection bound from its own null spread S, which grows with the shift: solved by hand
+    weights, values = 1.0 / (tasks * n), np.concatenate(list(diffs.values()))
+    spread = math.sqrt(float(np.sum(weights**2 * (values - ps.macro_difference(diffs)) ** 2)))
+    a, b, v = stats.norm.ppf(0.975), stats.t.ppf(0.8, df), tasks * n * weights**2
+    direct = ps.sample_mde(diffs)
+    assert direct == pytest.approx(a * math.sqrt(spread**2 + v * direct**2) + b * se)
+    assert direct == pytest.approx((a + b) * se, rel=0.03)  # equal tasks: S is about SE, the usual (t + t) x SE
     assert direct == pytest.approx(2.80 * sd / math.sqrt(tasks * n), rel=0.08)  # the textbook 2.8 sigma / sqrt(N)
     # over tasks: T - 1 degrees of freedom
     task_diffs = [0.1, -0.3, 0.5, 0.2, 0.0]
@@ -80,6 +85,26 @@ def test_a_true_difference_of_one_mde_is_detected_about_80_percent_of_the_time()
         for r in range(300)
     )
     assert false / 300 <= 0.09
+
+
+def test_where_the_tasks_differ_the_mde_is_what_the_sign_flip_test_detects_80_percent_of_the_time():
+    """One task strongly one way, two the other (as fwe against the needle tasks): the flips count that spread as
+    noise. The MDE with tasks fixed alone ((t + t) x SE, 0.13 here) would be detected almost never; the MDE of the
+    test, about 80% of the time."""
+    tasks, n, sd, offsets = 3, 40, 0.5, np.array([-2.0, 1.0, 1.0])
+    rng = np.random.default_rng(7)
+    pilot = {f"t{i}": rng.normal(offsets[i], sd, n) for i in range(tasks)}
+    mde = ps.sample_mde(pilot)
+    stratified = (stats.t.ppf(0.975, tasks * (n - 1)) + stats.t.ppf(0.8, tasks * (n - 1))) * ps.macro_standard_error(
+        pilot
+    )
+    assert mde > 2 * stratified
+    hits = {"mde": 0, "stratified": 0}
+    for r in range(200):
+        noise = [rng.normal(offsets[i], sd, n) for i in range(tasks)]
+        for name, shift in (("mde", mde), ("stratified", stratified)):
+            hits[name] += ps.sign_flip_p({f"t{i}": noise[i] + shift for i in range(tasks)}, 1000, seed=r) < 0.05
+    assert 0.68 <= hits["mde"] / 200 <= 0.9 and hits["stratified"] / 200 < 0.2
 
 
 def test_with_few_samples_differing_the_p_value_is_exact():

@@ -24,7 +24,10 @@ mean paired difference (every task weighs the same, whatever its sample count).
   minimal_detectable_difference
                       (t_{df}(1 - alpha/2) + t_{df}(power)) x SE: the smallest true difference a two-sided
                       level-alpha test detects with probability `power` (normal approximation with a t
-                      quantile; df = sum_t (n_t - 1) for samples, T - 1 for tasks)
+                      quantile; df = T - 1 for tasks)
+  sample_mde          the same for the sign-flip test over samples (df = sum_t (n_t - 1)), its rejection bound
+                      from the test's own null spread: larger than (t + t) x SE where the tasks' mean
+                      differences vary, since the flips count that variation as noise
   samples_for         the samples per task that bring the minimal detectable difference down to a target
   sample_test         all of the above for two runs' per-sample scores
 
@@ -232,8 +235,31 @@ def minimal_detectable_difference(
 
 
 def sample_mde(diffs: Mapping[str, np.ndarray], alpha: float = ALPHA, power: float = POWER) -> float:
+    """The smallest shift delta of every paired difference that the sign-flip test at level `alpha` detects with
+    probability `power`: delta = z(1 - alpha/2) x sqrt(S^2 + delta^2 V) + t(power) x SE.
+
+    SE is the macro difference's sampling error with the tasks fixed (`macro_standard_error`). The test's rejection
+    bound comes from its own null distribution, the flipped statistic, whose spread is S (each difference around the
+    macro difference, weighted as the statistic weighs it: S^2 = sum w_i^2 (d_i - M)^2, w_i = 1 / (T n_t)) and grows
+    with the shift itself (V = sum w_i^2). Where every task's mean difference is alike S is about SE and this is the
+    usual (t + t) x SE; where they vary (one task strongly the other way) the flips take that variation for noise and
+    the test detects less, which S says (tests/test_paired_samples.py checks the power by simulation, both ways)."""
     df = sum(len(d) - 1 for d in diffs.values())
-    return minimal_detectable_difference(macro_standard_error(diffs), df, alpha, power)
+    se = macro_standard_error(diffs)
+    if not df >= 1 or not math.isfinite(se):
+        return math.nan
+    from scipy.stats import norm, t
+
+    values, weights = _weights(diffs)
+    spread = math.sqrt(float(np.sum(weights**2 * (values - macro_difference(diffs)) ** 2)))
+    v = float(np.sum(weights**2))
+    # the bound: a quantile of the flips' own (near normal) distribution; the push: the statistic's sampling error
+    bound, push = float(norm.ppf(1.0 - alpha / 2.0)), float(t.ppf(power, df))
+    shrink = 1.0 - bound**2 * v  # the flips' spread grows with the shift: with so few samples no shift is enough
+    if shrink <= 0:
+        return math.nan
+    c = push * se  # (delta - c)^2 = bound^2 (S^2 + v delta^2), the root above c
+    return (c + math.sqrt(bound**2 * v * c**2 + shrink * bound**2 * spread**2)) / shrink
 
 
 def task_mde(task_differences: Sequence[float], alpha: float = ALPHA, power: float = POWER) -> float:
