@@ -130,6 +130,18 @@ def decode_logits(model, ids: torch.Tensor, steps: int, cache_name: str, cache=N
     return logits, cache
 
 
+def assert_batched_as_alone(model, plans, question) -> None:
+    """Every plan's answer from one many-plans batch is its answer alone: the same greedy tokens and measured KV, the
+    NLL within float rounding."""
+    from polykv.eval.suites import answers
+
+    batched = answers.answer_many(model, plans, question, "both")
+    for plan, answer in zip(plans, batched):
+        alone = answers.answer_alone(model, plan, question, "both")
+        assert answer.tokens == alone.tokens and answer.kv_held == alone.kv_held, plan.name
+        assert abs(answer.nll - alone.nll) <= 1e-5, plan.name
+
+
 def evict_positions(layer, positions: torch.Tensor) -> None:
     """Drop the routed `layer`'s slots holding these true positions (the same set for every row and head): a manual
     eviction for exactness tests (methods evict through their step)."""

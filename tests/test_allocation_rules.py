@@ -20,7 +20,7 @@ from polykv.plan_edits.painting import paint
 from polykv.profile.squeeze import attention_similarity
 from polykv.routing.rules import apply_rule, rule_capacities, rule_params, three_groups
 from polykv.runtime import routed
-from tests.helpers import assert_one_line_error, decode_logits, tiny_model
+from tests.helpers import assert_batched_as_alone, assert_one_line_error, decode_logits, tiny_model
 from tests.test_answers import question_for, vanilla_nll
 
 PROMPT = 80
@@ -129,11 +129,7 @@ def test_cakes_rule_batched_gives_what_it_gives_alone(start):
         Plan.homogeneous(m, 20, 4, scope, allocation="cake").model_copy(update={"allocation_params": {"window": 8}})
         for m, scope in (("tova", "prefill"), ("h2o", "both"), ("keydiff", "prefill"), ("streamingllm", "both"))
     ]
-    batched = answers.answer_many(model, plans, question, "both")
-    for plan, answer in zip(plans, batched):
-        alone = answers.answer_alone(model, plan, question, "both")
-        assert answer.tokens == alone.tokens and answer.kv_held == alone.kv_held, plan.name
-        assert answer.nll == pytest.approx(alone.nll, abs=1e-5)
+    assert_batched_as_alone(model, plans, question)
 
 
 def test_cakes_rule_gives_no_local_layer_more_than_its_window_holds():

@@ -19,7 +19,7 @@ from polykv.methods.head_budgets import adakv_keep
 from polykv.models import cache_argument_name
 from polykv.plan import Plan, PlanError
 from polykv.runtime import routed
-from tests.helpers import assert_one_line_error, decode_logits, tiny_model
+from tests.helpers import assert_batched_as_alone, assert_one_line_error, decode_logits, tiny_model
 from tests.test_answers import question_for, vanilla_nll
 
 PROMPT = 60
@@ -156,11 +156,7 @@ def test_batched_gives_what_it_gives_alone(start):
     question = dataclasses.replace(question_for(model, PROMPT, 6), question_start=start)
     plans = [adakv(m) for m in ("tova", "snapkv", "knorm", "keydiff", "random")]
     plans.append(adakv("h2o", allocation="cake", allocation_params={"window": 8}))  # under a layer rule too
-    batched = answers.answer_many(model, plans, question, "both")
-    for plan, answer in zip(plans, batched):
-        alone = answers.answer_alone(model, plan, question, "both")
-        assert answer.tokens == alone.tokens and answer.kv_held == alone.kv_held, plan.name
-        assert answer.nll == pytest.approx(alone.nll, abs=1e-5)
+    assert_batched_as_alone(model, plans, question)
 
 
 def test_under_a_layer_rule_each_layer_splits_the_capacity_the_rule_gave_it():
