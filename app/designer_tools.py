@@ -58,7 +58,7 @@ def split_by_rule(plan) -> None:
         horizontal=True,
         key=state.SPLIT_HEADS,
         help="uniform: every KV head keeps the layer's capacity. adakv (Ada-KV): the layer keeps its capacity x heads "
-        "best scores across its heads at the prefill cut, each head at least 0.2 of the capacity (prefill scope).",
+        "best scores across its heads at each cut (the prompt, every decode step), each head at least 0.2 of capacity.",
     )
     if heads != plan.head_allocation and st.button("Apply to the KV heads", key=state.SPLIT_HEADS_APPLY):
         controls.attempt(lambda: whole_plan.with_head_rule(plan, heads), f"KV heads: {heads}.")

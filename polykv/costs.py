@@ -186,10 +186,15 @@ def _read_all(path: Path, warn: bool = False) -> dict[str, dict]:
     return data if isinstance(data, dict) else {}
 
 
+_WARNED: set[str] = set()  # a damaged rates file is said once per process, however often its rates are read
+
+
 def _warn(line: str) -> None:
     import sys
 
-    print(line, file=sys.stderr)
+    if line not in _WARNED:
+        _WARNED.add(line)
+        print(line, file=sys.stderr)
 
 
 def stored_rates(model: str, device: str) -> Rates | None:

@@ -836,22 +836,27 @@ def test_a_rule_over_the_selected_layers_splits_their_budget_and_leaves_the_othe
     assert any("select all layers" in e for e in texts(at.error))
 
 
-def test_ada_kv_head_budgets_are_one_click_where_the_plan_evicts_only_at_the_prefill(app_env):
+def test_ada_kv_head_budgets_are_one_click_and_refused_in_one_line_where_a_method_merges(app_env):
     at = open_app()
     at.radio(key="split_heads").set_value("adakv")
     at.run()
     button(at, "Apply to the KV heads").click()
     at.run()
-    if current_plan(at).scope.value != "prefill":  # a plan that evicts in decode: refused with its reason
-        assert any("has no decode rule yet" in e for e in texts(at.error))
-        assert current_plan(at).head_allocation == "uniform"
-        paint_selection(at, list(range(5)), "decode", "full")
-        at.radio(key="split_heads").set_value("adakv")
-        at.run()
-        button(at, "Apply to the KV heads").click()
-        at.run()
-    assert current_plan(at).head_allocation == "adakv" and not at.error
+    assert current_plan(at).head_allocation == "adakv" and not at.error  # the mixed plan: every decode method ranks
     assert any("heads adakv" in t for t in texts(at.text))  # the summary says so
+    at.radio(key="split_heads").set_value("uniform")
+    at.run()
+    button(at, "Apply to the KV heads").click()
+    at.run()
+    at.radio(key="designer_phase").set_value("decode").run()  # cam runs in decode only: offered once that is chosen
+    paint_selection(at, [0], "decode", "cam")  # a merging method has no scores to split over the heads
+    assert current_plan(at).layers[0].decode.method == "cam"
+    at.radio(key="split_heads").set_value("adakv")
+    at.run()
+    button(at, "Apply to the KV heads").click()
+    at.run()
+    assert any("cannot split a merging method's decode eviction" in e for e in texts(at.error))
+    assert current_plan(at).head_allocation == "uniform"
 
 
 def test_the_designer_exports_a_one_method_prefill_plan_to_kvpress_and_says_why_not_for_others(app_env):

@@ -437,7 +437,7 @@ def test_the_allocation_picker_draws_a_rules_capacities_before_applying_them(app
     summary = page.get_by_test_id("stText").first.inner_text()
     assert "prefill total capacity B=200, average b=40" in summary and summary != before
     shoot(page, "designer-split-by-rule")
-    # the head rule beside it: this plan evicts in decode, where Ada-KV's split has no rule, and the picker says so
+    # the head rule beside it: Ada-KV's split of each layer's budget over its KV heads, applied in one click
     if not page.get_by_text("KV heads").is_visible():
         page.get_by_role("button", name="Split by a rule").click()
     page.get_by_text("adakv", exact=True).click()
@@ -445,7 +445,9 @@ def test_the_allocation_picker_draws_a_rules_capacities_before_applying_them(app
     if not page.get_by_role("button", name="Apply to the KV heads").is_visible():
         page.get_by_role("button", name="Split by a rule").click()
     page.get_by_role("button", name="Apply to the KV heads").click()
-    expect(page.get_by_text("has no decode rule yet").first).to_be_visible(timeout=WAIT)
+    expect(page.get_by_text("KV heads: adakv.")).to_be_visible(timeout=WAIT)
+    settle(page)
+    assert "heads adakv" in page.get_by_test_id("stText").first.inner_text()
 
 
 def test_enter_in_a_number_field_launches_nothing_on_profiles_and_heterogeneity(app, page):

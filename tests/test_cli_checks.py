@@ -237,3 +237,12 @@ def test_a_refusal_from_a_file_or_a_config_loads_neither_torch_nor_transformers(
     )
     assert_one_line_error(result, expected)
     assert result.stdout.strip().splitlines()[-1] == "loaded:", result.stdout
+
+
+def test_a_load_that_fails_for_another_reason_is_not_called_damaged_files(tmp_path):
+    from polykv.models import _damaged_files_said
+
+    (tmp_path / "config.json").write_text("{}")  # every file of the folder reads
+    with pytest.raises(RuntimeError, match="out of memory"):
+        with _damaged_files_said(str(tmp_path)):
+            raise RuntimeError("CUDA out of memory")

@@ -4,13 +4,14 @@ direction, log-perplexity comparisons, interval printing and the runs table with
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 
 from app import charts
-from polykv.eval.comparing.compare import can_log, compare_runs, paired, preferred_metric
+from polykv.eval.comparing.compare import TASKS_FOR_INTERVAL, can_log, compare_runs, paired, preferred_metric
 from polykv.eval.comparing.default_pair import default_pair
 from polykv.eval.comparing.run_table import runs_table
 from polykv.eval.results.store import Store
@@ -139,6 +140,7 @@ def test_per_task_bars_are_coloured_by_the_better_run_for_the_metrics_direction(
         "B better": "red",
         "tie": "gray",
         "no significant difference": "gray",
+        "not tested": "gray",  # no shared samples and too few tasks: no verdict, no colour
     }
 
 
@@ -245,9 +247,13 @@ def test_the_badge_names_a_winner_only_when_the_verdict_does(tmp_path):
 
 
 def test_a_task_interval_needs_enough_tasks_and_the_sample_test_heads_the_lines():
-    few = paired({"t1": 1.0, "t2": 2.0}, {"t1": 1.5, "t2": 2.5}, "kl")
+    few = replace(paired({"t1": 1.0, "t2": 2.0}, {"t1": 1.5, "t2": 2.5}, "kl"), interval_tasks=TASKS_FOR_INTERVAL)
     assert not few.task_interval and "too few for an interval over task means: at least 5" in few.task_line()
     assert not any("CI" in line for line in few.lines())  # no interval from two task means
+    assert few.badge() == "not tested" and few.verdict_text().startswith("not tested: the runs share no samples")
+    apart = replace(paired({"t1": 0.9, "t2": 0.8}, {"t1": 0.5, "t2": 0.4}, "score"), interval_tasks=TASKS_FOR_INTERVAL)
+    assert apart.badge() == "not tested" and "detects 0" not in apart.verdict_text()
     tasks = {f"t{i}": float(i) for i in range(6)}
-    enough = paired(tasks, {t: v + 0.5 for t, v in tasks.items()}, "kl")
+    enough = replace(paired(tasks, {t: v + 0.5 for t, v in tasks.items()}, "kl"), interval_tasks=TASKS_FOR_INTERVAL)
+    assert paired({"t1": 1.0}, {"t1": 2.0}, "kl").task_interval  # the paper's protocol (experiments): any count
     assert enough.task_interval and "95% paired bootstrap CI [" in enough.task_line()

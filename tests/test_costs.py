@@ -211,6 +211,8 @@ def test_rates_that_are_not_a_measurement_are_measured_again_with_one_warning(tm
     assert rates is None  # the launch measures again and `save_rates` rewrites the entry
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "measuring again" in err and "\x1b" not in err
+    costs.stored_rates("m", "cpu")  # read again, as a launch does (its estimate, then its measurement)
+    assert capsys.readouterr().err == ""  # said once
     costs.save_rates(_rates())
     assert costs.stored_rates("m", "cpu") == _rates()
 

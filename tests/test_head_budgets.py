@@ -39,8 +39,10 @@ SCORERS = {
 }
 
 
-def adakv(method: str, capacity: int = 20, layers: int = 4, alpha: float | None = None, **changes) -> Plan:
-    plan = Plan.homogeneous(method, capacity, layers, "prefill", SCORERS.get(method, {}))
+def adakv(
+    method: str, capacity: int = 20, layers: int = 4, alpha: float | None = None, scope: str = "prefill", **changes
+) -> Plan:
+    plan = Plan.homogeneous(method, capacity, layers, scope, SCORERS.get(method, {}))
     params = {} if alpha is None else {"alpha_safeguard": alpha}
     return plan.model_copy(update={"head_allocation": "adakv", "head_allocation_params": params, **changes})
 
@@ -50,6 +52,14 @@ def prefilled(model, plan, ids=None, steps: int = 0):
     with routed(model, plan) as session:
         logits, _ = decode_logits(model, ids, steps, cache_argument_name(model))
     return session.cache, logits
+
+
+def _scramble(cache) -> None:
+    """The padding slots' keys and values (dropped tokens) become large noise."""
+    for layer in cache.layers:
+        room = (layer.positions < 0)[..., None]
+        layer.keys.masked_scatter_(room, torch.randn(int(room.sum()) * layer.keys.shape[-1]) * 50)
+        layer.values.masked_scatter_(room, torch.randn(int(room.sum()) * layer.values.shape[-1]) * 50)
 
 
 def tokens_per_head(layer) -> list[int]:
@@ -122,15 +132,37 @@ def test_padding_is_never_seen():
     plan = adakv("keydiff", alpha=0.0)
     _, clean = prefilled(model, plan, ids, steps=4)
 
-    def scramble(cache):  # the padding slots' keys and values (dropped tokens) become large noise
-        for layer in cache.layers:
-            room = (layer.positions < 0)[..., None]
-            layer.keys.masked_scatter_(room, torch.randn(int(room.sum()) * layer.keys.shape[-1]) * 50)
-            layer.values.masked_scatter_(room, torch.randn(int(room.sum()) * layer.values.shape[-1]) * 50)
-
     assert any(bool((layer.positions < 0).any()) for layer in prefilled(model, plan, ids)[0].layers)
     with routed(model, plan):
-        noisy, _ = decode_logits(model, ids, 4, cache_argument_name(model), after_prefill=scramble)
+        noisy, _ = decode_logits(model, ids, 4, cache_argument_name(model), after_prefill=_scramble)
+    assert all(torch.equal(a, b) for a, b in zip(clean, noisy))
+
+
+DECODE_SCORERS = ("tova", "h2o", "knorm", "keydiff", "streamingllm", "random")
+
+
+@pytest.mark.parametrize("method", DECODE_SCORERS)
+def test_in_decode_every_step_keeps_capacity_x_heads_across_the_heads_with_the_safeguard(method):
+    """The decode rule: each step's new token joins every head, and the layer keeps its capacity x heads best of the
+    method's scores across its heads (the h lowest go), every head at least its own floor(capacity x alpha)."""
+    model = tiny_model("llama", num_hidden_layers=4)
+    plan = adakv(method, alpha=0.2, scope="both")
+    for steps in range(7):  # the cache after the prompt, then after each of 6 decode steps
+        cache, logits = prefilled(model, plan, steps=steps)
+        for layer in cache.layers:
+            counts = tokens_per_head(layer)
+            assert sum(counts) == 2 * 20 and min(counts) >= int(20 * 0.2), (method, steps, layer.layer_idx, counts)
+        assert all(torch.isfinite(step).all() for step in logits) and cache.kv_held()["end"] == [20] * 4
+
+
+def test_in_decode_the_padding_is_never_seen_either():
+    model = tiny_model("llama", num_hidden_layers=4)
+    ids = torch.randint(3, 96, (1, PROMPT), generator=torch.Generator().manual_seed(0))
+    plan = adakv("knorm", alpha=0.0, scope="both")
+    _, clean = prefilled(model, plan, ids, steps=6)
+    with routed(model, plan):
+        noisy, cache = decode_logits(model, ids, 6, cache_argument_name(model), after_prefill=_scramble)
+    assert any(bool((layer.positions < 0).any()) for layer in cache.layers)
     assert all(torch.equal(a, b) for a, b in zip(clean, noisy))
 
 
@@ -155,6 +187,7 @@ def test_batched_gives_what_it_gives_alone(start):
     model = tiny_model("llama", num_hidden_layers=4)
     question = dataclasses.replace(question_for(model, PROMPT, 6), question_start=start)
     plans = [adakv(m) for m in ("tova", "snapkv", "knorm", "keydiff", "random")]
+    plans += [adakv(m, scope="both") for m in ("knorm", "keydiff", "h2o")]  # the decode rule too
     plans.append(adakv("h2o", allocation="cake", allocation_params={"window": 8}))  # under a layer rule too
     assert_batched_as_alone(model, plans, question)
 
@@ -180,8 +213,12 @@ def test_plans_with_the_rule_validate_save_and_refuse_in_one_line():
     plan = adakv("tova", alpha=0.3)
     assert Plan.from_json(plan.to_json()) == plan and validate_plan(plan, 4) is plan
     assert "head_allocation" not in Plan.homogeneous("tova", 20, 4).to_dict()  # plans without it read as before
-    with pytest.raises(PlanError, match="has no decode rule yet: layer 0's decode phase must be 'full'"):
-        validate_plan(Plan.homogeneous("tova", 20, 4).model_copy(update={"head_allocation": "adakv"}), 4)
+    with pytest.raises(PlanError, match="cannot split a merging method's decode eviction over the heads .layer 0: cam"):
+        validate_plan(Plan.homogeneous("cam", 20, 4, "decode").model_copy(update={"head_allocation": "adakv"}), 4)
+    intervals = Plan.homogeneous("tova", 20, 4, "decode").to_dict()
+    intervals["layers"] = [{"decode": {"method": "tova", "capacity": 20, "interval": 4}}] * 4
+    with pytest.raises(PlanError, match="evicts a step at a time: layer 0's decode interval must be 1"):
+        validate_plan(Plan.from_dict(intervals | {"head_allocation": "adakv"}), 4)
     with pytest.raises(PlanError, match="head_allocation_params: .*alpha_safeguard"):
         validate_plan(adakv("tova", alpha=1.5), 4)
     with pytest.raises(PlanError, match="only head_allocation 'adakv' takes them"):
@@ -204,9 +241,11 @@ def test_the_measured_kv_keeps_each_heads_mean_where_heads_differ():
     assert kv.heads_entering == [[12, 28], None]
     assert heads_line(kv) == "per KV head entering the answer (layers whose heads differ): 0: 12/28"
     assert heads_line(measured_kv([SimpleNamespace(kv_held={**row([1, 1]).kv_held, "heads_entering": None})])) is None
+    even = SimpleNamespace(kv_held={**row([20, 20]).kv_held, "heads_entering": [None, None]})  # heads held the same
+    assert measured_kv([row([10, 30]), even]).heads_entering == [[15, 25], None]  # counted, not left out
 
 
-def test_plan_homogeneous_writes_an_adakv_plan_and_refuses_one_that_evicts_in_decode(polykv, tmp_path):
+def test_plan_homogeneous_writes_an_adakv_plan_and_refuses_a_merging_decode_method(polykv, tmp_path):
     out = tmp_path / "adakv.json"
     made = polykv("plan", "homogeneous", "snapkv", "--capacity", "64", "--scope", "prefill", "--heads", "adakv",
                   "--alpha-safeguard", "0.25", "-o", str(out))  # fmt: skip
@@ -215,6 +254,7 @@ def test_plan_homogeneous_writes_an_adakv_plan_and_refuses_one_that_evicts_in_de
     assert plan.head_allocation == "adakv" and plan.head_allocation_params == {"alpha_safeguard": 0.25}
     shown = polykv("plan", "show", str(out)).stdout
     assert "heads adakv" in shown and "at least 0.25 of the capacity" in shown and plan.name.endswith("-adakv")
-    bad = polykv("plan", "homogeneous", "tova", "--capacity", "64", "--heads", "adakv", "-o", str(tmp_path / "b.json"))
-    assert_one_line_error(bad, "has no decode rule yet")
+    bad = polykv("plan", "homogeneous", "cam", "--scope", "decode", "--capacity", "64", "--heads", "adakv",
+                 "-o", str(tmp_path / "b.json"))  # fmt: skip
+    assert_one_line_error(bad, "cannot split a merging method's decode eviction over the heads")
     assert not (tmp_path / "b.json").exists()

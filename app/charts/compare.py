@@ -15,7 +15,13 @@ from polykv.eval.statistics.render import interval_text, ratio_text, signed
 # Better / worse for the metric's direction (`polykv.eval.statistics.contrast.outcome`): bar colours, and the
 # Streamlit colour names of the summary's delta (st.metric's `delta_color`).
 OUTCOME_COLORS = {"A better": "#2E7D32", "B better": "#C62828", "tie": "#9E9E9E"}
-OUTCOME_DELTA_COLORS = {"A better": "green", "B better": "red", "tie": "gray", "no significant difference": "gray"}
+OUTCOME_DELTA_COLORS = {
+    "A better": "green",
+    "B better": "red",
+    "tie": "gray",
+    "no significant difference": "gray",
+    "not tested": "gray",
+}
 
 
 def difference_figure(

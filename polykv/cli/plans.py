@@ -232,7 +232,7 @@ def plan_homogeneous(
         str,
         typer.Option(
             help="How each layer's budget splits over its KV heads: 'uniform' (each keeps the capacity) or 'adakv' "
-            "(Ada-KV: the best capacity x heads scores across the heads, at the prefill cut; --scope prefill)."
+            "(Ada-KV: the best capacity x heads scores across the heads, at the prefill cut and at every decode step)."
         ),
     ] = "uniform",
     alpha_safeguard: Annotated[

@@ -12,8 +12,12 @@ Where PolyKV differs from kvpress: kvpress keeps every token and masks the prune
 here a layer holds only what its heads keep. Storage stays rectangular ([b, h, n, d]), so a head that keeps fewer
 than the most-keeping head holds padding slots (`Eviction.padding`): the runtime marks them at position -1, no
 query sees them, and the measured KV counts only tokens (`RoutedLayer.held`). Ties across heads go by flat index
-(kvpress's go by its bottom-k of the negated scores). Prefill only: a decode rule across heads is not built, so a
-plan with `adakv` keeps every decode token (its decode phase is `full`; `plan validate` says so).
+(kvpress's go by its bottom-k of the negated scores).
+
+Decode (PolyKV's rule; kvpress compresses the prompt only): each step's new token joins every head, and the layer
+keeps the h x k best of its method's scores across its heads once more, each head at least its own
+floor(k x alpha): the h lowest go, from whichever heads hold them. A merging method (CaM, D2O) has no scores to
+split this way and an eviction interval above 1 none step by step: `plan validate` refuses both in one line.
 """
 
 from __future__ import annotations
@@ -57,13 +61,13 @@ def adakv_keep(ranked: torch.Tensor, k: int, alpha: float) -> tuple[torch.Tensor
 
 
 class AdaKV:
-    """The `adakv` rule of one plan: re-chooses each layer's prefill cut over its heads."""
+    """The `adakv` rule of one plan: re-chooses each layer's eviction over its heads, at the prompt and every step."""
 
     def __init__(self, params: AdaKVParams):
         self.params = params
 
     def cut(self, decide: Callable[[], Eviction | None], heads: int) -> Eviction | None:
-        """The eviction the method's prefill cut `decide()` makes, the budget split over the `heads` KV heads: from
+        """The eviction the method's cut `decide()` makes, the budget split over the `heads` KV heads: from
         the ranking the cut made (the last one, should the method rank twice) and the k it kept per head."""
         with recorded_rankings() as rankings:
             eviction = decide()

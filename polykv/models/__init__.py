@@ -343,17 +343,42 @@ def load_model(
 
 @contextlib.contextmanager
 def _damaged_files_said(source: str):
-    """A model folder whose weights or tokenizer cannot be read (a truncated `model.safetensors`, a `tokenizer.json`
-    of NUL bytes) is one FileError naming the folder, not the reader's own exception."""
+    """A load that fails on a model folder with a file that cannot be read (a truncated `model.safetensors`, a
+    `tokenizer.json` of NUL bytes) is one FileError naming the folder and the file; any other failure (memory, a
+    device, an architecture) is raised as it is."""
     try:
         yield
     except (PolyKVError, MemoryError, KeyboardInterrupt):
         raise
-    except Exception as exc:  # noqa: BLE001 - safetensors' and tokenizers' readers raise their own types
-        if not Path(source).is_dir():
+    except Exception as exc:
+        damaged = _unreadable_file(Path(source)) if Path(source).is_dir() else None
+        if damaged is None:
             raise
         conversion = Path(source).resolve().parent == (polykv_home() / "models").resolve()
         again = "; delete that folder and PolyKV converts the model again" if conversion else ""
         raise FileError(
-            f"{source}: its weights or tokenizer cannot be read ({type(exc).__name__}: {first_line(exc)}){again}"
+            f"{source}: its weights or tokenizer cannot be read ({damaged.name}: {type(exc).__name__}: "
+            f"{first_line(exc)}){again}"
         ) from None
+
+
+def _unreadable_file(folder: Path) -> Path | None:
+    """The first of the folder's JSON files or safetensors weights that does not read as one (its header and tensor
+    offsets, nothing loaded), or None."""
+    import json
+
+    for path in sorted(folder.glob("*.json")):
+        try:
+            json.loads(path.read_bytes())
+        except (ValueError, OSError):
+            return path
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            from safetensors import safe_open
+
+            with safe_open(str(path), "pt") as weights:
+                for name in weights.keys():
+                    weights.get_slice(name)
+        except Exception:  # noqa: BLE001 - safetensors raises its own SafetensorError
+            return path
+    return None

@@ -51,8 +51,8 @@ class Plan(BaseModel):
     allocation: Literal["fixed", "native", "cake"] = "fixed"
     allocation_params: dict[str, Any] = Field(default_factory=dict)
     # How each layer's budget splits over its KV heads (`polykv.methods.head_budgets`): "uniform", every head keeps
-    # the layer's capacity; "adakv", Ada-KV's split of capacity x heads by the method's scores across heads, in the
-    # prefill phase, with its parameters in `head_allocation_params` (alpha_safeguard).
+    # the layer's capacity; "adakv", Ada-KV's split of capacity x heads by the method's scores across heads, at every
+    # cut, with its parameters in `head_allocation_params` (alpha_safeguard).
     head_allocation: Literal["uniform", "adakv"] = "uniform"
     head_allocation_params: dict[str, Any] = Field(default_factory=dict)
     provenance: dict[str, Any] = Field(default_factory=dict)
@@ -190,13 +190,20 @@ class Plan(BaseModel):
             found.append(f"allocation_params: only a run-time rule takes them (allocation is {self.allocation!r})")
         if self.head_allocation_params and self.head_allocation != "adakv":
             found.append("head_allocation_params: only head_allocation 'adakv' takes them")
-        if self.head_allocation == "adakv":
-            evicting = [i for i, layer in enumerate(self.layers) if layer.decode.method != FULL]
-            if evicting:
-                found.append(
-                    f"head_allocation: 'adakv' splits the prefill cut over the heads and has no decode rule yet: "
-                    f"layer {evicting[0]}'s decode phase must be 'full' (use scope 'prefill')"
-                )
+        if self.head_allocation == "adakv":  # its decode rule re-chooses every step, over every head at once
+            for i, layer in enumerate(self.layers):
+                cell = layer.decode
+                if cell.method != FULL and getattr(catalog.get(cell.method), "merges", False):
+                    found.append(
+                        f"head_allocation: 'adakv' cannot split a merging method's decode eviction over the heads "
+                        f"(layer {i}: {cell.method} merges what it evicts into the tokens it keeps)"
+                    )
+                    break
+                if cell.method != FULL and cell.interval != 1:
+                    found.append(
+                        f"head_allocation: 'adakv' evicts a step at a time: layer {i}'s decode interval must be 1"
+                    )
+                    break
         return found
 
     def validate_for(

@@ -37,7 +37,7 @@ class PlanSummary:
         heads = ""
         if self.head_allocation == "adakv":
             heads = (
-                f"; heads adakv (Ada-KV splits each layer's capacity x KV heads across its heads at the prefill cut, "
+                f"; heads adakv (Ada-KV splits each layer's capacity x KV heads across its heads at each cut, "
                 f"every head keeping at least {self.alpha_safeguard:g} of the capacity)"
             )
         out = [

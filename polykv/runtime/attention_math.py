@@ -97,7 +97,8 @@ def _grouped_probs(query, key, query_pos, key_pos, scaling, window, fresh: bool 
     if fresh and w > 1:  # the same -inf as the general mask, written only where it can fall: the last w slots
         future = torch.ones(w, w, dtype=torch.bool, device=scores.device).triu_(1)
         scores[..., n - w :].masked_fill_(future, float("-inf"))
-    elif w > 1 or window is not None:  # the newest query sees every held slot: no mask needed
+    elif w > 1 or window is not None or key_pos is not None:  # a caller that passes positions may hold padding
+        # (a head-level split's room, position -1); else the newest query sees every held slot: no mask needed
         scores.masked_fill_(~allowed(key_pos, query_pos, window)[:, :, None], float("-inf"))
     scores.sub_(scores.amax(dim=-1, keepdim=True)).exp_()
     return scores.div_(scores.sum(dim=-1, keepdim=True))

@@ -31,7 +31,7 @@ from polykv.runtime.attention_step import attend
 from polykv.runtime.layer_budgets import RunTimeSplit
 from polykv.runtime.merges import MergeGroups
 from polykv.runtime.slots import LayerSlots
-from polykv.runtime.windows import window_cut, windowed_view
+from polykv.runtime.windows import room_hidden, window_cut, windowed_view
 
 
 class RoutedLayer(DynamicLayer):
@@ -198,8 +198,10 @@ class RoutedLayer(DynamicLayer):
         """After attention: let the phase's method evict (and, in prefill, brief the decode method); a local
         layer first drops what left its window."""
         view = self.keep_window(view)
+        if self.padded:  # a head-level split's room: no query sees it, every method evicts it first
+            view = room_hidden(view, self.positions)
         if self.phase is Phase.DECODE:
-            eviction = self.method.step(view)
+            eviction = self.head_cut(lambda: self.method.step(view))
             # the method left a one-slot merge to the runtime: the group does it after its last layer
             deferred = eviction is not None and eviction.merge_deferred
             if deferred and not (view.defer_merge and eviction.dropped is not None):
@@ -210,7 +212,7 @@ class RoutedLayer(DynamicLayer):
             return
         self.methods[Phase.DECODE].observe_prefill(view)
         if self.split is None:
-            self.settle_prefill(self.prefill_cut(lambda: self.method.step(view)))
+            self.settle_prefill(self.head_cut(lambda: self.method.step(view)))
         else:  # the cache splits the budget and settles every layer once all have seen the prompt
             self.split.prefilled(self, view)
 
@@ -230,6 +232,7 @@ class RoutedLayer(DynamicLayer):
             and self._newest_last
             and self.window is None
             and not self.holding
+            and self.head_split is None
             and all(not m.per_token or (m is method and m.per_token.keys() == {state}) for m in self.methods.values())
         )
 
@@ -264,8 +267,8 @@ class RoutedLayer(DynamicLayer):
             self._cut(keep)
         return None if view is None else windowed_view(view, self, keep, visible, self.window_clean)
 
-    def prefill_cut(self, decide) -> Eviction | None:
-        """The prefill method's eviction `decide()`, its layer budget split over the KV heads by the plan's head rule
+    def head_cut(self, decide) -> Eviction | None:
+        """The phase method's eviction `decide()`, its layer budget split over the KV heads by the plan's head rule
         (`head_split`; None: each head keeps the capacity, as the method chose)."""
         if self.head_split is None:
             return decide()
@@ -326,10 +329,8 @@ class RoutedLayer(DynamicLayer):
             method.per_token.drop_one(dropped)
 
     def adopt(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Take over keys/values already computed for a prefix, as if prefilled here (nothing evicted).
-
-        Profiling reuses FullKV's prefix this way; only layers that keep everything can adopt one.
-        """
+        """Take over keys/values already computed for a prefix, as if prefilled here (nothing evicted): profiling
+        reuses FullKV's prefix this way; only layers that keep everything can adopt one."""
         if not all(method.passive for method in self.methods.values()):
             raise RoutedCacheError(f"layer {self.layer_idx}: only a layer that keeps everything can adopt a prefix")
         self.lazy_initialization(keys, values)
@@ -381,8 +382,7 @@ class RoutedCache(Cache):
     def kv_held(self) -> dict[str, list | int]:
         """Tokens held per KV head in each layer, measured (`LayerSlots.held`): `entering` the answer (as the first
         token at or after `keep_until` came in; until then, now) and at the `end`, with the tokens seen by each
-        (`seen_*`); where a layer's heads hold different numbers (a head-level split), each head's too
-        (`heads_entering`, `heads_end`: per layer, a list per head or None)."""
+        (`seen_*`); where heads hold different numbers, each head's (`heads_entering`, `heads_end`)."""
         end, first = [layer.slots.held() for layer in self.layers], self.layers[0]
         heads_end = [layer.slots.held_per_head() for layer in self.layers]
         entering = [now if layer.entering is None else layer.entering[0] for now, layer in zip(end, self.layers)]

@@ -77,7 +77,7 @@ class RunTimeSplit:
             for method, capacity in zip(methods, within_bounds(split, bounds)):
                 method.capacity = capacity
         for lay in self.layers:
-            lay.settle_prefill(lay.prefill_cut(self._decision(lay)))
+            lay.settle_prefill(lay.head_cut(self._decision(lay)))
 
     def _decision(self, layer):
         """What settles a layer's prefill now that its capacity is known: its method's step on the prompt's view it

@@ -55,3 +55,10 @@ def windowed_view(view: LayerView, layer, keep: torch.Tensor | None, visible: to
         hidden=hidden,
         fresh=False,
     )
+
+
+def room_hidden(view: LayerView, positions: torch.Tensor) -> LayerView:
+    """`view` with the slots that hold room, no token (a head-level split's padding at position -1,
+    `polykv.methods.head_budgets`), marked `hidden` beside any the window hides."""
+    room = positions < 0
+    return replace(view, hidden=room if view.hidden is None else view.hidden | room)

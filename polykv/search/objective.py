@@ -133,9 +133,11 @@ def build_sequences(
 
 
 def plan_key(plan: Plan) -> str:
-    """What a plan executes (scope, allocation, every cell), not what it is called."""
+    """What a plan executes (scope, allocation, every cell, and a head rule where it has one), not what it is
+    called."""
     data = plan.to_dict()
-    return json.dumps([data["scope"], data["allocation"], data["layers"]], sort_keys=True)
+    heads = [data["head_allocation"], data.get("head_allocation_params", {})] if "head_allocation" in data else []
+    return json.dumps([data["scope"], data["allocation"], data["layers"], *heads], sort_keys=True)
 
 
 class BudgetExhausted(Exception):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pandas as pd
@@ -142,6 +142,9 @@ class Paired:
     log: bool = False  # compared as log(metric): the table, difference and interval are in log units
     samples: SampleTest | None = None  # the sample-level test (when the per-sample scores were given)
     task_mde: float = math.nan  # minimal detectable difference of a test over the tasks (80% power)
+    # the fewest shared tasks whose bootstrap interval is shown and judged on: 0 (the paper's protocol, any count) in
+    # experiments; `TASKS_FOR_INTERVAL` for two runs compared (`compare_runs`), where two task means make no interval
+    interval_tasks: int = 0
 
     @property
     def label(self) -> str:
@@ -161,9 +164,12 @@ class Paired:
 
     def verdict(self) -> str:
         """ "better", "worse" (A against B, in the metric's direction) or "no significant difference", by the
-        sample-level test when there is one (else by whether the task bootstrap interval excludes 0)."""
+        sample-level test when there is one (else by whether the task bootstrap interval excludes 0, when there are
+        enough tasks for one: `task_interval`); "not tested" with neither."""
         if self.samples is not None:
             return verdict(self.samples.difference, self.metric, self.samples.significant())
+        if not self.task_interval:
+            return NOT_TESTED
         return interval_verdict(self.low, self.high, self.metric)
 
     def verdict_text(self) -> str:
@@ -174,13 +180,19 @@ class Paired:
             if mde != mde:
                 power = f"detectable difference {NOT_ESTIMABLE_HERE} ({NO_MDE_WHY})"
             return f"{self.verdict()} ({self.samples.describe()}; {power})"
-        tasks = f"; it detects {self.task_mde:.3g} with 80% power" if self.task_mde == self.task_mde else ""
+        if not self.task_interval:
+            return (
+                f"{NOT_TESTED}: the runs share no samples, and {len(self.table)} tasks are too few for an interval "
+                f"over task means (at least {self.interval_tasks})"
+            )
+        tasks = f"; it detects {self.task_mde:.3g} with 80% power" if self.task_mde > 0 else ""
         return f"{self.verdict()} (95% paired bootstrap over {len(self.table)} tasks{tasks})"
 
     def badge(self) -> str:
-        """What a page's badge says: "A better" or "B better" only when the verdict says so, else "no significant
-        difference" (never a winner beside a verdict of none)."""
-        return {"better": "A better", "worse": "B better"}.get(self.verdict(), NO_DIFFERENCE)
+        """What a page's badge says: "A better" or "B better" only when the verdict says so, "not tested" when there
+        is no test, else "no significant difference" (never a winner beside a verdict of none)."""
+        verdict = self.verdict()
+        return {"better": "A better", "worse": "B better", NOT_TESTED: NOT_TESTED}.get(verdict, NO_DIFFERENCE)
 
     def outcomes(self) -> list[str]:
         """Per task (the table's rows, in order): "A better", "B better" or "tie" (as wins/ties/losses)."""
@@ -203,9 +215,9 @@ class Paired:
 
     @property
     def task_interval(self) -> bool:
-        """Do the runs share enough tasks (`TASKS_FOR_INTERVAL`) for a bootstrap interval over task means to mean
+        """Are there enough shared tasks (`interval_tasks`) for a bootstrap interval over task means to mean
         something? With two tasks it is only the range of their two means."""
-        return len(self.table) >= TASKS_FOR_INTERVAL
+        return len(self.table) >= self.interval_tasks
 
     def task_line(self) -> str:
         """The task level in one line: the macro-average difference, with its bootstrap interval over the task
@@ -214,7 +226,7 @@ class Paired:
         head = f"macro-average A - B{units}: {self.difference:+.4f}"
         tasks = f"{len(self.table)} task{'s' * (len(self.table) != 1)}"
         if not self.task_interval:
-            return f"{head} over {tasks} (too few for an interval over task means: at least {TASKS_FOR_INTERVAL})"
+            return f"{head} over {tasks} (too few for an interval over task means: at least {self.interval_tasks})"
         return (
             f"{head}, 95% paired bootstrap CI [{self.low:+.4f}, {self.high:+.4f}] of the task means "
             f"({self.replicates} replicates {self.resampling()})"
@@ -251,6 +263,7 @@ class Paired:
 
 # A bootstrap interval over task means is shown from this many shared tasks on (two tasks: the range of two means).
 TASKS_FOR_INTERVAL = 5
+NOT_TESTED = "not tested"  # no shared samples and too few tasks: no verdict either way
 
 
 def _detectable(mde: float) -> str:
@@ -316,7 +329,8 @@ def paired(
 def compare_runs(store: Store, run_a: str, run_b: str, metric: str, seed: int = 0, log: bool = False) -> Paired:
     """Two runs of the store, task by task and sample by sample."""
     samples = (sample_scores(store, run_a, metric), sample_scores(store, run_b, metric))
-    return paired(task_scores(store, run_a, metric), task_scores(store, run_b, metric), metric, seed, log, samples)
+    result = paired(task_scores(store, run_a, metric), task_scores(store, run_b, metric), metric, seed, log, samples)
+    return replace(result, interval_tasks=TASKS_FOR_INTERVAL)
 
 
 def envelope(rows: list[dict[str, Any]], baselines: Sequence[str], metric: str) -> list[dict[str, Any]]:

@@ -58,14 +58,22 @@ def measured_kv(rows: Sequence[SampleRow], windows: Sequence[int | None] | None 
 
 
 def _per_head(held: list[dict], layers: int) -> list[list[float] | None] | None:
-    """Each layer's per-head means over the samples that measured its heads apart (None where none did)."""
-    apart = [h["heads_entering"] for h in held if h.get("heads_entering")]
-    if not apart:
+    """Each layer's per-head means over every sample, for the layers whose heads some sample held apart (None for
+    the others); a sample whose heads held the same there counts its per-head value, `entering`, for each head."""
+    if not any(h.get("heads_entering") for h in held):
         return None
     out: list[list[float] | None] = []
     for i in range(layers):
-        rows = [heads[i] for heads in apart if heads[i] is not None]
-        out.append([sum(col) / len(rows) for col in zip(*rows)] if rows else None)
+        apart = [h["heads_entering"][i] for h in held if h.get("heads_entering") and h["heads_entering"][i]]
+        if not apart:
+            out.append(None)
+            continue
+        heads = len(apart[0])
+        rows = [
+            h["heads_entering"][i] if h.get("heads_entering") and h["heads_entering"][i] else [h["entering"][i]] * heads
+            for h in held
+        ]
+        out.append([sum(col) / len(rows) for col in zip(*rows)])
     return out
 
 
