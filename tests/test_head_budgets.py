@@ -155,10 +155,11 @@ def test_in_decode_every_step_keeps_capacity_x_heads_across_the_heads_with_the_s
         assert all(torch.isfinite(step).all() for step in logits) and cache.kv_held()["end"] == [20] * 4
 
 
-def test_in_decode_the_padding_is_never_seen_either():
+@pytest.mark.parametrize("method", ["knorm", "cake"])  # CAKE reads each step's attention: its signals are masked
+def test_in_decode_the_padding_is_never_seen_either(method):
     model = tiny_model("llama", num_hidden_layers=4)
     ids = torch.randint(3, 96, (1, PROMPT), generator=torch.Generator().manual_seed(0))
-    plan = adakv("knorm", alpha=0.0, scope="both")
+    plan = adakv(method, alpha=0.0, scope="both")
     _, clean = prefilled(model, plan, ids, steps=6)
     with routed(model, plan):
         noisy, cache = decode_logits(model, ids, 6, cache_argument_name(model), after_prefill=_scramble)

@@ -56,8 +56,12 @@ def test_rule_and_head_moves_split_a_phase_by_a_published_rule_and_toggle_ada_kv
     assert neighbours["KV heads -> adakv"][1].head_allocation == "adakv"
     back = proposals(pyramid, 16, base_params([plan]), context_length=1024)
     assert any(m.describe() == "prefill split by the uniform rule" for m, _ in back)
-    decode = plan_of(["tova"] * 4, [16] * 4, "decode")  # Ada-KV has no decode rule: not proposed
-    assert not [m for m, _ in proposals(decode, 16, base_params([decode]), context_length=1024) if m.kind == "heads"]
+    decode = plan_of(["tova"] * 4, [16] * 4, "decode")  # Ada-KV's decode rule: proposed there too
+    assert [m.describe() for m, _ in proposals(decode, 16, base_params([decode]), context_length=1024)][0] == (
+        "KV heads -> adakv"
+    )
+    merging = plan_of(["cam"] * 4, [16] * 4, "decode")  # a merging method has no scores to split: not proposed
+    assert not [m for m, _ in proposals(merging, 16, base_params([merging]), context_length=1024) if m.kind == "heads"]
 
 
 def test_capacity_moves_refit_windows_and_check_space_refuses_outsiders():
@@ -105,7 +109,8 @@ def test_on_a_hybrid_model_every_move_keeps_the_retained_kv_exact():
     neighbours = proposals(roomy, 12, base_params([roomy]), context_length=1024, windows=windows)
     # only the global layer's method may change: it is the one global layer, and a local layer's capacity above
     # its held tokens is not memory it could give
-    assert neighbours and {(m.kind, m.layer) for m, _ in neighbours} == {("method", 2)}
+    # (and the head rule, which changes how a layer's capacity splits over its heads, not how much it keeps)
+    assert neighbours and {(m.kind, m.layer) for m, _ in neighbours} == {("method", 2), ("heads", 0)}
     plan = plan_of(["tova"] * 4, [4] * 4)  # under the window: local capacity is held and may move
     rng = random.Random(0)
     receivers = set()

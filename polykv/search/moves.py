@@ -13,7 +13,8 @@ neighbour in that space:
             uniform, PyramidKV's pyramid; `polykv.routing.rules`), the methods kept. The total does not change; on
             a hybrid model it is proposed only while every layer holds its whole capacity (then so is the KV held).
   heads     (h): each layer's budget split over its KV heads by h ("adakv" or back to "uniform",
-            `polykv.methods.head_budgets`); where a plan cannot take it (Ada-KV in a decode phase) it is not proposed.
+            `polykv.methods.head_budgets`); where a plan cannot take it (a merging decode method, an eviction
+            interval above 1) it is not proposed.
 So a search from TOVA everywhere can answer "is a published rule, or a searched split, better", one step at a time.
 
 On a hybrid model (local layers with a sliding window W, `polykv.kv_memory`) the budget counts capacity as
