@@ -11,7 +11,7 @@
 Where PolyKV differs from kvpress: kvpress keeps every token and masks the pruned ones in its attention patch;
 here a layer holds only what its heads keep. Storage stays rectangular ([b, h, n, d]), so a head that keeps fewer
 than the most-keeping head holds padding slots (`Eviction.padding`): the runtime marks them at position -1, no
-query sees them, and the measured KV counts only tokens (`RoutedLayer.held`). Ties across heads go by flat index
+query sees them, and the measured KV counts only tokens (`LayerSlots.held`). Ties across heads go by flat index
 (kvpress's go by its bottom-k of the negated scores).
 
 Decode (PolyKV's rule; kvpress compresses the prompt only): each step's new token joins every head, and the layer
