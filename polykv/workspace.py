@@ -33,9 +33,4 @@ def default_workspace() -> Path:
     return (Path(data).expanduser() if data else Path.home() / ".local" / "share") / "polykv"
 
 
-def results_path(workspace: str | os.PathLike) -> Path:
-    """The results database of a workspace."""
-    return Path(workspace) / "results.sqlite"
-
-
-__all__ = ["ENV", "default_workspace", "in_checkout", "results_path"]
+__all__ = ["ENV", "default_workspace", "in_checkout"]

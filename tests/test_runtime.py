@@ -223,3 +223,8 @@ def test_decode_phase_methods_after_full_prefill(llama):
         # prefill is untouched: its logits equal the vanilla model's
         vanilla, _ = decode_logits(llama, ids, 0, cache_argument_name(llama))
         assert max_diff(vanilla, logits[:1]) <= TOL
+
+
+def test_a_routed_cache_cannot_be_cropped_so_assisted_decoding_refuses_it():
+    cache = RoutedCache(Plan.homogeneous("tova", 8, 3))
+    assert cache.is_croppable is False  # transformers checks this before assisted decoding crops a draft away

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import signal
 
+import pytest
+
 from polykv import jobs
 from polykv.jobs import search as search_jobs
 from polykv.jobs.search import launch_search, read_search
@@ -122,3 +124,10 @@ def test_the_cli_and_the_job_both_run_the_workload_search_through_run_workload_s
     assert state.status == "finished" and state.result["best"] == fake.plans()[0].to_json()
     found = read_search(job, ws)
     assert isinstance(found, WorkloadReport) and found == fake.report
+
+
+def test_a_workload_search_with_nowhere_to_store_its_runs_is_refused_before_any_work():
+    from polykv.search.workload.run import run_workload_search
+
+    with pytest.raises(ValueError, match="needs a results store or an output folder"):
+        run_workload_search(None, None, "demo", None, None, None)

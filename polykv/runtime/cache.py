@@ -35,8 +35,9 @@ from polykv.runtime.windows import room_hidden, window_cut, windowed_view
 
 
 class RoutedLayer(DynamicLayer):
-    """One layer of the routed cache: its slots (keys, values and true positions, held in `slots`) and two phase
-    methods."""
+    """One layer of the routed cache: its slots (keys, values and true positions, in `slots`) and two phase methods."""
+
+    is_croppable = False  # evicted tokens cannot come back: transformers' assisted decoding refuses the cache
 
     def __init__(self, layer_idx: int, prefill: Method, decode: Method):
         self.slots = LayerSlots()  # first: Hugging Face's layer sets `keys` and `values`, which live there
@@ -100,8 +101,7 @@ class RoutedLayer(DynamicLayer):
             slots.write(self, key_states, value_states)  # evicting, or keeping everything in reserved room
         else:  # a layer that keeps everything grows as Hugging Face's DynamicLayer does
             slots.append(key_states, value_states, self.seen)
-        self.seen += q
-        self.num_new = q
+        self.seen, self.num_new = self.seen + q, q
         self._newest_last = True  # tokens are appended last: the last slot holds position seen - 1
         hand_over(self)
         return slots.keys, slots.values

@@ -314,6 +314,8 @@ def run_workload_search(
     from polykv.models import num_layers
     from polykv.search.workload.markdown import figure, markdown
 
+    if store is None and out is None:  # before any work: the runs need a database, in `store` or under `out`
+        raise ValueError("run_workload_search needs a results store or an output folder (store= or out=)")
     scope = Scope(settings.scope)
     hooks.tell_stage("samples")
     samples = draw_samples(
