@@ -33,15 +33,7 @@ def lazy_import(name: str) -> ModuleType:
         return module
 
 
-def load_now(name: str) -> ModuleType:
-    """Finish loading a lazily imported module from one thread (before others may touch it)."""
-    module = lazy_import(name)
-    with _lock:
-        _ = module.__name__  # any attribute access runs the module's code
-    return module
-
-
-__all__ = ["lazy_import", "load_now"]
+__all__ = ["lazy_import"]
 
 
 def no_grad(function):

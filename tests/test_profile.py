@@ -149,15 +149,18 @@ def test_cli_heterogeneity(polykv):
     assert all(1 <= float(r[1]) <= 96 for r in rows)  # median support sizes within the context
 
 
-def test_attention_entropy_on_hand_made_rows():
+def test_the_profiles_entropy_sums_each_querys_attention_entropy_by_hand():
+    """`entropy_sums`, what the profiler records: zero queries attend uniformly over what they see (causally), so the
+    queries at positions 0, 1 and 3 over keys 0..3 have entropies 0, log 2 and log 4."""
     import math
 
     import torch
 
-    from polykv.profile.profiler import attention_entropy
+    from polykv.runtime.attention_math import entropy_sums
 
-    rows = torch.tensor([[0.25, 0.25, 0.25, 0.25], [1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0]])
-    assert torch.allclose(attention_entropy(rows), torch.tensor([math.log(4), 0.0, math.log(2)], dtype=torch.float64))
+    query, key = torch.zeros(1, 1, 3, 4), torch.randn(1, 1, 4, 4)
+    total = entropy_sums(query, key, torch.tensor([0, 1, 3]), torch.arange(4).view(1, 1, 4), 1.0, None)
+    assert torch.allclose(total, torch.tensor([[math.log(2) + math.log(4)]], dtype=torch.float64))
 
 
 # ---- per-sequence values, intervals, staleness, entropy ------------------------------------------

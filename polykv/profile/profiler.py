@@ -275,9 +275,3 @@ def _naive(stack: _Stack, plan: Plan, scope: Phase, layer: int, inputs, prompt: 
         ]
     logits = torch.cat([stack.run(hidden[:, a:b], 0, positions[a:b], cache, keep=grab) for a, b in spans], dim=1)
     return logits, torch.cat(outputs, dim=1)
-
-
-def attention_entropy(attention: torch.Tensor) -> torch.Tensor:
-    """Shannon entropy (nats) of attention distributions over the last dimension."""
-    p = attention.double()
-    return -(p * p.clamp_min(1e-300).log()).sum(-1)
