@@ -404,7 +404,8 @@ def test_clicking_a_tasks_bar_on_compare_opens_its_samples_with_the_answers(app,
     shoot(page, "compare-samples")
     expect(table).to_contain_text("8094927", timeout=WAIT)  # the gold
     expect(table).to_contain_text("1111111.")  # B's wrong answer
-    expect(table.locator("th").filter(has_text="FullKV")).to_have_count(1)
+    expect(table.locator("th").filter(has_text=re.compile(r"^FullKV$"))).to_have_count(1)  # its answer
+    expect(table.locator("th").filter(has_text="FullKV metrics")).to_have_count(1)  # and its metrics beside it
     shoot(page, "compare-samples")
     fwe = chart.locator(".xtick text").first.bounding_box()  # a tie: its bar has no height; click its column
     area = chart.locator(".nsewdrag").first.bounding_box()

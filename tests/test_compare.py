@@ -9,12 +9,12 @@ from polykv.eval.comparing.compare import (
     envelope,
     metrics_of,
     paired,
-    placement_summary,
     suite_score,
     sweep_table,
     task_cluster,
 )
 from polykv.eval.experiments import launch_plans, plan_budget
+from polykv.eval.experiments.placement import placement_summary
 from polykv.eval.results.store import Store
 from polykv.eval.statistics.contrast import direction_text
 from polykv.eval.statistics.tasks import paired_bootstrap

@@ -9,8 +9,9 @@ import streamlit as st
 from app import charts, common, designer_controls, job_controls, job_forms, plan_draft, session, state
 from polykv import jobs
 from polykv.errors import PolyKVError, StoreError, first_line
-from polykv.eval.comparing.compare import metrics_of, placement_summary, suite_score, sweep_table
+from polykv.eval.comparing.compare import metrics_of, suite_score, sweep_table
 from polykv.eval.experiments import FactorialData, PlacementData, SweepData, suite_metrics
+from polykv.eval.experiments.placement import placement_summary
 from polykv.eval.method_protocols import baseline_methods
 from polykv.eval.results.store import Store
 from polykv.eval.running.settings import parse_budgets, suite_settings

@@ -42,7 +42,7 @@ from polykv.eval.statistics.samples import (
     shares_samples,
     task_mde,
 )
-from polykv.eval.statistics.tasks import leave_one_task_out, paired_bootstrap, rank_among, wins_ties_losses
+from polykv.eval.statistics.tasks import leave_one_task_out, paired_bootstrap, wins_ties_losses
 
 # Perplexity-like metrics: multiplicative, heavy-tailed (one task's ppl can be 1000 while another's is 5), so
 # they can be compared as log(metric): the difference is then a log-ratio and exp of it a geometric-mean ratio.
@@ -373,25 +373,11 @@ def sweep_table(store: Store, runs: Sequence[tuple[Mapping[str, Any], str]], met
     return pd.DataFrame(rows, columns=["budget", "route", *baselines, "best baseline", "envelope"])
 
 
-@dataclass(frozen=True)
-class Placement:
-    guided: float
-    controls: list[float]
-    rank: int  # 1 = best
-    p_value: float  # one-sided Monte Carlo p of the guided route against the controls
-
-
-def placement_summary(guided: float, controls: Sequence[float], metric: str) -> Placement:
-    rank, p = rank_among(guided, controls, higher_is_better=direction(metric) > 0)
-    return Placement(guided, list(controls), rank, p)
-
-
 __all__ = [
     "LOG_METRICS",
     "OUTCOMES",
     "PREFERRED_METRICS",
     "Paired",
-    "Placement",
     "can_log",
     "compare_runs",
     "envelope",
@@ -399,7 +385,6 @@ __all__ = [
     "macro_average",
     "metrics_of",
     "paired",
-    "placement_summary",
     "preferred_metric",
     "sample_scores",
     "suite_score",

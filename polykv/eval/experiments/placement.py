@@ -4,13 +4,14 @@ placements of its methods over the layers."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-from polykv.eval.comparing.compare import placement_summary
 from polykv.eval.experiments.experiment_runner import PERMUTATIONS, ExperimentRunner
 from polykv.eval.experiments.report import GUIDED_INDEX, PlacedRun, PlacementData, Report, SampleLevel
 from polykv.eval.statistics.contrast import direction, direction_text
 from polykv.eval.statistics.samples import detectable, sample_test
-from polykv.eval.statistics.tasks import spearman_permutation
+from polykv.eval.statistics.tasks import rank_among, spearman_permutation
 from polykv.plan import LayerPlan, Phase, Plan, Scope
 from polykv.profile.store import Profile
 from polykv.routing import (
@@ -27,6 +28,20 @@ def placement_plans(guided: Plan, k: int, seed: int = 0) -> list[Plan]:
     route = [layer[phase].method for layer in guided.layers]
     placements = sample_placements(route, k, seed=seed, exclude=route)
     return [guided] + [_placed(guided, phase, p, f"{guided.name}-placement-{i}") for i, p in enumerate(placements)]
+
+
+@dataclass(frozen=True)
+class Placement:
+    guided: float
+    controls: list[float]
+    rank: int  # 1 = best
+    p_value: float  # one-sided Monte Carlo p of the guided route against the controls
+
+
+def placement_summary(guided: float, controls: Sequence[float], metric: str) -> Placement:
+    """The guided route's rank among its random placements' scores, and its one-sided Monte Carlo p."""
+    rank, p = rank_among(guided, controls, higher_is_better=direction(metric) > 0)
+    return Placement(guided, list(controls), rank, p)
 
 
 def placement(
