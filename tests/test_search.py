@@ -393,3 +393,16 @@ def test_the_dppl_objective_is_the_perplexity_change(tiny):
     assert objective.executions == len(sequences)  # scored once each, then cached
     with pytest.raises(ValueError, match="objective metric"):
         Objective(model, sequences, metric="top1")
+
+
+def test_a_capacity_only_search_moves_capacity_between_layers_and_never_changes_a_method(tiny):
+    model, sequences = tiny
+    start = plan_of(["tova", "knorm", "tova"], [8] * 3)
+    _, result = run_search(model, sequences, [start], evaluations=60, moves=("transfer",))
+    tried = [t.move for t in result.trace if t.move]
+    assert tried and all(" -> L" in move and move.endswith(" tokens") for move in tried)  # transfers only
+    assert all(m.kind == "transfer" for m in result.moves)
+    assert [layer.decode.method for layer in result.plan.layers] == ["tova", "knorm", "tova"]
+    assert totals(result.plan) == {"decode": 24} and result.settings.to_dict()["moves"] == ["transfer"]
+    with pytest.raises(ValueError, match="moves: \\['teleport'\\]"):
+        SearchSettings(8, moves=("teleport",))

@@ -50,6 +50,7 @@ COMMANDS = (  # (app, name, function), in the order `--help` lists them
     (experiment_app, "placement", experiments.experiment_placement),
     (experiment_app, "sweep", experiments.experiment_sweep),
     (experiment_app, "leaderboard", experiments.experiment_leaderboard),
+    (experiment_app, "allocation", experiments.experiment_allocation),
     (experiment_app, "study", study.experiment_study),
     (jobs_app, "list", jobs.jobs_list),
     (jobs_app, "cancel", jobs.jobs_cancel),

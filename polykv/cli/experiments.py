@@ -252,3 +252,68 @@ def experiment_leaderboard(
 
         atomic_write_json(save, report.to_dict())
         typer.echo(f"wrote {save}")
+
+
+@experiment_options
+def experiment_allocation(
+    options: ExperimentOptions,
+    budgets: Annotated[str, typer.Option(help="Comma-separated budgets (tokens per layer), e.g. 64,128,256.")],
+    scorers: Annotated[str, typer.Option(help="Comma-separated methods whose scores every split keeps the top of.")] = (
+        "tova,snapkv"
+    ),
+    contenders: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated splits (default: all: uniform, pyramid, squeeze, ppl, cake, adakv, ...)."),
+    ] = None,
+    search: Annotated[
+        str | None, typer.Option(help="Comma-separated scorers that get a capacity-only search (default: the first).")
+    ] = None,
+    profile_dir: Annotated[
+        Path | None,
+        typer.Option("--profile", help="A prefill profile: the ppl rule's statistic; it ranks the search's moves."),
+    ] = None,
+    calibration_per_task: Annotated[
+        int, typer.Option(min=1, help="Calibration samples per task (best rule, search); never an evaluated one.")
+    ] = 4,
+    evaluations: Annotated[int, typer.Option(min=1, help="Plan executions each search may run past its starts.")] = 300,
+    markdown: Annotated[
+        Path | None, typer.Option("--markdown", help="Also write the study as a Markdown page.")
+    ] = None,
+    save: Annotated[Path | None, typer.Option("--save", help="Also write the report's numbers as JSON here.")] = None,
+) -> None:
+    """Layer and head splits of one budget for each scorer: every rule against uniform, a searched split against the
+    best rule, sample by sample at measured KV, Holm over each family."""
+    from polykv.eval.experiments.allocation import CONTENDERS, StudyChoices
+
+    listed = lambda text: [x.strip() for x in text.split(",") if x.strip()]  # noqa: E731
+    try:
+        choices = StudyChoices(
+            scorers=tuple(listed(scorers)),
+            budgets=tuple(_parse_budgets(budgets)),
+            contenders=tuple(listed(contenders)) if contenders else CONTENDERS,
+            searched=tuple(listed(search or "")),
+            calibration_per_task=calibration_per_task,
+            evaluations=evaluations,
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--contenders") from None
+    if "ppl" in choices.contenders and profile_dir is None:
+        raise typer.BadParameter("the ppl rule splits by a profile's PPL sensitivity: give --profile DIR")
+    profile = None if profile_dir is None else _profile_for(profile_dir, options.model)
+    if profile is not None and "prefill" not in profile.meta.scopes:
+        raise typer.BadParameter(f"--profile {profile_dir}: it profiles {', '.join(profile.meta.scopes)}, not prefill")
+    from polykv.eval.experiments.run import allocation_experiment  # torch and transformers: after the cheap checks
+
+    report = options.run(allocation_experiment(_num_layers(options.model), choices, profile))
+    _print_report(report)
+    if markdown is not None:
+        from polykv.eval.experiments.allocation_page import allocation_markdown
+        from polykv.files import atomic_write_text
+
+        atomic_write_text(markdown, allocation_markdown(report.data, options.workspace / "results.sqlite"))
+        typer.echo(f"wrote {markdown}")
+    if save is not None:
+        from polykv.files import atomic_write_json
+
+        atomic_write_json(save, report.to_dict())
+        typer.echo(f"wrote {save}")

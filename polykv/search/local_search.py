@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from polykv.plan import Plan, Scope
-from polykv.search.moves import TRANSFER_STEPS, Move, base_params, check_space, proposals, totals
+from polykv.search.moves import MOVE_KINDS, TRANSFER_STEPS, Move, base_params, check_space, proposals, totals
 from polykv.search.objective import BudgetExhausted, Objective
 
 Progress = Callable[[int, int, str], None]  # (executions used, budget, what is happening)
@@ -49,15 +49,19 @@ class SearchSettings:
     statistic: str = "dppl"  # the profile statistic that ranks the moves
     min_capacity: int = 2  # the least capacity a transfer leaves a donor
     steps: tuple[float, ...] = TRANSFER_STEPS
+    moves: tuple[str, ...] = MOVE_KINDS  # the kinds of move proposed ("transfer" alone: a capacity-only search)
 
     def __post_init__(self):
+        unknown = [kind for kind in self.moves if kind not in MOVE_KINDS]
+        if unknown or not self.moves:
+            raise ValueError(f"moves: {unknown or 'none'} (the kinds: {', '.join(MOVE_KINDS)})")
         if self.budget < 1:
             raise ValueError(f"the budget must be a positive number of tokens (got {self.budget})")
         if self.evaluations < 1 or self.candidates < 1 or self.first_rung < 1 or self.min_capacity < 1:
             raise ValueError("evaluations, candidates, first_rung and min_capacity must be at least 1")
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "steps": list(self.steps)}
+        return {**asdict(self), "steps": list(self.steps), "moves": list(self.moves)}
 
 
 @dataclass(frozen=True)
@@ -198,7 +202,7 @@ def search(
                     context,
                     windows,
                 )
-                if m.describe() not in tried
+                if m.describe() not in tried and m.kind in settings.moves
             ]
             if profile is None:  # no evidence to rank by: a seeded order
                 rng.shuffle(neighbours)

@@ -49,6 +49,7 @@ from polykv.methods import REGISTRY, fit_params, for_phase, validate_plan
 from polykv.plan import FULL, LayerPlan, Phase, PhaseAssignment, Plan, PlanError
 
 TRANSFER_STEPS = (0.125, 0.25, 0.5)  # transfer amounts, as shares of the budget b
+MOVE_KINDS = ("method", "transfer", "rule", "heads")
 RULE_MOVES = ("uniform", "pyramid")  # the static rules a move may split a phase's total by (no statistics needed)
 
 

@@ -123,7 +123,7 @@ def leaderboard(
     held = {key: runner.measured_kv(run) for key, run in runs.items()}
 
     def entry(key: str, method: str, budget: int | None) -> BoardEntry:
-        means = {m: _macro(scores[key][m]) for m in metrics}
+        means = {m: macro_mean(scores[key][m]) for m in metrics}
         kv = held[key]
         return BoardEntry(
             method=method,
@@ -141,7 +141,8 @@ def leaderboard(
         for metric in metrics:
             family = [(m, b) for m in methods for b in budgets if m != reference]
             tests = [
-                _test(scores[_key(m, b)][metric], scores[_key(reference, b)][metric], runner.seed) for m, b in family
+                contrast_test(scores[_key(m, b)][metric], scores[_key(reference, b)][metric], runner.seed)
+                for m, b in family
             ]
             for (m, b), (test, p), p_holm in zip(family, tests, holm([p for _, p in tests])):
                 wins, ties, losses = sample_wins(scores[_key(m, b)][metric], scores[_key(reference, b)][metric], metric)
@@ -149,7 +150,7 @@ def leaderboard(
                     BoardContrast(
                         reference=reference,
                         metric=metric,
-                        sample=_sample_level(test, p),
+                        sample=sample_level(test, p),
                         p_holm=p_holm,
                         family=len(family),
                         wins=wins,
@@ -187,7 +188,7 @@ def _question_dependence(runner: ExperimentRunner, plans: dict, runs: dict, metr
     twin = dataclasses.replace(runner, settings=dataclasses.replace(runner.settings, question=other))
     there = dict(zip(plans, twin.run_all(list(plans.values()))))
     pairs = {key: (runner.sample_scores(runs[key], metric), twin.sample_scores(there[key], metric)) for key in plans}
-    tests = {key: _test(a, b, runner.seed) for key, (a, b) in pairs.items()}
+    tests = {key: contrast_test(a, b, runner.seed) for key, (a, b) in pairs.items()}
     family = [key for key in tests if key != FULL]  # FullKV evicts nothing: the control, outside the family
     adjusted = dict(zip(family, holm([tests[key][1] for key in family])))
     out = []
@@ -200,9 +201,9 @@ def _question_dependence(runner: ExperimentRunner, plans: dict, runs: dict, metr
                 method=method,
                 budget=int(budget) if budget else None,
                 metric=metric,
-                here=_macro(a),
-                other=_macro(b),
-                sample=_sample_level(test, p),
+                here=macro_mean(a),
+                other=macro_mean(b),
+                sample=sample_level(test, p),
                 p_holm=adjusted.get(key, p),
                 family=len(family),
                 wins=wins,
@@ -216,18 +217,18 @@ def _question_dependence(runner: ExperimentRunner, plans: dict, runs: dict, metr
     return out
 
 
-def _macro(samples: dict[str, dict[str, float]]) -> float:
+def macro_mean(samples: dict[str, dict[str, float]]) -> float:
     """The macro-average over tasks of each task's mean over its samples."""
     return macro_average({t: sum(v.values()) / len(v) for t, v in samples.items() if v})
 
 
-def _sample_level(test, p: float) -> SampleLevel:
+def sample_level(test, p: float) -> SampleLevel:
     """The test as a report holds it, with the p it rests on (and the flips behind that p)."""
     level = SampleLevel.of(test)
     return level if test.exact else level.model_copy(update={"p": p, "permutations": PERMUTATIONS})
 
 
-def _test(a, b, seed: int):
+def contrast_test(a, b, seed: int):
     """The sample-level test of a - b, its p from `PERMUTATIONS` flips when not exact."""
     test = sample_test(a, b, seed=seed)
     p = test.p_value if test.exact else sign_flip_p(paired_differences(a, b), PERMUTATIONS, seed)

@@ -61,6 +61,27 @@ def _kv_section(data: LeaderboardData, entries: dict) -> list[str]:
     return [*lines, ""]
 
 
+def contrast_table(labelled: list[tuple[str, BoardEntry]], first: str = "method") -> list[str]:
+    """Every contrast of the entries in full, each row led by its entry's label (the column `first`)."""
+    lines = [
+        "### Every contrast",
+        "",
+        f"| {first} | budget | reference | metric | difference | 95% interval | p | p_H | family | MDE | samples "
+        "(differ) | W/T/L | verdict | run |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for label, e in labelled:
+        for c in e.versus:
+            s = c.sample
+            lines.append(
+                f"| {label} | {e.budget} | {c.reference} | {c.metric} | {s.difference:+.4f} | "
+                f"[{_num(s.low, '+.4f')}, {_num(s.high, '+.4f')}] | {format_p(s.p)} | {format_p(c.p_holm)} | "
+                f"{c.family} | {_num(s.mde, '.4f')} | {s.samples} ({s.differing}) | {c.wins}/{c.ties}/{c.losses} | "
+                f"{c.verdict} | `{e.run}` |"
+            )
+    return lines
+
+
 def leaderboard_markdown(data: LeaderboardData, database: Path | str) -> str:
     entries = {(e.method, e.budget): e for e in data.entries}
     lines = [
@@ -95,22 +116,7 @@ def leaderboard_markdown(data: LeaderboardData, database: Path | str) -> str:
                 row += [_cell(_versus(entries[method, b], reference, metric)) for b in data.budgets]
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
-    lines += [
-        "### Every contrast",
-        "",
-        "| method | budget | reference | metric | difference | 95% interval | p | p_H | family | MDE | samples "
-        "(differ) | W/T/L | verdict | run |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for e in data.entries:
-        for c in e.versus:
-            s = c.sample
-            lines.append(
-                f"| `{e.method}` | {e.budget} | {c.reference} | {c.metric} | {s.difference:+.4f} | "
-                f"[{_num(s.low, '+.4f')}, {_num(s.high, '+.4f')}] | {format_p(s.p)} | {format_p(c.p_holm)} | "
-                f"{c.family} | {_num(s.mde, '.4f')} | {s.samples} ({s.differing}) | {c.wins}/{c.ties}/{c.losses} | "
-                f"{c.verdict} | `{e.run}` |"
-            )
+    lines += contrast_table([(f"`{e.method}`", e) for e in data.entries])
     lines += ["", f"FullKV: run `{data.full.run}`.", ""]
     if data.question_dependence:
         lines += _question_section(data)

@@ -350,10 +350,12 @@ class LeaderboardData(_Experiment):
     question_dependence: list[QuestionContrast] = Field(default_factory=list)
 
 
-ExperimentData = Annotated[
-    FactorialData | PlacementData | SweepData | LeaderboardData, Field(discriminator="experiment")
-]
-_EXPERIMENT_DATA: TypeAdapter = TypeAdapter(ExperimentData)
+def _experiment_data() -> TypeAdapter:
+    """Every experiment's data, told apart by its `experiment` (the allocation study's module imports this one)."""
+    from polykv.eval.experiments.allocation import AllocationData
+
+    kinds = FactorialData | PlacementData | SweepData | LeaderboardData | AllocationData
+    return TypeAdapter(Annotated[kinds, Field(discriminator="experiment")])
 
 
 @dataclass
@@ -364,7 +366,7 @@ class Report:
     title: str
     rows: list[dict] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
-    data: FactorialData | PlacementData | SweepData | LeaderboardData | None = None
+    data: _Experiment | None = None  # FactorialData, PlacementData, ... (`_experiment_data`)
 
     def to_dict(self) -> dict[str, Any]:
         """The report as strict JSON data (see the module's docstring)."""
@@ -380,7 +382,7 @@ class Report:
         if not isinstance(rows, list) or not isinstance(lines, list) or not isinstance(numbers, dict):
             raise ValueError("not an experiment report (rows, lines and data are a list, a list and an object)")
         try:
-            data = _EXPERIMENT_DATA.validate_python(numbers) if numbers else None  # {}: saved while being written
+            data = _experiment_data().validate_python(numbers) if numbers else None  # {}: saved while being written
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(map(str, first["loc"])) or "data"
@@ -389,8 +391,7 @@ class Report:
 
 
 def _strict_json(value: Any) -> Any:
-    """`value` as strict JSON data: Python scalars (not numpy's), lists for tuples, string keys, None for NaN and
-    infinities (the report's rows are plain dicts the experiments fill; its data is already dumped)."""
+    """`value` as strict JSON: Python scalars (not numpy's), lists for tuples, string keys, None for NaN and inf."""
     if isinstance(value, Mapping):
         return {str(k): _strict_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
