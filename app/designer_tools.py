@@ -34,10 +34,7 @@ def split_by_rule(plan) -> None:
         st.error(str(exc))
     else:
         if rule == "cake":
-            st.caption(
-                "CAKE's rule splits each phase's total at run time, from each prompt's attention: no capacities to "
-                "draw before a run; the KV each layer held is measured with every sample."
-            )
+            predict_cake(plan, budget, windows)
         else:
             st.bar_chart({phase: capacities for phase, capacities in preview.items()}, stack=False, height=180)
             st.caption(
@@ -62,6 +59,40 @@ def split_by_rule(plan) -> None:
     )
     if heads != plan.head_allocation and st.button("Apply to the KV heads", key=state.SPLIT_HEADS_APPLY):
         controls.attempt(lambda: whole_plan.with_head_rule(plan, heads), f"KV heads: {heads}.")
+
+
+PREDICT_SEQUENCES, PREDICT_TOKENS = 2, 1024  # calibration text CAKE's split is predicted on
+
+
+def predict_cake(plan, budget: float, windows) -> None:
+    """CAKE's rule splits each prompt's total at run time: its split on calibration text, on request (it runs the
+    model), drawn as what a prompt like it would get."""
+    from polykv.models import context_length
+    from polykv.profile.sources import calibration_text
+    from polykv.routing.rules import predicted_split
+    from polykv.search.objective import plan_key
+
+    st.caption(
+        "CAKE's rule splits each phase's total at run time, from each prompt's attention; the KV each layer held is "
+        "measured with every sample. Its split on calibration text predicts what a prompt like it gets."
+    )
+    ruled = whole_plan.split_by_rule(plan, "cake", budget, windows)
+    key = (plan_key(ruled), budget)
+    predicted = st.session_state.get(state.SPLIT_PREDICTED, {})
+    if key not in predicted and st.button("Predict on calibration text", key=state.SPLIT_PREDICT):
+        name, _, model, tokenizer = session.current_model()
+        tokens = min(PREDICT_TOKENS, context_length(model) or PREDICT_TOKENS)
+        with st.spinner("Running the model on calibration text..."):
+            text = calibration_text(name, model, tokenizer, PREDICT_SEQUENCES, tokens)
+            predicted = {key: (predicted_split(model, ruled, text), min(len(ids) for ids in text))}
+        st.session_state[state.SPLIT_PREDICTED] = predicted
+    if key in predicted:
+        split, tokens = predicted[key]
+        st.bar_chart(split, stack=False, height=180)
+        st.caption(
+            f"Capacity per layer (layer 0 first) CAKE's rule gave on {PREDICT_SEQUENCES} calibration sequences of "
+            f"{tokens} tokens, their mean; each prompt gets its own."
+        )
 
 
 def export_kvpress(plan) -> None:

@@ -18,7 +18,7 @@ from polykv.models import cache_argument_name
 from polykv.plan import Plan, PlanError
 from polykv.plan_edits.painting import paint
 from polykv.profile.squeeze import attention_similarity
-from polykv.routing.rules import apply_rule, rule_capacities, rule_params, three_groups
+from polykv.routing.rules import apply_rule, predicted_split, rule_capacities, rule_params, three_groups
 from polykv.runtime import routed
 from tests.helpers import assert_batched_as_alone, assert_one_line_error, decode_logits, tiny_model
 from tests.test_answers import question_for, vanilla_nll
@@ -138,6 +138,24 @@ def test_cakes_rule_gives_no_local_layer_more_than_its_window_holds():
     )
     cache = _prefilled(tiny_model("gemma3"), plan)
     assert max(cache.capacities("prefill")[:2]) <= 15 and sum(cache.capacities("prefill")) == 60
+
+
+def test_cakes_predicted_split_is_the_mean_of_what_each_prompt_got():
+    model = tiny_model("llama", num_hidden_layers=4)
+    plan = Plan.homogeneous("tova", 24, 4, "prefill", allocation="cake").model_copy(
+        update={"allocation_params": {"window": 4}}
+    )
+    generator = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, model.config.vocab_size, (80,), generator=generator).tolist() for _ in range(2)]
+    each = []
+    for ids in prompts:
+        with routed(model, plan) as session, torch.no_grad():
+            model(torch.tensor([ids]), use_cache=True)
+            each.append(session.cache.capacities("prefill"))
+    predicted = predicted_split(model, plan, prompts)["prefill"]
+    assert predicted == [(a + b) / 2 for a, b in zip(*each)] and sum(predicted) == 96
+    with pytest.raises(PlanError, match="only a run-time split is predicted"):
+        predicted_split(model, Plan.homogeneous("tova", 24, 4, "prefill"), prompts)
 
 
 def test_cakes_rule_refuses_a_layer_without_a_capacity_and_a_method_that_cannot_run_at_its_least():

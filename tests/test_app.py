@@ -799,10 +799,13 @@ def test_split_by_a_rule_draws_the_capacities_then_applies_them_to_the_plans_met
     prefill = [lay.prefill.capacity for lay in after.layers]
     assert sum(prefill) == 40 * 5 and prefill == sorted(prefill, reverse=True) and prefill[0] > prefill[-1]
     assert any("Split by the pyramid rule at a budget of 40" in s for s in texts(at.success) + texts(at.info))
-    # CAKE's rule is decided at run time: the plan says so, and nothing is drawn for it
+    # CAKE's rule is decided at run time: the plan says so, and its split on calibration text is drawn on request
     [r for r in at.radio if r.label == "Rule"][0].set_value("cake")
     at.run()
     assert not at.error, texts(at.error)
+    button(at, "Predict on calibration text").click()
+    at.run()
+    assert not at.exception and any("CAKE's rule gave on 2 calibration sequences" in c for c in texts(at.caption))
     button(at, "Apply the rule").click()
     at.run()
     assert current_plan(at).allocation == "cake" and not at.error

@@ -320,13 +320,11 @@ def plan_export(
 def _squeeze_statistics(model_name: str, tokens: int) -> list[float]:
     """SqueezeAttention's per-layer attention similarity on 4 calibration sequences of `tokens` tokens."""
     from polykv.models import load_model
-    from polykv.profile.corpus import CorpusSpec, build_corpus
-    from polykv.profile.sources import default_sources
+    from polykv.profile.sources import calibration_text
     from polykv.profile.squeeze import attention_similarity
 
     model, tokenizer = load_model(model_name)
-    spec = CorpusSpec(sources=default_sources(model_name), num_sequences=4, max_tokens=tokens)
-    return attention_similarity(model, build_corpus(tokenizer, spec, model=model).sequences)
+    return attention_similarity(model, calibration_text(model_name, model, tokenizer, 4, tokens))
 
 
 def import_llama2c_command(

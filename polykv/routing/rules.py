@@ -174,10 +174,39 @@ def apply_rule(
     )
 
 
+def predicted_split(model, plan: Plan, sequences: Sequence[Sequence[int]]) -> dict[str, list[float]]:
+    """A run-time rule's split (`allocation: cake`) predicted on `sequences`: per active phase, the capacity each
+    layer got at prefill, the mean over the sequences (a prompt of the workload gets its own)."""
+    import torch
+
+    from polykv.runtime.routed import routed
+
+    if plan.allocation != "cake":
+        raise PlanError(
+            f"{plan.name}: only a run-time split is predicted (this plan's allocation is {plan.allocation})"
+        )
+    got: dict[str, list[list[int]]] = {phase.value: [] for phase in plan.scope.phases}
+    device = next(model.parameters()).device
+    with routed(model, plan) as session, torch.no_grad():
+        for ids in sequences:
+            model(torch.tensor([list(ids)], device=device), use_cache=True)
+            for phase in plan.scope.phases:
+                got[phase.value].append(session.cache.capacities(phase))
+    return {phase: [sum(column) / len(column) for column in zip(*rows)] for phase, rows in got.items()}
+
+
 def _rounded(statistics):
     if isinstance(statistics, Mapping):
         return {phase: _rounded(values) for phase, values in statistics.items()}
     return [round(float(s), 6) for s in statistics]
 
 
-__all__ = ["PROFILE_RULES", "STATIC_RULES", "apply_rule", "rule_capacities", "rule_params", "three_groups"]
+__all__ = [
+    "PROFILE_RULES",
+    "STATIC_RULES",
+    "apply_rule",
+    "predicted_split",
+    "rule_capacities",
+    "rule_params",
+    "three_groups",
+]

@@ -28,13 +28,12 @@ class SearchSummary(_Data):
 
 def squeeze_statistics(runner: ExperimentRunner) -> list[float]:
     """SqueezeAttention's per-layer similarity on 4 sequences of calibration text as long as the suite's prompts."""
-    from polykv.profile.corpus import CorpusSpec, build_corpus
-    from polykv.profile.sources import default_sources
+    from polykv.profile.sources import calibration_text
     from polykv.profile.squeeze import attention_similarity
 
     tokens = int(getattr(runner.settings, "length", None) or 1024)
-    spec = CorpusSpec(sources=default_sources(runner.model_name), num_sequences=4, max_tokens=tokens)
-    return attention_similarity(runner.model, build_corpus(runner.tokenizer, spec, model=runner.model).sequences)
+    text = calibration_text(runner.model_name, runner.model, runner.tokenizer, 4, tokens)
+    return attention_similarity(runner.model, text)
 
 
 class CalibrationCache:
