@@ -87,13 +87,17 @@ def test_moves_are_ranked_by_the_profile():
             rows.append(
                 {"layer": layer, "scope": "decode", "method": method, "cosine": 0.9, "dppl": scores.get(method, 0.5)}
             )
-    profile = SimpleNamespace(table=pd.DataFrame(rows), meta=SimpleNamespace(method_params={}))
+    meta = SimpleNamespace(method_params={}, scopes=["decode"])
+    profile = SimpleNamespace(table=pd.DataFrame(rows), meta=meta, entropy=[1.0, 3.0])
     plan = plan_of(["streamingllm", "streamingllm"], [16, 16])
     ranked = proposals(plan, 16, base_params([plan], profile), profile, "dppl")
     first_method = next(m for m, _ in ranked if m.kind == "method")
     first_transfer = next(m for m, _ in ranked if m.kind == "transfer")
     assert (first_method.layer, first_method.method) == (1, "tova")
     assert (first_transfer.donor, first_transfer.layer) == (0, 1)  # capacity goes where the method hurts most
+    # the profile's own rules are moves too: the entropy rule splits 32 tokens 1 : 3
+    rules = {m.method: m.capacities for m, _ in ranked if m.kind == "rule"}
+    assert rules["entropy"] == (8, 24) and sum(rules["ppl"]) == 32 and "pyramid" in rules
 
 
 def test_on_a_hybrid_model_every_move_keeps_the_retained_kv_exact():

@@ -10,8 +10,10 @@ neighbour in that space:
   transfer  (phase p, donor d, receiver l, amount a): layer d gives a tokens of capacity to layer l in
             phase p. The total does not change; the donor keeps at least `min_capacity`.
   rule      (phase p, rule r): phase p's total split over the layers by the static rule r (`RULE_MOVES`:
-            uniform, PyramidKV's pyramid; `polykv.routing.rules`), the methods kept. The total does not change; on
-            a hybrid model it is proposed only while every layer holds its whole capacity (then so is the KV held).
+            uniform, PyramidKV's pyramid; with a profile of the phase also its entropy and ppl rules;
+            `polykv.routing.rules`), the methods kept. The total does not change; on a hybrid model it is proposed
+            only while every layer holds its whole capacity (then so is the KV held). SqueezeAttention's rule is not
+            proposed: its statistic is measured on calibration text the search does not read.
   heads     (h): each layer's budget split over its KV heads by h ("adakv" or back to "uniform",
             `polykv.methods.head_budgets`); where a plan cannot take it (a merging decode method, an eviction
             interval above 1) it is not proposed.
@@ -144,6 +146,16 @@ def apply(plan: Plan, move: Move, params: Mapping[str, Mapping[str, Any]]) -> Pl
     return validate_plan(out, plan.num_layers)
 
 
+def _rule_statistics(profile, phase: Phase) -> dict[str, list[float]]:
+    """The profile rules' statistics in `phase` ({"entropy": ..., "ppl": ...}; none without a profile, or where the
+    profile did not measure the phase): what makes them rule moves too."""
+    if profile is None or phase.value not in profile.meta.scopes:
+        return {}
+    from polykv.routing.allocation import ppl_sensitivity
+
+    return {"entropy": list(profile.entropy), "ppl": ppl_sensitivity(profile.table, phase)}
+
+
 def _profile_scores(profile, phase: Phase, statistic: str) -> dict[tuple[int, str], float]:
     """{(layer, method): sign * statistic}: higher is better."""
     from polykv.profile.store import STATISTICS
@@ -182,8 +194,11 @@ def proposals(
     for phase in plan.scope.phases:
         now = tuple(layer[phase].capacity for layer in plan.layers)
         # only where every layer holds its whole capacity: then a rule keeps the KV held (`within_bounds`)
-        for rule in RULE_MOVES if all(c <= bound for c, bound in zip(now, bounds)) else ():
-            given = tuple(rule_capacities(rule, sum(now), plan.num_layers, windows=windows))
+        statistics = _rule_statistics(profile, phase)
+        for rule in [*RULE_MOVES, *statistics] if all(c <= bound for c, bound in zip(now, bounds)) else ():
+            given = tuple(
+                rule_capacities(rule, sum(now), plan.num_layers, windows=windows, statistics=statistics.get(rule))
+            )
             if given != now and min(given) >= min_capacity:
                 whole_plan_moves.append(Move("rule", phase.value, 0, method=rule, capacities=given))
         scores = _profile_scores(profile, phase, statistic) if profile is not None else {}
