@@ -157,9 +157,12 @@ def heterogeneity(
 ):
     """The current model's attention support over `inputs` inputs (cached per `model_key`, the model's
     (name, device)): (per-layer support frame, density map of input `density_input`, clipped to the
-    inputs built, the inputs' length, that input's index)."""
+    inputs built, the inputs' length, that input's index, the seconds the measurement took)."""
+    import time
+
     from polykv.profile.heterogeneity import measure_heterogeneity
 
+    started = time.perf_counter()
     model = current_model()[2]
     sequences = _inputs(model_key, inputs, max_tokens, sources)
     result = measure_heterogeneity(model, sequences, coverage=coverage)
@@ -168,4 +171,4 @@ def heterogeneity(
         density = measure_heterogeneity(model, [sequences[index]], coverage=coverage, bootstrap=1).density
     else:
         density = result.density
-    return result.to_frame("layers"), density, len(sequences[0]), index
+    return result.to_frame("layers"), density, len(sequences[0]), index, time.perf_counter() - started

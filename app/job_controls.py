@@ -59,10 +59,10 @@ def start_job(build: Callable[[], Any], flash_key: str | None = None, refused: s
     st.rerun()
 
 
-def show_estimate(work: Callable[[], Any], key: str) -> None:
+def show_estimate(work: Callable[[], Any], key: str):
     """Beside a launch button: what the work `work()` counts (`polykv.costs.Work`) would take here, before it
     starts; until the model's speed on this device is measured, a button that measures it (seconds, once).
-    Nothing when the launch cannot be described: launching says why."""
+    Nothing when the launch cannot be described: launching says why. Returns the estimate (None where none)."""
     from polykv import costs
 
     name, device, model, _ = current_model()
@@ -77,12 +77,13 @@ def show_estimate(work: Callable[[], Any], key: str) -> None:
                 st.error(f"Not measured: {first_line(exc)}")
                 return
             st.rerun()
-        return
+        return None
     try:
         found = costs.estimate(work(), costs.stored_rates(name, device))
     except (PolyKVError, ValueError, OSError):
-        return  # launching says what is wrong
+        return None  # launching says what is wrong
     st.caption(found.line().replace("estimate:", "Estimated here:", 1))
+    return found
 
 
 def launch_estimate(build: Callable[[], Any], key: str) -> None:

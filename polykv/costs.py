@@ -44,6 +44,7 @@ HISTORY = 5  # finished jobs per kind whose measured / estimated ratio corrects 
 CORRECTION_RANGE = (0.25, 4.0)  # a correction outside this says the model is wrong, not that it needs a factor
 # The factor within which a test holds the estimate of a real small run (tests/test_costs.py).
 STATED_FACTOR = 3.0
+BUSY_STRETCH = 1.25  # a load that may stretch a CPU launch by this factor or more is said beside its estimate
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class Work:
     kv_tokens: int = 0
     kv_rows: int = 1
     what: str = ""  # one phrase: "24 samples x 2 plans at 4,096 tokens"
+    timed_s: float = 0.0  # seconds priced by timing, not by the rates: building a suite's samples
 
     def __add__(self, other: Work) -> Work:
         return Work(
@@ -77,6 +79,7 @@ class Work:
             max(self.kv_tokens, other.kv_tokens),
             max(self.kv_rows, other.kv_rows),
             "; ".join(w for w in (self.what, other.what) if w),
+            self.timed_s + other.timed_s,
         )
 
     def loaded(self, loads: int) -> Work:
@@ -138,6 +141,16 @@ class Estimate:
     work: Work
     rates: Rates
     correction: float
+    load: float | None = None  # the machine's load (1-minute average) when estimated, beside its `cores`
+    cores: int = 1
+
+    @property
+    def stretch(self) -> float:
+        """How much longer the machine's other work may make it on a CPU: its cores shared with `load` runnable
+        tasks (1 on an accelerator, or with no load reading)."""
+        if self.load is None or not self.rates.device.startswith("cpu"):
+            return 1.0
+        return 1.0 + self.load / self.cores
 
     @property
     def model_seconds(self) -> float:
@@ -148,19 +161,35 @@ class Estimate:
         """`estimate: about 3 min 5 s and 1.2 GiB here (cpu; 24 samples x 2 plans at 4,096 tokens)`."""
         learned = f", x{self.correction:.2f} from earlier {self.work.kind} jobs" if self.correction != 1.0 else ""
         what = f"; {self.work.what}" if self.work.what else ""
+        busy = ""
+        if self.stretch >= BUSY_STRETCH:
+            busy = (
+                f"; this machine is busy (load {self.load:.1f} on {self.cores} cores): it may take up to "
+                f"x{self.stretch:.1f} that, about {duration(self.seconds * self.stretch)}"
+            )
         return (
             f"estimate: about {duration(self.seconds)} and {self.memory_bytes / 2**30:.1f} GiB on "
-            f"{self.rates.device}{what} (speed measured {self.rates.measured[:10]}{learned})"
+            f"{self.rates.device}{what} (speed measured {self.rates.measured[:10]}{learned}){busy}"
         )
 
 
 def estimate(work: Work, rates: Rates) -> Estimate:
-    raw = work.loads * rates.load_s + sum(
-        f.count * rates.forward_s(f.new, f.context, f.batch, f.routed) for f in work.forwards
-    )
+    raw = work.timed_s + work.loads * rates.load_s
+    raw += sum(f.count * rates.forward_s(f.new, f.context, f.batch, f.routed) for f in work.forwards)
     correction = rates.correction(work.kind)
     memory = rates.weights_bytes + rates.kv_token_bytes * work.kv_tokens * max(1, work.kv_rows)
-    return Estimate(raw * correction, memory, work, rates, correction)
+    return Estimate(raw * correction, memory, work, rates, correction, *machine_load())
+
+
+def machine_load() -> tuple[float | None, int]:
+    """(the 1-minute load average, the cores this process may use); None where the system has no load average."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        return os.getloadavg()[0], cores
+    except (OSError, AttributeError):
+        return None, cores
 
 
 # ---- stored rates -------------------------------------------------------------------------------------

@@ -302,6 +302,7 @@ def test_heterogeneity_page_draws_support_sizes_and_density(app_env):
     assert [t["type"] for t in density["data"]] == ["heatmap"]
     assert density["layout"]["title"]["text"].startswith("support density over the input")
     assert any("8 inputs of" in c for c in texts(at.caption))
+    assert any(c.startswith("Measured in ") for c in texts(at.caption))  # the actual time, beside any estimate
 
 
 @pytest.mark.slow  # builds a profile of the demo model, then two pages

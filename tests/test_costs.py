@@ -51,6 +51,20 @@ def test_an_estimate_prices_each_forward_and_the_load():
     assert "estimate: about" in found.line() and "1.0 GiB on cpu" in found.line()
 
 
+def test_an_estimate_adds_timed_work_and_says_when_the_machines_load_may_stretch_it(monkeypatch):
+    work = Work("eval", (Forward(10, 100),), timed_s=30.0)
+    monkeypatch.setattr(costs, "machine_load", lambda: (0.2, 2))
+    quiet = costs.estimate(work, _rates())
+    assert quiet.seconds == pytest.approx(30.0 + costs.estimate(Work("eval", (Forward(10, 100),)), _rates()).seconds)
+    assert quiet.stretch == pytest.approx(1.1) and "busy" not in quiet.line()
+    monkeypatch.setattr(costs, "machine_load", lambda: (3.0, 2))  # three runnable tasks on two cores
+    busy = costs.estimate(work, _rates())
+    assert busy.stretch == pytest.approx(
+        2.5
+    ) and "this machine is busy (load 3.0 on 2 cores): it may take up to x2.5" in (busy.line())
+    assert costs.estimate(work, _rates(device="cuda")).stretch == 1.0  # an accelerator is not shared by load
+
+
 def test_rates_are_kept_per_model_and_device_and_finished_jobs_correct_them(tmp_path, monkeypatch):
     monkeypatch.setenv("POLYKV_HOME", str(tmp_path))
     assert costs.stored_rates("m", "cpu") is None
@@ -114,6 +128,9 @@ def test_suite_work_counts_each_sample_as_a_run_builds_it(demo_model):
     prompts = lambda w: sum(f.count for f in w.forwards if f.new > 1)  # noqa: E731
     assert prompts(alone) == 6 * 4 + 6 and prompts(batched) == 6 + 6  # FullKV's reference once per sample
     assert batched.kv_rows == 4 and alone.kv_rows == 1
+    # building the samples (timed on the first of each task) is priced too: once batched, once per run alone
+    assert all(s.build_s > 0 for s in shapes) and batched.timed_s == pytest.approx(sum(3 * s.build_s for s in shapes))
+    assert alone.timed_s == pytest.approx(4 * batched.timed_s)
 
 
 def test_dry_run_states_the_estimate_and_starts_no_work(polykv, tmp_path):

@@ -6,6 +6,7 @@ from app import charts, common, job_controls, session, state
 from polykv.errors import first_line
 from polykv.eval.launch.work import heterogeneity_work
 from polykv.profile.corpus import default_sources
+from polykv.text import duration
 
 st.title("Attention heterogeneity")
 st.caption(
@@ -28,7 +29,7 @@ with st.form(state.HETEROGENEITY_FORM, enter_to_submit=False):
     cols = st.columns([1, 1, 4])
     measured = cols[0].form_submit_button("Measure", type="primary")
     cols[1].form_submit_button("Estimate", help="Estimate the time these settings take here, without measuring")
-job_controls.show_estimate(
+estimated = job_controls.show_estimate(
     lambda: heterogeneity_work(sources, int(inputs), min(int(max_tokens), session.context_length() or int(max_tokens))),
     state.HETEROGENEITY_MEASURE_SPEED,
 )
@@ -45,7 +46,7 @@ if not sources:
     st.error("Choose at least one source.")
     st.stop()
 try:
-    frame, density, length, index = common.heterogeneity(
+    frame, density, length, index, seconds = common.heterogeneity(
         (name, device), int(inputs), int(max_tokens), float(coverage), tuple(sources), int(density_input)
     )
 except (ValueError, OSError) as exc:
@@ -57,6 +58,8 @@ st.caption(
     if int(inputs) > 1
     else f"1 input of {length} tokens: one measurement per layer, no interval (a bootstrap interval needs 2 inputs)."
 )
+took = f"Measured in {duration(seconds)}"  # when measured (a cached measurement keeps its own time)
+st.caption(took + (f" (estimated about {duration(estimated.seconds)})." if estimated is not None else "."))
 common.show(charts.support_figure(frame, coverage, session.layer_windows()), "support")
 st.caption(f"Density map: input {index}.")
 common.show(charts.density_figure(density), "density")

@@ -6,6 +6,7 @@ a search. Counts come from the launch's own settings and, for a suite, from the 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Sequence
 
 from polykv.costs import Forward, Work
@@ -25,6 +26,7 @@ class SampleShape:
     reference_steps: int
     rows: int = 1  # rows a plan steps in at once in a batch (fidelity: its teacher-forced and its greedy trace)
     prompts: int = 1  # prompt passes a plan (and FullKV's reference) makes alone (fidelity: one per trace)
+    build_s: float = 0.0  # seconds to build one sample (timed on the first; RULER's haystacks, LongBench's files)
 
 
 def _shape(suite: str, settings, task: str, count: int, payload) -> SampleShape:
@@ -73,7 +75,9 @@ def sample_shapes(suite: str, settings, model, tokenizer, seed: int = 0) -> list
     module = suite_module(suite)
     per_task = getattr(settings, "samples_per_task", None)
     one = dataclasses.replace(settings, samples_per_task=1) if per_task is not None else settings
+    started = time.perf_counter()
     built = module.build_samples(tokenizer, model, one, seed)
+    build_s = (time.perf_counter() - started) / max(1, len(built))
     counts: dict[str, int] = {}
     if per_task is None:
         for task, _, _ in built:
@@ -81,7 +85,8 @@ def sample_shapes(suite: str, settings, model, tokenizer, seed: int = 0) -> list
     first: dict[str, object] = {}
     for task, _, payload in built:
         first.setdefault(task, payload)
-    return [_shape(suite, settings, task, counts.get(task, per_task or 1), p) for task, p in first.items()]
+    shapes = [_shape(suite, settings, task, counts.get(task, per_task or 1), p) for task, p in first.items()]
+    return [dataclasses.replace(shape, build_s=build_s) for shape in shapes]
 
 
 def _samples(shapes: Sequence[SampleShape]) -> int:
@@ -114,7 +119,15 @@ def suite_work(
     count = _samples(shapes)
     longest_prompt = max((s.prompt for s in shapes), default=0)
     default = f"{count} samples x {plans} plan{'s' if plans != 1 else ''} at up to {longest_prompt:,} tokens"
-    return Work(kind, tuple(forwards), kv_tokens=longest, kv_rows=plans if batched else 1, what=what or default)
+    building = sum(s.count * s.build_s for s in shapes) * (1 if batched else plans)  # each run alone builds its own
+    return Work(
+        kind,
+        tuple(forwards),
+        kv_tokens=longest,
+        kv_rows=plans if batched else 1,
+        what=what or default,
+        timed_s=building,
+    )
 
 
 def eval_work(suite: str, settings, model, tokenizer, plans: Sequence[Plan], seed: int = 0) -> Work:
