@@ -6,7 +6,12 @@ cleared first, so each ratio is the plain cost model's (the jobs here then recor
 
     .venv/bin/python benchmarks/launch_costs.py --model smollm2 --out benchmarks/results/launch_costs.json
 
-Run it on an idle machine: the rates and the runs must see the same load.
+On an idle machine the rates and the runs see the same load. On a busy one (issue 56: "a quiet machine and a busy
+one"), `--keep-rates` prices with the rates stored earlier (measured idle) and each row records the machine's load
+when the launch was estimated and the estimate stretched by it (`Estimate.stretch`: up to 1 + load / cores), as
+the estimate line says beside a CPU launch:
+
+    .venv/bin/python benchmarks/launch_costs.py --keep-rates --out benchmarks/results/launch_costs_busy.json
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/launch_costs.json"))
+    parser.add_argument("--keep-rates", action="store_true", help="price with the stored rates (corrections cleared)")
     args = parser.parse_args()
     ws = Path(tempfile.mkdtemp(prefix="launch-costs-")) / "ws"
     from polykv import costs, jobs
@@ -40,18 +46,28 @@ def main() -> None:
     name, device = args.model, "cpu"
     started = time.perf_counter()
     model, tokenizer = load_model(name, device=device)
-    rates = dataclasses.replace(costs.measure_rates(model, name, device, time.perf_counter() - started), ratios={})
+    stored = costs.stored_rates(name, device) if args.keep_rates else None
+    measured_now = stored or costs.measure_rates(model, name, device, time.perf_counter() - started)
+    rates = dataclasses.replace(measured_now, ratios={})
     costs.save_rates(rates)
     print(f"rates: {rates}")
     rows = []
 
+    def stretch() -> tuple[float | None, float]:
+        load, cores = costs.machine_load()
+        return load, 1.0 if load is None else 1.0 + load / cores
+
     def run_job(kind: str, job) -> None:
+        load, factor = stretch()
         job = with_estimate(job, model, tokenizer, ws)
         jobs.start(job, ws)
         while (state := jobs.state(jobs.load_job(ws, job.id), ws)).status not in jobs.FINAL:
             time.sleep(1)
         assert state.status == "finished", (state.error, jobs.log_tail(job, ws))
-        rows.append({"kind": kind, "title": job.title, "estimate_s": job.estimate_s, "measured_s": state.measured_s})
+        rows.append(
+            {"kind": kind, "title": job.title, "estimate_s": job.estimate_s, "measured_s": state.measured_s}
+            | {"load": load, "stretched_s": job.estimate_s * factor}
+        )
         print(rows[-1], flush=True)
 
     # 1. an evaluation: a plan and TOVA on RULER at 1,024 tokens, answer_nll (the proposed first run's pilot)
@@ -71,12 +87,16 @@ def main() -> None:
     # 3. heterogeneity, in-process as its page measures it: 4 inputs of 512 tokens
     sources = default_sources(name)
     tokens = min(512, context_length(model) or 512)
+    load, factor = stretch()
     estimate = costs.estimate(heterogeneity_work(sources, 4, tokens).loaded(0), rates)
     start = time.perf_counter()
     corpus = build_corpus(tokenizer, CorpusSpec(sources=sources, num_sequences=4, max_tokens=tokens), model=model)
     measure_heterogeneity(model, corpus.sequences)
     measured = time.perf_counter() - start
-    rows.append({"kind": "heterogeneity", "title": "4 x 512", "estimate_s": estimate.seconds, "measured_s": measured})
+    rows.append(
+        {"kind": "heterogeneity", "title": "4 x 512", "estimate_s": estimate.seconds, "measured_s": measured}
+        | {"load": load, "stretched_s": estimate.seconds * factor}
+    )
     print(rows[-1], flush=True)
 
     # 4. an experiment: the factorial on fidelity, 2 samples of 2 tasks
@@ -102,7 +122,10 @@ def main() -> None:
     )
     for row in rows:
         estimated, measured = row["estimate_s"], row["measured_s"]
-        print(f"{row['kind']:<14} estimate {estimated:7.1f} s   measured {measured:7.1f} s   x{row['ratio']}")
+        print(
+            f"{row['kind']:<14} estimate {estimated:7.1f} s (load {row['load']}, stretched {row['stretched_s']:7.1f} s)"
+            f"   measured {measured:7.1f} s   x{row['ratio']}"
+        )
 
 
 if __name__ == "__main__":

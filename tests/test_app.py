@@ -585,7 +585,7 @@ def test_runs_launches_the_plan_it_shows_and_offers_saved_plans(app_env):
         button(at, "Launch").click()
         at.run()
     (job,) = [call.args[0] for call in start.call_args_list]
-    assert [r.plan_name for r in job.runs] == ["saved-h2o"]
+    assert [r.plan_name for r in job.runs] == ["saved-h2o", "full-both"]  # FullKV, the reference, pre-selected
 
 
 @pytest.mark.slow  # launches a four-run eval job and waits for its worker
@@ -598,6 +598,7 @@ def test_a_placement_control_launched_from_runs_is_drawn_on_experiments(app_env)
     at.run()
     at.text_area(key="settings_fidelity").set_value(json.dumps(TINY_SETTINGS))
     [n for n in at.number_input if n.label == "Random placements"][0].set_value(3)
+    at.multiselect(key="run_baselines").set_value([])  # without FullKV's reference run
     button(at, "Launch").click()
     at.run()
     assert any("(4 runs)" in s for s in texts(at.success)), (texts(at.success), texts(at.error))
@@ -618,6 +619,7 @@ def test_a_running_job_shows_progress_and_cancel_stops_it(app_env):
     slow = {**TINY_SETTINGS, "samples_per_task": 20, "prompt_tokens": 200}
     at = open_app("runs")
     at.text_area(key="settings_fidelity").set_value(json.dumps(slow))
+    at.multiselect(key="run_baselines").set_value([])  # the plan's run alone
     button(at, "Launch").click()
     at.run()
     (job,) = jobs.list_jobs(app_env / "ws")

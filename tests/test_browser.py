@@ -139,9 +139,9 @@ def test_design_save_evaluate_and_compare_a_plan(app, page):
     settings = page.get_by_label("Suite settings (JSON)")
     settings.fill(json.dumps(TINY_SETTINGS))
     settings.press("Control+Enter")
-    choose_option(page, "Baselines", "tova")
+    choose_option(page, "Baselines", "tova")  # beside FullKV, pre-selected as the reference
     page.get_by_role("button", name="Launch", exact=True).click()
-    expect(page.get_by_text(re.compile(r"^Started \S+-eval-\S+ \(2 runs\)\.$"))).to_be_visible(timeout=WAIT)
+    expect(page.get_by_text(re.compile(r"^Started \S+-eval-\S+ \(3 runs\)\.$"))).to_be_visible(timeout=WAIT)
     header = page.get_by_test_id("stMarkdownContainer").filter(has_text=job_header("browser-plan on fidelity"))
     # While the page switches from polling to a full redraw, the old "running" box can briefly stand
     # next to the new one: wait for exactly one, finished.
@@ -153,10 +153,11 @@ def test_design_save_evaluate_and_compare_a_plan(app, page):
     expect(page.get_by_role("heading", name="Runs in the results database")).to_have_count(1)
     # Dataframes are drawn on a canvas, over an accessible grid of the same cells.
     cells = page.get_by_test_id("stDataFrame").locator("[role=gridcell]")
-    expect(cells).to_have_count(22)  # two runs: 7 columns and 4 fidelity metrics each
+    expect(cells).to_have_count(33)  # three runs: 7 columns and 4 fidelity metrics each
     texts = cells.all_inner_texts()
     # the baseline keeps the painted plan's own budget in each phase (37 in prefill, 43 in decode), not one average
-    assert [texts[1:6], texts[12:17]] == [
+    assert [texts[1:6], texts[12:17], texts[23:28]] == [
+        ["full-both", "fidelity", "demo", "finished", "2/2"],
         ["tova-both37/43", "fidelity", "demo", "finished", "2/2"],
         ["browser-plan", "fidelity", "demo", "finished", "2/2"],
     ]  # newest first
@@ -164,6 +165,7 @@ def test_design_save_evaluate_and_compare_a_plan(app, page):
     assert [(r.plan_name, r.suite, r.status) for r in runs] == [
         ("browser-plan", "fidelity", "finished"),
         ("tova-both37/43", "fidelity", "finished"),
+        ("full-both", "fidelity", "finished"),
     ]
     baseline = Plan.from_json(runs[1].plan_json).summary().phases
     painted = Plan.from_json(runs[0].plan_json).summary().phases

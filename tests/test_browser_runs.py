@@ -12,7 +12,7 @@ import time
 import pytest
 from playwright.sync_api import expect
 
-from tests.browser import MODEL_WAIT, WAIT, choose_option, go_to, job_header, served_app, settle, tab
+from tests.browser import MODEL_WAIT, WAIT, go_to, job_header, served_app, settle, tab
 
 pytestmark = pytest.mark.slow
 
@@ -115,7 +115,8 @@ def test_heterogeneity_computes_only_when_asked_and_every_launch_says_its_cost_f
         settings.fill(json.dumps(TINY_RULER))
         settings.press("Control+Enter")
         settle(page)
-        choose_option(page, "Baselines", "full")
+        baselines = page.get_by_test_id("stMultiSelect").filter(has_text="Baselines")
+        expect(baselines.locator("[data-tag]").filter(has_text=re.compile(r"^full$"))).to_be_visible()  # pre-selected
         before = page.get_by_text(
             re.compile(r"^Estimated here: about .+ on cpu; 2 samples x 2 plans at up to \d+ tokens")
         )

@@ -172,7 +172,9 @@ def test_a_ruler_run_with_the_proposed_settings_finishes_and_an_impossible_one_i
     page.get_by_label("Suite settings (JSON)").blur()
     settle(page)
     page.get_by_role("button", name="Launch", exact=True).click()
-    expect(page.get_by_text(re.compile(r"^Started \S+-eval-\S+ \(1 run\)\.$"))).to_be_visible(timeout=WAIT)
+    expect(page.get_by_text(re.compile(r"^Started \S+-eval-\S+ \(2 runs\)\.$"))).to_be_visible(
+        timeout=WAIT
+    )  # and FullKV
     progress = page.get_by_test_id("stProgress").first
     expect(progress).to_contain_text(re.compile(r"\d+% · (\d+ min )?\d+ s elapsed"), timeout=MODEL_WAIT)
     header = page.get_by_test_id("stMarkdownContainer").filter(has_text=job_header("on ruler"))
@@ -181,12 +183,12 @@ def test_a_ruler_run_with_the_proposed_settings_finishes_and_an_impossible_one_i
     expect(page.get_by_test_id("stProgress").first).to_contain_text(
         re.compile(r"^100% · (\d+ min )?\d+ s elapsed( · estimated about .+, took .+)? · finished")
     )
-    (run,) = Store(results).runs()
-    assert (run.suite, run.status, run.done_samples, run.total_samples) == (
-        "ruler",
-        "finished",
-        len(FIRST_RUN_TASKS),
-        len(FIRST_RUN_TASKS),
+    runs = Store(results).runs()
+    assert [r.plan_name == "full-both" for r in runs] == [False, True]  # the plan, then FullKV (pre-selected)
+    assert all(
+        (run.suite, run.status, run.done_samples, run.total_samples)
+        == ("ruler", "finished", len(FIRST_RUN_TASKS), len(FIRST_RUN_TASKS))
+        for run in runs
     )
     shoot(page, "runs-smollm2-ruler")
 

@@ -154,7 +154,8 @@ RUNS_SETTINGS = {"length": 256, "tasks": ["niah_single_1"]}
 
 
 def enter_runs_settings(at) -> None:
-    """On the Runs page: RULER, its settings, budgets 16,32 and the tova baseline, as a user types them."""
+    """On the Runs page: RULER, its settings, budgets 16,32 and the tova baseline (beside FullKV, pre-selected), as a
+    user types them."""
     at.selectbox(key="run_suite").select("ruler")
     at.run()
     at.text_area(key="settings_ruler").set_value(json.dumps(RUNS_SETTINGS))
@@ -167,7 +168,8 @@ def assert_runs_settings(at) -> None:
     """The Runs page shows what `enter_runs_settings` typed."""
     assert at.selectbox(key="run_suite").value == "ruler"
     assert json.loads(at.text_area(key="settings_ruler").value) == RUNS_SETTINGS
-    assert at.text_input(key="run_budgets").value == "16,32" and at.multiselect(key="run_baselines").value == ["tova"]
+    assert at.text_input(key="run_budgets").value == "16,32"
+    assert at.multiselect(key="run_baselines").value == ["full", "tova"]
 
 
 def test_the_pages_remember_what_was_entered_across_page_changes(app_env):

@@ -360,3 +360,23 @@ def test_a_toprank_budget_under_a_routed_methods_window_names_the_method_and_the
         "under it): choose a budget of at least 33"
     )
     assert plan_from_profile(loaded, "decode", 33).summary().phases[Phase.DECODE].total_capacity == 30 * 33
+
+
+def test_a_replay_reads_the_profile_its_routes_were_made_from_and_rebuilds_them_exactly():
+    """`polykv experiment study --replay` renders a study again from its database: its TopRank routes must come from
+    the profile they were made from (named in their provenance), though methods added since make it stale."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from polykv.eval.results.store import Store
+    from polykv.eval.running.suite_runner import plan_hash
+    from polykv.eval.study.steps import recorded_profile
+    from polykv.routing import plan_from_profile
+
+    study = REPO / "docs" / "smollm2-study"
+    recorded = recorded_profile(SimpleNamespace(workspace=study))
+    assert recorded.key == "smollm2-b128-s0-d9568ebd69" and recorded.stale_reasons() == []
+    assert dataclasses.replace(recorded, as_recorded=False).stale_reasons()  # stale by today's methods
+    stored = {run.plan_name: run.plan_hash for run in Store.reader(study / "results.sqlite").runs()}
+    route = plan_from_profile(recorded, "decode", 128, "cosine", "ppl")
+    assert plan_hash(route) == stored[route.name] == stored["toprank-cosine-ppl-decode-b128"]

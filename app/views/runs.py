@@ -99,6 +99,7 @@ with st.container(border=True):  # no form: what is typed here is kept (`state.R
         help="Comma-separated budgets (average capacities per layer): the plan is rescaled to each",
         key=state.RUN_BUDGETS,
     )
+    st.session_state.setdefault(state.RUN_BASELINES, ["full"])  # FullKV, the reference, unless taken out
     baselines = cols[1].multiselect(
         "Baselines",
         ["full", *baseline_methods()],

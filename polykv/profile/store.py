@@ -73,6 +73,7 @@ class Profile:
     path: Path | None = None
     sequences: pd.DataFrame | None = None  # SEQUENCE_COLUMNS; None for profiles saved without them
     reference: pd.DataFrame | None = None  # REFERENCE_COLUMNS
+    as_recorded: bool = False  # a report rendered again reads the profile its runs were made from, stale or not
 
     @cached_property
     def meta(self) -> ProfileMetadata:
@@ -126,6 +127,8 @@ class Profile:
         from polykv.plan import Phase
         from polykv.profile.profiler import PROFILE_REVISION
 
+        if self.as_recorded:
+            return []
         measured = self.meta.methods
         revision = self.metadata.get("profile_revision")
         if not isinstance(measured, Mapping) or revision is None:

@@ -48,6 +48,9 @@ def profile(context: StudyContext, on_profile: Fraction | None = None):
     from polykv.profile.corpus import CorpusSpec, default_sources
 
     s = context.settings
+    recorded = recorded_profile(context) if s.replay else None
+    if recorded is not None:
+        return recorded
     spec = CorpusSpec(
         sources=s.calibration_sources or default_sources(s.model),
         num_sequences=s.calibration_sequences,
@@ -65,6 +68,24 @@ def profile(context: StudyContext, on_profile: Fraction | None = None):
         progress=on_profile,
         compute=not s.replay,
     )
+
+
+def recorded_profile(context: StudyContext):
+    """The profile the study's stored routes were built from (their plans' provenance), as it was recorded: a
+    replay reads it even where today's methods would make it stale; None where no stored route names one."""
+    import dataclasses
+    import json
+
+    from polykv.eval.results.store import Store
+    from polykv.profile.store import load_profile
+
+    database = context.workspace / "results.sqlite"
+    for run in Store.reader(database).runs() if database.is_file() else []:
+        provenance = json.loads(run.plan_json).get("provenance") or {}
+        folder = context.workspace / "profiles" / str(provenance.get("profile", ""))
+        if provenance.get("built_by") == "toprank" and provenance.get("profile") and folder.is_dir():
+            return dataclasses.replace(load_profile(folder), as_recorded=True)
+    return None
 
 
 def runner(context: StudyContext, suite: str, suite_settings, metric: str, seed: int | None = None):
