@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import datetime
 import inspect
+import os
 import statistics
 import time
 from collections.abc import Iterable, Sequence
@@ -44,7 +45,7 @@ HISTORY = 5  # finished jobs per kind whose measured / estimated ratio corrects 
 CORRECTION_RANGE = (0.25, 4.0)  # a correction outside this says the model is wrong, not that it needs a factor
 # The factor within which a test holds the estimate of a real small run (tests/test_costs.py).
 STATED_FACTOR = 3.0
-BUSY_STRETCH = 1.25  # a load that may stretch a CPU launch by this factor or more is said beside its estimate
+BUSY_STRETCH = 1.5  # a load that would stretch a CPU launch this much is said (one busy core of two, or more)
 
 
 @dataclass(frozen=True)
@@ -146,8 +147,7 @@ class Estimate:
 
     @property
     def stretch(self) -> float:
-        """How much longer the machine's other work may make it on a CPU: its cores shared with `load` runnable
-        tasks (1 on an accelerator, or with no load reading)."""
+        """How much longer other work may make it on a CPU: its cores shared with `load` runnable tasks (else 1)."""
         if self.load is None or not self.rates.device.startswith("cpu"):
             return 1.0
         return 1.0 + self.load / self.cores
@@ -161,12 +161,12 @@ class Estimate:
         """`estimate: about 3 min 5 s and 1.2 GiB here (cpu; 24 samples x 2 plans at 4,096 tokens)`."""
         learned = f", x{self.correction:.2f} from earlier {self.work.kind} jobs" if self.correction != 1.0 else ""
         what = f"; {self.work.what}" if self.work.what else ""
-        busy = ""
-        if self.stretch >= BUSY_STRETCH:
-            busy = (
-                f"; this machine is busy (load {self.load:.1f} on {self.cores} cores): it may take up to "
-                f"x{self.stretch:.1f} that, about {duration(self.seconds * self.stretch)}"
-            )
+        busy = (  # threads that outnumber the cores slow each other more than this
+            f"; this machine is busy (load {self.load:.1f} on {self.cores} cores): expect x{self.stretch:.1f} that "
+            f"or more, about {duration(self.seconds * self.stretch)}"
+            if self.stretch >= BUSY_STRETCH
+            else ""
+        )
         return (
             f"estimate: about {duration(self.seconds)} and {self.memory_bytes / 2**30:.1f} GiB on "
             f"{self.rates.device}{what} (speed measured {self.rates.measured[:10]}{learned}){busy}"
@@ -183,8 +183,6 @@ def estimate(work: Work, rates: Rates) -> Estimate:
 
 def machine_load() -> tuple[float | None, int]:
     """(the 1-minute load average, the cores this process may use); None where the system has no load average."""
-    import os
-
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     try:
         return os.getloadavg()[0], cores

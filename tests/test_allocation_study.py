@@ -4,6 +4,7 @@ search against it; its report, its page and its refusals."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -32,6 +33,46 @@ def test_each_rule_keeps_the_total_and_names_its_split():
         StudyChoices(("tova",), (16,), contenders=("pyramid",))
     with pytest.raises(ValueError, match="searched scorer 'snapkv' is not among the scorers"):
         StudyChoices(("tova",), (16,), searched=("snapkv",))
+
+
+def test_on_a_hybrid_model_no_split_gives_a_local_layer_more_than_its_window_holds():
+    windows = [512, None, 512, None]  # gemma3's pattern: local layers hold at most 511 tokens
+    stats = {"squeeze": [0.9, 0.5, 0.2, 0.95], "ppl": [4.0, 1.0, 3.0, 2.0]}
+    for rule in ("uniform", "pyramid", "squeeze", "ppl"):
+        for heads in ("uniform", "adakv"):
+            plan = rule_plan("keydiff", rule, 600, 4, windows, stats, heads)
+            capacities = [layer.prefill.capacity for layer in plan.layers]
+            assert capacities[0] <= 511 and capacities[2] <= 511 and sum(capacities) == 2400, (rule, capacities)
+
+
+def test_the_calibration_cache_is_found_again_and_never_across_other_inputs(tmp_path):
+    from types import SimpleNamespace
+
+    from polykv.eval.experiments.allocation_calibration import CalibrationCache
+    from polykv.eval.suites.ruler import RulerSettings
+
+    store = SimpleNamespace(path=tmp_path / "results.sqlite")
+    settings = RulerSettings(tasks=("niah_single_1",), length=400, samples_per_task=3, question="after-compression")
+    runner = SimpleNamespace(model_name="demo", suite="ruler", settings=settings, seed=0, store=store)
+    choices = StudyChoices(("keydiff",), (16,))
+    cache = CalibrationCache(runner, choices, ["uniform", "pyramid"], {"squeeze": [0.5, 0.25]})
+    cache.put("keydiff@16", {"samples": 2, "values": {"uniform": 1.0, "pyramid": 0.9}})
+    again = CalibrationCache(runner, choices, ["uniform", "pyramid"], {"squeeze": [0.5, 0.25]})
+    assert again.get("keydiff@16")["values"]["pyramid"] == 0.9 and again.get("keydiff@32") is None
+    others = [
+        CalibrationCache(
+            runner, dataclasses.replace(choices, evaluations=10), ["uniform", "pyramid"], {"squeeze": [0.5, 0.25]}
+        ),
+        CalibrationCache(runner, choices, ["uniform", "pyramid"], {"squeeze": [0.5, 0.3]}),
+        CalibrationCache(runner, choices, ["uniform"], {"squeeze": [0.5, 0.25]}),
+        CalibrationCache(
+            SimpleNamespace(**{**vars(runner), "settings": dataclasses.replace(settings, samples_per_task=4)}),
+            choices,
+            ["uniform", "pyramid"],
+            {"squeeze": [0.5, 0.25]},
+        ),
+    ]
+    assert all(other.path != cache.path and other.get("keydiff@16") is None for other in others)
 
 
 @pytest.mark.slow  # runs 7 plans on 3 samples of the demo model, a calibration pass and a short search
@@ -71,8 +112,14 @@ def test_the_study_compares_every_split_on_the_same_samples_at_the_same_measured
     assert "| `keydiff` | uniform | " in text and "(reference)" in text and "### Every contrast" in text
 
 
-def test_the_command_refuses_an_unknown_split_and_ppl_without_a_profile_in_one_line(polykv):
-    result = polykv("experiment", "allocation", "--budgets", "16", "--contenders", "uniform,zigzag")
-    assert_one_line_error(result, "unknown contender 'zigzag'")
-    result = polykv("experiment", "allocation", "--budgets", "16", "--contenders", "uniform,ppl")
-    assert_one_line_error(result, "the ppl rule splits by a profile's PPL sensitivity: give --profile DIR")
+def test_the_command_refuses_what_the_study_cannot_run_in_one_line_before_any_work(polykv):
+    answers = ("--suite", "ruler", "--metric", "answer_nll")
+    for args, expected in [
+        (("--contenders", "uniform,zigzag"), "unknown contender 'zigzag'"),
+        (("--contenders", "uniform,ppl", *answers), "the ppl rule splits by a profile's PPL sensitivity"),
+        (("--scorers", "tova,bogus"), "scorer 'bogus': give prefill methods"),
+        (("--scorers", "tova,tova"), "a scorer is given twice (tova, tova)"),
+        (("--contenders", "uniform,pyramid", "--search", "tova"), "a search is asked for, but searched is not"),
+        (("--contenders", "uniform,pyramid"), "give --suite ruler or longbench and --metric answer_nll"),
+    ]:
+        assert_one_line_error(polykv("experiment", "allocation", "--budgets", "16", *args), expected)

@@ -296,7 +296,9 @@ def experiment_allocation(
             evaluations=evaluations,
         )
     except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--contenders") from None
+        raise typer.BadParameter(str(exc)) from None
+    if options.suite not in ("ruler", "longbench") or options.metric != "answer_nll":
+        raise typer.BadParameter("the study scores answers: give --suite ruler or longbench and --metric answer_nll")
     if "ppl" in choices.contenders and profile_dir is None:
         raise typer.BadParameter("the ppl rule splits by a profile's PPL sensitivity: give --profile DIR")
     profile = None if profile_dir is None else _profile_for(profile_dir, options.model)

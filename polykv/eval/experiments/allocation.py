@@ -90,14 +90,25 @@ class StudyChoices:
     evaluations: int = 300
 
     def __post_init__(self):
+        from polykv.methods import for_phase
+
         unknown = [c for c in self.contenders if c not in CONTENDERS]
         if unknown:
             raise ValueError(f"unknown contender {unknown[0]!r} (the contenders: {', '.join(CONTENDERS)})")
         if "uniform" not in self.contenders:
             raise ValueError("the study compares every split with uniform: keep uniform among the contenders")
+        scorers = [m for m in for_phase("prefill") if m != FULL]
+        if not self.scorers or any(s not in scorers for s in self.scorers):
+            wrong = next((s for s in self.scorers if s not in scorers), "none")
+            raise ValueError(f"scorer {wrong!r}: give prefill methods ({', '.join(scorers)})")
+        for name, given in (("scorer", self.scorers), ("budget", self.budgets), ("contender", self.contenders)):
+            if len(set(given)) < len(given):
+                raise ValueError(f"a {name} is given twice ({', '.join(map(str, given))}): each contrast counts once")
         missing = [s for s in self.searched if s not in self.scorers]
         if missing:
             raise ValueError(f"searched scorer {missing[0]!r} is not among the scorers")
+        if self.searched and "searched" not in self.contenders:
+            raise ValueError("a search is asked for, but searched is not among the contenders")
         if not self.budgets or any(b < 2 for b in self.budgets):
             raise ValueError(f"budgets must be whole numbers of at least 2, got {list(self.budgets)}")
         if self.calibration_per_task < 1 or self.evaluations < 1:
@@ -145,7 +156,8 @@ def rule_plan(
 
 def placeholder_plans(choices: StudyChoices, num_layers: int) -> tuple[Plan, ...]:
     """One plan per contender run (what the cost counts before the model loads); the statistics-dependent rules
-    are counted as uniform."""
+    are counted as uniform. Not counted: the calibration (each layer rule on the calibration samples) and the
+    searches (at most `evaluations` executions each), which come on top."""
     plans = [Plan.homogeneous(FULL, None, num_layers)]
     for scorer in choices.scorers:
         for budget in choices.budgets:
@@ -162,6 +174,8 @@ def allocation(runner: ExperimentRunner, choices: StudyChoices, profile=None) ->
     from polykv.models import layer_windows
     from polykv.routing.allocation import ppl_sensitivity
 
+    if not hasattr(runner.settings, "question") or isinstance(getattr(runner.settings, "length", 0), tuple):
+        raise ValueError("the study scores answers at one length: ruler (one length) or longbench settings")
     model = runner.model
     layers = model.config.num_hidden_layers
     windows = layer_windows(model)

@@ -52,6 +52,10 @@ class CalibrationCache:
         import hashlib
         import json
 
+        from polykv.eval.running.suite_runner import code_revisions
+        from polykv.methods import REGISTRY
+        from polykv.plan import FULL
+
         given = {
             "model": runner.model_name,
             "suite": runner.suite,
@@ -62,6 +66,9 @@ class CalibrationCache:
             "evaluations": choices.evaluations,
             "statistics": {k: [round(float(v), 6) for v in values] for k, values in sorted(statistics.items())},
             "profile": None if profile is None else profile.key,
+            # the code that drew the samples and scores them: a new revision draws (and checks) them again
+            "revisions": code_revisions(Plan.homogeneous(FULL, None, 1), runner.suite)["suite"],
+            "methods": {m: REGISTRY[m].revision for m in choices.scorers},
             "version": 1,
         }
         digest = hashlib.sha256(json.dumps(given, sort_keys=True).encode()).hexdigest()[:16]

@@ -65,6 +65,8 @@ def _row(e: AllocationEntry, best: str | None) -> str:
     versus_best = next((c for c in e.versus if c.reference == "best rule"), None)
     first = "(reference)" if e.contender == "uniform" else _cell(uniform) if uniform else ""
     chosen = " (best on calibration)" if e.contender == best else ""
+    if e.contender == "adakv+best" and best == "uniform":
+        chosen = " (the best rule is uniform: the same plan as adakv)"
     return (
         f"| `{e.method}` | {e.contender}{chosen} | {_num(e.means.get('answer_nll'))} | {_held(e)} | {first} | "
         f"{_cell(versus_best) if versus_best else ''} |"

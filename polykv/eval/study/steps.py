@@ -80,7 +80,7 @@ def recorded_profile(context: StudyContext):
     from polykv.profile.store import load_profile
 
     database = context.workspace / "results.sqlite"
-    for run in Store.reader(database).runs() if database.is_file() else []:
+    for run in reversed(Store.reader(database).runs()) if database.is_file() else []:  # the newest route first
         provenance = json.loads(run.plan_json).get("provenance") or {}
         folder = context.workspace / "profiles" / str(provenance.get("profile", ""))
         if provenance.get("built_by") == "toprank" and provenance.get("profile") and folder.is_dir():
