@@ -239,17 +239,20 @@ def experiment_leaderboard(
         experiment = leaderboard_experiment(_num_layers(options.model), chosen, levels, against, scope, question_budget)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--methods") from None
-    report = options.run(experiment)
+    from polykv.eval.experiments.leaderboard_page import leaderboard_markdown
+
+    _write_report(options, options.run(experiment), leaderboard_markdown, markdown, save)
+
+
+def _write_report(options: ExperimentOptions, report, page, markdown: Path | None, save: Path | None) -> None:
+    """Print the report; write its page (`page(data, database)`) to `markdown` and its numbers to `save` if given."""
+    from polykv.files import atomic_write_json, atomic_write_text
+
     _print_report(report)
     if markdown is not None:
-        from polykv.eval.experiments.leaderboard_page import leaderboard_markdown
-        from polykv.files import atomic_write_text
-
-        atomic_write_text(markdown, leaderboard_markdown(report.data, options.workspace / "results.sqlite"))
+        atomic_write_text(markdown, page(report.data, options.workspace / "results.sqlite"))
         typer.echo(f"wrote {markdown}")
     if save is not None:
-        from polykv.files import atomic_write_json
-
         atomic_write_json(save, report.to_dict())
         typer.echo(f"wrote {save}")
 
@@ -304,18 +307,8 @@ def experiment_allocation(
     profile = None if profile_dir is None else _profile_for(profile_dir, options.model)
     if profile is not None and "prefill" not in profile.meta.scopes:
         raise typer.BadParameter(f"--profile {profile_dir}: it profiles {', '.join(profile.meta.scopes)}, not prefill")
+    from polykv.eval.experiments.allocation_page import allocation_markdown
     from polykv.eval.experiments.run import allocation_experiment  # torch and transformers: after the cheap checks
 
     report = options.run(allocation_experiment(_num_layers(options.model), choices, profile))
-    _print_report(report)
-    if markdown is not None:
-        from polykv.eval.experiments.allocation_page import allocation_markdown
-        from polykv.files import atomic_write_text
-
-        atomic_write_text(markdown, allocation_markdown(report.data, options.workspace / "results.sqlite"))
-        typer.echo(f"wrote {markdown}")
-    if save is not None:
-        from polykv.files import atomic_write_json
-
-        atomic_write_json(save, report.to_dict())
-        typer.echo(f"wrote {save}")
+    _write_report(options, report, allocation_markdown, markdown, save)

@@ -38,11 +38,9 @@ from polykv.eval.experiments.allocation_calibration import (
     squeeze_statistics,
 )
 from polykv.eval.experiments.experiment_runner import ExperimentRunner
-from polykv.eval.experiments.leaderboard import ALPHA, contrast_test, macro_mean, sample_level
-from polykv.eval.experiments.report import BoardContrast, BoardEntry, Count, Report, Statistic, _Experiment
-from polykv.eval.results.kv_measured import equal_kv
-from polykv.eval.statistics.contrast import direction, sample_wins, verdict
-from polykv.eval.statistics.tasks import holm
+from polykv.eval.experiments.leaderboard import family_contrasts, macro_mean
+from polykv.eval.experiments.report import BoardEntry, Count, Report, Statistic, _Experiment
+from polykv.eval.statistics.contrast import direction
 from polykv.methods import params_that_fit
 from polykv.plan import FULL, Plan
 
@@ -228,7 +226,7 @@ def allocation(runner: ExperimentRunner, choices: StudyChoices, profile=None) ->
 
 
 def _compare(runner, plans, runs, choices, best, calibration, searches, calibration_samples) -> AllocationData:
-    scores = {k: runner.sample_scores(run, METRIC) for k, run in runs.items()}
+    scores = {k: {METRIC: runner.sample_scores(run, METRIC)} for k, run in runs.items()}
     held = {k: runner.measured_kv(run) for k, run in runs.items()}
 
     def entry(k: str, scorer: str, budget: int | None, contender: str | None) -> dict:
@@ -239,7 +237,7 @@ def _compare(runner, plans, runs, choices, best, calibration, searches, calibrat
             run=runs[k],
             plan=plans[k].name,
             allocation=plans[k].allocation,
-            means={METRIC: macro_mean(scores[k])},
+            means={METRIC: macro_mean(scores[k][METRIC])},
             kv_entering=None if kv is None else kv.total_entering,
             kv_share=None if kv is None or not kv.fullkv_entering else kv.total_entering / kv.fullkv_entering,
             **({} if contender is None else {"contender": contender, "description": plans[k].description}),
@@ -259,23 +257,8 @@ def _compare(runner, plans, runs, choices, best, calibration, searches, calibrat
                 if rule != "uniform":
                     secondary.append((here("searched"), here(rule), "best rule"))
     for family in (primary, secondary):
-        tests = [contrast_test(scores[a], scores[b], runner.seed) for a, b, _ in family]
-        for (a, b, reference), (test, p), p_holm in zip(family, tests, holm([p for _, p in tests])):
-            wins, ties, losses = sample_wins(scores[a], scores[b], METRIC)
-            entries[a].versus.append(
-                BoardContrast(
-                    reference=reference,
-                    metric=METRIC,
-                    sample=sample_level(test, p),
-                    p_holm=p_holm,
-                    family=len(family),
-                    wins=wins,
-                    ties=ties,
-                    losses=losses,
-                    verdict=verdict(test.difference, METRIC, p_holm < ALPHA),
-                    equal_kv=equal_kv(held[a], held[b]),
-                )
-            )
+        for (a, _, _), contrast in zip(family, family_contrasts(family, scores, held, METRIC, runner.seed)):
+            entries[a].versus.append(contrast)
     return AllocationData(
         metric=METRIC,
         direction=direction(METRIC),
@@ -284,7 +267,7 @@ def _compare(runner, plans, runs, choices, best, calibration, searches, calibrat
         scorers=list(choices.scorers),
         contenders=list(choices.contenders),
         metrics=[METRIC],
-        samples={task: len(values) for task, values in scores[FULL].items()},
+        samples={task: len(values) for task, values in scores[FULL][METRIC].items()},
         calibration_samples=calibration_samples,
         best_rule=best,
         calibration=calibration,

@@ -140,26 +140,9 @@ def leaderboard(
     for reference in references:
         for metric in metrics:
             family = [(m, b) for m in methods for b in budgets if m != reference]
-            tests = [
-                contrast_test(scores[_key(m, b)][metric], scores[_key(reference, b)][metric], runner.seed)
-                for m, b in family
-            ]
-            for (m, b), (test, p), p_holm in zip(family, tests, holm([p for _, p in tests])):
-                wins, ties, losses = sample_wins(scores[_key(m, b)][metric], scores[_key(reference, b)][metric], metric)
-                entries[m, b].versus.append(
-                    BoardContrast(
-                        reference=reference,
-                        metric=metric,
-                        sample=sample_level(test, p),
-                        p_holm=p_holm,
-                        family=len(family),
-                        wins=wins,
-                        ties=ties,
-                        losses=losses,
-                        verdict=verdict(test.difference, metric, p_holm < ALPHA),
-                        equal_kv=equal_kv(held[_key(m, b)], held[_key(reference, b)]),
-                    )
-                )
+            pairs = [(_key(m, b), _key(reference, b), reference) for m, b in family]
+            for (m, b), contrast in zip(family, family_contrasts(pairs, scores, held, metric, runner.seed)):
+                entries[m, b].versus.append(contrast)
     dependence = []
     if question_budget is not None:
         keys = [FULL, *(_key(m, question_budget) for m in methods)]
@@ -180,6 +163,32 @@ def leaderboard(
         question_dependence=dependence,
     )
     return Report(_title(data), _rows(data), _lines(data), data)
+
+
+def family_contrasts(pairs, scores, held, metric: str, seed: int) -> list[BoardContrast]:
+    """One family of contrasts, Holm's correction over it: for each (a, b, reference name) in `pairs`, run a minus run
+    b over their paired samples (`scores[key][metric]`: task -> sample -> value), with the KV each held (`held[key]`,
+    measured) compared."""
+    of = lambda key: scores[key][metric]  # noqa: E731
+    tests = [contrast_test(of(a), of(b), seed) for a, b, _ in pairs]
+    out = []
+    for (a, b, reference), (test, p), p_holm in zip(pairs, tests, holm([p for _, p in tests])):
+        wins, ties, losses = sample_wins(of(a), of(b), metric)
+        out.append(
+            BoardContrast(
+                reference=reference,
+                metric=metric,
+                sample=sample_level(test, p),
+                p_holm=p_holm,
+                family=len(pairs),
+                wins=wins,
+                ties=ties,
+                losses=losses,
+                verdict=verdict(test.difference, metric, p_holm < ALPHA),
+                equal_kv=equal_kv(held[a], held[b]),
+            )
+        )
+    return out
 
 
 def _question_dependence(runner: ExperimentRunner, plans: dict, runs: dict, metric: str) -> list[QuestionContrast]:
