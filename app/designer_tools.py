@@ -68,7 +68,7 @@ def predict_cake(plan, budget: float, windows) -> None:
     """CAKE's rule splits each prompt's total at run time: its split on calibration text, on request (it runs the
     model), drawn as what a prompt like it would get."""
     from polykv.models import context_length
-    from polykv.profile.sources import calibration_text
+    from polykv.profile.corpus import calibration_text
     from polykv.routing.rules import predicted_split
     from polykv.search.objective import plan_key
 

@@ -48,8 +48,8 @@ def test_on_a_hybrid_model_no_split_gives_a_local_layer_more_than_its_window_hol
 def test_the_calibration_cache_is_found_again_and_never_across_other_inputs(tmp_path):
     from types import SimpleNamespace
 
-    from polykv.eval.experiments.allocation_calibration import CalibrationCache
     from polykv.eval.suites.ruler import RulerSettings
+    from polykv.search.workload.allocation import CalibrationCache
 
     store = SimpleNamespace(path=tmp_path / "results.sqlite")
     settings = RulerSettings(tasks=("niah_single_1",), length=400, samples_per_task=3, question="after-compression")

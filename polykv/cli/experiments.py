@@ -308,7 +308,7 @@ def experiment_allocation(
     if profile is not None and "prefill" not in profile.meta.scopes:
         raise typer.BadParameter(f"--profile {profile_dir}: it profiles {', '.join(profile.meta.scopes)}, not prefill")
     from polykv.eval.experiments.allocation_page import allocation_markdown
-    from polykv.eval.experiments.run import allocation_experiment  # torch and transformers: after the cheap checks
+    from polykv.search.workload.allocation import allocation_experiment  # torch: after the cheap checks
 
     report = options.run(allocation_experiment(_num_layers(options.model), choices, profile))
     _write_report(options, report, allocation_markdown, markdown, save)

@@ -320,7 +320,7 @@ def plan_export(
 def _squeeze_statistics(model_name: str, tokens: int) -> list[float]:
     """SqueezeAttention's per-layer attention similarity on 4 calibration sequences of `tokens` tokens."""
     from polykv.models import load_model
-    from polykv.profile.sources import calibration_text
+    from polykv.profile.corpus import calibration_text
     from polykv.profile.squeeze import attention_similarity
 
     model, tokenizer = load_model(model_name)

@@ -68,6 +68,7 @@ __all__ = [
     "WorkloadCorpus",
     "ModelSource",
     "build_corpus",
+    "calibration_text",
     "corpora_dir",
     "default_sources",
     "model_source",
@@ -388,3 +389,10 @@ def build_corpus(tokenizer, spec: CorpusSpec | None = None, model=None, context_
         bos_token_id=bos_prefix[0] if bos_prefix else (int(bos) if sampled else None),
         meta=meta,
     )
+
+
+def calibration_text(model_name: str, model, tokenizer, sequences: int, tokens: int) -> list[list[int]]:
+    """`sequences` sequences of calibration text (the model's default sources, never the evaluation split) of at most
+    `tokens` tokens: what a statistic measured before any prompt is known is measured on."""
+    spec = CorpusSpec(sources=default_sources(model_name), num_sequences=sequences, max_tokens=tokens)
+    return build_corpus(tokenizer, spec, model=model).sequences

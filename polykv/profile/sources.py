@@ -107,15 +107,6 @@ def default_sources(model_name: str | None) -> tuple[str, ...]:
     return TEXT_SOURCES if model_name == SMOLLM2_MODEL else DEFAULT_SOURCES
 
 
-def calibration_text(model_name: str, model, tokenizer, sequences: int, tokens: int) -> list[list[int]]:
-    """`sequences` sequences of calibration text (the model's default sources, never the evaluation split) of at most
-    `tokens` tokens: what a statistic measured before any prompt is known is measured on."""
-    from polykv.profile.corpus import CorpusSpec, build_corpus
-
-    spec = CorpusSpec(sources=default_sources(model_name), num_sequences=sequences, max_tokens=tokens)
-    return build_corpus(tokenizer, spec, model=model).sequences
-
-
 def is_workload_source(source: str) -> bool:
     """A suite's task (ruler:TASK[@LENGTH], longbench:PATH), not a text."""
     return isinstance(source, str) and source.startswith(WORKLOAD_PREFIXES)

@@ -35,6 +35,7 @@ app's launches) and `run` (an experiment from start to end: `run_experiment`, th
 the rest is importable from here.
 """
 
+from polykv.eval.experiments.allocation import AllocationData  # its report data reads back with the others
 from polykv.eval.experiments.experiment_runner import (
     FULLKV,
     PERMUTATIONS,
@@ -56,6 +57,7 @@ __all__ = [
     "PERMUTATIONS",
     "ROUTE_PPL",
     "ROUTE_UNIFORM",
+    "AllocationData",
     "ExperimentRunner",
     "FactorialData",
     "PlacementData",

@@ -25,21 +25,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
 from pydantic import Field
 
-from polykv.eval.experiments.allocation_calibration import (
-    CalibrationCache,
-    SearchSummary,
-    calibration_objective,
-    capacity_search,
-    squeeze_statistics,
-)
 from polykv.eval.experiments.experiment_runner import ExperimentRunner
 from polykv.eval.experiments.leaderboard import family_contrasts, macro_mean
-from polykv.eval.experiments.report import BoardEntry, Count, Report, Statistic, _Experiment
+from polykv.eval.experiments.report import BoardEntry, Count, Report, Statistic, _Data, _Experiment
 from polykv.eval.statistics.contrast import direction
 from polykv.methods import params_that_fit
 from polykv.plan import FULL, Plan
@@ -48,6 +41,17 @@ LAYER_RULES = ("uniform", "pyramid", "squeeze", "ppl", "cake")
 CONTENDERS = (*LAYER_RULES, "adakv", "adakv+best", "searched")
 PRIMARY = ("pyramid", "squeeze", "ppl", "cake", "adakv")  # each against uniform
 METRIC = "answer_nll"
+
+
+class SearchSummary(_Data):
+    """How a capacity-only search went on the calibration samples."""
+
+    scorer: str
+    budget: Count
+    start: str  # the start it kept going from
+    moves: list[str]
+    evaluations: Count
+    calibration: Statistic  # the searched plan's answer_nll on the calibration samples
 
 
 class AllocationEntry(BoardEntry):
@@ -165,10 +169,37 @@ def placeholder_plans(choices: StudyChoices, num_layers: int) -> tuple[Plan, ...
     return tuple(plans)
 
 
-def allocation(runner: ExperimentRunner, choices: StudyChoices, profile=None) -> Report:
-    """The study (module docstring) on the runner's model, suite and settings. `profile` (of the prefill scope):
-    its per-layer PPL sensitivity is the ppl rule's statistic (needed when ppl is a contender), and it ranks the
-    search's transfers."""
+def squeeze_statistics(runner: ExperimentRunner) -> list[float]:
+    """SqueezeAttention's per-layer similarity on 4 sequences of calibration text as long as the suite's prompts."""
+    from polykv.profile.corpus import calibration_text
+    from polykv.profile.squeeze import attention_similarity
+
+    tokens = int(getattr(runner.settings, "length", None) or 1024)
+    text = calibration_text(runner.model_name, runner.model, runner.tokenizer, 4, tokens)
+    return attention_similarity(runner.model, text)
+
+
+@dataclasses.dataclass
+class Calibrated:
+    """What the calibration samples chose: per "scorer@budget", the layer rule that did best (`best`) among the
+    rules' values (`values`); the searched plans by contender key (`searched`) and how each search went."""
+
+    best: dict[str, str] = dataclasses.field(default_factory=dict)
+    values: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    searched: dict[str, Plan] = dataclasses.field(default_factory=dict)
+    searches: list[SearchSummary] = dataclasses.field(default_factory=list)
+    samples: int = 0
+
+
+# (runner, choices, plans by contender key, the layer rules, their statistics, the profile) -> what it chose
+Calibrate = Callable[..., Calibrated]
+
+
+def allocation(runner: ExperimentRunner, choices: StudyChoices, profile=None, calibrate: Calibrate | None = None):
+    """The study (module docstring) on the runner's model, suite and settings; its `Report`. `profile` (of the
+    prefill scope): its per-layer PPL sensitivity is the ppl rule's statistic (needed when ppl is a contender), and
+    it ranks the search's transfers. `calibrate`: the calibration step (best rule, searches), which the search's
+    floor provides (`polykv.search.workload.allocation.calibrate`)."""
     from polykv.models import layer_windows
     from polykv.routing.allocation import ppl_sensitivity
 
@@ -191,41 +222,25 @@ def allocation(runner: ExperimentRunner, choices: StudyChoices, profile=None) ->
                 plans[key(scorer, rule, budget)] = rule_plan(scorer, rule, budget, layers, local, statistics)
             if "adakv" in choices.contenders:
                 plans[key(scorer, "adakv", budget)] = rule_plan(scorer, "uniform", budget, layers, local, None, "adakv")
-    best, calibration, searches, calibration_samples = {}, {}, [], 0
+    chosen = Calibrated()
     if choices.calibrating:
-        cached = CalibrationCache(runner, choices, rules, statistics, profile)
-        objective = None
+        if calibrate is None:
+            raise ValueError("adakv+best and searched need the calibration step (polykv.search.workload.allocation)")
+        chosen = calibrate(runner, choices, plans, rules, statistics, profile)
         for scorer in choices.scorers:
             for budget in choices.budgets:
-                name, searching = f"{scorer}@{budget}", scorer in choices.searching
-                chosen = cached.get(name)
-                if chosen is None or (searching and "search" not in chosen):
-                    objective = objective or calibration_objective(runner, choices)
-                    values = objective.values([plans[key(scorer, r, budget)] for r in rules])
-                    chosen = {"samples": len(objective), "values": dict(zip(rules, values))}
-                    rule = min(rules, key=lambda r: (chosen["values"][r], rules.index(r)))
-                    if searching:
-                        starts = [
-                            plans[key(scorer, r, budget)] for r in dict.fromkeys(["uniform", rule]) if r != "cake"
-                        ]
-                        plan, summary = capacity_search(objective, starts, scorer, budget, choices, profile)
-                        chosen["search"] = {"plan": plan.to_dict(), "summary": summary.model_dump(mode="json")}
-                    cached.put(name, chosen)
-                calibration[name], calibration_samples = chosen["values"], chosen["samples"]
-                best[name] = min(rules, key=lambda r: (calibration[name][r], rules.index(r)))
+                rule = chosen.best[f"{scorer}@{budget}"]
                 if "adakv+best" in choices.contenders:
                     plans[key(scorer, "adakv+best", budget)] = rule_plan(
-                        scorer, best[name], budget, layers, local, statistics, "adakv"
+                        scorer, rule, budget, layers, local, statistics, "adakv"
                     )
-                if searching:
-                    plans[key(scorer, "searched", budget)] = Plan.from_dict(chosen["search"]["plan"])
-                    searches.append(SearchSummary.model_validate(chosen["search"]["summary"]))
+    plans.update(chosen.searched)
     runs = dict(zip(plans, runner.run_all(list(plans.values()))))
-    data = _compare(runner, plans, runs, choices, best, calibration, searches, calibration_samples)
+    data = _compare(runner, plans, runs, choices, chosen)
     return Report(_title(data), _rows(data), _lines(data), data)
 
 
-def _compare(runner, plans, runs, choices, best, calibration, searches, calibration_samples) -> AllocationData:
+def _compare(runner, plans, runs, choices, chosen: Calibrated) -> AllocationData:
     scores = {k: {METRIC: runner.sample_scores(run, METRIC)} for k, run in runs.items()}
     held = {k: runner.measured_kv(run) for k, run in runs.items()}
 
@@ -249,7 +264,7 @@ def _compare(runner, plans, runs, choices, best, calibration, searches, calibrat
         for budget in choices.budgets:
             here = functools.partial(_key_at, scorer, budget)
             primary += [(here(c), here("uniform"), "uniform") for c in PRIMARY if here(c) in plans]
-            rule = best.get(f"{scorer}@{budget}")
+            rule = chosen.best.get(f"{scorer}@{budget}")
             if here("adakv+best") in plans:
                 secondary.append((here("adakv+best"), here(rule), "best rule"))
             if here("searched") in plans:
@@ -268,10 +283,10 @@ def _compare(runner, plans, runs, choices, best, calibration, searches, calibrat
         contenders=list(choices.contenders),
         metrics=[METRIC],
         samples={task: len(values) for task, values in scores[FULL][METRIC].items()},
-        calibration_samples=calibration_samples,
-        best_rule=best,
-        calibration=calibration,
-        searches=searches,
+        calibration_samples=chosen.samples,
+        best_rule=chosen.best,
+        calibration=chosen.values,
+        searches=chosen.searches,
         full=BoardEntry(**entry(FULL, FULL, None, None)),
         entries=list(entries.values()),
     )
@@ -324,6 +339,7 @@ def _lines(data: AllocationData) -> list[str]:
 
 __all__ = [
     "CONTENDERS",
+    "Calibrated",
     "LAYER_RULES",
     "AllocationData",
     "AllocationEntry",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
     AfterValidator,
@@ -351,22 +351,22 @@ class LeaderboardData(_Experiment):
 
 
 def _experiment_data() -> TypeAdapter:
-    """Every experiment's data, told apart by its `experiment` (the allocation study's module imports this one)."""
-    from polykv.eval.experiments.allocation import AllocationData
-
-    kinds = FactorialData | PlacementData | SweepData | LeaderboardData | AllocationData
-    return TypeAdapter(Annotated[kinds, Field(discriminator="experiment")])
+    """Every experiment's data by its `experiment`: `_Experiment`'s subclasses (the package imports every module)."""
+    kinds, todo = [], [_Experiment]
+    while todo:
+        todo += (found := todo.pop().__subclasses__())
+        kinds += [k for k in found if "experiment" in k.model_fields]
+    return TypeAdapter(Annotated[Union[tuple(kinds)], Field(discriminator="experiment")])  # noqa: UP007
 
 
 @dataclass
 class Report:
-    """What an experiment prints (`rows` as a table, then `lines`) and its numbers (`data`, typed per
-    experiment; None only while the experiment is writing it)."""
+    """What an experiment prints (`rows` as a table, then `lines`) and its numbers (`data`, typed per experiment)."""
 
     title: str
     rows: list[dict] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
-    data: _Experiment | None = None  # FactorialData, PlacementData, ... (`_experiment_data`)
+    data: _Experiment | None = None  # FactorialData, PlacementData, ...; None only while it is being written
 
     def to_dict(self) -> dict[str, Any]:
         """The report as strict JSON data (see the module's docstring)."""

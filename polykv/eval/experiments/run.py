@@ -101,16 +101,6 @@ def leaderboard_experiment(
     return Experiment("leaderboard", plans, call)
 
 
-def allocation_experiment(num_layers: int, choices, profile: Profile | None = None) -> Experiment:
-    """The allocation study (`polykv.eval.experiments.allocation`): `choices` a `StudyChoices`; `profile` gives the
-    ppl rule's statistic and ranks the search's transfers."""
-    from polykv.eval.experiments.allocation import allocation, placeholder_plans
-
-    return Experiment(
-        "allocation", placeholder_plans(choices, num_layers), lambda runner: allocation(runner, choices, profile)
-    )
-
-
 @dataclass(frozen=True)
 class ExperimentSetup:
     """Where an experiment runs: `model` on `device`, the runs on `suite` with `settings` (its `Settings`) and
@@ -179,7 +169,6 @@ def run_experiment(
 
 __all__ = [
     "Experiment",
-    "allocation_experiment",
     "ExperimentSetup",
     "factorial_experiment",
     "leaderboard_experiment",

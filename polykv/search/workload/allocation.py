@@ -1,39 +1,62 @@
-"""The allocation study's calibration (`polykv.eval.experiments.allocation`): the calibration samples, the
-rules' values on them, the capacity-only search, SqueezeAttention's statistic, and the cache that keeps what they
-chose beside the results database."""
+"""The allocation study's calibration (`polykv.eval.experiments.allocation`, which holds the study's plans,
+contrasts and report): the calibration samples from the workload's calibration split, the layer rules' values on
+them, the capacity-only search (transfers alone, the scorer fixed), and the cache that keeps what they chose beside
+the results database. It lives on the workload search's floor since it searches; `allocation_experiment` is the
+study as an experiment, with this step."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
-from polykv.eval.experiments.experiment_runner import ExperimentRunner
-from polykv.eval.experiments.report import Count, Statistic, _Data
+from polykv.eval.experiments.allocation import (
+    LAYER_RULES,
+    Calibrated,
+    SearchSummary,
+    StudyChoices,
+    allocation,
+    key,
+    placeholder_plans,
+)
+from polykv.eval.experiments.run import Experiment
 from polykv.plan import Plan
 
-if TYPE_CHECKING:
-    from polykv.eval.experiments.allocation import StudyChoices
+
+def allocation_experiment(num_layers: int, choices: StudyChoices, profile=None) -> Experiment:
+    """The allocation study with its calibration: `profile` gives the ppl rule's statistic and ranks the search's
+    transfers."""
+    run = lambda runner: allocation(runner, choices, profile, calibrate)  # noqa: E731
+    return Experiment("allocation", placeholder_plans(choices, num_layers), run)
 
 
-class SearchSummary(_Data):
-    """How a capacity-only search went on the calibration samples."""
+def calibrate(runner, choices: StudyChoices, plans: dict[str, Plan], rules, statistics, profile=None) -> Calibrated:
+    """Each scorer and budget's layer rules on the calibration samples, the best of them, and the searches
+    (`choices.searching`), each read from the cache where it holds them."""
+    chosen, cached, objective = Calibrated(), CalibrationCache(runner, choices, rules, statistics, profile), None
+    for scorer in choices.scorers:
+        for budget in choices.budgets:
+            name, searching = f"{scorer}@{budget}", scorer in choices.searching
+            found = cached.get(name)
+            if found is None or (searching and "search" not in found):
+                objective = objective or calibration_objective(runner, choices)
+                values = objective.values([plans[key(scorer, r, budget)] for r in rules])
+                found = {"samples": len(objective), "values": dict(zip(rules, values))}
+                if searching:
+                    best = _best(found["values"], rules)
+                    starts = [plans[key(scorer, r, budget)] for r in dict.fromkeys(["uniform", best]) if r != "cake"]
+                    plan, summary = capacity_search(objective, starts, scorer, budget, choices, profile)
+                    found["search"] = {"plan": plan.to_dict(), "summary": summary.model_dump(mode="json")}
+                cached.put(name, found)
+            chosen.values[name], chosen.samples = found["values"], found["samples"]
+            chosen.best[name] = _best(found["values"], rules)
+            if searching:
+                chosen.searched[key(scorer, "searched", budget)] = Plan.from_dict(found["search"]["plan"])
+                chosen.searches.append(SearchSummary.model_validate(found["search"]["summary"]))
+    return chosen
 
-    scorer: str
-    budget: Count
-    start: str  # the start it kept going from
-    moves: list[str]
-    evaluations: Count
-    calibration: Statistic  # the searched plan's answer_nll on the calibration samples
 
-
-def squeeze_statistics(runner: ExperimentRunner) -> list[float]:
-    """SqueezeAttention's per-layer similarity on 4 sequences of calibration text as long as the suite's prompts."""
-    from polykv.profile.sources import calibration_text
-    from polykv.profile.squeeze import attention_similarity
-
-    tokens = int(getattr(runner.settings, "length", None) or 1024)
-    text = calibration_text(runner.model_name, runner.model, runner.tokenizer, 4, tokens)
-    return attention_similarity(runner.model, text)
+def _best(values: Mapping[str, float], rules: Sequence[str]) -> str:
+    """The rule with the lowest calibration answer_nll (the earlier in LAYER_RULES' order on a tie)."""
+    return min(rules, key=lambda r: (values[r], LAYER_RULES.index(r)))
 
 
 class CalibrationCache:
@@ -43,8 +66,8 @@ class CalibrationCache:
 
     def __init__(
         self,
-        runner: ExperimentRunner,
-        choices: StudyChoices,
+        runner,
+        choices,
         rules: Sequence[str],
         statistics: Mapping[str, Sequence[float]],
         profile=None,
@@ -92,7 +115,7 @@ class CalibrationCache:
         atomic_write_json(self.path, {**self._read(), name: chosen})
 
 
-def calibration_objective(runner: ExperimentRunner, choices: StudyChoices):
+def calibration_objective(runner, choices):
     """answer_nll on `calibration_per_task` samples per task of the calibration split, none an evaluated one."""
     from polykv.eval.workloads.workload import Workload
     from polykv.search.workload.samples import draw_samples
@@ -106,7 +129,7 @@ def calibration_objective(runner: ExperimentRunner, choices: StudyChoices):
     return drawn.objective(runner.model)
 
 
-def capacity_search(objective, starts: Sequence[Plan], scorer: str, budget: int, choices: StudyChoices, profile=None):
+def capacity_search(objective, starts: Sequence[Plan], scorer: str, budget: int, choices, profile=None):
     """(the searched plan, its `SearchSummary`): the capacity-only search (transfer moves alone) from `starts`, on the
     calibration samples, `choices.evaluations` executions past what the starts cost; `profile` ranks the transfers
     (the receiver's method suffers more there than the donor's), else they come in a seeded order."""
