@@ -5,6 +5,7 @@ import streamlit as st
 
 from app import designer_controls as controls
 from app import session, state
+from polykv.errors import PolyKVError, first_line
 from polykv.eval.results.kv_measured import heads_line
 from polykv.plan import PlanError
 from polykv.plan_edits import saving, whole_plan
@@ -82,9 +83,13 @@ def predict_cake(plan, budget: float, windows) -> None:
     if key not in predicted and st.button("Predict on calibration text", key=state.SPLIT_PREDICT):
         name, _, model, tokenizer = session.current_model()
         tokens = min(PREDICT_TOKENS, context_length(model) or PREDICT_TOKENS)
-        with st.spinner("Running the model on calibration text..."):
-            text = calibration_text(name, model, tokenizer, PREDICT_SEQUENCES, tokens)
-            predicted = {key: (predicted_split(model, ruled, text), min(len(ids) for ids in text))}
+        try:
+            with st.spinner("Running the model on calibration text..."):
+                text = calibration_text(name, model, tokenizer, PREDICT_SEQUENCES, tokens)
+                predicted = {key: (predicted_split(model, ruled, text), min(len(ids) for ids in text))}
+        except (PolyKVError, ValueError, OSError) as exc:  # a plan the prompts cannot run, a missing source
+            st.error(f"Not predicted: {first_line(exc)}")
+            return
         st.session_state[state.SPLIT_PREDICTED] = predicted
     if key in predicted:
         split, tokens = predicted[key]
