@@ -83,19 +83,3 @@ def pid_exists(pid: int) -> bool:
 
 
 __all__ = ["cmdline", "have_proc", "pid_exists", "proc_state", "running", "start_time"]
-
-
-def return_freed_memory() -> None:
-    """Hand the C heap's freed pages back to the system (glibc's `malloc_trim`; nothing elsewhere). A long batched
-    run allocates and frees prompt-sized tensors of many sizes sample after sample; glibc keeps what they freed
-    in its heaps, and the process's resident memory grows until the machine runs out."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):  # not glibc (musl, macOS, Windows)
-        return
-    if trim is not None:
-        trim(0)

@@ -24,7 +24,6 @@ contrast whose two sides held more than 1% apart says so.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
@@ -262,7 +261,7 @@ def _compare(runner, plans, runs, choices, chosen: Calibrated) -> AllocationData
     primary, secondary = [], []
     for scorer in choices.scorers:
         for budget in choices.budgets:
-            here = functools.partial(_key_at, scorer, budget)
+            here = {c: key(scorer, c, budget) for c in CONTENDERS}.get
             primary += [(here(c), here("uniform"), "uniform") for c in PRIMARY if here(c) in plans]
             rule = chosen.best.get(f"{scorer}@{budget}")
             if here("adakv+best") in plans:
@@ -290,10 +289,6 @@ def _compare(runner, plans, runs, choices, chosen: Calibrated) -> AllocationData
         full=BoardEntry(**entry(FULL, FULL, None, None)),
         entries=list(entries.values()),
     )
-
-
-def _key_at(scorer: str, budget: int, contender: str) -> str:
-    return key(scorer, contender, budget)
 
 
 def _parts(k: str) -> tuple[str, int, str]:

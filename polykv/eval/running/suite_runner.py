@@ -33,7 +33,6 @@ from polykv.eval.suites.answers import Scored
 from polykv.methods import REGISTRY, validate_plan
 from polykv.models import num_layers
 from polykv.plan import Phase, Plan
-from polykv.processes import return_freed_memory
 from polykv.progress import Progress
 
 SUITES = {"fidelity": fidelity, "longbench": longbench, "ruler": ruler}
@@ -156,7 +155,6 @@ def _execute(store, model_name, model, tokenizer, plans, suite, settings, seed, 
                 for run_id, values in zip(todo, metrics):
                     scores, record = _record(values, prompt)
                     store.add_sample(run_id, task, sample, scores, seconds, record)
-                return_freed_memory()  # a sample's tensors are freed: keep the resident memory flat
             if progress is not None:
                 progress(index + 1, len(samples), f"{task}/{sample}")
     except BaseException as exc:
