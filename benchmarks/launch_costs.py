@@ -12,6 +12,9 @@ when the launch was estimated and the estimate stretched by it (`Estimate.stretc
 the estimate line says beside a CPU launch:
 
     .venv/bin/python benchmarks/launch_costs.py --keep-rates --out benchmarks/results/launch_costs_busy.json
+
+`--kinds experiment,search --profile DIR` runs some of the five; without the profile launch, the experiment and the
+search use that stored profile (a text profile of both scopes).
 """
 
 from __future__ import annotations
@@ -19,9 +22,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import tempfile
 import time
 from pathlib import Path
+
+KINDS = ("eval", "profile", "heterogeneity", "experiment", "search")
 
 
 def main() -> None:
@@ -29,7 +35,14 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/launch_costs.json"))
     parser.add_argument("--keep-rates", action="store_true", help="price with the stored rates (corrections cleared)")
+    parser.add_argument("--kinds", default=",".join(KINDS), help="the launches to run, comma-separated")
+    parser.add_argument("--profile", type=Path, help="a stored profile for the experiment and the search")
     args = parser.parse_args()
+    kinds = args.kinds.split(",")
+    if unknown := sorted(set(kinds) - set(KINDS)):
+        parser.error(f"unknown kinds {unknown}; choose from {', '.join(KINDS)}")
+    if "profile" not in kinds and {"experiment", "search"} & set(kinds) and args.profile is None:
+        parser.error("the experiment and the search need a profile: run the profile launch or give --profile")
     ws = Path(tempfile.mkdtemp(prefix="launch-costs-")) / "ws"
     from polykv import costs, jobs
     from polykv.eval.launch.work import heterogeneity_work
@@ -58,6 +71,8 @@ def main() -> None:
         return load, 1.0 if load is None else 1.0 + load / cores
 
     def run_job(kind: str, job) -> None:
+        if kind not in kinds:
+            return
         load, factor = stretch()
         job = with_estimate(job, model, tokenizer, ws)
         jobs.start(job, ws)
@@ -82,37 +97,42 @@ def main() -> None:
     # 2. a profile: 4 text sequences of 512 tokens, both scopes
     spec = CorpusSpec(sources=("kjv", "jargon"), num_sequences=4, max_tokens=512)
     run_job("profile", jobs.profile_job(name, device, spec.to_dict(), None, ["prefill", "decode"], "profile"))
-    profile = next(iter((ws / "profiles").iterdir())).name
+    if "profile" not in kinds and args.profile is not None:
+        shutil.copytree(args.profile, ws / "profiles" / args.profile.name)
+    profile = next(iter((ws / "profiles").iterdir())).name if (ws / "profiles").is_dir() else None
 
     # 3. heterogeneity, in-process as its page measures it: 4 inputs of 512 tokens
-    sources = default_sources(name)
-    tokens = min(512, context_length(model) or 512)
-    load, factor = stretch()
-    estimate = costs.estimate(heterogeneity_work(sources, 4, tokens).loaded(0), rates)
-    start = time.perf_counter()
-    corpus = build_corpus(tokenizer, CorpusSpec(sources=sources, num_sequences=4, max_tokens=tokens), model=model)
-    measure_heterogeneity(model, corpus.sequences)
-    measured = time.perf_counter() - start
-    rows.append(
-        {"kind": "heterogeneity", "title": "4 x 512", "estimate_s": estimate.seconds, "measured_s": measured}
-        | {"load": load, "stretched_s": estimate.seconds * factor}
-    )
-    print(rows[-1], flush=True)
+    if "heterogeneity" in kinds:
+        sources = default_sources(name)
+        tokens = min(512, context_length(model) or 512)
+        load, factor = stretch()
+        estimate = costs.estimate(heterogeneity_work(sources, 4, tokens).loaded(0), rates)
+        start = time.perf_counter()
+        corpus = build_corpus(tokenizer, CorpusSpec(sources=sources, num_sequences=4, max_tokens=tokens), model=model)
+        measure_heterogeneity(model, corpus.sequences)
+        measured = time.perf_counter() - start
+        rows.append(
+            {"kind": "heterogeneity", "title": "4 x 512", "estimate_s": estimate.seconds, "measured_s": measured}
+            | {"load": load, "stretched_s": estimate.seconds * factor}
+        )
+        print(rows[-1], flush=True)
 
     # 4. an experiment: the factorial on fidelity, 2 samples of 2 tasks
-    fidelity = {"tasks": ["prose", "jargon"], "samples_per_task": 2, "prompt_tokens": 512}
-    experiment = launch_job(
-        ws, name, device, "factorial", profile=profile, scope="decode", budget=128, baseline="tova",
-        allocation="entropy", settings=fidelity, metric="kl", loaded=(model, tokenizer),
-    )  # fmt: skip
-    run_job("experiment", experiment)
+    if "experiment" in kinds:
+        fidelity = {"tasks": ["prose", "jargon"], "samples_per_task": 2, "prompt_tokens": 512}
+        experiment = launch_job(
+            ws, name, device, "factorial", profile=profile, scope="decode", budget=128, baseline="tova",
+            allocation="entropy", settings=fidelity, metric="kl", loaded=(model, tokenizer),
+        )  # fmt: skip
+        run_job("experiment", experiment)
 
     # 5. a search: 40 plan executions on 4 text sequences of 256 tokens, 8 held out
-    search = launch_search(
-        ws, name, device, profile=profile, scope="decode", budget=128, evaluations=40, search_sequences=4,
-        held_out=8, max_tokens=256,
-    )  # fmt: skip
-    run_job("search", search)
+    if "search" in kinds:
+        search = launch_search(
+            ws, name, device, profile=profile, scope="decode", budget=128, evaluations=40, search_sequences=4,
+            held_out=8, max_tokens=256,
+        )  # fmt: skip
+        run_job("search", search)
 
     for row in rows:
         row["ratio"] = round(row["measured_s"] / row["estimate_s"], 2)

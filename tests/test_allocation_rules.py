@@ -65,6 +65,17 @@ def test_any_scoring_method_runs_under_the_rule_and_holds_what_it_gives(method):
     assert _prefilled(model, plan).retained_per_layer() == capacities
 
 
+def test_a_layer_given_too_few_tokens_for_its_methods_window_runs_with_the_window_shrunk():
+    plan = apply_rule(Plan.homogeneous("snapkv", 24, 4, "prefill", {"window": 16}), "pyramid", {"window": 4})
+    capacities = [layer.prefill.capacity for layer in plan.layers]
+    windows = [layer.prefill.params["window"] for layer in plan.layers]
+    assert windows == [16 if c > 16 else c // 4 for c in capacities] and 16 in windows and min(capacities) <= 16
+    refitted = [f"{i} (prefill)" for i, c in enumerate(capacities) if c <= 16]
+    assert f"Layers {', '.join(refitted)} got too few tokens for their method's window" in plan.description
+    validate_plan(plan, 4)
+    assert _prefilled(tiny_model("llama", num_hidden_layers=4), plan).retained_per_layer() == capacities
+
+
 def test_on_a_hybrid_model_the_rule_gives_no_local_layer_more_than_its_window_holds():
     windows = [16, 16, None]  # the tiny Gemma 3: two local layers, one global
     plan = apply_rule(Plan.homogeneous("tova", 20, 3, "prefill"), "pyramid", {"window": 4}, windows=windows)

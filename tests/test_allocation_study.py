@@ -35,6 +35,20 @@ def test_each_rule_keeps_the_total_and_names_its_split():
         StudyChoices(("tova",), (16,), searched=("snapkv",))
 
 
+def test_every_split_of_every_scorer_is_a_plan_the_model_can_run():
+    from polykv.methods import validate_plan
+
+    stats = {"squeeze": [0.1 * (i % 5) for i in range(30)], "ppl": [1.0 + i % 7 for i in range(30)]}
+    for scorer in ("tova", "snapkv", "keydiff", "lagkv", "expected_attention"):
+        for budget in (64, 128):
+            for rule in ("uniform", "pyramid", "squeeze", "ppl", "cake"):
+                validate_plan(rule_plan(scorer, rule, budget, 30, statistics=stats), 30, 8192)
+    # CAKE may give a layer as few as its window (32): SnapKV's window of 32 shrinks, and the plan says so
+    cake = rule_plan("snapkv", "cake", 128, 30)
+    assert {layer.prefill.params["window"] for layer in cake.layers} == {8}
+    assert "a layer may get as few as 32 tokens, so snapkv runs with window 8" in cake.description
+
+
 def test_on_a_hybrid_model_no_split_gives_a_local_layer_more_than_its_window_holds():
     windows = [512, None, 512, None]  # gemma3's pattern: local layers hold at most 511 tokens
     stats = {"squeeze": [0.9, 0.5, 0.2, 0.95], "ppl": [4.0, 1.0, 3.0, 2.0]}

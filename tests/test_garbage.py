@@ -1,10 +1,11 @@
-"""Garbage collection inside routed and batched blocks (`polykv.runtime.garbage`): the objects made before the block
-are frozen (every collection skips them) until the last open block closes; objects made inside are collected as
-usual; nothing is lost, and a process's own freeze is left alone.
+"""Garbage collection around routed and batched blocks (`polykv.runtime.garbage`): the first block collects and
+freezes what is alive (every later collection skips it) and it stays frozen; objects made after, inside blocks or
+between them, are collected as usual (a batch's caches are reference cycles: they must not pile up frozen), and a
+process's own freeze is left alone.
 
-The collector's generations are one per process, and a test before these may leave a thread that still opens blocks
-(an app's script run past its test): so each scenario runs in a fresh Python process. All but the first load the
-module from its file, so that the process need not import torch (5 s) for it."""
+The collector's generations are one per process, and a test before these may have opened blocks already: so each
+scenario runs in a fresh Python process. All but the runtime's load the module from its file, so that the process
+need not import torch (5 s) for it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import gc
 import importlib.util
 import subprocess
 import sys
-import threading
 import weakref
 from pathlib import Path
 
@@ -38,7 +38,7 @@ class _Node:
         self.me = self
 
 
-def routed_and_batched_blocks_freeze_what_was_made_before_them_and_unfreeze_it_on_exit():
+def the_first_block_freezes_what_is_alive_and_it_stays_frozen():
     from polykv.models import num_layers
     from polykv.plan import Plan
     from polykv.runtime import routed
@@ -46,84 +46,84 @@ def routed_and_batched_blocks_freeze_what_was_made_before_them_and_unfreeze_it_o
     from tests.helpers import tiny_model
 
     model = tiny_model("llama")
-    for opened in (routed(model, Plan.homogeneous("full", None, num_layers(model))), many(model, [])):
-        gc.collect()
-        tracked = len(gc.get_objects())
-        with opened:
-            assert gc.get_freeze_count() >= tracked
-        assert gc.get_freeze_count() == 0
+    gc.collect()
+    tracked = len(gc.get_objects())
+    with routed(model, Plan.homogeneous("full", None, num_layers(model))):
+        frozen = gc.get_freeze_count()
+        assert frozen >= tracked
+    with many(model, []):
+        pass
+    assert gc.get_freeze_count() <= frozen  # nothing more frozen (a frozen object freed by its count leaves it)
 
 
-def a_cycle_made_inside_the_block_is_collected_inside_it():
+def the_caches_of_earlier_batches_are_collected():
+    import torch
+
+    from polykv.models import num_layers
+    from polykv.plan import Plan
+    from polykv.runtime.many_plans import many
+    from tests.helpers import tiny_model
+
+    model = tiny_model("llama")
+    plans = [Plan.homogeneous(m, 8, num_layers(model), "prefill") for m in ("tova", "keydiff")]
+    caches, frozen = [], []
+    for _ in range(3):  # each batch is dropped only after the next block has opened
+        with many(model, plans) as batched:
+            frozen.append(gc.get_freeze_count())
+            batch, _ = batched.prefill(torch.arange(3, 40))
+            caches += [weakref.ref(cache) for cache in batch.caches]
+    del batch
+    gc.collect()
+    assert [cache() for cache in caches] == [None] * len(caches)
+    assert frozen == sorted(frozen, reverse=True)  # no later block froze an earlier batch
+
+
+def a_cycle_made_inside_a_block_is_collected_inside_it():
     with old_objects_frozen():
         node = weakref.ref(_Node())
         gc.collect()
         assert node() is None
 
 
-def a_cycle_made_before_the_block_and_dropped_inside_it_is_collected_after_it():
+def a_cycle_made_between_blocks_is_collected_when_it_is_dropped():
+    with old_objects_frozen():
+        pass
     kept = _Node()
     node = weakref.ref(kept)
     with old_objects_frozen():
         del kept
         gc.collect()
-        assert node() is not None  # frozen: no collection walks it inside the block
+        assert node() is None
+
+
+def garbage_left_before_the_first_block_is_collected_not_frozen():
+    gc.disable()
+    node = weakref.ref(_Node())  # unreachable at once, but only a collection frees it
+    assert node() is not None
+    with old_objects_frozen():
+        assert node() is None
+
+
+def a_process_that_froze_objects_itself_keeps_its_own_freeze():
+    gc.freeze()
+    frozen = gc.get_freeze_count()
+    kept = _Node()
+    with old_objects_frozen():
+        pass
+    assert gc.get_freeze_count() == frozen  # the block froze nothing more
+    node = weakref.ref(kept)
+    del kept
     gc.collect()
     assert node() is None
 
 
-def an_exception_inside_the_block_unfreezes():
-    try:
-        with old_objects_frozen():
-            assert gc.get_freeze_count() > 0
-            raise RuntimeError("inside")
-    except RuntimeError:
-        pass
-    assert gc.get_freeze_count() == 0
-
-
-def a_process_that_froze_objects_itself_keeps_them_frozen():
-    gc.freeze()
-    frozen = gc.get_freeze_count()
-    with old_objects_frozen():
-        pass
-    assert gc.get_freeze_count() >= frozen
-
-
-def objects_stay_frozen_until_the_last_block_open_in_any_thread_closes():
-    first_open, second_done, first_may_close = threading.Event(), threading.Event(), threading.Event()
-    seen: dict[str, int] = {}
-
-    def first():
-        with old_objects_frozen():
-            first_open.set()
-            first_may_close.wait(10)
-
-    def second():
-        first_open.wait(10)
-        with old_objects_frozen():
-            pass
-        seen["after the second closed"] = gc.get_freeze_count()
-        second_done.set()
-
-    threads = [threading.Thread(target=first), threading.Thread(target=second)]
-    for thread in threads:
-        thread.start()
-    second_done.wait(10)
-    first_may_close.set()
-    for thread in threads:
-        thread.join(10)
-    assert seen["after the second closed"] > 0
-    assert gc.get_freeze_count() == 0
-
-
 SCENARIOS = [
-    routed_and_batched_blocks_freeze_what_was_made_before_them_and_unfreeze_it_on_exit,
-    a_cycle_made_inside_the_block_is_collected_inside_it,
-    a_cycle_made_before_the_block_and_dropped_inside_it_is_collected_after_it,
-    an_exception_inside_the_block_unfreezes,
-    a_process_that_froze_objects_itself_keeps_them_frozen,
-    objects_stay_frozen_until_the_last_block_open_in_any_thread_closes,
+    the_first_block_freezes_what_is_alive_and_it_stays_frozen,
+    the_caches_of_earlier_batches_are_collected,
+    a_cycle_made_inside_a_block_is_collected_inside_it,
+    a_cycle_made_between_blocks_is_collected_when_it_is_dropped,
+    garbage_left_before_the_first_block_is_collected_not_frozen,
+    a_process_that_froze_objects_itself_keeps_its_own_freeze,
 ]
 
 

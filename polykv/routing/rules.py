@@ -34,6 +34,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from polykv.methods import fit_params
 from polykv.methods.attention.pyramidkv import PyramidKV, PyramidKVParams
 from polykv.methods.shared import split_total, within_bounds
 from polykv.plan import LayerPlan, Phase, Plan, PlanError
@@ -142,6 +143,7 @@ def apply_rule(
         raise PlanError(f"{plan.name}: a rule applies to a plan of fixed allocation (this one is {plan.allocation})")
     values = rule_params(rule, params)
     layers = [{phase: layer[phase] for phase in Phase} for layer in plan.layers]
+    refitted: list[str] = []
     for phase in plan.scope.phases:
         assigned = [layer[phase] for layer in plan.layers]
         if any(a.capacity is None for a in assigned):
@@ -150,10 +152,18 @@ def apply_rule(
         stats = statistics.get(phase.value) if isinstance(statistics, Mapping) else statistics
         capacities = rule_capacities(rule, total, plan.num_layers, values, prompt_length, windows, stats)
         for i, (a, capacity) in enumerate(zip(assigned, capacities)):
-            layers[i][phase] = a.model_copy(update={"capacity": capacity})
+            fitted = fit_params(a.method, a.params, capacity)  # a window the layer's share cannot hold shrinks
+            if fitted != a.params:
+                refitted.append(f"{i} ({phase.value})")
+            layers[i][phase] = a.model_copy(update={"capacity": capacity, "params": fitted})
     shown = ", ".join(f"{k} {v}" for k, v in values.items())
     local = windows is not None and any(w is not None for w in windows)
     note = " A local layer gets at most its window less one; what the rule gave it beyond went to the others." * local
+    if refitted:
+        note += (
+            f" Layers {', '.join(refitted)} got too few tokens for their method's window or sinks, which shrink to a"
+            " quarter of the layer's capacity there (`params_that_fit`'s rule)."
+        )
     return plan.with_layers(
         [LayerPlan(prefill=layer[Phase.PREFILL], decode=layer[Phase.DECODE]) for layer in layers],
         name=f"{plan.name}-{rule}",

@@ -1,14 +1,19 @@
-"""Full garbage collections that skip the objects made before a routed or batched block (`old_objects_frozen`).
+"""Full garbage collections that skip the objects alive when the process's first routed or batched block opened
+(`old_objects_frozen`).
 
 A full collection of Python's garbage collector walks every object it tracks. After loading torch, transformers
 and a model a process tracks over 400,000 of them (smollm2: 416,000), so one full collection took 0.3-1.0 s on
 this project's 2-core machine, and scoring one RULER sample with the smollm2 study's 46 plans set off about one
-(benchmarks/README.md, "Full garbage collections"). Those objects were alive before the block and nothing in it
-frees them, so the block freezes them (`gc.freeze`: every collection ignores them) and unfreezes them when the last
-open block closes (`gc.unfreeze`: they go back to the oldest generation and are collected as before). Objects made
-inside the block are collected as usual; a cycle among frozen objects that becomes garbage inside the block is
-collected after it. A process that froze objects itself before the first block keeps them frozen: blocks then leave
-the collector alone (what it freezes while a block is open is unfrozen with the block's).
+(benchmarks/README.md, "Full garbage collections"). Those objects (torch, transformers, the model) live as long as
+the process, so the first block collects once and freezes what is left (`gc.freeze`: every later collection skips
+it), and they stay frozen: objects made after it, inside blocks or between them, are collected as usual.
+
+Freezing again at each block, and unfreezing when it closed, leaked: a routed cache is a reference cycle (its layers
+and their merge groups point at each other), and a batch dropped after its block was still uncollected when the
+next block opened, so that block froze it too, and so on: a gemma3 leaderboard's process grew 0.25-0.4 GB a sample
+(benchmarks/README.md). What this costs instead: a cycle among objects alive at the first block that becomes garbage
+later is never collected (a model is freed by reference counts alone, so dropping one frees it). A process that
+froze objects itself before the first block keeps its own freeze: blocks then leave the collector alone.
 """
 
 from __future__ import annotations
@@ -19,32 +24,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 _lock = threading.Lock()
-_open = 0  # blocks open now, in every thread
-_froze = False  # whether the first of them froze (and so the last one unfreezes)
+_decided = False  # whether the first block has looked (and frozen, unless the process had frozen objects itself)
 
 
 @contextmanager
 def old_objects_frozen() -> Iterator[None]:
-    """Inside the block (and any block open in another thread at the same time), collections skip every object
-    made before the first of them opened; see the module docstring."""
-    global _open, _froze
-    counted = False
-    try:
-        with _lock:
-            if _open == 0:
-                _froze = gc.get_freeze_count() == 0
-            _open += 1
-            counted = True
-            if _open == 1 and _froze:
+    """From the process's first block on, collections skip every object alive when it opened; see the module
+    docstring."""
+    global _decided
+    with _lock:
+        if not _decided:
+            _decided = True
+            if gc.get_freeze_count() == 0:
+                gc.collect()  # garbage frozen now would never be collected
                 gc.freeze()
-        yield
-    finally:
-        if counted:  # an exception may land anywhere: undo only what was done
-            with _lock:
-                _open -= 1
-                if _open == 0 and _froze:
-                    gc.unfreeze()
-                    _froze = False
+    yield
 
 
 __all__ = ["old_objects_frozen"]

@@ -33,7 +33,7 @@ from polykv.eval.experiments.experiment_runner import ExperimentRunner
 from polykv.eval.experiments.leaderboard import family_contrasts, macro_mean
 from polykv.eval.experiments.report import BoardEntry, Count, Report, Statistic, _Data, _Experiment
 from polykv.eval.statistics.contrast import direction
-from polykv.methods import params_that_fit
+from polykv.methods import REGISTRY, fit_params, params_that_fit
 from polykv.plan import FULL, Plan
 
 LAYER_RULES = ("uniform", "pyramid", "squeeze", "ppl", "cake")
@@ -144,6 +144,17 @@ def rule_plan(
     base = Plan.homogeneous(scorer, budget, num_layers, "prefill", params=params_that_fit(scorer, budget))
     if rule == "cake":  # decided at prefill from the prompt; the runtime keeps local layers within their windows
         fitted = params_that_fit("cake", budget)  # CAKE's window shrinks under a small budget, as its preset's does
+        least = fitted.get("window", REGISTRY["cake"].defaults()["window"])  # the fewest tokens CAKE gives a layer
+        params = fit_params(scorer, base.layers[0].prefill.params, least)
+        if params != base.layers[0].prefill.params:  # e.g. SnapKV's window of 32: the scorer runs with a smaller one
+            shrunk = ", ".join(f"{k} {v}" for k, v in params.items() if v != base.layers[0].prefill.params.get(k))
+            base = Plan.homogeneous(scorer, budget, num_layers, "prefill", params=params)
+            base = base.model_copy(
+                update={
+                    "description": f"{base.description} Under CAKE's rule a layer may get as few as {least} tokens, "
+                    f"so {scorer} runs with {shrunk} in every layer."
+                }
+            )
         update = {"allocation": "cake", "allocation_params": fitted, "name": f"{base.name}-cake"}
         plan = base.model_copy(update=update)
     else:
