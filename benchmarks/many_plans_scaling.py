@@ -220,11 +220,17 @@ def study_samples(model, tokenizer, count: int, reps: int, compare_collector: bo
             for way, block in ways.items() if rep % 2 == 0 else reversed(ways.items()):  # either first in turn
                 if block is not None:
                     swap.old_objects_frozen = block
+                walked = block is contextlib.nullcontext
+                if walked:  # the first frozen block's freeze lasts (`polykv.runtime.garbage`): undo it for this way
+                    gc.unfreeze()
                 full_collections[:] = [0, 0.0]
                 for _, _, payload in samples:
                     started = time.perf_counter()
                     ruler.score_samples(model, plans, payload, settings)
                     times[way].append(time.perf_counter() - started)
+                if walked:
+                    gc.collect()
+                    gc.freeze()
                 collections[way] = [a + b for a, b in zip(collections[way], full_collections)]
     finally:
         gc.callbacks.remove(count_full)
