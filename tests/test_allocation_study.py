@@ -47,6 +47,7 @@ def test_every_split_of_every_scorer_is_a_plan_the_model_can_run():
     cake = rule_plan("snapkv", "cake", 128, 30)
     assert {layer.prefill.params["window"] for layer in cake.layers} == {8}
     assert "a layer may get as few as 32 tokens, so snapkv runs with window 8" in cake.description
+    assert cake.provenance["shrunk_params"] == "window 8"  # the page names it beside the split
 
 
 def test_on_a_hybrid_model_no_split_gives_a_local_layer_more_than_its_window_holds():

@@ -58,6 +58,7 @@ class AllocationEntry(BoardEntry):
 
     contender: str
     description: str = ""
+    shrunk_params: str = ""  # the scorer's parameters where the split made it shrink them in every layer
 
 
 class AllocationData(_Experiment):
@@ -152,7 +153,8 @@ def rule_plan(
             base = base.model_copy(
                 update={
                     "description": f"{base.description} Under CAKE's rule a layer may get as few as {least} tokens, "
-                    f"so {scorer} runs with {shrunk} in every layer."
+                    f"so {scorer} runs with {shrunk} in every layer.",
+                    "provenance": {**base.provenance, "shrunk_params": shrunk},
                 }
             )
         update = {"allocation": "cake", "allocation_params": fitted, "name": f"{base.name}-cake"}
@@ -266,6 +268,7 @@ def _compare(runner, plans, runs, choices, chosen: Calibrated) -> AllocationData
             kv_entering=None if kv is None else kv.total_entering,
             kv_share=None if kv is None or not kv.fullkv_entering else kv.total_entering / kv.fullkv_entering,
             **({} if contender is None else {"contender": contender, "description": plans[k].description}),
+            shrunk_params=plans[k].provenance.get("shrunk_params", ""),
         )
 
     entries = {k: AllocationEntry(**entry(k, *_parts(k))) for k in plans if k != FULL}

@@ -67,6 +67,8 @@ def _row(e: AllocationEntry, best: str | None) -> str:
     chosen = " (best on calibration)" if e.contender == best else ""
     if e.contender == "adakv+best" and best == "uniform":
         chosen = " (the best rule is uniform: the same plan as adakv)"
+    if e.shrunk_params:
+        chosen += f" ({e.method} with {e.shrunk_params}: the contrast changes it too)"
     return (
         f"| `{e.method}` | {e.contender}{chosen} | {_num(e.means.get('answer_nll'))} | {_held(e)} | {first} | "
         f"{_cell(versus_best) if versus_best else ''} |"
