@@ -108,9 +108,12 @@ def token_params(model: type[BaseModel]) -> tuple[str, ...]:
 
 
 def over_limit(model: type[BaseModel], params: BaseModel, names: tuple[str, ...], highest: int, rule: str) -> list[str]:
-    """One line for each of `names` whose value in `params` is above `highest`: '<name> (v) must be <rule>'."""
-    return [
-        f"{name} ({getattr(params, name)}) must be {rule}; allowed range {lower_bound(model, name)} .. {highest}"
-        for name in names
-        if getattr(params, name) > highest
-    ]
+    """One line for each of `names` whose value in `params` is above `highest`: '<name> (v) must be <rule>', then the
+    range it may take, or, where no value fits (a capacity of 1 leaves a window no room), that none does."""
+    lines = []
+    for name in names:
+        if getattr(params, name) > highest:
+            low = lower_bound(model, name)
+            room = f"allowed range {low} .. {highest}" if low <= highest else "no value fits: raise the capacity"
+            lines.append(f"{name} ({getattr(params, name)}) must be {rule}; {room}")
+    return lines
