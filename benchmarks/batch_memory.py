@@ -1,7 +1,7 @@
 """Does a process that runs batched blocks one sample after another hold on to earlier samples? (the leak fixed in
 `polykv.runtime.garbage`, 2026-12-07). One `many()` block per "sample" (the same prompt, prefilled for three plans,
 then a 10-token question), as the suite runner does; every `--every` samples it prints the objects the garbage
-collector has frozen, the live tensors and the process's resident memory.
+collector has frozen, the tensors it has not (frozen ones are not listed) and the process's resident memory.
 
     .venv/bin/python benchmarks/batch_memory.py --model demo --tokens 400 --samples 30
 """
@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 
 import torch
 
 
 def resident_mb() -> int:
     with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * 4096 // 2**20
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 2**20
 
 
 def main() -> None:
@@ -42,7 +43,7 @@ def main() -> None:
             batch.feed(list(range(5, 15)))
         if sample % args.every == 0:
             tensors = sum(isinstance(o, torch.Tensor) for o in gc.get_objects())
-            print(f"sample {sample:3d}  frozen {frozen:7d}  live tensors {tensors:5d}  RSS {resident_mb()} MB")
+            print(f"sample {sample:3d}  frozen {frozen:7d}  unfrozen tensors {tensors:5d}  RSS {resident_mb()} MB")
     print(f"a full collection at the end frees {gc.collect()} objects; RSS {resident_mb()} MB")
 
 

@@ -43,6 +43,10 @@ def main() -> None:
         parser.error(f"unknown kinds {unknown}; choose from {', '.join(KINDS)}")
     if "profile" not in kinds and {"experiment", "search"} & set(kinds) and args.profile is None:
         parser.error("the experiment and the search need a profile: run the profile launch or give --profile")
+    if args.profile is not None and ("profile" in kinds or not (args.profile / "profile.json").is_file()):
+        parser.error(f"--profile {args.profile}: give a stored profile's folder, and only without the profile launch")
+    if set(kinds) != set(KINDS) and args.out == parser.get_default("out"):
+        parser.error("some of the launches: give --out (the default file holds all five)")
     ws = Path(tempfile.mkdtemp(prefix="launch-costs-")) / "ws"
     from polykv import costs, jobs
     from polykv.eval.launch.work import heterogeneity_work
@@ -90,9 +94,11 @@ def main() -> None:
         "ruler",
         {"tasks": ["niah_single_1", "niah_single_2"], "length": 1024, "samples_per_task": 3, "mode": "score"},
     )
-    layers = len(model.model.layers)
-    plans = [Plan.load(Path("plans") / name / "mixed.json"), Plan.homogeneous("tova", 256, layers, "decode")]
-    run_job("eval", jobs.eval_job([({"series": p.name}, Unit.of(name, p, "ruler", ruler)) for p in plans], "eval"))
+    if "eval" in kinds:
+        layers = len(model.model.layers)
+        plans = [Plan.load(Path("plans") / name / "mixed.json"), Plan.homogeneous("tova", 256, layers, "decode")]
+        units = [({"series": p.name}, Unit.of(name, p, "ruler", ruler)) for p in plans]
+        run_job("eval", jobs.eval_job(units, "eval"))
 
     # 2. a profile: 4 text sequences of 512 tokens, both scopes
     spec = CorpusSpec(sources=("kjv", "jargon"), num_sequences=4, max_tokens=512)

@@ -214,6 +214,9 @@ def study_samples(model, tokenizer, count: int, reps: int, compare_collector: bo
         ways["walked (as before)"] = contextlib.nullcontext
     times: dict[str, list[float]] = {way: [] for way in ways}
     collections = {way: [0, 0.0] for way in ways}
+    if own is not None:
+        with own():  # the process's first block collects once and freezes: not in any timed sample
+            pass
     gc.callbacks.append(count_full)
     try:
         for rep in range(reps):
@@ -228,10 +231,10 @@ def study_samples(model, tokenizer, count: int, reps: int, compare_collector: bo
                     started = time.perf_counter()
                     ruler.score_samples(model, plans, payload, settings)
                     times[way].append(time.perf_counter() - started)
-                if walked:
+                collections[way] = [a + b for a, b in zip(collections[way], full_collections)]
+                if walked:  # freeze again, uncounted
                     gc.collect()
                     gc.freeze()
-                collections[way] = [a + b for a, b in zip(collections[way], full_collections)]
     finally:
         gc.callbacks.remove(count_full)
         if own is not None:

@@ -76,6 +76,17 @@ def test_a_layer_given_too_few_tokens_for_its_methods_window_runs_with_the_windo
     assert _prefilled(tiny_model("llama", num_hidden_layers=4), plan).retained_per_layer() == capacities
 
 
+def test_a_layer_the_rule_gives_fewer_tokens_than_its_method_runs_with_gets_the_least_from_the_others():
+    sensitivity = [0.0, 5.0, 5.0, 5.0]  # proportional: layer 0 would get nothing (split_total's floor: 1 token)
+    tova = apply_rule(Plan.homogeneous("tova", 6, 4, "prefill"), "ppl", statistics=sensitivity)
+    assert [layer.prefill.capacity for layer in tova.layers] == [1, 8, 8, 7]  # TOVA runs with 1 token
+    snapkv = apply_rule(Plan.homogeneous("snapkv", 6, 4, "prefill", {"window": 2}), "ppl", statistics=sensitivity)
+    capacities = [layer.prefill.capacity for layer in snapkv.layers]
+    assert capacities[0] == 2 and sum(capacities) == 24  # SnapKV needs a window of 1 and one more token
+    assert "Every layer gets at least 2 tokens in the prefill phase" in snapkv.description
+    validate_plan(snapkv, 4)
+
+
 def test_on_a_hybrid_model_the_rule_gives_no_local_layer_more_than_its_window_holds():
     windows = [16, 16, None]  # the tiny Gemma 3: two local layers, one global
     plan = apply_rule(Plan.homogeneous("tova", 20, 3, "prefill"), "pyramid", {"window": 4}, windows=windows)
@@ -270,3 +281,14 @@ def test_the_profile_rules_split_by_the_profiles_entropy_or_phase_sensitivity_fo
         assert {layer.prefill.method for layer in plan.layers} == {"tova"}
     missing = polykv("plan", "homogeneous", "tova", "--capacity", "32", "--rule", "ppl", "-o", str(tmp_path / "m.json"))
     assert_one_line_error(missing, "--rule ppl splits by a profile's statistics: give --profile DIR")
+
+
+def test_the_designers_split_over_some_layers_names_those_whose_window_shrank_by_their_own_index():
+    from polykv.plan_edits.whole_plan import split_by_rule
+
+    plan = Plan.homogeneous("snapkv", 40, 6, "prefill", {"window": 16})
+    ruled = split_by_rule(plan, "pyramid", 40, layers=[3, 4, 5])
+    assert [layer.prefill.capacity for layer in ruled.layers] == [40, 40, 40, 70, 40, 10]
+    assert [layer.prefill.params["window"] for layer in ruled.layers] == [16] * 5 + [2]
+    assert ruled.description.endswith("over layers 3, 4, 5: layer 5 got too few tokens for their method's parameters, "
+                                      "which shrink to fit there.")  # fmt: skip

@@ -4,7 +4,7 @@ between them, are collected as usual (a batch's caches are reference cycles: the
 process's own freeze is left alone.
 
 The collector's generations are one per process, and a test before these may have opened blocks already: so each
-scenario runs in a fresh Python process. All but the runtime's load the module from its file, so that the process
+scenario runs in a fresh Python process. Those that need no model load the module from its file, so that the process
 need not import torch (5 s) for it."""
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ def the_first_block_freezes_what_is_alive_and_it_stays_frozen():
     from tests.helpers import tiny_model
 
     model = tiny_model("llama")
+    kept = _Node()  # alive at the first block: frozen with it
+    node = weakref.ref(kept)
     gc.collect()
     tracked = len(gc.get_objects())
     with routed(model, Plan.homogeneous("full", None, num_layers(model))):
@@ -53,7 +55,24 @@ def the_first_block_freezes_what_is_alive_and_it_stays_frozen():
         assert frozen >= tracked
     with many(model, []):
         pass
-    assert gc.get_freeze_count() <= frozen  # nothing more frozen (a frozen object freed by its count leaves it)
+    assert 0 < gc.get_freeze_count() <= frozen  # nothing more frozen (a frozen object freed by its count leaves it)
+    del kept
+    gc.collect()
+    assert node() is not None  # still frozen after both blocks closed: no collection walks it
+
+
+def a_model_alive_at_the_first_block_is_freed_when_dropped():
+    from polykv.models import num_layers
+    from polykv.plan import Plan
+    from polykv.runtime import routed
+    from tests.helpers import tiny_model
+
+    model = tiny_model("llama")
+    with routed(model, Plan.homogeneous("full", None, num_layers(model))):
+        pass
+    dropped, weights = weakref.ref(model), weakref.ref(next(model.parameters()))
+    del model
+    assert dropped() is None and weights() is None  # by reference counts alone: frozen or not, nothing leaks
 
 
 def the_caches_of_earlier_batches_are_collected():
@@ -110,7 +129,7 @@ def a_process_that_froze_objects_itself_keeps_its_own_freeze():
     kept = _Node()
     with old_objects_frozen():
         pass
-    assert gc.get_freeze_count() == frozen  # the block froze nothing more
+    assert gc.get_freeze_count() <= frozen  # the block froze nothing more
     node = weakref.ref(kept)
     del kept
     gc.collect()
@@ -119,6 +138,7 @@ def a_process_that_froze_objects_itself_keeps_its_own_freeze():
 
 SCENARIOS = [
     the_first_block_freezes_what_is_alive_and_it_stays_frozen,
+    a_model_alive_at_the_first_block_is_freed_when_dropped,
     the_caches_of_earlier_batches_are_collected,
     a_cycle_made_inside_a_block_is_collected_inside_it,
     a_cycle_made_between_blocks_is_collected_when_it_is_dropped,

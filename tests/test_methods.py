@@ -87,7 +87,7 @@ def test_snapkv_is_prefill_only_and_checks_its_window():
         "params: snapkv: window (32) must be smaller than the capacity (16); allowed range 1 .. 15"
     ]
     assert SnapKV.check({"window": 32}, 1) == [  # no window fits a capacity of 1: no empty range "1 .. 0"
-        "params: snapkv: window (32) must be smaller than the capacity (1); no value fits: raise the capacity"
+        "params: snapkv: window (32) must be smaller than the capacity (1); no value fits"
     ]
 
 

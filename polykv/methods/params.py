@@ -109,11 +109,11 @@ def token_params(model: type[BaseModel]) -> tuple[str, ...]:
 
 def over_limit(model: type[BaseModel], params: BaseModel, names: tuple[str, ...], highest: int, rule: str) -> list[str]:
     """One line for each of `names` whose value in `params` is above `highest`: '<name> (v) must be <rule>', then the
-    range it may take, or, where no value fits (a capacity of 1 leaves a window no room), that none does."""
+    range it may take, or, where none fits (a capacity of 1 leaves a window no room), that no value fits."""
     lines = []
     for name in names:
         if getattr(params, name) > highest:
             low = lower_bound(model, name)
-            room = f"allowed range {low} .. {highest}" if low <= highest else "no value fits: raise the capacity"
+            room = f"allowed range {low} .. {highest}" if low <= highest else "no value fits"
             lines.append(f"{name} ({getattr(params, name)}) must be {rule}; {room}")
     return lines

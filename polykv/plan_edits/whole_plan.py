@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from polykv.errors import first_line
-from polykv.plan import FULL, Plan, PlanError, Scope
+from polykv.plan import FULL, Phase, Plan, PlanError, Scope
 from polykv.plan_edits.edit_history import record_edit
 from polykv.plan_edits.painting import DEFAULT_CAPACITY
 
@@ -77,10 +77,21 @@ def _ruled(plan: Plan, rule: str, budget: float, windows, layers=None) -> Plan:
             layers_now = list(plan.layers)
             for i, layer in zip(chosen, ruled.layers):
                 layers_now[i] = layer
-            ruled = plan.with_layers(layers_now, allocation="fixed", allocation_params={})
+            shrunk = [i for i, layer in zip(chosen, ruled.layers) if _params(layer) != _params(plan.layers[i])]
+            named = f"layer{'s' * (len(shrunk) > 1)} {', '.join(map(str, shrunk))}"
+            note = (  # apply_rule's own note names the chosen layers by their place among them: say it here
+                f" Split by the {rule} rule{where}: {named} got too few tokens for their method's parameters, which"
+                " shrink to fit there."
+            )
+            description = plan.description + note * bool(shrunk)
+            ruled = plan.with_layers(layers_now, allocation="fixed", allocation_params={}, description=description)
         return validate_plan(ruled, plan.num_layers)
     except ValueError as exc:  # a PlanError, or a budget too small for the layers' windows
         raise PlanError(f"split by the {rule} rule{where} at budget {budget:g}: {first_line(exc)}") from None
+
+
+def _params(layer) -> list:
+    return [layer[phase].params for phase in Phase]
 
 
 def rule_preview(plan: Plan, rule: str, budget: float, windows=None, layers=None) -> dict[str, list[int] | None]:

@@ -34,7 +34,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from polykv.methods import fit_params
+from polykv.methods import REGISTRY, fit_params
 from polykv.methods.attention.pyramidkv import PyramidKV, PyramidKVParams
 from polykv.methods.shared import split_total, within_bounds
 from polykv.plan import LayerPlan, Phase, Plan, PlanError
@@ -136,14 +136,16 @@ def apply_rule(
     statistics: Sequence[float] | Mapping[str, Sequence[float]] | None = None,
 ) -> Plan:
     """The plan with each active phase's capacities split by `rule`: the same total (the sum of its capacities as
-    written), the same methods and method parameters, fixed allocation. `statistics`: one list for every phase, or
-    one per phase ({"prefill": [...], ...}: the ppl rule's sensitivity is the phase's). A phase with a `full` layer,
-    or a native allocation (its method's own rule), is refused in one line (PlanError)."""
+    written), the same methods, fixed allocation; no layer under the fewest tokens its method runs with, and a
+    method's parameters shrunk (`fit_params`) only in a layer given too few tokens for them. `statistics`: one list
+    for every phase, or one per phase ({"prefill": [...], ...}: the ppl rule's sensitivity is the phase's). A phase
+    with a `full` layer, or a native allocation (its method's own rule), is refused in one line (PlanError)."""
     if plan.allocation != "fixed":
         raise PlanError(f"{plan.name}: a rule applies to a plan of fixed allocation (this one is {plan.allocation})")
     values = rule_params(rule, params)
     layers = [{phase: layer[phase] for phase in Phase} for layer in plan.layers]
     refitted: list[str] = []
+    floored: list[str] = []
     for phase in plan.scope.phases:
         assigned = [layer[phase] for layer in plan.layers]
         if any(a.capacity is None for a in assigned):
@@ -151,6 +153,11 @@ def apply_rule(
         total = sum(a.capacity for a in assigned)
         stats = statistics.get(phase.value) if isinstance(statistics, Mapping) else statistics
         capacities = rule_capacities(rule, total, plan.num_layers, values, prompt_length, windows, stats)
+        least = max(_least_capacity(a.method, a.params) for a in assigned)
+        if min(capacities) < least:  # e.g. the ppl rule gives a layer 1 token, and SnapKV needs 2 at the least
+            bounds = [float("inf") if w is None else w - 1 for w in (windows or [None] * plan.num_layers)]
+            capacities = split_total(capacities, total, minimum=least, maximum=bounds)
+            floored.append(f"{least} tokens in the {phase.value} phase")
         for i, (a, capacity) in enumerate(zip(assigned, capacities)):
             fitted = fit_params(a.method, a.params, capacity)  # a window the layer's share cannot hold shrinks
             if fitted != a.params:
@@ -159,6 +166,11 @@ def apply_rule(
     shown = ", ".join(f"{k} {v}" for k, v in values.items())
     local = windows is not None and any(w is not None for w in windows)
     note = " A local layer gets at most its window less one; what the rule gave it beyond went to the others." * local
+    if floored:
+        note += (
+            f" Every layer gets at least {' and '.join(floored)}, the fewest its method runs with: the rule gave"
+            " some less, and what they got came from the others in proportion."
+        )
     if refitted:
         note += (
             f" Layers {', '.join(refitted)} got too few tokens for their method's window or sinks, which shrink to a"
@@ -182,6 +194,14 @@ def apply_rule(
             "source_provenance": dict(plan.provenance),
         },
     )
+
+
+def _least_capacity(method: str, params: Mapping[str, Any]) -> int:
+    """The fewest tokens a layer can run `method` with, its parameters shrunk to fit (`fit_params`)."""
+    capacity = 1
+    while REGISTRY[method].check(fit_params(method, params, capacity), capacity) and capacity < 4096:
+        capacity += 1
+    return capacity
 
 
 def predicted_split(model, plan: Plan, sequences: Sequence[Sequence[int]]) -> dict[str, list[float]]:

@@ -62,8 +62,8 @@ def model_lock(model: torch.nn.Module) -> threading.RLock:
 def swapped_attention(model: torch.nn.Module) -> Iterator[None]:
     """Inside the block, this thread's forwards of `model` run PolyKV's attention and other threads' forwards run
     the model's own (see the module docstring); on exit the model is as before. Holds the model's lock; a second
-    block on the same model in the same thread is refused (RoutedCacheError). Garbage collections inside skip the
-    objects made before it (`polykv.runtime.garbage`)."""
+    block on the same model in the same thread is refused (RoutedCacheError). Garbage collections skip the objects
+    alive when the process's first block opened (`polykv.runtime.garbage`)."""
     if id(model) in _here.models:
         raise RoutedCacheError(
             "routed() or many() is already open on this model in this thread, and a block inside it would run the "
@@ -73,7 +73,7 @@ def swapped_attention(model: torch.nn.Module) -> Iterator[None]:
         model_lock(model),
         old_objects_frozen(),
         rotaries_known(model),
-    ):  # the model's objects: out of every full collection's walk
+    ):  # the first block's: the model's objects out of every full collection's walk
         configs = _configs(model)
         previous = model.config._attn_implementation
         for config in configs:  # recorded before the swap: another thread's forward may look them up at once
