@@ -138,3 +138,32 @@ def test_the_command_refuses_what_the_study_cannot_run_in_one_line_before_any_wo
         (("--contenders", "uniform,pyramid"), "give --suite ruler or longbench and --metric answer_nll"),
     ]:
         assert_one_line_error(polykv("experiment", "allocation", "--budgets", "16", *args), expected)
+
+
+def test_the_calibration_runs_every_scorer_and_budget_on_one_prompt_pass_per_sample(demo_model, tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from polykv.eval.experiments.allocation import key
+    from polykv.eval.suites.ruler import RulerSettings
+    from polykv.search.workload import allocation as calibration
+    from polykv.search.workload import objective
+
+    model, tokenizer = demo_model
+    settings = RulerSettings(tasks=("niah_single_1",), length=400, samples_per_task=3, question="after-compression")
+    store = SimpleNamespace(path=tmp_path / "results.sqlite")
+    runner = SimpleNamespace(
+        model_name="demo", suite="ruler", settings=settings, seed=0, store=store, model=model, tokenizer=tokenizer
+    )
+    choices = StudyChoices(("keydiff", "tova"), (8, 16), contenders=("uniform", "pyramid"), calibration_per_task=2)
+    layers = model.config.num_hidden_layers
+    rules = ["uniform", "pyramid"]
+    plans = {key(s, r, b): rule_plan(s, r, b, layers) for s in choices.scorers for b in choices.budgets for r in rules}
+    passes, measure = [], objective.answer_nlls
+    monkeypatch.setattr(objective, "answer_nlls", lambda m, p, sample: passes.append(len(p)) or measure(m, p, sample))
+    chosen = calibration.calibrate(runner, choices, plans, rules, {})
+    distinct = len({objective.plan_key(plan) for plan in plans.values()})  # a pyramid may be uniform on 5 layers
+    assert passes == [distinct, distinct]  # two samples, each one pass for the 2 scorers x 2 budgets x 2 rules
+    assert set(chosen.values) == {"keydiff@8", "keydiff@16", "tova@8", "tova@16"} and chosen.samples == 2
+    alone = objective.AnswerObjective(model, calibration.calibration_objective(runner, choices).samples)
+    batched = chosen.values["tova@16"]["pyramid"]
+    assert alone.values([plans["tova/pyramid@16"]]) == [pytest.approx(batched, rel=1e-5)]  # alone, up to rounding

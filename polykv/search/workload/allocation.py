@@ -32,25 +32,29 @@ def calibrate(runner, choices: StudyChoices, plans: dict[str, Plan], rules, stat
     """Each scorer and budget's layer rules on the calibration samples, the best of them, and the searches
     (`choices.searching`), each read from the cache where it holds them."""
     chosen, cached, objective = Calibrated(), CalibrationCache(runner, choices, rules, statistics, profile), None
-    for scorer in choices.scorers:
-        for budget in choices.budgets:
-            name, searching = f"{scorer}@{budget}", scorer in choices.searching
-            found = cached.get(name)
-            if found is None or (searching and "search" not in found):
-                objective = objective or calibration_objective(runner, choices)
-                values = objective.values([plans[key(scorer, r, budget)] for r in rules])
-                found = {"samples": len(objective), "values": dict(zip(rules, values))}
-                if searching:
-                    best = _best(found["values"], rules)
-                    starts = [plans[key(scorer, r, budget)] for r in dict.fromkeys(["uniform", best]) if r != "cake"]
-                    plan, summary = capacity_search(objective, starts, scorer, budget, choices, profile)
-                    found["search"] = {"plan": plan.to_dict(), "summary": summary.model_dump(mode="json")}
-                cached.put(name, found)
-            chosen.values[name], chosen.samples = found["values"], found["samples"]
-            chosen.best[name] = _best(found["values"], rules)
+    cells = [(scorer, budget) for scorer in choices.scorers for budget in choices.budgets]
+    missing = [(s, b) for s, b in cells if cached.get(f"{s}@{b}") is None]
+    if missing:  # every cell's rules in one call: the plans that meet on a sample share its prompt pass
+        objective = calibration_objective(runner, choices)
+        objective.values([plans[key(s, r, b)] for s, b in missing for r in rules])
+    for scorer, budget in cells:
+        name, searching = f"{scorer}@{budget}", scorer in choices.searching
+        found = cached.get(name)
+        if found is None or (searching and "search" not in found):
+            objective = objective or calibration_objective(runner, choices)
+            values = objective.values([plans[key(scorer, r, budget)] for r in rules])  # kept from the call above
+            found = {"samples": len(objective), "values": dict(zip(rules, values))}
             if searching:
-                chosen.searched[key(scorer, "searched", budget)] = Plan.from_dict(found["search"]["plan"])
-                chosen.searches.append(SearchSummary.model_validate(found["search"]["summary"]))
+                best = _best(found["values"], rules)
+                starts = [plans[key(scorer, r, budget)] for r in dict.fromkeys(["uniform", best]) if r != "cake"]
+                plan, summary = capacity_search(objective, starts, scorer, budget, choices, profile)
+                found["search"] = {"plan": plan.to_dict(), "summary": summary.model_dump(mode="json")}
+            cached.put(name, found)
+        chosen.values[name], chosen.samples = found["values"], found["samples"]
+        chosen.best[name] = _best(found["values"], rules)
+        if searching:
+            chosen.searched[key(scorer, "searched", budget)] = Plan.from_dict(found["search"]["plan"])
+            chosen.searches.append(SearchSummary.model_validate(found["search"]["summary"]))
     return chosen
 
 
