@@ -14,6 +14,7 @@ from app.common import profiles
 from app.session import current_model, is_demo, workspace
 from polykv import jobs
 from polykv.plan import Plan
+from polykv.question_protocol import QuestionProtocol
 
 
 def profile_defaults(model_name: str) -> dict[str, int]:
@@ -43,15 +44,15 @@ def default_settings(suite: str, model_name: str) -> str:
 
 
 def _with_question(settings: dict) -> dict:
-    """A question suite's settings with its question protocol written out after its mode (the default, in-prompt,
-    is left out of stored settings; the box shows it, so the choice is seen)."""
+    """A question suite's settings with its question protocol written out after its mode (the default,
+    `QuestionProtocol.IN_PROMPT`, is left out of stored settings; the box shows it, so the choice is seen)."""
     if "mode" not in settings or "question" in settings:
         return settings
     out = {}
     for key, value in settings.items():
         out[key] = value
         if key == "mode":
-            out["question"] = "in-prompt"
+            out["question"] = QuestionProtocol.IN_PROMPT.value
     return out
 
 

@@ -67,7 +67,7 @@ def needle_model():
 
 def needle_questions(count: int, length: int = 200, answer: int = 4, seed: int = 0, at: int = 8):
     """Prompts of filler with one needle at position `at`; the gold answer is its partner, `answer` times."""
-    from polykv.eval.suites.answers import Question
+    from polykv.eval.suites.answers import AnswerSample
 
     rng = random.Random(seed)
     out = []
@@ -75,5 +75,5 @@ def needle_questions(count: int, length: int = 200, answer: int = 4, seed: int =
         needle = rng.choice(NEEDLES)
         prompt = [0] + [rng.choice(FILLER) for _ in range(length - 1)]
         prompt[at] = needle
-        out.append(Question(prompt, [needle - 10] * answer, answer))
+        out.append(AnswerSample(prompt, [needle - 10] * answer, answer))
     return out

@@ -18,7 +18,7 @@ from tests.helpers import FAMILIES, tiny_model
 METHODS = ("streamingllm", "h2o", "tova", "snapkv", "pyramidkv", "cake", "d2o", "scissorhands", "cam", "knorm")
 
 
-def vanilla_nll(model, question: answers.Question) -> float:
+def vanilla_nll(model, question: answers.AnswerSample) -> float:
     """The unmodified model (its own attention, the DynamicCache it makes for itself: sliding-window layers
     where its config has them): the prompt in one pass, then the answer token by token, each token's -log p
     in float64, averaged."""
@@ -37,7 +37,7 @@ def vanilla_nll(model, question: answers.Question) -> float:
     return sum(nll) / len(nll)
 
 
-def one_pass_nll(model, question: answers.Question) -> float:
+def one_pass_nll(model, question: answers.AnswerSample) -> float:
     """The same NLL from one forward pass over prompt + answer (no cache at all)."""
     ids = torch.tensor([question.prompt_ids + question.answer_ids])
     with torch.no_grad():
@@ -48,11 +48,11 @@ def one_pass_nll(model, question: answers.Question) -> float:
     return float(-logp[range(len(targets)), targets].mean())
 
 
-def question_for(model, prompt_length: int = 40, answer_length: int = 6, seed: int = 3) -> answers.Question:
+def question_for(model, prompt_length: int = 40, answer_length: int = 6, seed: int = 3) -> answers.AnswerSample:
     generator = torch.Generator().manual_seed(seed)
     vocab = model.config.vocab_size
     ids = torch.randint(3, vocab, (prompt_length + answer_length,), generator=generator).tolist()
-    return answers.Question(ids[:prompt_length], ids[prompt_length:], max_new_tokens=8)
+    return answers.AnswerSample(ids[:prompt_length], ids[prompt_length:], max_new_tokens=8)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -87,8 +87,8 @@ def test_answer_match_is_100_exactly_when_greedy_generation_writes_the_gold_toke
     plans = [Plan.homogeneous("full", None, layers), baseline_plan("streamingllm", 6, layers)]
     for plan in plans:
         greedy = answers.answer_alone(llama, plan, asked, "generate").tokens[:6]
-        own = answers.Question(asked.prompt_ids, greedy, max_new_tokens=8)
-        changed = answers.Question(asked.prompt_ids, greedy[:3] + [(greedy[3] + 1) % 96 or 3] + greedy[4:], 8)
+        own = answers.AnswerSample(asked.prompt_ids, greedy, max_new_tokens=8)
+        changed = answers.AnswerSample(asked.prompt_ids, greedy[:3] + [(greedy[3] + 1) % 96 or 3] + greedy[4:], 8)
         assert answers.answer_alone(llama, plan, own, "score").match == 100.0, plan.name
         assert answers.answer_alone(llama, plan, changed, "score").match == 0.0, plan.name
         for question in (own, changed):
@@ -111,7 +111,7 @@ def test_a_plan_with_room_for_everything_is_fullkv(llama, method):
 
 def test_the_first_answer_token_is_predicted_by_the_prompt_pass_whatever_the_plan(llama):
     question = question_for(llama)
-    question = answers.Question(question.prompt_ids, question.answer_ids[:1], 4)
+    question = answers.AnswerSample(question.prompt_ids, question.answer_ids[:1], 4)
     layers = llama.config.num_hidden_layers
     plans = [baseline_plan(m, 8, layers) for m in ("streamingllm", "tova", "snapkv")]
     values = {answers.answer_alone(llama, p, question, "score").nll for p in plans}

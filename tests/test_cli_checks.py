@@ -97,7 +97,7 @@ CASES = {
             "--question",
             "nosuch",
         ],
-        "question must be one of in-prompt, after-compression, got 'nosuch'",
+        "'nosuch' is not one of 'in-prompt', 'after-compression'",
     ),  # fmt: skip
     "plan-homogeneous-layers": (
         ["plan", "homogeneous", "tova", "--capacity", "8", "--layers", "1000000000", "-o", "x.json"],

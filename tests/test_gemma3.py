@@ -99,7 +99,7 @@ def test_every_method_runs_alone_and_batched_and_no_local_layer_outgrows_its_win
 def test_answer_nll_of_fullkv_is_the_vanilla_teacher_forced_nll(gemma3, prose):
     model, _ = gemma3
     ids = prose[:1024].tolist()
-    question = answers.Question(ids[:1000], ids[1000:1016], max_new_tokens=16)
+    question = answers.AnswerSample(ids[:1000], ids[1000:1016], max_new_tokens=16)
     full = Plan.homogeneous("full", None, LAYERS)
     routed_nll = answers.answer_alone(model, full, question, "score").nll
     name = cache_argument_name(model)

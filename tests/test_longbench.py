@@ -394,7 +394,7 @@ def test_end_to_end_run_on_the_demo_model_stores_a_score_per_task(demo_model, da
         assert values["agreement"] == 1.0  # FullKV agrees with itself
     # the routed full plan predicts exactly what the unmodified model does
     payload = lb.build_samples(tokenizer, model, settings, 0)[0][2]
-    question = lb._question(payload)
+    question = lb.answer_sample(payload)
     routed = answers.answer_alone(model, plan, question, "generate", lb._pad(tokenizer)).tokens
     answers.clear_reference_cache()
     assert routed == answers.fullkv_answer(model, question, lb._pad(tokenizer))

@@ -14,7 +14,7 @@ import torch
 
 from polykv.eval.method_protocols import baseline_plan
 from polykv.eval.running.settings import suite_settings
-from polykv.eval.suites import answer_settings, answers, longbench, ruler
+from polykv.eval.suites import answers, longbench, ruler
 from polykv.eval.suites.ruler import RulerSettings
 from polykv.methods import params_that_fit
 from polykv.methods.attention.snapkv import SnapKV
@@ -22,15 +22,16 @@ from polykv.models import cache_argument_name
 from polykv.plan import Phase, Plan
 from polykv.profile.cell_plan import single_layer_plan
 from polykv.profile.profiler import profile_methods
+from polykv.question_protocol import QuestionProtocol
 from polykv.runtime import routed
 from tests.helpers import FAMILIES, REPO, assert_one_line_error, tiny_model
 from tests.test_answers import METHODS, question_for, vanilla_nll
 from tests.test_longbench import record, write_task
 
-AFTER = answer_settings.AFTER_COMPRESSION
+AFTER = QuestionProtocol.AFTER_COMPRESSION
 
 
-def split(question: answers.Question, start: int) -> answers.Question:
+def split(question: answers.AnswerSample, start: int) -> answers.AnswerSample:
     return dataclasses.replace(question, question_start=start)
 
 
@@ -161,8 +162,20 @@ def test_the_default_protocol_leaves_settings_and_run_ids_as_they_were():
     assert "question" not in RulerSettings().to_dict()
     assert RulerSettings(question=AFTER).to_dict()["question"] == AFTER
     assert "question" not in longbench.LongBenchSettings().to_dict()
-    with pytest.raises(Exception, match="question must be one of in-prompt, after-compression"):
+    with pytest.raises(Exception, match="question: Input should be 'in-prompt' or 'after-compression'"):
         suite_settings("ruler", '{"question": "before"}')
+
+
+def test_the_protocol_is_one_enum_from_the_json_to_the_store():
+    # settings read from JSON hold the enum; what they store is the plain value, so ids hashed from it stay
+    for suite in ("ruler", "longbench"):
+        settings = suite_settings(suite, json.dumps({"question": "after-compression"}))
+        assert settings.question is QuestionProtocol.AFTER_COMPRESSION
+        stored = settings.to_dict()["question"]
+        assert type(stored) is str and json.dumps(stored) == '"after-compression"'
+    assert QuestionProtocol.of({}) is QuestionProtocol.IN_PROMPT  # settings saved before the setting existed
+    assert QuestionProtocol.of(RulerSettings(question=AFTER)) is AFTER
+    assert not AFTER.compresses_question and QuestionProtocol.IN_PROMPT.compresses_question
 
 
 @pytest.mark.parametrize("mode", ["generate", "score", "both"])
@@ -182,7 +195,7 @@ def test_a_question_protocol_the_suites_do_not_know_is_one_line(polykv, tmp_path
         "eval", "--model", "demo", "--suite", "ruler", "--settings", '{"question": "first"}',
         "--workspace", str(tmp_path / "ws"),
     )  # fmt: skip
-    assert_one_line_error(result, "question must be one of in-prompt, after-compression")
+    assert_one_line_error(result, "question: Input should be 'in-prompt' or 'after-compression' (got \"first\")")
     assert not (tmp_path / "ws").exists()
 
 
@@ -206,7 +219,7 @@ def test_the_workload_profile_after_compression_measures_what_a_plan_scores_alon
         if row["sequence"] == 0 and row["layer"] == 1:
             plan = single_layer_plan(layers, 1, Phase(row["scope"]), row["method"], 12)
             ids = sequences[0]
-            q = answers.Question(ids[: context + asked], ids[context + asked :], 4, question_start=context)
+            q = answers.AnswerSample(ids[: context + asked], ids[context + asked :], 4, question_start=context)
             alone = answers.answer_alone(llama, plan, q, "score").nll
             assert row["nll"] / answer == pytest.approx(alone, abs=1e-5), (row["scope"], row["method"])
 
@@ -260,3 +273,15 @@ def test_a_one_token_answer_after_compression_is_profiled(llama):
     sequences = [torch.randint(3, llama.config.vocab_size, (context + asked + 1,), generator=generator).tolist()]
     profile = profile_methods(llama, sequences, 12, continuations=[asked], scored=[1], kept=[asked], methods=["tova"])
     assert profile.reference_nll[0] > 0 and len(profile.sequences) == 2 * 2 * llama.config.num_hidden_layers
+
+
+def test_the_protocols_values_are_written_once_in_the_library_and_the_app():
+    # every other module names a protocol through the enum, so a renamed value cannot be missed somewhere
+    written = [
+        str(path.relative_to(REPO))
+        for folder in ("polykv", "app")
+        for path in sorted((REPO / folder).rglob("*.py"))
+        if path.name != "question_protocol.py"
+        and any(value in path.read_text(encoding="utf-8") for value in ("in-prompt", "after-compression"))
+    ]
+    assert written == []

@@ -252,7 +252,7 @@ def test_the_summary_pairs_the_same_plan_under_both_question_protocols(polykv, t
         (["--sources", NIAH, "--transfer", "ruler:vt@256"], "share the workload's suite and length"),
         (["--transfer", "ruler:vt@512"], "belongs to a workload search"),
         (["--question", "after-compression"], "--question belongs to a workload search"),
-        (["--sources", NIAH, "--question", "before"], "question must be one of in-prompt, after-compression"),
+        (["--sources", NIAH, "--question", "before"], "'before' is not one of 'in-prompt', 'after-compression'"),
     ],
 )
 def test_a_workload_search_refuses_bad_input_in_one_line(polykv, tmp_path, args, problem):

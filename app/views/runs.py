@@ -4,7 +4,7 @@ import pandas as pd
 import streamlit as st
 
 from app import common, designer_controls, job_controls, job_forms, plan_draft, session, state
-from polykv import jobs
+from polykv import jobs, question_protocol
 from polykv.errors import PolyKVError, StoreError, first_line
 from polykv.eval.comparing import answers as sample_view
 from polykv.eval.comparing.run_table import empty_runs, runs_table
@@ -83,9 +83,8 @@ with st.container(border=True):  # no form: what is typed here is kept (`state.R
     settings_text = st.text_area("Suite settings (JSON)", key=state.settings_text(suite))
     if suite in ("ruler", "longbench"):
         st.caption(
-            'Where the question goes: "question": "in-prompt" (the default: the plan compresses it with the '
-            'prompt) or "after-compression" (the plan compresses the context before the question is known, as '
-            "for a reused document; the question then follows, kept in full)."
+            f'"question": {question_protocol.HELP} After compression is a document compressed before any '
+            "question is known, as for a reused document."
         )
     if suite == "ruler" and device == "cpu":
         st.caption(

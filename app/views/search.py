@@ -6,12 +6,13 @@ import pandas as pd
 import streamlit as st
 
 from app import charts, common, designer_controls, job_controls, plan_draft, session, state
-from polykv import jobs
+from polykv import jobs, question_protocol
 from polykv.errors import PolyKVError, first_line
 from polykv.eval.experiments import plan_budget
 from polykv.eval.running.settings import COMPETENCE_THRESHOLD
 from polykv.jobs.search import launch_search, live, read_search, search_start
 from polykv.plan import Plan, PlanError, Scope
+from polykv.question_protocol import QuestionProtocol
 from polykv.search.text.report import difference_text
 from polykv.search.workload.report import WorkloadReport
 from polykv.search.workload.verdict_text import MDE_NOTE, VERDICT_HEADER, verdict_rows
@@ -91,10 +92,9 @@ else:
             cols = st.columns([3, 1])
             question = cols[0].radio(
                 "Question",
-                ["in-prompt", "after-compression"],
+                list(QuestionProtocol),
                 horizontal=True,
-                help="in-prompt: the plan compresses the question with the prompt. after-compression: the plan "
-                "compresses the context before the question is known; the question follows, kept in full.",
+                help=question_protocol.HELP,
             )
             competence = cols[1].number_input(
                 "FullKV competence (%)",

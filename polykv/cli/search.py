@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from polykv import limits
+from polykv import limits, question_protocol
 from polykv.cli.common import (
     DEFAULT_WORKSPACE,
     DryRunOption,
@@ -28,6 +28,7 @@ from polykv.cli.common import (
 from polykv.cli.progress import Progress
 from polykv.eval.running.settings import COMPETENCE_THRESHOLD
 from polykv.plan import Scope
+from polykv.question_protocol import QuestionProtocol
 
 PROFILE_HELP = (
     "The profile that ranks the moves and gives TopRank: a key in <workspace>/profiles, a profile directory, or "
@@ -86,13 +87,9 @@ def search(
     b_cal: Annotated[
         int | None, typer.Option("--b-cal", min=1, help="The workload profile's calibration capacity.")
     ] = (None),
-    question: Annotated[
-        str,
-        typer.Option(
-            help="With a workload: where the question goes, in-prompt (compressed with the prompt) or "
-            "after-compression (the plan compresses the context; the question follows, kept in full)."
-        ),
-    ] = "in-prompt",
+    question: Annotated[QuestionProtocol, typer.Option(help=f"With a workload: {question_protocol.HELP}")] = (
+        QuestionProtocol.IN_PROMPT
+    ),
     competence: Annotated[
         float,
         typer.Option(
@@ -170,7 +167,7 @@ def search(
         ("--b-cal", b_cal),
         ("--accuracy-samples", accuracy_samples),
     )
-    if question != "in-prompt":
+    if question != QuestionProtocol.IN_PROMPT:
         workload_only += (("--question", question),)
     if competence != COMPETENCE_THRESHOLD:
         workload_only += (("--competence", competence),)

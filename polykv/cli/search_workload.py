@@ -19,9 +19,10 @@ from polykv.cli.progress import Progress
 from polykv.errors import SettingsError
 from polykv.eval.running.settings import COMPETENCE_THRESHOLD
 from polykv.plan import Scope
+from polykv.question_protocol import QuestionProtocol
 
 
-def _workload(sources: str | None, transfer: str | None, max_tokens: int, question: str = "in-prompt"):
+def _workload(sources: str | None, transfer: str | None, max_tokens: int, question=QuestionProtocol.IN_PROMPT):
     """(workload, transfer task names), refused in one line before any weights load."""
     from polykv.eval.workloads.workload import parse_source, parse_workload
     from polykv.eval.workloads.workload import split_sources as _split
@@ -62,7 +63,7 @@ def search_workload(
     device: str,
     workspace: Path,
     accuracy_samples: int | None = None,
-    question: str = "in-prompt",
+    question: QuestionProtocol = QuestionProtocol.IN_PROMPT,
     competence: float = COMPETENCE_THRESHOLD,
     dry_run: bool = False,
 ) -> None:

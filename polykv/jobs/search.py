@@ -24,6 +24,7 @@ from polykv.jobs.experiment import profile_for_job
 from polykv.jobs.progress import JobState
 from polykv.jobs.spec import MAX_REPORT_BYTES, Job, report_path, search_job
 from polykv.plan import Plan, PlanError, Scope
+from polykv.question_protocol import QuestionProtocol
 from polykv.routing import scale_budget
 from polykv.search.hooks import SearchHooks
 from polykv.search.moves import check_space
@@ -83,7 +84,7 @@ def launch_search(
     text_profile: str | None = None,
     accuracy_samples: int | None = None,
     loaded: tuple[Any, Any] | None = None,
-    question: str = "in-prompt",
+    question: QuestionProtocol = QuestionProtocol.IN_PROMPT,
     competence: float = COMPETENCE_THRESHOLD,
 ) -> Job:
     """The search job these arguments describe, checked (JobError or ValueError, one line); `start` is used

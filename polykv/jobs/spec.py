@@ -32,6 +32,7 @@ from polykv.eval.running.unit import Unit
 from polykv.files import atomic_write_json, read_json
 from polykv.plan import Phase, Plan
 from polykv.profile.statistics import STATISTICS
+from polykv.question_protocol import QuestionProtocol
 
 FINAL = ("finished", "failed", "cancelled")
 MAX_JOB_BYTES = 16 * 1024 * 1024  # a job with thousands of runs is still far smaller; this bounds memory only
@@ -150,7 +151,7 @@ class SearchSpec(BaseModel):
     transfer: str | None = Field(default=None, max_length=4096)
     text_profile: str | None = Field(default=None, max_length=4096)
     accuracy_samples: int | None = Field(default=None, ge=1, le=limits.SAMPLES_PER_TASK)
-    question: Literal["in-prompt", "after-compression"] = "in-prompt"  # a workload's question protocol
+    question: QuestionProtocol = Field(default=QuestionProtocol.IN_PROMPT, strict=False)  # read from a value
     competence: float = Field(default=COMPETENCE_THRESHOLD, ge=0.0, le=100.0)  # FullKV accuracy (%) a judged task needs
 
 

@@ -26,6 +26,7 @@ from polykv.profile.profiler import (
 )
 from polykv.profile.store import Profile, ProfileError, find_profile, profile_key, save_profile
 from polykv.progress import Fraction
+from polykv.question_protocol import QuestionProtocol
 
 
 def build_profile(
@@ -75,8 +76,8 @@ def build_profile(
     settings = {"corpus": corpus.to_dict(), "scopes": [s.value for s in scopes], "continuation": continuation}
     if workload is not None:
         settings["workload"] = {"answer_tokens": max(answer_tokens), "sequences": len(sequences)}
-        if workload.question != "in-prompt":  # the same sequences, split and scored another way
-            settings["workload"]["question"] = workload.question
+        if workload.question != QuestionProtocol.IN_PROMPT:  # the same sequences, split and scored another way
+            settings["workload"]["question"] = str(workload.question)
     methods = profiled_methods(scopes)
     key = profile_key(model_name, settings, capacity, corpus.seed, methods, PROFILE_REVISION)
     existing = find_profile(root, key)

@@ -56,6 +56,7 @@ from polykv.profile.sources import (
     model_source,
     source_files,
 )
+from polykv.question_protocol import QuestionProtocol
 
 __all__ = [
     "CORPORA_ENV",
@@ -176,9 +177,9 @@ class WorkloadCorpus:
     """A workload's calibration sequences for the profiler (built by `polykv.eval.workloads.workload.workload_corpus`
     from sources such as ruler:niah_single_2@2048): prompt + gold answer, each scoring its answer.
 
-    In the question's protocol (`polykv.eval.suites.answers`): in-prompt, the prompt's pass is the whole prompt
+    In the question's protocol (`QuestionProtocol`): IN_PROMPT, the prompt's pass is the whole prompt
     and the answer follows (its first token, predicted by that pass, is the same under every method: not
-    scored); after-compression, the prompt's pass is the context, the question follows kept in full (`kept`)
+    scored); AFTER_COMPRESSION, the prompt's pass is the context, the question follows kept in full (`kept`)
     and then the answer, every token of it scored."""
 
     sequences: list[list[int]]
@@ -187,7 +188,7 @@ class WorkloadCorpus:
     records: list[dict]
     scored: list[int] = field(default_factory=list)  # the last tokens of each continuation that are scored
     kept: list[int] = field(default_factory=list)  # the first tokens of each continuation kept in full (question)
-    question: str = "in-prompt"
+    question: QuestionProtocol = QuestionProtocol.IN_PROMPT
 
     def to_dict(self, spec) -> dict:
         ids = json.dumps(self.sequences, separators=(",", ":")).encode()
@@ -198,7 +199,7 @@ class WorkloadCorpus:
             "fingerprint": hashlib.sha256(ids).hexdigest(),
             "records": self.records,
             "workload": True,
-            **({} if self.question == "in-prompt" else {"question": self.question}),
+            **({} if self.question == QuestionProtocol.IN_PROMPT else {"question": str(self.question)}),
         }
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from polykv.eval.results.rows import has_prompt
 from polykv.eval.results.store import RunRow, SampleRow, Store, sample_key
+from polykv.question_protocol import QuestionProtocol
 
 PERFECT = 100.0  # the question suites' score of a fully right answer
 
@@ -123,8 +124,8 @@ def is_fullkv(plan_json: str) -> bool:
 
 def suite_text(run: RunRow) -> str:
     """The run's suite and, for a question suite whose question came after compression, that protocol."""
-    question = settings_of(run).get("question")
-    return run.suite if question in (None, "in-prompt") else f"{run.suite} (question {question})"
+    question = QuestionProtocol.of(settings_of(run))
+    return run.suite if question is QuestionProtocol.IN_PROMPT else f"{run.suite} (question {question})"
 
 
 def other_models(a: RunRow, b: RunRow) -> str | None:
@@ -144,7 +145,7 @@ def like_with_like(a: RunRow, b: RunRow) -> str | None:
     from polykv.errors import PolyKVError
     from polykv.plan import Plan
 
-    questions = [settings_of(run).get("question") or "in-prompt" for run in (a, b)]
+    questions = [QuestionProtocol.of(settings_of(run)) for run in (a, b)]
     try:
         scopes = [Plan.from_json(run.plan_json).scope.value for run in (a, b)]
     except (PolyKVError, ValueError, KeyError):

@@ -35,6 +35,7 @@ from polykv.eval.experiments.report import BoardEntry, Count, Report, Statistic,
 from polykv.eval.statistics.contrast import direction
 from polykv.methods import REGISTRY, fit_params, params_that_fit
 from polykv.plan import FULL, Plan
+from polykv.question_protocol import QuestionProtocol
 
 LAYER_RULES = ("uniform", "pyramid", "squeeze", "ppl", "cake")
 CONTENDERS = (*LAYER_RULES, "adakv", "adakv+best", "searched")
@@ -290,7 +291,7 @@ def _compare(runner, plans, runs, choices, chosen: Calibrated) -> AllocationData
     return AllocationData(
         metric=METRIC,
         direction=direction(METRIC),
-        question=getattr(runner.settings, "question", "in-prompt"),
+        question=QuestionProtocol.of(runner.settings),
         budgets=list(choices.budgets),
         scorers=list(choices.scorers),
         contenders=list(choices.contenders),

@@ -33,6 +33,7 @@ from polykv.eval.statistics.samples import paired_differences, sample_test, sign
 from polykv.eval.statistics.tasks import holm
 from polykv.methods import REGISTRY, for_phase, params_that_fit
 from polykv.plan import FULL, Plan, Scope
+from polykv.question_protocol import QuestionProtocol
 
 # what a leaderboard reports when its runs have it, the primary first: the gold answer's NLL, its teacher-forced greedy
 # match (with the whole gold answer, a lower bound of RULER's string match) and the generated string match
@@ -92,9 +93,10 @@ def check_choices(
         raise ValueError(f"the question protocol's budget {question_budget} must be one of the budgets")
 
 
-def other_question(settings) -> str:
-    """The question protocol a suite's settings do not use ("in-prompt" <-> "after-compression")."""
-    return "in-prompt" if getattr(settings, "question", "in-prompt") == "after-compression" else "after-compression"
+def other_question(settings) -> QuestionProtocol:
+    """The question protocol a suite's settings do not use (there are two)."""
+    (other,) = set(QuestionProtocol) - {QuestionProtocol.of(settings)}
+    return other
 
 
 def leaderboard(
@@ -152,7 +154,7 @@ def leaderboard(
         metric=metrics[0],
         direction=direction(metrics[0]),
         scope=scope.value,
-        question=getattr(runner.settings, "question", "in-prompt"),
+        question=QuestionProtocol.of(runner.settings),
         budgets=list(budgets),
         methods=list(methods),
         references=list(references),

@@ -27,6 +27,7 @@ from pydantic import (
 
 from polykv.eval.comparing.compare import Paired
 from polykv.eval.statistics.samples import SampleTest
+from polykv.question_protocol import QuestionProtocol
 
 FACTORIAL_CELLS = ("homogeneous-uniform", "homogeneous-allocated", "routed-uniform", "routed-allocated")
 GUIDED_INDEX = -1  # the guided route's index among a placement control's placements (the random ones: 0, 1, ...)
@@ -329,7 +330,7 @@ class QuestionContrast(_Data):
     losses: Count
     verdict: str
     run: str  # the other protocol's run
-    other_question: str
+    other_question: QuestionProtocol
 
 
 class LeaderboardData(_Experiment):
@@ -338,7 +339,7 @@ class LeaderboardData(_Experiment):
 
     experiment: Literal["leaderboard"] = "leaderboard"
     scope: str
-    question: str
+    question: QuestionProtocol
     budgets: list[Count]
     methods: list[str]
     references: list[str]
@@ -346,8 +347,7 @@ class LeaderboardData(_Experiment):
     samples: dict[str, Count]  # task -> samples FullKV scored
     full: BoardEntry
     entries: list[BoardEntry]
-    # the same plans at one budget under the other question protocol (empty unless asked)
-    question_dependence: list[QuestionContrast] = Field(default_factory=list)
+    question_dependence: list[QuestionContrast] = Field(default_factory=list)  # the other protocol's, if asked
 
 
 def _experiment_data() -> TypeAdapter:

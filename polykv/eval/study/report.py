@@ -37,6 +37,7 @@ from polykv.eval.study.sections import (
 )
 from polykv.files import atomic_write_text
 from polykv.plan import Phase
+from polykv.question_protocol import QuestionProtocol
 
 
 # ---- sentences ----------------------------------------------------------------------------------------
@@ -45,7 +46,7 @@ def findings(result) -> list[str]:
     f = result.factorial.data
     metric, primary = f.metric, f.routing_uniform
     protocol = (
-        "in the prompt" if result.suite_settings.get("question", "in-prompt") == "in-prompt" else "after compression"
+        "in the prompt" if QuestionProtocol.of(result.suite_settings).compresses_question else "after compression"
     )
     lines = [
         f"Routing under uniform allocation (the TopRank route vs {result.baseline} in every {f.scope} layer, both "

@@ -5,10 +5,9 @@ question protocol means, and how the answers are computed under them: `polykv.ev
 from __future__ import annotations
 
 from polykv.errors import SettingsError
+from polykv.question_protocol import CHOICES, QuestionProtocol
 
 MODES = ("generate", "score", "both")
-QUESTION_PROTOCOLS = ("in-prompt", "after-compression")
-IN_PROMPT, AFTER_COMPRESSION = QUESTION_PROTOCOLS
 MODE_METRICS = {
     "generate": ("score", "agreement"),
     "score": ("answer_nll", "answer_match"),
@@ -32,17 +31,20 @@ def mode_for(metric: str, given: str | None = None) -> str:
     return mode
 
 
-def check_question(value: str, suite: str) -> None:
-    if value not in QUESTION_PROTOCOLS:
-        raise ValueError(f"{suite} question must be one of {', '.join(QUESTION_PROTOCOLS)}, got {value!r}")
+def check_question(value, suite: str) -> QuestionProtocol:
+    """`value` as the protocol it names; a ValueError (one line) when it names none."""
+    try:
+        return QuestionProtocol(value)
+    except ValueError:
+        raise ValueError(f"{suite} question must be one of {CHOICES}, got {value!r}") from None
 
 
 def protocol_dict(settings: dict) -> dict:
-    """A question suite's settings as a dict, without `question` when it is the default "in-prompt" (run ids
-    hash this dict: runs made before the setting existed keep their ids)."""
-    if settings.get("question") == IN_PROMPT:
-        settings = {k: v for k, v in settings.items() if k != "question"}
-    return settings
+    """A question suite's settings as a dict, the protocol as its value and left out when it is the default (run
+    ids hash this dict: runs made before the setting existed keep their ids)."""
+    question = QuestionProtocol.of(settings)
+    settings = {k: v for k, v in settings.items() if k != "question"}
+    return settings if question is QuestionProtocol.IN_PROMPT else {**settings, "question": question.value}
 
 
 def check_answer_tokens(value: int | None, suite: str) -> None:

@@ -17,19 +17,19 @@ A question suite's `mode` setting chooses what a sample costs and reports (the s
             generation's cost; LongBench's F1 and ROUGE scores are not string matches;
   both      all three (the teacher-forced and the generating copies of each plan step as one batch).
 
-A question suite's `question` setting chooses what the plan compresses (`QUESTION_PROTOCOLS`):
-  in-prompt         the question is part of the prompt: the plan's prefill compression acts at the end of the
+A question suite's `question` setting chooses what the plan compresses (`polykv.question_protocol.QuestionProtocol`):
+  IN_PROMPT         the question is part of the prompt: the plan's prefill compression acts at the end of the
                     whole prompt, question included (SnapKV-like methods see it in their observation window),
                     and the first answer token comes from the prompt's pass (FullKV's);
-  after-compression the question-agnostic protocol (kvpress's pipeline): the prompt's pass is the context
+  AFTER_COMPRESSION the question-agnostic protocol (kvpress's pipeline): the prompt's pass is the context
                     alone, which the plan compresses; then the question (with the chat template's tail and the
                     answer prefix) is fed at its true positions and kept in full whatever the plan
                     (`RoutedCache.keep_until`), and the answer is generated or scored after it. Decode-phase
                     methods update their state over the question and evict from the first answer token on.
-                    The suites say where each sample's question starts (`Question.question_start`).
+                    The suites say where each sample's question starts (`AnswerSample.question_start`).
 Nothing is evicted under `full`, so the split changes nothing there: FullKV's answer is the same under both.
 
-The gold answer is one text per sample (`Question.answer_ids`; the suites define it: RULER's answers in
+The gold answer is one text per sample (`AnswerSample.answer_ids`; the suites define it: RULER's answers in
 gold order joined by ", ", LongBench's first answer), preceded by a space unless the prompt ends in
 whitespace, and cut to the suite's generation length (or to the `answer_tokens` setting, a cost cut for
 long answers such as uuids or several values: the first tokens then carry the retrieval). Its first token
@@ -51,11 +51,8 @@ from polykv.lazy import lazy_import
 from polykv.plan import FULL, Phase, Plan
 
 from .answer_settings import (  # the settings stay importable from here, where the suites and the runner take them
-    AFTER_COMPRESSION,
-    IN_PROMPT,
     MODE_METRICS,
     MODES,
-    QUESTION_PROTOCOLS,
     answer_limit,
     check_answer_tokens,
     check_mode,
@@ -71,7 +68,7 @@ torch = lazy_import("torch")
 
 
 @dataclass(frozen=True)
-class Question:
+class AnswerSample:
     """One sample as the answer machinery sees it."""
 
     prompt_ids: list[int]
@@ -79,8 +76,8 @@ class Question:
     max_new_tokens: int
     stop: tuple[int, ...] | None = None  # what ends a generation (None: the model's end of sequence)
     min_new_tokens: int = 0
-    # after-compression: prompt_ids[:question_start] is the context the plan compresses, the rest the question
-    # fed after it and kept in full; None: in-prompt (the whole prompt is one pass)
+    # AFTER_COMPRESSION: prompt_ids[:question_start] is the context the plan compresses, the rest the question
+    # fed after it and kept in full; None: IN_PROMPT (the whole prompt is one pass)
     question_start: int | None = None
 
     def __post_init__(self):
@@ -150,17 +147,17 @@ def _nll(logits, target: int) -> float:
 
 
 # ---- one plan alone (the reference path: `routed` and `generate`) ---------------------------------------------
-def answer_alone(model, plan: Plan, question: Question, mode: str, pad_token_id: int | None = None) -> Answer:
+def answer_alone(model, plan: Plan, sample: AnswerSample, mode: str, pad_token_id: int | None = None) -> Answer:
     """One plan's answer as `routed(model, plan)` gives it: `model.generate` for the tokens and a prefill then
-    one decode step per answer token for the NLL, each from an empty cache (after-compression: the context's
+    one decode step per answer token for the NLL, each from an empty cache (AFTER_COMPRESSION: the context's
     pass, then the question kept in full, before either)."""
     from polykv.runtime import routed  # torch and transformers: when a plan runs
 
     with torch.no_grad(), routed(model, plan):
-        tokens, cache = _generate(model, question, pad_token_id, split=True) if generates(mode) else (None, None)
+        tokens, cache = _generate(model, sample, pad_token_id, split=True) if generates(mode) else (None, None)
         nll, match = None, None
         if scores_answer(mode):
-            nll, match, cache = teacher_forced(model, question, with_cache=True)
+            nll, match, cache = teacher_forced(model, sample, with_cache=True)
     return Answer(tokens, nll, match, _held(cache))
 
 
@@ -169,39 +166,40 @@ def _held(cache) -> dict[str, list[int] | int] | None:
     return cache.kv_held() if hasattr(cache, "kv_held") else None
 
 
-def _context_pass(model, question: Question):
+def _context_pass(model, sample: AnswerSample):
     """(logits [1, vocab], cache) after the pass of the prompt up to the question's start (the whole prompt
     when the question is in it), with the model as it is set up; a routed cache is told to keep the question
     in full (`RoutedCache.keep_until`)."""
     from polykv.models import output_cache
+    from polykv.runtime.cache import RoutedCache
 
-    ids = question.prompt_ids
-    out = model(torch.tensor([ids[: question.question_start]], device=model.device), use_cache=True, logits_to_keep=1)
+    ids = sample.prompt_ids
+    out = model(torch.tensor([ids[: sample.question_start]], device=model.device), use_cache=True, logits_to_keep=1)
     cache = output_cache(out)
-    if question.question_start is not None and hasattr(cache, "keep_until"):  # a plain cache keeps it anyway
+    if sample.question_start is not None and isinstance(cache, RoutedCache):  # a plain cache keeps it anyway
         cache.keep_until(len(ids))
     return out.logits[:, -1], cache
 
 
-def _prompt_pass(model, question: Question):
+def _prompt_pass(model, sample: AnswerSample):
     """(the prompt's last logits [vocab], its cache): `_context_pass`, then the question's block if it is apart."""
     from polykv.models import cache_argument_name
 
-    logits, cache = _context_pass(model, question)
-    if question.question_start is not None:
-        rest = torch.tensor([question.prompt_ids[question.question_start :]], device=model.device)
+    logits, cache = _context_pass(model, sample)
+    if sample.question_start is not None:
+        rest = torch.tensor([sample.prompt_ids[sample.question_start :]], device=model.device)
         logits = model(rest, use_cache=True, logits_to_keep=1, **{cache_argument_name(model): cache}).logits[:, -1]
     return logits[0], cache
 
 
-def teacher_forced(model, question: Question, with_cache: bool = False) -> tuple:
+def teacher_forced(model, sample: AnswerSample, with_cache: bool = False) -> tuple:
     """The gold answer's mean NLL and its greedy match (100 when every gold token is its position's argmax, else 0) with
     the model as it is set up (under `routed`, the plan's cache): the prompt's pass (`_prompt_pass`), then the
     answer token by token through the cache. `with_cache`: the cache as a third value."""
     from polykv.models import cache_argument_name
 
-    logits, cache = _prompt_pass(model, question)
-    answer = question.answer_ids
+    logits, cache = _prompt_pass(model, sample)
+    answer = sample.answer_ids
     total, match = _nll(logits, answer[0]), int(logits.argmax()) == answer[0]
     for fed, target in zip(answer[:-1], answer[1:]):
         step = torch.tensor([[fed]], device=model.device)
@@ -211,20 +209,20 @@ def teacher_forced(model, question: Question, with_cache: bool = False) -> tuple
     return (total / len(answer), 100.0 * match) + ((cache,) if with_cache else ())
 
 
-def _generate(model, question: Question, pad_token_id: int | None, split: bool = False) -> tuple[list[int], object]:
+def _generate(model, sample: AnswerSample, pad_token_id: int | None, split: bool = False) -> tuple[list[int], object]:
     """(greedy tokens after the prompt, the cache they were generated with). `split`: a question after
     compression gets the context's pass first (`_context_pass`; a plain cache when no plan is routed);
     `generate` then feeds the question and the answer through that cache."""
     from polykv.models import cache_argument_name
 
-    ids = torch.tensor([question.prompt_ids], device=model.device)
-    kwargs = {"max_new_tokens": question.max_new_tokens, "do_sample": False, "num_beams": 1}
-    if split and question.question_start is not None:
-        kwargs[cache_argument_name(model)] = _context_pass(model, question)[1]
-    if question.stop:
-        kwargs["eos_token_id"] = list(question.stop)
-    if question.min_new_tokens:
-        kwargs["min_new_tokens"] = question.min_new_tokens
+    ids = torch.tensor([sample.prompt_ids], device=model.device)
+    kwargs = {"max_new_tokens": sample.max_new_tokens, "do_sample": False, "num_beams": 1}
+    if split and sample.question_start is not None:
+        kwargs[cache_argument_name(model)] = _context_pass(model, sample)[1]
+    if sample.stop:
+        kwargs["eos_token_id"] = list(sample.stop)
+    if sample.min_new_tokens:
+        kwargs["min_new_tokens"] = sample.min_new_tokens
     if pad_token_id is not None and model.generation_config.pad_token_id is None:
         kwargs["pad_token_id"] = pad_token_id
     out = model.generate(ids, attention_mask=torch.ones_like(ids), return_dict_in_generate=True, **kwargs)
@@ -232,7 +230,9 @@ def _generate(model, question: Question, pad_token_id: int | None, split: bool =
 
 
 # ---- many plans on one prompt (`polykv.runtime.many_plans`) ------------------------------------------------------
-def answer_many(model, plans: Sequence[Plan], question: Question, mode: str, with_fullkv: bool = False) -> list[Answer]:
+def answer_many(
+    model, plans: Sequence[Plan], sample: AnswerSample, mode: str, with_fullkv: bool = False
+) -> list[Answer]:
     """Every plan's answer from one prompt pass: the plans' teacher-forced rows and (when generating) their
     greedy rows step as one batch. `with_fullkv`: add a FullKV row when generating (its answer comes last)."""
     from polykv.runtime import many_plans  # torch and transformers: when a plan runs
@@ -240,7 +240,7 @@ def answer_many(model, plans: Sequence[Plan], question: Question, mode: str, wit
     plans = list(plans) + ([Plan.homogeneous(FULL, None, plans[0].num_layers)] if with_fullkv else [])
     count = len(plans)
     forced = count if scores_answer(mode) else 0
-    answer = question.answer_ids
+    answer = sample.answer_ids
     nll = [[0.0] * len(answer) for _ in range(forced)]
     matched = [True] * forced  # every gold token so far was the row's argmax
 
@@ -252,13 +252,13 @@ def answer_many(model, plans: Sequence[Plan], question: Question, mode: str, wit
             matched[row] = matched[row] and best == answer[step + 1]
 
     rows = (list(plans) if forced else []) + (list(plans) if generates(mode) else [])
-    cut = question.question_start
+    cut = sample.question_start
     with torch.inference_mode(), many_plans.many(model, rows) as session:
-        stepping, first = session.prefill(question.prompt_ids[:cut])
+        stepping, first = session.prefill(sample.prompt_ids[:cut])
         caches = list(stepping.caches)  # rows leave the batch when done; their caches keep what they held
         if cut is not None:  # the question after the compressed context, kept in full: each row's own logits
-            first = stepping.feed(question.prompt_ids[cut:], keep=True)
-        max_new = question.max_new_tokens if generates(mode) else 0
+            first = stepping.feed(sample.prompt_ids[cut:], keep=True)
+        max_new = sample.max_new_tokens if generates(mode) else 0
         stepping.reserve(max(len(answer) - 1, max_new))
         if first.dim() == 1:  # the prompt's pass: FullKV's, the same for every row
             first_nll = [_nll(first, answer[0])] * forced
@@ -276,8 +276,8 @@ def answer_many(model, plans: Sequence[Plan], question: Question, mode: str, wit
             feed=answer[:-1],
             on_forced=take,
             max_new_tokens=max_new,
-            stop=set(question.stop) if question.stop else many_plans.eos_ids(model),
-            min_new_tokens=question.min_new_tokens,
+            stop=set(sample.stop) if sample.stop else many_plans.eos_ids(model),
+            min_new_tokens=sample.min_new_tokens,
         )
     return [
         Answer(
@@ -290,39 +290,39 @@ def answer_many(model, plans: Sequence[Plan], question: Question, mode: str, wit
     ]
 
 
-def fullkv_answer(model, question: Question, pad_token_id: int | None = None) -> list[int]:
+def fullkv_answer(model, sample: AnswerSample, pad_token_id: int | None = None) -> list[int]:
     """FullKV's greedy answer to `question` (cached; computed alone with `model.generate` when missing)."""
-    cached = cached_reference(model, question)
+    cached = cached_reference(model, sample)
     if cached is not None:
         return cached
     with torch.no_grad():  # the vanilla model, with the question fed after the context when it comes apart
-        return remember_reference(model, question, _generate(model, question, pad_token_id, split=True)[0])
+        return remember_reference(model, sample, _generate(model, sample, pad_token_id, split=True)[0])
 
 
 # ---- a suite's samples scored in any mode -------------------------------------------------------------------
-def score_alone(model, plan: Plan, question: Question, mode: str, judge, pad_token_id: int | None = None) -> Scored:
-    """One plan on one question, the reference path. `judge(prediction tokens, FullKV's tokens)` turns the
+def score_alone(model, plan: Plan, sample: AnswerSample, mode: str, judge, pad_token_id: int | None = None) -> Scored:
+    """One plan on one sample, the reference path. `judge(prediction tokens, FullKV's tokens)` turns the
     generated tokens into the suite's metrics and its prediction text ((metrics, prediction))."""
-    answer = answer_alone(model, plan, question, mode, pad_token_id)
+    answer = answer_alone(model, plan, sample, mode, pad_token_id)
     reference = None
     if generates(mode):
-        if keeps_everything(plan) and cached_reference(model, question) is None:
+        if keeps_everything(plan) and cached_reference(model, sample) is None:
             # a plan that evicts nothing generates FullKV's answer (tested bit for bit): not generated twice
-            reference = remember_reference(model, question, answer.tokens)
+            reference = remember_reference(model, sample, answer.tokens)
         else:
-            reference = fullkv_answer(model, question, pad_token_id)
+            reference = fullkv_answer(model, sample, pad_token_id)
     return _scored(answer, reference, judge)
 
 
-def score_many(model, plans: Sequence[Plan], question: Question, mode: str, judge) -> list[Scored]:
+def score_many(model, plans: Sequence[Plan], sample: AnswerSample, mode: str, judge) -> list[Scored]:
     """Several plans on one question from one prompt pass (`answer_many`); FullKV's answer for `agreement` is
     the cached one, else the batch's own FullKV plan, else one more row."""
-    reference = cached_reference(model, question) if generates(mode) else None
+    reference = cached_reference(model, sample) if generates(mode) else None
     full_row = next((i for i, plan in enumerate(plans) if keeps_everything(plan)), None)
     extra = generates(mode) and reference is None and full_row is None
-    answers = answer_many(model, plans, question, mode, with_fullkv=extra)
+    answers = answer_many(model, plans, sample, mode, with_fullkv=extra)
     if generates(mode) and reference is None:
-        reference = remember_reference(model, question, answers[-1 if extra else full_row].tokens)
+        reference = remember_reference(model, sample, answers[-1 if extra else full_row].tokens)
     return [_scored(answer, reference, judge) for answer in answers[: len(plans)]]
 
 
@@ -342,13 +342,10 @@ def _scored(answer: Answer, reference: list[int] | None, judge) -> Scored:
 
 
 __all__ = [
-    "AFTER_COMPRESSION",
-    "IN_PROMPT",
     "MODES",
     "MODE_METRICS",
-    "QUESTION_PROTOCOLS",
     "Answer",
-    "Question",
+    "AnswerSample",
     "Scored",
     "answer_alone",
     "answer_many",

@@ -1,6 +1,6 @@
 """FullKV's greedy answers, kept once per (model, prompt) in this process: what `agreement` compares each plan's
-answer with (`polykv.eval.suites.answers.fullkv_answer` computes a missing one). A question is an
-`answers.Question`."""
+answer with (`polykv.eval.suites.answers.fullkv_answer` computes a missing one). A sample is an
+`answers.AnswerSample`."""
 
 from __future__ import annotations
 
@@ -13,31 +13,31 @@ _reference_cache: OrderedDict[tuple, tuple[weakref.ref, list[int]]] = OrderedDic
 _reference_lock = threading.Lock()
 
 
-def _reference_key(model, question) -> tuple:
+def _reference_key(model, sample) -> tuple:
     parameter = next(model.parameters())
     return (
         id(model),
         str(parameter.device),
         str(parameter.dtype),
-        tuple(question.prompt_ids),
-        question.max_new_tokens,
-        question.stop,
-        question.min_new_tokens,
-        question.question_start,
+        tuple(sample.prompt_ids),
+        sample.max_new_tokens,
+        sample.stop,
+        sample.min_new_tokens,
+        sample.question_start,
     )
 
 
-def cached_reference(model, question) -> list[int] | None:
+def cached_reference(model, sample) -> list[int] | None:
     with _reference_lock:
-        entry = _reference_cache.get(_reference_key(model, question))
+        entry = _reference_cache.get(_reference_key(model, sample))
         if entry is not None and entry[0]() is model:
             return list(entry[1])
     return None
 
 
-def remember_reference(model, question, tokens: list[int]) -> list[int]:
-    """Keep FullKV's answer to `question` (the first one computed stays: every plan compares with the same)."""
-    key = _reference_key(model, question)
+def remember_reference(model, sample, tokens: list[int]) -> list[int]:
+    """Keep FullKV's answer to `sample` (the first one computed stays: every plan compares with the same)."""
+    key = _reference_key(model, sample)
     with _reference_lock:
         entry = _reference_cache.get(key)
         if entry is not None and entry[0]() is model:

@@ -20,10 +20,11 @@ Per sample, as ``pred.py`` does it:
   5. the sample scores ``100 * longbench_sample_score(...)`` (max over the ground truths; trec,
      triviaqa, samsum and lsht predictions cut at their first line). A task's score is the mean over
      its samples: LongBench's ``round(100 * mean, 2)`` without the rounding.
-The ``question`` setting: "in-prompt" (the official protocol) or "after-compression" (the question-agnostic
-protocol of ``polykv.eval.suites.answers``: the plan compresses the prompt up to the end of ``{context}``, the
-rest is fed after it and kept in full; ``polykv.eval.suites.questions`` says how the split is placed; the tasks
-of ``INSTRUCTION_ONLY`` have no question after the context, only an instruction, which is what comes after).
+The ``question`` setting (``QuestionProtocol``): IN_PROMPT (the official protocol) or AFTER_COMPRESSION (the
+question-agnostic protocol of ``polykv.eval.suites.answers``: the plan compresses the prompt up to the end of
+``{context}``, the rest is fed after it and kept in full; ``polykv.eval.suites.questions`` says how the split is
+placed; the tasks of ``INSTRUCTION_ONLY`` have no question after the context, only an instruction, which is what
+comes after).
 The ``mode`` setting adds or chooses the dense ``answer_nll`` and FullKV ``agreement``
 (``polykv.eval.suites.answers``); the gold answer of ``answer_nll`` is the sample's first answer (the
 others are alternatives LongBench accepts too), at most the task's generation length.
@@ -64,6 +65,7 @@ from polykv.eval.metrics import LONGBENCH_FIRST_LINE_TASKS, longbench_sample_sco
 from polykv.lazy import lazy_import, no_grad
 from polykv.models import context_length
 from polykv.plan import Plan
+from polykv.question_protocol import QuestionProtocol
 
 from . import answer_settings, answers, chat
 from .longbench_data import HUB_DATASET, MAX_LINE_BYTES, SKIPS_SHOWN, load_task, read_task_file  # noqa: F401
@@ -91,7 +93,7 @@ class LongBenchSettings:
     use_chat_template: bool | str = "auto"  # "auto": when the tokenizer has one; True: required; False: never
     mode: str = "generate"  # "generate" (score, agreement), "score" (answer_nll) or "both" (`answers`)
     answer_tokens: int | None = None  # answer_nll over at most this many gold tokens (None: all, up to max_new)
-    question: str = answer_settings.IN_PROMPT  # "in-prompt" or "after-compression" (the module docstring)
+    question: QuestionProtocol = QuestionProtocol.IN_PROMPT  # where the question goes (the module docstring)
 
     def __post_init__(self):
         tasks = (self.tasks,) if isinstance(self.tasks, str) else tuple(self.tasks)
@@ -110,7 +112,7 @@ class LongBenchSettings:
         chat.check_choice(self.use_chat_template, "LongBench")
         answer_settings.check_mode(self.mode, "LongBench")
         answer_settings.check_answer_tokens(self.answer_tokens, "LongBench")
-        answer_settings.check_question(self.question, "LongBench")
+        object.__setattr__(self, "question", answer_settings.check_question(self.question, "LongBench"))
 
     def to_dict(self) -> dict:
         return answer_settings.protocol_dict({**asdict(self), "tasks": list(self.tasks)})
@@ -188,7 +190,7 @@ def build_samples(tokenizer, model, settings: LongBenchSettings, seed: int) -> l
         for sample_id, record in samples:
             prompt, ids = _prompt(tokenizer, task, record, max_length, task_chat)
             split = {}
-            if settings.question == answer_settings.AFTER_COMPRESSION:
+            if settings.question is QuestionProtocol.AFTER_COMPRESSION:
                 split["question_start"] = question_start(tokenizer, task, record, prompt, ids, task_chat)
             payload = {
                 "task": task,
@@ -215,9 +217,9 @@ def prompt_tokens(payload: dict) -> list[int]:
     return payload["ids"]
 
 
-def _question(payload: dict) -> answers.Question:
+def answer_sample(payload: dict) -> answers.AnswerSample:
     stop = payload.get("eos_token_id")
-    return answers.Question(
+    return answers.AnswerSample(
         payload["ids"],
         payload["answer_ids"],
         payload["max_new_tokens"],
@@ -253,7 +255,7 @@ def _pad(tokenizer) -> int | None:
 def score_sample(model, plan: Plan, payload: dict, settings: LongBenchSettings) -> answers.Scored:
     """One plan alone (`routed` and `generate`), in the settings' mode (see `polykv.eval.suites.answers`)."""
     scored = answers.score_alone(
-        model, plan, _question(payload), settings.mode, _judge(payload), _pad(payload["tokenizer"])
+        model, plan, answer_sample(payload), settings.mode, _judge(payload), _pad(payload["tokenizer"])
     )
     return answers.with_gold(scored, payload["answers"])
 
@@ -266,7 +268,7 @@ def score_samples(model, plans: list[Plan], payload: dict, settings: LongBenchSe
 
     if many_plans.unsupported(model):
         return [score_sample(model, plan, payload, settings) for plan in plans]
-    scored = answers.score_many(model, plans, _question(payload), settings.mode, _judge(payload))
+    scored = answers.score_many(model, plans, answer_sample(payload), settings.mode, _judge(payload))
     return [answers.with_gold(s, payload["answers"]) for s in scored]
 
 

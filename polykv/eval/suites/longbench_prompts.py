@@ -1,6 +1,6 @@
 """A LongBench sample's prompt, as ``pred.py`` builds it: the task's template formatted with the sample's fields,
 cut in the middle to ``max_length`` tokens, in the chat format unless the task is one of ``NO_CHAT_TASKS``; where
-its question starts (the "after-compression" protocol), and the default prompt budget. How this differs from the
+its question starts (the AFTER_COMPRESSION protocol), and the default prompt budget. How this differs from the
 original: the suite's docstring (`polykv.eval.suites.longbench`)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Where a question suite's question starts in a prompt's tokens, for the question-agnostic protocol
-(`question: "after-compression"`, `polykv.eval.suites.answers`): the tokens before it are the context the plan
+(`QuestionProtocol.AFTER_COMPRESSION`, `polykv.eval.suites.answers`): the tokens before it are the context the plan
 compresses, the tokens from it on (the question, the chat template's tail and the answer prefix) are fed after
 compression and kept in full.
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from polykv.question_protocol import QuestionProtocol
 from polykv.text import whole_number
 
 if TYPE_CHECKING:
@@ -103,7 +104,7 @@ def parse_workload(
     length: int | None = None,
     answer_tokens: int | None = ANSWER_TOKENS,
     mode: str = "score",
-    question: str = "in-prompt",
+    question: QuestionProtocol = QuestionProtocol.IN_PROMPT,
 ) -> Workload:
     """One suite's settings from workload sources (one suite, one RULER length, one LongBench folder); a
     one-line ValueError otherwise. `length`: RULER's length where a source gives none; `question`: the
@@ -197,37 +198,37 @@ def calibration_samples(
     return sorted(out, key=lambda row: order[row[0]])  # tasks in source order, samples in draw order
 
 
-def question(workload: Workload, payload):
-    """The sample as the answer machinery sees it (`polykv.eval.suites.answers.Question`)."""
-    return _module(workload.suite)._question(payload)
+def answer_sample(workload: Workload, payload):
+    """The sample as the answer machinery sees it (`polykv.eval.suites.answers.AnswerSample`)."""
+    return _module(workload.suite).answer_sample(payload)
 
 
 def workload_corpus(
-    tokenizer, model, spec, exclude: set[str] | None = None, protocol: str = "in-prompt"
+    tokenizer, model, spec, exclude: set[str] | None = None, question=QuestionProtocol.IN_PROMPT
 ) -> WorkloadCorpus:
     """A corpus spec whose sources are workload sources as profiler sequences: `spec.num_sequences` shared
     round-robin over the tasks, RULER at `spec.max_tokens` where a source gives no length, at `spec.seed`'s
     calibration split. Each sequence is the prompt followed by the gold answer. In-prompt, the profiler feeds the
     answer after the prompt's pass, so its first token (predicted by the prompt, which every method leaves
     whole) is the same under every method and the rest is what a method can change (answers of one token are
-    skipped); after-compression (`protocol`), the prompt's pass is the context, the question follows kept in
+    skipped); AFTER_COMPRESSION (`question`), the prompt's pass is the context, the question follows kept in
     full and every answer token is scored. `exclude`: prompt hashes never to use (a verdict's held-out samples)."""
     from polykv.models import context_length
     from polykv.profile.corpus import WorkloadCorpus
 
     context = context_length(model)
     workload = parse_workload(
-        spec.sources, min(spec.max_tokens, context) if context else spec.max_tokens, question=protocol
+        spec.sources, min(spec.max_tokens, context) if context else spec.max_tokens, question=question
     )
-    split = protocol != "in-prompt"
+    split = not QuestionProtocol(question).compresses_question
     per_task = -(-spec.num_sequences // len(workload.tasks))
     rows = calibration_samples(workload, tokenizer, model, per_task, spec.seed, exclude)
-    rows = [row for row in rows if split or len(question(workload, row[2]).answer_ids) >= 2]
+    rows = [row for row in rows if split or len(answer_sample(workload, row[2]).answer_ids) >= 2]
     if not rows:
         raise ValueError("every calibration sample's gold answer is one token: nothing for a method to change")
-    corpus = WorkloadCorpus([], [], [], [], question=protocol)
+    corpus = WorkloadCorpus([], [], [], [], question=QuestionProtocol(question))
     for task, sample, payload in rows:
-        q = question(workload, payload)
+        q = answer_sample(workload, payload)
         corpus.sequences.append([*q.prompt_ids, *q.answer_ids])
         kept = len(q.prompt_ids) - q.question_start if split else 0
         corpus.continuations.append(kept + len(q.answer_ids) - 1)
@@ -256,6 +257,6 @@ __all__ = [
     "parse_source",
     "parse_workload",
     "prompt_hash",
-    "question",
+    "answer_sample",
     "workload_corpus",
 ]

@@ -22,6 +22,7 @@ from typing import Any
 from polykv.eval.statistics.render import markdown_table, number
 from polykv.eval.statistics.samples import EXACT_DIFFERING, PERMUTATIONS
 from polykv.plan import Plan
+from polykv.question_protocol import QuestionProtocol
 from polykv.search.workload.kv_table import hybrid_budget_lines, kv_header, kv_note, kv_rows
 from polykv.search.workload.report import WorkloadBudget, WorkloadReport
 from polykv.search.workload.verdict import FAMILIES, ROLES
@@ -29,7 +30,6 @@ from polykv.search.workload.verdict_text import (
     MDE_NOTE,
     METRIC_WORDS,
     PAPER_OPEN,
-    PROTOCOL_WORDS,
     SCOPE_WORDS,
     VERDICT_HEADER,
     contrast_line,
@@ -183,7 +183,7 @@ def markdown(
         "",
         f"- Model `{report.model}`; workload {samples.suite} {tasks}{length} (sources "
         f"{', '.join(samples.sources)}), gold answers scored over at most {settings.get('answer_tokens')} tokens.",
-        f"- The question: {PROTOCOL_WORDS[question]}. Searched scope: {SCOPE_WORDS[scope]}.",
+        f"- The question: {QuestionProtocol(question).words}. Searched scope: {SCOPE_WORDS[scope]}.",
         f"- Search samples: {samples.search_per_task} per task from the calibration split (the suite's "
         f"generator at seed {samples.seed} + 1,000,003; any prompt equal to a held-out one is dropped). "
         f"Held-out samples: {samples.held_out_per_task} per task at seed {samples.seed} (what `polykv eval` "

@@ -37,13 +37,13 @@ class AnswerScore:
 class AnswerObjective(Objective):
     """A plan's mean answer_nll over a fixed list of a workload's samples (module docstring)."""
 
-    def __init__(self, model, questions: Sequence, tasks: Sequence[str] | None = None):
-        if not questions:
+    def __init__(self, model, samples: Sequence, tasks: Sequence[str] | None = None):
+        if not samples:
             raise ValueError("the workload objective needs at least one sample")
         self.model = model
-        self.questions = list(questions)
-        self.tasks = list(tasks) if tasks is not None else [""] * len(self.questions)
-        self.sequences = [list(q.prompt_ids) + list(q.answer_ids) for q in self.questions]  # what a sample is
+        self.samples = list(samples)  # `AnswerSample`s
+        self.tasks = list(tasks) if tasks is not None else [""] * len(self.samples)
+        self.sequences = [list(q.prompt_ids) + list(q.answer_ids) for q in self.samples]  # the search sequences
         self.continuation = 0
         self.metric = METRIC
         self.executions = 0
@@ -65,7 +65,7 @@ class AnswerObjective(Objective):
         return [self._scores[(plan_key(plan), i)] for i in chosen]
 
     def values(self, plans: Sequence[Plan], indices: Iterable[int] | None = None) -> list[float]:
-        chosen = list(range(len(self.questions)) if indices is None else indices)
+        chosen = list(range(len(self.samples)) if indices is None else indices)
         self._execute((plan, i) for plan in plans for i in chosen)
         return [self.value(plan, chosen) for plan in plans]
 
@@ -77,22 +77,22 @@ class AnswerObjective(Objective):
         for key, (plan, i) in batch:
             by_sample.setdefault(i, []).append((key, plan))
         for i, rows in by_sample.items():
-            for (key, _), nll in zip(rows, answer_nlls(self.model, [plan for _, plan in rows], self.questions[i])):
+            for (key, _), nll in zip(rows, answer_nlls(self.model, [plan for _, plan in rows], self.samples[i])):
                 self._scores[key] = AnswerScore(nll)
             self.executions += len(rows)
         if exhausted:
             raise BudgetExhausted
 
 
-def answer_nlls(model, plans: Sequence[Plan], question) -> list[float]:
+def answer_nlls(model, plans: Sequence[Plan], sample) -> list[float]:
     """Each plan's answer_nll on one sample: one prompt pass for all (`answers.answer_many`), or plan by
     plan where the model's generation needs `generate`."""
     from polykv.eval.suites import answers
     from polykv.runtime import many_plans
 
     if many_plans.unsupported(model):
-        return [answers.answer_alone(model, plan, question, "score").nll for plan in plans]
-    return [answer.nll for answer in answers.answer_many(model, plans, question, "score")]
+        return [answers.answer_alone(model, plan, sample, "score").nll for plan in plans]
+    return [answer.nll for answer in answers.answer_many(model, plans, sample, "score")]
 
 
 __all__ = ["METRIC", "AnswerObjective", "AnswerScore", "answer_nlls"]

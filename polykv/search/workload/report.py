@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from polykv.eval.workloads.competence import COMPETENCE_THRESHOLD
+from polykv.question_protocol import QuestionProtocol
 from polykv.search.report_parts import (
     Count,
     Machine,
@@ -137,7 +138,7 @@ class SamplesRecord(_Data):
     transfer: list[str]
     accuracy_per_task: Count
     seed: Count
-    question: str = "in-prompt"
+    question: QuestionProtocol = QuestionProtocol.IN_PROMPT
     lengths: dict[str, dict[str, float]] = Field(default_factory=dict)
 
     @property

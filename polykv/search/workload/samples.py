@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from polykv.plan import Scope
+from polykv.question_protocol import QuestionProtocol
 from polykv.search.workload.objective import AnswerObjective
 from polykv.search.workload.report import SamplesRecord
 
@@ -29,15 +30,15 @@ class WorkloadSamples:
     lengths: dict = dataclasses.field(default_factory=dict)  # per task, the held-out samples' mean token counts
 
     def objective(self, model) -> AnswerObjective:
-        from polykv.eval.workloads.workload import question
+        from polykv.eval.workloads.workload import answer_sample
 
         return AnswerObjective(
-            model, [question(self.workload, p) for _, _, p in self.search], [t for t, _, _ in self.search]
+            model, [answer_sample(self.workload, p) for _, _, p in self.search], [t for t, _, _ in self.search]
         )
 
     @property
-    def protocol(self) -> str:
-        """The question protocol every sample is scored under (`polykv.eval.suites.answers`)."""
+    def question(self) -> QuestionProtocol:
+        """Where every sample's question goes (`polykv.eval.suites.answers`)."""
         return self.workload.settings.question
 
     def verdict_settings(self) -> dict[str, Any]:
@@ -56,7 +57,7 @@ class WorkloadSamples:
             transfer=list(self.transfer),
             accuracy_per_task=self.held_out if self.accuracy is None else min(self.accuracy, self.held_out),
             seed=self.seed,
-            question=self.protocol,
+            question=self.question,
             lengths=self.lengths,
         )
 
@@ -105,11 +106,11 @@ def draw_samples(
 def sample_lengths(workload, rows) -> dict[str, dict[str, float]]:
     """Per task, the mean token counts of its samples: the prompt, its question when it comes after compression
     (0 when in the prompt) and the gold answer scored (what the KV memory of a plan depends on)."""
-    from polykv.eval.workloads.workload import question
+    from polykv.eval.workloads.workload import answer_sample
 
     out: dict[str, list] = {}
     for task, _, payload in rows:
-        q = question(workload, payload)
+        q = answer_sample(workload, payload)
         asked = 0 if q.question_start is None else len(q.prompt_ids) - q.question_start
         out.setdefault(task, []).append((len(q.prompt_ids), asked, len(q.answer_ids)))
     return {
@@ -133,7 +134,7 @@ def build_workload_profile(
         max_tokens=getattr(samples.workload.settings, "length", 2048),
         seed=samples.seed,
     )
-    corpus = workload_corpus(tokenizer, model, spec, set(samples.held_out_prompts), samples.protocol)
+    corpus = workload_corpus(tokenizer, model, spec, set(samples.held_out_prompts), samples.question)
     return build_profile(
         model_name,
         model,

@@ -19,10 +19,11 @@ from typing import Any
 
 from polykv.eval.statistics.render import markdown_table, number
 from polykv.eval.statistics.samples import EXACT_DIFFERING
+from polykv.question_protocol import QuestionProtocol
 from polykv.search.workload.kv_table import kv_header, kv_note, kv_rows
 from polykv.search.workload.report import SampleContrast, WorkloadBudget, WorkloadReport
 from polykv.search.workload.verdict import FAMILIES
-from polykv.search.workload.verdict_text import PAPER_OPEN, PROTOCOL_WORDS, SCOPE_WORDS, interval, mde_text, test_text
+from polykv.search.workload.verdict_text import PAPER_OPEN, SCOPE_WORDS, interval, mde_text, test_text
 
 # The paper's Section 4.4 (RULER, prefill-only, 512 average budget), quoted.
 PAPER_44 = (
@@ -105,15 +106,11 @@ def _tally(runs, a: str, b: str, family: str) -> list[str]:
     """Per search: how many budgets the contrast is better, worse or not significantly different."""
     out = []
     for name, report, _ in runs:
-        verdicts = [e.find(family, a, b, "answer_nll") for e in report.budgets]
-        counts = {v: sum(1 for c in verdicts if c and c.verdict == v) for v in ("better", "worse")}
-        shown = [c for c in verdicts if c is not None]
+        shown = [c for c in (e.find(family, a, b, "answer_nll") for e in report.budgets) if c is not None]
+        better, worse = (sum(c.verdict == v for c in shown) for v in ("better", "worse"))
         if shown:
-            same = len(shown) - counts["better"] - counts["worse"]
-            out.append(
-                f"{name}: better at {counts['better']}, worse at {counts['worse']}, no significant difference at "
-                f"{same} of {len(shown)} budgets"
-            )
+            same = f"no significant difference at {len(shown) - better - worse} of {len(shown)} budgets"
+            out.append(f"{name}: better at {better}, worse at {worse}, {same}")
     return out
 
 
@@ -142,7 +139,7 @@ def _protocol_section(runs, stores: Mapping[str, Any]) -> list[str]:
 
 def protocol_rows(runs, stores: Mapping[str, Any]) -> list[tuple]:
     """The same plan under both question protocols, sample by sample on the searched tasks both judged (the same
-    prompts: the protocols split them, they do not change them): after-compression minus in-prompt, per scope and
+    prompts: the protocols split them, they do not change them): AFTER_COMPRESSION minus IN_PROMPT, per scope and
     budget, for every plan both searches ran (FullKV among them: nothing evicted, so nothing should change)."""
     from polykv.eval.comparing.compare import sample_scores
     from polykv.search.workload.verdict import contrast
@@ -152,9 +149,9 @@ def protocol_rows(runs, stores: Mapping[str, Any]) -> list[tuple]:
         by_scope.setdefault(report.scope, {})[report.samples.question] = (name, report)
     rows = []
     for scope, pair in by_scope.items():
-        if set(pair) != {"in-prompt", "after-compression"}:
+        if set(pair) != set(QuestionProtocol):
             continue
-        (inside, before), (after, later) = pair["in-prompt"], pair["after-compression"]
+        (inside, before), (after, later) = pair[QuestionProtocol.IN_PROMPT], pair[QuestionProtocol.AFTER_COMPRESSION]
         earlier = {entry.budget: entry for entry in before.budgets}
         shown = set()  # run pairs already in the table: FullKV's runs are every budget's
         for entry in later.budgets:
@@ -211,7 +208,8 @@ def _plan_of(entry: WorkloadBudget, role: str) -> str:
     return "fullkv" if plan is None else plan_key(plan)
 
 
-PROTOCOL_HEADER = ("scope", "budget", "plan", "after - in-prompt [95% CI]", "test", "MDE", "W/T/L", "after is", "runs")
+_AFTER_MINUS_IN = f"after - {QuestionProtocol.IN_PROMPT} [95% CI]"
+PROTOCOL_HEADER = ("scope", "budget", "plan", _AFTER_MINUS_IN, "test", "MDE", "W/T/L", "after is", "runs")
 
 
 def means_rows(runs, family: str = FAMILIES[0]) -> list[tuple]:
@@ -264,7 +262,7 @@ def summary(
     for name, report, folder in runs:
         seconds = (report.seconds + sum(report.seconds_steps.values())) / 60
         lines.append(
-            f"- **{name}**: question {PROTOCOL_WORDS[report.samples.question]}; "
+            f"- **{name}**: question {report.samples.question.words}; "
             f"scope {SCOPE_WORDS[report.scope]}. Report [{here(folder)}/report.md]({here(folder)}/report.md), "
             f"database `{here(folder)}/results.sqlite`; {seconds:.1f} min on {report.machine.cpus} cores."
         )

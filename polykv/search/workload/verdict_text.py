@@ -21,10 +21,6 @@ SCOPE_WORDS = {
     "decode": "decode only (the prompt held whole until the first answer token)",
     "both": "prefill and decode",
 }
-PROTOCOL_WORDS = {
-    "in-prompt": "in the prompt (the plan compresses context and question together)",
-    "after-compression": "after compression (the plan compresses the context; the question follows, kept in full)",
-}
 MDE_NOTE = f"{NOT_ESTIMABLE}: no minimal detectable difference ({NO_MDE_WHY})."
 VERDICT_HEADER = ("family", "kind", "A - B", "same scope", "metric", "difference [95% CI]", "p", "MDE", "W/T/L", "A is")
 
@@ -88,7 +84,6 @@ __all__ = [
     "MDE_NOTE",
     "METRIC_WORDS",
     "PAPER_OPEN",
-    "PROTOCOL_WORDS",
     "SCOPE_WORDS",
     "VERDICT_HEADER",
     "contrast_line",

@@ -298,7 +298,7 @@ def build_samples(tokenizer, model, settings: RulerSettings, seed: int) -> list[
                 )
                 guess = sample.size
                 split = {}
-                if settings.question == answers.AFTER_COMPRESSION:
+                if not settings.question.compresses_question:
                     split["question_start"] = question_start(tokenizer, sample, use_chat)
                 payload = {
                     "task": task,
@@ -342,8 +342,8 @@ def prompt_tokens(payload: dict) -> list[int]:
     return payload["prompt_ids"]
 
 
-def _question(payload: dict) -> answers.Question:
-    return answers.Question(
+def answer_sample(payload: dict) -> answers.AnswerSample:
+    return answers.AnswerSample(
         payload["prompt_ids"],
         payload["answer_ids"],
         payload["tokens_to_generate"],
@@ -371,7 +371,7 @@ def score_sample(model, plan: Plan, payload: dict, settings: RulerSettings | Non
     """One plan alone (`routed` and `generate`), in the settings' mode: RULER's {"score": 0..100} and FullKV
     "agreement" when generating, "answer_nll" when scoring; with the prediction and the gold answers."""
     mode = (settings or RulerSettings()).mode
-    scored = answers.score_alone(model, plan, _question(payload), mode, _judge(payload), _pad(payload["tokenizer"]))
+    scored = answers.score_alone(model, plan, answer_sample(payload), mode, _judge(payload), _pad(payload["tokenizer"]))
     return answers.with_gold(scored, payload["answers"])
 
 
@@ -386,7 +386,7 @@ def score_samples(
     if many_plans.unsupported(model):
         return [score_sample(model, plan, payload, settings) for plan in plans]
     mode = (settings or RulerSettings()).mode
-    scored = answers.score_many(model, plans, _question(payload), mode, _judge(payload))
+    scored = answers.score_many(model, plans, answer_sample(payload), mode, _judge(payload))
     return [answers.with_gold(s, payload["answers"]) for s in scored]
 
 

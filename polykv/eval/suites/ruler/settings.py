@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from polykv.eval.metrics import RULER_TASKS
+from polykv.question_protocol import QuestionProtocol
 
 from .. import answers, chat
 
@@ -35,10 +36,11 @@ class RulerSettings:
     ``answer_tokens``: answer_nll over at most this many tokens of the gold answer (None: all of them, up to
     the task's generation length); a cost cut for long answers (uuids, several values), said in the run's
     settings.
-    ``question``: "in-prompt" (the question is part of the prompt the plan compresses) or "after-compression"
-    (the question-agnostic protocol: the plan compresses the haystack, the question is fed after it and kept
-    in full; `polykv.eval.suites.answers`, where it starts: `polykv.eval.suites.questions`). Left out of the
-    settings' dict when it is "in-prompt", so runs from before the setting keep their ids.
+    ``question``: a `QuestionProtocol`, IN_PROMPT (the default: the question is part of the prompt the plan
+    compresses) or AFTER_COMPRESSION (the question-agnostic protocol: the plan compresses the haystack, the
+    question is fed after it and kept in full; `polykv.eval.suites.answers`, where it starts:
+    `polykv.eval.suites.questions`). Left out of the settings' dict when it is the default, so runs from before the
+    setting keep their ids.
     """
 
     tasks: tuple[str, ...] | None = None
@@ -49,12 +51,12 @@ class RulerSettings:
     use_chat_template: bool | str = "auto"
     mode: str = "generate"
     answer_tokens: int | None = None
-    question: str = answers.IN_PROMPT
+    question: QuestionProtocol = QuestionProtocol.IN_PROMPT
 
     def __post_init__(self):
         chat.check_choice(self.use_chat_template, "ruler")
         answers.check_mode(self.mode, "ruler")
-        answers.check_question(self.question, "ruler")
+        object.__setattr__(self, "question", answers.check_question(self.question, "ruler"))
         answers.check_answer_tokens(self.answer_tokens, "ruler")
         for name in ("squad_path", "hotpot_path"):
             value = getattr(self, name)
