@@ -116,9 +116,8 @@ def parse_json(
             text = text.decode("utf-8")
         except UnicodeDecodeError:
             raise error(f"{at}not UTF-8 text") from None
-    kwargs = {"object_pairs_hook": _unique_keys} | ({} if allow_nan else {"parse_constant": _reject_constant})
     try:
-        data = json.loads(text, **kwargs)
+        data = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=None if allow_nan else _reject_constant)
     except json.JSONDecodeError as exc:
         raise error(f"{at}malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
     except RecursionError:

@@ -14,8 +14,22 @@ One token in one layer costs a key and a value for every KV head: 2 x kv_heads x
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Required, TypedDict
 
 from polykv.plan import FULL, Phase, Plan
+
+
+class KVHeld(TypedDict, total=False):
+    """The KV a plan's cache held, measured (`RoutedCache.kv_held`; stored with each sample as JSON): tokens per KV
+    head in each layer (the mean over heads and rows) entering the answer and at the end, the tokens seen by then,
+    and each head's where a layer's heads hold different numbers (None for the other layers)."""
+
+    entering: Required[list[float]]
+    end: Required[list[float]]
+    seen_entering: Required[int]
+    seen_end: Required[int]
+    heads_entering: list[list[float] | None]
+    heads_end: list[list[float] | None]
 
 
 def window_bound(window: int | None) -> float:
@@ -35,9 +49,8 @@ def layer_tokens(
         bound = window_bound(window)
         prefill, decode = layer[Phase.PREFILL], layer[Phase.DECODE]
         context = prompt - question
-        held = (context if prefill.method == FULL else min(prefill.capacity, context)) + question
-        held = min(held, bound)
-        after = held + answer if decode.method == FULL else min(decode.capacity, held + answer)
+        held = min(prefill.kept(context) + question, bound)
+        after = decode.kept(held + answer)
         out.append((held, min(after, bound)))
     return out
 
@@ -85,8 +98,8 @@ def budget_lines(plan: Plan, windows: Sequence[int | None]) -> list[str]:
         return []
     lines = []
     for phase in plan.scope.phases:
-        caps = [layer[phase].capacity for layer in plan.layers]
-        if any(c is None for c in caps):
+        caps = [c for c in (layer[phase].capacity for layer in plan.layers) if c is not None]
+        if len(caps) < plan.num_layers:
             continue  # a `full` layer: no budget to count
         held = sum(min(c, window_bound(w)) for c, w in zip(caps, windows))
         lines.append(

@@ -81,7 +81,7 @@ def kvpress_source(plan: Plan, tokens: int, windows=None) -> str:
     press, names = PRESSES[method]
     arguments = ", ".join(f"{names[k]}={params[k]!r}" for k in names if k in params)
     capacities = [layer[Phase.PREFILL].capacity for layer in plan.layers]
-    ratios = [round(keep_ratio(tokens, c), 12) for c in capacities]
+    ratios = [round(keep_ratio(tokens, tokens if c is None else c), 12) for c in capacities]
     per_layer = len(set(capacities)) > 1
     adakv = plan.head_allocation == "adakv"
     if adakv and per_layer:

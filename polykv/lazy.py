@@ -2,9 +2,10 @@
 
 `polykv.methods` is imported by `polykv plan validate`, `polykv methods` and the jobs listing, which
 need each method's name, phases and parameters but no tensor; importing torch costs 1.5 s or more.
-The method modules therefore say `torch = lazy_import("torch")`: the standard library's `LazyLoader`
-registers the module and runs its code on the first attribute access. Once loaded it is the ordinary
-module object, so the per-step path pays nothing. When torch is already imported, this returns it.
+The method modules therefore say `from polykv.lazy import torch` (`lazy_import("torch")`): the standard
+library's `LazyLoader` registers the module and runs its code on the first attribute access; a type checker sees
+torch itself. Once loaded it is the ordinary module object, so the per-step path pays nothing. When torch is
+already imported, this returns it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ import importlib.util
 import sys
 import threading
 from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch as torch  # what `from polykv.lazy import torch` is to a type checker
 
 _lock = threading.Lock()
 
@@ -31,6 +36,13 @@ def lazy_import(name: str) -> ModuleType:
         sys.modules[name] = module
         loader.exec_module(module)
         return module
+
+
+def __getattr__(name: str) -> ModuleType:
+    """`from polykv.lazy import torch`: torch, run on first use (`lazy_import`)."""
+    if name == "torch":
+        return lazy_import("torch")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["lazy_import"]

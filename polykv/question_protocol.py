@@ -24,7 +24,7 @@ class QuestionProtocol(StrEnum):
         return WORDS[self]
 
     @classmethod
-    def of(cls, settings) -> QuestionProtocol:
+    def of(cls, settings: object) -> QuestionProtocol:
         """The protocol of a suite's settings (an object or a dict); the default where they have none (fidelity's,
         or settings saved before the setting existed)."""
         value = settings.get("question") if isinstance(settings, dict) else getattr(settings, "question", None)

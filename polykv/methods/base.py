@@ -43,14 +43,12 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ValidationError
 
-from polykv.lazy import lazy_import
+from polykv.lazy import torch
 from polykv.methods.eviction import Eviction, evict_lowest
 from polykv.methods.fast_paths import FastPaths
 from polykv.methods.params import NoParams, describe_param_error, over_limit, token_params
 from polykv.methods.slots import SlotStates
 from polykv.plan import Phase
-
-torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
 
 
 @dataclass(frozen=True)

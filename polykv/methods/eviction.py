@@ -10,10 +10,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-from polykv.lazy import lazy_import
+from polykv.lazy import torch
 from polykv.plan import Phase
-
-torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
 
 
 @dataclass

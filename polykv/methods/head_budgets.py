@@ -26,11 +26,9 @@ from collections.abc import Callable
 
 from pydantic import Field
 
-from polykv.lazy import lazy_import
+from polykv.lazy import torch
 from polykv.methods.eviction import Eviction, recorded_rankings
 from polykv.methods.params import MethodParams
-
-torch = lazy_import("torch")
 
 HEAD_RULES = ("uniform", "adakv")
 

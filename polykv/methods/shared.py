@@ -6,11 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from polykv.lazy import lazy_import
+from polykv.lazy import torch
 from polykv.methods.base import COLUMN_SUMS, LayerView, Method, Needs
 from polykv.plan import Phase
-
-torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
 
 
 class AccumulatedAttention(Method):
@@ -42,7 +40,7 @@ class AccumulatedAttention(Method):
 
 
 def split_total(
-    weights: list[float], total: int, minimum: int = 1, maximum: int | Sequence[float] | None = None
+    weights: Sequence[float], total: int, minimum: int = 1, maximum: int | Sequence[float] | None = None
 ) -> list[int]:
     """Integers proportional to `weights` that sum exactly to `total`, each in [minimum, maximum] (`maximum`: one
     bound for every layer, or one per layer).

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import weakref
 
-from polykv.lazy import lazy_import
-
-torch = lazy_import("torch")
+from polykv.lazy import torch
 
 # Views each cache of a block keeps, the least recently used going first: a steady step uses two lengths (capacity
 # and capacity + 1; interval + 1 of them with an eviction interval), so an interval under this finds its views, and

@@ -43,6 +43,10 @@ class PhaseAssignment(BaseModel):
     # that trades a little extra memory for fewer eviction steps (kvpress's DecodingPress does the same).
     interval: StrictInt = Field(default=1, ge=1, le=MAX_TOKENS)
 
+    def kept(self, tokens: float) -> float:
+        """How many of `tokens` this phase holds at most: all of them under `full`, else up to its capacity."""
+        return tokens if self.method == FULL or self.capacity is None else min(self.capacity, tokens)
+
     def __str__(self) -> str:
         cap = "" if self.capacity is None else f"@{self.capacity}"
         extra = "" if not self.params else "(" + ", ".join(f"{k}={v}" for k, v in self.params.items()) + ")"
@@ -60,4 +64,4 @@ class LayerPlan(BaseModel):
     decode: PhaseAssignment = FULL_ASSIGNMENT
 
     def __getitem__(self, phase: Phase | str) -> PhaseAssignment:
-        return getattr(self, Phase(phase).value)
+        return self.prefill if Phase(phase) is Phase.PREFILL else self.decode

@@ -94,12 +94,14 @@ def plan_problems(
     return found
 
 
-def _rule_problems(layers, scope: Scope, rule: str, catalog, least: int | None) -> list[str]:
+def _rule_problems(
+    layers: Sequence[LayerPlan], scope: Scope, rule: str, catalog: Mapping[str, Any], least: int | None
+) -> list[str]:
     """A run-time rule splits each active phase's total over its layers, for any method: every layer needs a
     capacity, and its method must run at the least the rule may give it."""
     for phase in scope.phases:
-        capacities = [layer[phase].capacity for layer in layers]
-        if None not in capacities and least is not None and sum(capacities) < least * len(layers):
+        capacities = [c for c in (layer[phase].capacity for layer in layers) if c is not None]
+        if len(capacities) == len(layers) and least is not None and sum(capacities) < least * len(layers):
             return [
                 f"allocation: {rule!r} gives every layer at least its window ({least} slots): the {phase.value} "
                 f"phase's total {sum(capacities)} is under {least} x {len(layers)} layers"
@@ -140,7 +142,7 @@ def _native_problems(layers: Sequence[LayerPlan], scope: Scope, catalog: Mapping
         for idx, layer in enumerate(layers[1:], start=1):
             a = layer[phase]
             if a.capacity != first.capacity:
-                what, mine, theirs = "capacity", a.capacity, first.capacity
+                what, mine, theirs = "capacity", str(a.capacity), str(first.capacity)
             elif a.params != first.params and {**defaults, **a.params} != {**defaults, **first.params}:
                 what, mine, theirs = "params", _params_text(a.params), _params_text(first.params)
             else:

@@ -133,7 +133,7 @@ class Plan(BaseModel):
         return cls.from_dict(parse_json(text, error=PlanError))
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> Plan:
+    def load(cls, path: str | os.PathLike[str]) -> Plan:
         """Read a plan file: a regular file (never a device or FIFO) of at most MAX_PLAN_BYTES."""
         path = Path(path)
         text = read_text(path, "plan file", MAX_PLAN_BYTES, error=PlanError)
@@ -160,7 +160,7 @@ class Plan(BaseModel):
         rows = ",\n".join("    " + json.dumps(layer, ensure_ascii=False) for layer in layers)
         return f'{head},\n  "layers": [\n{rows}\n  ]\n}}\n'
 
-    def save(self, path: str | os.PathLike) -> Path:
+    def save(self, path: str | os.PathLike[str]) -> Path:
         """Write atomically (a reader never sees a half-written plan), only to a regular file or a new
         path, through a symlink to its target, with the umask's mode (see `polykv.files`)."""
         return atomic_write_text(path, self.to_json())

@@ -18,10 +18,8 @@ if TYPE_CHECKING:
 def current_budget(plan: Plan) -> float:
     """The plan's budget to start a rescale from: the average capacity of its first active phase that
     has one, else `DEFAULT_CAPACITY`."""
-    summary = plan.summary().phases
-    return next(
-        (summary[p].average_capacity for p in plan.scope.phases if summary[p].average_capacity), float(DEFAULT_CAPACITY)
-    )
+    averages = [plan.summary().phases[p].average_capacity for p in plan.scope.phases]
+    return next((a for a in averages if a), float(DEFAULT_CAPACITY))
 
 
 def rescale(plan: Plan, budget: float) -> Plan:
@@ -94,7 +92,7 @@ def _params(layer) -> list:
     return [layer[phase].params for phase in Phase]
 
 
-def rule_preview(plan: Plan, rule: str, budget: float, windows=None, layers=None) -> dict[str, list[int] | None]:
+def rule_preview(plan: Plan, rule: str, budget: float, windows=None, layers=None) -> dict[str, list[int | None] | None]:
     """Per active phase, the capacities `split_by_rule` would write, every layer's (None for CAKE's: its split comes
     from each prompt's attention at run time); PlanError with one line when the rule cannot split this plan."""
     ruled = _ruled(plan, rule, budget, windows, layers)

@@ -121,7 +121,7 @@ def floor_words(method: str, params: dict) -> str:
     values = _below_capacity(method, params)
     if not values:
         return "one token"
-    name = max(values, key=values.get)
+    name = max(values, key=lambda k: values[k])
     return f"its {name} ({values[name]})"
 
 
@@ -149,7 +149,8 @@ def scale_budget(
         _check_minimum(minimum)
     layers = [{phase: layer[phase] for phase in Phase} for layer in plan.layers]
     for phase in plan.scope.phases:
-        bounded = [i for i, layer in enumerate(plan.layers) if layer[phase].capacity is not None]
+        written = {i: c for i, layer in enumerate(plan.layers) if (c := layer[phase].capacity) is not None}
+        bounded = list(written)
         if not bounded:
             continue
         old = [plan.layers[i][phase] for i in bounded]
@@ -157,7 +158,7 @@ def scale_budget(
         if plan.allocation != "fixed":  # one capacity everywhere: a run-time rule splits the total
             new = [max(max(floors), round(average))] * len(bounded)
         else:
-            new = _split_with_floors([float(a.capacity) for a in old], _total(len(bounded), average), floors)
+            new = _split_with_floors([float(written[i]) for i in bounded], _total(len(bounded), average), floors)
         for i, a, capacity in zip(bounded, old, new):
             layers[i][phase] = a.model_copy(update={"capacity": capacity})
     return plan.with_layers(

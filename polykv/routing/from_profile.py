@@ -38,11 +38,12 @@ def plan_from_route(
     layers get no capacity. `params` maps a method name to the parameters it gets wherever it runs."""
     scope = Scope(scope)
     given = {Phase.PREFILL: (prefill_route, prefill_capacities), Phase.DECODE: (decode_route, decode_capacities)}
-    lengths = set()
+    lengths, active = set(), {}
     for phase in scope.phases:
         route, capacities = given[phase]
         if route is None or capacities is None:
             raise ValueError(f"scope {scope.value!r} needs a {phase.value} route and {phase.value} capacities")
+        active[phase] = (route, capacities)
         if len(route) != len(capacities):
             raise ValueError(f"the {phase.value} route has {len(route)} layers but {len(capacities)} capacities")
         lengths.add(len(route))
@@ -62,7 +63,7 @@ def plan_from_route(
             "scope": scope.value,
             "provenance": dict(provenance) if provenance is not None else {"built_by": "plan_from_route"},
             "layers": [
-                {phase.value: assignment(given[phase][0][i], given[phase][1][i]) for phase in scope.phases}
+                {phase.value: assignment(active[phase][0][i], active[phase][1][i]) for phase in scope.phases}
                 for i in range(num_layers)
             ],
         }
@@ -90,7 +91,7 @@ def plan_from_profile(
         floors = {m: window_floor(PhaseAssignment(method=m, capacity=budget, params=params.get(m, {}))) for m in route}
         minimum = max(floors.values())
         if minimum > budget:  # say where the floor comes from (the split itself would only name the numbers)
-            method = max(floors, key=floors.get)
+            method = max(floors, key=lambda m: floors[m])
             raise ValueError(
                 f"budget {budget} is below {minimum}, the least capacity {method} can run at in the {phase.value} "
                 f"route ({floor_words(method, params.get(method, {}))} must fit under it): choose a budget of at "

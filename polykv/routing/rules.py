@@ -30,7 +30,7 @@ description says so. CAKE's preference depends on the prompt, so the runtime dec
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import ValidationError
 
@@ -38,6 +38,9 @@ from polykv.methods import REGISTRY, fit_params
 from polykv.methods.attention.pyramidkv import PyramidKV, PyramidKVParams
 from polykv.methods.shared import split_total, within_bounds
 from polykv.plan import LayerPlan, Phase, Plan, PlanError
+
+if TYPE_CHECKING:
+    from polykv.runtime.cache import RoutedCache
 
 STATIC_RULES = ("uniform", "pyramid", "squeeze", "entropy", "ppl")
 PROFILE_RULES = ("entropy", "ppl")  # the rules whose statistics come from a profile
@@ -115,9 +118,9 @@ def rule_capacities(
     if rule == "uniform":
         capacities = split_total([1.0] * num_layers, total)
     elif rule in PROFILE_RULES:
-        capacities = split_total([max(0.0, float(s)) for s in statistics], total)
+        capacities = split_total([max(0.0, float(s)) for s in statistics or ()], total)
     elif rule == "squeeze":
-        squeezed = [g == 2 for g in three_groups(statistics)]
+        squeezed = [g == 2 for g in three_groups(statistics or ())]
         low = values["squeezed"] * total / num_layers
         high = (total - low * sum(squeezed)) / (num_layers - sum(squeezed))
         capacities = split_total([low if s else high for s in squeezed], total)
@@ -148,9 +151,10 @@ def apply_rule(
     floored: list[str] = []
     for phase in plan.scope.phases:
         assigned = [layer[phase] for layer in plan.layers]
-        if any(a.capacity is None for a in assigned):
+        written = [a.capacity for a in assigned if a.capacity is not None]
+        if len(written) < len(assigned):
             raise PlanError(f"{plan.name}: the {phase.value} phase has a full layer, so it has no total to split")
-        total = sum(a.capacity for a in assigned)
+        total = sum(written)
         stats = statistics.get(phase.value) if isinstance(statistics, Mapping) else statistics
         capacities = rule_capacities(rule, total, plan.num_layers, values, prompt_length, windows, stats)
         least = max(_least_capacity(a.method, a.params) for a in assigned)
@@ -221,7 +225,8 @@ def predicted_split(model, plan: Plan, sequences: Sequence[Sequence[int]]) -> di
         for ids in sequences:
             model(torch.tensor([list(ids)], device=device), use_cache=True)
             for phase in plan.scope.phases:
-                got[phase.value].append(session.cache.capacities(phase))
+                split = cast("RoutedCache", session.cache).capacities(phase)
+                got[phase.value].append(cast(list[int], split))  # the rule gave every layer a capacity
     return {phase: [sum(column) / len(column) for column in zip(*rows)] for phase, rows in got.items()}
 
 

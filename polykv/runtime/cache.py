@@ -21,6 +21,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from polykv.errors import RoutedCacheError
+from polykv.kv_memory import KVHeld
 from polykv.methods import Method, make_method
 from polykv.methods.base import LayerView, Needs
 from polykv.methods.eviction import Eviction
@@ -51,14 +52,11 @@ class RoutedLayer(DynamicLayer):
         self.split = None  # a budget split over the layers at run time (`polykv.runtime.layer_budgets`)
         self._newest_last = False  # does the last slot hold the newest position (seen - 1)?
         self.merge_groups: MergeGroups | None = None  # the cache's groups of layers that merge together
-        # many plans stepping together: the storage this layer shares with the other plans' (`row_storage`)
-        self.shared_rows = None
+        self.shared_rows = None  # many plans stepping together: the storage this layer shares (`row_storage`)
         self.keep_until = 0  # decode steps whose tokens all lie before this position evict nothing (`holding`)
         self.window: int | None = None  # a local layer's sliding window, as its attention passes it (`keep_window`)
-        # does every held slot lie in the window of the next query? (then one query attends without a mask)
-        self.window_clean = True
-        # (tokens held, per head or None, tokens seen) entering the answer (`kv_held`)
-        self.entering: tuple[float, list[float] | None, int] | None = None
+        self.window_clean = True  # every held slot in the next query's window? (one query then needs no mask)
+        self.entering: tuple[float, list[float] | None, int] | None = None  # held, per head, seen (`kv_held`)
         self.head_split = None  # a head-level budget rule (`polykv.methods.head_budgets.AdaKV`), or None: uniform
 
     def attend(self, module, query, key, value, dropout: float, scaling: float, kwargs):
@@ -350,6 +348,8 @@ class RoutedLayer(DynamicLayer):
 class RoutedCache(Cache):
     """A Hugging Face `Cache` whose layers follow a plan."""
 
+    layers: list[RoutedLayer]  # every layer is routed (`Cache` types them as any layer kind)
+
     def __init__(self, plan: Plan):
         layers = [
             RoutedLayer(idx, make_method(layer.prefill, idx), make_method(layer.decode, idx))
@@ -379,7 +379,7 @@ class RoutedCache(Cache):
     def retained_per_layer(self) -> list[int]:
         return [layer.retained for layer in self.layers]
 
-    def kv_held(self) -> dict[str, list | int]:
+    def kv_held(self) -> KVHeld:
         """Tokens held per KV head in each layer, measured (`LayerSlots.held`): `entering` the answer (as the first
         token at or after `keep_until` came in; until then, now) and at the `end`, with the tokens seen by each
         (`seen_*`); where heads hold different numbers, each head's (`heads_entering`, `heads_end`)."""
@@ -390,9 +390,9 @@ class RoutedCache(Cache):
             now if layer.entering is None else layer.entering[1] for now, layer in zip(heads_end, self.layers)
         ]
         started = first.seen if first.entering is None else first.entering[2]
-        held = {"entering": entering, "end": end, "seen_entering": started, "seen_end": first.seen}
+        held = KVHeld(entering=entering, end=end, seen_entering=started, seen_end=first.seen)
         if any(heads is not None for heads in heads_end):
-            held |= {"heads_entering": heads_entering, "heads_end": heads_end}
+            held |= KVHeld(heads_entering=heads_entering, heads_end=heads_end)
         return held
 
     def capacities(self, phase: Phase | str) -> list[int | None]:

@@ -15,11 +15,9 @@ the other plans' instead (`adopt_block`), and a new block after a cut is that sl
 
 from __future__ import annotations
 
-from polykv.lazy import lazy_import
+from polykv.lazy import torch
 from polykv.methods.slots import SlotBlock, drop_one_slot, gather_slots
 from polykv.plan import Phase
-
-torch = lazy_import("torch")
 
 
 class LayerSlots:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from polykv.eval.results.rows import SampleRow
-from polykv.kv_memory import window_bound
+from polykv.kv_memory import KVHeld, window_bound
 
 MEASURED_TOLERANCE = 0.01  # two plans whose measured KV differ by more than this share do not hold equal KV
 
@@ -57,24 +57,25 @@ def measured_kv(rows: Sequence[SampleRow], windows: Sequence[int | None] | None 
     return MeasuredKV(n, entering, end, full_entering, full_end, _per_head(held, layers))
 
 
-def _per_head(held: list[dict], layers: int) -> list[list[float] | None] | None:
+def _per_head(held: list[KVHeld], layers: int) -> list[list[float] | None] | None:
     """Each layer's per-head means over every sample, for the layers whose heads some sample held apart (None for
     the others); a sample whose heads held the same there counts its per-head value, `entering`, for each head."""
     if not any(h.get("heads_entering") for h in held):
         return None
     out: list[list[float] | None] = []
     for i in range(layers):
-        apart = [h["heads_entering"][i] for h in held if h.get("heads_entering") and h["heads_entering"][i]]
+        apart = [split for h in held if (split := _heads_at(h, i))]
         if not apart:
             out.append(None)
             continue
-        heads = len(apart[0])
-        rows = [
-            h["heads_entering"][i] if h.get("heads_entering") and h["heads_entering"][i] else [h["entering"][i]] * heads
-            for h in held
-        ]
+        rows = [_heads_at(h, i) or [h["entering"][i]] * len(apart[0]) for h in held]
         out.append([sum(col) / len(rows) for col in zip(*rows)])
     return out
+
+
+def _heads_at(held: KVHeld, layer: int) -> list[float] | None:
+    """Each head's tokens in `layer` where the sample's heads held different numbers there, else None."""
+    return (held.get("heads_entering") or [None] * (layer + 1))[layer]
 
 
 def _share(held: float, full: float | None) -> str:

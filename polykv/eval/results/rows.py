@@ -9,6 +9,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from polykv.kv_memory import KVHeld
+
 
 @dataclass(frozen=True)
 class RunRow:
@@ -48,7 +50,7 @@ class SampleRecord:
     prediction: str | None = None
     gold: tuple[str, ...] | list[str] | None = None
     prompt: dict[str, Any] | None = None
-    kv_held: dict[str, list[int] | int] | None = None  # slots per KV head per layer, measured: "entering", "end"
+    kv_held: KVHeld | None = None  # slots per KV head per layer, measured: "entering", "end"
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ class SampleRow:
     prediction: str | None = None
     gold: list[str] | None = None
     prompt: dict[str, Any] | None = None
-    kv_held: dict[str, list[int] | int] | None = None
+    kv_held: KVHeld | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> SampleRow:

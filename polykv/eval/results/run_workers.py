@@ -38,7 +38,11 @@ class Worker:
             return None
         if processes.have_proc():
             state = processes.proc_state(self.pid)
-            return processes.running(state) and (self.started is None or str(state[1]) == self.started)
+            return (
+                state is not None
+                and processes.running(state)
+                and (self.started is None or str(state[1]) == self.started)
+            )
         return processes.pid_exists(self.pid)
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 NOT_ESTIMABLE = "not estimable"
 
 
-def estimable(value: float | None) -> bool:
+def estimable(value: float | None) -> TypeGuard[float]:
     return value is not None and math.isfinite(value)
 
 

@@ -47,7 +47,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from polykv.lazy import lazy_import
+from polykv.kv_memory import KVHeld
+from polykv.lazy import torch
 from polykv.plan import FULL, Phase, Plan
 
 from .answer_settings import (  # the settings stay importable from here, where the suites and the runner take them
@@ -63,8 +64,6 @@ from .answer_settings import (  # the settings stay importable from here, where 
     scores_answer,
 )
 from .fullkv_answers import cached_reference, clear_reference_cache, remember_reference
-
-torch = lazy_import("torch")
 
 
 @dataclass(frozen=True)
@@ -98,7 +97,7 @@ class Answer:
     match: float | None = None  # 100 when every gold token was the argmax at its position, else 0 (when scoring)
     # the slots each layer held per KV head, read from the plan's cache (`RoutedCache.kv_held`): "entering" the
     # answer and at the "end" (after the last answer token fed: the gold's when scoring, else the generated)
-    kv_held: dict[str, list[int] | int] | None = None
+    kv_held: KVHeld | None = None
 
 
 @dataclass(frozen=True)
@@ -108,7 +107,7 @@ class Scored:
     metrics: dict[str, float]
     prediction: str | None = None
     gold: list[str] | None = None
-    kv_held: dict[str, list[int] | int] | None = None  # `Answer.kv_held`
+    kv_held: KVHeld | None = None  # `Answer.kv_held`
 
 
 def gold_ids(tokenizer, prompt_ids: Sequence[int], text: str, limit: int) -> list[int]:

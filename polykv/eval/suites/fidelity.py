@@ -38,14 +38,12 @@ import weakref
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
 
-from polykv.lazy import lazy_import, no_grad
+from polykv.lazy import no_grad, torch
 from polykv.models import cache_argument_name, context_length, output_cache
 from polykv.plan import Plan
 from polykv.profile.corpus import CorpusSpec, build_corpus, model_source
 
 from .answers import Scored
-
-torch = lazy_import("torch")  # loaded on first use: checking a suite's settings needs no tensor
 
 TASK_SOURCES = {
     "prose": "kjv",

@@ -62,7 +62,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from polykv.eval.metrics import LONGBENCH_FIRST_LINE_TASKS, longbench_sample_score
-from polykv.lazy import lazy_import, no_grad
+from polykv.lazy import no_grad
 from polykv.models import context_length
 from polykv.plan import Plan
 from polykv.question_protocol import QuestionProtocol
@@ -80,8 +80,6 @@ from .longbench_prompts import (  # noqa: F401 - the suite's names stay importab
     truncate_middle,
 )
 from .longbench_tasks import CLASSIFICATION_TASKS, NO_CHAT_TASKS, TASK_MAX_NEW_TOKENS, TASK_PROMPTS, TASKS  # noqa: F401
-
-torch = lazy_import("torch")  # loaded on first use: checking a suite's settings needs no tensor
 
 
 @dataclass(frozen=True)

@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import math
 
-from polykv.lazy import lazy_import
+from polykv.lazy import torch
 from polykv.methods.attention.snapkv import pool_votes
 from polykv.methods.base import NOTHING, ONE_ROW, LayerView, Method, Needs
 from polykv.methods.eviction import Eviction, evict_lowest
 from polykv.methods.params import MethodParams, Real, real, tokens
 from polykv.methods.shared import recent_mask, split_total
 from polykv.plan import Phase
-
-torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
-
 
 # The layer preference is H^(1/tau1) * V^(1/tau2): a temperature under 0.1 (an exponent over 10) lets it
 # overflow a float for realistic entropies, and over 100 every layer's preference is about 1 (uniform).
@@ -74,6 +71,7 @@ class CAKE(Method):
     standalone_source = "CAKE (Qin et al., ICLR 2025): cascading prompt budgets, eviction continues in decode"
     phases = frozenset({Phase.PREFILL, Phase.DECODE})
     Params = CAKEParams
+    params: CAKEParams  # this instance's, parsed
     below_capacity = ("window",)
     native_allocation = True
     revision = 2  # 2: a decode-only plan cuts the prompt with CAKE's prompt rule

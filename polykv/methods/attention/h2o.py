@@ -36,6 +36,7 @@ class H2O(AccumulatedAttention):
     standalone_source = "H2O (Zhang et al., NeurIPS 2023): heavy hitters from the prompt on and through generation"
     phases = frozenset({Phase.PREFILL, Phase.DECODE})
     Params = H2OParams
+    params: H2OParams  # this instance's, parsed
 
     one_slot_state = "score"
 

@@ -40,6 +40,7 @@ class PyramidKV(SnapKV):
     colour = "#56B4E9"
     standalone_source = "PyramidKV (Cai et al., 2024): SnapKV's prompt compression, budgets falling with depth"
     Params = PyramidKVParams
+    params: PyramidKVParams  # this instance's, parsed
     native_allocation = True
 
     @classmethod

@@ -13,15 +13,12 @@ import weakref
 
 from pydantic import BaseModel
 
-from polykv.lazy import lazy_import
+from polykv.lazy import torch
 from polykv.methods.base import NOTHING, LayerView, Method, Needs
 from polykv.methods.eviction import Eviction, evict_lowest
 from polykv.methods.params import MethodParams, Real, real, tokens
 from polykv.methods.shared import recent_mask
 from polykv.plan import Phase
-
-torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
-
 
 # A history of up to this many queries is allowed at any capacity (the authors' 100 included).
 HISTORY_ALWAYS_ALLOWED = 128
@@ -75,6 +72,7 @@ class Scissorhands(Method):
     standalone_source = "Scissorhands (Liu et al., NeurIPS 2023): persistence of importance, prompt and generation"
     phases = frozenset({Phase.PREFILL, Phase.DECODE})
     Params = ScissorhandsParams
+    params: ScissorhandsParams  # this instance's, parsed
     below_capacity = ("recent",)
 
     def __init__(self, capacity, params=None, layer_idx=0, interval=1):

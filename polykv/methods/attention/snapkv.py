@@ -10,13 +10,11 @@ from typing import Literal
 
 from pydantic import Field
 
-from polykv.lazy import lazy_import
+from polykv.lazy import torch
 from polykv.methods.base import LayerView, Method, Needs
 from polykv.methods.eviction import Eviction
 from polykv.methods.params import MethodParams, tokens
 from polykv.plan import Phase
-
-torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
 
 
 class SnapKVParams(MethodParams):
@@ -44,6 +42,7 @@ class SnapKV(Method):
     standalone_source = "SnapKV (Li et al., NeurIPS 2024): compresses the prompt once, keeps generated tokens"
     phases = frozenset({Phase.PREFILL})
     Params = SnapKVParams
+    params: SnapKVParams  # this instance's, parsed
     below_capacity = ("window",)
 
     def needs(self, phase: Phase, length: int) -> Needs:

@@ -10,13 +10,11 @@ import math
 
 from pydantic import Field
 
-from polykv.lazy import lazy_import
+from polykv.lazy import torch
 from polykv.methods.base import NOTHING, LayerView, Method, Needs
 from polykv.methods.eviction import Eviction, keep_top
 from polykv.methods.params import MethodParams, Real, real, tokens
 from polykv.plan import MAX_TOKENS, Phase
-
-torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
 
 QUERIES = Needs(queries=True)
 
@@ -63,6 +61,7 @@ class ExpectedAttention(Method):
     phases = frozenset({Phase.PREFILL})
     colour = "#FF9896"
     Params = ExpectedAttentionParams
+    params: ExpectedAttentionParams  # this instance's, parsed
     below_capacity = ("n_sink",)
     phase_refusal = "its statistics are the prompt's queries, taken once; it has no rule for one token a step"
     standalone_source = "ExpectedAttention (Devoto et al., 2025, kvpress): compresses the prompt once"

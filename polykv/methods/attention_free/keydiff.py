@@ -7,12 +7,10 @@ Long-Context LLM Inference in Resource-Constrained Environments." arXiv:2504.153
 
 from __future__ import annotations
 
-from polykv.lazy import lazy_import
+from polykv.lazy import torch
 from polykv.methods.base import LayerView, Method
 from polykv.methods.eviction import Eviction, prompt_cut
 from polykv.plan import Phase
-
-torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
 
 
 class KeyDiff(Method):

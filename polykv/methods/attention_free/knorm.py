@@ -6,12 +6,9 @@ Compression." EMNLP 2024, arXiv:2406.11430 (in NVIDIA kvpress as `KnormPress`).
 
 from __future__ import annotations
 
-from polykv.lazy import lazy_import
 from polykv.methods.base import LayerView, Method
 from polykv.methods.eviction import Eviction, evict_lowest
 from polykv.plan import Phase
-
-torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
 
 
 class Knorm(Method):

@@ -6,13 +6,11 @@ Important." arXiv:2504.04704 (code: AI-Lab-China-Merchants-Bank/LagKV; in NVIDIA
 
 from __future__ import annotations
 
-from polykv.lazy import lazy_import
+from polykv.lazy import torch
 from polykv.methods.base import LayerView, Method
 from polykv.methods.eviction import Eviction, keep_top
 from polykv.methods.params import MethodParams, tokens
 from polykv.plan import Phase
-
-torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
 
 
 class LagKVParams(MethodParams):
@@ -46,6 +44,7 @@ class LagKV(Method):
     phases = frozenset({Phase.PREFILL})
     colour = "#AEC7E8"
     Params = LagKVParams
+    params: LagKVParams  # this instance's, parsed
     below_capacity = ("sinks", "lag_size")
 
     @classmethod

@@ -7,13 +7,11 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from polykv.lazy import lazy_import
+from polykv.lazy import torch
 from polykv.methods.base import LayerView, Method
 from polykv.methods.eviction import Eviction, prompt_cut
 from polykv.methods.params import MethodParams
 from polykv.plan import Phase
-
-torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
 
 
 class RandomParams(MethodParams):
@@ -47,6 +45,7 @@ class Random(Method):
     phases = frozenset({Phase.PREFILL, Phase.DECODE})
     colour = "#7F7F7F"
     Params = RandomParams
+    params: RandomParams  # this instance's, parsed
     standalone_source = "a random control (as kvpress's RandomPress): on the prompt and as generation grows"
 
     def observe_prefill(self, view: LayerView) -> None:

@@ -32,6 +32,7 @@ class StreamingLLM(Method):
     standalone_source = "StreamingLLM (Xiao et al., ICLR 2024): sinks + recent window over the whole stream"
     phases = frozenset({Phase.PREFILL, Phase.DECODE})
     Params = StreamingLLMParams
+    params: StreamingLLMParams  # this instance's, parsed
     below_capacity = ("sinks",)
 
     @classmethod

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from polykv.lazy import lazy_import
+from polykv.lazy import torch
 from polykv.methods.base import COLUMN_SUMS, LayerView, Method, Needs
 from polykv.methods.eviction import Eviction, evict_lowest
 from polykv.methods.params import MethodParams, tokens
 from polykv.plan import Phase
-
-torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
 
 
 class CaMParams(MethodParams):
@@ -57,6 +55,7 @@ class CaM(Method):
     standalone_source = "CaM (Zhang et al., ICML 2024): merges evicted values during generation"
     phases = frozenset({Phase.DECODE})
     Params = CaMParams
+    params: CaMParams  # this instance's, parsed
     below_capacity = ("sinks",)
     merges = True
     merges_together = True

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import functools
 
-from polykv.lazy import lazy_import
+from polykv.lazy import torch
 from polykv.methods.base import LayerView
 from polykv.methods.eviction import Eviction, evict_lowest
 from polykv.methods.params import MethodParams, Real, real, tokens
 from polykv.methods.shared import AccumulatedAttention, recent_mask, split_total
 from polykv.methods.slots import gather_slots
 from polykv.plan import Phase
-
-torch = lazy_import("torch")  # loaded on first use: reading the registry needs no tensor
 
 # Bound the [b, h, chunk, n] fp32 cosine block of the first (large) cut to about this many elements.
 _SIMILARITY_BLOCK = 1 << 26
@@ -71,6 +69,7 @@ class D2O(AccumulatedAttention):
     standalone_source = "D2O (Wan et al., ICLR 2025): dynamic eviction and merging during generation"
     phases = frozenset({Phase.DECODE})
     Params = D2OParams
+    params: D2OParams  # this instance's, parsed
     below_capacity = ("sinks",)
     merges = True
     merges_together = True

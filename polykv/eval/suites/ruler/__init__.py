@@ -78,7 +78,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from polykv.eval.metrics import RULER_TASKS, ruler_metric, ruler_postprocess_pred
-from polykv.lazy import lazy_import, no_grad
+from polykv.lazy import no_grad
 from polykv.models import context_length
 from polykv.plan import Plan
 
@@ -122,8 +122,6 @@ from .word_extraction import (
     _CommonWords,
     _FreqWords,
 )
-
-torch = lazy_import("torch")  # loaded on first use: checking a suite's settings needs no tensor
 
 __all__ = [
     "CWE_ARGS",
