@@ -164,6 +164,7 @@ def test_the_calibration_runs_every_scorer_and_budget_on_one_prompt_pass_per_sam
     distinct = len({objective.plan_key(plan) for plan in plans.values()})  # a pyramid may be uniform on 5 layers
     assert passes == [distinct, distinct]  # two samples, each one pass for the 2 scorers x 2 budgets x 2 rules
     assert set(chosen.values) == {"keydiff@8", "keydiff@16", "tova@8", "tova@16"} and chosen.samples == 2
+    assert calibration.calibrate(runner, choices, plans, rules, {}).values == chosen.values and len(passes) == 2
     alone = objective.AnswerObjective(model, calibration.calibration_objective(runner, choices).samples)
     batched = chosen.values["tova@16"]["pyramid"]
     assert alone.values([plans["tova/pyramid@16"]]) == [pytest.approx(batched, rel=1e-5)]  # alone, up to rounding

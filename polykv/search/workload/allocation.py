@@ -36,19 +36,18 @@ def calibrate(runner, choices: StudyChoices, plans: dict[str, Plan], rules, stat
     missing = [(s, b) for s, b in cells if cached.get(f"{s}@{b}") is None]
     if missing:  # every cell's rules in one call: the plans that meet on a sample share its prompt pass
         objective = calibration_objective(runner, choices)
-        objective.values([plans[key(s, r, b)] for s, b in missing for r in rules])
+        values = iter(objective.values([plans[key(s, r, b)] for s, b in missing for r in rules]))
+        for s, b in missing:  # kept at once: a study stopped in a search resumes with its rules' values
+            cached.put(f"{s}@{b}", {"samples": len(objective), "values": {r: next(values) for r in rules}})
     for scorer, budget in cells:
         name, searching = f"{scorer}@{budget}", scorer in choices.searching
         found = cached.get(name)
-        if found is None or (searching and "search" not in found):
+        if searching and "search" not in found:
             objective = objective or calibration_objective(runner, choices)
-            values = objective.values([plans[key(scorer, r, budget)] for r in rules])  # kept from the call above
-            found = {"samples": len(objective), "values": dict(zip(rules, values))}
-            if searching:
-                best = _best(found["values"], rules)
-                starts = [plans[key(scorer, r, budget)] for r in dict.fromkeys(["uniform", best]) if r != "cake"]
-                plan, summary = capacity_search(objective, starts, scorer, budget, choices, profile)
-                found["search"] = {"plan": plan.to_dict(), "summary": summary.model_dump(mode="json")}
+            best = _best(found["values"], rules)
+            starts = [plans[key(scorer, r, budget)] for r in dict.fromkeys(["uniform", best]) if r != "cake"]
+            plan, summary = capacity_search(objective, starts, scorer, budget, choices, profile)
+            found["search"] = {"plan": plan.to_dict(), "summary": summary.model_dump(mode="json")}
             cached.put(name, found)
         chosen.values[name], chosen.samples = found["values"], found["samples"]
         chosen.best[name] = _best(found["values"], rules)
