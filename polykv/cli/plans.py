@@ -320,11 +320,9 @@ def plan_export(
 def _squeeze_statistics(model_name: str, tokens: int) -> list[float]:
     """SqueezeAttention's per-layer attention similarity on 4 calibration sequences of `tokens` tokens."""
     from polykv.models import load_model
-    from polykv.profile.corpus import calibration_text
-    from polykv.profile.squeeze import attention_similarity
+    from polykv.profile.squeeze import calibration_similarity
 
-    model, tokenizer = load_model(model_name)
-    return attention_similarity(model, calibration_text(model_name, model, tokenizer, 4, tokens))
+    return calibration_similarity(model_name, *load_model(model_name), tokens)
 
 
 def import_llama2c_command(

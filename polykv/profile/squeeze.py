@@ -14,7 +14,10 @@ the given sequences too (the authors measure each prompt as it comes).
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -68,4 +71,30 @@ def attention_similarity(model, sequences: Sequence[Sequence[int]]) -> list[floa
     return [t / len(sequences) for t in totals]
 
 
-__all__ = ["attention_similarity"]
+def calibration_similarity(model_name: str, model, tokenizer, tokens: int, folder: Path | None = None) -> list[float]:
+    """`attention_similarity` on 4 sequences of the model's calibration text (`calibration_text`, never an evaluated
+    prompt) of `tokens` tokens. Kept in `folder` when given (`squeeze-<key>.json`, the key of the model, the length
+    and the text's sources): a model's sampled text takes minutes at 4K tokens (gemma3: about 25 on 2 cores)."""
+    from polykv.files import atomic_write_json, parse_json
+    from polykv.profile.corpus import calibration_text
+    from polykv.profile.sources import default_sources
+
+    given = {"model": model_name, "tokens": tokens, "sequences": 4, "sources": list(default_sources(model_name))}
+    path = None
+    if folder is not None:
+        digest = hashlib.sha256(json.dumps(given, sort_keys=True).encode()).hexdigest()[:16]
+        path = Path(folder) / f"squeeze-{digest}.json"
+        try:
+            kept = parse_json(path.read_text(encoding="utf-8"))
+            if isinstance(kept, dict) and kept.get("given") == given:
+                return [float(v) for v in kept["similarity"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # not kept yet, or damaged: measured again
+    similarity = attention_similarity(model, calibration_text(model_name, model, tokenizer, 4, tokens))
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, {"given": given, "similarity": similarity})
+    return similarity
+
+
+__all__ = ["attention_similarity", "calibration_similarity"]

@@ -183,13 +183,13 @@ def placeholder_plans(choices: StudyChoices, num_layers: int) -> tuple[Plan, ...
 
 
 def squeeze_statistics(runner: ExperimentRunner) -> list[float]:
-    """SqueezeAttention's per-layer similarity on 4 sequences of calibration text as long as the suite's prompts."""
-    from polykv.profile.corpus import calibration_text
-    from polykv.profile.squeeze import attention_similarity
+    """SqueezeAttention's per-layer similarity on 4 sequences of calibration text as long as the suite's prompts,
+    kept beside the results database (with the calibration's choices)."""
+    from polykv.profile.squeeze import calibration_similarity
 
     tokens = int(getattr(runner.settings, "length", None) or 1024)
-    text = calibration_text(runner.model_name, runner.model, runner.tokenizer, 4, tokens)
-    return attention_similarity(runner.model, text)
+    folder = runner.store.path.parent / "allocation-calibration"
+    return calibration_similarity(runner.model_name, runner.model, runner.tokenizer, tokens, folder)
 
 
 @dataclasses.dataclass
