@@ -16,6 +16,7 @@ from app.session import check_plan, current_model
 from polykv.files import read_text
 from polykv.plan import MAX_PLAN_BYTES, Plan, PlanError
 from polykv.plan_edits import choices
+from polykv.workspace import results_path
 
 KEEP = "(keep)"  # the paint palette's "leave the method as it is"
 PLAN_MESSAGES = "plan"  # the message slot under the paint controls (paint, undo, redo, rescale, build, reset)
@@ -200,7 +201,7 @@ def measured_runs(plan: Plan) -> list:
     the KV their cache held, newest first."""
     from polykv.eval.results.store import Store
 
-    store = Store(session.workspace() / "results.sqlite", readonly=True)
+    store = Store(results_path(session.workspace()), readonly=True)
     model = session.current_model()[0]
     found = []
     for run in store.runs():
@@ -219,5 +220,5 @@ def measured_kv_of(run):
     from polykv.eval.results.kv_measured import measured_kv
     from polykv.eval.results.store import Store
 
-    store = Store(session.workspace() / "results.sqlite", readonly=True)
+    store = Store(results_path(session.workspace()), readonly=True)
     return measured_kv(store.samples(run.id), session.layer_windows())

@@ -15,6 +15,7 @@ from app.session import current_model, is_demo, workspace
 from polykv import jobs
 from polykv.plan import Plan
 from polykv.question_protocol import QuestionProtocol
+from polykv.workspace import results_path
 
 
 def profile_defaults(model_name: str) -> dict[str, int]:
@@ -121,7 +122,7 @@ def first_run(model_name: str, device: str, plan: Plan, minutes: float):
     from polykv.eval.results.store import Store
 
     _, _, model, tokenizer = current_model()
-    store = Store(workspace() / "results.sqlite", readonly=True)
+    store = Store(results_path(workspace()), readonly=True)
     length = min(proposal.LENGTH, _fitting_ruler(model_name, device)["length"])
     scoped = [p for p in profiles(model_name)[0] if p.num_layers == plan.num_layers]
     tasks = proposal.competent(model_name, store, length)[0]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 ENV = "POLYKV_WORKSPACE"
 REPO_ROOT = Path(__file__).resolve().parents[1]
+RESULTS_FILE = "results.sqlite"  # a workspace's (or a study folder's) results database
 
 
 def in_checkout() -> bool:
@@ -33,4 +34,9 @@ def default_workspace() -> Path:
     return (Path(data).expanduser() if data else Path.home() / ".local" / "share") / "polykv"
 
 
-__all__ = ["ENV", "default_workspace", "in_checkout"]
+def results_path(folder: str | os.PathLike[str]) -> Path:
+    """The results database a workspace, a study's or a search's folder keeps its runs in."""
+    return Path(folder) / RESULTS_FILE
+
+
+__all__ = ["ENV", "RESULTS_FILE", "default_workspace", "in_checkout", "results_path"]

@@ -246,3 +246,18 @@ def test_plan_imports_only_errors_files_and_text():
     plan = _imports_of(GRAPH, "polykv.plan")  # the package and its modules
     outside = {d for deps in plan.values() for d in deps if not _under(d, ("polykv.plan",))}
     assert outside <= {"polykv.errors", "polykv.files", "polykv.text"}, sorted(outside)
+
+
+def test_the_results_databases_file_name_is_written_once():
+    # every other module asks polykv.workspace (results_path, RESULTS_FILE) where a folder keeps its runs
+    written = [
+        str(path.relative_to(ROOT))
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if path != ROOT / "polykv" / "workspace.py"
+        and any(
+            isinstance(node, ast.Constant) and node.value == "results.sqlite"
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        )
+    ]
+    assert written == []

@@ -22,11 +22,12 @@ from polykv.eval.comparing.run_table import runs_table
 from polykv.eval.results.store import Store
 from polykv.eval.statistics.contrast import direction
 from polykv.eval.statistics.render import detectable, format_p, interval_text, ratio_text
+from polykv.workspace import results_path
 
 st.title("Compare")
 workspace = session.workspace()
 try:  # read-only: opening the page never creates or changes the results database
-    store = Store(workspace / "results.sqlite", readonly=True)
+    store = Store(results_path(workspace), readonly=True)
     finished = common.finished_run_rows(store)
 except StoreError as exc:
     st.error(first_line(exc))

@@ -20,6 +20,7 @@ from polykv.eval.statistics.render import number
 from polykv.jobs.experiment import launch_job, read_report
 from polykv.plan import Plan, PlanError
 from polykv.profile.statistics import STATISTICS
+from polykv.workspace import results_path
 
 st.title("Experiments")
 name, device, _, _ = session.current_model()
@@ -208,7 +209,7 @@ if finished:
 
 # ---- sweeps and placements from the evaluation jobs that launched them ----------------------------------------
 try:  # read-only: opening the page never creates or changes the results database
-    store = Store(workspace / "results.sqlite", readonly=True)
+    store = Store(results_path(workspace), readonly=True)
 except StoreError as exc:
     st.error(first_line(exc))
     st.stop()

@@ -13,6 +13,7 @@ from polykv.eval.launch import first_run
 from polykv.eval.results.store import Store
 from polykv.eval.running.suite_runner import SUITES
 from polykv.eval.workloads.competence import floor_warnings
+from polykv.workspace import results_path
 
 ANSWERS_SHOWN = 50  # samples a run's answers table shows at once
 
@@ -169,7 +170,7 @@ with launch_slot if launch_slot is not None else st.container():
 # ---- results ----------------------------------------------------------------------------------------------
 st.subheader("Runs in the results database")
 try:  # read-only: showing the runs never creates or changes the results database
-    store = Store(workspace / "results.sqlite", readonly=True)
+    store = Store(results_path(workspace), readonly=True)
     rows = runs_table(store, all_jobs)
 except StoreError as exc:
     st.error(first_line(exc))

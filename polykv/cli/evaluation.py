@@ -24,6 +24,7 @@ from polykv.cli.common import (
 )
 from polykv.cli.progress import Progress
 from polykv.text import printable
+from polykv.workspace import results_path
 
 
 def evaluate(
@@ -75,7 +76,7 @@ def evaluate(
         load(model, device)[0],
         dry_run,
     )
-    store = Store(workspace / "results.sqlite")
+    store = Store(results_path(workspace))
     unit = Unit.of(model, loaded, suite, settings, seed, device)
     if runs_on.detached:  # this command returns at once; `polykv runs` shows progress
         process = runs_on.start(unit, workspace)
@@ -100,7 +101,7 @@ def runs(ctx: typer.Context, workspace: WorkspaceOption = DEFAULT_WORKSPACE) -> 
         return
     from polykv.eval.comparing.answers import suite_text
 
-    store = Store(workspace / "results.sqlite", readonly=True)
+    store = Store(results_path(workspace), readonly=True)
     rows = [
         (
             r.id,
@@ -129,7 +130,7 @@ def runs_show(
     from polykv.eval.comparing import answers as sample_view
     from polykv.eval.results.store import Store
 
-    store = Store(workspace / "results.sqlite", readonly=True)
+    store = Store(results_path(workspace), readonly=True)
     run_id = sample_view.resolve_run(store, run, str(workspace))
     rows = sample_view.samples(store, run_id, task, failed)
     info = store.run(run_id)
@@ -186,7 +187,7 @@ def compare(
     from polykv.eval.comparing.compare import compare_runs
     from polykv.eval.results.store import Store
 
-    store = Store(workspace / "results.sqlite", readonly=True)
+    store = Store(results_path(workspace), readonly=True)
     a_id = sample_view.resolve_run(store, run_a, str(workspace))
     b_id = sample_view.resolve_run(store, run_b, str(workspace))
     result = compare_runs(store, a_id, b_id, metric, seed)

@@ -39,6 +39,7 @@ from polykv.cli.common import (
 )
 from polykv.cli.progress import Progress
 from polykv.plan import Plan, Scope
+from polykv.workspace import results_path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +92,7 @@ class ExperimentOptions:
             return run_experiment(
                 experiment,
                 setup,
-                self.workspace / "results.sqlite",
+                results_path(self.workspace),
                 load=_load_model,
                 on_model=say_cost,
                 on_run=bars.run,
@@ -250,7 +251,7 @@ def _write_report(options: ExperimentOptions, report, page, markdown: Path | Non
 
     _print_report(report)
     if markdown is not None:
-        atomic_write_text(markdown, page(report.data, options.workspace / "results.sqlite"))
+        atomic_write_text(markdown, page(report.data, results_path(options.workspace)))
         typer.echo(f"wrote {markdown}")
     if save is not None:
         atomic_write_json(save, report.to_dict())

@@ -20,6 +20,7 @@ from polykv.errors import SettingsError
 from polykv.eval.running.settings import COMPETENCE_THRESHOLD
 from polykv.plan import Scope
 from polykv.question_protocol import QuestionProtocol
+from polykv.workspace import results_path
 
 
 def _workload(sources: str | None, transfer: str | None, max_tokens: int, question=QuestionProtocol.IN_PROMPT):
@@ -174,4 +175,4 @@ def search_workload(
         typer.echo(f"\nbudget {entry.budget}:")
         _table(VERDICT_HEADER, verdict_rows(entry))
     markdown_path = report or out / "report.md"
-    typer.echo(f"\nwrote {markdown_path}, {out / 'report.json'}, {out / 'results.sqlite'} and {len(plans)} plan(s)")
+    typer.echo(f"\nwrote {markdown_path}, {out / 'report.json'}, {results_path(out)} and {len(plans)} plan(s)")

@@ -13,6 +13,7 @@ from polykv.eval.running.unit import Unit
 from polykv.jobs.process import start
 from polykv.jobs.spec import eval_job
 from polykv.plan import Plan
+from polykv.workspace import RESULTS_FILE
 
 
 class SubprocessBackend:
@@ -33,7 +34,7 @@ class SubprocessBackend:
         """Start the units and return their run ids at once (the runs finish in the background);
         `store_path` is a workspace's results.sqlite, which the job writes to."""
         store_path = Path(store_path)
-        if store_path.name != "results.sqlite":
+        if store_path.name != RESULTS_FILE:
             raise SettingsError(f"the subprocess backend writes to a workspace's results.sqlite, not {store_path}")
         job, self.process = self._start(units, store_path.parent)
         return [r.run_id for r in job.runs]

@@ -18,6 +18,7 @@ from polykv.jobs.process import _alive
 from polykv.jobs.spec import FINAL, Job, RunUnit, _read_state, _spec_path
 from polykv.progress import eta, fraction_of
 from polykv.text import duration
+from polykv.workspace import results_path
 
 Status = Literal["waiting", "running", "finished", "failed", "cancelled", "stopped"]
 Clock = Callable[[], datetime.datetime]  # now, in UTC
@@ -84,7 +85,7 @@ PACE_STEPS = 2
 
 
 def _progress(workspace: Path, run_ids: list[str]) -> dict[str, tuple[int, int, str]]:
-    path = Path(workspace) / "results.sqlite"
+    path = results_path(workspace)
     if not path.is_file():
         return {}
     try:

@@ -30,6 +30,7 @@ from polykv.search.hooks import SearchHooks
 from polykv.search.moves import check_space
 from polykv.search.text.report import SearchReport
 from polykv.search.workload.report import WorkloadReport
+from polykv.workspace import results_path
 
 LIVE_TRACE = 400  # trace points kept in the job's state file (the report keeps them all)
 
@@ -247,7 +248,7 @@ def run_workload_job(job, workspace: Path, report: Callable[..., dict]) -> None:
         profile,
         settings,
         text_profile=text,
-        store=Store(workspace / "results.sqlite"),
+        store=Store(results_path(workspace)),
         profiles=workspace / "profiles",
         report_file=path,
         command=f"app search job {job.id}",

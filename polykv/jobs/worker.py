@@ -20,6 +20,7 @@ from polykv.jobs.process import WORKER_MODULES
 from polykv.jobs.progress import _eval_fraction, _run_progress, same_samples
 from polykv.jobs.spec import Job, StateFile, _job_from_file, _spec_path
 from polykv.plan import Plan
+from polykv.workspace import results_path
 
 
 # ---- the worker ---------------------------------------------------------------------------------------
@@ -69,7 +70,7 @@ def _run(job: Job, workspace: Path, experiment: JobWork | None = None) -> None:
     if job.kind == "eval":  # a resumed job starts where it stopped: its ETA counts only this worker's pace
         current.start_fraction = current.fraction = _eval_fraction(_run_progress(job, workspace))
     report(message="loading the model")
-    store = Store(workspace / "results.sqlite")
+    store = Store(results_path(workspace))
     active: list[str] = []  # the runs under way, marked cancelled if the job is
 
     def activate(run_id: str | None) -> None:

@@ -36,6 +36,7 @@ from polykv.eval.workloads.competence import QUESTION_SUITES, Competence, Sample
 from polykv.eval.workloads.workload import CALIBRATION_SEED
 from polykv.plan import Phase, Plan
 from polykv.progress import Fraction, Progress, Step
+from polykv.workspace import results_path
 
 if TYPE_CHECKING:
     from polykv.eval.experiments.report import Report
@@ -175,7 +176,7 @@ def run_study(
 
     routes = {s: plan_from_profile(profile, s, settings.budget, settings.statistic, "uniform") for s in settings.swept}
     route = routes[settings.scope]
-    store = Store(workspace / "results.sqlite")
+    store = Store(results_path(workspace))
     context.store = store
     baselines = list(settings.baselines) if settings.baselines else None
 

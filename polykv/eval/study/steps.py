@@ -16,6 +16,7 @@ from polykv.eval.workloads.competence import Competence, SamplePlan, competent_t
 from polykv.eval.workloads.workload import CALIBRATION_SEED
 from polykv.plan import FULL, Phase, Plan
 from polykv.progress import Fraction, Progress, Step
+from polykv.workspace import results_path
 
 if TYPE_CHECKING:
     from polykv.eval.results.store import Store
@@ -79,7 +80,7 @@ def recorded_profile(context: StudyContext):
     from polykv.eval.results.store import Store
     from polykv.profile.store import load_profile
 
-    database = context.workspace / "results.sqlite"
+    database = results_path(context.workspace)
     for run in reversed(Store.reader(database).runs()) if database.is_file() else []:  # the newest route first
         provenance = json.loads(run.plan_json).get("provenance") or {}
         folder = context.workspace / "profiles" / str(provenance.get("profile", ""))

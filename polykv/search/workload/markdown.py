@@ -35,6 +35,7 @@ from polykv.search.workload.verdict_text import (
     contrast_line,
     verdict_rows,
 )
+from polykv.workspace import RESULTS_FILE, results_path
 
 
 def cells(plan: Plan) -> str:
@@ -169,7 +170,7 @@ def markdown(
         )
         + f"; total {(report.seconds + sum(steps.values())) / 60:.1f} min.",
         "",
-        f"Every held-out number is a run in `{where}/results.sqlite`: `polykv runs show RUN --workspace {where}` "
+        f"Every held-out number is a run in `{where}/{RESULTS_FILE}`: `polykv runs show RUN --workspace {where}` "
         f"lists a run's samples with the model's answers, `polykv compare A B --samples --workspace {where}` any "
         "contrast sample by sample."
         + (
@@ -273,7 +274,7 @@ def _results(store_dir: Path | None):
     """The report's results database, read-only (None where there is none): the KV its runs held, measured."""
     from polykv.eval.results.store import Store
 
-    path = None if store_dir is None else Path(store_dir) / "results.sqlite"
+    path = None if store_dir is None else results_path(store_dir)
     return Store(path, readonly=True) if path is not None and path.is_file() else None
 
 
@@ -330,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     folder = args.report.parent
-    data = rejudge(WorkloadReport.load(args.report), Store(folder / "results.sqlite", readonly=True))
+    data = rejudge(WorkloadReport.load(args.report), Store(results_path(folder), readonly=True))
     atomic_write_text(args.out, markdown(data, folder, folder / figure(data, folder), args.out))
     return 0
 

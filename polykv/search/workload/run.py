@@ -53,6 +53,7 @@ from polykv.search.workload.report import (
 )
 from polykv.search.workload.samples import WorkloadSamples, build_workload_profile, draw_samples, verdict_settings
 from polykv.search.workload.verdict import FAMILIES, competent_families, majority_method, verdict
+from polykv.workspace import results_path
 
 PILOT_SAMPLES = 10  # held-out samples per task FullKV generates on for the competence rule (the study's pilot)
 
@@ -342,7 +343,7 @@ def run_workload_search(
         from polykv.eval.results.store import Store
 
         out.mkdir(parents=True, exist_ok=True)
-        store = Store(out / "results.sqlite")
+        store = Store(results_path(out))
     report, plans = workload_report(
         model,
         model_name,

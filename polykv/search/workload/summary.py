@@ -24,6 +24,7 @@ from polykv.search.workload.kv_table import kv_header, kv_note, kv_rows
 from polykv.search.workload.report import SampleContrast, WorkloadBudget, WorkloadReport
 from polykv.search.workload.verdict import FAMILIES
 from polykv.search.workload.verdict_text import PAPER_OPEN, SCOPE_WORDS, interval, mde_text, test_text
+from polykv.workspace import RESULTS_FILE, results_path
 
 # The paper's Section 4.4 (RULER, prefill-only, 512 average budget), quoted.
 PAPER_44 = (
@@ -264,7 +265,7 @@ def summary(
         lines.append(
             f"- **{name}**: question {report.samples.question.words}; "
             f"scope {SCOPE_WORDS[report.scope]}. Report [{here(folder)}/report.md]({here(folder)}/report.md), "
-            f"database `{here(folder)}/results.sqlite`; {seconds:.1f} min on {report.machine.cpus} cores."
+            f"database `{here(folder)}/{RESULTS_FILE}`; {seconds:.1f} min on {report.machine.cpus} cores."
         )
     held, accuracy = samples.held_out_per_task, samples.accuracy_per_task
     lines += [
@@ -386,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     runs, stores = [], {}
     for folder in args.folders:
         report = WorkloadReport.load(folder / "report.json")
-        stores[folder.name] = Store(folder / "results.sqlite", readonly=True)
+        stores[folder.name] = Store(results_path(folder), readonly=True)
         runs.append((folder.name, rejudge(report, stores[folder.name]), folder))
     atomic_write_text(args.out, summary(runs, args.out, stores, reading))
     return 0
