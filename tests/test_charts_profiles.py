@@ -87,7 +87,7 @@ def test_rank_view_draws_the_ranks_and_hovers_give_both_statistics_with_interval
     assert "TopRank winner" not in grid.customdata[0][0]
     no_intervals = ranked_cells(table.drop(columns=["cosine_low", "cosine_high", "dppl_low", "dppl_high"]), "decode")
     assert (
-        "interval n/a"
+        "95% not estimable"
         in charts.profile_decision_figure(no_intervals, "decode", "rank", "cosine").data[0].customdata[0][0]
     )
     with pytest.raises(ValueError, match="unknown view"):

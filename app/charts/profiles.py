@@ -11,6 +11,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from app.charts.base import layer_axis, layout
+from polykv.eval.statistics.render import interval
 
 
 def profile_heatmap(table: pd.DataFrame, scope: str, value: str) -> go.Figure:
@@ -48,9 +49,7 @@ STAR_OFFSET = 0.3
 
 
 def _interval(low: float, high: float, digits: str) -> str:
-    if math.isnan(low) or math.isnan(high):
-        return "interval n/a"
-    return f"95% [{low:{digits}}, {high:{digits}}]"
+    return f"95% {interval(low, high, digits)}"  # "95% not estimable" without the profile's intervals
 
 
 def cell_hover(cell: Mapping, statistic: str) -> str:

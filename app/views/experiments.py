@@ -16,7 +16,7 @@ from polykv.eval.method_protocols import baseline_methods
 from polykv.eval.results.store import Store
 from polykv.eval.running.settings import parse_budgets, suite_settings
 from polykv.eval.running.suite_runner import SUITES
-from polykv.eval.statistics.render import number
+from polykv.eval.statistics.render import interval, number
 from polykv.jobs.experiment import launch_job, read_report
 from polykv.plan import Plan, PlanError
 from polykv.profile.statistics import STATISTICS
@@ -136,7 +136,7 @@ def show_factorial(data: FactorialData) -> None:
     primary = data.routing_uniform
     cols = st.columns(3)
     cols[0].metric("Primary: routed-uniform - homogeneous-uniform", number(primary.difference, "+.4f"))
-    cols[1].metric("95% paired bootstrap CI", f"[{number(primary.low, '+.4f')}, {number(primary.high, '+.4f')}]")
+    cols[1].metric("95% paired bootstrap CI", interval(primary.low, primary.high))
     cols[2].metric("Wins / ties / losses", f"{primary.wins} / {primary.ties} / {primary.losses}")
     if primary.verdict_text:  # reports made before samples were paired have none
         st.caption(common.literal(f"Primary: {primary.verdict_text}"))

@@ -32,7 +32,7 @@ from polykv.eval.statistics.contrast import (
     verdict,
 )
 from polykv.eval.statistics.render import NOT_ESTIMABLE as NOT_ESTIMABLE_HERE
-from polykv.eval.statistics.render import ratio_text
+from polykv.eval.statistics.render import interval, ratio_text
 from polykv.eval.statistics.samples import (
     NO_MDE_WHY,
     SampleScores,
@@ -228,7 +228,7 @@ class Paired:
         if not self.task_interval:
             return f"{head} over {tasks} (too few for an interval over task means: at least {self.interval_tasks})"
         return (
-            f"{head}, 95% paired bootstrap CI [{self.low:+.4f}, {self.high:+.4f}] of the task means "
+            f"{head}, 95% paired bootstrap CI {interval(self.low, self.high)} of the task means "
             f"({self.replicates} replicates {self.resampling()})"
         )
 
@@ -238,8 +238,8 @@ class Paired:
         if self.samples is not None:
             test = self.samples
             out.append(
-                f"sample level (headline): A - B {test.difference:+.4f} ({self.label}), 95% CI [{test.low:+.4f}, "
-                f"{test.high:+.4f}] (the shifts the sign-flip test does not reject); {test.describe()}; "
+                f"sample level (headline): A - B {test.difference:+.4f} ({self.label}), 95% CI "
+                f"{interval(test.low, test.high)} (the shifts the sign-flip test does not reject); {test.describe()}; "
                 f"{detectable(test.mde, '.4g')} detectable with 80% power"
             )
         out.append(self.task_line())

@@ -12,7 +12,7 @@ from polykv.eval.running.shards import run_sharded
 from polykv.eval.running.suite_runner import SUITES, plan_hash, run_suite
 from polykv.eval.running.unit import Unit
 from polykv.eval.statistics.contrast import direction
-from polykv.eval.statistics.render import format_p
+from polykv.eval.statistics.render import format_p, interval
 from polykv.eval.statistics.samples import detectable
 from polykv.plan import FULL, Plan
 from polykv.progress import Progress, Step
@@ -200,13 +200,13 @@ def contrast(a: Scores, b: Scores, metric: str, seed: int) -> Paired:
 
 def _ci(result: Paired) -> str:
     text = (
-        f"{result.difference:+.4f} {result.metric}, 95% paired bootstrap CI [{result.low:+.4f}, {result.high:+.4f}] "
+        f"{result.difference:+.4f} {result.metric}, 95% paired bootstrap CI {interval(result.low, result.high)} "
         f"{result.resampling()}"
     )
     if result.samples is not None:
         test = result.samples
         text += (
-            f"; sample level 95% CI [{test.low:+.4f}, {test.high:+.4f}], sign-flip p = {format_p(test.p_value)} over "
+            f"; sample level 95% CI {interval(test.low, test.high)}, sign-flip p = {format_p(test.p_value)} over "
             f"{test.samples} paired samples ({test.differing} differ), "
             f"minimal detectable difference {detectable(test.mde, '.4g')}"
         )

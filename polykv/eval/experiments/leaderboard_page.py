@@ -7,7 +7,7 @@ from pathlib import Path
 
 from polykv.eval.experiments.report import BoardContrast, BoardEntry, LeaderboardData
 from polykv.eval.statistics.contrast import direction
-from polykv.eval.statistics.render import format_p
+from polykv.eval.statistics.render import format_p, interval
 
 SHORT = {"better": "better", "worse": "worse", "no significant difference": "n.s."}
 
@@ -75,7 +75,7 @@ def contrast_table(labelled: list[tuple[str, BoardEntry]], first: str = "method"
             s = c.sample
             lines.append(
                 f"| {label} | {e.budget} | {c.reference} | {c.metric} | {s.difference:+.4f} | "
-                f"[{_num(s.low, '+.4f')}, {_num(s.high, '+.4f')}] | {format_p(s.p)} | {format_p(c.p_holm)} | "
+                f"{interval(s.low, s.high)} | {format_p(s.p)} | {format_p(c.p_holm)} | "
                 f"{c.family} | {_num(s.mde, '.4f')} | {s.samples} ({s.differing}) | {c.wins}/{c.ties}/{c.losses} | "
                 f"{c.verdict} | `{e.run}` |"
             )

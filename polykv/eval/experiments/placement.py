@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from polykv.eval.experiments.experiment_runner import PERMUTATIONS, ExperimentRunner
 from polykv.eval.experiments.report import GUIDED_INDEX, PlacedRun, PlacementData, Report, SampleLevel
 from polykv.eval.statistics.contrast import direction, direction_text
+from polykv.eval.statistics.render import interval
 from polykv.eval.statistics.samples import detectable, sample_test
 from polykv.eval.statistics.tasks import rank_among, spearman_permutation
 from polykv.plan import LayerPlan, Phase, Plan, Scope
@@ -117,7 +118,7 @@ def placement(
     if versus_mean is not None:
         report.lines.append(
             f"guided - random mean at the sample level: {versus_mean.difference:+.4f} {metric}, 95% CI "
-            f"[{versus_mean.low:+.4f}, {versus_mean.high:+.4f}] (the shifts the sign-flip test does not reject); "
+            f"{interval(versus_mean.low, versus_mean.high)} (the shifts the sign-flip test does not reject); "
             f"{versus_mean.describe()}; minimal detectable difference {detectable(versus_mean.mde, '.4g')}"
         )
     # each placement's plan as JSON too, so that a page can open the one a reader picks

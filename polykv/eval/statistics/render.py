@@ -24,7 +24,10 @@ def number(value: float | None, spec: str = ".4f") -> str:
 
 
 def interval(low: float | None, high: float | None, spec: str = "+.4f") -> str:
-    """ "[low, high]"; a side the test bounds nowhere (None or infinite) reads -inf or +inf."""
+    """ "[low, high]"; a side the test bounds nowhere (None or infinite) reads -inf or +inf; "not estimable" when a
+    side could not be computed (NaN: a bootstrap over too few values)."""
+    if any(side is not None and math.isnan(side) for side in (low, high)):
+        return NOT_ESTIMABLE
     low_text = format(low, spec) if estimable(low) else "-inf"
     high_text = format(high, spec) if estimable(high) else "+inf"
     return f"[{low_text}, {high_text}]"

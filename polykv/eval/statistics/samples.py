@@ -311,9 +311,10 @@ MIN_DIFFERING = 6
 NO_MDE_WHY = f"fewer than {MIN_DIFFERING} samples differ, or their differences do not vary"
 
 
-def detectable(mde: float, spec: str = ".3g") -> str:
-    """A sample-level minimal detectable difference as text: the number, or why there is none."""
-    return render.detectable(mde, spec, NO_MDE_WHY)
+def detectable(mde: float | None, spec: str = ".3g", short: bool = False) -> str:
+    """A sample-level minimal detectable difference as text: the number, or why there is none (`short`: "not
+    estimable" alone, in a table cell whose note gives the reason)."""
+    return render.detectable(mde, spec, "" if short else NO_MDE_WHY)
 
 
 def sample_test(

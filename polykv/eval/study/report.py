@@ -18,6 +18,7 @@ import platform
 from pathlib import Path
 
 from polykv.eval.statistics.render import number
+from polykv.eval.statistics.samples import detectable
 from polykv.eval.study.figures import figures, niah_curves
 from polykv.eval.study.sections import (
     accuracy_section,
@@ -29,7 +30,6 @@ from polykv.eval.study.sections import (
     factorial_section,
     gap_recovery,
     md_table,
-    mde_text,
     placement_section,
     sample_p_text,
     sweep_section,
@@ -63,7 +63,7 @@ def findings(result) -> list[str]:
     versus = p.guided_minus_mean_sample
     test = (
         f" (sample level {number(versus.difference, '+.4f')}, sign-flip p = {number(versus.p)} over "
-        f"{versus.samples} samples, detects {mde_text(versus.mde)})"
+        f"{versus.samples} samples, detects {detectable(versus.mde)})"
         if versus is not None
         else ""
     )

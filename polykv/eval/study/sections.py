@@ -4,12 +4,10 @@ and a summary beside the paper. `polykv.eval.study.report` assembles them with t
 
 from __future__ import annotations
 
-import math
-
 import pandas as pd
 
 from polykv.eval.experiments.report import Contrast, FactorialData, PlacementData, SweepData
-from polykv.eval.statistics.render import NOT_ESTIMABLE, format_p, markdown_table, number
+from polykv.eval.statistics.render import NOT_ESTIMABLE, format_p, interval, markdown_table, number
 from polykv.eval.statistics.samples import detectable
 from polykv.eval.study import paper
 
@@ -21,7 +19,7 @@ def md_table(frame: pd.DataFrame, floats: str = "{:.4f}") -> str:
 
 def ci_text(contrast: Contrast, digits: int = 4) -> str:
     spec = f"+.{digits}f"
-    return f"{number(contrast.difference, spec)} [{number(contrast.low, spec)}, {number(contrast.high, spec)}]"
+    return f"{number(contrast.difference, spec)} {interval(contrast.low, contrast.high, spec)}"
 
 
 def evidence(contrast: Contrast) -> str:
@@ -62,7 +60,7 @@ def sample_p_text(contrast: Contrast) -> str:
     if sample is None:
         return f"task bootstrap {ci_text(contrast)}"
     p = format_p(sample.p)
-    return f"p = {p} over {sample.samples} paired samples, detects {mde_text(sample.mde)}"
+    return f"p = {p} over {sample.samples} paired samples, detects {detectable(sample.mde)}"
 
 
 def accuracy_words(suite: str) -> str:
@@ -70,10 +68,6 @@ def accuracy_words(suite: str) -> str:
     if suite == "longbench":
         return "LongBench's metric per task; a smaller count is another random subset"
     return "RULER's string-match score; a smaller count is the first samples"
-
-
-def mde_text(value) -> str:
-    return detectable(math.nan if value is None else value)
 
 
 def workload_section(result) -> list[str]:
@@ -144,7 +138,7 @@ def factorial_section(result) -> list[str]:
         "",
         md_table(theirs),
         "",
-        f"The paper's primary contrast: {routing['difference']:+.4f} [{routing['low']:+.4f}, {routing['high']:+.4f}] "
+        f"The paper's primary contrast: {routing['difference']:+.4f} {interval(routing['low'], routing['high'])} "
         f"(10,000 paired bootstrap replicates over 21 tasks), W/T/L {routing['wins']}/{routing['ties']}/"
         f"{routing['losses']}, every leave-one-task-out value positive ({t2['leave_one_out'][0]:+.4f} to "
         f"{t2['leave_one_out'][1]:+.4f}).",
@@ -188,8 +182,8 @@ def placement_section(result, folder: str, drawn: dict) -> list[str]:
             ("Guided score", number(guided), f"{t4['guided_score']:.4f}"),
             ("Random mean (sample SD)", f"{number(p.random_mean)} ({sd:.4f})",
              f"{t4['random_mean']:.4f} ({t4['random_sd']:.4f})"),
-            ("Random range", f"[{min(scores):.4f}, {max(scores):.4f}]" if scores else NOT_ESTIMABLE,
-             f"[{t4['random_range'][0]:.4f}, {t4['random_range'][1]:.4f}]"),
+            ("Random range", interval(min(scores), max(scores), ".4f") if scores else NOT_ESTIMABLE,
+             interval(*t4["random_range"], ".4f")),
             ("Guided minus random mean", number(p.guided_minus_mean, "+.4f"), f"{t4['guided_minus_mean']:+.4f}"),
             ("Random at least as good as guided", at_least, str(t4["random_at_least_guided"])),
             ("Guided rank", f"{p.guided_rank}/{p.k + 1}", t4["guided_rank"]),
@@ -334,8 +328,7 @@ def beside_the_paper(result) -> list[str]:
         "magnitudes do not compare, directions and decisions do.",
         "",
         f"- Routing under uniform allocation: the paper {t2['routing']['difference']:+.4f} "
-        f"[{t2['routing']['low']:+.4f}, "
-        f"{t2['routing']['high']:+.4f}] over 21 tasks (excludes 0, narrowly); ours "
+        f"{interval(t2['routing']['low'], t2['routing']['high'])} over 21 tasks (excludes 0, narrowly); ours "
         f"{number(f.routing_uniform.difference, '+.4f')} {f.metric}: {f.routing_uniform.verdict_text}.",
         f"- Placement: the paper's guided route ranks {t4['guided_rank']} (p_MC = {t4['monte_carlo_p']:.3f}) and the "
         f"profile score correlates with the score (Spearman {t4['spearman']:+.3f}, p = {t4['spearman_p']:.4f}); ours "

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from polykv.eval.statistics.render import markdown_table
+from polykv.eval.statistics.render import interval, markdown_table
 from polykv.plan import Plan
 from polykv.search.report_parts import (
     Count,
@@ -203,7 +203,7 @@ def difference_text(c: HeldOutContrast) -> str:
     """A contrast's A - B and its interval (perplexity: the ratio A / B)."""
     if c.log:
         return f"x{c.ratio:.4f} [x{c.ratio_low:.4f}, x{c.ratio_high:.4f}]"
-    return f"{c.difference:+.5f} [{c.low:+.5f}, {c.high:+.5f}]"
+    return f"{c.difference:+.5f} {interval(c.low, c.high, '+.5f')}"
 
 
 def markdown(report: SearchReport | Mapping[str, Any]) -> str:

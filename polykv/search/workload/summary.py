@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from polykv.eval.statistics.render import markdown_table, number
-from polykv.eval.statistics.samples import EXACT_DIFFERING
+from polykv.eval.statistics.samples import EXACT_DIFFERING, detectable
 from polykv.question_protocol import QuestionProtocol
 from polykv.search.workload.kv_table import kv_header, kv_note, kv_rows
 from polykv.search.workload.report import SampleContrast, WorkloadBudget, WorkloadReport
 from polykv.search.workload.verdict import FAMILIES
-from polykv.search.workload.verdict_text import PAPER_OPEN, SCOPE_WORDS, interval, mde_text, test_text
+from polykv.search.workload.verdict_text import PAPER_OPEN, SCOPE_WORDS, interval, test_text
 from polykv.workspace import RESULTS_FILE, results_path
 
 # The paper's Section 4.4 (RULER, prefill-only, 512 average budget), quoted.
@@ -53,7 +53,7 @@ def _contrast_row(name: str, entry, family: str, a: str, b: str, metric: str = "
         "yes" if c.matched else "no",
         f"{number(c.difference, '+.4f')} {interval(c)}",
         test_text(c),
-        mde_text(c.mde, short=True),
+        detectable(c.mde, ".4g", short=True),
         f"{c.wins}/{c.ties}/{c.losses}",
         c.verdict,
         f"`{entry.runs[metric][a]}` / `{entry.runs[metric][b]}`",
@@ -186,7 +186,7 @@ def protocol_rows(runs, stores: Mapping[str, Any]) -> list[tuple]:
                         f"`{entry.name_of(role)}`",
                         f"{number(c.difference, '+.4f')} {interval(c)}",
                         test_text(c),
-                        mde_text(c.mde, short=True),
+                        detectable(c.mde, ".4g", short=True),
                         f"{c.wins}/{c.ties}/{c.losses}",
                         c.verdict,
                         f"`{run_after}` ({after}) / `{run_before}` ({inside})",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from polykv.eval.statistics import render
 from polykv.eval.statistics.render import NOT_ESTIMABLE, format_p, number
-from polykv.eval.statistics.samples import NO_MDE_WHY, PERMUTATIONS
+from polykv.eval.statistics.samples import NO_MDE_WHY, PERMUTATIONS, detectable
 from polykv.search.workload.report import SampleContrast, WorkloadBudget
 
 PAPER_OPEN = (
@@ -30,11 +30,6 @@ def interval(c: SampleContrast) -> str:
     return render.interval(c.low, c.high)
 
 
-def mde_text(value: float | None, short: bool = False) -> str:
-    """A contrast's MDE; `short` (a table cell) leaves the reason to the note under the table (`MDE_NOTE`)."""
-    return render.detectable(value, ".4g", "" if short else NO_MDE_WHY)
-
-
 def test_text(c: SampleContrast) -> str:
     kind = "exact sign-flip" if c.exact else f"sign-flip ({PERMUTATIONS:,} random flips)"
     differ = "" if c.differing is None else f" ({c.differing} differ)"
@@ -45,7 +40,7 @@ def contrast_line(entry: WorkloadBudget, c: SampleContrast) -> str:
     """A verdict in one line: the difference, its interval, the test, the MDE, W/T/L, the verdict, and whether the
     two plans act in the same phases."""
     line = (
-        f"{number(c.difference, '+.4f')} {interval(c)}, {test_text(c)}, MDE {mde_text(c.mde)}, "
+        f"{number(c.difference, '+.4f')} {interval(c)}, {test_text(c)}, MDE {detectable(c.mde, '.4g')}, "
         f"W/T/L {c.wins}/{c.ties}/{c.losses}: **{c.verdict}**"
     )
     if not c.agrees:
@@ -72,7 +67,7 @@ def verdict_rows(entry: WorkloadBudget) -> list[tuple[str, ...]]:
                     c.metric,
                     f"{number(c.difference, '+.4f')} {interval(c)}",
                     format_p(c.p),
-                    mde_text(c.mde, short=True),
+                    detectable(c.mde, ".4g", short=True),
                     f"{c.wins}/{c.ties}/{c.losses}",
                     c.verdict,
                 )
@@ -88,7 +83,6 @@ __all__ = [
     "VERDICT_HEADER",
     "contrast_line",
     "interval",
-    "mde_text",
     "test_text",
     "verdict_rows",
 ]
