@@ -67,9 +67,9 @@ def test_ray_local_cluster_runs_units_in_parallel_with_local_results(gemma3_home
         import os
         import time
 
-        from polykv.eval.running.backends import _model
+        from polykv.eval.running.backends import worker_model
 
-        _model("demo", "cpu")  # the worker's model cache, as a unit would fill it
+        worker_model("demo", "cpu")  # the worker's model cache, as a unit would fill it
         time.sleep(1.0)
         return os.getpid()
 

@@ -261,3 +261,24 @@ def test_the_results_databases_file_name_is_written_once():
         )
     ]
     assert written == []
+
+
+def test_no_private_name_is_imported_from_another_package():
+    # a name starting with _ belongs to its package: another one asks for a public name (modules of one package,
+    # as the rooms of polykv.eval.suites.ruler, may share theirs)
+    modules = _modules()
+    crossing = []
+    for name, path in modules.items():
+        is_package = path.name == "__init__.py"
+        home = name if is_package else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            source = _known(_resolve(name, is_package, node.level, node.module), modules) or ""
+            source_home = source if modules.get(source, Path()).name == "__init__.py" else source.rpartition(".")[0]
+            crossing += [
+                f"{name} imports {source}.{alias.name}"
+                for alias in node.names
+                if alias.name.startswith("_") and not alias.name.startswith("__") and source_home != home
+            ]
+    assert crossing == []

@@ -3,7 +3,7 @@
 For a plan pi and a token sequence x of n tokens, the prompt is x[:n - M - 1] and the continuation the
 next M tokens (M = `continuation`). The plan really executes (`polykv.runtime.routed`): the prompt is
 prefilled, then the continuation is fed token by token (teacher forcing; decode-phase methods act at
-every step), exactly as the fidelity suite's `_teacher_forced` does. At each continuation step t we get
+every step), exactly as the fidelity suite's `teacher_forced_logits` does. At each continuation step t we get
 the plan's next-token distribution p_pi,t and FullKV's p_t, and per sequence
 
     kl    = mean_t KL(p_t || p_pi,t)                       (the objective, lower is better)
@@ -171,10 +171,10 @@ def _token_tensor(model, token_ids: Sequence[int], continuation: int) -> tuple[t
 def reference_scores(model, token_ids: Sequence[int], continuation: int) -> Reference:
     """FullKV on one sequence: its continuation logits (the model's own dtype, on the CPU), their argmax
     (of the fp64 log-probabilities) and its continuation NLL."""
-    from polykv.eval.suites.fidelity import _teacher_forced
+    from polykv.eval.suites.fidelity import teacher_forced_logits
 
     tokens, prompt = _token_tensor(model, token_ids, continuation)
-    logits = _teacher_forced(model, tokens, prompt).cpu()
+    logits = teacher_forced_logits(model, tokens, prompt).cpu()
     logp = torch.log_softmax(logits.double(), -1)
     nll = -logp.gather(-1, tokens[0, prompt + 1 :, None].cpu()).mean().item()
     return logits, logp.argmax(-1), nll
@@ -183,14 +183,14 @@ def reference_scores(model, token_ids: Sequence[int], continuation: int) -> Refe
 @torch.no_grad()
 def score_tokens(model, plan: Plan, token_ids: Sequence[int], continuation: int, reference: Reference) -> SequenceScore:
     """The plan executed on one sequence (`polykv.runtime.routed`), against FullKV's `reference`."""
-    from polykv.eval.suites.fidelity import _teacher_forced
+    from polykv.eval.suites.fidelity import teacher_forced_logits
     from polykv.runtime import routed
 
     ref_logits, ref_top, ref_nll = reference
     ref_logp = torch.log_softmax(ref_logits.double(), -1)
     tokens, prompt = _token_tensor(model, token_ids, continuation)
     with routed(model, plan):
-        logits = _teacher_forced(model, tokens, prompt)
+        logits = teacher_forced_logits(model, tokens, prompt)
     logp = torch.log_softmax(logits.double(), -1).cpu()
     tokens = tokens.cpu()
     return SequenceScore(

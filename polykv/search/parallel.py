@@ -7,7 +7,7 @@ evaluation budget, so any executor gives the sequential search's plan, trace and
 
   LocalExecutor  in this process, one pair after another (the sequential arithmetic, batch-shaped)
   RayExecutor    one Ray task per pair: each worker loads the model by name and device once
-                 (`polykv.eval.running.backends._model`), rebuilds the plan from its JSON and scores it with the
+                 (`polykv.eval.running.backends.worker_model`), rebuilds the plan from its JSON and scores it with the
                  local path's code (`objective.reference_scores`, `objective.score_tokens`), FullKV's
                  reference kept per worker process. Ray is imported only when a batch is sent.
 
@@ -64,9 +64,9 @@ def score_pair(model, plan: Plan, token_ids: Sequence[int], continuation: int, r
 
 def _score_in_worker(model_name: str, device: str, plan_json: str, token_ids: list[int], continuation: int):
     """A Ray task's body: (kl, top1, nll, reference_nll) of the plan on the sequence."""
-    from polykv.eval.running.backends import _model
+    from polykv.eval.running.backends import worker_model
 
-    model, _ = _model(model_name, device)  # once per worker process
+    model, _ = worker_model(model_name, device)  # once per worker process
     return astuple(score_pair(model, Plan.from_json(plan_json), token_ids, continuation))
 
 

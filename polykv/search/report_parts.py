@@ -17,14 +17,14 @@ from typing import Annotated, Any, ClassVar, Self
 
 from pydantic import PlainSerializer, ValidationError
 
-from polykv.eval.experiments.report import Count, Statistic, _Data
+from polykv.eval.experiments.report import Count, ReportData, Statistic
 from polykv.plan import Plan
 
 # A plan as a report keeps it: `Plan.to_dict` (read back into a `Plan`)
 SavedPlan = Annotated[Plan, PlainSerializer(lambda plan: plan.to_dict(), return_type=dict)]
 
 
-class SavedReport(_Data):
+class SavedReport(ReportData):
     """A report saved as JSON: `to_dict` writes the fields it was built or read with (none of the defaults it was
     not given: a report from an earlier version saves back as it was), `from_dict` reads one back."""
 
@@ -66,7 +66,7 @@ class SavedReport(_Data):
         atomic_write_json(path, self.to_dict())
 
 
-class MoveRecord(_Data):
+class MoveRecord(ReportData):
     """An accepted move of the search (`polykv.search.moves.Move`) and its words."""
 
     kind: str  # "method" | "transfer" | "rule" | "heads"
@@ -80,7 +80,7 @@ class MoveRecord(_Data):
     text: str = ""
 
 
-class TraceRecord(_Data):
+class TraceRecord(ReportData):
     """One point of the search's trace (`polykv.search.local_search.TracePoint`)."""
 
     evaluations: Count
@@ -92,7 +92,7 @@ class TraceRecord(_Data):
     plan: str = ""
 
 
-class SettingsRecord(_Data):
+class SettingsRecord(ReportData):
     """The search's settings (`polykv.search.local_search.SearchSettings`)."""
 
     budget: Count
@@ -105,7 +105,7 @@ class SettingsRecord(_Data):
     steps: list[float]
 
 
-class SearchRecord(_Data):
+class SearchRecord(ReportData):
     """The local search at one budget: the plan it ended on, its objective on the search sequences (or samples),
     where it started, every start's objective, the moves it took, its trace and what it spent."""
 
@@ -141,14 +141,14 @@ class SearchRecord(_Data):
         )
 
 
-class ProfileRef(_Data):
+class ProfileRef(ReportData):
     """The profile a search used: its key and calibration capacity."""
 
     key: str
     b_cal: Count | None = None
 
 
-class Machine(_Data):
+class Machine(ReportData):
     """Where a report was made."""
 
     platform: str

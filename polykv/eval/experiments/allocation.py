@@ -31,7 +31,7 @@ from pydantic import Field
 
 from polykv.eval.experiments.experiment_runner import ExperimentRunner
 from polykv.eval.experiments.leaderboard import family_contrasts, macro_mean
-from polykv.eval.experiments.report import BoardEntry, Count, Report, Statistic, _Data, _Experiment
+from polykv.eval.experiments.report import BoardEntry, Count, Report, ReportData, Statistic, _Experiment
 from polykv.eval.statistics.contrast import direction
 from polykv.methods import REGISTRY, fit_params, params_that_fit
 from polykv.plan import FULL, Plan
@@ -43,7 +43,7 @@ PRIMARY = ("pyramid", "squeeze", "ppl", "cake", "adakv")  # each against uniform
 METRIC = "answer_nll"
 
 
-class SearchSummary(_Data):
+class SearchSummary(ReportData):
     """How a capacity-only search went on the calibration samples."""
 
     scorer: str

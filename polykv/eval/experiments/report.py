@@ -48,12 +48,12 @@ Statistic = Annotated[float | None, BeforeValidator(_python_scalar), AfterValida
 Count = Annotated[int, BeforeValidator(_python_scalar)]
 
 
-class _Data(BaseModel):
+class ReportData(BaseModel):  # every typed report's data, the searches' too
     # a saved report from another version may carry fields this one does not read: they are ignored
     model_config = ConfigDict(extra="ignore", populate_by_name=True)  # populate_by_name: pydantic 2.7 to 2.10 too
 
 
-class SampleLevel(_Data):
+class SampleLevel(ReportData):
     """The sample-level test of a contrast (`polykv.eval.statistics.samples.sample_test`): macro difference, its 95%
     interval, the sign-flip p and the smallest difference it detects at 80% power."""
 
@@ -80,7 +80,7 @@ class SampleLevel(_Data):
         )
 
 
-class Contrast(_Data):
+class Contrast(ReportData):
     """A paired comparison A - B: the paper's bootstrap over tasks (difference, 95% CI, wins/ties/losses,
     leave-one-task-out), the sample-level test (`sample`, None without per-sample scores) and the verdict.
     `loto_better` counts leave-one-task-out values in the better direction. Reports made before samples were
@@ -155,7 +155,7 @@ class AtDoubleBudget(VersusBaseline):
         return saved
 
 
-class RunScore(_Data):
+class RunScore(ReportData):
     """One run of an experiment and its suite score (the macro-average over tasks of the metric)."""
 
     run: str
@@ -172,14 +172,14 @@ class PlacedRun(RunScore):
     index: Count = GUIDED_INDEX  # reports saved before the guided route had an index
 
 
-class BestBaseline(_Data):
+class BestBaseline(ReportData):
     """The envelope at one budget: the standalone baseline that scores best there, and its score."""
 
     baseline: str
     score: Statistic
 
 
-class BaselineProtocol(_Data):
+class BaselineProtocol(ReportData):
     """How a standalone baseline ran in a sweep (`polykv.eval.method_protocols`)."""
 
     scope: str
@@ -188,7 +188,7 @@ class BaselineProtocol(_Data):
     source: str = ""
 
 
-class _Experiment(_Data):
+class _Experiment(ReportData):
     metric: str
     direction: Literal[1, -1]  # +1: higher is better
 
@@ -281,7 +281,7 @@ class SweepData(_Experiment):
         return self
 
 
-class BoardContrast(_Data):
+class BoardContrast(ReportData):
     """A method at a budget against a reference method at the same budget, in one metric, sample by sample; its
     verdict after Holm's correction over its family (every method and budget against one reference in one metric)."""
 
@@ -297,7 +297,7 @@ class BoardContrast(_Data):
     equal_kv: bool | None = None  # the same KV entering the answer, measured, within 1%? None: not measured
 
 
-class BoardEntry(_Data):
+class BoardEntry(ReportData):
     """One method alone (the same method and capacity in every layer of the scope's phases) at one budget."""
 
     method: str
@@ -313,7 +313,7 @@ class BoardEntry(_Data):
     kv_share: Statistic = None
 
 
-class QuestionContrast(_Data):
+class QuestionContrast(ReportData):
     """A method at one budget under the leaderboard's question protocol against the same plan under the other, on
     the same samples (this protocol minus the other), Holm over the methods."""
 

@@ -31,7 +31,7 @@ Load = Callable[[str, str], tuple]  # (model name, device) -> (model, tokenizer)
 
 
 @lru_cache(maxsize=2)
-def _model(name: str, device: str):
+def worker_model(name: str, device: str):
     from polykv.models import load_model
 
     return load_model(name, device=device)  # once per worker process
@@ -42,7 +42,7 @@ def execute(unit: Unit, store_path: str, load: Load | None = None, progress: Pro
     (default: loaded once per process); `progress` sees every sample."""
     from polykv.eval.running.suite_runner import run_suite
 
-    model, tokenizer = (load or _model)(unit.model, unit.device)
+    model, tokenizer = (load or worker_model)(unit.model, unit.device)
     plan = Plan.from_json(unit.plan_json)
     return run_suite(
         Store(store_path), unit.model, model, tokenizer, plan, unit.suite, unit.settings(), unit.seed, progress=progress

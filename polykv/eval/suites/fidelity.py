@@ -254,15 +254,15 @@ def _trace(model, plan: Plan | None, tokens: torch.Tensor, prompt: int, generate
     """Teacher-forced next-token logits over the continuation [M, vocab] (the model's dtype), a greedy
     continuation, and the KV the teacher-forced cache held (None without a plan)."""
     if plan is None:
-        return _teacher_forced(model, tokens, prompt), _greedy(model, tokens[:, :prompt], generate), None
+        return teacher_forced_logits(model, tokens, prompt), _greedy(model, tokens[:, :prompt], generate), None
     from polykv.runtime import routed  # torch and transformers: when a plan runs
 
     with routed(model, plan):
-        logits, cache = _teacher_forced(model, tokens, prompt, with_cache=True)
+        logits, cache = teacher_forced_logits(model, tokens, prompt, with_cache=True)
         return logits, _greedy(model, tokens[:, :prompt], generate), cache.kv_held()
 
 
-def _teacher_forced(model, tokens: torch.Tensor, prompt: int, with_cache: bool = False):
+def teacher_forced_logits(model, tokens: torch.Tensor, prompt: int, with_cache: bool = False):
     """The next-token logits over the continuation [M, vocab], token by token after the prompt's pass; with
     `with_cache`, (those logits, the cache)."""
     name = cache_argument_name(model)

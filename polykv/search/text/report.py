@@ -26,10 +26,10 @@ from polykv.search.report_parts import (
     Count,
     Machine,
     ProfileRef,
+    ReportData,
     SavedPlan,
     SavedReport,
     SearchRecord,
-    _Data,
 )
 
 FORMAT = "polykv.search-report"
@@ -40,13 +40,13 @@ METRICS = ("kl", "top1", "ppl")
 
 
 # ---- the report's models ---------------------------------------------------------------------------------
-class SequenceScores(_Data):
+class SequenceScores(ReportData):
     kl: float
     top1: float
     nll: float
 
 
-class HeldOutPlan(_Data):
+class HeldOutPlan(ReportData):
     """One role's plan on the held-out sequences: its means (perplexity: the geometric mean) and every score."""
 
     name: str
@@ -56,7 +56,7 @@ class HeldOutPlan(_Data):
     per_sequence: list[SequenceScores]
 
 
-class HeldOutContrast(_Data):
+class HeldOutContrast(ReportData):
     """A - B on the held-out sequences (`held_out_contrast`): the difference and its 95% interval (perplexity,
     `log`: also as the ratio A / B), wins, ties and losses of A, and the verdict."""
 
@@ -77,7 +77,7 @@ class HeldOutContrast(_Data):
     verdict: str
 
 
-class HeldOutVerdict(_Data):
+class HeldOutVerdict(ReportData):
     """Plans scored on the held-out sequences (role -> `HeldOutPlan`) and their pairwise contrasts."""
 
     sequences: Count
@@ -86,7 +86,7 @@ class HeldOutVerdict(_Data):
     contrasts: list[HeldOutContrast] = Field(default_factory=list)
 
 
-class TextBudget(_Data):
+class TextBudget(ReportData):
     """The search at one budget: its record, the searched plan (with its provenance), TopRank, the best homogeneous
     plan (chosen on the search sequences among `homogeneous_scores`) and the held-out verdict."""
 
@@ -101,7 +101,7 @@ class TextBudget(_Data):
     verdict: HeldOutVerdict
 
 
-class SequenceSet(_Data):
+class SequenceSet(ReportData):
     """The search or the held-out sequences: how many, of how many tokens, drawn how, and their fingerprint."""
 
     count: Count
@@ -112,7 +112,7 @@ class SequenceSet(_Data):
     fingerprint: str
 
 
-class SequencesRecord(_Data):
+class SequencesRecord(ReportData):
     continuation: Count
     search: SequenceSet
     held_out: SequenceSet

@@ -19,18 +19,18 @@ from polykv.search.report_parts import (
     Count,
     Machine,
     ProfileRef,
+    ReportData,
     SavedPlan,
     SavedReport,
     SearchRecord,
     Statistic,
-    _Data,
 )
 
 FORMAT = "polykv.workload-report"
 VERSION = 1
 
 
-class SampleContrast(_Data):
+class SampleContrast(ReportData):
     """A - B on paired held-out samples (`polykv.search.workload.verdict.contrast`): the sample-level sign-flip test
     (its p, exact or not, and whether its interval agrees), the interval, the minimal detectable difference,
     wins/ties/losses and the verdict; `kind` and `matched` (the same scope) say which contrast it is. Reports made
@@ -57,14 +57,14 @@ class SampleContrast(_Data):
     verdict: str
 
 
-class RoleMeans(_Data):
+class RoleMeans(ReportData):
     """A role's held-out means on a family of tasks (macro over its tasks)."""
 
     answer_nll: Statistic
     score: Statistic  # the suite's accuracy (0-100)
 
 
-class FamilyVerdict(_Data):
+class FamilyVerdict(ReportData):
     """The verdict on one family of tasks (searched or transfer): its tasks, each role's means, the contrasts."""
 
     tasks: list[str]
@@ -72,12 +72,12 @@ class FamilyVerdict(_Data):
     contrasts: list[SampleContrast]
 
 
-class BudgetSeconds(_Data):
+class BudgetSeconds(ReportData):
     contenders: float  # the contenders and the search
     verdict: float
 
 
-class WorkloadBudget(_Data):
+class WorkloadBudget(ReportData):
     """One budget: the contenders (role -> plan), their verdict runs (metric -> role -> run id, FullKV's as
     "fullkv"), what chose them on the search samples, the search's record and the verdict per family of tasks."""
 
@@ -109,7 +109,7 @@ class WorkloadBudget(_Data):
         return next((c for c in data.contrasts if (c.a, c.b, c.metric) == (a, b, metric)), None)
 
 
-class KVDimensions(_Data):
+class KVDimensions(ReportData):
     """What one retained token costs in the model's KV cache (`polykv.kv_memory.kv_dimensions`); reports made
     before hybrid models have no `windows` (every layer global)."""
 
@@ -124,7 +124,7 @@ class KVDimensions(_Data):
         return self.model_dump()
 
 
-class SamplesRecord(_Data):
+class SamplesRecord(ReportData):
     """The workload and its samples: the suite's settings (`settings`, its own schema), how many search samples
     (calibration split) and held-out samples per task, the transfer tasks, the question protocol, and per task
     the held-out samples' mean token counts (`lengths`: prompt, question, answer)."""
@@ -151,7 +151,7 @@ class TextProfileRef(ProfileRef):
     statistic: str
 
 
-class Competence(_Data):
+class Competence(ReportData):
     """The competence rule as it ran: the threshold, FullKV's pilot run and its samples per task."""
 
     threshold: float = COMPETENCE_THRESHOLD
