@@ -32,14 +32,14 @@ def _shard(arguments: dict) -> None:
     for every plan."""
     import torch
 
-    from polykv.eval.running.backends import _model
+    from polykv.eval.running.backends import worker_model
     from polykv.eval.running.settings import suite_settings
     from polykv.eval.running.suite_runner import run_suites
     from polykv.processes import die_with_parent
 
     die_with_parent(arguments["parent"])  # a parent killed by a signal leaves no worker scoring on its own
     torch.set_num_threads(arguments["threads"])
-    model, tokenizer = _model(arguments["model"], arguments["device"])
+    model, tokenizer = worker_model(arguments["model"], arguments["device"])
     plans = [Plan.from_json(text) for text in arguments["plans"]]
     settings = suite_settings(arguments["suite"], arguments["settings"])
     store = Store(arguments["store"])
