@@ -160,7 +160,7 @@ def answer_alone(model, plan: Plan, sample: AnswerSample, mode: str, pad_token_i
     return Answer(tokens, nll, match, _held(cache))
 
 
-def _held(cache) -> dict[str, list[int] | int] | None:
+def _held(cache) -> KVHeld | None:
     """What a routed cache held (`RoutedCache.kv_held`); None from any other cache."""
     return cache.kv_held() if hasattr(cache, "kv_held") else None
 

@@ -27,7 +27,7 @@ VT_EXAMPLE_TOKENS = 500  # RULER sizes its worked vt example to 500 tokens
 
 
 def _names(rng: random.Random, count: int, letters: int, used: set[str]) -> list[str]:
-    out = []
+    out: list[str] = []
     while len(out) < count:
         name = "".join(rng.choices(string.ascii_uppercase, k=letters))
         if name not in used:

@@ -47,7 +47,7 @@ def _draw_words(rng: random.Random, count: int) -> list[str]:
         return rng.sample(pool, count)
     nouns, adjectives, _ = _wonderwords()  # more than the lists hold: adjective-noun compounds
     seen: set[str] = set()
-    out = []
+    out: list[str] = []
     while len(out) < count:
         word = f"{rng.choice(adjectives)}-{rng.choice(nouns)}"
         if word not in seen:
