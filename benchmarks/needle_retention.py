@@ -22,8 +22,9 @@ from polykv.eval.suites.chat import resolve
 from polykv.eval.suites.ruler.common import split_answer_prefix
 from polykv.methods import params_that_fit
 from polykv.models import load_model, num_layers
+from polykv.models.support import eos_ids
 from polykv.plan import Plan
-from polykv.runtime.many_plans import eos_ids, greedy, many
+from polykv.runtime.many_plans import greedy, many
 
 PREFILL_METHODS = ("snapkv", "pyramidkv", "tova", "h2o", "streamingllm", "cake", "scissorhands", "knorm")
 

@@ -159,7 +159,7 @@ def test_the_calibration_runs_every_scorer_and_budget_on_one_prompt_pass_per_sam
     rules = ["uniform", "pyramid"]
     plans = {key(s, r, b): rule_plan(s, r, b, layers) for s in choices.scorers for b in choices.budgets for r in rules}
     passes, measure = [], objective.answer_nlls
-    monkeypatch.setattr(objective, "answer_nlls", lambda m, p, sample: passes.append(len(p)) or measure(m, p, sample))
+    monkeypatch.setattr(objective, "answer_nlls", lambda m, p, s, kept: passes.append(len(p)) or measure(m, p, s, kept))
     chosen = calibration.calibrate(runner, choices, plans, rules, {})
     distinct = len({objective.plan_key(plan) for plan in plans.values()})  # a pyramid may be uniform on 5 layers
     assert passes == [distinct, distinct]  # two samples, each one pass for the 2 scorers x 2 budgets x 2 rules

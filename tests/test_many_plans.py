@@ -14,9 +14,10 @@ from polykv.eval.suites import fidelity, ruler
 from polykv.eval.suites.ruler import RulerSettings
 from polykv.methods import REGISTRY, params_that_fit
 from polykv.models import cache_argument_name
+from polykv.models.support import eos_ids, greedy_needs_generate
 from polykv.plan import Phase, Plan
 from polykv.runtime import routed
-from polykv.runtime.many_plans import eos_ids, generate_many, many, unsupported
+from polykv.runtime.many_plans import generate_many, many
 from tests.helpers import TINY_FIDELITY, tiny_model
 
 CAPACITY, PROMPT, STEPS = 16, 48, 12
@@ -164,9 +165,9 @@ def test_min_new_tokens_masks_the_end_token():
 
 def test_a_generation_config_with_logits_processors_is_run_plan_by_plan():
     model = tiny_model("llama")
-    assert unsupported(model) is None and eos_ids(model, [5, 7]) == {5, 7}
+    assert greedy_needs_generate(model) is None and eos_ids(model, [5, 7]) == {5, 7}
     model.generation_config.repetition_penalty = 1.3
-    assert "repetition_penalty" in unsupported(model)
+    assert "repetition_penalty" in greedy_needs_generate(model)
 
 
 def test_run_suites_stores_each_run_as_run_suite_does(tmp_path, demo_model):
@@ -323,3 +324,59 @@ def test_the_attention_free_scorers_in_one_batch_give_what_they_give_alone(famil
     ]
     assert len(plans) == 1 + 3 + 1 + 3 + 3  # the prefill-only two once, the others in each scope
     _each_as_alone(model, plans, distinct_tokens(model, PROMPT + STEPS, seed=7))
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+@pytest.mark.parametrize("question", ["in the prompt", "after compression"])
+def test_a_kept_prompt_pass_replayed_for_other_plans_gives_what_their_own_pass_gives(family, question):
+    from polykv.eval.suites import answers
+    from polykv.runtime.many_plans import PromptPasses
+
+    model = tiny_model(family)
+    plans = every_plan(model.config.num_hidden_layers)  # every method in every phase, native rules, a mix
+    tokens = distinct_tokens(model, PROMPT + 6).tolist()
+    start = None if question == "in the prompt" else PROMPT - 8
+    sample = answers.AnswerSample(tokens[:PROMPT], tokens[PROMPT:], max_new_tokens=6, question_start=start)
+    kept = PromptPasses()
+    answers.answer_many(model, plans[::2], sample, "both", kept=kept)  # runs the pass and keeps it
+    passes = []
+    with ForwardLengths(model, passes):
+        replayed = answers.answer_many(model, plans[1::2], sample, "both", kept=kept)
+    assert passes and max(passes) <= 8  # the model never saw the prompt again: only the question and the answer
+    fresh = answers.answer_many(model, plans[1::2], sample, "both")
+    assert [(a.tokens, a.nll, a.match, a.kv_held) for a in replayed] == [
+        (a.tokens, a.nll, a.match, a.kv_held) for a in fresh
+    ]  # bit for bit: the same calls on the same tensors
+
+
+def test_prompt_passes_keep_the_most_recent_within_their_budget():
+    from polykv.eval.suites import answers
+    from polykv.runtime.many_plans import PromptPasses
+
+    model = tiny_model("llama")
+    plan = Plan.homogeneous("tova", CAPACITY, model.config.num_hidden_layers, "prefill")
+    samples = [answers.AnswerSample(distinct_tokens(model, 40, seed).tolist(), [5, 6], 2) for seed in range(3)]
+    kept = PromptPasses()
+    for sample in samples:
+        answers.answer_many(model, [plan], sample, "score", kept=kept)
+    one = kept.get(model, torch.tensor(samples[0].prompt_ids)).nbytes()
+    assert one > 0 and len(kept._kept) == 3
+    small = PromptPasses(budget=2 * one)
+    for sample in samples:
+        answers.answer_many(model, [plan], sample, "score", kept=small)
+    assert [small.get(model, torch.tensor(s.prompt_ids)) is not None for s in samples] == [False, True, True]
+
+
+class ForwardLengths:
+    """Record the length of every input the model's forward sees inside the block."""
+
+    def __init__(self, model, lengths: list[int]):
+        self.model, self.lengths = model, lengths
+
+    def __enter__(self):
+        self.handle = self.model.register_forward_pre_hook(
+            lambda module, args, kwargs: self.lengths.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+        )
+
+    def __exit__(self, *exc):
+        self.handle.remove()

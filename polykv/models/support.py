@@ -12,7 +12,7 @@ every prompt fits, and a long-context model is commonly run on far shorter promp
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -157,3 +157,40 @@ def check_fits(needed: int, device: str, what: str) -> None:
             f"{what} needs about {needed / GIB:,.1f} GiB, "
             f"the device ({device}) has {available / GIB:,.1f} GiB available"
         )
+
+
+# Generation settings under which greedy decoding is more than the argmax of the logits: the batched
+# loop does not apply them, so a model whose generation config sets one is run plan by plan instead.
+_PROCESSORS = {
+    "repetition_penalty": 1.0,
+    "encoder_repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0,
+    "bad_words_ids": None,
+    "suppress_tokens": None,
+    "begin_suppress_tokens": None,
+    "forced_bos_token_id": None,
+    "forced_eos_token_id": None,
+    "sequence_bias": None,
+    "exponential_decay_length_penalty": None,
+    "renormalize_logits": False,
+}
+
+
+def greedy_needs_generate(model) -> str | None:
+    """Why greedy decoding of this model needs `generate` itself (a logits processor its generation config
+    turns on), or None when the batched loop decodes exactly as `generate(do_sample=False)` does."""
+    config = getattr(model, "generation_config", None)
+    for name, neutral in _PROCESSORS.items():
+        value = getattr(config, name, neutral)
+        if value not in (neutral, None):
+            return f"its generation config sets {name}={value!r}"
+    return None
+
+
+def eos_ids(model, override: int | Sequence[int] | None = None) -> set[int]:
+    """The tokens that end a greedy generation: `override`, else the generation config's eos_token_id."""
+    value = override if override is not None else getattr(model.generation_config, "eos_token_id", None)
+    if value is None:
+        return set()
+    return {int(value)} if isinstance(value, int) else {int(v) for v in value}

@@ -2,6 +2,7 @@
 
     with many(model, plans) as session:
         batch, logits = session.prefill(prompt_ids)   # logits: the prompt's last position (FullKV's)
+        batch, logits = session.prefill(prompt_ids, kept)  # the same, the prompt's pass kept or replayed
         logits = batch.feed(question_ids, keep=True)  # optional: a block after the prompt, kept in full; [P, vocab]
         logits = batch.step(next_tokens)              # row i runs plans[i]; [P, vocab]
         batch.select(rows_still_running)
@@ -10,7 +11,10 @@ An experiment scores dozens of plans on the same samples. Two facts let them sha
   * Prefill eviction happens after the prompt has attended in full (see the runtime), so the prompt's
     pass is FullKV's whatever the plan: one pass serves every plan. In each layer, every plan's layer
     takes the same keys and values and the attention signals its methods ask for (each distinct signal
-    computed once) and evicts as it would alone; the pass's own output is FullKV's (SDPA).
+    computed once) and evicts as it would alone; the pass's own output is FullKV's (SDPA). The pass can be kept
+    (`PromptPasses`: each layer's queries, keys, values and signals) and replayed for other plans on the same
+    prompt without running the model: the same calls on the same tensors (a search scores many plans on a few
+    samples; a 4K prompt's pass of gemma3 costs tens of seconds on 2 cores, its replay a few).
   * A decode step at batch 1 on a GPU is bound by reading the weights, so P plans' next tokens as one batch
     of P rows cost little more than one (on a 2-core CPU less so: smollm2's forward at 54 rows is 3.2x one
     row's, benchmarks/README.md). Each row runs its own plan's layer: its own slots, positions and method state.
@@ -30,56 +34,23 @@ tokens and logits within 1e-4 for every method.
 from __future__ import annotations
 
 import inspect
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from polykv.methods import make_method, validate_plan
 from polykv.models import cache_argument_name, context_length, num_layers
+from polykv.models.support import eos_ids
 from polykv.plan import FULL_ASSIGNMENT, Plan
 from polykv.runtime.attention import hand_over, take_updated_layer
 from polykv.runtime.attention_step import attend, step_on_shared_prompt
 from polykv.runtime.cache import RoutedCache, RoutedLayer
 from polykv.runtime.row_storage import SharedRows, attend_shared
 from polykv.runtime.swap import swapped_attention
-
-# Generation settings under which greedy decoding is more than the argmax of the logits: the batched
-# loop does not apply them, so a model whose generation config sets one is run plan by plan instead.
-_PROCESSORS = {
-    "repetition_penalty": 1.0,
-    "encoder_repetition_penalty": 1.0,
-    "no_repeat_ngram_size": 0,
-    "encoder_no_repeat_ngram_size": 0,
-    "bad_words_ids": None,
-    "suppress_tokens": None,
-    "begin_suppress_tokens": None,
-    "forced_bos_token_id": None,
-    "forced_eos_token_id": None,
-    "sequence_bias": None,
-    "exponential_decay_length_penalty": None,
-    "renormalize_logits": False,
-}
-
-
-def unsupported(model) -> str | None:
-    """Why greedy decoding of this model needs `generate` itself (a logits processor its generation config
-    turns on), or None when the batched loop decodes exactly as `generate(do_sample=False)` does."""
-    config = getattr(model, "generation_config", None)
-    for name, neutral in _PROCESSORS.items():
-        value = getattr(config, name, neutral)
-        if value not in (neutral, None):
-            return f"its generation config sets {name}={value!r}"
-    return None
-
-
-def eos_ids(model, override: int | Sequence[int] | None = None) -> set[int]:
-    """The tokens that end a greedy generation: `override`, else the generation config's eos_token_id."""
-    value = override if override is not None else getattr(model.generation_config, "eos_token_id", None)
-    if value is None:
-        return set()
-    return {int(value)} if isinstance(value, int) else {int(v) for v in value}
 
 
 @contextmanager
@@ -98,17 +69,86 @@ class Many:
     def __init__(self, model, plans: list[Plan]):
         self.model, self.plans = model, plans
 
-    def prefill(self, prompt_ids: Sequence[int] | torch.Tensor) -> tuple[PlanBatch, torch.Tensor]:
+    def prefill(
+        self, prompt_ids: Sequence[int] | torch.Tensor, kept: PromptPasses | None = None
+    ) -> tuple[PlanBatch, torch.Tensor]:
         """One pass of the prompt (a batch of one) prefilling every plan's cache; returns the batch and the
-        logits at the prompt's last position [vocab] (FullKV's: eviction never changes the prompt's pass)."""
+        logits at the prompt's last position [vocab] (FullKV's: eviction never changes the prompt's pass).
+        `kept`: the pass is replayed from there when it holds this prompt's, else run and kept there."""
         device = next(self.model.parameters()).device
         ids = torch.as_tensor(prompt_ids, device=device).view(1, -1)
         caches = [RoutedCache(plan) for plan in self.plans]
         for cache in caches:  # rows share padded storage here: so may D2O's layers (`polykv.runtime.merges`)
             cache.merge_groups.across_capacities = True
-        shared = Cache(layers=[SharedPrompt(i, [c.layers[i] for c in caches]) for i in range(len(caches[0].layers))])
-        logits = _forward(self.model, ids, None, shared)[0]
+        known = None if kept is None else kept.get(self.model, ids)
+        if known is not None:
+            for i, step in enumerate(known.layers):  # as `SharedPrompt.attend` hands the pass to each plan's layer
+                step.hand_to([cache.layers[i] for cache in caches])
+            return PlanBatch(self.model, caches, ids.shape[1]), known.logits
+        steps: list[PromptStep] = []
+        layers = [SharedPrompt(i, [c.layers[i] for c in caches], steps) for i in range(len(caches[0].layers))]
+        logits = _forward(self.model, ids, None, Cache(layers=layers))[0]
+        if kept is not None:
+            kept.put(self.model, ids, PromptPass(steps, logits))
         return PlanBatch(self.model, caches, ids.shape[1]), logits
+
+
+@dataclass
+class PromptStep:
+    """One layer's step of a prompt's pass, as every plan's layer takes it (`SharedPrompt.attend`)."""
+
+    layer_idx: int
+    module: torch.nn.Module
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    scaling: float
+    window: int | None
+    computed: dict  # the signals made for the plans so far, each once (`fill_signals`)
+
+    def hand_to(self, targets: Sequence[RoutedLayer]) -> tuple[torch.Tensor, torch.Tensor]:
+        # every plan's layer holds the same keys and values and gathers the slots it keeps from them: laid out
+        # once here (a projection's keys are a transposed view, and each gather would copy the whole prompt first)
+        held_keys, held_values = self.key.contiguous(), self.value.contiguous()
+        for target in targets:
+            target.update(held_keys, held_values)
+            take_updated_layer(self.layer_idx)  # the target's own hand-over: its step is taken here
+            step_on_shared_prompt(
+                target, self.module, self.query, self.key, self.value, self.scaling, self.window, self.computed
+            )
+        return held_keys, held_values
+
+
+@dataclass
+class PromptPass:
+    """A prompt's pass kept for other plans (`PromptPasses`): its layers' steps and the last position's logits."""
+
+    layers: list[PromptStep]
+    logits: torch.Tensor
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for s in self.layers for t in (s.query, s.key, s.value))
+
+
+class PromptPasses:
+    """Prompt passes kept for replay (`Many.prefill`) by model and prompt, the least recently used dropped past
+    `budget` bytes (a 4K prompt of gemma3 holds about 430 MB, a 2K one of smollm2 230 MB)."""
+
+    def __init__(self, budget: int = 6 << 30):
+        self.budget = budget
+        self._kept: OrderedDict[tuple, PromptPass] = OrderedDict()
+
+    def get(self, model, ids: torch.Tensor) -> PromptPass | None:
+        key = (id(model), tuple(ids.view(-1).tolist()))
+        found = self._kept.get(key)
+        if found is not None:
+            self._kept.move_to_end(key)
+        return found
+
+    def put(self, model, ids: torch.Tensor, found: PromptPass) -> None:
+        self._kept[(id(model), tuple(ids.view(-1).tolist()))] = found
+        while len(self._kept) > 1 and sum(p.nbytes() for p in self._kept.values()) > self.budget:
+            self._kept.popitem(last=False)
 
 
 class PlanBatch:
@@ -239,11 +279,12 @@ class SharedPrompt(DynamicLayer):
     """One layer of the shared prompt pass: FullKV's layer computes the output; then every plan's layer
     takes the same keys, values and signals and settles its prefill (see the module docstring)."""
 
-    def __init__(self, layer_idx: int, targets: list[RoutedLayer]):
+    def __init__(self, layer_idx: int, targets: list[RoutedLayer], steps: list[PromptStep] | None = None):
         super().__init__()
         self.layer_idx = layer_idx
         self.reference = RoutedLayer(layer_idx, make_method(FULL_ASSIGNMENT), make_method(FULL_ASSIGNMENT))
         self.targets = targets
+        self.steps = steps  # the pass's steps, kept for a replay (`PromptPasses`)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         keys, values = self.reference.update(key_states, value_states)
@@ -258,17 +299,11 @@ class SharedPrompt(DynamicLayer):
 
     def attend(self, module, query, key, value, dropout: float, scaling: float, kwargs):
         output = self.reference.attend(module, query, key, value, dropout, scaling, kwargs)
-        window = kwargs.get("sliding_window")
-        computed: dict = {}  # each signal once for all the plans
-        # every plan's layer holds the same keys and values and gathers the slots it keeps from them: laid out
-        # once here (a projection's keys are a transposed view, and each gather would copy the whole prompt first)
-        held_keys, held_values = key.contiguous(), value.contiguous()
-        for target in self.targets:
-            target.update(held_keys, held_values)
-            take_updated_layer(self.layer_idx)  # the target's own hand-over: its step is taken here
-            step_on_shared_prompt(target, module, query, key, value, scaling, window, computed)
+        step = PromptStep(self.layer_idx, module, query, key, value, scaling, kwargs.get("sliding_window"), {})
         # FullKV's layer holds the laid-out copy too, so the prompt is held once until the pass ends
-        self.reference.keys, self.reference.values = held_keys, held_values
+        self.reference.keys, self.reference.values = step.hand_to(self.targets)
+        if self.steps is not None:
+            self.steps.append(step)
         return output
 
 
@@ -335,11 +370,12 @@ __all__ = [
     "Many",
     "PlanBatch",
     "PlanRows",
+    "PromptPass",
+    "PromptPasses",
+    "PromptStep",
     "SharedPrompt",
-    "eos_ids",
     "force_and_generate",
     "generate_many",
     "greedy",
     "many",
-    "unsupported",
 ]

@@ -49,6 +49,7 @@ from dataclasses import dataclass, replace
 
 from polykv.kv_memory import KVHeld
 from polykv.lazy import torch
+from polykv.models.support import eos_ids
 from polykv.plan import FULL, Phase, Plan
 
 from .answer_settings import (  # the settings stay importable from here, where the suites and the runner take them
@@ -230,10 +231,11 @@ def _generate(model, sample: AnswerSample, pad_token_id: int | None, split: bool
 
 # ---- many plans on one prompt (`polykv.runtime.many_plans`) ------------------------------------------------------
 def answer_many(
-    model, plans: Sequence[Plan], sample: AnswerSample, mode: str, with_fullkv: bool = False
+    model, plans: Sequence[Plan], sample: AnswerSample, mode: str, with_fullkv: bool = False, kept=None
 ) -> list[Answer]:
     """Every plan's answer from one prompt pass: the plans' teacher-forced rows and (when generating) their
-    greedy rows step as one batch. `with_fullkv`: add a FullKV row when generating (its answer comes last)."""
+    greedy rows step as one batch. `with_fullkv`: add a FullKV row when generating (its answer comes last).
+    `kept`: the prompt's pass replayed from there, or run and kept there (`polykv.runtime.many_plans.PromptPasses`)."""
     from polykv.runtime import many_plans  # torch and transformers: when a plan runs
 
     plans = list(plans) + ([Plan.homogeneous(FULL, None, plans[0].num_layers)] if with_fullkv else [])
@@ -253,7 +255,7 @@ def answer_many(
     rows = (list(plans) if forced else []) + (list(plans) if generates(mode) else [])
     cut = sample.question_start
     with torch.inference_mode(), many_plans.many(model, rows) as session:
-        stepping, first = session.prefill(sample.prompt_ids[:cut])
+        stepping, first = session.prefill(sample.prompt_ids[:cut], kept)
         caches = list(stepping.caches)  # rows leave the batch when done; their caches keep what they held
         if cut is not None:  # the question after the compressed context, kept in full: each row's own logits
             first = stepping.feed(sample.prompt_ids[cut:], keep=True)
@@ -275,7 +277,7 @@ def answer_many(
             feed=answer[:-1],
             on_forced=take,
             max_new_tokens=max_new,
-            stop=set(sample.stop) if sample.stop else many_plans.eos_ids(model),
+            stop=set(sample.stop) if sample.stop else eos_ids(model),
             min_new_tokens=sample.min_new_tokens,
         )
     return [

@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass
 
 from polykv.lazy import no_grad, torch
 from polykv.models import cache_argument_name, context_length, output_cache
+from polykv.models.support import eos_ids, greedy_needs_generate
 from polykv.plan import Plan
 from polykv.profile.corpus import CorpusSpec, build_corpus, model_source
 
@@ -163,7 +164,7 @@ def score_samples(model, plans: list[Plan], ids: list[int], settings: FidelitySe
     greedily, all stepping as one batch."""
     from polykv.runtime import many_plans  # torch and transformers: when a plan runs
 
-    if many_plans.unsupported(model):
+    if greedy_needs_generate(model):
         return [score_sample(model, plan, ids, settings) for plan in plans]
     device = next(model.parameters()).device
     tokens = torch.tensor([ids], device=device)
@@ -189,7 +190,7 @@ def score_samples(model, plans: list[Plan], ids: list[int], settings: FidelitySe
             feed=tokens[0, prompt:-1].tolist(),
             on_forced=keep,
             max_new_tokens=settings.generate,
-            stop=many_plans.eos_ids(model),
+            stop=eos_ids(model),
             min_new_tokens=settings.generate,
         )
         targets = tokens[0, prompt + 1 :]

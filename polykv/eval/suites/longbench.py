@@ -64,6 +64,7 @@ from pathlib import Path
 from polykv.eval.metrics import LONGBENCH_FIRST_LINE_TASKS, longbench_sample_score
 from polykv.lazy import no_grad
 from polykv.models import context_length
+from polykv.models.support import greedy_needs_generate
 from polykv.plan import Plan
 from polykv.question_protocol import QuestionProtocol
 
@@ -262,9 +263,8 @@ def score_samples(model, plans: list[Plan], payload: dict, settings: LongBenchSe
     """`score_sample` for several plans on one sample at once (`polykv.runtime.many_plans`: one prompt pass,
     the plans' generations and teacher-forced answers as one batch); plan by plan when the model's
     generation needs `generate`."""
-    from polykv.runtime import many_plans  # torch and transformers: when a plan runs
 
-    if many_plans.unsupported(model):
+    if greedy_needs_generate(model):
         return [score_sample(model, plan, payload, settings) for plan in plans]
     scored = answers.score_many(model, plans, answer_sample(payload), settings.mode, _judge(payload))
     return [answers.with_gold(s, payload["answers"]) for s in scored]

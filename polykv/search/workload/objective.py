@@ -10,7 +10,8 @@ eviction active, exactly as the suite's `answer_nll` is scored in an evaluation
 `AnswerObjective` has the text objective's interface (`polykv.search.objective.Objective`: `value`, `values`,
 `cost`, `executions`, `limit`, successive halving's batches), so the search runs on it unchanged. The plans of
 one batch that meet on a sample share its prompt pass (`answers.answer_many`: the plans' rows step as one
-batch); a (plan, sample) score is computed once and kept.
+batch), and later batches replay it (`many_plans.PromptPasses`: a search meets the same samples round after round);
+a (plan, sample) score is computed once and kept.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from polykv.models.support import greedy_needs_generate
 from polykv.plan import Plan
 from polykv.search.objective import BudgetExhausted, Objective, plan_key
 
@@ -51,6 +53,7 @@ class AnswerObjective(Objective):
         self.executor = None
         self._reference = {}
         self._scores: dict[tuple[str, int], AnswerScore] = {}
+        self.prompt_passes = None  # made at the first batch (torch: when a plan runs)
 
     def reference(self, i: int):
         raise NotImplementedError("the workload objective compares plans by their own answer_nll")
@@ -77,22 +80,26 @@ class AnswerObjective(Objective):
         for key, (plan, i) in batch:
             by_sample.setdefault(i, []).append((key, plan))
         for i, rows in by_sample.items():
-            for (key, _), nll in zip(rows, answer_nlls(self.model, [plan for _, plan in rows], self.samples[i])):
+            if self.prompt_passes is None:
+                from polykv.runtime.many_plans import PromptPasses
+
+                self.prompt_passes = PromptPasses()
+            found = answer_nlls(self.model, [plan for _, plan in rows], self.samples[i], self.prompt_passes)
+            for (key, _), nll in zip(rows, found):
                 self._scores[key] = AnswerScore(nll)
             self.executions += len(rows)
         if exhausted:
             raise BudgetExhausted
 
 
-def answer_nlls(model, plans: Sequence[Plan], sample) -> list[float]:
-    """Each plan's answer_nll on one sample: one prompt pass for all (`answers.answer_many`), or plan by
-    plan where the model's generation needs `generate`."""
+def answer_nlls(model, plans: Sequence[Plan], sample, kept=None) -> list[float]:
+    """Each plan's answer_nll on one sample: one prompt pass for all (`answers.answer_many`; replayed from `kept`
+    when it holds it, `PromptPasses`), or plan by plan where the model's generation needs `generate`."""
     from polykv.eval.suites import answers
-    from polykv.runtime import many_plans
 
-    if many_plans.unsupported(model):
+    if greedy_needs_generate(model):
         return [answers.answer_alone(model, plan, sample, "score").nll for plan in plans]
-    return [answer.nll for answer in answers.answer_many(model, plans, sample, "score")]
+    return [answer.nll for answer in answers.answer_many(model, plans, sample, "score", kept=kept)]
 
 
 __all__ = ["METRIC", "AnswerObjective", "AnswerScore", "answer_nlls"]

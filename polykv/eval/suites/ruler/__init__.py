@@ -80,6 +80,7 @@ from dataclasses import dataclass, field
 from polykv.eval.metrics import RULER_TASKS, ruler_metric, ruler_postprocess_pred
 from polykv.lazy import no_grad
 from polykv.models import context_length
+from polykv.models.support import greedy_needs_generate
 from polykv.plan import Plan
 
 from .. import answers, chat, questions
@@ -379,9 +380,7 @@ def score_samples(
     """`score_sample` for several plans on one sample at once (`polykv.runtime.many_plans`: one prompt pass,
     the plans' generations and teacher-forced answers as one batch); plan by plan when the model's
     generation needs `generate`."""
-    from polykv.runtime import many_plans  # torch and transformers: when a plan runs
-
-    if many_plans.unsupported(model):
+    if greedy_needs_generate(model):
         return [score_sample(model, plan, payload, settings) for plan in plans]
     mode = (settings or RulerSettings()).mode
     scored = answers.score_many(model, plans, answer_sample(payload), mode, _judge(payload))
