@@ -90,7 +90,7 @@ def test_the_cli_and_the_job_both_run_an_experiment_through_run_experiment(
     assert [p.to_json() for p in experiment.plans] == [p.to_json() for p in cli.plans]  # the same experiment
     assert setup == fake.calls[0][1] and isinstance(store, Store) and store.path == ws / "results.sqlite"
     state = jobs.state(job, ws)
-    assert state.status == "finished" and state.result == {
+    assert state.status == "finished" and state.result.model_dump(exclude_unset=True) == {
         "report": str(jobs.report_path(ws, job.id)),
         "title": REPORT.title,
     }

@@ -120,8 +120,8 @@ def test_a_profile_job_writes_a_profile_and_reports_it(workspace):
     assert jobs.start(job, workspace).wait(timeout=300) == 0
     state = jobs.state(job, workspace)
     assert state.status == "finished" and state.fraction == 1.0
-    profile = load_profile(state.result["profile"])
-    assert profile.metadata["scopes"] == ["decode"] and profile.key == state.result["key"]
+    profile = load_profile(state.result.profile)
+    assert profile.metadata["scopes"] == ["decode"] and profile.key == state.result.key
     state_file = jobs.jobs_dir(workspace) / f"{job.id}.state.json"
     assert json.loads(state_file.read_text())["status"] == "finished"
 
@@ -203,10 +203,13 @@ def test_a_state_file_of_the_format_the_worker_writes_reads_back_typed_and_is_wr
     atomic_write_json(spec._spec_path(tmp_path, job.id).with_suffix(".state.json"), saved)
     written = spec._read_state(tmp_path, job.id)
     assert isinstance(written, spec.StateFile) and written.pace_steps == 5 and written.start_fraction == 0.25
-    assert written.started.tzinfo is not None and written.result == {"profile": "/ws/profiles/p", "key": "p"}
+    assert written.started.tzinfo is not None and written.result.model_dump(exclude_unset=True) == {
+        "profile": "/ws/profiles/p",
+        "key": "p",
+    }
     state = jobs.state(job, tmp_path)
     assert (state.status, state.fraction, state.elapsed_s, state.measured_s) == ("finished", 1.0, 100.0, 101.5)
-    assert state.result["key"] == "p" and state.eta_s is None
+    assert state.result.key == "p" and state.eta_s is None
     # what the worker writes now (the fields it set, as JSON) is that same file
     assert written.model_dump(mode="json", exclude_unset=True) == saved
     # a file the worker wrote before any piece of work: no pace yet, the reader's defaults

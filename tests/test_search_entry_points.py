@@ -85,8 +85,8 @@ def test_the_cli_and_the_job_both_run_the_text_search_through_run_text_search(
     assert args[2] == "demo" and args[3].key == small_profile.key and args[4].budgets == (24,)
     assert kwargs["report_file"] == report_path(ws, job.id) and kwargs["command"] == f"app search job {job.id}"
     state = jobs.state(job, ws)
-    assert state.status == "finished" and state.result["report"] == str(report_path(ws, job.id))
-    assert state.result["best"] == fake.plans()[0].to_json()
+    assert state.status == "finished" and state.result.report == str(report_path(ws, job.id))
+    assert state.result.best == fake.plans()[0].to_json()
     assert read_search(job, ws) == fake.report  # saved by the entry point, read back typed
 
 
@@ -121,7 +121,7 @@ def test_the_cli_and_the_job_both_run_the_workload_search_through_run_workload_s
     assert args[2] == "demo" and args[4] == "auto" and args[5].budgets == (32,) and args[5].held_out == 2
     assert kwargs["report_file"] == report_path(ws, job.id) and kwargs["store"].path == ws / "results.sqlite"
     state = jobs.state(job, ws)
-    assert state.status == "finished" and state.result["best"] == fake.plans()[0].to_json()
+    assert state.status == "finished" and state.result.best == fake.plans()[0].to_json()
     found = read_search(job, ws)
     assert isinstance(found, WorkloadReport) and found == fake.report
 

@@ -19,7 +19,7 @@ from polykv.eval.running.settings import suite_settings
 from polykv.eval.running.suite_runner import run_id_for
 from polykv.files import atomic_write_json, read_json
 from polykv.jobs import worker
-from polykv.jobs.spec import MAX_REPORT_BYTES, ExperimentSpec, experiment_job, report_path
+from polykv.jobs.spec import MAX_REPORT_BYTES, ExperimentSpec, JobResult, experiment_job, report_path
 from polykv.methods import validate_plan
 from polykv.profile.store import Profile, profile_named
 from polykv.progress import fraction_of
@@ -148,7 +148,7 @@ def run_job(job, workspace: Path, store: Store, report: worker.Reporter, activat
     result = run.run_experiment(experiment, setup, store, on_run=before, on_sample=on_sample)
     activate(None)
     path = atomic_write_json(report_path(workspace, job.id), result.to_dict())
-    report(result={"report": str(path), "title": result.title}, message="report written")
+    report(result=JobResult(report=str(path), title=result.title), message="report written")
 
 
 def read_report(job, workspace: Path) -> Report:

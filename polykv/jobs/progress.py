@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict
 from polykv.errors import PolyKVError
 from polykv.eval.results.store import Store
 from polykv.jobs.process import _alive
-from polykv.jobs.spec import FINAL, Job, RunUnit, _read_state, _spec_path
+from polykv.jobs.spec import FINAL, Job, JobResult, RunUnit, _read_state, _spec_path
 from polykv.progress import eta, fraction_of
 from polykv.text import duration
 from polykv.workspace import results_path
@@ -48,7 +48,7 @@ class JobState(BaseModel):
     fraction: float
     message: str = ""
     error: str | None = None
-    result: dict[str, Any] = {}  # what the job's kind reports (a profile's key, a report's path, a search's trace)
+    result: JobResult = JobResult()  # what the job's kind reports (a profile's key, a report's path, a search's trace)
     runs: list[RunProgress] = []
     elapsed_s: float | None = None  # seconds the latest worker has run (until its last report once it ended)
     eta_s: float | None = None  # seconds left at the worker's pace so far (running jobs with some progress)
@@ -144,7 +144,7 @@ def state(job: Job, workspace: Path, clock: Clock = utc_now) -> JobState:
         fraction=fraction,
         message=written.message if written is not None else "",
         error=written.error if written is not None else None,
-        result=written.result if written is not None else {},
+        result=written.result if written is not None else JobResult(),
         runs=runs,
         elapsed_s=elapsed,
         eta_s=left,

@@ -22,7 +22,7 @@ from polykv.files import read_json
 from polykv.jobs import worker
 from polykv.jobs.experiment import profile_for_job
 from polykv.jobs.progress import JobState
-from polykv.jobs.spec import MAX_REPORT_BYTES, Job, report_path, search_job
+from polykv.jobs.spec import MAX_REPORT_BYTES, Job, JobResult, report_path, search_job
 from polykv.plan import Plan, PlanError, Scope
 from polykv.question_protocol import QuestionProtocol
 from polykv.routing import scale_budget
@@ -148,13 +148,12 @@ def launch_search(
 
 def live(state: JobState) -> tuple[list[dict[str, Any]], Plan | None]:
     """(the trace so far, the best plan so far) of a search job, from its state."""
-    best = state.result.get("best")
+    best = state.result.best
     try:
-        plan = Plan.from_json(best) if isinstance(best, str) else None
+        plan = Plan.from_json(best) if best is not None else None
     except ValueError:
         plan = None
-    trace = state.result.get("trace")
-    return (trace if isinstance(trace, list) else []), plan
+    return state.result.trace, plan
 
 
 def run_job(job, workspace: Path, store, report: Callable[..., dict], activate: Callable[[str | None], None]):
@@ -200,7 +199,7 @@ def run_job(job, workspace: Path, store, report: Callable[..., dict], activate: 
         command=f"app search job {job.id}",
         hooks=SearchHooks(stage=lambda stage: _say(report, stages.get(stage)), step=on_step, trace=trace),
     )
-    report(result={**trace.result(plans[0]), "report": str(path)}, message="done")
+    report(result=trace.result(plans[0]).model_copy(update={"report": str(path)}), message="done")
 
 
 def run_workload_job(job, workspace: Path, report: Callable[..., dict]) -> None:
@@ -261,7 +260,7 @@ def run_workload_job(job, workspace: Path, report: Callable[..., dict]) -> None:
             sample=on_sample,
         ),
     )
-    report(result={**trace.result(plans[0]), "report": str(path)}, message="done")
+    report(result=trace.result(plans[0]).model_copy(update={"report": str(path)}), message="done")
 
 
 class _LiveTrace:
@@ -274,8 +273,8 @@ class _LiveTrace:
         self.points.append(point.to_dict())
         self.report(result=self.result(best))
 
-    def result(self, best: Plan) -> dict[str, Any]:
-        return {"trace": self.points[-LIVE_TRACE:], "best": best.to_json()}
+    def result(self, best: Plan) -> JobResult:
+        return JobResult(trace=self.points[-LIVE_TRACE:], best=best.to_json())
 
 
 def _say(report: Callable[..., dict], message: str | None) -> None:

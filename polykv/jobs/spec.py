@@ -48,15 +48,10 @@ def _now() -> str:
 
 def check_id(job_id: object) -> str:
     """`job_id` when it is a valid job id (it names files, so no path segments); JobError otherwise."""
-    if (
-        isinstance(job_id, str)
-        and _ID.fullmatch(job_id)
-        and ".." not in job_id
-        and not job_id.endswith((".state", ".report"))  # <id>.state.json, <id>.report.json are not jobs
-    ):
-        return job_id
-    shown = repr(job_id)
-    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    if isinstance(job_id, str) and _ID.fullmatch(job_id) and ".." not in job_id:
+        if not job_id.endswith((".state", ".report")):  # <id>.state.json, <id>.report.json are not jobs
+            return job_id
+    shown = repr(job_id) if len(repr(job_id)) <= 60 else repr(job_id)[:57] + "..."
     raise JobError(
         f"not a job id: {shown} (1 to 128 letters, digits, '.', '_' or '-', starting with a letter or "
         "digit; no '..', not ending in '.state' or '.report')"
@@ -225,6 +220,19 @@ class Job(BaseModel):
         return self
 
 
+class JobResult(BaseModel):
+    """What a job's worker made (its state file's): each kind sets its own fields; others are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    report: str | None = None  # an experiment or a search: the report's path
+    title: str | None = None  # an experiment: its report's title
+    profile: str | None = None  # a profile: its folder
+    key: str | None = None  # a profile: its key
+    trace: list[dict[str, Any]] = Field(default_factory=list)  # a search: its last points (`search.LIVE_TRACE`)
+    best: str | None = None  # a search: the best plan so far, as JSON
+
+
 class StateFile(BaseModel):
     """A job's `<id>.state.json`: the worker (`polykv.jobs.worker`) writes the fields it set on every change,
     `_read_state` reads it back (files of earlier versions too); times in UTC to the second, as always."""
@@ -236,11 +244,11 @@ class StateFile(BaseModel):
     start_fraction: float = Field(default=0.0, ge=0.0, le=1.0, allow_inf_nan=False)
     message: str = ""
     error: str | None = None
-    result: dict[str, Any] = Field(default_factory=dict)
+    result: JobResult = Field(default_factory=JobResult)
     started: datetime.datetime | None = None
     updated: datetime.datetime | None = None
-    # the pace of real work (`polykv.jobs.worker`): when its first piece was done, at which fraction, and how
-    # many pieces followed; loading the model and building samples come before and do not count
+    # the pace of real work (`polykv.jobs.worker`): when its first piece was done, at which fraction, and how many
+    # pieces followed (loading the model and building samples come before)
     pace_from: datetime.datetime | None = None
     pace_fraction: float = Field(default=0.0, ge=0.0, le=1.0, allow_inf_nan=False)
     pace_steps: int = Field(default=0, ge=0)
@@ -283,15 +291,8 @@ def eval_job(units: list[tuple[dict[str, Any], Unit]], title: str) -> Job:
 def profile_job(
     model: str, device: str, corpus: dict[str, Any], capacity: int | None, scopes: list[str], title: str
 ) -> Job:
-    return Job(
-        id=_new_id("profile"),
-        kind="profile",
-        title=title,
-        model=model,
-        device=device,
-        created=_now(),
-        profile=ProfileSpec(corpus=corpus, capacity=capacity, scopes=list(scopes)),
-    )
+    spec, kind = ProfileSpec(corpus=corpus, capacity=capacity, scopes=list(scopes)), "profile"
+    return Job(id=_new_id(kind), kind=kind, title=title, model=model, device=device, created=_now(), profile=spec)
 
 
 def experiment_job(model: str, device: str, experiment: dict[str, Any], title: str) -> Job:

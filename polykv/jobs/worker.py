@@ -18,7 +18,7 @@ from polykv.eval.running.unit import Unit
 from polykv.files import atomic_write_json
 from polykv.jobs.process import WORKER_MODULES
 from polykv.jobs.progress import _eval_fraction, _run_progress, same_samples
-from polykv.jobs.spec import Job, StateFile, _job_from_file, _spec_path
+from polykv.jobs.spec import Job, JobResult, StateFile, _job_from_file, _spec_path
 from polykv.plan import Plan
 from polykv.workspace import results_path
 
@@ -49,7 +49,7 @@ def _run(job: Job, workspace: Path, experiment: JobWork | None = None) -> None:
     state_path = _spec_path(workspace, job.id).with_suffix(".state.json")
     began = time.perf_counter()
     current = StateFile(
-        status="running", fraction=0.0, message="loading the model", error=None, result={}, started=_utc()
+        status="running", fraction=0.0, message="loading the model", error=None, result=JobResult(), started=_utc()
     )
 
     def report(**changes: Any) -> StateFile:
@@ -128,7 +128,7 @@ def _run(job: Job, workspace: Path, experiment: JobWork | None = None) -> None:
                 tuple(Phase(s) for s in spec.scopes),
                 progress=lambda fraction, message: report(fraction=fraction, message=message),
             )
-            report(result={"profile": str(profile.path), "key": profile.key})
+            report(result=JobResult(profile=str(profile.path), key=profile.key))
         _record_cost(job, current, began)
         report(status="finished", fraction=1.0, message="finished")
     except _Cancelled:
