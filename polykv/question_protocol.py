@@ -37,7 +37,7 @@ WORDS = {
     "kept in full)",
 }
 CHOICES = ", ".join(QuestionProtocol)  # for help texts and refusals
-HELP = (
-    f"Where the question goes: {QuestionProtocol.IN_PROMPT} (the default: the plan compresses it with the prompt) or "
+HELP = (  # after "where the question goes: "
+    f"{QuestionProtocol.IN_PROMPT} (the default: the plan compresses it with the prompt) or "
     f"{QuestionProtocol.AFTER_COMPRESSION} (the plan compresses the context; the question follows, kept in full)."
 )

@@ -236,17 +236,20 @@ def test_the_attention_similarity_is_read_from_the_models_own_modules(family):
     assert similarity[0] == pytest.approx(total / len(ids), abs=1e-6)
 
 
-def test_the_calibration_similarity_is_kept_and_read_back_for_the_same_model_and_length(demo_model, tmp_path):
-    from polykv.profile.squeeze import calibration_similarity
+def test_the_calibration_similarity_is_kept_and_read_back_for_the_same_model_and_length(
+    demo_model, tmp_path, monkeypatch
+):
+    from polykv.profile import squeeze
 
     model, tokenizer = demo_model
-    measured = calibration_similarity("demo", model, tokenizer, 48, tmp_path)
+    measured = squeeze.calibration_similarity("demo", model, tokenizer, 48, tmp_path)
     (kept,) = tmp_path.glob("squeeze-*.json")
-    # read back without measuring: a model that cannot run proves nothing ran
-    assert calibration_similarity("demo", None, tokenizer, 48, tmp_path) == measured
-    assert calibration_similarity("demo", model, tokenizer, 40, tmp_path) != measured  # another length: measured
+    with monkeypatch.context() as patch:  # read back without measuring
+        patch.setattr(squeeze, "attention_similarity", lambda *args: pytest.fail("measured again"))
+        assert squeeze.calibration_similarity("demo", model, tokenizer, 48, tmp_path) == measured
+    assert squeeze.calibration_similarity("demo", model, tokenizer, 40, tmp_path) != measured  # another length
     kept.write_text("{damaged")
-    assert calibration_similarity("demo", model, tokenizer, 48, tmp_path) == measured  # measured again, same text
+    assert squeeze.calibration_similarity("demo", model, tokenizer, 48, tmp_path) == measured  # measured again
 
 
 def test_plan_homogeneous_writes_a_cake_rule_plan_that_plan_show_names(polykv, tmp_path):

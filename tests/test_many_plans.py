@@ -349,7 +349,7 @@ def test_a_kept_prompt_pass_replayed_for_other_plans_gives_what_their_own_pass_g
     ]  # bit for bit: the same calls on the same tensors
 
 
-def test_prompt_passes_keep_the_most_recent_within_their_budget():
+def test_prompt_passes_keep_the_first_met_within_their_budget_and_only_for_their_model():
     from polykv.eval.suites import answers
     from polykv.runtime.many_plans import PromptPasses
 
@@ -360,11 +360,30 @@ def test_prompt_passes_keep_the_most_recent_within_their_budget():
     for sample in samples:
         answers.answer_many(model, [plan], sample, "score", kept=kept)
     one = kept.get(model, torch.tensor(samples[0].prompt_ids)).nbytes()
-    assert one > 0 and len(kept._kept) == 3
-    small = PromptPasses(budget=2 * one)
-    for sample in samples:
+    assert one > 0 and kept.nbytes() == pytest.approx(3 * one, rel=0.1)
+    small = PromptPasses(budget=int(2.5 * one))
+    for sample in samples * 2:  # a search's rounds: the same samples in the same order
         answers.answer_many(model, [plan], sample, "score", kept=small)
-    assert [small.get(model, torch.tensor(s.prompt_ids)) is not None for s in samples] == [False, True, True]
+    assert [small.get(model, torch.tensor(s.prompt_ids)) is not None for s in samples] == [True, True, False]
+    assert small.get(tiny_model("llama"), torch.tensor(samples[0].prompt_ids)) is None  # another model's: none
+
+
+def test_a_pass_replayed_twice_for_plans_that_ask_for_new_signals_gives_their_own_pass(demo_model):
+    from polykv.eval.suites import answers
+    from polykv.runtime.many_plans import PromptPasses
+
+    model, _ = demo_model
+    layers = model.config.num_hidden_layers
+    sample = answers.AnswerSample(distinct_tokens(model, PROMPT).tolist(), [5, 6, 7], 3, question_start=PROMPT - 6)
+    kept = PromptPasses()
+    answers.answer_many(model, [Plan.homogeneous("knorm", CAPACITY, layers, "prefill")], sample, "score", kept=kept)
+    for names in (("tova", "snapkv"), ("h2o", "scissorhands", "expected_attention")):  # each adds signals
+        plans = [Plan.homogeneous(n, CAPACITY, layers, "prefill", params=params_that_fit(n, CAPACITY)) for n in names]
+        before = kept.nbytes()
+        replayed = answers.answer_many(model, plans, sample, "score", kept=kept)
+        assert kept.nbytes() > before  # the signals they asked for are kept with the pass
+        fresh = answers.answer_many(model, plans, sample, "score")
+        assert [(a.nll, a.kv_held) for a in replayed] == [(a.nll, a.kv_held) for a in fresh]
 
 
 class ForwardLengths:

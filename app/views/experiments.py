@@ -136,7 +136,7 @@ def show_factorial(data: FactorialData) -> None:
     primary = data.routing_uniform
     cols = st.columns(3)
     cols[0].metric("Primary: routed-uniform - homogeneous-uniform", number(primary.difference, "+.4f"))
-    cols[1].metric("95% paired bootstrap CI", interval(primary.low, primary.high))
+    cols[1].metric("95% paired bootstrap CI", interval(primary.low, primary.high, bounded=True))
     cols[2].metric("Wins / ties / losses", f"{primary.wins} / {primary.ties} / {primary.losses}")
     if primary.verdict_text:  # reports made before samples were paired have none
         st.caption(common.literal(f"Primary: {primary.verdict_text}"))

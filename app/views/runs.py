@@ -4,7 +4,7 @@ import pandas as pd
 import streamlit as st
 
 from app import common, designer_controls, job_controls, job_forms, plan_draft, session, state
-from polykv import jobs, question_protocol
+from polykv import jobs
 from polykv.errors import PolyKVError, StoreError, first_line
 from polykv.eval.comparing import answers as sample_view
 from polykv.eval.comparing.run_table import empty_runs, runs_table
@@ -13,6 +13,7 @@ from polykv.eval.launch import first_run
 from polykv.eval.results.store import Store
 from polykv.eval.running.suite_runner import SUITES
 from polykv.eval.workloads.competence import floor_warnings
+from polykv.question_protocol import QuestionProtocol
 from polykv.workspace import results_path
 
 ANSWERS_SHOWN = 50  # samples a run's answers table shows at once
@@ -84,8 +85,9 @@ with st.container(border=True):  # no form: what is typed here is kept (`state.R
     settings_text = st.text_area("Suite settings (JSON)", key=state.settings_text(suite))
     if suite in ("ruler", "longbench"):
         st.caption(
-            f'"question": {question_protocol.HELP} After compression is a document compressed before any '
-            "question is known, as for a reused document."
+            f'Where the question goes: "question": "{QuestionProtocol.IN_PROMPT}" (the default: the plan compresses it '
+            f'with the prompt) or "{QuestionProtocol.AFTER_COMPRESSION}" (the plan compresses the context before the '
+            "question is known, as for a reused document; the question then follows, kept in full)."
         )
     if suite == "ruler" and device == "cpu":
         st.caption(

@@ -94,7 +94,7 @@ else:
                 "Question",
                 list(QuestionProtocol),
                 horizontal=True,
-                help=question_protocol.HELP,
+                help=f"Where the question goes: {question_protocol.HELP}",
             )
             competence = cols[1].number_input(
                 "FullKV competence (%)",

@@ -87,9 +87,9 @@ def search(
     b_cal: Annotated[
         int | None, typer.Option("--b-cal", min=1, help="The workload profile's calibration capacity.")
     ] = (None),
-    question: Annotated[QuestionProtocol, typer.Option(help=f"With a workload: {question_protocol.HELP}")] = (
-        QuestionProtocol.IN_PROMPT
-    ),
+    question: Annotated[
+        QuestionProtocol, typer.Option(help=f"With a workload, where the question goes: {question_protocol.HELP}")
+    ] = (QuestionProtocol.IN_PROMPT),
     competence: Annotated[
         float,
         typer.Option(

@@ -73,13 +73,23 @@ def attention_similarity(model, sequences: Sequence[Sequence[int]]) -> list[floa
 
 def calibration_similarity(model_name: str, model, tokenizer, tokens: int, folder: Path | None = None) -> list[float]:
     """`attention_similarity` on 4 sequences of the model's calibration text (`calibration_text`, never an evaluated
-    prompt) of `tokens` tokens. Kept in `folder` when given (`squeeze-<key>.json`, the key of the model, the length
-    and the text's sources): a model's sampled text takes minutes at 4K tokens (gemma3: about 25 on 2 cores)."""
+    prompt) of `tokens` tokens. Kept in `folder` when given (`squeeze-<key>.json`, the key of the model, its device
+    and dtype, the length and the text's sources): text a model samples takes minutes at 4K tokens (gemma3's one
+    sampled sequence of the four: about 9 minutes on 2 cores)."""
     from polykv.files import atomic_write_json, parse_json
     from polykv.profile.corpus import calibration_text
     from polykv.profile.sources import default_sources
 
-    given = {"model": model_name, "tokens": tokens, "sequences": 4, "sources": list(default_sources(model_name))}
+    weights = next(model.parameters())
+    given = {
+        "model": model_name,
+        "device": str(weights.device),
+        "dtype": str(weights.dtype),
+        "tokens": tokens,
+        "sequences": 4,
+        "sources": list(default_sources(model_name)),
+        "version": 1,  # raised when the text or the statistic changes
+    }
     path = None
     if folder is not None:
         digest = hashlib.sha256(json.dumps(given, sort_keys=True).encode()).hexdigest()[:16]

@@ -2,7 +2,6 @@
 
     with many(model, plans) as session:
         batch, logits = session.prefill(prompt_ids)   # logits: the prompt's last position (FullKV's)
-        batch, logits = session.prefill(prompt_ids, kept)  # the same, the prompt's pass kept or replayed
         logits = batch.feed(question_ids, keep=True)  # optional: a block after the prompt, kept in full; [P, vocab]
         logits = batch.step(next_tokens)              # row i runs plans[i]; [P, vocab]
         batch.select(rows_still_running)
@@ -34,7 +33,7 @@ tokens and logits within 1e-4 for every method.
 from __future__ import annotations
 
 import inspect
-from collections import OrderedDict
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -82,14 +81,15 @@ class Many:
             cache.merge_groups.across_capacities = True
         known = None if kept is None else kept.get(self.model, ids)
         if known is not None:
-            for i, step in enumerate(known.layers):  # as `SharedPrompt.attend` hands the pass to each plan's layer
-                step.hand_to([cache.layers[i] for cache in caches])
+            for step in known.layers:  # as `SharedPrompt.attend` hands the pass to each plan's layer
+                step.hand_to([cache.layers[step.layer_idx] for cache in caches])
+            kept.trim()  # the replay may have added signals the kept pass now holds
             return PlanBatch(self.model, caches, ids.shape[1]), known.logits
-        steps: list[PromptStep] = []
+        steps: list[PromptStep] | None = None if kept is None else []
         layers = [SharedPrompt(i, [c.layers[i] for c in caches], steps) for i in range(len(caches[0].layers))]
         logits = _forward(self.model, ids, None, Cache(layers=layers))[0]
-        if kept is not None:
-            kept.put(self.model, ids, PromptPass(steps, logits))
+        if kept is not None and steps is not None and len(steps) == len(layers):
+            kept.put(self.model, ids, PromptPass(steps, logits.clone()))
         return PlanBatch(self.model, caches, ids.shape[1]), logits
 
 
@@ -127,28 +127,42 @@ class PromptPass:
     logits: torch.Tensor
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for s in self.layers for t in (s.query, s.key, s.value))
+        """The bytes its tensors hold (each storage once): its steps' queries, keys, values and signals, the logits."""
+        todo: list = [self.logits, *(x for s in self.layers for x in (s.query, s.key, s.value, s.computed))]
+        storages = {}
+        while todo:
+            item = todo.pop()
+            if isinstance(item, torch.Tensor):
+                storages[item.untyped_storage().data_ptr()] = item.untyped_storage().nbytes()
+            elif isinstance(item, (dict, list, tuple)):  # a signal may be a tuple of tensors, a method's a dict
+                todo += item.values() if isinstance(item, dict) else item
+        return sum(storages.values())
 
 
 class PromptPasses:
-    """Prompt passes kept for replay (`Many.prefill`) by model and prompt, the least recently used dropped past
-    `budget` bytes (a 4K prompt of gemma3 holds about 430 MB, a 2K one of smollm2 230 MB)."""
+    """Prompt passes kept for replay (`Many.prefill`) by model and prompt while they fit in `budget` bytes (gemma3's
+    4K prompt: about 430 MB): the first met are kept (a search meets its samples in one order every round: dropping
+    the oldest drops the next needed). A replay skips the forward: attention recorders see nothing of it."""
 
     def __init__(self, budget: int = 6 << 30):
         self.budget = budget
-        self._kept: OrderedDict[tuple, PromptPass] = OrderedDict()
+        self._kept: dict[tuple, tuple[weakref.ref, PromptPass]] = {}
 
     def get(self, model, ids: torch.Tensor) -> PromptPass | None:
-        key = (id(model), tuple(ids.view(-1).tolist()))
-        found = self._kept.get(key)
-        if found is not None:
-            self._kept.move_to_end(key)
-        return found
+        found = self._kept.get((id(model), tuple(ids.view(-1).tolist())))
+        return found[1] if found is not None and found[0]() is model else None
 
     def put(self, model, ids: torch.Tensor, found: PromptPass) -> None:
-        self._kept[(id(model), tuple(ids.view(-1).tolist()))] = found
-        while len(self._kept) > 1 and sum(p.nbytes() for p in self._kept.values()) > self.budget:
-            self._kept.popitem(last=False)
+        if self.nbytes() + found.nbytes() <= self.budget:
+            self._kept[(id(model), tuple(ids.view(-1).tolist()))] = (weakref.ref(model), found)
+
+    def nbytes(self) -> int:
+        return sum(found.nbytes() for _, found in self._kept.values())  # each pass's own: they share no tensor
+
+    def trim(self) -> None:
+        """Drop the latest kept passes while their signals, grown by replays, take them past the budget."""
+        while self._kept and self.nbytes() > self.budget:
+            self._kept.pop(next(reversed(self._kept)))
 
 
 class PlanBatch:

@@ -23,10 +23,11 @@ def number(value: float | None, spec: str = ".4f") -> str:
     return format(value, spec) if estimable(value) else NOT_ESTIMABLE
 
 
-def interval(low: float | None, high: float | None, spec: str = "+.4f") -> str:
+def interval(low: float | None, high: float | None, spec: str = "+.4f", bounded: bool = False) -> str:
     """ "[low, high]"; a side the test bounds nowhere (None or infinite) reads -inf or +inf; "not estimable" when a
-    side could not be computed (NaN: a bootstrap over too few values)."""
-    if any(side is not None and math.isnan(side) for side in (low, high)):
+    side could not be computed (NaN; None too where the interval is `bounded`, a bootstrap's, whose reports keep
+    a NaN as None)."""
+    if any((side is None and bounded) or (side is not None and math.isnan(side)) for side in (low, high)):
         return NOT_ESTIMABLE
     low_text = format(low, spec) if estimable(low) else "-inf"
     high_text = format(high, spec) if estimable(high) else "+inf"

@@ -19,7 +19,7 @@ def md_table(frame: pd.DataFrame, floats: str = "{:.4f}") -> str:
 
 def ci_text(contrast: Contrast, digits: int = 4) -> str:
     spec = f"+.{digits}f"
-    return f"{number(contrast.difference, spec)} {interval(contrast.low, contrast.high, spec)}"
+    return f"{number(contrast.difference, spec)} {interval(contrast.low, contrast.high, spec, bounded=True)}"
 
 
 def evidence(contrast: Contrast) -> str:

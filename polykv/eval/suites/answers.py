@@ -292,7 +292,7 @@ def answer_many(
 
 
 def fullkv_answer(model, sample: AnswerSample, pad_token_id: int | None = None) -> list[int]:
-    """FullKV's greedy answer to `question` (cached; computed alone with `model.generate` when missing)."""
+    """FullKV's greedy answer to `sample` (cached; computed alone with `model.generate` when missing)."""
     cached = cached_reference(model, sample)
     if cached is not None:
         return cached
