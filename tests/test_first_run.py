@@ -88,11 +88,14 @@ def test_after_the_pilot_the_decisive_run_is_sized_from_its_spread(tmp_path, pla
     assert chosen.for_target == samples_for(sds, first_run.TARGET_MDE)
     assert decisive.settings.samples_per_task == chosen.samples_per_task == min(chosen.for_target, chosen.for_time)
     assert chosen.expected_mde == pytest.approx(expected_mde(sds, chosen.samples_per_task))
+    # one pilot of a homogeneous plan: it is the only one, not "the best"
+    method, why = first_run.best_homogeneous(plan, store, pilot.settings.to_dict(), "demo", pilot.seed)
+    assert method == "tova" and why.startswith("tova: the only homogeneous plan in this workspace's pilots")
     # a pilot of another homogeneous plan there that did better: it becomes the baseline
     rival = first_run.rivals(plan)["streamingllm"]
     _run(store, "demo", rival, pilot.settings, pilot.seed, {t: [v - 1 for v in base[t]] for t in tasks}, "answer_nll")
     method, why = first_run.best_homogeneous(plan, store, pilot.settings.to_dict(), "demo", pilot.seed)
-    assert method == "streamingllm" and "pilots" in why
+    assert method == "streamingllm" and why.startswith("streamingllm: the best of the 2 homogeneous plans in this")
 
 
 def test_the_baseline_is_never_the_plan_itself_and_always_runs_at_the_budget(tmp_path):

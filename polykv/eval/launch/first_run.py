@@ -121,10 +121,8 @@ def best_homogeneous(
                 found.append((float(np.mean(values)), method, run_id))
     if found:
         value, method, run_id = min(found)
-        return (
-            method,
-            f"{method}: the best homogeneous plan in this workspace's pilots (answer_nll {value:.3f}, run {run_id})",
-        )
+        which = f"the best of the {len(found)} homogeneous plans" if len(found) > 1 else "the only homogeneous plan"
+        return method, f"{method}: {which} in this workspace's pilots (answer_nll {value:.3f}, run {run_id})"
     if profile is not None:
         from polykv.eval.study.run import best_mean_method
 
