@@ -163,7 +163,9 @@ def answer_alone(model, plan: Plan, sample: AnswerSample, mode: str, pad_token_i
 
 def _held(cache) -> KVHeld | None:
     """What a routed cache held (`RoutedCache.kv_held`); None from any other cache."""
-    return cache.kv_held() if hasattr(cache, "kv_held") else None
+    from polykv.runtime.cache import RoutedCache
+
+    return cache.kv_held() if isinstance(cache, RoutedCache) else None
 
 
 def _context_pass(model, sample: AnswerSample):
